@@ -1,0 +1,181 @@
+"""The contract between operators and the executor.
+
+An operator (one file per ONNX op in :mod:`ortgpu.ops`) provides two things:
+
+* ``reference``: the numpy twin of the operator: exact ONNX semantics on the
+  CPU.  It runs nodes placed on the CPU, and it is what tests compare against.
+* ``plan``: for given input/output tensor infos, attributes and constant
+  inputs, the WGSL kernels that compute the node on a WebGPU device, as an
+  :class:`OpPlan`.  It raises :class:`NotOnDevice` when the device cannot run
+  this variant (a dtype WGSL lacks, a missing feature): the executor then
+  places the node on the CPU and says so.
+
+Device memory layout is numpy's C-contiguous layout for every dtype, bit for
+bit (bool and uint8 are bytes, int64 is 8 bytes little-endian, float16 is 2
+bytes), so uploads and readbacks never convert.  Kernels read and write
+sub-word types by packing them into ``u32`` words, and read int64 indices
+through their low word (valid for indices in int32 range).
+
+Each :class:`KernelSpec` carries its own numpy twin (``twin``) that does to the
+bound byte arrays what its WGSL does: the fake backend runs twins instead of
+compiling WGSL.  ``reference_twin`` builds one from a function on typed arrays.
+
+Generated WGSL never contains strings from the model (node or tensor names);
+``KernelSpec.name`` is the op type only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+import numpy as np
+
+from ortgpu_core.backends.protocol import DeviceLimits, KernelTwin
+
+__all__ = [
+    "TensorInfo",
+    "DeviceCaps",
+    "Binding",
+    "KernelSpec",
+    "OpPlan",
+    "Operator",
+    "NotOnDevice",
+    "reference_twin",
+]
+
+
+class NotOnDevice(Exception):
+    """Raised by ``Operator.plan``: this node variant must run on the CPU (the message says why)."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Static shape and dtype of one tensor."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class DeviceCaps:
+    """What a kernel generator may rely on: the device's features and limits."""
+
+    features: frozenset[str]
+    limits: DeviceLimits
+
+    @property
+    def has_f16(self) -> bool:
+        return "shader-f16" in self.features
+
+
+BindingKind = Literal["input", "output", "scratch", "params"]
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What ``@binding(i)`` of a kernel is bound to.
+
+    ``input``/``output``: the node's i-th input/output tensor (whole buffer).
+    ``scratch``: the plan's i-th scratch buffer.  ``params``: the kernel's
+    ``params`` bytes in a uniform buffer (``index`` unused).
+    """
+
+    kind: BindingKind
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One compute dispatch: WGSL (entry point ``main``, group 0), its grid, its bindings, its twin."""
+
+    name: str
+    wgsl: str
+    grid: tuple[int, int, int]
+    bindings: tuple[Binding, ...]
+    twin: KernelTwin
+    params: bytes = b""
+
+
+@dataclass(frozen=True)
+class OpPlan:
+    """How a node runs on the device.
+
+    ``kernels`` run in order.  ``scratch_sizes`` are byte sizes of temporary
+    buffers the kernels share.  ``alias`` maps an output index to the input
+    index whose buffer it reuses unchanged (Reshape, Squeeze, Identity...):
+    such outputs need no kernel and no buffer of their own.
+    """
+
+    kernels: tuple[KernelSpec, ...] = ()
+    scratch_sizes: tuple[int, ...] = ()
+    alias: Mapping[int, int] = field(default_factory=dict)
+
+
+class Operator:
+    """Base class of an operator implementation, registered by op type and first opset.
+
+    Subclasses set ``op_type`` and ``since_version`` and implement
+    ``reference``; ``plan`` may raise :class:`NotOnDevice`.
+    """
+
+    op_type: str = ""
+    since_version: int = 1
+    domain: str = ""
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        raise NotOnDevice(f"{self.op_type} has no WebGPU kernel")
+
+
+def reference_twin(
+    function: Callable[..., Sequence[np.ndarray] | np.ndarray],
+    bindings: Sequence[Binding],
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+) -> KernelTwin:
+    """A twin that views the bound input bytes as typed arrays, calls ``function``
+    with them (in input order) and writes its results into the bound outputs.
+
+    For kernels that compute whole outputs from whole inputs, which is most of them.
+    """
+    input_slots = [(slot, b.index) for slot, b in enumerate(bindings) if b.kind == "input"]
+    output_slots = [(slot, b.index) for slot, b in enumerate(bindings) if b.kind == "output"]
+
+    def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
+        args = []
+        for slot, index in input_slots:
+            info = inputs[index]
+            assert info is not None
+            args.append(arrays[slot][: info.nbytes].view(info.dtype).reshape(info.shape))
+        results = function(*args)
+        if isinstance(results, np.ndarray):
+            results = [results]
+        for slot, index in output_slots:
+            info = outputs[index]
+            value = np.ascontiguousarray(np.asarray(results[index], dtype=info.dtype).reshape(info.shape))
+            arrays[slot][: info.nbytes] = value.reshape(-1).view(np.uint8)
+
+    return twin

@@ -1,0 +1,95 @@
+"""The error tree shared by the core, the backends and the public package.
+
+Every error ortgpu raises derives from :class:`OrtGpuError`.  Where Python users
+expect a builtin category (a bad dtype is a ``TypeError``, a bad shape a
+``ValueError``, out of memory a ``MemoryError``) the ortgpu error derives from
+that builtin too, so ``except ValueError`` keeps working.
+
+Messages say what was wrong (naming the value by its provenance, or the session
+by its id) and what to do instead.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "OrtGpuError",
+    "ProvenanceError",
+    "CaptureStateError",
+    "TransferRoutingError",
+    "UnsafeAccessError",
+    "ReleasedValueError",
+    "DeviceError",
+    "OutOfMemoryError",
+    "ValidationError",
+    "DeviceLostError",
+    "ModelError",
+    "UnsupportedOpError",
+    "InvalidModelError",
+    "InvalidArgumentError",
+    "ShapeError",
+    "DtypeError",
+]
+
+
+class OrtGpuError(Exception):
+    """Base of every error raised by ortgpu."""
+
+
+class InvalidArgumentError(OrtGpuError, ValueError):
+    """An argument has the right type but an unusable value."""
+
+
+class ShapeError(InvalidArgumentError):
+    """A shape is negative, too large for the device, or does not match."""
+
+
+class DtypeError(OrtGpuError, TypeError):
+    """A dtype is unsupported, or differs from the one required (never cast silently)."""
+
+
+class ProvenanceError(OrtGpuError, ValueError):
+    """A value was used by a session, Env or device it does not belong to."""
+
+
+class CaptureStateError(OrtGpuError, RuntimeError):
+    """An operation is not allowed in the current capture state (e.g. rebinding a captured binding)."""
+
+
+class TransferRoutingError(OrtGpuError, ValueError):
+    """No transfer route exists between the two values' placements or devices."""
+
+
+class UnsafeAccessError(OrtGpuError, TypeError):
+    """Raw access to device memory (pointer, DLPack, ``__array__``) was requested."""
+
+
+class ReleasedValueError(OrtGpuError, RuntimeError):
+    """A value, allocator, session or graph was used after it was released or closed."""
+
+
+class DeviceError(OrtGpuError, RuntimeError):
+    """The device reported an error."""
+
+
+class OutOfMemoryError(DeviceError, MemoryError):
+    """The device could not allocate the requested memory."""
+
+
+class ValidationError(DeviceError):
+    """The device rejected a command as invalid (a bug in ortgpu or a device limit)."""
+
+
+class DeviceLostError(DeviceError):
+    """The device was lost; every value on it is gone and the Env must be recreated."""
+
+
+class ModelError(OrtGpuError, ValueError):
+    """The model cannot be loaded or run."""
+
+
+class UnsupportedOpError(ModelError):
+    """The model uses an operator, attribute or dtype ortgpu does not implement."""
+
+
+class InvalidModelError(ModelError):
+    """The model file is malformed or fails ONNX's checker."""

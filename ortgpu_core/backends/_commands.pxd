@@ -1,0 +1,45 @@
+# The internal contract of the command list: a flat C array of records that the
+# wgpu backend encodes with the GIL released.
+from libc.stdint cimport uint32_t, uint64_t, uintptr_t
+
+cdef enum CommandKind:
+    COMMAND_DISPATCH = 0
+    COMMAND_COPY = 1
+    COMMAND_CLEAR = 2
+
+cdef struct CommandRecord:
+    int kind
+    # dispatch: a = pipeline, b = bind group; copy: a = source, b = destination; clear: a = buffer
+    uintptr_t a
+    uintptr_t b
+    uint64_t offset_a
+    uint64_t offset_b
+    uint64_t size
+    uint32_t x
+    uint32_t y
+    uint32_t z
+
+cdef class NativeTable:
+    cdef uintptr_t device
+    cdef uintptr_t queue
+    cdef void* fn_create_encoder
+    cdef void* fn_begin_compute_pass
+    cdef void* fn_set_pipeline
+    cdef void* fn_set_bind_group
+    cdef void* fn_dispatch
+    cdef void* fn_end_pass
+    cdef void* fn_release_pass
+    cdef void* fn_copy_buffer
+    cdef void* fn_clear_buffer
+    cdef void* fn_finish
+    cdef void* fn_release_encoder
+    cdef void* fn_submit
+    cdef void* fn_release_command_buffer
+
+cdef class CommandList:
+    cdef CommandRecord* _records
+    cdef Py_ssize_t _count
+    cdef Py_ssize_t _capacity
+    cdef bint _frozen
+    cdef CommandRecord* _append(self) except NULL
+    cdef int encode_submit(self, NativeTable table) except -1 nogil

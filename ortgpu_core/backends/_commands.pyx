@@ -1,0 +1,256 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""A command list: copies, clears and dispatches recorded as a flat C array.
+
+The core records into a :class:`CommandList`; a backend's ``submit`` encodes
+it.  The wgpu backend hands a :class:`NativeTable` of wgpu-native function
+pointers to :meth:`CommandList.encode_submit_native`, which encodes every
+record and submits one command buffer in a C loop with the GIL released: no
+Python object is created per command.  The fake backend walks
+:meth:`CommandList.records` in Python.
+
+Handles are integers (native pointers for wgpu, table keys for fake); the
+command list neither owns nor checks them: whoever records keeps the objects
+alive until the list is submitted or dropped.
+"""
+
+from libc.stdint cimport uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport malloc, realloc, free
+from libc.string cimport memset
+
+DISPATCH = COMMAND_DISPATCH
+COPY = COMMAND_COPY
+CLEAR = COMMAND_CLEAR
+
+# Function pointer types of the wgpu-native entry points the loop calls.  Each
+# comment gives the C signature from webgpu.h; handles are opaque pointers.
+# WGPUCommandEncoder wgpuDeviceCreateCommandEncoder(WGPUDevice, WGPUCommandEncoderDescriptor const*)
+ctypedef void* (*create_encoder_fn)(void*, const void*) noexcept nogil
+# WGPUComputePassEncoder wgpuCommandEncoderBeginComputePass(WGPUCommandEncoder, WGPUComputePassDescriptor const*)
+ctypedef void* (*begin_compute_pass_fn)(void*, const void*) noexcept nogil
+# void wgpuComputePassEncoderSetPipeline(WGPUComputePassEncoder, WGPUComputePipeline)
+ctypedef void (*set_pipeline_fn)(void*, void*) noexcept nogil
+# void wgpuComputePassEncoderSetBindGroup(WGPUComputePassEncoder, uint32_t, WGPUBindGroup, size_t, uint32_t const*)
+ctypedef void (*set_bind_group_fn)(void*, uint32_t, void*, size_t, const uint32_t*) noexcept nogil
+# void wgpuComputePassEncoderDispatchWorkgroups(WGPUComputePassEncoder, uint32_t, uint32_t, uint32_t)
+ctypedef void (*dispatch_fn)(void*, uint32_t, uint32_t, uint32_t) noexcept nogil
+# void wgpuComputePassEncoderEnd(WGPUComputePassEncoder) / wgpuComputePassEncoderRelease / ...Release
+ctypedef void (*handle_fn)(void*) noexcept nogil
+# void wgpuCommandEncoderCopyBufferToBuffer(WGPUCommandEncoder, WGPUBuffer, uint64_t, WGPUBuffer, uint64_t, uint64_t)
+ctypedef void (*copy_buffer_fn)(void*, void*, uint64_t, void*, uint64_t, uint64_t) noexcept nogil
+# void wgpuCommandEncoderClearBuffer(WGPUCommandEncoder, WGPUBuffer, uint64_t, uint64_t)
+ctypedef void (*clear_buffer_fn)(void*, void*, uint64_t, uint64_t) noexcept nogil
+# WGPUCommandBuffer wgpuCommandEncoderFinish(WGPUCommandEncoder, WGPUCommandBufferDescriptor const*)
+ctypedef void* (*finish_fn)(void*, const void*) noexcept nogil
+# void wgpuQueueSubmit(WGPUQueue, size_t, WGPUCommandBuffer const*)
+ctypedef void (*submit_fn)(void*, size_t, void* const*) noexcept nogil
+
+
+cdef class NativeTable:
+    """wgpu-native entry points and the device/queue they act on, as raw addresses.
+
+    Built once per device by the wgpu backend from ``{name: address}``; the
+    names are the C function names without the ``wgpu`` prefix.
+    """
+
+    def __init__(self, uintptr_t device, uintptr_t queue, dict addresses):
+        def fn(str name):
+            cdef uintptr_t address = addresses[name]
+            if address == 0:
+                raise ValueError(f"wgpu-native entry point {name} has address 0")
+            return address
+        self.device = device
+        self.queue = queue
+        self.fn_create_encoder = <void*><uintptr_t>fn("DeviceCreateCommandEncoder")
+        self.fn_begin_compute_pass = <void*><uintptr_t>fn("CommandEncoderBeginComputePass")
+        self.fn_set_pipeline = <void*><uintptr_t>fn("ComputePassEncoderSetPipeline")
+        self.fn_set_bind_group = <void*><uintptr_t>fn("ComputePassEncoderSetBindGroup")
+        self.fn_dispatch = <void*><uintptr_t>fn("ComputePassEncoderDispatchWorkgroups")
+        self.fn_end_pass = <void*><uintptr_t>fn("ComputePassEncoderEnd")
+        self.fn_release_pass = <void*><uintptr_t>fn("ComputePassEncoderRelease")
+        self.fn_copy_buffer = <void*><uintptr_t>fn("CommandEncoderCopyBufferToBuffer")
+        self.fn_clear_buffer = <void*><uintptr_t>fn("CommandEncoderClearBuffer")
+        self.fn_finish = <void*><uintptr_t>fn("CommandEncoderFinish")
+        self.fn_release_encoder = <void*><uintptr_t>fn("CommandEncoderRelease")
+        self.fn_submit = <void*><uintptr_t>fn("QueueSubmit")
+        self.fn_release_command_buffer = <void*><uintptr_t>fn("CommandBufferRelease")
+
+    @staticmethod
+    def entry_point_names():
+        """The C function names (without ``wgpu``) the table needs."""
+        return (
+            "DeviceCreateCommandEncoder", "CommandEncoderBeginComputePass",
+            "ComputePassEncoderSetPipeline", "ComputePassEncoderSetBindGroup",
+            "ComputePassEncoderDispatchWorkgroups", "ComputePassEncoderEnd",
+            "ComputePassEncoderRelease", "CommandEncoderCopyBufferToBuffer",
+            "CommandEncoderClearBuffer", "CommandEncoderFinish", "CommandEncoderRelease",
+            "QueueSubmit", "CommandBufferRelease",
+        )
+
+
+cdef class CommandList:
+    """An ordered list of copies, clears and dispatches over integer handles.
+
+    ``freeze()`` makes it immutable (a captured graph's recording); a frozen
+    list can be submitted any number of times.
+    """
+
+    def __cinit__(self):
+        self._records = NULL
+        self._count = 0
+        self._capacity = 0
+        self._frozen = False
+
+    def __dealloc__(self):
+        if self._records != NULL:
+            free(self._records)
+            self._records = NULL
+
+    cdef CommandRecord* _append(self) except NULL:
+        cdef Py_ssize_t capacity
+        cdef CommandRecord* grown
+        if self._frozen:
+            raise RuntimeError("this command list is frozen (it belongs to a captured graph)")
+        if self._count == self._capacity:
+            capacity = 16 if self._capacity == 0 else self._capacity * 2
+            grown = <CommandRecord*>realloc(self._records, capacity * sizeof(CommandRecord))
+            if grown == NULL:
+                raise MemoryError("cannot grow the command list")
+            self._records = grown
+            self._capacity = capacity
+        cdef CommandRecord* record = &self._records[self._count]
+        memset(record, 0, sizeof(CommandRecord))
+        self._count += 1
+        return record
+
+    def add_dispatch(self, uintptr_t pipeline, uintptr_t bind_group, uint32_t x, uint32_t y=1, uint32_t z=1):
+        """Record one compute dispatch of ``x * y * z`` workgroups."""
+        cdef CommandRecord* record = self._append()
+        record.kind = COMMAND_DISPATCH
+        record.a = pipeline
+        record.b = bind_group
+        record.x = x
+        record.y = y
+        record.z = z
+
+    def add_copy(self, uintptr_t source, uint64_t source_offset, uintptr_t destination,
+                 uint64_t destination_offset, uint64_t size):
+        """Record a buffer-to-buffer copy of ``size`` bytes."""
+        cdef CommandRecord* record = self._append()
+        record.kind = COMMAND_COPY
+        record.a = source
+        record.offset_a = source_offset
+        record.b = destination
+        record.offset_b = destination_offset
+        record.size = size
+
+    def add_clear(self, uintptr_t buffer, uint64_t offset, uint64_t size):
+        """Record zero-filling ``size`` bytes of ``buffer`` from ``offset``."""
+        cdef CommandRecord* record = self._append()
+        record.kind = COMMAND_CLEAR
+        record.a = buffer
+        record.offset_a = offset
+        record.size = size
+
+    def extend(self, CommandList other):
+        """Append every record of ``other``."""
+        cdef Py_ssize_t i
+        cdef CommandRecord* record
+        for i in range(other._count):
+            record = self._append()
+            record[0] = other._records[i]
+
+    def freeze(self):
+        """Make the list immutable; returns ``self``."""
+        self._frozen = True
+        return self
+
+    @property
+    def frozen(self):
+        return self._frozen
+
+    def clear(self):
+        """Drop every record (not allowed once frozen)."""
+        if self._frozen:
+            raise RuntimeError("this command list is frozen (it belongs to a captured graph)")
+        self._count = 0
+
+    def __len__(self):
+        return self._count
+
+    @property
+    def dispatch_count(self):
+        cdef Py_ssize_t i, n = 0
+        for i in range(self._count):
+            if self._records[i].kind == COMMAND_DISPATCH:
+                n += 1
+        return n
+
+    def records(self):
+        """The records as tuples, for backends that interpret them in Python.
+
+        ``("dispatch", pipeline, bind_group, (x, y, z))``,
+        ``("copy", source, source_offset, destination, destination_offset, size)``,
+        ``("clear", buffer, offset, size)``.
+        """
+        cdef Py_ssize_t i
+        cdef CommandRecord r
+        out = []
+        for i in range(self._count):
+            r = self._records[i]
+            if r.kind == COMMAND_DISPATCH:
+                out.append(("dispatch", r.a, r.b, (r.x, r.y, r.z)))
+            elif r.kind == COMMAND_COPY:
+                out.append(("copy", r.a, r.offset_a, r.b, r.offset_b, r.size))
+            else:
+                out.append(("clear", r.a, r.offset_a, r.size))
+        return out
+
+    cdef int encode_submit(self, NativeTable table) except -1 nogil:
+        # One encoder, compute passes spanning runs of consecutive dispatches,
+        # one submit.  Everything here is a C call through a function pointer.
+        cdef void* encoder = (<create_encoder_fn>table.fn_create_encoder)(<void*>table.device, NULL)
+        cdef void* compute_pass = NULL
+        cdef void* command_buffer
+        cdef Py_ssize_t i
+        cdef CommandRecord* r
+        cdef void* last_pipeline = NULL
+        if encoder == NULL:
+            return 0
+        for i in range(self._count):
+            r = &self._records[i]
+            if r.kind == COMMAND_DISPATCH:
+                if compute_pass == NULL:
+                    compute_pass = (<begin_compute_pass_fn>table.fn_begin_compute_pass)(encoder, NULL)
+                    last_pipeline = NULL
+                if <void*>r.a != last_pipeline:
+                    (<set_pipeline_fn>table.fn_set_pipeline)(compute_pass, <void*>r.a)
+                    last_pipeline = <void*>r.a
+                (<set_bind_group_fn>table.fn_set_bind_group)(compute_pass, 0, <void*>r.b, 0, NULL)
+                (<dispatch_fn>table.fn_dispatch)(compute_pass, r.x, r.y, r.z)
+            else:
+                if compute_pass != NULL:
+                    (<handle_fn>table.fn_end_pass)(compute_pass)
+                    (<handle_fn>table.fn_release_pass)(compute_pass)
+                    compute_pass = NULL
+                if r.kind == COMMAND_COPY:
+                    (<copy_buffer_fn>table.fn_copy_buffer)(encoder, <void*>r.a, r.offset_a, <void*>r.b, r.offset_b, r.size)
+                else:
+                    (<clear_buffer_fn>table.fn_clear_buffer)(encoder, <void*>r.a, r.offset_a, r.size)
+        if compute_pass != NULL:
+            (<handle_fn>table.fn_end_pass)(compute_pass)
+            (<handle_fn>table.fn_release_pass)(compute_pass)
+        command_buffer = (<finish_fn>table.fn_finish)(encoder, NULL)
+        (<handle_fn>table.fn_release_encoder)(encoder)
+        if command_buffer != NULL:
+            (<submit_fn>table.fn_submit)(<void*>table.queue, 1, &command_buffer)
+            (<handle_fn>table.fn_release_command_buffer)(command_buffer)
+        return 0
+
+    def encode_submit_native(self, NativeTable table):
+        """Encode every record and submit one command buffer, with the GIL released.
+
+        Errors wgpu-native reports go to the device's error callback; the
+        caller (the wgpu backend) checks for them after this returns.
+        """
+        with nogil:
+            self.encode_submit(table)

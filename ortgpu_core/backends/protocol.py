@@ -1,0 +1,173 @@
+"""The small protocol every device backend implements.
+
+A backend is a handful of methods over *integer handles* (tinygrad's lesson:
+caching and policy live above the protocol).  Handles are plain ``int``: for
+the wgpu backend they are the native pointers of wgpu-native objects, for the
+fake backend keys into its handle table.  Integer handles let the Cython
+:class:`~ortgpu_core.backends._commands.CommandList` hold a flat C array of
+records that the wgpu backend encodes with the GIL released.
+
+Ordering model (WebGPU's queue timeline, which both backends follow):
+
+* ``write_buffer`` is a queue operation: it takes effect after every command
+  list submitted before it and before every command list submitted after it.
+* A :class:`CommandList` records copies, clears and dispatches; nothing in it
+  is visible until ``submit``.
+* ``read_buffer`` waits for all submitted work, then returns the bytes.
+
+Errors are raised as the typed exceptions of :mod:`ortgpu_core._errors`
+(``ValidationError``, ``OutOfMemoryError``, ``DeviceLostError``) in the
+caller's frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from ._commands import CommandList
+
+__all__ = [
+    "AdapterInfo",
+    "DeviceLimits",
+    "BindingEntry",
+    "KernelTwin",
+    "Backend",
+    "BackendDevice",
+    "CommandList",
+    "BUFFER_ALIGNMENT",
+]
+
+#: Sizes and offsets of buffer writes, copies and clears must be multiples of this.
+BUFFER_ALIGNMENT = 4
+
+#: A numpy twin of a compute kernel, run by the fake backend in place of WGSL.
+#: It receives one writable ``uint8`` array per binding (the bound range, in
+#: binding order) and the dispatch grid, and writes its outputs in place.
+KernelTwin = Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """What a backend reports about one adapter (a GPU, or a software rasterizer)."""
+
+    index: int
+    vendor_id: int
+    device_id: int
+    name: str
+    driver: str
+    backend_type: str  # "Vulkan", "OpenGL", "Metal", "D3D12", "Fake", ...
+    adapter_type: str  # "DiscreteGPU", "IntegratedGPU", "CPU", "Unknown"
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """The device limits ortgpu checks before it allocates or dispatches."""
+
+    max_buffer_size: int
+    max_storage_buffer_binding_size: int
+    max_uniform_buffer_binding_size: int
+    max_storage_buffers_per_shader_stage: int
+    max_compute_workgroups_per_dimension: int
+    max_compute_invocations_per_workgroup: int
+    max_compute_workgroup_size_x: int
+    max_compute_workgroup_size_y: int
+    max_compute_workgroup_size_z: int
+    max_compute_workgroup_storage_size: int
+    min_storage_buffer_offset_alignment: int
+    min_uniform_buffer_offset_alignment: int
+
+
+@dataclass(frozen=True)
+class BindingEntry:
+    """One entry of a bind group (always group 0): ``binding`` -> a range of a buffer."""
+
+    binding: int
+    buffer: int
+    offset: int
+    size: int
+
+
+@runtime_checkable
+class BackendDevice(Protocol):
+    """An opened device and its queue."""
+
+    info: AdapterInfo
+    limits: DeviceLimits
+    features: frozenset[str]  # e.g. {"shader-f16", "timestamp-query"}
+
+    # -- buffers ---------------------------------------------------------
+    def create_buffer(self, size: int, *, uniform: bool = False, label: str = "") -> int:
+        """A zero-filled buffer of ``size`` bytes (multiple of 4).
+
+        Storage buffers are usable as STORAGE | COPY_SRC | COPY_DST; uniform
+        buffers as UNIFORM | COPY_DST.  Raises ``OutOfMemoryError`` or
+        ``ValidationError`` (size over the device's limits).
+        """
+        ...
+
+    def destroy_buffer(self, buffer: int) -> None:
+        """Free the buffer now.  Idempotent per handle is *not* required: call once."""
+        ...
+
+    def write_buffer(self, buffer: int, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Queue write (see the ordering model)."""
+        ...
+
+    def read_buffer(self, buffer: int, offset: int, size: int) -> bytes:
+        """Wait for submitted work, then copy ``size`` bytes out (synchronous)."""
+        ...
+
+    # -- kernels ---------------------------------------------------------
+    def create_compute_pipeline(
+        self, wgsl: str, *, entry_point: str = "main", twin: KernelTwin | None = None, label: str = ""
+    ) -> int:
+        """Compile a compute pipeline with an automatic layout (bind group 0).
+
+        The wgpu backend compiles ``wgsl``; the fake backend runs ``twin`` and
+        raises ``ValidationError`` if there is none.
+        """
+        ...
+
+    def release_pipeline(self, pipeline: int) -> None: ...
+
+    def create_bind_group(self, pipeline: int, entries: Sequence[BindingEntry]) -> int:
+        """A bind group for group 0 of ``pipeline``'s layout."""
+        ...
+
+    def release_bind_group(self, bind_group: int) -> None: ...
+
+    # -- submission --------------------------------------------------------
+    def submit(self, commands: CommandList) -> None:
+        """Encode ``commands`` in order and submit them as one command buffer."""
+        ...
+
+    def wait_idle(self) -> None:
+        """Block until all submitted work is done."""
+        ...
+
+    # -- lifetime ----------------------------------------------------------
+    def destroy(self) -> None:
+        """Release the device and everything it still owns.  Idempotent."""
+        ...
+
+    def live_handles(self) -> int:
+        """How many buffers, pipelines and bind groups are alive on this device."""
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A source of adapters and devices."""
+
+    name: str  # "wgpu" or "fake"
+
+    def enumerate_adapters(self) -> list[AdapterInfo]: ...
+
+    def open_device(self, adapter_index: int) -> BackendDevice: ...
+
+    def live_handles(self) -> int:
+        """Live native objects over every device this backend opened."""
+        ...

@@ -1,0 +1,50 @@
+"""Build the Cython modules of ortgpu_core; metadata lives in pyproject.toml.
+
+Packages are listed here rather than in pyproject.toml because the PEP 561
+stub package ``ortgpu_core-stubs`` (installed from ``stubs/ortgpu_core`` so
+users' mypy sees the compiled modules' types) has a name pyproject's schema
+rejects.
+"""
+
+from pathlib import Path
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+HERE = Path(__file__).parent
+
+
+def extensions() -> list[Extension]:
+    modules = []
+    for pyx in sorted((HERE / "ortgpu_core").rglob("*.pyx")):
+        relative = pyx.relative_to(HERE).with_suffix("")
+        modules.append(Extension(".".join(relative.parts), [str(pyx.relative_to(HERE))]))
+    return modules
+
+
+setup(
+    packages=[
+        "ortgpu",
+        "ortgpu.ops",
+        "ortgpu_core",
+        "ortgpu_core.backends",
+        "ortgpu_core-stubs",
+        "ortgpu_core-stubs.backends",
+        "bench",
+    ],
+    package_dir={
+        "ortgpu_core-stubs": "stubs/ortgpu_core",
+        "ortgpu_core-stubs.backends": "stubs/ortgpu_core/backends",
+    },
+    package_data={
+        "ortgpu": ["py.typed"],
+        "ortgpu_core": ["*.pxd", "*.pyx", "py.typed"],
+        "ortgpu_core.backends": ["*.pxd", "*.pyx", "resources/*"],
+        "ortgpu_core-stubs": ["*.pyi", "py.typed"],
+        "ortgpu_core-stubs.backends": ["*.pyi"],
+    },
+    ext_modules=cythonize(
+        extensions(),
+        compiler_directives={"language_level": "3", "embedsignature": True},
+    ),
+)
