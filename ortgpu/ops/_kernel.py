@@ -130,6 +130,9 @@ class Operator:
     op_type: str = ""
     since_version: int = 1
     domain: str = ""
+    #: The opset the model imports for this operator's domain (set by ``get_operator``);
+    #: lets one class handle versions whose differences are small (attribute vs input).
+    opset: int = 0
 
     def reference(
         self,

@@ -54,4 +54,6 @@ def get_operator(op_type: str, opset: int, domain: str = "") -> Operator:
             f"operator {op_type!r} at opset {opset} is not implemented (ortgpu implements it from opset "
             f"{candidates[0].since_version})"
         )
-    return applicable[-1]()
+    operator = applicable[-1]()
+    operator.opset = opset
+    return operator
