@@ -1,0 +1,192 @@
+"""MatMul: numpy's matmul semantics (batched, broadcast batch dimensions, 1-D operands), with fused epilogues.
+
+Fusion contract (MatMul, Gemm and Conv)
+---------------------------------------
+The planner may fold elementwise successors of a MatMul, Gemm or Conv node into it by giving the node the
+special attribute ``"_epilogue"``: a tuple of steps applied, in order, to each float32 output element before
+it is stored:
+
+``("add", k)``
+    add input ``k`` of the node, broadcast (numpy rules) to the output shape; it must not change the output
+    shape.  A bias, a residual.
+``("relu",)``
+    ``max(x, 0)``.
+``("gelu",)``
+    ``0.5 x (1 + erf(x / sqrt 2))`` (the erf form; ONNX Gelu with ``approximate="none"``).
+``("clip", lo, hi)``
+    ``min(max(x, lo), hi)``; ``-inf``/``inf`` leave that side open.
+``("sigmoid",)``
+    ``1 / (1 + exp(-x))``.
+
+Extra inputs are appended *after the op's own inputs, padded to the op's full arity with ``None``*: MatMul
+reads inputs 0-1, so its first extra input is index 2; Gemm (A, B, optional C) and Conv (X, W, optional B)
+start theirs at index 3 (a Gemm without C, fused with a bias, has inputs ``[A, B, None, bias]`` and
+``_epilogue=(("add", 3),)``).  Extra inputs must have the output's dtype (float32).  Gemm applies ``alpha``
+and ``beta * C`` and Conv its bias before the epilogue steps; all of it happens in registers, in one kernel.
+Both ``reference`` and the WebGPU kernels honour the attribute, so a fused node placed on the CPU computes the
+same thing.  Outputs are the op's own (one tensor).
+
+Kernels
+-------
+* M = 1 (one row, no batch; also after folding, see below): a GEMV kernel that streams B with vec4 loads,
+  splitting K over a workgroup and reducing through workgroup memory (see :func:`._tiling.gemv_wgsl`).
+* otherwise: a shared-memory tiled GEMM, 64 x 64 output tiles, 4 x 4 outputs per invocation
+  (:func:`._tiling.tiled_gemm_wgsl`).  When B has no batch dimensions (a weight matrix) the batch
+  dimensions of A fold into M, so ``[B, S, K] x [K, N]`` is one ``[B*S, K] x [K, N]`` GEMM.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ortgpu_core._errors import UnsupportedOpError
+
+from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo
+from ._registry import register
+from ._tiling import (
+    BindingTable,
+    EpilogueStep,
+    GemmProblem,
+    apply_epilogue,
+    broadcast_strides,
+    epilogue_function,
+    gemv_wgsl,
+    index_function,
+    parse_epilogue,
+    require_float32,
+    single_kernel_plan,
+    tiled_gemm_wgsl,
+)
+
+__all__ = ["MatMul", "plan_gemm", "matmul_output_shape"]
+
+
+def matmul_output_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy.matmul's output shape (raises ``ValueError`` on a mismatch)."""
+    if not a_shape or not b_shape:
+        raise ValueError("MatMul operands must have at least one dimension")
+    a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
+    b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
+    if a2[-1] != b2[-2]:
+        raise ValueError(f"MatMul: inner dimensions differ, {a_shape} x {b_shape}")
+    batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    shape = batch + (a2[-2], b2[-1])
+    if len(a_shape) == 1:
+        shape = shape[:-2] + shape[-1:]
+    if len(b_shape) == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def plan_gemm(
+    op_type: str,
+    *,
+    a_shape: tuple[int, ...],
+    b_shape: tuple[int, ...],
+    trans_a: bool,
+    trans_b: bool,
+    steps: Sequence[EpilogueStep],
+    out_shape: tuple[int, ...],
+    compute: Any,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    caps: DeviceCaps,
+) -> OpPlan:
+    """The plan of ``out = epilogue(op(A) @ op(B))`` with A = input 0, B = input 1.
+
+    ``a_shape``/``b_shape`` are at least 2-D (1-D operands already lifted); transposes apply to 2-D operands
+    only (Gemm).  ``compute`` is the twin's whole-node function.
+    """
+    if int(np.prod(out_shape, dtype=np.int64)) == 0:
+        return OpPlan()
+    m = a_shape[-1] if trans_a else a_shape[-2]
+    k = a_shape[-2] if trans_a else a_shape[-1]
+    n = b_shape[-2] if trans_b else b_shape[-1]
+    a_batch, b_batch = a_shape[:-2], b_shape[:-2]
+    batch_shape = tuple(np.broadcast_shapes(a_batch, b_batch))
+    batch = int(np.prod(batch_shape, dtype=np.int64))
+    if int(np.prod(b_batch, dtype=np.int64)) == 1 and not trans_a:
+        m, batch = m * int(np.prod(a_batch, dtype=np.int64)), 1  # A's batch folds into its rows
+    table = BindingTable()
+    if batch == 1 and m == 1 and k > 0:
+        layout = "nk" if trans_b else "kn"
+        vector_a = layout == "nk" and k % 4 == 0
+        vector_b = (layout == "kn" and n % 4 == 0) or vector_a
+        a_name = table.add(Binding("input", 0), "vec4<f32>" if vector_a else "f32")
+        b_name = table.add(Binding("input", 1), "vec4<f32>" if vector_b else "f32")
+        output = table.add(Binding("output", 0), writable=True)
+        epilogue = epilogue_function(steps, out_shape, table)
+        wgsl, grid = gemv_wgsl(
+            n=n, k=k, b_layout=layout, a_name=a_name, b_name=b_name, output=output,
+            declarations=table.declarations(), epilogue=epilogue, caps=caps,
+        )
+        return single_kernel_plan(op_type, wgsl, grid, table, compute, inputs, outputs, caps)
+
+    a_name = table.add(Binding("input", 0))
+    b_name = table.add(Binding("input", 1))
+    output = table.add(Binding("output", 0), writable=True)
+    epilogue = epilogue_function(steps, out_shape, table)
+    prelude = ""
+    a_base = b_base = ""
+    if batch > 1:
+        prelude += index_function("a_batch", batch_shape, broadcast_strides(a_batch, batch_shape))
+        prelude += index_function("b_batch", batch_shape, broadcast_strides(b_batch, batch_shape))
+        a_base = f"a_batch(b) * {m * k}u + "
+        b_base = f"b_batch(b) * {k * n}u + "
+    a_index = f"k * {m}u + m" if trans_a else f"m * {k}u + k"
+    b_index = f"n * {k}u + k" if trans_b else f"k * {n}u + n"
+    problem = GemmProblem(
+        batch=batch, m=m, n=n, k=k,
+        load_a=f"    return {a_name}[{a_base}{a_index}];",
+        load_b=f"    return {b_name}[{b_base}{b_index}];",
+        out_index=f"    return (b * {m}u + m) * {n}u + n;",
+        prelude=prelude,
+    )
+    wgsl, grid = tiled_gemm_wgsl(problem, table.declarations(), epilogue, output, caps)
+    return single_kernel_plan(op_type, wgsl, grid, table, compute, inputs, outputs, caps)
+
+
+@register
+class MatMul(Operator):
+    """MatMul-1/9/13 (numpy.matmul)."""
+
+    op_type = "MatMul"
+    since_version = 1
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        a, b = inputs[0], inputs[1]
+        assert a is not None and b is not None
+        if a.dtype != b.dtype:
+            raise UnsupportedOpError(f"MatMul: operand dtypes differ ({a.dtype}, {b.dtype}) at opset {self.opset}")
+        y = np.matmul(a, b)
+        shapes = [None if x is None else tuple(x.shape) for x in inputs]
+        steps = parse_epilogue("MatMul", attrs, 2, shapes, tuple(y.shape))
+        return [apply_epilogue(np.asarray(y, dtype=a.dtype), steps, inputs)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        a, b = inputs[0], inputs[1]
+        assert a is not None and b is not None
+        require_float32("MatMul", list(inputs) + list(outputs))
+        out_shape = matmul_output_shape(a.shape, b.shape)
+        steps = parse_epilogue("MatMul", attrs, 2, [None if x is None else x.shape for x in inputs], out_shape)
+        a_shape = (1,) + a.shape if len(a.shape) == 1 else a.shape
+        b_shape = b.shape + (1,) if len(b.shape) == 1 else b.shape
+        return plan_gemm(
+            "MatMul", a_shape=a_shape, b_shape=b_shape, trans_a=False, trans_b=False, steps=steps,
+            out_shape=out_shape, compute=lambda full: self.reference(full, attrs, outputs),
+            inputs=inputs, outputs=outputs, caps=caps,
+        )

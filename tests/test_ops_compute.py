@@ -1,0 +1,272 @@
+"""Compute-heavy operators: reference vs onnxruntime CPU, and plans on the fake and wgpu devices vs reference.
+
+Device pipelines are slow to create on lavapipe, so each device case is chosen to hit a distinct kernel path
+(tiled / GEMV, vectorised or not, broadcast epilogues, padding modes) rather than to sweep shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper
+
+from ortgpu.ops import DeviceCaps, NotOnDevice, TensorInfo, get_operator
+from ortgpu.ops._runner import run_plan
+from ortgpu_core._errors import UnsupportedOpError
+
+RNG = np.random.default_rng(20261129)
+DTYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
+          np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.float16): TensorProto.FLOAT16}
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+# -- onnxruntime ----------------------------------------------------------------------------------------------------
+
+
+def ort_run(
+    op_type: str,
+    inputs: Sequence[np.ndarray | None],
+    attrs: dict[str, Any],
+    opset: int,
+    n_outputs: int = 1,
+    epilogue: Sequence[tuple[Any, ...]] = (),
+    own_inputs: int | None = None,
+) -> list[np.ndarray]:
+    """Run one node (followed by the unfused equivalent of ``epilogue``) on onnxruntime CPU."""
+    own = len(inputs) if own_inputs is None else own_inputs
+    graph_inputs, feeds, names = [], {}, []
+    for index, array in enumerate(inputs):
+        if array is None:
+            names.append("")
+            continue
+        name = f"x{index}"
+        names.append(name)
+        graph_inputs.append(helper.make_tensor_value_info(name, DTYPES[array.dtype], list(array.shape)))
+        feeds[name] = array
+    while names and names[-1] == "":
+        names.pop()
+    outs = [f"y{i}" for i in range(n_outputs)]
+    nodes = [helper.make_node(op_type, names[:own], ["t0"] + outs[1:], **attrs)]
+    current = "t0"
+    for step_number, step in enumerate(epilogue):
+        nxt = f"t{step_number + 1}"
+        if step[0] == "add":
+            nodes.append(helper.make_node("Add", [current, names[step[1]]], [nxt]))
+        elif step[0] == "relu":
+            nodes.append(helper.make_node("Relu", [current], [nxt]))
+        elif step[0] == "sigmoid":
+            nodes.append(helper.make_node("Sigmoid", [current], [nxt]))
+        elif step[0] == "clip":
+            lo = helper.make_tensor(f"lo{step_number}", TensorProto.FLOAT, [], [step[1]])
+            hi = helper.make_tensor(f"hi{step_number}", TensorProto.FLOAT, [], [step[2]])
+            nodes.append(helper.make_node("Constant", [], [f"lo{step_number}"], value=lo))
+            nodes.append(helper.make_node("Constant", [], [f"hi{step_number}"], value=hi))
+            nodes.append(helper.make_node("Clip", [current, f"lo{step_number}", f"hi{step_number}"], [nxt]))
+        elif step[0] == "gelu":
+            s = f"g{step_number}"
+            c = helper.make_tensor(s + "c", TensorProto.FLOAT, [], [1 / np.sqrt(2)])
+            half = helper.make_tensor(s + "h", TensorProto.FLOAT, [], [0.5])
+            one = helper.make_tensor(s + "o", TensorProto.FLOAT, [], [1.0])
+            nodes += [
+                helper.make_node("Constant", [], [s + "c"], value=c),
+                helper.make_node("Constant", [], [s + "h"], value=half),
+                helper.make_node("Constant", [], [s + "o"], value=one),
+                helper.make_node("Mul", [current, s + "c"], [s + "1"]),
+                helper.make_node("Erf", [s + "1"], [s + "2"]),
+                helper.make_node("Add", [s + "2", s + "o"], [s + "3"]),
+                helper.make_node("Mul", [s + "3", s + "h"], [s + "4"]),
+                helper.make_node("Mul", [s + "4", current], [nxt]),
+            ]
+        current = nxt
+    nodes.append(helper.make_node("Identity", [current], ["y0"]))
+    graph_outputs = [helper.make_empty_tensor_value_info(o) for o in outs]
+    graph = helper.make_graph(nodes, "g", graph_inputs, graph_outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = min(model.ir_version, 10)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [np.asarray(r) for r in session.run(outs, feeds)]
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, tolerance: float = 1e-4) -> None:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if want.dtype.kind in "iub":
+        np.testing.assert_array_equal(got, want)
+        return
+    if want.size == 0:
+        return
+    both_nan = np.isnan(got) & np.isnan(want)
+    assert not np.any(np.isnan(got) != np.isnan(want)), "NaN positions differ"
+    g, w = np.where(both_nan, 0, got).astype(np.float64), np.where(both_nan, 0, want).astype(np.float64)
+    error = float(np.linalg.norm(g - w)) / max(float(np.linalg.norm(w)), 1e-30)
+    assert error < tolerance, f"relative error {error}"
+
+
+def reference(op_type: str, opset: int, inputs: Sequence[np.ndarray | None], attrs: dict[str, Any]) -> list[np.ndarray]:
+    return get_operator(op_type, opset).reference(inputs, attrs, [])
+
+
+def check_reference(
+    op_type: str, opset: int, inputs: Sequence[np.ndarray | None], attrs: dict[str, Any],
+    n_outputs: int = 1, epilogue: Sequence[tuple[Any, ...]] = (), own_inputs: int | None = None,
+) -> list[np.ndarray]:
+    fused = dict(attrs, _epilogue=tuple(epilogue)) if epilogue else attrs
+    ours = reference(op_type, opset, inputs, fused)
+    theirs = ort_run(op_type, inputs, attrs, opset, n_outputs, epilogue, own_inputs)
+    assert len(ours) >= n_outputs
+    for got, want in zip(ours, theirs):
+        assert_close(got, want)
+    return ours
+
+
+# -- devices ------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["fake", "wgpu"])
+def device(request: pytest.FixtureRequest) -> Iterator[Any]:
+    dev: Any
+    if request.param == "fake":
+        from ortgpu_core.backends.fake import FakeBackend
+
+        dev = FakeBackend().open_device(0)
+    else:
+        try:
+            from ortgpu_core.backends.wgpu_native import WgpuBackend
+
+            backend = WgpuBackend()
+            dev = backend.open_device(backend.default_adapter_index())
+        except Exception as error:  # pragma: no cover - no adapter on this machine
+            pytest.skip(f"no wgpu device: {error}")
+    yield dev
+    dev.destroy()
+
+
+def check_device(
+    device: Any, op_type: str, opset: int, inputs: Sequence[np.ndarray | None], attrs: dict[str, Any],
+    constants: dict[int, np.ndarray] | None = None,
+) -> None:
+    """Plan the node for ``device`` and compare every output with the reference."""
+    operator = get_operator(op_type, opset)
+    want = operator.reference(inputs, attrs, [])
+    outputs = [TensorInfo(tuple(w.shape), w.dtype) for w in want]
+    infos = [None if a is None else TensorInfo(tuple(a.shape), a.dtype) for a in inputs]
+    caps = DeviceCaps(frozenset(device.features), device.limits)
+    plan = operator.plan(infos, outputs, attrs, caps, constants or {})
+    before = device.live_handles()
+    got = run_plan(device, plan, inputs, outputs)
+    assert device.live_handles() == before
+    for g, w in zip(got, want):
+        assert_close(g, w)
+
+
+# -- MatMul, Gemm -----------------------------------------------------------------------------------------------------
+
+MATMUL_CASES = [
+    ((5, 7), (7, 3)),
+    ((70, 33), (33, 130)),
+    ((1, 100), (100, 64)),
+    ((100,), (100, 63)),
+    ((2, 1, 5, 7), (3, 7, 9)),
+    ((7,), (2, 7, 9)),
+    ((7,), (7,)),
+    ((2, 3, 6, 4), (4,)),
+    ((3, 1, 16), (16, 8)),
+]
+
+
+@pytest.mark.parametrize("a_shape,b_shape", MATMUL_CASES)
+def test_matmul_reference(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
+    check_reference("MatMul", 13, [rand(*a_shape), rand(*b_shape)], {})
+
+
+EPILOGUES: list[tuple[tuple[Any, ...], ...]] = [
+    (("add", 2), ("relu",)),
+    (("add", 2), ("gelu",)),
+    (("sigmoid",), ("add", 3)),
+    (("clip", -0.5, 0.25),),
+]
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_matmul_epilogue_reference(epilogue: tuple[tuple[Any, ...], ...]) -> None:
+    a, b = rand(4, 6, 10), rand(10, 12)
+    check_reference("MatMul", 13, [a, b, rand(12), rand(4, 1, 12)], {}, epilogue=epilogue, own_inputs=2)
+
+
+MATMUL_DEVICE_CASES: list[tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[Any, ...], ...]]] = [
+    ((70, 33), (33, 130), ()),  # tiled, partial tiles
+    ((3, 4, 20), (20, 24), (("add", 2), ("relu",))),  # batch folds into M
+    ((2, 1, 5, 7), (3, 7, 9), (("add", 3), ("clip", -0.5, 0.5))),  # broadcast batch
+    ((1, 100), (100, 64), (("add", 2), ("gelu",))),  # GEMV, vec4
+    ((100,), (100, 63), (("sigmoid",),)),  # GEMV, scalar
+    ((7,), (7,), ()),
+]
+
+
+@pytest.mark.parametrize("a_shape,b_shape,epilogue", MATMUL_DEVICE_CASES)
+def test_matmul_device(device: Any, a_shape: tuple[int, ...], b_shape: tuple[int, ...],
+                       epilogue: tuple[tuple[Any, ...], ...]) -> None:
+    from ortgpu.ops.matmul import matmul_output_shape
+
+    out = matmul_output_shape(a_shape, b_shape)
+    extras = [rand(*out[-1:]), rand(*out[:-2], 1, out[-1]) if len(out) >= 2 else rand(1)]
+    attrs = {"_epilogue": epilogue} if epilogue else {}
+    check_device(device, "MatMul", 13, [rand(*a_shape), rand(*b_shape), *extras], attrs)
+
+
+def test_matmul_epilogue_rejects_bad_index() -> None:
+    with pytest.raises(UnsupportedOpError):
+        reference("MatMul", 13, [rand(2, 3), rand(3, 4), rand(4)], {"_epilogue": (("add", 1),)})
+    with pytest.raises(UnsupportedOpError):
+        reference("MatMul", 13, [rand(2, 3), rand(3, 4), rand(5)], {"_epilogue": (("add", 2),)})
+
+
+def test_matmul_float64_stays_on_cpu(device: Any) -> None:
+    a = RNG.standard_normal((2, 3))
+    info = TensorInfo((2, 3), a.dtype)
+    caps = DeviceCaps(frozenset(device.features), device.limits)
+    with pytest.raises(NotOnDevice, match="float32"):
+        get_operator("MatMul", 13).plan([info, TensorInfo((3, 2), a.dtype)], [TensorInfo((2, 2), a.dtype)], {}, caps, {})
+
+
+GEMM_CASES: list[tuple[tuple[int, int], tuple[int, int], tuple[int, ...] | None, dict[str, Any]]] = [
+    ((5, 7), (7, 3), (3,), {}),
+    ((7, 5), (7, 3), (5, 1), {"transA": 1, "alpha": 0.5, "beta": 2.0}),
+    ((5, 7), (3, 7), (5, 3), {"transB": 1}),
+    ((1, 64), (32, 64), (32,), {"transB": 1}),
+    ((1, 30), (30, 17), None, {"alpha": -1.5}),
+    ((1, 30), (17, 30), (1,), {"transB": 1, "beta": 0.0}),
+]
+
+
+@pytest.mark.parametrize("a_shape,b_shape,c_shape,attrs", GEMM_CASES)
+def test_gemm_reference(a_shape: tuple[int, int], b_shape: tuple[int, int], c_shape: tuple[int, ...] | None,
+                        attrs: dict[str, Any]) -> None:
+    c = None if c_shape is None else rand(*c_shape)
+    check_reference("Gemm", 13, [rand(*a_shape), rand(*b_shape), c], attrs)
+
+
+@pytest.mark.parametrize("a_shape,b_shape,c_shape,attrs", GEMM_CASES)
+def test_gemm_device(device: Any, a_shape: tuple[int, int], b_shape: tuple[int, int],
+                     c_shape: tuple[int, ...] | None, attrs: dict[str, Any]) -> None:
+    c = None if c_shape is None else rand(*c_shape)
+    check_device(device, "Gemm", 13, [rand(*a_shape), rand(*b_shape), c], attrs)
+
+
+def test_gemm_epilogue(device: Any) -> None:
+    a, b, bias = rand(1, 48), rand(40, 48), rand(40)
+    inputs = [a, b, None, bias]
+    epilogue = (("add", 3), ("gelu",))
+    check_reference("Gemm", 13, inputs, {"transB": 1}, epilogue=epilogue, own_inputs=3)
+    check_device(device, "Gemm", 13, inputs, {"transB": 1, "_epilogue": epilogue})
+    inputs = [rand(9, 12), rand(12, 10), rand(10), rand(9, 10)]
+    epilogue = (("add", 3), ("relu",))
+    check_reference("Gemm", 13, inputs, {"alpha": 2.0}, epilogue=epilogue, own_inputs=3)
+    check_device(device, "Gemm", 13, inputs, {"alpha": 2.0, "_epilogue": epilogue})
