@@ -1,0 +1,543 @@
+"""Shared WGSL code generation for operator kernels.
+
+Other operator modules import these helpers (read-only); they are the one place
+that knows how numpy's memory layout looks from WGSL.
+
+Storage model
+-------------
+Every storage buffer a kernel built here binds is declared ``array<u32>``; a
+tensor's elements are read out of (and written into) those words according to
+numpy's C layout, so buffers are never converted on upload or readback:
+
+==========================  ===============  ==========================================
+dtype                       compute type     how an element is read
+==========================  ===============  ==========================================
+float32                     ``f32``          ``bitcast<f32>(word[k])``
+int32 / uint32              ``i32``/``u32``  ``bitcast`` of ``word[k]``
+float16                     ``f32``          ``unpack2x16float(word[k / 2])``, one half
+bool                        ``bool``         byte ``k % 4`` of ``word[k / 4]``, ``!= 0``
+uint8 / int8                ``u32``/``i32``  byte ``k % 4`` of ``word[k / 4]`` (int8 sign-extended)
+uint16 / int16              ``u32``/``i32``  half ``k % 2`` of ``word[k / 2]``
+int64                       ``i32``          the low word ``word[2k]`` (valid in int32 range)
+==========================  ===============  ==========================================
+
+float16 goes through ``unpack2x16float``/``pack2x16float``, which core WGSL has
+on every device, so float16 tensors need no ``shader-f16`` feature; arithmetic
+is done in f32 and rounded once on store.
+
+Write rule: no two invocations write the same ``u32`` word (WGSL has no byte
+stores, and a read-modify-write of a shared word would race).  Kernels whose
+output elements are narrower than 4 bytes therefore compute
+``elements_per_invocation(itemsize)`` consecutive elements per invocation and
+write each word once, zero-filling the padding past the last element.
+
+Grids
+-----
+A dispatch may have at most ``limits.max_compute_workgroups_per_dimension``
+workgroups per dimension (65535).  :func:`grid_for` spreads larger counts over
+a 2-D grid, and :data:`LINEAR_INVOCATION` recovers the linear invocation id
+from ``global_invocation_id`` and ``num_workgroups`` (declare both builtins as
+:func:`kernel_entry` does).
+
+Kernel builders
+---------------
+:func:`elementwise_kernel` is the generic n-ary elementwise kernel with numpy
+broadcasting used by the unary, binary and comparison operators and Cast.
+:func:`gather_kernel` is the generic data-movement kernel: each output element
+is copied bit for bit from an element of one of several sources, chosen by a
+WGSL ``source`` function the operator writes (Transpose, Concat, Slice,
+Gather, Where, ...).  Shapes, strides and scalar attributes are baked into the
+WGSL text as constants (pipelines are cached by text); no string from the
+model ever reaches the WGSL.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ortgpu_core.backends.protocol import DeviceLimits, KernelTwin
+
+from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, reference_twin
+
+__all__ = [
+    "DEFAULT_WORKGROUP_SIZE",
+    "LINEAR_INVOCATION",
+    "wgsl_compute_type",
+    "device_dtype_supported",
+    "require_device_dtype",
+    "elements_per_invocation",
+    "grid_for",
+    "workgroup_size_for",
+    "kernel_entry",
+    "storage_declaration",
+    "load_function",
+    "raw_load_function",
+    "broadcast_index_function",
+    "affine_index_function",
+    "wgsl_float",
+    "wgsl_int",
+    "wgsl_uint",
+    "check_binding_sizes",
+    "kernel_bindings",
+    "Operand",
+    "elementwise_kernel",
+    "elementwise_plan",
+    "gather_kernel",
+]
+
+#: Invocations per workgroup of the kernels built here (clamped to the device's limits).
+DEFAULT_WORKGROUP_SIZE = 256
+
+#: WGSL expression of the linear invocation id inside :func:`kernel_entry`'s ``main``
+#: (``gid`` = global_invocation_id, ``nwg`` = num_workgroups, 1-D workgroups).
+LINEAR_INVOCATION = "(gid.x + gid.y * nwg.x * WORKGROUP_SIZE)"
+
+# dtype name -> WGSL compute type (see the table in the module docstring).
+_COMPUTE_TYPES: dict[str, str] = {
+    "float32": "f32",
+    "float16": "f32",
+    "int32": "i32",
+    "uint32": "u32",
+    "int64": "i32",
+    "bool": "bool",
+    "uint8": "u32",
+    "int8": "i32",
+    "uint16": "u32",
+    "int16": "i32",
+}
+
+
+def wgsl_compute_type(dtype: np.dtype[Any] | str) -> str:
+    """The WGSL type an element of ``dtype`` is computed in (``f32``, ``i32``, ``u32`` or ``bool``).
+
+    Raises :class:`NotOnDevice` for dtypes WGSL cannot compute with (float64, uint64, strings...).
+    """
+    name = np.dtype(dtype).name
+    try:
+        return _COMPUTE_TYPES[name]
+    except KeyError:
+        raise NotOnDevice(f"dtype {name} has no WGSL compute type (WebGPU has no 64-bit float arithmetic)") from None
+
+
+def device_dtype_supported(dtype: np.dtype[Any] | str) -> bool:
+    """Whether :func:`load_function` can read ``dtype``."""
+    return np.dtype(dtype).name in _COMPUTE_TYPES
+
+
+def require_device_dtype(op_type: str, dtype: np.dtype[Any], allowed: Sequence[str], why: str = "") -> None:
+    """Raise :class:`NotOnDevice` unless ``dtype`` is one of ``allowed`` (dtype names)."""
+    if dtype.name not in allowed:
+        reason = why or f"its WebGPU kernel supports {', '.join(allowed)}"
+        raise NotOnDevice(f"{op_type} on {dtype.name} runs on the CPU: {reason}")
+
+
+def elements_per_invocation(itemsize: int) -> int:
+    """Output elements one invocation writes so that it owns whole ``u32`` words (4 for bytes, 2 for halves)."""
+    return 4 // itemsize if itemsize < 4 else 1
+
+
+def workgroup_size_for(limits: DeviceLimits, preferred: int = DEFAULT_WORKGROUP_SIZE) -> int:
+    """A 1-D workgroup size within the device's limits (a power of two, at most ``preferred``)."""
+    cap = min(preferred, limits.max_compute_invocations_per_workgroup, limits.max_compute_workgroup_size_x)
+    size = 1
+    while size * 2 <= cap:
+        size *= 2
+    return size
+
+
+def grid_for(count: int, workgroup_size: int, limits: DeviceLimits) -> tuple[int, int, int]:
+    """The dispatch grid that runs at least ``count`` invocations of a 1-D workgroup of ``workgroup_size``.
+
+    Up to ``max_compute_workgroups_per_dimension`` workgroups the grid is 1-D;
+    beyond, it is ``(x, y, 1)`` with ``x * y >= groups``.  Kernels recover the
+    linear id as ``gid.x + gid.y * nwg.x * workgroup_size`` (:data:`LINEAR_INVOCATION`)
+    and must bounds-check it, since the grid may overshoot.  A ``count`` of 0
+    gives a grid of one workgroup (dispatches of zero workgroups are avoided).
+    """
+    groups = max(1, -(-count // workgroup_size))
+    max_dim = limits.max_compute_workgroups_per_dimension
+    if groups <= max_dim:
+        return (groups, 1, 1)
+    rows = -(-groups // max_dim)
+    if rows > max_dim:
+        raise NotOnDevice(f"{count} invocations exceed the device's 2-D dispatch grid ({max_dim} x {max_dim} workgroups)")
+    return (-(-groups // rows), rows, 1)
+
+
+def kernel_entry(workgroup_size: int, body: str) -> str:
+    """The ``main`` entry point: declares ``gid``/``nwg`` and the ``WORKGROUP_SIZE`` constant, then ``body``."""
+    return (
+        f"const WORKGROUP_SIZE: u32 = {workgroup_size}u;\n"
+        f"@compute @workgroup_size({workgroup_size})\n"
+        "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {\n"
+        f"{body}"
+        "}\n"
+    )
+
+
+def storage_declaration(binding: int, name: str, writable: bool) -> str:
+    """``@group(0) @binding(i) var<storage, read|read_write> name: array<u32>;``"""
+    access = "read_write" if writable else "read"
+    return f"@group(0) @binding({binding}) var<storage, {access}> {name}: array<u32>;\n"
+
+
+def wgsl_float(value: float) -> str:
+    """A WGSL f32 literal for ``value``, which must be finite as float32.
+
+    WGSL makes a constant expression that evaluates to an infinity or NaN a
+    shader-creation error, so kernels must handle such values at run time
+    (or leave the bound out, as Clip does for missing bounds).
+    """
+    value = float(np.float32(value))
+    if not math.isfinite(value):
+        raise NotOnDevice(f"the constant {value} cannot be written into WGSL (constants must be finite)")
+    text = repr(value)
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return f"f32({text})"
+
+
+def wgsl_int(value: int) -> str:
+    """A WGSL i32 literal (the most negative value spelled so WGSL accepts it)."""
+    value = int(value)
+    if value == -(2**31):
+        return "i32(-2147483647 - 1)"
+    return f"i32({value})"
+
+
+def wgsl_uint(value: int) -> str:
+    """A WGSL u32 literal."""
+    return f"{int(value)}u"
+
+
+def load_function(function: str, buffer: str, dtype: np.dtype[Any], *, int64_pair: bool = False) -> str:
+    """A WGSL function ``fn <function>(k: u32) -> T`` reading element ``k`` of ``buffer`` as its compute type.
+
+    ``int64_pair`` reads int64 as ``vec2<u32>(low, high)`` (exact 64-bit compares)
+    instead of its low word as ``i32``.
+    """
+    name = np.dtype(dtype).name
+    byte = f"(({buffer}[k >> 2u] >> ((k & 3u) * 8u)) & 0xffu)"
+    half = f"(({buffer}[k >> 1u] >> ((k & 1u) * 16u)) & 0xffffu)"
+    if name == "float32":
+        return f"fn {function}(k: u32) -> f32 {{ return bitcast<f32>({buffer}[k]); }}\n"
+    if name == "int32":
+        return f"fn {function}(k: u32) -> i32 {{ return bitcast<i32>({buffer}[k]); }}\n"
+    if name == "uint32":
+        return f"fn {function}(k: u32) -> u32 {{ return {buffer}[k]; }}\n"
+    if name == "float16":
+        return (
+            f"fn {function}(k: u32) -> f32 {{\n"
+            f"  let pair = unpack2x16float({buffer}[k >> 1u]);\n"
+            "  return select(pair.x, pair.y, (k & 1u) == 1u);\n}\n"
+        )
+    if name == "int64":
+        if int64_pair:
+            return f"fn {function}(k: u32) -> vec2<u32> {{ return vec2<u32>({buffer}[2u * k], {buffer}[2u * k + 1u]); }}\n"
+        return f"fn {function}(k: u32) -> i32 {{ return bitcast<i32>({buffer}[2u * k]); }}\n"
+    if name == "bool":
+        return f"fn {function}(k: u32) -> bool {{ return {byte} != 0u; }}\n"
+    if name == "uint8":
+        return f"fn {function}(k: u32) -> u32 {{ return {byte}; }}\n"
+    if name == "int8":
+        return f"fn {function}(k: u32) -> i32 {{ return bitcast<i32>({byte} << 24u) >> 24u; }}\n"
+    if name == "uint16":
+        return f"fn {function}(k: u32) -> u32 {{ return {half}; }}\n"
+    if name == "int16":
+        return f"fn {function}(k: u32) -> i32 {{ return bitcast<i32>({half} << 16u) >> 16u; }}\n"
+    raise NotOnDevice(f"dtype {name} cannot be read by a WebGPU kernel")
+
+
+def raw_load_function(function: str, buffer: str, itemsize: int) -> str:
+    """``fn <function>(k: u32) -> vec2<u32>``: the bits of element ``k`` (any dtype of ``itemsize`` bytes).
+
+    Elements of 1 or 2 bytes come back zero-extended in ``.x``; 8-byte elements as (low, high).
+    """
+    if itemsize == 8:
+        body = f"vec2<u32>({buffer}[2u * k], {buffer}[2u * k + 1u])"
+    elif itemsize == 4:
+        body = f"vec2<u32>({buffer}[k], 0u)"
+    elif itemsize == 2:
+        body = f"vec2<u32>(({buffer}[k >> 1u] >> ((k & 1u) * 16u)) & 0xffffu, 0u)"
+    elif itemsize == 1:
+        body = f"vec2<u32>(({buffer}[k >> 2u] >> ((k & 3u) * 8u)) & 0xffu, 0u)"
+    else:
+        raise NotOnDevice(f"elements of {itemsize} bytes cannot be moved by a WebGPU kernel")
+    return f"fn {function}(k: u32) -> vec2<u32> {{ return {body}; }}\n"
+
+
+def affine_index_function(
+    function: str,
+    out_shape: Sequence[int],
+    terms: Sequence[tuple[int | None, int]],
+    offset: int = 0,
+) -> str:
+    """``fn <function>(j: u32) -> u32``: an input element index as an affine map of output coordinates.
+
+    Output element ``j`` (C order over ``out_shape``) has coordinates ``c[d]``;
+    the result is ``offset + sum_d (c[d] % modulus_d) * multiplier_d`` with
+    ``terms[d] = (modulus_d or None, multiplier_d)``.  Multipliers and the
+    offset may be negative (Slice with negative steps); arithmetic is i32.
+    Transpose, Slice, Tile and Expand are all such maps.
+    """
+    lines = [f"fn {function}(j: u32) -> u32 {{\n", "  var rest = j;\n", f"  var index = {wgsl_int(offset)};\n"]
+    for axis in range(len(out_shape) - 1, -1, -1):
+        size = int(out_shape[axis])
+        modulus, multiplier = terms[axis]
+        if size == 1:
+            continue  # coordinate is always 0
+        lines.append(f"  let c{axis} = rest % {size}u;\n")
+        lines.append(f"  rest = rest / {size}u;\n")
+        if multiplier == 0:
+            continue
+        coordinate = f"c{axis}" if modulus is None or modulus >= size else f"(c{axis} % {int(modulus)}u)"
+        lines.append(f"  index = index + i32({coordinate}) * {wgsl_int(multiplier)};\n")
+    lines.append("  return u32(index);\n}\n")
+    return "".join(lines)
+
+
+def _contiguous_strides(shape: Sequence[int]) -> list[int]:
+    strides = [1] * len(shape)
+    for axis in range(len(shape) - 2, -1, -1):
+        strides[axis] = strides[axis + 1] * int(shape[axis + 1])
+    return strides
+
+
+def broadcast_index_function(function: str, in_shape: Sequence[int], out_shape: Sequence[int]) -> str:
+    """``fn <function>(j: u32) -> u32``: the element of an input of ``in_shape`` that numpy broadcasting
+    pairs with output element ``j`` of ``out_shape`` (identity and scalar inputs get one-line functions)."""
+    in_shape = [int(d) for d in in_shape]
+    out_shape = [int(d) for d in out_shape]
+    if in_shape == out_shape:
+        return f"fn {function}(j: u32) -> u32 {{ return j; }}\n"
+    if int(np.prod(in_shape, dtype=np.int64)) == 1:
+        return f"fn {function}(j: u32) -> u32 {{ return 0u; }}\n"
+    aligned = [1] * (len(out_shape) - len(in_shape)) + in_shape
+    strides = _contiguous_strides(aligned)
+    terms: list[tuple[int | None, int]] = [
+        (None, 0 if aligned[d] == 1 else strides[d]) for d in range(len(out_shape))
+    ]
+    return affine_index_function(function, out_shape, terms)
+
+
+def check_binding_sizes(op_type: str, infos: Sequence[TensorInfo | None], caps: DeviceCaps) -> None:
+    """Raise :class:`NotOnDevice` if a tensor is larger than one storage binding may be."""
+    limit = caps.limits.max_storage_buffer_binding_size
+    for info in infos:
+        if info is not None and info.nbytes > limit:
+            raise NotOnDevice(
+                f"{op_type}: a tensor of {info.nbytes} bytes exceeds the device's storage binding limit ({limit} bytes)"
+            )
+
+
+def _check_binding_count(op_type: str, count: int, caps: DeviceCaps) -> None:
+    if count > caps.limits.max_storage_buffers_per_shader_stage:
+        raise NotOnDevice(
+            f"{op_type} needs {count} storage buffers in one kernel; the device allows "
+            f"{caps.limits.max_storage_buffers_per_shader_stage}"
+        )
+
+
+def kernel_bindings(input_count: int) -> list[Binding]:
+    """The bindings of an :func:`elementwise_kernel` over node inputs ``0 .. input_count-1`` (for twins)."""
+    return [Binding("input", i) for i in range(input_count)] + [Binding("output", 0)]
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One input of an elementwise kernel: which node input it is and how it is read."""
+
+    input_index: int
+    info: TensorInfo
+    #: read int64 as ``vec2<u32>(low, high)`` instead of its low word as ``i32``.
+    int64_pair: bool = False
+
+
+def _store_statements(out_dtype: np.dtype[Any], count: int, value_fn: str) -> str:
+    """Body lines that write the elements owned by invocation ``w`` into ``dst`` (see the write rule)."""
+    name = out_dtype.name
+    itemsize = out_dtype.itemsize
+    per = elements_per_invocation(itemsize)
+    if per == 1:
+        if name == "int64":
+            return (
+                f"  let v = {value_fn}(w);\n"
+                "  dst[2u * w] = bitcast<u32>(v);\n"
+                "  dst[2u * w + 1u] = select(0u, 0xffffffffu, v < 0);\n"
+            )
+        if itemsize != 4:
+            raise NotOnDevice(f"a WebGPU elementwise kernel cannot write {name}")
+        return f"  dst[w] = bitcast<u32>({value_fn}(w));\n"
+    # Narrow outputs: this invocation owns word w, i.e. elements w*per .. w*per+per-1.
+    lines = [f"  var word = 0u;\n"]
+    for e in range(per):
+        j = f"(w * {per}u + {e}u)"
+        if name == "float16":
+            lines.append(f"  let v{e} = select(0.0, {value_fn}(min({j}, {count - 1}u)), {j} < {count}u);\n")
+        elif name == "bool":
+            lines.append(f"  let v{e} = select(0u, 1u, {j} < {count}u && {value_fn}(min({j}, {count - 1}u)));\n")
+        else:
+            mask = "0xffu" if itemsize == 1 else "0xffffu"
+            lines.append(
+                f"  let v{e} = select(0u, bitcast<u32>({value_fn}(min({j}, {count - 1}u))) & {mask}, {j} < {count}u);\n"
+            )
+    if name == "float16":
+        lines.append("  word = pack2x16float(vec2<f32>(v0, v1));\n")
+    else:
+        bits = 8 * itemsize
+        for e in range(per):
+            lines.append(f"  word = word | (v{e} << {e * bits}u);\n")
+    lines.append("  dst[w] = word;\n")
+    return "".join(lines)
+
+
+def elementwise_kernel(
+    name: str,
+    operands: Sequence[Operand],
+    output: TensorInfo,
+    expression: str,
+    caps: DeviceCaps,
+    twin: KernelTwin,
+    *,
+    helpers: str = "",
+) -> KernelSpec:
+    """A kernel computing ``output[j] = expression`` for every output element, with numpy broadcasting.
+
+    ``expression`` is WGSL in terms of ``x0, x1, ...`` (operand values in their
+    compute types, see :func:`wgsl_compute_type`) and must have the output's
+    compute type (``bool`` for bool outputs).  ``helpers`` is WGSL placed before
+    the kernel (functions the expression calls).  Binding ``i`` is operand ``i``,
+    the last binding the output.  ``twin`` must do on the bound bytes what the
+    kernel does (usually :func:`~ortgpu.ops._kernel.reference_twin`).
+    """
+    out_type = wgsl_compute_type(output.dtype)
+    count = output.size
+    limits = caps.limits
+    _check_binding_count(name, len(operands) + 1, caps)
+    check_binding_sizes(name, [op.info for op in operands] + [output], caps)
+    parts: list[str] = []
+    for slot, operand in enumerate(operands):
+        parts.append(storage_declaration(slot, f"in{slot}", writable=False))
+    parts.append(storage_declaration(len(operands), "dst", writable=True))
+    lets = []
+    for slot, operand in enumerate(operands):
+        parts.append(load_function(f"load{slot}", f"in{slot}", operand.info.dtype, int64_pair=operand.int64_pair))
+        parts.append(broadcast_index_function(f"index{slot}", operand.info.shape, output.shape))
+        lets.append(f"  let x{slot} = load{slot}(index{slot}(j));\n")
+    parts.append(helpers)
+    parts.append(f"fn value(j: u32) -> {out_type} {{\n{''.join(lets)}  return {expression};\n}}\n")
+    per = elements_per_invocation(output.dtype.itemsize)
+    invocations = -(-count // per)
+    workgroup = workgroup_size_for(limits)
+    body = (
+        f"  let w = {LINEAR_INVOCATION};\n"
+        f"  if (w >= {invocations}u) {{ return; }}\n"
+        + _store_statements(output.dtype, count, "value")
+    )
+    parts.append(kernel_entry(workgroup, body))
+    bindings = tuple(Binding("input", op.input_index) for op in operands) + (Binding("output", 0),)
+    return KernelSpec(
+        name=name,
+        wgsl="".join(parts),
+        grid=grid_for(invocations, workgroup, limits),
+        bindings=bindings,
+        twin=twin,
+    )
+
+
+def gather_kernel(
+    name: str,
+    sources: Sequence[tuple[Binding, TensorInfo]],
+    auxiliaries: Sequence[tuple[Binding, TensorInfo]],
+    output: TensorInfo,
+    source_function: str,
+    caps: DeviceCaps,
+    twin: KernelTwin,
+    *,
+    output_index: int = 0,
+) -> KernelSpec:
+    """A data-movement kernel: output element ``j`` is a bit-exact copy of one source element.
+
+    ``source_function`` is WGSL defining ``fn source(j: u32) -> vec2<u32>``
+    returning ``(s, k)``: copy element ``k`` of source ``s`` (0-based into
+    ``sources``).  It may call ``aux<i>(k)`` (auxiliary ``i`` read in its
+    compute type, e.g. Gather's indices or Where's condition) and helpers it
+    defines itself.  Sources must all have the output's itemsize; any dtype of
+    1, 2, 4 or 8 bytes moves.  Bindings: sources, then auxiliaries, then the output.
+    """
+    itemsize = output.dtype.itemsize
+    limits = caps.limits
+    _check_binding_count(name, len(sources) + len(auxiliaries) + 1, caps)
+    check_binding_sizes(name, [info for _, info in sources] + [info for _, info in auxiliaries] + [output], caps)
+    parts: list[str] = []
+    slot = 0
+    for s, (_, info) in enumerate(sources):
+        if info.dtype.itemsize != itemsize:
+            raise NotOnDevice(f"{name}: source {s} is {info.dtype.name}, the output {output.dtype.name}")
+        parts.append(storage_declaration(slot, f"src{s}", writable=False))
+        parts.append(raw_load_function(f"raw{s}", f"src{s}", itemsize))
+        slot += 1
+    for a, (_, info) in enumerate(auxiliaries):
+        parts.append(storage_declaration(slot, f"auxbuf{a}", writable=False))
+        parts.append(load_function(f"aux{a}", f"auxbuf{a}", info.dtype))
+        slot += 1
+    parts.append(storage_declaration(slot, "dst", writable=True))
+    parts.append(source_function)
+    fetch = ["fn fetch(j: u32) -> vec2<u32> {\n  let sk = source(j);\n"]
+    for s in range(len(sources) - 1):
+        fetch.append(f"  if (sk.x == {s}u) {{ return raw{s}(sk.y); }}\n")
+    fetch.append(f"  return raw{len(sources) - 1}(sk.y);\n}}\n")
+    parts.append("".join(fetch))
+    count = output.size
+    per = elements_per_invocation(itemsize)
+    invocations = -(-count // per)
+    lines = [f"  let w = {LINEAR_INVOCATION};\n", f"  if (w >= {invocations}u) {{ return; }}\n"]
+    if itemsize == 8:
+        lines.append("  let v = fetch(w);\n  dst[2u * w] = v.x;\n  dst[2u * w + 1u] = v.y;\n")
+    elif itemsize == 4:
+        lines.append("  dst[w] = fetch(w).x;\n")
+    else:
+        bits = 8 * itemsize
+        lines.append("  var word = 0u;\n")
+        for e in range(per):
+            j = f"(w * {per}u + {e}u)"
+            lines.append(f"  if ({j} < {count}u) {{ word = word | (fetch({j}).x << {e * bits}u); }}\n")
+        lines.append("  dst[w] = word;\n")
+    workgroup = workgroup_size_for(limits)
+    parts.append(kernel_entry(workgroup, "".join(lines)))
+    bindings = tuple(b for b, _ in sources) + tuple(b for b, _ in auxiliaries) + (Binding("output", output_index),)
+    return KernelSpec(
+        name=name,
+        wgsl="".join(parts),
+        grid=grid_for(invocations, workgroup, limits),
+        bindings=bindings,
+        twin=twin,
+    )
+
+
+def elementwise_plan(
+    op_type: str,
+    operands: Sequence[Operand],
+    outputs: Sequence[TensorInfo],
+    expression: str,
+    caps: DeviceCaps,
+    function: Callable[..., np.ndarray],
+    inputs: Sequence[TensorInfo | None],
+    *,
+    helpers: str = "",
+) -> OpPlan:
+    """An :class:`OpPlan` of one :func:`elementwise_kernel` (none for an empty output).
+
+    ``function`` is the numpy twin: it receives the operands' arrays in operand
+    order and returns output 0.
+    """
+    if outputs[0].size == 0:
+        return OpPlan()
+    bindings = [Binding("input", op.input_index) for op in operands] + [Binding("output", 0)]
+    twin = reference_twin(function, bindings, inputs, outputs)
+    kernel = elementwise_kernel(op_type, operands, outputs[0], expression, caps, twin, helpers=helpers)
+    return OpPlan(kernels=(kernel,))

@@ -1,0 +1,221 @@
+"""Binary arithmetic with numpy broadcasting: Add Sub Mul Div Pow.
+
+On the device: float32 and float16 (computed in f32, rounded once), and int32
+for Add/Sub/Mul/Div (wrapping like onnxruntime's C++; Div truncates toward
+zero).  int64 arithmetic needs carries between the two words of each element,
+which WGSL's 32-bit integers do not give: such nodes run on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ortgpu_core._errors import UnsupportedOpError
+
+from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._registry import register
+from ._wgsl import Operand, elementwise_plan, require_device_dtype
+
+__all__ = ["BinaryOperator", "Add", "Sub", "Mul", "Div", "Pow", "integer_divide", "POW_WGSL"]
+
+_INT64_WHY = "64-bit integer arithmetic is not available in WGSL (int32 and float32 run on the device)"
+
+
+def integer_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer division truncating toward zero (C semantics, as onnxruntime computes it)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        quotient = np.floor_divide(a, b)
+        remainder = np.remainder(a, b)
+    adjust = (remainder != 0) & ((a < 0) != (b < 0))
+    return np.asarray(quotient + adjust.astype(quotient.dtype), dtype=np.result_type(a, b))
+
+
+class BinaryOperator(Operator):
+    """An elementwise operator of two inputs of one dtype, broadcast numpy-style."""
+
+    #: WGSL operator between ``x0`` and ``x1``.
+    symbol = ""
+
+    def compute(self, a: np.ndarray, b: np.ndarray) -> Any:
+        raise NotImplementedError
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        a, b = inputs[0], inputs[1]
+        assert a is not None and b is not None
+        if self.opset < 7 and attrs.get("broadcast", 0):
+            raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}): the legacy 'broadcast' attribute is not supported")
+        if a.dtype != b.dtype:
+            raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}): inputs of different dtypes {a.dtype} and {b.dtype}")
+        if a.dtype.kind not in "fiu":
+            raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}) does not support dtype {a.dtype.name}")
+        with np.errstate(all="ignore"):
+            return [np.asarray(self.compute(a, b), dtype=a.dtype)]
+
+    def expression(self, dtype: np.dtype[Any]) -> str:
+        return f"x0 {self.symbol} x1"
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        a, b = inputs[0], inputs[1]
+        assert a is not None and b is not None
+        if a.dtype.name == "int64":
+            raise NotOnDevice(f"{self.op_type} on int64 runs on the CPU: {_INT64_WHY}")
+        require_device_dtype(self.op_type, a.dtype, ("float32", "float16", "int32"))
+
+        def function(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            return self.reference([x, y], attrs, outputs)[0]
+
+        return elementwise_plan(
+            self.op_type, [Operand(0, a), Operand(1, b)], outputs, self.expression(a.dtype), caps, function, inputs
+        )
+
+
+@register
+class Add(BinaryOperator):
+    op_type = "Add"
+    since_version = 1
+    symbol = "+"
+
+    def compute(self, a: np.ndarray, b: np.ndarray) -> Any:
+        return a + b
+
+
+@register
+class Sub(BinaryOperator):
+    op_type = "Sub"
+    since_version = 1
+    symbol = "-"
+
+    def compute(self, a: np.ndarray, b: np.ndarray) -> Any:
+        return a - b
+
+
+@register
+class Mul(BinaryOperator):
+    op_type = "Mul"
+    since_version = 1
+    symbol = "*"
+
+    def compute(self, a: np.ndarray, b: np.ndarray) -> Any:
+        return a * b
+
+
+@register
+class Div(BinaryOperator):
+    op_type = "Div"
+    since_version = 1
+    symbol = "/"
+
+    def compute(self, a: np.ndarray, b: np.ndarray) -> Any:
+        if a.dtype.kind in "iu":
+            return integer_divide(a, b)
+        return a / b
+
+
+#: WGSL ``fn pow_f32(x: f32, y: f32) -> f32`` with C's ``pow`` semantics for finite inputs: WGSL's
+#: ``pow`` is ``exp2(y * log2(x))``, undefined for x <= 0, so signs, zero and y == 0 are handled here.
+POW_WGSL = """
+fn pow_f32(x: f32, y: f32) -> f32 {
+  if (y == 0.0) {
+    return 1.0;
+  }
+  let y_is_integer = fract(y) == 0.0;
+  let y_is_odd = y_is_integer && fract(y * 0.5) != 0.0;
+  if (x == 0.0) {
+    // +-0 ** y: 0 for y > 0, infinity for y < 0; the sign survives only for odd y.
+    let magnitude = select(0.0, 1.0 / abs(x), y < 0.0);
+    return select(magnitude, -magnitude, y_is_odd && (bitcast<u32>(x) & 0x80000000u) != 0u);
+  }
+  let magnitude = pow(abs(x), y);
+  if (x > 0.0) {
+    return magnitude;
+  }
+  if (!y_is_integer) {
+    return bitcast<f32>(0x7fc00000u | (bitcast<u32>(y) & 0u));
+  }
+  return select(magnitude, -magnitude, y_is_odd);
+}
+"""
+
+
+@register
+class Pow(Operator):
+    """Pow: float base (float32/float16) on the device; the exponent may be float or integer.
+
+    A constant scalar exponent of 0.5, 1, 2 or 3 compiles to sqrt or multiplications
+    (the x ** 2 of decomposed LayerNorms stays exact).
+    """
+
+    op_type = "Pow"
+    since_version = 1
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        base, exponent = inputs[0], inputs[1]
+        assert base is not None and exponent is not None
+        if self.opset < 12 and base.dtype != exponent.dtype:
+            raise UnsupportedOpError(
+                f"Pow (opset {self.opset}): base {base.dtype} and exponent {exponent.dtype} must have one dtype before opset 12"
+            )
+        if base.dtype.kind not in "fiu" or exponent.dtype.kind not in "fiu":
+            raise UnsupportedOpError(f"Pow (opset {self.opset}) does not support dtypes {base.dtype}, {exponent.dtype}")
+        with np.errstate(all="ignore"):
+            result = np.power(base.astype(np.float64), exponent.astype(np.float64))
+            if base.dtype.kind in "iu":
+                return [result.astype(np.int64).astype(base.dtype)]
+            return [result.astype(base.dtype)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        base, exponent = inputs[0], inputs[1]
+        assert base is not None and exponent is not None
+        require_device_dtype("Pow", base.dtype, ("float32", "float16"), "integer powers run on the CPU")
+        require_device_dtype("Pow", exponent.dtype, ("float32", "float16", "int32", "int64"))
+        constant = constants.get(1)
+        if constant is not None and constant.size == 1 and outputs[0].shape == base.shape:
+            value = float(constant.reshape(-1)[0])
+            special = {0.5: "sqrt(x0)", 1.0: "x0", 2.0: "x0 * x0", 3.0: "x0 * x0 * x0"}.get(value)
+            if special is not None:
+                exponent_array = constant
+
+                def constant_function(x: np.ndarray) -> np.ndarray:
+                    return self.reference([x, exponent_array], attrs, outputs)[0]
+
+                return elementwise_plan("Pow", [Operand(0, base)], outputs, special, caps, constant_function, inputs)
+
+        def function(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            return self.reference([x, y], attrs, outputs)[0]
+
+        return elementwise_plan(
+            "Pow",
+            [Operand(0, base), Operand(1, exponent)],
+            outputs,
+            "pow_f32(x0, f32(x1))",
+            caps,
+            function,
+            inputs,
+            helpers=POW_WGSL,
+        )
