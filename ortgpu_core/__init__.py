@@ -1,0 +1,30 @@
+"""ortgpu_core: the Cython object model of ortgpu and its device backends.
+
+The public API is :mod:`ortgpu`, which re-exports these classes.  This
+package never imports :mod:`ortgpu`; the backends never import the object
+model.
+"""
+
+from ._errors import *  # noqa: F401,F403
+from ._errors import __all__ as _error_names
+from ._env import Device, Env, get_env
+from ._value import CPU, DeviceBuffer, OrtValue, Provenance, WebGPU
+from ._allocator import DeviceAllocator, SessionAllocator, SharedAllocator
+from ._transfer import transfer, transfer_route
+
+__all__ = [
+    *_error_names,
+    "Env",
+    "Device",
+    "get_env",
+    "OrtValue",
+    "Provenance",
+    "DeviceBuffer",
+    "CPU",
+    "WebGPU",
+    "DeviceAllocator",
+    "SharedAllocator",
+    "SessionAllocator",
+    "transfer",
+    "transfer_route",
+]

@@ -1,0 +1,252 @@
+# cython: language_level=3
+"""Env and Device: the backend instance, its adapters, and the devices opened on them.
+
+Lifetime: an :class:`Env` owns its backend and its :class:`Device` objects; a
+Device holds the backend (not the Env, to avoid a reference cycle) and opens
+its backend device lazily, on first use.  ``Env.close()`` closes every device;
+values still alive on them then raise ``ReleasedValueError`` on use.
+
+Device identity is the adapter this Env opened, not the (vendor_id,
+device_id) numbers: two Envs' devices, or the Vulkan and OpenGL adapters of
+one GPU, are different devices even when their numbers match.
+"""
+
+import itertools
+import os
+import threading
+import weakref
+
+from ._errors import ProvenanceError, ReleasedValueError, InvalidArgumentError
+
+_env_ids = itertools.count(1)
+
+# Preference for the default device: discrete, integrated, then the software
+# adapter; Vulkan before other backends at equal type.
+_ADAPTER_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "CPU": 2}
+_BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0}
+
+EXECUTION_MODES = ("concurrent", "serialized")
+
+
+def _preference(info):
+    return (_ADAPTER_RANK.get(info.adapter_type, 3), _BACKEND_RANK.get(info.backend_type, 1), info.index)
+
+
+def _make_backend(backend):
+    if not isinstance(backend, str):
+        return backend
+    if backend == "wgpu":
+        from .backends.wgpu_native import WgpuBackend
+        return WgpuBackend()
+    if backend == "fake":
+        from .backends.fake import FakeBackend
+        return FakeBackend()
+    raise InvalidArgumentError(f"unknown backend {backend!r}: use 'wgpu' (wgpu-native) or 'fake' (numpy, for tests)")
+
+
+cdef class Device:
+    """One adapter of an Env, and the device opened on it.
+
+    Attributes: ``index`` (position in ``env.devices``; 0 is the default
+    device), ``vendor_id``, ``device_id``, ``name``, ``driver``,
+    ``backend_type`` ("Vulkan", "OpenGL", "Fake"...), ``adapter_type``
+    ("DiscreteGPU", "IntegratedGPU", "CPU"...), ``env_id``.  Devices are
+    created by their Env; compare them by identity.
+    """
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("Device objects are created by an Env: use env.devices or env.default_device")
+
+    @staticmethod
+    cdef Device _create(Env env, object backend, object info, int index):
+        cdef Device device = Device.__new__(Device)
+        device.index = index
+        device.adapter_index = info.index
+        device.vendor_id = info.vendor_id
+        device.device_id = info.device_id
+        device.name = info.name
+        device.driver = info.driver
+        device.backend_type = info.backend_type
+        device.adapter_type = info.adapter_type
+        device.env_id = env.id
+        device._env_ref = weakref.ref(env)
+        device._backend = backend
+        device._backend_device = None
+        device._lock = threading.Lock()
+        device._closed = False
+        return device
+
+    cpdef object backend_device(self):
+        """The opened backend device (opened on first call).  Internal."""
+        if self._closed:
+            raise ReleasedValueError(f"{self!r} is closed (its Env was closed); create a new Env")
+        if self._backend_device is None:
+            with self._lock:
+                if self._backend_device is None:
+                    self._backend_device = self._backend.open_device(self.adapter_index)
+        return self._backend_device
+
+    cdef void _close(self):
+        cdef object opened
+        with self._lock:
+            self._closed = True
+            opened = self._backend_device
+            self._backend_device = None
+        if opened is not None:
+            try:
+                opened.destroy()
+            except Exception:
+                pass
+
+    @property
+    def env(self):
+        """The Env this device belongs to (None once that Env is gone)."""
+        return self._env_ref()
+
+    @property
+    def closed(self):
+        return self._closed
+
+    @property
+    def features(self):
+        """Adapter features the device was opened with, e.g. ``{"shader-f16"}``."""
+        return self.backend_device().features
+
+    @property
+    def limits(self):
+        """The device's limits (:class:`~ortgpu_core.backends.protocol.DeviceLimits`)."""
+        return self.backend_device().limits
+
+    def __repr__(self):
+        state = " closed" if self._closed else ""
+        return (
+            f"<Device {self.index}: {self.name} ({self.backend_type}, {self.adapter_type}, "
+            f"vendor_id=0x{self.vendor_id:04x}, device_id=0x{self.device_id:04x}) env={self.env_id}{state}>"
+        )
+
+
+cdef class Env:
+    """A backend instance with its devices; owns Env-shared allocators.
+
+    ``Env(backend="wgpu" | "fake" | <Backend instance>, execution_mode="concurrent" | "serialized")``.
+    One default Env per process is returned by :func:`get_env`; more can be
+    made.  Close with ``close()`` or a ``with`` block.
+    """
+
+    def __init__(self, backend="wgpu", execution_mode="concurrent"):
+        if execution_mode not in EXECUTION_MODES:
+            raise InvalidArgumentError(
+                f"execution_mode {execution_mode!r} is not one of {EXECUTION_MODES}: 'concurrent' lets "
+                f"sessions on one device submit independently, 'serialized' runs them one at a time"
+            )
+        self.id = next(_env_ids)
+        self._backend = _make_backend(backend)
+        self.backend_name = self._backend.name
+        self.execution_mode = execution_mode
+        self._lock = threading.RLock()
+        self._closed = False
+        self._shared_allocators = {}
+        adapters = sorted(self._backend.enumerate_adapters(), key=_preference)
+        self._devices = [Device._create(self, self._backend, info, i) for i, info in enumerate(adapters)]
+
+    cpdef check_open(self):
+        if self._closed:
+            raise ReleasedValueError(f"Env {self.id} is closed; create a new Env (or use ortgpu.get_env())")
+
+    @property
+    def backend(self):
+        """The backend instance (``WgpuBackend`` or ``FakeBackend``)."""
+        return self._backend
+
+    @property
+    def devices(self):
+        """Every adapter this Env sees, default device first."""
+        return list(self._devices)
+
+    @property
+    def default_device(self):
+        """A discrete GPU if there is one, else an integrated one, else the software adapter."""
+        self.check_open()
+        if not self._devices:
+            from ._errors import DeviceError
+            raise DeviceError(
+                f"Env {self.id} ({self.backend_name}) found no adapter. On Debian/Ubuntu install a Vulkan "
+                f"driver (apt-get install mesa-vulkan-drivers gives the software one), or use backend='fake'"
+            )
+        return self._devices[0]
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def check_device(self, device):
+        """Raise ``ProvenanceError`` unless ``device`` is one of this Env's open devices."""
+        self.check_open()
+        if not isinstance(device, Device):
+            raise TypeError(f"expected an ortgpu Device, got {type(device).__name__}: use env.devices or env.default_device")
+        if (<Device>device).env_id != self.id:
+            raise ProvenanceError(
+                f"{device!r} belongs to Env {(<Device>device).env_id}, not Env {self.id}; "
+                f"use a device from this Env's env.devices"
+            )
+        return device
+
+    def shared_allocator(self, device=None):
+        """The Env-shared allocator of ``device`` (default: the default device).
+
+        Its buffers may be bound by every session on the same device, and it
+        is usable before any session exists.
+        """
+        from ._allocator import SharedAllocator
+        if device is None:
+            device = self.default_device
+        self.check_device(device)
+        with self._lock:
+            allocator = self._shared_allocators.get(id(device))
+            if allocator is None:
+                allocator = SharedAllocator._create(self, device)
+                self._shared_allocators[id(device)] = allocator
+        return allocator
+
+    def live_handles(self):
+        """Native objects alive on this Env's backend (buffers, pipelines, bind groups)."""
+        return self._backend.live_handles()
+
+    def close(self):
+        """Release the shared allocators' buffers and every device.  Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            allocators = list(self._shared_allocators.values())
+            self._shared_allocators.clear()
+        for allocator in allocators:
+            allocator.close()
+        for device in self._devices:
+            (<Device>device)._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __repr__(self):
+        state = " closed" if self._closed else ""
+        return f"<Env {self.id} backend={self.backend_name!r} execution_mode={self.execution_mode!r} devices={len(self._devices)}{state}>"
+
+
+_default_env = None
+_default_lock = threading.Lock()
+
+
+def get_env():
+    """The process's default Env, created on first call.
+
+    Its backend is ``$ORTGPU_BACKEND`` when set ("wgpu" or "fake"), else "wgpu".
+    """
+    global _default_env
+    with _default_lock:
+        if _default_env is None or _default_env.closed:
+            _default_env = Env(backend=os.environ.get("ORTGPU_BACKEND", "wgpu"))
+        return _default_env

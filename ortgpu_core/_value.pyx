@@ -1,0 +1,451 @@
+# cython: language_level=3
+"""OrtValue, its Provenance, and the device buffer behind a device value.
+
+A :class:`DeviceBuffer` is one native buffer on one :class:`Device`.  It is
+zero-filled at creation, its size is padded to a multiple of 4 bytes, and it
+carries a *generation*: a process-wide counter, so two buffers are never the
+same buffer even if the native allocator reuses an address.  Captured graphs
+*pin* the buffers they were recorded with: a pinned buffer cannot be released,
+and the graph's reference keeps it alive after its OrtValue is dropped.
+
+An :class:`OrtValue` is either a CPU value (a numpy array) or a device value
+(a region of a DeviceBuffer, with a shape and dtype).  Every value has a
+:class:`Provenance`.  Device values never expose their memory: no pointer,
+no DLPack, no ``__array__``; reading is the explicit, synchronous
+``to_numpy()``.
+"""
+
+import itertools
+import types
+
+import numpy as np
+
+from ._env cimport Device
+from ._errors import (
+    CaptureStateError,
+    DtypeError,
+    ReleasedValueError,
+    ShapeError,
+    UnsafeAccessError,
+)
+from ._dtypes import as_dtype, onnx_element_type, onnx_type_name
+
+_generations = itertools.count(1)
+
+
+class CPU:
+    """Placement marker: a value in host memory (``OrtValue[CPU]``)."""
+
+
+class WebGPU:
+    """Placement marker: a value in a WebGPU device buffer (``OrtValue[WebGPU]``)."""
+
+
+def padded_size(Py_ssize_t nbytes):
+    """Bytes allocated for ``nbytes`` of data: a multiple of 4, at least 4."""
+    return max(4, (nbytes + 3) // 4 * 4)
+
+
+cdef class DeviceBuffer:
+    """A native buffer and its lifetime state.  Created by allocators; internal."""
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("DeviceBuffer is internal: allocate values with an allocator's empty() or from_numpy()")
+
+    @staticmethod
+    def _create(Device device, object handle, Py_ssize_t nbytes, object owner_description):
+        cdef DeviceBuffer buffer = DeviceBuffer.__new__(DeviceBuffer)
+        buffer.device = device
+        buffer.handle = handle
+        buffer.nbytes = nbytes
+        buffer.generation = next(_generations)
+        buffer.owner_description = owner_description
+        buffer._pins = []
+        buffer._released = False
+        buffer._release_reason = ""
+        return buffer
+
+    @property
+    def released(self):
+        return self._released
+
+    @property
+    def pins(self):
+        """Labels of the captured graphs that pin this buffer."""
+        return tuple(self._pins)
+
+    @property
+    def identity(self):
+        """``(handle, generation)``: what capture signatures compare."""
+        return (self.handle, self.generation)
+
+    cdef int check_alive(self, str what) except -1:
+        if self._released:
+            raise ReleasedValueError(f"cannot {what}: the buffer was released ({self._release_reason})")
+        if self.device._closed:
+            raise ReleasedValueError(f"cannot {what}: its device {self.device!r} was closed with its Env")
+        return 0
+
+    cpdef pin(self, object label):
+        self.check_alive("pin the buffer")
+        self._pins.append(label)
+
+    cpdef unpin(self, object label):
+        self._pins.remove(label)
+
+    cpdef release(self, str reason="released by its owner"):
+        """Free the native buffer now.  Raises ``CaptureStateError`` while pinned; idempotent otherwise."""
+        if self._released:
+            return
+        if self._pins:
+            raise CaptureStateError(
+                f"cannot release a buffer bound to captured graph {self._pins[0]}: release the graph first "
+                f"(graph.release() or session.release_captured_graph(graph_id))"
+            )
+        self._released = True
+        self._release_reason = reason
+        if not self.device._closed and self.device._backend_device is not None:
+            self.device._backend_device.destroy_buffer(self.handle)
+
+    def __dealloc__(self):
+        # Never raises: a failure to free at teardown is dropped (the device
+        # frees everything it still owns when it is destroyed).
+        if self._released or self.device is None:
+            return
+        self._released = True
+        try:
+            if not self.device._closed and self.device._backend_device is not None:
+                self.device._backend_device.destroy_buffer(self.handle)
+        except BaseException:
+            pass
+
+    def __repr__(self):
+        state = f" released ({self._release_reason})" if self._released else ""
+        return f"<DeviceBuffer {self.nbytes} bytes gen={self.generation} of {self.owner_description}{state}>"
+
+
+cdef class Provenance:
+    """Where a value lives and who owns it; immutable.
+
+    ``placement`` ("cpu" or "webgpu"), ``vendor_id``, ``device_id``,
+    ``device`` (the :class:`Device`, None for CPU values), ``allocator_kind``
+    ("shared", "session" or "cpu"), ``session_id`` (the owning session's id,
+    or None), ``env_id`` (None for CPU values).
+    """
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("Provenance is attached by ortgpu to every value it creates; read value.provenance")
+
+    @staticmethod
+    def _create(str placement, object device, str allocator_kind, object session_id, object env_id):
+        cdef Provenance provenance = Provenance.__new__(Provenance)
+        provenance.placement = placement
+        provenance.device = device
+        provenance.vendor_id = (<Device>device).vendor_id if device is not None else 0
+        provenance.device_id = (<Device>device).device_id if device is not None else 0
+        provenance.allocator_kind = allocator_kind
+        provenance.session_id = session_id
+        provenance.env_id = env_id
+        return provenance
+
+    def __eq__(self, other):
+        if not isinstance(other, Provenance):
+            return NotImplemented
+        cdef Provenance o = <Provenance>other
+        return (
+            self.placement == o.placement and self.device is o.device and self.allocator_kind == o.allocator_kind
+            and self.session_id == o.session_id and self.env_id == o.env_id
+        )
+
+    def __hash__(self):
+        return hash((self.placement, id(self.device), self.allocator_kind, self.session_id, self.env_id))
+
+    def describe(self):
+        """A short phrase for error messages."""
+        if self.placement == "cpu":
+            return "a CPU value"
+        owner = f"session {self.session_id}" if self.session_id is not None else "the Env-shared allocator"
+        return (
+            f"a {self.allocator_kind} webgpu value of {owner} on device {self.device.index} "
+            f"({self.device.name}, vendor_id=0x{self.vendor_id:04x}, device_id=0x{self.device_id:04x}) in Env {self.env_id}"
+        )
+
+    def __repr__(self):
+        if self.placement == "cpu":
+            return "Provenance(placement='cpu', allocator_kind='cpu')"
+        return (
+            f"Provenance(placement='webgpu', vendor_id=0x{self.vendor_id:04x}, device_id=0x{self.device_id:04x}, "
+            f"device={self.device.index} {self.device.name!r} ({self.device.backend_type}), "
+            f"allocator_kind={self.allocator_kind!r}, session_id={self.session_id!r}, env_id={self.env_id!r})"
+        )
+
+
+cdef Provenance _CPU_PROVENANCE = Provenance._create("cpu", None, "cpu", None, None)
+
+
+cdef OrtValue make_device_value(DeviceBuffer buffer, tuple shape, object dtype, Provenance provenance):
+    cdef OrtValue value = OrtValue.__new__(OrtValue)
+    value.provenance = provenance
+    value._buffer = buffer
+    value._array = None
+    value._shape = shape
+    value._dtype = dtype
+    value._nbytes = dtype.itemsize * _element_count(shape)
+    value._released = False
+    return value
+
+
+cdef OrtValue make_cpu_value(object array):
+    cdef OrtValue value = OrtValue.__new__(OrtValue)
+    value.provenance = _CPU_PROVENANCE
+    value._buffer = None
+    value._array = array
+    value._shape = tuple(array.shape)
+    value._dtype = array.dtype
+    value._nbytes = array.nbytes
+    value._released = False
+    return value
+
+
+cdef Py_ssize_t _element_count(tuple shape):
+    cdef Py_ssize_t count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _unsafe(str what, str instead):
+    return UnsafeAccessError(
+        f"{what} is not available for device values: ortgpu never exposes device memory "
+        f"(a raw pointer would bypass capture safety and provenance). Use {instead} instead."
+    )
+
+
+cdef class OrtValue:
+    """A tensor on the CPU or on a WebGPU device, with its :class:`Provenance`.
+
+    CPU values: ``numpy()``, ``data_ptr()``, ``__array__``, ``__dlpack__``.
+    Device values: ``update_inplace(array)`` (host to device, dtype and shape
+    checked, never cast), ``copy_from(value)``, ``to_numpy()`` (an explicit
+    synchronous copy), ``release()``.  Both: ``shape()``, ``dtype``,
+    ``element_type()``, ``data_type()``, ``device_name()``, ``provenance``.
+
+    Create CPU values with :meth:`ortvalue_from_numpy`; device values with an
+    allocator (``env.shared_allocator(device).empty(...)``,
+    ``session.allocator.empty(...)``) or ``ortvalue_from_numpy(array, "webgpu")``.
+    """
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError(
+            "OrtValue cannot be constructed directly: use OrtValue.ortvalue_from_numpy(array[, 'webgpu']), "
+            "OrtValue.ortvalue_from_shape_and_type(...), or an allocator's empty()/from_numpy()"
+        )
+
+    @classmethod
+    def __class_getitem__(cls, item):
+        return types.GenericAlias(cls, item)
+
+    # -- factories (onnxruntime's names) ----------------------------------
+    @staticmethod
+    def ortvalue_from_numpy(array, device_type="cpu", int device_id=0):
+        """A value holding ``array``: on the CPU (a reference to the array, as
+        onnxruntime does), or uploaded to ``env.devices[device_id]`` of the
+        default Env through its shared allocator (``device_type="webgpu"``)."""
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"ortvalue_from_numpy needs a numpy array, got {type(array).__name__}; wrap it with np.asarray(...)")
+        if device_type == "cpu":
+            as_dtype(array.dtype)
+            return make_cpu_value(np.ascontiguousarray(array))
+        return _default_allocator(device_type, device_id).from_numpy(array)
+
+    @staticmethod
+    def ortvalue_from_shape_and_type(shape, element_type, device_type="cpu", int device_id=0):
+        """A zero-filled value of ``shape`` and ``element_type`` (numpy dtype or name)."""
+        dtype = as_dtype(element_type)
+        if device_type == "cpu":
+            dims = check_shape(shape)
+            return make_cpu_value(np.zeros(dims, dtype=dtype))
+        return _default_allocator(device_type, device_id).empty(shape, dtype)
+
+    # -- common ------------------------------------------------------------
+    cdef int _check_usable(self, str what) except -1:
+        if self._released:
+            raise ReleasedValueError(f"cannot {what}: this value ({self.provenance.describe()}) was released")
+        if self._buffer is not None:
+            self._buffer.check_alive(what)
+        return 0
+
+    cdef DeviceBuffer device_buffer(self):
+        return self._buffer
+
+    @property
+    def buffer(self):
+        """The :class:`DeviceBuffer` of a device value (None for CPU values).  Internal."""
+        return self._buffer
+
+    def shape(self):
+        """The shape as a list of ints (onnxruntime's spelling)."""
+        return list(self._shape)
+
+    @property
+    def dtype(self):
+        """The numpy dtype of the elements."""
+        return self._dtype
+
+    @property
+    def nbytes(self):
+        return self._nbytes
+
+    def element_type(self):
+        """The ONNX element type number (1 = float, 7 = int64, ...)."""
+        return onnx_element_type(self._dtype)
+
+    def data_type(self):
+        """onnxruntime's type string, e.g. ``'tensor(float)'``."""
+        return onnx_type_name(self._dtype)
+
+    def device_name(self):
+        """``'cpu'`` or ``'webgpu'``."""
+        return self.provenance.placement
+
+    def is_tensor(self):
+        return True
+
+    def has_value(self):
+        return not self._released
+
+    @property
+    def released(self):
+        return self._released or (self._buffer is not None and self._buffer._released)
+
+    # -- CPU-only access ------------------------------------------------------
+    def numpy(self):
+        """The array of a CPU value (shares its memory).  Device values: use ``to_numpy()``."""
+        if self._buffer is not None:
+            raise _unsafe("numpy()", "value.to_numpy() (an explicit copy to the host)")
+        self._check_usable("read the value")
+        return self._array
+
+    @property
+    def data_ptr(self):
+        """``value.data_ptr()``: the host address of a CPU value's data."""
+        if self._buffer is not None:
+            raise _unsafe("data_ptr()", "value.to_numpy() to read, value.update_inplace(array) to write")
+        self._check_usable("take the value's address")
+        array = self._array
+        return lambda: int(array.ctypes.data)
+
+    @property
+    def __dlpack__(self):
+        if self._buffer is not None:
+            raise _unsafe("__dlpack__", "value.to_numpy() (an explicit copy to the host)")
+        self._check_usable("export the value")
+        return self._array.__dlpack__
+
+    @property
+    def __dlpack_device__(self):
+        if self._buffer is not None:
+            raise _unsafe("__dlpack_device__", "value.to_numpy() (an explicit copy to the host)")
+        return self._array.__dlpack_device__
+
+    def __array__(self, dtype=None, copy=None):
+        if self._buffer is not None:
+            raise _unsafe("np.asarray(value) / __array__", "value.to_numpy() (an explicit copy to the host)")
+        self._check_usable("read the value")
+        if dtype is not None and np.dtype(dtype) != self._dtype:
+            return self._array.astype(dtype)
+        if copy:
+            return self._array.copy()
+        return self._array
+
+    # -- transfers ------------------------------------------------------------
+    def update_inplace(self, array):
+        """Copy ``array`` into this value (host to device for device values).
+
+        ``array`` must have exactly this value's dtype and shape: ortgpu never
+        casts silently.  For device values the write is queued in order: it
+        lands after previously submitted work and before later work.
+        """
+        self._check_usable("update the value")
+        if not isinstance(array, np.ndarray):
+            raise TypeError(
+                f"update_inplace needs a numpy array of dtype {self._dtype} and shape {list(self._shape)}, "
+                f"got {type(array).__name__}"
+            )
+        if array.dtype != self._dtype:
+            raise DtypeError(
+                f"update_inplace got dtype {array.dtype} for {self.provenance.describe()} of dtype {self._dtype}; "
+                f"ortgpu never casts silently: pass array.astype({str(self._dtype)!r})"
+            )
+        if array.shape != self._shape:
+            raise ShapeError(
+                f"update_inplace got shape {list(array.shape)} for {self.provenance.describe()} of shape "
+                f"{list(self._shape)}; pass an array of that shape"
+            )
+        if self._buffer is None:
+            np.copyto(self._array, array)
+            return
+        if self._nbytes == 0:
+            return
+        data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+        payload = data.reshape(-1).view(np.uint8)
+        if self._nbytes % 4:
+            payload = np.concatenate([payload, np.zeros(padded_size(self._nbytes) - self._nbytes, np.uint8)])
+        self._buffer.device._backend_device.write_buffer(self._buffer.handle, 0, memoryview(payload))
+
+    def to_numpy(self):
+        """A host copy of the value (synchronous: waits for submitted work that writes it)."""
+        self._check_usable("read the value")
+        if self._buffer is None:
+            return self._array.copy()
+        if self._nbytes == 0:
+            return np.zeros(self._shape, dtype=self._dtype)
+        raw = self._buffer.device._backend_device.read_buffer(self._buffer.handle, 0, padded_size(self._nbytes))
+        return np.frombuffer(raw, dtype=np.uint8, count=self._nbytes).view(self._dtype).reshape(self._shape).copy()
+
+    def copy_from(self, source):
+        """Copy ``source`` (same dtype and shape) into this value, routed by placement and device identity."""
+        from ._transfer import transfer
+        transfer(source, self)
+
+    def release(self):
+        """Free a device value's buffer now (CPU values drop their array).
+
+        Raises ``CaptureStateError`` while the value is bound to a captured
+        graph.  Idempotent.
+        """
+        if self._released:
+            return
+        if self._buffer is not None:
+            self._buffer.release("value.release() was called")
+        self._array = None
+        self._released = True
+
+    def __repr__(self):
+        state = " released" if self.released else ""
+        return f"<OrtValue shape={list(self._shape)} dtype={self._dtype} {self.provenance!r}{state}>"
+
+
+def check_shape(shape):
+    """A tuple of non-negative ints from ``shape``, or ``ShapeError``."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ShapeError(f"shape must be a sequence of ints, got {shape!r}") from None
+    for dim in dims:
+        if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)):
+            raise ShapeError(f"shape {list(dims)!r} has a non-integer dim {dim!r}; shapes are sequences of ints")
+        if dim < 0:
+            raise ShapeError(f"shape {list(dims)!r} has a negative dim; dims must be >= 0")
+    return tuple(int(d) for d in dims)
+
+
+def _default_allocator(device_type, int device_id):
+    if device_type != "webgpu":
+        raise ValueError(f"device_type must be 'cpu' or 'webgpu', got {device_type!r}")
+    from ._env import get_env
+    env = get_env()
+    devices = env.devices
+    if not 0 <= device_id < len(devices):
+        raise ValueError(f"device_id {device_id} is out of range: the default Env has {len(devices)} device(s)")
+    return env.shared_allocator(devices[device_id])

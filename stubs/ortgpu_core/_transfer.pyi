@@ -1,0 +1,10 @@
+"""Types of ortgpu_core._transfer (hand-written; checked by stubtest)."""
+
+from typing import Literal
+
+from ._value import CPU, OrtValue, WebGPU
+
+Route = Literal["host-copy", "upload", "download", "device-copy", "staged-host"]
+
+def transfer_route(source: OrtValue[CPU] | OrtValue[WebGPU], destination: OrtValue[CPU] | OrtValue[WebGPU]) -> Route: ...
+def transfer(source: OrtValue[CPU] | OrtValue[WebGPU], destination: OrtValue[CPU] | OrtValue[WebGPU]) -> Route: ...

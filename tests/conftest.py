@@ -1,0 +1,99 @@
+"""Shared fixtures: the backends under test, one Env per backend, and a leak check.
+
+Backends: both by default; ``--backend=fake`` / ``--backend=wgpu`` or
+``ORTGPU_BACKEND=fake`` selects one.  Tests marked ``wgpu_only`` /
+``fake_only`` are deselected (not skipped) when their backend is not selected.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Iterator
+
+import pytest
+
+import ortgpu_core
+
+ALL_BACKENDS = ("fake", "wgpu")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backend",
+        action="store",
+        default=os.environ.get("ORTGPU_BACKEND", "all"),
+        choices=("all", *ALL_BACKENDS),
+        help="device backend(s) to test: all (default), fake or wgpu; also $ORTGPU_BACKEND",
+    )
+
+
+def selected_backends(config: pytest.Config) -> tuple[str, ...]:
+    choice = config.getoption("--backend")
+    return ALL_BACKENDS if choice == "all" else (str(choice),)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "wgpu_only: needs the wgpu-native backend")
+    config.addinivalue_line("markers", "fake_only: needs the fake backend")
+    # Values made through the default Env (ortvalue_from_numpy(..., "webgpu")) use the selected backend.
+    backends = selected_backends(config)
+    if len(backends) == 1:
+        os.environ["ORTGPU_BACKEND"] = backends[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    backends = selected_backends(config)
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("backend_name") if callspec else None
+        if backend is not None and backend not in backends:
+            drop.append(item)
+        elif item.get_closest_marker("wgpu_only") and "wgpu" not in backends:
+            drop.append(item)
+        elif item.get_closest_marker("fake_only") and "fake" not in backends:
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+_ENVS: dict[str, ortgpu_core.Env] = {}
+
+
+def shared_env(backend_name: str) -> ortgpu_core.Env:
+    """One Env per backend for the whole run (opening a lavapipe device is slow)."""
+    env = _ENVS.get(backend_name)
+    if env is None or env.closed:
+        env = _ENVS[backend_name] = ortgpu_core.Env(backend=backend_name)
+    return env
+
+
+@pytest.fixture(params=ALL_BACKENDS)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def env(backend_name: str) -> Iterator[ortgpu_core.Env]:
+    """The run's Env of this backend; fails the test if it leaked native objects."""
+    environment = shared_env(backend_name)
+    gc.collect()
+    before = environment.live_handles()
+    yield environment
+    gc.collect()
+    after = environment.live_handles() if not environment.closed else before
+    assert after == before, f"test leaked {after - before} native object(s) on the {backend_name} backend"
+
+
+@pytest.fixture
+def device(env: ortgpu_core.Env) -> ortgpu_core.Device:
+    return env.default_device
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    for environment in _ENVS.values():
+        environment.close()
