@@ -1,0 +1,486 @@
+"""Running an :class:`~ortgpu._planner.ExecutionPlan` on a backend device.
+
+* :class:`PipelineCache`: compute pipelines of one device keyed by their WGSL
+  text, shared by every session on the device (compiling is the expensive
+  part on lavapipe).  Devices that run numpy twins instead of WGSL (the fake
+  backend) key by the twin too, since a twin is specific to its node.
+* :class:`WeightStore`: the uploaded constants of one session on one device,
+  keyed by the plan's constant keys, so several plans share one upload.
+* :class:`DeviceProgram`: one plan instantiated on one device: pipelines,
+  params uniforms, intermediate buffer slots (from the caller's ``allocate``
+  / ``free``), cached bind groups; ``record`` builds a :class:`CommandList`
+  for a fully-on-device plan (the capture path), ``run`` runs any plan,
+  moving tensors to and from the CPU around nodes placed there.
+
+Ownership: a program owns its slots, params buffer and bind groups and
+releases them in :meth:`DeviceProgram.release`; pipelines belong to the cache,
+weights to the store, input/output buffers to the caller.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import numpy as np
+
+from ortgpu_core._errors import ModelError, ReleasedValueError
+from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
+
+from ._planner import ExecutionPlan, PlannedStep
+from .ops import DeviceCaps, KernelSpec, TensorInfo
+from .ops._runner import padded_size
+
+__all__ = [
+    "PipelineCache",
+    "WeightStore",
+    "DeviceProgram",
+    "device_caps",
+    "run_model",
+    "padded_bytes",
+]
+
+
+def device_caps(device: BackendDevice) -> DeviceCaps:
+    """The :class:`DeviceCaps` plans for ``device`` are made with."""
+    return DeviceCaps(frozenset(device.features), device.limits)
+
+
+def padded_bytes(array: np.ndarray) -> bytes:
+    """``array``'s C-layout bytes, zero-padded to the buffer size (a multiple of 4)."""
+    raw = np.ascontiguousarray(array).tobytes()
+    return raw + b"\0" * (padded_size(len(raw)) - len(raw))
+
+
+def _runs_twins(device: BackendDevice) -> bool:
+    return device.info.backend_type == "Fake"
+
+
+class PipelineCache:
+    """Compute pipelines of one device, keyed by WGSL text; shared by sessions.
+
+    The cache owns its pipelines until :meth:`release`.
+    """
+
+    def __init__(self, device: BackendDevice) -> None:
+        self.device = device
+        self._pipelines: dict[Hashable, int] = {}
+        # Twins stay referenced while their pipeline lives (their id is part of the key).
+        self._twins: list[object] = []
+        self._released = False
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, kernel: KernelSpec) -> int:
+        """The pipeline for ``kernel``, compiling it on first use."""
+        if self._released:
+            raise ReleasedValueError("this PipelineCache was released; create a new one for the device")
+        key: Hashable = (kernel.wgsl, id(kernel.twin)) if _runs_twins(self.device) else kernel.wgsl
+        pipeline = self._pipelines.get(key)
+        if pipeline is not None:
+            self.hits += 1
+            return pipeline
+        self.misses += 1
+        pipeline = self.device.create_compute_pipeline(kernel.wgsl, twin=kernel.twin, label=kernel.name)
+        self._pipelines[key] = pipeline
+        if _runs_twins(self.device):
+            self._twins.append(kernel.twin)
+        return pipeline
+
+    def __len__(self) -> int:
+        return len(self._pipelines)
+
+    def release(self) -> None:
+        """Release every pipeline.  Idempotent; programs using them must be released first."""
+        pipelines, self._pipelines = self._pipelines, {}
+        self._twins = []
+        self._released = True
+        for pipeline in pipelines.values():
+            self.device.release_pipeline(pipeline)
+
+
+class WeightStore:
+    """Constants uploaded once per session and device, shared by that session's plans."""
+
+    def __init__(self, device: BackendDevice) -> None:
+        self.device = device
+        self._buffers: dict[Hashable, int] = {}
+        self._released = False
+        self.uploaded_bytes = 0
+
+    def get(self, key: Hashable, array: np.ndarray) -> int:
+        """The buffer holding ``array`` (uploaded on first use of ``key``)."""
+        if self._released:
+            raise ReleasedValueError("this WeightStore was released")
+        buffer = self._buffers.get(key)
+        if buffer is None:
+            data = padded_bytes(array)
+            buffer = self.device.create_buffer(len(data), label="weight")
+            try:
+                self.device.write_buffer(buffer, 0, data)
+            except BaseException:
+                self.device.destroy_buffer(buffer)
+                raise
+            self._buffers[key] = buffer
+            self.uploaded_bytes += array.nbytes
+        return buffer
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def release(self) -> None:
+        """Destroy every weight buffer.  Idempotent."""
+        buffers, self._buffers = self._buffers, {}
+        self._released = True
+        for buffer in buffers.values():
+            self.device.destroy_buffer(buffer)
+
+
+_ParamsEntry = tuple[int, int]  # offset, size in the program's uniform buffer
+
+
+class DeviceProgram:
+    """An :class:`ExecutionPlan` instantiated on one device.
+
+    ``allocate(nbytes) -> buffer`` and ``free(buffer)`` provide the
+    intermediate buffers (the session's allocator); ``weights`` is the
+    session's :class:`WeightStore` for this device (a private one when
+    omitted, released with the program).
+    """
+
+    def __init__(
+        self,
+        plan: ExecutionPlan,
+        device: BackendDevice,
+        pipeline_cache: PipelineCache,
+        allocate: Callable[[int], int],
+        free: Callable[[int], None],
+        weights: WeightStore | None = None,
+    ) -> None:
+        if pipeline_cache.device is not device:
+            raise ValueError("the pipeline cache belongs to another device")
+        self.plan = plan
+        self.device = device
+        self._free = free
+        self._own_weights = weights is None
+        self.weights = weights if weights is not None else WeightStore(device)
+        self._slots: list[int] = []
+        self._params_buffer: int | None = None
+        self._bind_groups: dict[tuple[int, ...], list[int]] = {}
+        self._released = False
+        try:
+            for size in plan.slot_sizes:
+                self._slots.append(allocate(padded_size(size)))
+            self._constant_buffers = {
+                name: self.weights.get(key, plan.constants[name]) for name, key in plan.constant_keys.items()
+            }
+            self._pipelines: list[list[int]] = []
+            self._params: list[list[_ParamsEntry | None]] = []
+            self._build_params_and_pipelines(pipeline_cache)
+        except BaseException:
+            self.release()
+            raise
+
+    # -- construction ------------------------------------------------------------
+
+    def _build_params_and_pipelines(self, cache: PipelineCache) -> None:
+        alignment = max(16, self.device.limits.min_uniform_buffer_offset_alignment)
+        blob = bytearray()
+        for step in self.plan.steps:
+            pipelines: list[int] = []
+            params: list[_ParamsEntry | None] = []
+            if step.placement == "webgpu" and step.op_plan is not None and not _empty_step(step):
+                for kernel in step.op_plan.kernels:
+                    pipelines.append(cache.get(kernel))
+                    if any(b.kind == "params" for b in kernel.bindings):
+                        offset = (len(blob) + alignment - 1) // alignment * alignment
+                        size = max(16, (len(kernel.params) + 15) // 16 * 16)
+                        blob.extend(b"\0" * (offset - len(blob)))
+                        blob.extend(kernel.params + b"\0" * (size - len(kernel.params)))
+                        params.append((offset, size))
+                    else:
+                        params.append(None)
+            self._pipelines.append(pipelines)
+            self._params.append(params)
+        if blob:
+            self._params_buffer = self.device.create_buffer(padded_size(len(blob)), uniform=True, label="params")
+            self.device.write_buffer(self._params_buffer, 0, bytes(blob) + b"\0" * (padded_size(len(blob)) - len(blob)))
+
+    # -- buffers --------------------------------------------------------------------
+
+    def _buffer_of(self, name: str, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> int:
+        plan = self.plan
+        tensor = plan.tensors[plan.root(name)]
+        if tensor.storage == "input":
+            return inputs[tensor.name]
+        if tensor.storage == "output":
+            return outputs[tensor.name]
+        if tensor.storage == "constant":
+            return self._constant_buffers[tensor.name]
+        return self._slots[tensor.slot]
+
+    def _check_io(self, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> None:
+        if self._released:
+            raise ReleasedValueError("this DeviceProgram was released")
+        missing = [n for n in self.plan.input_infos if n not in inputs]
+        missing += [n for n in self.plan.output_infos if n not in outputs]
+        if missing:
+            raise ModelError(f"no buffer given for {missing}; the plan needs inputs {sorted(self.plan.input_infos)} "
+                             f"and outputs {sorted(self.plan.output_infos)}")
+
+    def _bind_groups_for(self, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> list[int]:
+        key = tuple(inputs[n] for n in self.plan.input_infos) + tuple(
+            outputs[n] for n in self.plan.output_infos
+        )
+        cached = self._bind_groups.get(key)
+        if cached is not None:
+            return cached
+        groups: list[int] = []
+        self._bind_groups[key] = groups  # filled in place so a failure still releases what was made
+        for step_index, step in enumerate(self.plan.steps):
+            if not self._pipelines[step_index]:
+                continue
+            assert step.op_plan is not None
+            for kernel_index, kernel in enumerate(step.op_plan.kernels):
+                entries = []
+                for slot, binding in enumerate(kernel.bindings):
+                    if binding.kind == "params":
+                        entry = self._params[step_index][kernel_index]
+                        assert entry is not None and self._params_buffer is not None
+                        entries.append(BindingEntry(slot, self._params_buffer, entry[0], entry[1]))
+                    elif binding.kind == "input":
+                        name = step.inputs[binding.index]
+                        info = step.input_infos[binding.index]
+                        assert info is not None, "a kernel binds an absent optional input"
+                        entries.append(BindingEntry(slot, self._buffer_of(name, inputs, outputs), 0, padded_size(info.nbytes)))
+                    elif binding.kind == "output":
+                        name = step.outputs[binding.index]
+                        size = padded_size(step.output_infos[binding.index].nbytes)
+                        entries.append(BindingEntry(slot, self._buffer_of(name, inputs, outputs), 0, size))
+                    else:
+                        assert step.op_plan is not None
+                        size = padded_size(step.op_plan.scratch_sizes[binding.index])
+                        entries.append(BindingEntry(slot, self._slots[step.scratch_slots[binding.index]], 0, size))
+                groups.append(self.device.create_bind_group(self._pipelines[step_index][kernel_index], entries))
+        return groups
+
+    def forget_buffers(self, buffers: Sequence[int]) -> None:
+        """Release cached bind groups that use any of ``buffers`` (call before freeing them)."""
+        doomed = set(buffers)
+        for key in [k for k in self._bind_groups if doomed.intersection(k)]:
+            for group in self._bind_groups.pop(key):
+                self.device.release_bind_group(group)
+
+    # -- recording --------------------------------------------------------------------
+
+    def _record_copies(self, commands: CommandList, after_step: int, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> None:
+        for step_index, output, source in self.plan.output_copies:
+            if step_index != after_step:
+                continue
+            nbytes = self.plan.output_infos[output].nbytes
+            if nbytes == 0:
+                continue
+            source_buffer = self._buffer_of(source, inputs, outputs)
+            target = outputs[output]
+            if source_buffer != target:
+                commands.add_copy(source_buffer, 0, target, 0, padded_size(nbytes))
+
+    def _record_steps(
+        self, commands: CommandList, first: int, stop: int, groups: list[int], group_start: int,
+        inputs: Mapping[str, int], outputs: Mapping[str, int],
+    ) -> int:
+        """Record steps ``first..stop-1`` (all on the device); returns the next bind-group index."""
+        g = group_start
+        for step_index in range(first, stop):
+            step = self.plan.steps[step_index]
+            pipelines = self._pipelines[step_index]
+            if pipelines:
+                assert step.op_plan is not None
+                for kernel, pipeline in zip(step.op_plan.kernels, pipelines):
+                    x, y, z = kernel.grid
+                    if x > 0 and y > 0 and z > 0:
+                        commands.add_dispatch(pipeline, groups[g], x, y, z)
+                    g += 1
+            self._record_copies(commands, step_index, inputs, outputs)
+        return g
+
+    def record(self, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> CommandList:
+        """Every dispatch and copy of a fully-on-device plan, for these input/output buffers.
+
+        Bind groups are cached by buffer identity: recording again with the
+        same buffers creates nothing.  Raises :class:`ModelError` when the
+        plan has CPU nodes (``plan.cpu_nodes``); use :meth:`run` for those.
+        """
+        self._check_io(inputs, outputs)
+        if not self.plan.capturable:
+            raise ModelError(
+                f"the plan runs nodes on the CPU ({', '.join(self.plan.cpu_nodes)}), so it cannot be recorded "
+                "into one command list; use run() or a model whose nodes all run on WebGPU"
+            )
+        groups = self._bind_groups_for(inputs, outputs)
+        commands = CommandList()
+        self._record_copies(commands, -1, inputs, outputs)
+        self._record_steps(commands, 0, len(self.plan.steps), groups, 0, inputs, outputs)
+        return commands
+
+    def run(self, inputs: Mapping[str, int], outputs: Mapping[str, int], submit: Callable[[CommandList], None]) -> None:
+        """Run the plan: device segments through ``submit``, CPU nodes on the host in between."""
+        self._check_io(inputs, outputs)
+        if self.plan.capturable:
+            submit(self.record(inputs, outputs))
+            return
+        groups = self._bind_groups_for(inputs, outputs)
+        host: dict[str, np.ndarray] = {}
+        commands = CommandList()
+        self._record_copies(commands, -1, inputs, outputs)
+        g = 0
+        segment_start = 0
+        steps = self.plan.steps
+        for step_index, step in enumerate(steps):
+            if step.placement == "webgpu":
+                continue
+            g = self._record_steps(commands, segment_start, step_index, groups, g, inputs, outputs)
+            if len(commands):
+                submit(commands)
+                commands = CommandList()
+            self._run_on_cpu(step, host, inputs, outputs)
+            self._record_copies(commands, step_index, inputs, outputs)
+            segment_start = step_index + 1
+        self._record_steps(commands, segment_start, len(steps), groups, g, inputs, outputs)
+        if len(commands):
+            submit(commands)
+
+    def _read(self, name: str, info: TensorInfo, host: dict[str, np.ndarray], inputs: Mapping[str, int], outputs: Mapping[str, int]) -> np.ndarray:
+        root = self.plan.root(name)
+        if root in self.plan.constants:
+            value = self.plan.constants[root]
+        elif root in host:
+            value = host[root]
+        else:
+            if info.nbytes == 0:
+                return np.zeros(info.shape, dtype=info.dtype)
+            raw = self.device.read_buffer(self._buffer_of(name, inputs, outputs), 0, padded_size(info.nbytes))
+            value = np.frombuffer(raw, dtype=np.uint8, count=info.nbytes).view(info.dtype)
+            host[root] = value
+        return value.reshape(info.shape)
+
+    def _run_on_cpu(self, step: PlannedStep, host: dict[str, np.ndarray], inputs: Mapping[str, int], outputs: Mapping[str, int]) -> None:
+        if all(info.size == 0 for name, info in zip(step.outputs, step.output_infos) if name):
+            return
+        values: list[np.ndarray | None] = [
+            self._read(name, info, host, inputs, outputs) if name and info is not None else None
+            for name, info in zip(step.inputs, step.input_infos)
+        ]
+        results = step.operator.reference(values, step.attrs, step.output_infos)
+        for name, info, value in zip(step.outputs, step.output_infos, results):
+            if not name:
+                continue
+            array = np.asarray(value)
+            if tuple(array.shape) != info.shape:
+                raise ModelError(
+                    f"node {step.name!r} ({step.op_type}) produced shape {array.shape} on the CPU; "
+                    f"shape inference said {info.shape}"
+                )
+            array = np.ascontiguousarray(array, dtype=info.dtype)
+            host[name] = array
+            if info.nbytes:
+                self.device.write_buffer(self._buffer_of(name, inputs, outputs), 0, padded_bytes(array))
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """Free the program's buffers and bind groups (pipelines stay in the cache).  Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        bind_groups, self._bind_groups = self._bind_groups, {}
+        for groups in bind_groups.values():
+            for group in groups:
+                self.device.release_bind_group(group)
+        if self._params_buffer is not None:
+            buffer, self._params_buffer = self._params_buffer, None
+            self.device.destroy_buffer(buffer)
+        slots, self._slots = self._slots, []
+        for slot in slots:
+            self._free(slot)
+        if self._own_weights:
+            self.weights.release()
+
+
+def _empty_step(step: PlannedStep) -> bool:
+    return all(info.size == 0 for name, info in zip(step.outputs, step.output_infos) if name)
+
+
+def run_model(
+    model: Any,
+    feeds: Mapping[str, np.ndarray],
+    device: BackendDevice,
+    *,
+    pipeline_cache: PipelineCache | None = None,
+    allow_cpu: bool = True,
+    fuse: bool = True,
+) -> tuple[list[np.ndarray], ExecutionPlan]:
+    """Load (if needed), plan and run ``model`` once on ``device``; returns the outputs and the plan.
+
+    A small driver for tests and the conformance suite; sessions do the same
+    with their own allocator, caches and recording.
+    """
+    from ._model import LoadedModel, load_model
+    from ._planner import plan_model
+
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    arrays = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
+    plan = plan_model(
+        loaded,
+        {name: a.shape for name, a in arrays.items()},
+        device_caps(device),
+        input_dtypes={name: a.dtype for name, a in arrays.items()},
+        allow_cpu=allow_cpu,
+        fuse=fuse,
+    )
+    cache = pipeline_cache if pipeline_cache is not None else PipelineCache(device)
+    owned: list[int] = []
+
+    def allocate(nbytes: int) -> int:
+        buffer = device.create_buffer(nbytes, label="intermediate")
+        return buffer
+
+    def free(buffer: int) -> None:
+        device.destroy_buffer(buffer)
+
+    program = None
+    try:
+        program = DeviceProgram(plan, device, cache, allocate, free)
+        input_buffers = {}
+        for name, array in arrays.items():
+            buffer = device.create_buffer(padded_size(array.nbytes), label="input")
+            owned.append(buffer)
+            if array.nbytes:
+                device.write_buffer(buffer, 0, padded_bytes(array))
+            input_buffers[name] = buffer
+        output_buffers = {}
+        for name, info in plan.output_infos.items():
+            buffer = device.create_buffer(padded_size(info.nbytes), label="output")
+            owned.append(buffer)
+            output_buffers[name] = buffer
+        program.run(input_buffers, output_buffers, device.submit)
+        results = []
+        for name in loaded.output_names:
+            info = plan.output_infos[name]
+            if info.nbytes == 0:
+                results.append(np.zeros(info.shape, dtype=info.dtype))
+                continue
+            raw = device.read_buffer(output_buffers[name], 0, padded_size(info.nbytes))
+            results.append(np.frombuffer(raw, dtype=np.uint8, count=info.nbytes).view(info.dtype).reshape(info.shape).copy())
+        return results, plan
+    finally:
+        if program is not None:
+            program.release()
+        for buffer in owned:
+            device.destroy_buffer(buffer)
+        if pipeline_cache is None:
+            cache.release()

@@ -1,0 +1,668 @@
+"""Loading an ONNX model: parse, check, infer shapes, fold constants.
+
+:func:`load_model` turns a file (or bytes) into a :class:`LoadedModel`: the
+graph as plain :class:`GraphNode` records in topological order, its inputs and
+outputs with (possibly symbolic) shapes, its initializers, and every tensor
+computable at load time folded into a constant on the CPU with the operators'
+numpy ``reference``.  Planning for concrete input shapes
+(:mod:`ortgpu._planner`) runs the same propagation again with the shapes
+filled in, so ``Shape -> Gather -> Concat -> Reshape`` chains fold completely.
+
+Shape inference is onnx's, node by node (``onnx.shape_inference.infer_node_outputs``,
+given the constant inputs so shape-carrying tensors propagate), plus our own
+fallback where onnx leaves a dim unknown although every input shape is
+concrete: the node's reference runs on zeros and its result's shape is taken.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence, Union
+
+import numpy as np
+import onnx
+import onnx.checker
+import onnx.defs
+import onnx.helper
+import onnx.numpy_helper
+import onnx.shape_inference
+from onnx import external_data_helper
+
+from ortgpu_core._errors import InvalidModelError, ModelError, UnsupportedOpError
+
+from .ops import TensorInfo, get_operator
+
+__all__ = [
+    "Dim",
+    "ValueInfo",
+    "GraphNode",
+    "LoadedModel",
+    "load_model",
+    "MAX_IR_VERSION",
+    "MIN_OPSET",
+    "MAX_OPSET",
+    "propagate",
+    "onnx_dtype_to_numpy",
+]
+
+#: Newest IR version and default-domain opset range ortgpu accepts.
+MAX_IR_VERSION = 14
+MIN_OPSET = 7
+MAX_OPSET = 28
+
+#: A dimension: a concrete size, a symbolic name, or unknown.
+Dim = Union[int, str, None]
+Shape = tuple[Dim, ...]
+
+#: Constants up to this many elements are passed to onnx's shape inference as data.
+_DATA_PROPAGATION_LIMIT = 4096
+#: Folding stops producing constants bigger than this (bytes): they would be weights nobody asked for.
+_FOLD_LIMIT_BYTES = 64 << 20
+
+_NUMPY_DTYPES = frozenset(
+    np.dtype(name)
+    for name in (
+        "float16", "float32", "float64", "int8", "int16", "int32", "int64",
+        "uint8", "uint16", "uint32", "uint64", "bool",
+    )
+)
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """A graph input or output: name, shape (ints, symbolic names or ``None``) and numpy dtype."""
+
+    name: str
+    shape: Shape
+    dtype: np.dtype[Any]
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """One node of the graph, with attributes as Python values.
+
+    Missing optional inputs are ``""``.  Attribute values: ints, floats,
+    ``str`` (decoded UTF-8), lists of those, numpy arrays for tensors.
+    """
+
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any]
+    opset: int
+
+    def describe(self) -> str:
+        """How error messages name the node: ``Conv node 'conv1' (opset 17)``."""
+        return f"{self.op_type} node {self.name!r} (opset {self.opset})"
+
+
+@dataclass
+class LoadedModel:
+    """A checked model ready for planning.
+
+    ``nodes`` are what remains after load-time folding, in topological order;
+    ``constants`` holds the initializers plus every folded tensor (by name);
+    ``initializers`` only the model's own initializers.  ``types`` maps each
+    known tensor name to its inferred ``(shape, dtype)``.
+    """
+
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
+    opsets: dict[str, int]
+    initializers: dict[str, np.ndarray]
+    constants: dict[str, np.ndarray]
+    nodes: list[GraphNode]
+    types: dict[str, tuple[Shape, np.dtype[Any]]]
+    ir_version: int
+    model_dir: str | None = None
+    producer: str = ""
+    folded_nodes: list[str] = field(default_factory=list)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [value.name for value in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [value.name for value in self.outputs]
+
+
+# ---------------------------------------------------------------------------
+# dtypes and attributes
+
+
+def onnx_dtype_to_numpy(elem_type: int, what: str) -> np.dtype[Any]:
+    """The numpy dtype of an ONNX element type, or ``UnsupportedOpError`` naming ``what``."""
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:  # noqa: BLE001 - unknown enum values, strings
+        dtype = None
+    if dtype is None or dtype not in _NUMPY_DTYPES:
+        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else str(elem_type)
+        raise UnsupportedOpError(
+            f"{what} has element type {name}, which ortgpu does not support "
+            "(supported: float16/32/64, int8..int64, uint8..uint64, bool)"
+        )
+    return dtype
+
+
+def _attribute_value(attribute: onnx.AttributeProto, node_text: str) -> Any:
+    kind = attribute.type
+    if kind in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        raise UnsupportedOpError(f"{node_text} has a subgraph attribute {attribute.name!r}; ortgpu runs no control flow")
+    if kind == onnx.AttributeProto.TENSOR:
+        return onnx.numpy_helper.to_array(attribute.t)
+    if kind == onnx.AttributeProto.TENSORS:
+        return [onnx.numpy_helper.to_array(t) for t in attribute.tensors]
+    if kind == onnx.AttributeProto.SPARSE_TENSOR:
+        raise UnsupportedOpError(f"{node_text} has a sparse tensor attribute {attribute.name!r}")
+    value = onnx.helper.get_attribute_value(attribute)
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, list):
+        return [v.decode("utf-8") if isinstance(v, bytes) else v for v in value]
+    return value
+
+
+def _constant_node_value(node: GraphNode) -> np.ndarray:
+    attrs = node.attrs
+    if "value" in attrs:
+        return np.asarray(attrs["value"])
+    if "value_float" in attrs:
+        return np.array(attrs["value_float"], dtype=np.float32)
+    if "value_floats" in attrs:
+        return np.array(attrs["value_floats"], dtype=np.float32)
+    if "value_int" in attrs:
+        return np.array(attrs["value_int"], dtype=np.int64)
+    if "value_ints" in attrs:
+        return np.array(attrs["value_ints"], dtype=np.int64)
+    raise UnsupportedOpError(f"{node.describe()}: only numeric Constant values are supported (got {sorted(attrs)})")
+
+
+# ---------------------------------------------------------------------------
+# shape propagation and constant folding (shared with the planner)
+
+
+def _type_proto(shape: Shape, dtype: np.dtype[Any]) -> onnx.TypeProto:
+    elem_type = onnx.helper.np_dtype_to_tensor_dtype(dtype)
+    return onnx.helper.make_tensor_type_proto(elem_type, list(shape))
+
+
+def _from_type_proto(type_proto: onnx.TypeProto) -> tuple[Shape, np.dtype[Any]] | None:
+    if not type_proto.HasField("tensor_type"):
+        return None
+    tensor_type = type_proto.tensor_type
+    if tensor_type.elem_type == 0:
+        return None
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+    except Exception:  # noqa: BLE001
+        return None
+    if not tensor_type.HasField("shape"):
+        return None
+    dims: list[Dim] = []
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_value"):
+            dims.append(int(dim.dim_value))
+        elif dim.HasField("dim_param"):
+            dims.append(dim.dim_param)
+        else:
+            dims.append(None)
+    return tuple(dims), dtype
+
+
+def is_concrete(shape: Shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def _concrete(shape: Shape) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape if isinstance(d, int))
+
+
+def _infer_with_onnx(
+    node: GraphNode,
+    types: Mapping[str, tuple[Shape, np.dtype[Any]]],
+    constants: Mapping[str, np.ndarray],
+    opsets: Mapping[str, int],
+) -> dict[str, tuple[Shape, np.dtype[Any]]]:
+    try:
+        schema = onnx.defs.get_schema(node.op_type, node.opset, node.domain)
+    except Exception:  # noqa: BLE001 - unknown op: no inference
+        return {}
+    input_types: dict[str, onnx.TypeProto] = {}
+    input_data: dict[str, onnx.TensorProto] = {}
+    for name in node.inputs:
+        if not name or name in input_types:
+            continue
+        if name in types:
+            shape, dtype = types[name]
+            input_types[name] = _type_proto(shape, dtype)
+        value = constants.get(name)
+        if value is not None and value.size <= _DATA_PROPAGATION_LIMIT:
+            input_data[name] = onnx.numpy_helper.from_array(np.ascontiguousarray(value), name)
+    proto = onnx.helper.make_node(node.op_type, list(node.inputs), list(node.outputs), domain=node.domain or None)
+    proto.attribute.extend(_proto_attributes(node))
+    opset_imports = [onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items()]
+    try:
+        inferred = onnx.shape_inference.infer_node_outputs(schema, proto, input_types, input_data, None, opset_imports)
+    except Exception:  # noqa: BLE001 - onnx raises various errors for partial information
+        return {}
+    result: dict[str, tuple[Shape, np.dtype[Any]]] = {}
+    for name, type_proto in inferred.items():
+        converted = _from_type_proto(type_proto)
+        if converted is not None:
+            result[name] = converted
+    return result
+
+
+def _proto_attributes(node: GraphNode) -> list[onnx.AttributeProto]:
+    original = node.attrs.get("__proto_attributes__")
+    if isinstance(original, tuple):
+        return list(original)
+    return []
+
+
+def _reference(
+    node: GraphNode,
+    inputs: Sequence[np.ndarray | None],
+    output_infos: Sequence[TensorInfo],
+) -> list[np.ndarray]:
+    operator = get_operator(node.op_type, node.opset, node.domain)
+    return operator.reference(inputs, public_attrs(node.attrs), output_infos)
+
+
+def public_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes an operator sees (without the loader's private entries)."""
+    return {k: v for k, v in attrs.items() if not k.startswith("__")}
+
+
+def propagate(
+    nodes: Sequence[GraphNode],
+    types: dict[str, tuple[Shape, np.dtype[Any]]],
+    constants: dict[str, np.ndarray],
+    opsets: Mapping[str, int],
+    *,
+    concrete: bool,
+) -> tuple[list[GraphNode], list[str]]:
+    """Infer every tensor's type and fold what is computable; updates ``types`` and ``constants``.
+
+    Returns the nodes that remain (in order) and the names of the folded ones.
+    With ``concrete`` every graph input shape is known: a dim onnx cannot infer
+    is found by running the node's reference on zeros, and an unresolvable one
+    is an error.
+    """
+    remaining: list[GraphNode] = []
+    folded: list[str] = []
+    for node in nodes:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            value = _constant_node_value(node)
+            constants[node.outputs[0]] = value
+            types[node.outputs[0]] = (tuple(value.shape), value.dtype)
+            folded.append(node.name)
+            continue
+        inferred = _infer_with_onnx(node, types, constants, opsets)
+        for name in node.outputs:
+            if name and name in inferred:
+                types[name] = inferred[name]
+        present_inputs = [name for name in node.inputs if name]
+        if (
+            node.op_type == "Shape"
+            and node.domain in ("", "ai.onnx")
+            and node.inputs[0] in types
+            and is_concrete(types[node.inputs[0]][0])
+        ):
+            full = np.array(_concrete(types[node.inputs[0]][0]), dtype=np.int64)
+            rank = len(full)
+            start = int(node.attrs.get("start", 0))
+            end = node.attrs.get("end")
+            start = min(max(start + rank if start < 0 else start, 0), rank)
+            stop = rank if end is None else min(max(int(end) + rank if int(end) < 0 else int(end), 0), rank)
+            value = full[start:stop].copy()
+            constants[node.outputs[0]] = value
+            types[node.outputs[0]] = (tuple(value.shape), value.dtype)
+            folded.append(node.name)
+            continue
+        if present_inputs and all(name in constants for name in present_inputs) and _foldable(node, types):
+            values = _fold(node, types, constants)
+            if values is not None:
+                for name, value in zip(node.outputs, values):
+                    if name:
+                        constants[name] = value
+                        types[name] = (tuple(value.shape), value.dtype)
+                folded.append(node.name)
+                continue
+        if concrete:
+            _resolve_unknown_dims(node, types, constants)
+        remaining.append(node)
+    return remaining, folded
+
+
+def _foldable(node: GraphNode, types: Mapping[str, tuple[Shape, np.dtype[Any]]]) -> bool:
+    # Big outputs are not worth turning into weights at load.
+    for name in node.outputs:
+        if name in types:
+            shape, dtype = types[name]
+            if is_concrete(shape) and int(np.prod(_concrete(shape), dtype=np.int64)) * dtype.itemsize > _FOLD_LIMIT_BYTES:
+                return False
+    return True
+
+
+def _output_infos_guess(node: GraphNode, types: Mapping[str, tuple[Shape, np.dtype[Any]]]) -> list[TensorInfo]:
+    infos = []
+    first_dtype = np.dtype(np.float32)
+    for name in node.inputs:
+        if name and name in types:
+            first_dtype = types[name][1]
+            break
+    for name in node.outputs:
+        if name in types:
+            shape, dtype = types[name]
+            infos.append(TensorInfo(tuple(d if isinstance(d, int) else 0 for d in shape), dtype))
+        else:
+            infos.append(TensorInfo((), first_dtype))
+    return infos
+
+
+def _fold(
+    node: GraphNode,
+    types: Mapping[str, tuple[Shape, np.dtype[Any]]],
+    constants: Mapping[str, np.ndarray],
+) -> list[np.ndarray] | None:
+    inputs = [constants[name] if name else None for name in node.inputs]
+    try:
+        results = _reference(node, inputs, _output_infos_guess(node, types))
+    except ModelError:
+        raise
+    except Exception:  # noqa: BLE001 - leave the node to run normally, where errors are reported
+        return None
+    out = []
+    for name, value in zip(node.outputs, results):
+        array = np.asarray(value)
+        if name in types and types[name][1] != array.dtype:
+            array = array.astype(types[name][1])
+        out.append(np.ascontiguousarray(array))
+    return out
+
+
+def _resolve_unknown_dims(
+    node: GraphNode,
+    types: dict[str, tuple[Shape, np.dtype[Any]]],
+    constants: Mapping[str, np.ndarray],
+) -> None:
+    if all(name in types and is_concrete(types[name][0]) for name in node.outputs if name):
+        return
+    if not all(name in types and is_concrete(types[name][0]) for name in node.inputs if name):
+        raise ModelError(
+            f"cannot infer the shapes of {node.describe()}: the shapes of its inputs are unknown"
+        )
+    inputs: list[np.ndarray | None] = []
+    for name in node.inputs:
+        if not name:
+            inputs.append(None)
+        elif name in constants:
+            inputs.append(constants[name])
+        else:
+            shape, dtype = types[name]
+            inputs.append(np.zeros(_concrete(shape), dtype=dtype))
+    try:
+        results = _reference(node, inputs, _output_infos_guess(node, types))
+    except ModelError:
+        raise
+    except Exception as error:
+        raise ModelError(f"cannot infer the output shapes of {node.describe()}: {error}") from error
+    for name, value in zip(node.outputs, results):
+        if name:
+            array = np.asarray(value)
+            dtype = types[name][1] if name in types else array.dtype
+            types[name] = (tuple(array.shape), dtype)
+
+
+# ---------------------------------------------------------------------------
+# loading
+
+
+def _parse(path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    if isinstance(path_or_bytes, onnx.ModelProto):
+        return path_or_bytes, None
+    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+        data = bytes(path_or_bytes)
+        source = "the model bytes"
+        model_dir = None
+    else:
+        path = os.fspath(path_or_bytes)
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError as error:
+            raise InvalidModelError(f"cannot read the model file {path!r}: {error}") from error
+        source = f"the model file {path!r}"
+        model_dir = os.path.dirname(os.path.abspath(path))
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as error:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise InvalidModelError(
+            f"{source} is not a valid ONNX protobuf ({error}); it may be truncated or corrupt: "
+            "re-download or re-export it"
+        ) from error
+    if not model.HasField("graph"):
+        raise InvalidModelError(
+            f"{source} has no graph: it is empty, truncated or not an ONNX model; re-download or re-export it"
+        )
+    return model, model_dir
+
+
+def _check_external_data(model: onnx.ModelProto, model_dir: str | None) -> bool:
+    """Validate every external-data location *before* anything is read; True if there is any."""
+    found = False
+    for tensor in external_data_helper._get_all_tensors(model):  # noqa: SLF001 - the documented walker
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        found = True
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        location = info.get("location", "")
+        if model_dir is None:
+            raise InvalidModelError(
+                f"initializer {tensor.name!r} keeps its data in an external file ({location!r}); "
+                "load the model from its path so the file can be found"
+            )
+        if not location or os.path.isabs(location) or os.path.splitdrive(location)[0]:
+            raise InvalidModelError(
+                f"initializer {tensor.name!r} names external data {location!r}: only relative paths inside "
+                "the model's folder are allowed"
+            )
+        root = os.path.realpath(model_dir)
+        target = os.path.realpath(os.path.join(root, location))
+        if os.path.commonpath([root, target]) != root:
+            raise InvalidModelError(
+                f"initializer {tensor.name!r} names external data {location!r}, which leaves the model's "
+                f"folder {model_dir!r}; move the data file next to the model"
+            )
+        if not os.path.isfile(target):
+            raise InvalidModelError(
+                f"initializer {tensor.name!r}: external data file {location!r} is missing from {model_dir!r}"
+            )
+        offset = int(info.get("offset", "0") or 0)
+        length = info.get("length")
+        size = os.path.getsize(target)
+        if offset < 0 or offset > size or (length is not None and offset + int(length) > size):
+            raise InvalidModelError(
+                f"initializer {tensor.name!r}: external data range (offset {offset}, length {length}) lies "
+                f"outside {location!r} ({size} bytes); the file is truncated or the model is corrupt"
+            )
+    return found
+
+
+def _check_versions(model: onnx.ModelProto) -> dict[str, int]:
+    if model.ir_version > MAX_IR_VERSION:
+        raise InvalidModelError(
+            f"the model's IR version {model.ir_version} is newer than ortgpu supports (up to {MAX_IR_VERSION}); "
+            "re-export it with an older onnx or upgrade ortgpu"
+        )
+    if model.ir_version < 3:
+        raise InvalidModelError(f"the model's IR version {model.ir_version} is too old (need at least 3); re-export it")
+    opsets: dict[str, int] = {}
+    for entry in model.opset_import:
+        domain = "" if entry.domain == "ai.onnx" else entry.domain
+        opsets[domain] = int(entry.version)
+    default = opsets.get("")
+    if default is None:
+        raise InvalidModelError("the model imports no default-domain (ai.onnx) opset; re-export it")
+    if not MIN_OPSET <= default <= MAX_OPSET:
+        raise UnsupportedOpError(
+            f"the model uses ai.onnx opset {default}; ortgpu supports opsets {MIN_OPSET}..{MAX_OPSET}: "
+            "convert it with onnx.version_converter"
+        )
+    return opsets
+
+
+def _graph_nodes(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[GraphNode]:
+    nodes = []
+    used_names: set[str] = set()
+    for index, proto in enumerate(graph.node):
+        domain = "" if proto.domain == "ai.onnx" else proto.domain
+        name = proto.name or f"{proto.op_type}_{index}"
+        while name in used_names:
+            name = f"{name}_{index}"
+        used_names.add(name)
+        if domain not in opsets:
+            raise InvalidModelError(f"node {name!r} ({proto.op_type}) uses domain {domain!r}, which the model does not import")
+        opset = opsets[domain]
+        text = f"{proto.op_type} node {name!r} (opset {opset})"
+        attrs: dict[str, Any] = {a.name: _attribute_value(a, text) for a in proto.attribute}
+        attrs["__proto_attributes__"] = tuple(proto.attribute)
+        nodes.append(
+            GraphNode(name, proto.op_type, domain, tuple(proto.input), tuple(proto.output), attrs, opset)
+        )
+    return _topological(nodes, graph)
+
+
+def _topological(nodes: list[GraphNode], graph: onnx.GraphProto) -> list[GraphNode]:
+    available = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {""}
+    producers = {}
+    for node in nodes:
+        for name in node.outputs:
+            producers[name] = node.name
+    ordered: list[GraphNode] = []
+    pending = list(nodes)
+    while pending:
+        progressed = []
+        rest = []
+        for node in pending:
+            if all(name in available or name not in producers for name in node.inputs):
+                progressed.append(node)
+                available.update(node.outputs)
+            else:
+                rest.append(node)
+        if not progressed:
+            raise InvalidModelError(
+                f"the graph has a cycle through node {rest[0].name!r} ({rest[0].op_type}); the model is corrupt"
+            )
+        ordered.extend(progressed)
+        pending = rest
+    for node in ordered:
+        for name in node.inputs:
+            if name and name not in available:
+                raise InvalidModelError(f"node {node.name!r} ({node.op_type}) reads {name!r}, which nothing produces")
+    return ordered
+
+
+def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
+    if not value.type.HasField("tensor_type"):
+        raise UnsupportedOpError(f"{what} {value.name!r} is not a tensor (sequences, maps and optionals are not supported)")
+    dtype = onnx_dtype_to_numpy(value.type.tensor_type.elem_type, f"{what} {value.name!r}")
+    dims: list[Dim] = []
+    if value.type.tensor_type.HasField("shape"):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_value"):
+                dims.append(int(dim.dim_value))
+            elif dim.HasField("dim_param"):
+                dims.append(dim.dim_param)
+            else:
+                dims.append(None)
+    return ValueInfo(value.name, tuple(dims), dtype)
+
+
+def _check_supported(nodes: Sequence[GraphNode]) -> None:
+    problems = []
+    for node in nodes:
+        try:
+            get_operator(node.op_type, node.opset, node.domain)
+        except UnsupportedOpError as error:
+            problems.append(f"{node.describe()}: {error}")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise UnsupportedOpError("the model uses operators ortgpu does not implement: " + "; ".join(problems[:5]) + more)
+
+
+def load_model(path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto) -> LoadedModel:
+    """Load, check and pre-process an ONNX model.
+
+    Raises :class:`InvalidModelError` for malformed files (truncated,
+    failing onnx's checker, external data outside the model's folder) and
+    :class:`UnsupportedOpError` for opsets, operators or dtypes ortgpu lacks.
+    """
+    model, model_dir = _parse(path_or_bytes)
+    opsets = _check_versions(model)
+    if _check_external_data(model, model_dir):
+        assert model_dir is not None
+        try:
+            external_data_helper.load_external_data_for_model(model, model_dir)
+        except Exception as error:  # noqa: BLE001
+            raise InvalidModelError(f"cannot read the model's external data: {error}") from error
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "invalid model"
+        raise InvalidModelError(f"the model fails onnx's checker: {first}; fix or re-export the model") from error
+    except ValueError as error:  # protobuf too large for the in-memory checker
+        if "2GB" not in str(error) and "2 GB" not in str(error):
+            raise InvalidModelError(f"the model fails onnx's checker: {error}") from error
+    graph = model.graph
+    initializers: dict[str, np.ndarray] = {}
+    for tensor in graph.initializer:
+        onnx_dtype_to_numpy(tensor.data_type, f"initializer {tensor.name!r}")
+        initializers[tensor.name] = np.ascontiguousarray(onnx.numpy_helper.to_array(tensor))
+    if graph.sparse_initializer:
+        raise UnsupportedOpError("the model has sparse initializers, which ortgpu does not support")
+    nodes = _graph_nodes(graph, opsets)
+    _check_supported([n for n in nodes if not (n.op_type == "Constant" and n.domain == "")])
+    inputs = [_value_info(v, "graph input") for v in graph.input if v.name not in initializers]
+    outputs = [_value_info(v, "graph output") for v in graph.output]
+    types: dict[str, tuple[Shape, np.dtype[Any]]] = {}
+    for value in inputs:
+        types[value.name] = (value.shape, value.dtype)
+    for name, array in initializers.items():
+        types[name] = (tuple(array.shape), array.dtype)
+    constants = dict(initializers)
+    remaining, folded = propagate(nodes, types, constants, opsets, concrete=False)
+    outputs = [_refine_output(value, types) for value in outputs]
+    return LoadedModel(
+        inputs=inputs,
+        outputs=outputs,
+        opsets=opsets,
+        initializers=initializers,
+        constants=constants,
+        nodes=remaining,
+        types=types,
+        ir_version=int(model.ir_version),
+        model_dir=model_dir,
+        producer=model.producer_name,
+        folded_nodes=folded,
+    )
+
+
+def _refine_output(value: ValueInfo, types: Mapping[str, tuple[Shape, np.dtype[Any]]]) -> ValueInfo:
+    if value.name not in types:
+        return value
+    shape, _ = types[value.name]
+    if not value.shape and shape:
+        return ValueInfo(value.name, shape, value.dtype)
+    if len(shape) == len(value.shape):
+        merged = tuple(d if isinstance(d, int) or i is None else i for d, i in zip(value.shape, shape))
+        merged = tuple(i if isinstance(i, int) and not isinstance(d, int) else d for d, i in zip(merged, shape))
+        return ValueInfo(value.name, merged, value.dtype)
+    return value
