@@ -270,3 +270,42 @@ def test_gemm_epilogue(device: Any) -> None:
     epilogue = (("add", 3), ("relu",))
     check_reference("Gemm", 13, inputs, {"alpha": 2.0}, epilogue=epilogue, own_inputs=3)
     check_device(device, "Gemm", 13, inputs, {"alpha": 2.0, "_epilogue": epilogue})
+
+
+# -- Conv ------------------------------------------------------------------------------------------------------------
+
+CONV_CASES: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = [
+    ((1, 3, 9, 9), (8, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 4, 10, 7), (6, 2, 3, 2), {"group": 2, "strides": [2, 1], "pads": [1, 0, 0, 1]}),
+    ((1, 6, 8, 8), (6, 1, 3, 3), {"group": 6, "auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((1, 2, 7, 8), (16, 2, 3, 4), {"auto_pad": "SAME_LOWER", "strides": [2, 1]}),
+    ((1, 2, 7, 8), (16, 2, 3, 3), {"pads": [2, 1, 2, 0], "dilations": [2, 3]}),
+    ((1, 2, 7, 8), (16, 2, 2, 3), {"auto_pad": "VALID", "strides": [2, 3]}),
+    ((2, 3, 11), (9, 3, 3), {"pads": [2, 1], "strides": [2], "dilations": [2]}),
+    ((1, 32, 6, 6), (24, 32, 1, 1), {}),
+    ((1, 16, 9, 9), (32, 8, 3, 3), {"group": 2, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", CONV_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_reference(x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: dict[str, Any], bias: bool) -> None:
+    check_reference("Conv", 11, [rand(*x_shape), rand(*w_shape), rand(w_shape[0]) if bias else None], attrs)
+
+
+def test_conv_3d_reference() -> None:
+    check_reference("Conv", 11, [rand(1, 2, 4, 5, 6), rand(3, 2, 2, 3, 2), None], {"pads": [1, 0, 1, 0, 1, 1]})
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", CONV_CASES)
+def test_conv_device(device: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: dict[str, Any]) -> None:
+    check_device(device, "Conv", 11, [rand(*x_shape), rand(*w_shape), rand(w_shape[0])], attrs)
+
+
+@pytest.mark.parametrize("epilogue", [(("relu",),), (("add", 3), ("clip", 0.0, 6.0)), (("gelu",),)])
+@pytest.mark.parametrize("out_channels", [4, 16])
+def test_conv_epilogue(device: Any, epilogue: tuple[tuple[Any, ...], ...], out_channels: int) -> None:
+    inputs = [rand(1, 3, 6, 6), rand(out_channels, 3, 3, 3), rand(out_channels), rand(1, out_channels, 6, 6)]
+    attrs = {"pads": [1, 1, 1, 1]}
+    check_reference("Conv", 11, inputs, attrs, epilogue=epilogue, own_inputs=3)
+    check_device(device, "Conv", 11, inputs, dict(attrs, _epilogue=epilogue))
