@@ -22,6 +22,10 @@ cdef struct CommandRecord:
 cdef class NativeTable:
     cdef uintptr_t device
     cdef uintptr_t queue
+    # Optional: a counter the device's error callback increments; when it moves
+    # while encoding, the command buffer is invalid and is not submitted
+    # (wgpu-native aborts the process on submitting one).  NULL: no check.
+    cdef uint32_t* error_count
     cdef void* fn_create_encoder
     cdef void* fn_begin_compute_pass
     cdef void* fn_set_pipeline

@@ -52,7 +52,7 @@ cdef class NativeTable:
     names are the C function names without the ``wgpu`` prefix.
     """
 
-    def __init__(self, uintptr_t device, uintptr_t queue, dict addresses):
+    def __init__(self, uintptr_t device, uintptr_t queue, dict addresses, uintptr_t error_count=0):
         def fn(str name):
             cdef uintptr_t address = addresses[name]
             if address == 0:
@@ -60,6 +60,9 @@ cdef class NativeTable:
             return address
         self.device = device
         self.queue = queue
+        # The address of a uint32 counter of device errors (0: none); whoever
+        # passes it keeps that memory alive as long as the table.
+        self.error_count = <uint32_t*>error_count
         self.fn_create_encoder = <void*><uintptr_t>fn("DeviceCreateCommandEncoder")
         self.fn_begin_compute_pass = <void*><uintptr_t>fn("CommandEncoderBeginComputePass")
         self.fn_set_pipeline = <void*><uintptr_t>fn("ComputePassEncoderSetPipeline")
@@ -214,6 +217,10 @@ cdef class CommandList:
         cdef Py_ssize_t i
         cdef CommandRecord* r
         cdef void* last_pipeline = NULL
+        cdef uint32_t errors_before = 0
+        cdef int submitted = 0
+        if table.error_count != NULL:
+            errors_before = table.error_count[0]
         if encoder == NULL:
             return 0
         for i in range(self._count):
@@ -242,15 +249,23 @@ cdef class CommandList:
         command_buffer = (<finish_fn>table.fn_finish)(encoder, NULL)
         (<handle_fn>table.fn_release_encoder)(encoder)
         if command_buffer != NULL:
-            (<submit_fn>table.fn_submit)(<void*>table.queue, 1, &command_buffer)
+            # wgpu-native reports an invalid encoder at Finish (through the error
+            # callback) but aborts the process when such a buffer is submitted.
+            if table.error_count == NULL or table.error_count[0] == errors_before:
+                (<submit_fn>table.fn_submit)(<void*>table.queue, 1, &command_buffer)
+                submitted = 1
             (<handle_fn>table.fn_release_command_buffer)(command_buffer)
-        return 0
+        return submitted
 
     def encode_submit_native(self, NativeTable table):
         """Encode every record and submit one command buffer, with the GIL released.
 
         Errors wgpu-native reports go to the device's error callback; the
-        caller (the wgpu backend) checks for them after this returns.
+        caller (the wgpu backend) checks for them after this returns.  Returns
+        whether the command buffer was submitted: ``False`` when encoding
+        failed (no encoder, or the table's error counter moved).
         """
+        cdef int submitted
         with nogil:
-            self.encode_submit(table)
+            submitted = self.encode_submit(table)
+        return submitted == 1

@@ -1,0 +1,915 @@
+"""The wgpu backend: our own cffi calls into wgpu-native (ABI mode).
+
+The shared library and the headers come from the ``wgpu`` wheel's
+``resources/`` folder, found without importing wgpu-py (we never use its
+Python classes).  The cffi ``cdef`` is generated from those headers by
+:mod:`ortgpu_core.backends._cdef` and committed as
+``resources/wgpu_native.cdef.h``.
+
+Handles are the native pointers of wgpu-native objects, as ``int``.  Each
+device keeps a table ``handle -> _Handle`` of what it created, so release
+functions and :meth:`WgpuDevice.submit` can reject unknown or released handles
+*before* they reach native code: wgpu-native dereferences whatever pointer it is
+given, and some of its errors abort the process (Rust panics), so cheap checks
+(sizes, alignment, limits, handle liveness) are done in Python first.
+
+Errors wgpu-native reports go to the device's uncaptured-error callback, which
+wgpu-native 29 calls synchronously inside the failing call (verified by
+``tests/test_backend_wgpu.py``), so no error scopes are needed: after each call
+that can fail, the collected errors are raised as typed exceptions in the
+caller's frame.  A lost device raises :class:`DeviceLostError` on every later
+call.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .._errors import DeviceError, DeviceLostError, OutOfMemoryError, ValidationError
+from . import _cdef
+from ._commands import CommandList, NativeTable
+from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
+
+__all__ = ["WgpuBackend", "WgpuDevice", "load_native", "feature_name", "choose_default_adapter"]
+
+_LIBRARY_NAME = "libwgpu_native-release.so"
+
+# WebGPU's spelling of the standard features whose C enum names do not convert
+# mechanically (CamelCase -> kebab-case) to it.
+_FEATURE_NAME_OVERRIDES = {
+    "Depth32FloatStencil8": "depth32float-stencil8",
+    "TextureCompressionBCSliced3D": "texture-compression-bc-sliced-3d",
+    "TextureCompressionASTCSliced3D": "texture-compression-astc-sliced-3d",
+    "RG11B10UfloatRenderable": "rg11b10ufloat-renderable",
+    "BGRA8UnormStorage": "bgra8unorm-storage",
+}
+# Features requested at device creation whenever the adapter has them: the
+# ones compute kernels may use.  Everything else stays off.
+_REQUESTED_FEATURES = (
+    "shader-f16",
+    "timestamp-query",
+    "subgroups",
+    "subgroup",
+    "subgroup-barrier",
+    "shader-f64",
+    "shader-int64",
+    "timestamp-query-inside-encoders",
+    "timestamp-query-inside-passes",
+)
+# default_adapter_index: lower is preferred.
+_ADAPTER_TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "CPU": 2, "Unknown": 3}
+_BACKEND_TYPE_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1, "OpenGLES": 1}
+_STAGING_MINIMUM = 1 << 16
+# read_buffer polls at most this many times for the map callback before giving up.
+_MAP_POLL_ATTEMPTS = 10_000
+
+
+@functools.lru_cache(maxsize=1)
+def load_native() -> tuple[Any, Any]:
+    """``(ffi, lib)`` for wgpu-native, loaded once per process."""
+    import cffi
+
+    ffi = cffi.FFI()
+    ffi.cdef(_cdef.generated_cdef_path().read_text(encoding="utf-8"))
+    lib = ffi.dlopen(str(_cdef.wgpu_resources_dir() / _LIBRARY_NAME))
+    return ffi, lib
+
+
+def feature_name(enum_name: str) -> str:
+    """WebGPU's name of a feature, from its C enum name without the prefix (``ShaderF16`` -> ``shader-f16``)."""
+    if enum_name in _FEATURE_NAME_OVERRIDES:
+        return _FEATURE_NAME_OVERRIDES[enum_name]
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", enum_name).lower()
+
+
+@functools.lru_cache(maxsize=1)
+def _feature_tables() -> tuple[dict[int, str], dict[str, int]]:
+    """``({enum value: WebGPU name}, {WebGPU name: enum value})`` over standard and native features."""
+    ffi, _ = load_native()
+    by_value: dict[int, str] = {}
+    for type_name, prefix in (("WGPUFeatureName", "WGPUFeatureName_"), ("WGPUNativeFeature", "WGPUNativeFeature_")):
+        for value, name in ffi.typeof(type_name).elements.items():
+            short = name[len(prefix) :]
+            if short not in ("Force32",):
+                by_value[int(value)] = feature_name(short)
+    return by_value, {name: value for value, name in by_value.items()}
+
+
+def choose_default_adapter(adapters: Sequence[AdapterInfo]) -> int:
+    """The index of the preferred adapter.
+
+    Discrete GPU first, else integrated, else CPU (lavapipe), else anything;
+    at equal type Vulkan (or Metal/D3D12) before OpenGL; then the lowest index.
+    """
+    if not adapters:
+        raise DeviceError("wgpu-native found no adapter (is a Vulkan or OpenGL driver installed?)")
+
+    def rank(info: AdapterInfo) -> tuple[int, int, int]:
+        return (
+            _ADAPTER_TYPE_RANK.get(info.adapter_type, 3),
+            _BACKEND_TYPE_RANK.get(info.backend_type, 2),
+            info.index,
+        )
+
+    return min(adapters, key=rank).index
+
+
+def _enum_suffix(type_name: str, value: int) -> str:
+    ffi, _ = load_native()
+    name: str = ffi.typeof(type_name).elements.get(int(value), f"{type_name}_Unknown")
+    return name.split("_", 1)[1]
+
+
+def _string(view: Any) -> str:
+    """A ``WGPUStringView`` as ``str`` (it may be NULL, or lack a terminating NUL)."""
+    ffi, lib = load_native()
+    if view.data == ffi.NULL:
+        return ""
+    if view.length == lib.WGPU_STRLEN:
+        return bytes(ffi.string(view.data)).decode("utf-8", "replace")
+    return bytes(ffi.buffer(view.data, view.length)).decode("utf-8", "replace")
+
+
+def _string_view(text: str, keep: list[Any]) -> Any:
+    """A ``WGPUStringView`` over ``text``; the backing memory is appended to ``keep``."""
+    ffi, _ = load_native()
+    encoded = text.encode("utf-8")
+    data = ffi.new("char[]", encoded)
+    keep.append(data)
+    view = ffi.new("WGPUStringView *")
+    view.data = data
+    view.length = len(encoded)
+    return view[0]
+
+
+def _address(pointer: Any) -> int:
+    ffi, _ = load_native()
+    return int(ffi.cast("uintptr_t", pointer))
+
+
+class _ErrorSink:
+    """What the native callbacks report, collected until the backend call returns.
+
+    Holds no reference to the device, so the callbacks (which hold the sink)
+    make no reference cycle through it.
+    """
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, str]] = []  # (error type suffix, message)
+        self.lost: str | None = None
+        self.ignore_lost = False
+        self.map_status: int | None = None
+        self.map_message = ""
+
+
+@dataclass
+class _Handle:
+    """Bookkeeping for one native object this device created."""
+
+    kind: str  # "buffer", "pipeline", "bind_group"
+    pointer: Any  # the typed cdata pointer
+    size: int = 0  # buffers: bytes
+    uniform: bool = False
+    label: str = ""
+    buffers: tuple[int, ...] = field(default_factory=tuple)  # bind groups: the buffers bound
+    pipeline: int = 0  # bind groups: the pipeline whose layout they were made for
+    # pipelines: bindings of group 0 declared var<storage, read> / var<storage, read_write>
+    read_only_bindings: frozenset[int] = frozenset()
+    writable_bindings: frozenset[int] = frozenset()
+
+
+_STORAGE_DECLARATION = re.compile(r"((?:@\w+\s*\([^)]*\)\s*)+)var\s*<\s*storage\s*(?:,\s*(\w+)\s*)?>")
+_ATTRIBUTE = re.compile(r"@(group|binding)\s*\(\s*(\d+)\s*\)")
+
+
+def _storage_bindings(wgsl: str) -> tuple[frozenset[int], frozenset[int]]:
+    """The group-0 bindings ``wgsl`` declares as read-only and as writable storage buffers."""
+    read_only: set[int] = set()
+    writable: set[int] = set()
+    for match in _STORAGE_DECLARATION.finditer(wgsl):
+        attributes = {name: int(value) for name, value in _ATTRIBUTE.findall(match.group(1))}
+        if attributes.get("group") != 0 or "binding" not in attributes:
+            continue
+        (writable if match.group(2) == "read_write" else read_only).add(attributes["binding"])
+    return frozenset(read_only), frozenset(writable)
+
+
+def _limits_from_native(native: Any) -> DeviceLimits:
+    return DeviceLimits(
+        max_buffer_size=int(native.maxBufferSize),
+        max_storage_buffer_binding_size=int(native.maxStorageBufferBindingSize),
+        max_uniform_buffer_binding_size=int(native.maxUniformBufferBindingSize),
+        max_storage_buffers_per_shader_stage=int(native.maxStorageBuffersPerShaderStage),
+        max_compute_workgroups_per_dimension=int(native.maxComputeWorkgroupsPerDimension),
+        max_compute_invocations_per_workgroup=int(native.maxComputeInvocationsPerWorkgroup),
+        max_compute_workgroup_size_x=int(native.maxComputeWorkgroupSizeX),
+        max_compute_workgroup_size_y=int(native.maxComputeWorkgroupSizeY),
+        max_compute_workgroup_size_z=int(native.maxComputeWorkgroupSizeZ),
+        max_compute_workgroup_storage_size=int(native.maxComputeWorkgroupStorageSize),
+        min_storage_buffer_offset_alignment=int(native.minStorageBufferOffsetAlignment),
+        min_uniform_buffer_offset_alignment=int(native.minUniformBufferOffsetAlignment),
+    )
+
+
+class WgpuBackend:
+    """wgpu-native's adapters (every one ``wgpuInstanceEnumerateAdapters`` lists) and the devices opened on them.
+
+    The backend owns the instance and the adapters; each device holds a
+    reference to its backend, so the instance outlives every device.
+    """
+
+    name = "wgpu"
+
+    def __init__(self) -> None:
+        ffi, lib = load_native()
+        self._ffi = ffi
+        self._lib = lib
+        # WGPUInstance wgpuCreateInstance(WGPUInstanceDescriptor const * descriptor)
+        instance = lib.wgpuCreateInstance(ffi.NULL)
+        if instance == ffi.NULL:
+            raise DeviceError("wgpu-native could not create an instance")
+        self._instance: Any = instance
+        # size_t wgpuInstanceEnumerateAdapters(WGPUInstance, WGPUInstanceEnumerateAdapterOptions const *, WGPUAdapter *)
+        count = int(lib.wgpuInstanceEnumerateAdapters(instance, ffi.NULL, ffi.NULL))
+        adapters = ffi.new("WGPUAdapter[]", max(count, 1))
+        count = int(lib.wgpuInstanceEnumerateAdapters(instance, ffi.NULL, adapters))
+        self._adapters: list[Any] = [adapters[i] for i in range(count)]
+        self._infos = [self._adapter_info(i, adapter) for i, adapter in enumerate(self._adapters)]
+        self._devices: weakref.WeakSet[WgpuDevice] = weakref.WeakSet()
+
+    def _adapter_info(self, index: int, adapter: Any) -> AdapterInfo:
+        ffi, lib = self._ffi, self._lib
+        info = ffi.new("WGPUAdapterInfo *")
+        # WGPUStatus wgpuAdapterGetInfo(WGPUAdapter adapter, WGPUAdapterInfo * info)
+        if lib.wgpuAdapterGetInfo(adapter, info) != lib.WGPUStatus_Success:
+            raise DeviceError(f"wgpuAdapterGetInfo failed for adapter {index}")
+        try:
+            device_name = _string(info.device)
+            description = _string(info.description)
+            return AdapterInfo(
+                index=index,
+                vendor_id=int(info.vendorID),
+                device_id=int(info.deviceID),
+                name=device_name or _string(info.vendor),
+                driver=description,
+                backend_type=_enum_suffix("WGPUBackendType", info.backendType),
+                adapter_type=_enum_suffix("WGPUAdapterType", info.adapterType),
+            )
+        finally:
+            # void wgpuAdapterInfoFreeMembers(WGPUAdapterInfo adapterInfo)
+            lib.wgpuAdapterInfoFreeMembers(info[0])
+
+    # -- Backend protocol -------------------------------------------------------
+    def enumerate_adapters(self) -> list[AdapterInfo]:
+        """Every adapter wgpu-native found, in its order (``AdapterInfo.index`` is the position)."""
+        return list(self._infos)
+
+    def default_adapter_index(self) -> int:
+        """Discrete GPU, else integrated, else CPU (lavapipe), else anything; Vulkan before OpenGL at equal type."""
+        return choose_default_adapter(self._infos)
+
+    def adapter_limits(self, adapter_index: int) -> DeviceLimits:
+        """The limits adapter ``adapter_index`` supports (a device opened on it gets exactly these)."""
+        if not 0 <= adapter_index < len(self._adapters):
+            raise ValidationError(f"adapter index {adapter_index} is out of range ({len(self._adapters)} adapters)")
+        native = self._ffi.new("WGPULimits *")
+        # WGPUStatus wgpuAdapterGetLimits(WGPUAdapter adapter, WGPULimits * limits)
+        if self._lib.wgpuAdapterGetLimits(self._adapters[adapter_index], native) != self._lib.WGPUStatus_Success:
+            raise DeviceError(f"wgpuAdapterGetLimits failed for adapter {adapter_index}")
+        return _limits_from_native(native)
+
+    def open_device(self, adapter_index: int) -> WgpuDevice:
+        """A device on adapter ``adapter_index``, with the adapter's own limits."""
+        if self._instance is None:
+            raise DeviceError("this wgpu backend was closed")
+        if not 0 <= adapter_index < len(self._adapters):
+            raise ValidationError(
+                f"adapter index {adapter_index} is out of range: wgpu-native found {len(self._adapters)} adapters"
+            )
+        device = WgpuDevice._open(self, self._adapters[adapter_index], self._infos[adapter_index])
+        self._devices.add(device)
+        return device
+
+    def live_handles(self) -> int:
+        """Live buffers, pipelines and bind groups over every open device."""
+        return sum(device.live_handles() for device in list(self._devices))
+
+    def _process_events(self) -> None:
+        if self._instance is not None:
+            # void wgpuInstanceProcessEvents(WGPUInstance instance)
+            self._lib.wgpuInstanceProcessEvents(self._instance)
+
+    # -- lifetime ---------------------------------------------------------------
+    def close(self) -> None:
+        """Destroy every open device, then release the adapters and the instance.  Idempotent."""
+        for device in list(self._devices):
+            device.destroy()
+        adapters, self._adapters = self._adapters, []
+        instance, self._instance = self._instance, None
+        for adapter in adapters:
+            # void wgpuAdapterRelease(WGPUAdapter adapter)
+            self._lib.wgpuAdapterRelease(adapter)
+        if instance is not None:
+            # void wgpuInstanceRelease(WGPUInstance instance)
+            self._lib.wgpuInstanceRelease(instance)
+
+    def __del__(self) -> None:
+        try:
+            # Devices hold a reference to the backend, so none is open here.
+            adapters, self._adapters = self._adapters, []
+            instance, self._instance = self._instance, None
+            for adapter in adapters:
+                self._lib.wgpuAdapterRelease(adapter)
+            if instance is not None:
+                self._lib.wgpuInstanceRelease(instance)
+        except Exception:  # noqa: BLE001 - a destructor never raises (interpreter exit)
+            pass
+
+
+class WgpuDevice:
+    """An open wgpu-native device and its queue (implements ``BackendDevice``).
+
+    Made only by :meth:`WgpuBackend.open_device`.
+    """
+
+    info: AdapterInfo
+    limits: DeviceLimits
+    features: frozenset[str]
+
+    def __init__(self) -> None:
+        raise TypeError("WgpuDevice objects are made by WgpuBackend.open_device()")
+
+    @classmethod
+    def _open(cls, backend: WgpuBackend, adapter: Any, info: AdapterInfo) -> WgpuDevice:
+        self = cls.__new__(cls)
+        self._init(backend, adapter, info)
+        return self
+
+    def _init(self, backend: WgpuBackend, adapter: Any, info: AdapterInfo) -> None:
+        ffi, lib = load_native()
+        self._ffi = ffi
+        self._lib = lib
+        self._backend = backend
+        self._device: Any = None
+        self._queue: Any = None
+        self._handles: dict[int, _Handle] = {}
+        self._staging: Any = None
+        self._staging_size = 0
+        self._sink = sink = _ErrorSink()
+        self.info = info
+
+        # Callbacks: never raise into native code (cffi's onerror would print).
+        # Counts every error; the command list's C loop reads it to avoid
+        # submitting a command buffer that Finish reported invalid.
+        self._error_count = error_count = ffi.new("uint32_t *")
+
+        def on_uncaptured_error(device: Any, error_type: int, message: Any, userdata1: Any, userdata2: Any) -> None:
+            error_count[0] += 1
+            try:
+                sink.errors.append((_enum_suffix("WGPUErrorType", error_type), _string(message)))
+            except Exception:  # noqa: BLE001
+                sink.errors.append(("Unknown", "(the error message could not be read)"))
+
+        def on_device_lost(device: Any, reason: int, message: Any, userdata1: Any, userdata2: Any) -> None:
+            try:
+                if not sink.ignore_lost:
+                    sink.lost = f"{_enum_suffix('WGPUDeviceLostReason', reason)}: {_string(message)}"
+            except Exception:  # noqa: BLE001
+                sink.lost = "(reason unreadable)"
+
+        def on_map(status: int, message: Any, userdata1: Any, userdata2: Any) -> None:
+            try:
+                sink.map_message = _string(message)
+            except Exception:  # noqa: BLE001
+                sink.map_message = ""
+            sink.map_status = int(status)
+
+        # The cffi callbacks must outlive the device: kept on self.
+        self._on_uncaptured_error = ffi.callback("WGPUUncapturedErrorCallback", on_uncaptured_error)
+        self._on_device_lost = ffi.callback("WGPUDeviceLostCallback", on_device_lost)
+        self._on_map = ffi.callback("WGPUBufferMapCallback", on_map)
+
+        adapter_limits = ffi.new("WGPULimits *")
+        # WGPUStatus wgpuAdapterGetLimits(WGPUAdapter adapter, WGPULimits * limits)
+        if lib.wgpuAdapterGetLimits(adapter, adapter_limits) != lib.WGPUStatus_Success:
+            raise DeviceError(f"wgpuAdapterGetLimits failed for adapter {info.index} ({info.name})")
+
+        _, feature_values = _feature_tables()
+        requested = [
+            feature_values[name]
+            for name in _REQUESTED_FEATURES
+            # WGPUBool wgpuAdapterHasFeature(WGPUAdapter adapter, WGPUFeatureName feature)
+            if name in feature_values and lib.wgpuAdapterHasFeature(adapter, feature_values[name])
+        ]
+        required_features = ffi.new("WGPUFeatureName[]", max(len(requested), 1))
+        for i, value in enumerate(requested):
+            required_features[i] = value
+
+        keep: list[Any] = []
+        descriptor = ffi.new("WGPUDeviceDescriptor *")
+        descriptor.label = _string_view(f"ortgpu device on adapter {info.index}", keep)
+        descriptor.requiredFeatureCount = len(requested)
+        descriptor.requiredFeatures = required_features
+        descriptor.requiredLimits = adapter_limits
+        descriptor.deviceLostCallbackInfo.mode = lib.WGPUCallbackMode_AllowSpontaneous
+        descriptor.deviceLostCallbackInfo.callback = self._on_device_lost
+        descriptor.uncapturedErrorCallbackInfo.callback = self._on_uncaptured_error
+
+        result: dict[str, Any] = {}
+
+        def on_device(status: int, device: Any, message: Any, userdata1: Any, userdata2: Any) -> None:
+            try:
+                result["status"] = int(status)
+                result["device"] = device
+                result["message"] = _string(message)
+            except Exception:  # noqa: BLE001
+                result.setdefault("status", -1)
+
+        on_device_callback = ffi.callback("WGPURequestDeviceCallback", on_device)
+        callback_info = ffi.new("WGPURequestDeviceCallbackInfo *")
+        callback_info.mode = lib.WGPUCallbackMode_AllowSpontaneous
+        callback_info.callback = on_device_callback
+        # WGPUFuture wgpuAdapterRequestDevice(WGPUAdapter, WGPUDeviceDescriptor const *, WGPURequestDeviceCallbackInfo)
+        lib.wgpuAdapterRequestDevice(adapter, descriptor, callback_info[0])
+        for _ in range(1000):
+            if "status" in result:
+                break
+            backend._process_events()
+        if result.get("status") != lib.WGPURequestDeviceStatus_Success or result.get("device") in (None, ffi.NULL):
+            raise DeviceError(
+                f"wgpu-native could not open a device on adapter {info.index} ({info.name}, "
+                f"{info.backend_type}): {result.get('message', 'the request never completed')}"
+            )
+        self._device = result["device"]
+        # WGPUQueue wgpuDeviceGetQueue(WGPUDevice device)
+        self._queue = lib.wgpuDeviceGetQueue(self._device)
+
+        native_limits = ffi.new("WGPULimits *")
+        # WGPUStatus wgpuDeviceGetLimits(WGPUDevice device, WGPULimits * limits)
+        lib.wgpuDeviceGetLimits(self._device, native_limits)
+        self.limits = _limits_from_native(native_limits)
+
+        supported = ffi.new("WGPUSupportedFeatures *")
+        # void wgpuDeviceGetFeatures(WGPUDevice device, WGPUSupportedFeatures * features)
+        lib.wgpuDeviceGetFeatures(self._device, supported)
+        feature_names, _ = _feature_tables()
+        try:
+            self.features = frozenset(
+                feature_names[int(supported.features[i])]
+                for i in range(supported.featureCount)
+                if int(supported.features[i]) in feature_names
+            )
+        finally:
+            # void wgpuSupportedFeaturesFreeMembers(WGPUSupportedFeatures supportedFeatures)
+            lib.wgpuSupportedFeaturesFreeMembers(supported[0])
+
+        self._native_table = NativeTable(
+            _address(self._device),
+            _address(self._queue),
+            {name: _address(ffi.addressof(lib, "wgpu" + name)) for name in NativeTable.entry_point_names()},
+            _address(self._error_count),
+        )
+        self._raise_pending("opening the device")
+
+    # -- errors -------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._device is None:
+            raise DeviceLostError(f"the wgpu device on adapter {self.info.index} ({self.info.name}) was destroyed")
+        if self._sink.lost is not None:
+            raise DeviceLostError(
+                f"the wgpu device on adapter {self.info.index} ({self.info.name}) was lost ({self._sink.lost}); "
+                "every value on it is gone: recreate the Env"
+            )
+
+    def _raise_pending(self, action: str) -> None:
+        """Raise what the callbacks collected during ``action`` as a typed exception."""
+        sink = self._sink
+        if sink.errors:
+            errors, sink.errors = sink.errors, []
+            kinds = [kind for kind, _ in errors]
+            message = f"{action}: " + "\n".join(text for _, text in errors)
+            if "OutOfMemory" in kinds:
+                raise OutOfMemoryError(message)
+            if "Validation" in kinds:
+                raise ValidationError(message)
+            raise DeviceError(f"{message} (wgpu error type {', '.join(kinds)})")
+        if sink.lost is not None:
+            self._check_open()
+
+    def _lookup(self, handle: int, kind: str, action: str) -> _Handle:
+        record = self._handles.get(handle)
+        if record is None or record.kind != kind:
+            what = "was released or never existed" if record is None else f"is a {record.kind}"
+            raise ValidationError(f"{action}: handle {handle:#x} is not a live {kind} of this device (it {what})")
+        return record
+
+    @staticmethod
+    def _check_aligned(action: str, **values: int) -> None:
+        for name, value in values.items():
+            if value < 0 or value % BUFFER_ALIGNMENT:
+                raise ValidationError(
+                    f"{action}: {name} {value} must be a non-negative multiple of {BUFFER_ALIGNMENT} bytes"
+                )
+
+    # -- buffers --------------------------------------------------------------------
+    def create_buffer(self, size: int, *, uniform: bool = False, label: str = "") -> int:
+        """A zero-filled buffer of ``size`` bytes; STORAGE|COPY_SRC|COPY_DST, or UNIFORM|COPY_DST."""
+        self._check_open()
+        action = f"create_buffer({size}, label={label!r})"
+        self._check_aligned(action, size=size)
+        if size > self.limits.max_buffer_size:
+            raise ValidationError(
+                f"{action}: {size} bytes is over the device's max_buffer_size of {self.limits.max_buffer_size} bytes "
+                f"({self.info.name}); split the tensor or use a device with larger limits"
+            )
+        lib = self._lib
+        usage = (
+            lib.WGPUBufferUsage_Uniform | lib.WGPUBufferUsage_CopyDst
+            if uniform
+            else lib.WGPUBufferUsage_Storage | lib.WGPUBufferUsage_CopySrc | lib.WGPUBufferUsage_CopyDst
+        )
+        pointer = self._native_buffer(size, usage, label, action)
+        handle = _address(pointer)
+        self._handles[handle] = _Handle("buffer", pointer, size=size, uniform=uniform, label=label)
+        return handle
+
+    def _native_buffer(self, size: int, usage: int, label: str, action: str) -> Any:
+        ffi, lib = self._ffi, self._lib
+        keep: list[Any] = []
+        descriptor = ffi.new("WGPUBufferDescriptor *")
+        descriptor.label = _string_view(label, keep)
+        descriptor.usage = usage
+        descriptor.size = size
+        descriptor.mappedAtCreation = 0
+        # WGPUBuffer wgpuDeviceCreateBuffer(WGPUDevice device, WGPUBufferDescriptor const * descriptor)
+        pointer = lib.wgpuDeviceCreateBuffer(self._device, descriptor)
+        try:
+            self._raise_pending(action)
+        except DeviceError:
+            if pointer != ffi.NULL:
+                lib.wgpuBufferRelease(pointer)
+            raise
+        if pointer == ffi.NULL:
+            raise OutOfMemoryError(f"{action}: wgpu-native returned no buffer")
+        return pointer
+
+    def _free_buffer(self, pointer: Any) -> None:
+        # void wgpuBufferDestroy(WGPUBuffer buffer); void wgpuBufferRelease(WGPUBuffer buffer)
+        self._lib.wgpuBufferDestroy(pointer)
+        self._lib.wgpuBufferRelease(pointer)
+
+    def destroy_buffer(self, buffer: int) -> None:
+        """Free the buffer now (bind groups that use it become unusable)."""
+        self._check_open()
+        record = self._lookup(buffer, "buffer", "destroy_buffer")
+        del self._handles[buffer]
+        self._free_buffer(record.pointer)
+        self._raise_pending(f"destroy_buffer({buffer:#x})")
+
+    def buffer_size(self, buffer: int) -> int:
+        """The size in bytes of a live buffer."""
+        return self._lookup(buffer, "buffer", "buffer_size").size
+
+    def write_buffer(self, buffer: int, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Queue write of ``data`` at ``offset`` (ordered with submissions; see the protocol)."""
+        self._check_open()
+        view = memoryview(data)
+        if not view.c_contiguous:
+            view = memoryview(view.tobytes())
+        size = view.nbytes
+        action = f"write_buffer({buffer:#x}, offset={offset}, {size} bytes)"
+        record = self._lookup(buffer, "buffer", action)
+        self._check_aligned(action, offset=offset, size=size)
+        if offset + size > record.size:
+            raise ValidationError(f"{action}: the write ends at {offset + size}, past the buffer's {record.size} bytes")
+        if size == 0:
+            return
+        # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
+        self._lib.wgpuQueueWriteBuffer(self._queue, record.pointer, offset, self._ffi.from_buffer(view), size)
+        self._raise_pending(action)
+
+    def _ensure_staging(self, size: int) -> None:
+        if self._staging is not None and self._staging_size >= size:
+            return
+        capacity = max(_STAGING_MINIMUM, 1 << (size - 1).bit_length())
+        capacity = min(capacity, max(size, self.limits.max_buffer_size - self.limits.max_buffer_size % 4))
+        if self._staging is not None:
+            staging, self._staging, self._staging_size = self._staging, None, 0
+            self._free_buffer(staging)
+        lib = self._lib
+        self._staging = self._native_buffer(
+            capacity, lib.WGPUBufferUsage_MapRead | lib.WGPUBufferUsage_CopyDst, "ortgpu staging", "read_buffer staging"
+        )
+        self._staging_size = capacity
+
+    def read_buffer(self, buffer: int, offset: int, size: int) -> bytes:
+        """Wait for submitted work, then copy ``size`` bytes from ``offset`` out (through the staging buffer)."""
+        self._check_open()
+        action = f"read_buffer({buffer:#x}, offset={offset}, size={size})"
+        record = self._lookup(buffer, "buffer", action)
+        self._check_aligned(action, offset=offset, size=size)
+        if offset + size > record.size:
+            raise ValidationError(f"{action}: the read ends at {offset + size}, past the buffer's {record.size} bytes")
+        if record.uniform:
+            raise ValidationError(f"{action}: uniform buffers are write-only (no COPY_SRC usage)")
+        if size == 0:
+            return b""
+        self._ensure_staging(size)
+        ffi, lib, sink = self._ffi, self._lib, self._sink
+        commands = CommandList()
+        commands.add_copy(buffer, offset, _address(self._staging), 0, size)
+        submitted = commands.encode_submit_native(self._native_table)
+        self._raise_pending(action)
+        if not submitted:
+            raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")
+
+        sink.map_status = None
+        callback_info = ffi.new("WGPUBufferMapCallbackInfo *")
+        callback_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        callback_info.callback = self._on_map
+        # WGPUFuture wgpuBufferMapAsync(WGPUBuffer, WGPUMapMode, size_t offset, size_t size, WGPUBufferMapCallbackInfo)
+        lib.wgpuBufferMapAsync(self._staging, lib.WGPUMapMode_Read, 0, size, callback_info[0])
+        self._raise_pending(action)
+        for _ in range(_MAP_POLL_ATTEMPTS):
+            if sink.map_status is not None:
+                break
+            # WGPUBool wgpuDevicePoll(WGPUDevice, WGPUBool wait, WGPUSubmissionIndex const *)
+            lib.wgpuDevicePoll(self._device, 1, ffi.NULL)
+            self._raise_pending(action)
+        if sink.map_status != lib.WGPUMapAsyncStatus_Success:
+            state = "never completed" if sink.map_status is None else f"failed: {sink.map_message}"
+            raise DeviceError(f"{action}: mapping the staging buffer {state}")
+        # void const * wgpuBufferGetConstMappedRange(WGPUBuffer buffer, size_t offset, size_t size)
+        mapped = lib.wgpuBufferGetConstMappedRange(self._staging, 0, size)
+        try:
+            if mapped == ffi.NULL:
+                raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
+            return bytes(ffi.buffer(mapped, size))
+        finally:
+            # void wgpuBufferUnmap(WGPUBuffer buffer)
+            lib.wgpuBufferUnmap(self._staging)
+
+    # -- kernels --------------------------------------------------------------------
+    def create_compute_pipeline(
+        self, wgsl: str, *, entry_point: str = "main", twin: KernelTwin | None = None, label: str = ""
+    ) -> int:
+        """Compile ``wgsl`` into a compute pipeline with an automatic layout (``twin`` is ignored here)."""
+        self._check_open()
+        ffi, lib = self._ffi, self._lib
+        action = f"create_compute_pipeline(label={label!r}, entry_point={entry_point!r})"
+        keep: list[Any] = []
+        source = ffi.new("WGPUShaderSourceWGSL *")
+        source.chain.next = ffi.NULL
+        source.chain.sType = lib.WGPUSType_ShaderSourceWGSL
+        source.code = _string_view(wgsl, keep)
+        module_descriptor = ffi.new("WGPUShaderModuleDescriptor *")
+        module_descriptor.nextInChain = ffi.cast("WGPUChainedStruct *", source)
+        module_descriptor.label = _string_view(label, keep)
+        # WGPUShaderModule wgpuDeviceCreateShaderModule(WGPUDevice, WGPUShaderModuleDescriptor const *)
+        module = lib.wgpuDeviceCreateShaderModule(self._device, module_descriptor)
+        try:
+            self._raise_pending(f"{action}: WGSL compilation failed")
+            pipeline_descriptor = ffi.new("WGPUComputePipelineDescriptor *")
+            pipeline_descriptor.label = _string_view(label, keep)
+            pipeline_descriptor.layout = ffi.NULL
+            pipeline_descriptor.compute.module = module
+            pipeline_descriptor.compute.entryPoint = _string_view(entry_point, keep)
+            # WGPUComputePipeline wgpuDeviceCreateComputePipeline(WGPUDevice, WGPUComputePipelineDescriptor const *)
+            pipeline = lib.wgpuDeviceCreateComputePipeline(self._device, pipeline_descriptor)
+            try:
+                self._raise_pending(action)
+            except DeviceError:
+                if pipeline != ffi.NULL:
+                    lib.wgpuComputePipelineRelease(pipeline)
+                raise
+        finally:
+            if module != ffi.NULL:
+                # void wgpuShaderModuleRelease(WGPUShaderModule shaderModule)
+                lib.wgpuShaderModuleRelease(module)
+        if pipeline == ffi.NULL:
+            raise ValidationError(f"{action}: wgpu-native returned no pipeline")
+        handle = _address(pipeline)
+        read_only, writable = _storage_bindings(wgsl)
+        self._handles[handle] = _Handle(
+            "pipeline", pipeline, label=label, read_only_bindings=read_only, writable_bindings=writable
+        )
+        return handle
+
+    def release_pipeline(self, pipeline: int) -> None:
+        self._check_open()
+        record = self._lookup(pipeline, "pipeline", "release_pipeline")
+        del self._handles[pipeline]
+        # void wgpuComputePipelineRelease(WGPUComputePipeline computePipeline)
+        self._lib.wgpuComputePipelineRelease(record.pointer)
+
+    def create_bind_group(self, pipeline: int, entries: Sequence[BindingEntry]) -> int:
+        """A bind group for group 0 of ``pipeline``'s automatic layout."""
+        self._check_open()
+        ffi, lib = self._ffi, self._lib
+        action = f"create_bind_group(pipeline={pipeline:#x})"
+        pipeline_record = self._lookup(pipeline, "pipeline", action)
+        native_entries = ffi.new("WGPUBindGroupEntry[]", max(len(entries), 1))
+        seen: set[int] = set()
+        read: set[int] = set()
+        written: set[int] = set()
+        for i, entry in enumerate(entries):
+            where = f"{action}, binding {entry.binding}"
+            if entry.binding in seen:
+                raise ValidationError(f"{where}: the binding number is used twice")
+            seen.add(entry.binding)
+            record = self._lookup(entry.buffer, "buffer", where)
+            if record.uniform:
+                alignment = self.limits.min_uniform_buffer_offset_alignment
+                max_binding = self.limits.max_uniform_buffer_binding_size
+            else:
+                alignment = self.limits.min_storage_buffer_offset_alignment
+                max_binding = self.limits.max_storage_buffer_binding_size
+            self._check_aligned(where, offset=entry.offset, size=entry.size)
+            if entry.offset % alignment:
+                raise ValidationError(f"{where}: offset {entry.offset} is not a multiple of {alignment}")
+            if entry.size == 0 or entry.offset + entry.size > record.size:
+                raise ValidationError(
+                    f"{where}: range [{entry.offset}, {entry.offset + entry.size}) is empty or past the buffer's "
+                    f"{record.size} bytes"
+                )
+            if entry.size > max_binding:
+                raise ValidationError(
+                    f"{where}: {entry.size} bytes is over the device's binding size limit of {max_binding} bytes"
+                )
+            if entry.binding in pipeline_record.writable_bindings:
+                written.add(entry.buffer)
+            elif entry.binding in pipeline_record.read_only_bindings:
+                read.add(entry.buffer)
+            native_entries[i].binding = entry.binding
+            native_entries[i].buffer = record.pointer
+            native_entries[i].offset = entry.offset
+            native_entries[i].size = entry.size
+        if read & written:
+            # wgpu-native would accept the bind group and abort the process at submit.
+            raise ValidationError(
+                f"{action}: buffer(s) {', '.join(f'{b:#x}' for b in sorted(read & written))} are bound both as "
+                "read-only and as read_write storage; a dispatch may not read and write one buffer through "
+                "different bindings (bind it once as read_write)"
+            )
+        # WGPUBindGroupLayout wgpuComputePipelineGetBindGroupLayout(WGPUComputePipeline, uint32_t groupIndex)
+        layout = lib.wgpuComputePipelineGetBindGroupLayout(pipeline_record.pointer, 0)
+        try:
+            self._raise_pending(action)
+            descriptor = ffi.new("WGPUBindGroupDescriptor *")
+            descriptor.layout = layout
+            descriptor.entryCount = len(entries)
+            descriptor.entries = native_entries
+            # WGPUBindGroup wgpuDeviceCreateBindGroup(WGPUDevice, WGPUBindGroupDescriptor const *)
+            bind_group = lib.wgpuDeviceCreateBindGroup(self._device, descriptor)
+            try:
+                self._raise_pending(action)
+            except DeviceError:
+                if bind_group != ffi.NULL:
+                    lib.wgpuBindGroupRelease(bind_group)
+                raise
+        finally:
+            if layout != ffi.NULL:
+                # void wgpuBindGroupLayoutRelease(WGPUBindGroupLayout bindGroupLayout)
+                lib.wgpuBindGroupLayoutRelease(layout)
+        if bind_group == ffi.NULL:
+            raise ValidationError(f"{action}: wgpu-native returned no bind group")
+        handle = _address(bind_group)
+        self._handles[handle] = _Handle(
+            "bind_group", bind_group, buffers=tuple(e.buffer for e in entries), pipeline=pipeline
+        )
+        return handle
+
+    def release_bind_group(self, bind_group: int) -> None:
+        self._check_open()
+        record = self._lookup(bind_group, "bind_group", "release_bind_group")
+        del self._handles[bind_group]
+        # void wgpuBindGroupRelease(WGPUBindGroup bindGroup)
+        self._lib.wgpuBindGroupRelease(record.pointer)
+
+    # -- submission ---------------------------------------------------------------------
+    @property
+    def native_table(self) -> NativeTable:
+        """The wgpu-native entry points and this device's device/queue pointers (for the replay loop)."""
+        self._check_open()
+        return self._native_table
+
+    def validate_commands(self, commands: CommandList) -> None:
+        """Reject, in Python, records whose handles are not live here, or whose sizes break the limits.
+
+        A dangling handle reaching wgpu-native would be a use-after-free, and
+        wgpu-native 29 aborts the process when a command buffer with a
+        validation error is submitted (``wgpuQueueSubmit`` treats errors as
+        fatal).  The C loop also refuses to submit when the device's error
+        counter moved during encoding, so anything these checks miss becomes
+        a ``ValidationError`` too; these checks give the better message.  The
+        replay code validates once at capture; :meth:`submit` every time.
+        """
+        max_groups = self.limits.max_compute_workgroups_per_dimension
+        for index, record in enumerate(commands.records()):
+            where = f"submit, command {index} ({record[0]})"
+            if record[0] == "dispatch":
+                _, pipeline, bind_group, grid = record
+                self._lookup(pipeline, "pipeline", where)
+                group = self._lookup(bind_group, "bind_group", where)
+                if group.pipeline != pipeline:
+                    raise ValidationError(
+                        f"{where}: bind group {bind_group:#x} was made for pipeline {group.pipeline:#x}, not "
+                        f"{pipeline:#x} (automatic layouts belong to one pipeline)"
+                    )
+                for buffer in group.buffers:
+                    self._lookup(buffer, "buffer", f"{where}, a buffer of bind group {bind_group:#x}")
+                if max(grid) > max_groups or min(grid) < 0:
+                    raise ValidationError(
+                        f"{where}: grid {grid} has more than the device's {max_groups} workgroups per dimension; "
+                        "use a 2-D or 3-D grid"
+                    )
+            elif record[0] == "copy":
+                _, source, source_offset, destination, destination_offset, size = record
+                source_record = self._lookup(source, "buffer", where)
+                destination_record = self._lookup(destination, "buffer", where)
+                self._check_aligned(
+                    where, source_offset=source_offset, destination_offset=destination_offset, size=size
+                )
+                if source_record.uniform:
+                    raise ValidationError(f"{where}: the source is a uniform buffer (no COPY_SRC usage)")
+                if source_offset + size > source_record.size or destination_offset + size > destination_record.size:
+                    raise ValidationError(f"{where}: the copy of {size} bytes runs past the end of a buffer")
+                if source == destination:
+                    raise ValidationError(f"{where}: source and destination are the same buffer")
+            else:
+                _, buffer, offset, size = record
+                buffer_record = self._lookup(buffer, "buffer", where)
+                self._check_aligned(where, offset=offset, size=size)
+                if offset + size > buffer_record.size:
+                    raise ValidationError(f"{where}: the clear of {size} bytes runs past the end of the buffer")
+
+    def submit(self, commands: CommandList) -> None:
+        """Validate, then encode ``commands`` in order and submit them as one command buffer.
+
+        Encoding runs in C with the GIL released.
+        """
+        self._check_open()
+        self.validate_commands(commands)
+        submitted = commands.encode_submit_native(self._native_table)
+        action = f"submit ({len(commands)} commands)"
+        self._raise_pending(action)
+        if not submitted:
+            raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+
+    def wait_idle(self) -> None:
+        """Block until all submitted work is done."""
+        self._check_open()
+        self._lib.wgpuDevicePoll(self._device, 1, self._ffi.NULL)
+        self._raise_pending("wait_idle")
+
+    # -- lifetime -------------------------------------------------------------------------
+    def live_handles(self) -> int:
+        """Live buffers, pipelines and bind groups created through this device (the staging buffer excluded)."""
+        return len(self._handles)
+
+    @property
+    def destroyed(self) -> bool:
+        return self._device is None
+
+    def destroy(self) -> None:
+        """Release the staging buffer, every live handle, the queue and the device.  Idempotent."""
+        device = getattr(self, "_device", None)
+        if device is None:
+            return
+        lib = self._lib
+        self._sink.ignore_lost = True
+        self._device = None
+        handles, self._handles = self._handles, {}
+        order = {"bind_group": 0, "pipeline": 1, "buffer": 2}
+        for record in sorted(handles.values(), key=lambda r: order[r.kind]):
+            if record.kind == "bind_group":
+                lib.wgpuBindGroupRelease(record.pointer)
+            elif record.kind == "pipeline":
+                lib.wgpuComputePipelineRelease(record.pointer)
+            else:
+                self._free_buffer(record.pointer)
+        staging, self._staging, self._staging_size = self._staging, None, 0
+        if staging is not None:
+            self._free_buffer(staging)
+        queue, self._queue = self._queue, None
+        if queue is not None:
+            # void wgpuQueueRelease(WGPUQueue queue)
+            lib.wgpuQueueRelease(queue)
+        # void wgpuDeviceDestroy(WGPUDevice device); void wgpuDeviceRelease(WGPUDevice device)
+        lib.wgpuDeviceDestroy(device)
+        lib.wgpuDeviceRelease(device)
+        self._sink.errors.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.destroy()
+        except Exception:  # noqa: BLE001 - a destructor never raises (interpreter exit)
+            pass
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self.destroyed else f"{self.live_handles()} live handles"
+        return f"<WgpuDevice adapter {self.info.index} {self.info.name!r} ({self.info.backend_type}), {state}>"

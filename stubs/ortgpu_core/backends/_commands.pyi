@@ -1,0 +1,47 @@
+"""Types of the compiled ``ortgpu_core.backends._commands`` (see ``_commands.pyx``)."""
+
+from typing import Final, Literal, final
+
+from typing_extensions import Self
+
+#: Record kinds, as stored in the C array.
+DISPATCH: Final[int]
+COPY: Final[int]
+CLEAR: Final[int]
+
+_DispatchRecord = tuple[Literal["dispatch"], int, int, tuple[int, int, int]]
+_CopyRecord = tuple[Literal["copy"], int, int, int, int, int]
+_ClearRecord = tuple[Literal["clear"], int, int, int]
+
+@final
+class NativeTable:
+    """wgpu-native entry points and the device/queue they act on, as raw addresses."""
+
+    def __init__(self, device: int, queue: int, addresses: dict[str, int], error_count: int = 0) -> None:
+        """``addresses`` maps each name of :meth:`entry_point_names` to a function address;
+        ``error_count`` is the address of a ``uint32_t`` the device's error callback increments (0: none)."""
+
+    @staticmethod
+    def entry_point_names() -> tuple[str, ...]: ...
+
+@final
+class CommandList:
+    """An ordered list of copies, clears and dispatches over integer handles."""
+
+    def __init__(self) -> None: ...
+    def add_dispatch(self, pipeline: int, bind_group: int, x: int, y: int = 1, z: int = 1) -> None: ...
+    def add_copy(
+        self, source: int, source_offset: int, destination: int, destination_offset: int, size: int
+    ) -> None: ...
+    def add_clear(self, buffer: int, offset: int, size: int) -> None: ...
+    def extend(self, other: CommandList) -> None: ...
+    def freeze(self) -> Self: ...
+    @property
+    def frozen(self) -> bool: ...
+    def clear(self) -> None: ...
+    def __len__(self) -> int: ...
+    @property
+    def dispatch_count(self) -> int: ...
+    def records(self) -> list[_DispatchRecord | _CopyRecord | _ClearRecord]: ...
+    def encode_submit_native(self, table: NativeTable) -> bool:
+        """Encode and submit with the GIL released; ``False`` if the command buffer was not submitted."""
