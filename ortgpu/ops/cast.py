@@ -51,7 +51,9 @@ def _convert(source: str, target: str) -> str:
     if target == "f32":
         return "f32(x0)"
     if source == "f32":
-        return f"{target}(x0)"  # truncation toward zero
+        # Truncation toward zero; unsigned targets go through i32 so negative values wrap as
+        # onnxruntime's static_cast does on x86 (and as the reference does), instead of saturating.
+        return "i32(x0)" if target == "i32" else "bitcast<u32>(i32(x0))"
     return f"bitcast<{target}>(x0)"  # i32 <-> u32 keep the low bits, as C's integer conversions do
 
 

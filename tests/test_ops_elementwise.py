@@ -1,0 +1,394 @@
+"""Elementwise operators: reference vs onnxruntime CPU, and the device plans vs the reference.
+
+Each :class:`Case` is one single-node model.  ``test_reference_matches_onnxruntime``
+runs the node through onnxruntime's CPU provider and through the operator's
+numpy reference on fresh random inputs; ``test_plan_matches_reference`` plans
+the node for a device (the fake backend, which runs the kernels' numpy twins,
+and lavapipe through wgpu-native, which runs the WGSL) and compares it with the
+reference.  Cases expected to stay on the CPU check that ``plan`` says why.
+
+The helpers here are shared with ``test_ops_movement.py``.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx.helper
+import onnx.numpy_helper
+import onnxruntime
+import pytest
+
+from ortgpu.ops import DeviceCaps, NotOnDevice, TensorInfo, get_operator
+from ortgpu.ops._runner import run_plan
+from ortgpu.ops._wgsl import grid_for
+from ortgpu_core._errors import UnsupportedOpError
+from ortgpu_core.backends.protocol import BackendDevice
+
+Generator = Callable[[np.random.Generator], np.ndarray | None]
+
+
+@dataclass
+class Case:
+    """One single-node model and how it should run."""
+
+    op_type: str
+    inputs: Sequence[Generator]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    opset: int = 17
+    #: input indices given to ``plan`` as constants (like initializers)
+    constants: frozenset[int] = frozenset()
+    #: False: ``plan`` must raise NotOnDevice
+    on_device: bool = True
+    outputs: int = 1
+    label: str = ""
+    #: False where onnxruntime's CPU provider has no kernel for the variant
+    in_onnxruntime: bool = True
+
+    @property
+    def id(self) -> str:
+        return f"{self.op_type}-opset{self.opset}-{self.label}" if self.label else f"{self.op_type}-opset{self.opset}"
+
+
+# -- input generators -------------------------------------------------------------------
+
+
+def floats(*shape: int, scale: float = 1.0, low: float | None = None, high: float | None = None) -> Generator:
+    def make(rng: np.random.Generator) -> np.ndarray:
+        if low is not None and high is not None:
+            return rng.uniform(low, high, shape).astype(np.float32)
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    return make
+
+
+def halves(*shape: int) -> Generator:
+    return lambda rng: rng.standard_normal(shape).astype(np.float16)
+
+
+def ints(*shape: int, low: int = -100, high: int = 100, dtype: Any = np.int32) -> Generator:
+    return lambda rng: rng.integers(low, high, shape).astype(dtype)
+
+
+def bools(*shape: int) -> Generator:
+    return lambda rng: rng.random(shape) > 0.5
+
+
+def const(value: Any, dtype: Any = None) -> Generator:
+    array = np.asarray(value, dtype=dtype)
+    return lambda rng: array.copy()
+
+
+def absent() -> Generator:
+    return lambda rng: None
+
+
+# -- running -----------------------------------------------------------------------------
+
+_ORT_IR_VERSION = 9
+
+
+def onnx_model(case: Case, arrays: Sequence[np.ndarray | None], output_dtypes: Sequence[np.dtype[Any]]) -> onnx.ModelProto:
+    names = ["" if a is None else f"in{i}" for i, a in enumerate(arrays)]
+    while names and names[-1] == "":
+        names.pop()
+    outputs = [f"out{i}" for i in range(case.outputs)]
+    node = onnx.helper.make_node(case.op_type, names, outputs, **dict(case.attrs))
+    graph_inputs = [
+        onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for name, a in zip(names, arrays)
+        if a is not None
+    ]
+    graph_outputs = [
+        onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(dtype), None)
+        for name, dtype in zip(outputs, output_dtypes)
+    ]
+    graph = onnx.helper.make_graph([node], "single_node", graph_inputs, graph_outputs)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", case.opset)])
+    model.ir_version = _ORT_IR_VERSION
+    return model
+
+
+def attribute_values(model: onnx.ModelProto) -> dict[str, Any]:
+    """The node's attributes as the model loader passes them (tensors as numpy, strings as str)."""
+    values: dict[str, Any] = {}
+    for attribute in model.graph.node[0].attribute:
+        if attribute.type == onnx.AttributeProto.TENSOR:
+            values[attribute.name] = onnx.numpy_helper.to_array(attribute.t)
+            continue
+        value = onnx.helper.get_attribute_value(attribute)
+        values[attribute.name] = value.decode() if isinstance(value, bytes) else value
+    return values
+
+
+def run_onnxruntime(model: onnx.ModelProto, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feeds = {f"in{i}": a for i, a in enumerate(arrays) if a is not None}
+    return [np.asarray(r) for r in session.run(None, feeds)]
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
+    """float: ||a - e|| / ||e|| < 1e-4 over finite values, same NaN/inf positions; others: exact."""
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    if expected.dtype.kind != "f":
+        mismatches = int(np.count_nonzero(actual != expected))
+        assert mismatches == 0, f"{what}: {mismatches} of {expected.size} elements differ\n{actual}\n{expected}"
+        return
+    a = actual.astype(np.float64)
+    e = expected.astype(np.float64)
+    assert np.array_equal(np.isnan(a), np.isnan(e)), f"{what}: NaN positions differ"
+    finite = np.isfinite(e)
+    assert np.array_equal(a[~finite & ~np.isnan(e)], e[~finite & ~np.isnan(e)]), f"{what}: infinities differ"
+    norm = max(float(np.linalg.norm(e[finite])), 1e-30)
+    error = float(np.linalg.norm(a[finite] - e[finite]))
+    assert error <= 1e-4 * norm, f"{what}: relative error {error / norm:.3g}"
+
+
+def make_inputs(case: Case) -> list[np.ndarray | None]:
+    rng = np.random.default_rng()
+    return [generate(rng) for generate in case.inputs]
+
+
+def check_reference(case: Case) -> None:
+    if not case.in_onnxruntime:
+        pytest.skip(f"onnxruntime's CPU provider has no kernel for {case.id}")
+    arrays = make_inputs(case)
+    operator = get_operator(case.op_type, case.opset)
+    # The reference gives the output dtypes the ONNX graph declares.
+    provisional = onnx_model(case, arrays, [np.dtype(np.float32)] * case.outputs)
+    expected = operator.reference(arrays, attribute_values(provisional), [])
+    model = onnx_model(case, arrays, [e.dtype for e in expected])
+    actual = run_onnxruntime(model, arrays)
+    assert len(actual) == len(expected)
+    for index, (ours, theirs) in enumerate(zip(expected, actual)):
+        assert_close(ours, theirs, f"{case.id} output {index} (reference vs onnxruntime)")
+
+
+def caps_of(device: BackendDevice) -> DeviceCaps:
+    return DeviceCaps(frozenset(device.features), device.limits)
+
+
+def check_plan(case: Case, device: BackendDevice) -> None:
+    arrays = make_inputs(case)
+    operator = get_operator(case.op_type, case.opset)
+    attrs = attribute_values(onnx_model(case, arrays, [np.dtype(np.float32)] * case.outputs))
+    expected = operator.reference(arrays, attrs, [])
+    input_infos = [None if a is None else TensorInfo(a.shape, a.dtype) for a in arrays]
+    output_infos = [TensorInfo(e.shape, e.dtype) for e in expected]
+    constants = {i: a for i, a in enumerate(arrays) if i in case.constants and a is not None}
+    if not case.on_device:
+        with pytest.raises(NotOnDevice) as raised:
+            operator.plan(input_infos, output_infos, attrs, caps_of(device), constants)
+        assert case.op_type in str(raised.value)
+        return
+    plan = operator.plan(input_infos, output_infos, attrs, caps_of(device), constants)
+    actual = run_plan(device, plan, arrays, output_infos)
+    for index, (ours, reference) in enumerate(zip(actual, expected)):
+        assert_close(ours, reference, f"{case.id} output {index} ({device.info.backend_type} vs reference)")
+
+
+def open_device(backend_name: str) -> BackendDevice:
+    if backend_name == "fake":
+        from ortgpu_core.backends.fake import FakeBackend
+
+        return FakeBackend().open_device(0)
+    from ortgpu_core.backends.wgpu_native import WgpuBackend
+
+    backend = WgpuBackend()
+    return backend.open_device(backend.default_adapter_index())
+
+
+# -- cases -------------------------------------------------------------------------------
+
+UNARY_FLOAT = ["Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Relu", "Sigmoid", "Tanh", "Erf", "HardSigmoid"]
+
+CASES: list[Case] = []
+for op in UNARY_FLOAT:
+    positive = op in ("Sqrt", "Log")
+    generator = floats(3, 67, low=0.01, high=10.0) if positive else floats(3, 67, scale=3.0)
+    CASES.append(Case(op, [generator], opset=13))
+CASES += [
+    Case("Exp", [floats(2, 5)], opset=7, label="old"),
+    Case("Sigmoid", [floats(1000, scale=30.0)], label="large"),
+    Case("Tanh", [floats(1000, scale=30.0)], label="large"),
+    Case("Erf", [floats(4, 250, scale=2.0)], label="wide"),
+    Case("Neg", [ints(5, 7)], label="int32"),
+    Case("Abs", [ints(5, 7)], label="int32"),
+    Case("Relu", [ints(5, 7)], opset=14, label="int32"),
+    Case("Neg", [ints(5, 7, dtype=np.int64)], on_device=False, label="int64"),
+    Case("Sqrt", [lambda rng: rng.uniform(0.1, 4, (9,)).astype(np.float64)], on_device=False, label="float64"),
+    Case("LeakyRelu", [floats(4, 33)], {"alpha": 0.2}),
+    Case("LeakyRelu", [floats(4, 33)], label="default"),
+    Case("HardSigmoid", [floats(4, 33, scale=4)], {"alpha": 0.3, "beta": 0.4}, label="attrs"),
+    Case("HardSwish", [floats(4, 33, scale=4)], opset=14),
+    Case("Gelu", [floats(5, 41, scale=3)], opset=20),
+    Case("Gelu", [floats(5, 41, scale=3)], {"approximate": "tanh"}, opset=20, label="tanh"),
+    Case("Sqrt", [halves(3, 11)], label="float16"),
+    # binary arithmetic, broadcasting
+    Case("Add", [floats(2, 3, 4, 5), floats(4, 1)]),
+    Case("Add", [floats(1), floats(3, 7)], label="scalar-left"),
+    Case("Add", [ints(3, 1, 5), ints(4, 1)], label="int32"),
+    Case("Add", [ints(3, 5, dtype=np.int64), ints(5, dtype=np.int64)], on_device=False, label="int64"),
+    Case("Add", [halves(3, 5), halves(5)], label="float16"),
+    Case("Sub", [floats(6, 7), floats(6, 7)]),
+    Case("Sub", [ints(6, 7), ints(7)], label="int32"),
+    Case("Mul", [floats(8, 1, 3), floats(1, 5, 3)]),
+    Case("Mul", [ints(6, 7), ints(6, 1)], label="int32"),
+    Case("Div", [floats(6, 7), floats(low=0.5, high=3.0)], label="scalar"),
+    Case("Div", [floats(6, 7), floats(7, low=0.5, high=3.0)]),
+    Case("Div", [ints(6, 7), ints(7, low=1, high=9)], label="int32-positive"),
+    Case("Div", [ints(6, 7), ints(7, low=-9, high=-1)], label="int32-truncation"),
+    Case("Add", [floats(2, 3), floats(3)], opset=7, label="opset7"),
+    Case("Pow", [floats(4, 9, low=0.1, high=3.0), floats(9, low=-2.0, high=2.0)]),
+    Case("Pow", [floats(4, 9), const(2.0, np.float32)], label="square"),
+    Case("Pow", [floats(4, 9), const(2.0, np.float32)], constants=frozenset({1}), label="square-constant"),
+    Case("Pow", [floats(4, 9, low=0.1, high=4.0), const(0.5, np.float32)], constants=frozenset({1}), label="sqrt"),
+    Case("Pow", [floats(4, 9), ints(9, low=-3, high=4, dtype=np.int64)], opset=15, label="int-exponent"),
+    Case("Pow", [floats(4, 9), ints(9, low=-3, high=4, dtype=np.int32)], opset=15, label="int32-exponent"),
+    # comparisons and Not
+    Case("Equal", [ints(5, 9, low=-3, high=3), ints(9, low=-3, high=3)], opset=13),
+    Case("Equal", [ints(5, 9, low=-3, high=3, dtype=np.int64), ints(5, 1, low=-3, high=3, dtype=np.int64)], label="int64"),
+    Case("Equal", [bools(7, 3), bools(3)], label="bool"),
+    Case("Equal", [floats(2, 11), floats(2, 11)], label="float"),
+    Case("Less", [floats(3, 13), floats(13)]),
+    Case("Less", [ints(3, 13, low=-(2**40), high=2**40, dtype=np.int64), ints(13, low=-(2**40), high=2**40, dtype=np.int64)], label="int64"),
+    Case("Less", [ints(3, 13, low=-3, high=3), ints(3, 13, low=-3, high=3)], label="int32"),
+    Case("Greater", [floats(3, 13), floats(3, 1)]),
+    Case("Greater", [ints(6, low=-(2**40), high=2**40, dtype=np.int64), ints(6, low=-(2**40), high=2**40, dtype=np.int64)], label="int64"),
+    Case("Greater", [ints(2, 5, low=0, high=4, dtype=np.uint8), ints(5, low=0, high=4, dtype=np.uint8)], label="uint8"),
+    Case("LessOrEqual", [ints(3, 13, low=-3, high=3, dtype=np.int64), ints(13, low=-3, high=3, dtype=np.int64)], opset=16),
+    Case("Not", [bools(3, 17)]),
+    # Clip, both forms
+    Case("Clip", [floats(4, 25, scale=2)], {"min": -0.5, "max": 0.7}, opset=6, label="attributes"),
+    Case("Clip", [floats(4, 25, scale=2)], {"max": 0.7}, opset=6, label="attribute-max"),
+    Case("Clip", [floats(4, 25, scale=2), const(-0.5, np.float32), const(0.7, np.float32)], opset=11, label="inputs"),
+    Case(
+        "Clip",
+        [floats(4, 25, scale=2), const(-0.5, np.float32), const(0.7, np.float32)],
+        opset=13,
+        constants=frozenset({1, 2}),
+        label="constant-inputs",
+    ),
+    Case("Clip", [floats(4, 25, scale=2), absent(), const(0.1, np.float32)], opset=13, label="max-only"),
+    Case("Clip", [floats(4, 25, scale=2)], opset=13, label="no-bounds"),
+    Case("Clip", [floats(9), const(1.0, np.float32), const(-1.0, np.float32)], opset=13, label="min-above-max"),
+    Case("Clip", [ints(4, 25), const(-5, np.int32), const(20, np.int32)], opset=13, label="int32"),
+    # Where
+    Case("Where", [bools(3, 1), floats(3, 5), floats(5)]),
+    Case("Where", [bools(4, 6), ints(4, 6, dtype=np.int64), ints(1, dtype=np.int64)], label="int64"),
+    Case("Where", [bools(9), ints(9, low=0, high=256, dtype=np.uint8), ints(1, low=0, high=256, dtype=np.uint8)], label="uint8"),
+    Case("Where", [bools(9), bools(9), bools(1)], label="bool", in_onnxruntime=False),
+    Case("Where", [bools(2, 1, 7), halves(3, 1), halves(2, 3, 7)], label="float16"),
+]
+
+_CAST_SOURCES: dict[str, Generator] = {
+    "float32": floats(5, 23, low=-200.0, high=200.0),
+    "float32-nonnegative": floats(5, 23, low=0.0, high=250.0),
+    "int32": ints(5, 23, low=-1000, high=1000),
+    "int64": ints(5, 23, low=-(2**40), high=2**40, dtype=np.int64),
+    "int64-small": ints(5, 23, low=-(2**20), high=2**20, dtype=np.int64),
+    "bool": bools(5, 23),
+    "uint8": ints(5, 23, low=0, high=256, dtype=np.uint8),
+    "float16": halves(5, 23),
+}
+_T = onnx.TensorProto
+_CAST_TARGETS = {"float32": _T.FLOAT, "float16": _T.FLOAT16, "int32": _T.INT32, "int64": _T.INT64, "bool": _T.BOOL, "uint8": _T.UINT8}
+for source_name, source in _CAST_SOURCES.items():
+    for target_name, code in _CAST_TARGETS.items():
+        base = source_name.split("-")[0]
+        if base == "float32" and target_name == "int64" and source_name != "float32":
+            continue
+        if base == "int64" and source_name == "int64-small" and target_name != "float32":
+            continue
+        on_device = not (base == "int64" and target_name in ("float32", "float16"))
+        CASES.append(Case("Cast", [source], {"to": code}, on_device=on_device, label=f"{source_name}-to-{target_name}"))
+CASES.append(Case("Cast", [floats(3, 4)], {"to": _T.FLOAT}, opset=6, label="identity-opset6"))
+
+
+@pytest.fixture(scope="module", params=["fake", "wgpu"])
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def op_device(backend_name: str) -> Iterator[BackendDevice]:
+    device = open_device(backend_name)
+    try:
+        yield device
+        gc.collect()
+        assert device.live_handles() == 0, "operator tests leaked device objects"
+    finally:
+        device.destroy()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_reference_matches_onnxruntime(case: Case) -> None:
+    check_reference(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_plan_matches_reference(case: Case, op_device: BackendDevice) -> None:
+    check_plan(case, op_device)
+
+
+# -- helpers and edge cases -------------------------------------------------------------
+
+
+def test_grid_for_spreads_large_counts_over_two_dimensions() -> None:
+    from ortgpu_core.backends.fake import DEFAULT_FAKE_LIMITS
+
+    assert grid_for(1000, 256, DEFAULT_FAKE_LIMITS) == (4, 1, 1)
+    assert grid_for(0, 256, DEFAULT_FAKE_LIMITS) == (1, 1, 1)
+    x, y, z = grid_for(70_000 * 256, 256, DEFAULT_FAKE_LIMITS)
+    assert x <= 65535 and y <= 65535 and z == 1 and x * y >= 70_000
+
+
+def test_large_elementwise_uses_a_two_dimensional_grid(op_device: BackendDevice) -> None:
+    """More than 65535 workgroups of output: the kernel must index through both grid dimensions."""
+    count = 65536 * 256 + 1000  # 65540 workgroups of 256
+    operator = get_operator("Add", 17)
+    rng = np.random.default_rng()
+    a = rng.standard_normal(count).astype(np.float32)
+    b = np.float32(rng.standard_normal(1)).reshape(1)
+    infos = [TensorInfo(a.shape, a.dtype), TensorInfo(b.shape, b.dtype)]
+    out = [TensorInfo(a.shape, a.dtype)]
+    plan = operator.plan(infos, out, {}, caps_of(op_device), {})
+    assert plan.kernels[0].grid[1] > 1
+    (result,) = run_plan(op_device, plan, [a, b], out)
+    np.testing.assert_array_equal(result, a + b)
+
+
+def test_bool_output_of_odd_length_writes_whole_words(op_device: BackendDevice) -> None:
+    operator = get_operator("Less", 17)
+    for count in (1, 2, 3, 5, 1023):
+        a = np.arange(count, dtype=np.float32)
+        b = np.full(1, count / 2, dtype=np.float32)
+        infos = [TensorInfo(a.shape, a.dtype), TensorInfo(b.shape, b.dtype)]
+        out = [TensorInfo(a.shape, np.dtype(np.bool_))]
+        (result,) = run_plan(op_device, operator.plan(infos, out, {}, caps_of(op_device), {}), [a, b], out)
+        np.testing.assert_array_equal(result, a < b)
+
+
+def test_unsupported_variants_name_the_op() -> None:
+    with pytest.raises(UnsupportedOpError, match="Gelu"):
+        get_operator("Gelu", 20).reference([np.zeros(2, np.float32)], {"approximate": "erfc"}, [])
+    with pytest.raises(UnsupportedOpError, match="Cast"):
+        get_operator("Cast", 13).reference([np.zeros(2, np.float32)], {"to": onnx.TensorProto.STRING}, [])
+    with pytest.raises(UnsupportedOpError, match="Not"):
+        get_operator("Not", 13).reference([np.zeros(2, np.float32)], {}, [])
+
+
+def test_empty_outputs_need_no_kernel() -> None:
+    from ortgpu_core.backends.fake import DEFAULT_FAKE_LIMITS
+
+    caps = DeviceCaps(frozenset(), DEFAULT_FAKE_LIMITS)
+    info = TensorInfo((0, 3), np.dtype(np.float32))
+    assert get_operator("Relu", 14).plan([info], [info], {}, caps, {}).kernels == ()
+    assert get_operator("Add", 14).plan([info, info], [info], {}, caps, {}).kernels == ()
