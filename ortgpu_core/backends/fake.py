@@ -374,6 +374,11 @@ class FakeDevice:
         return self._destroyed or self._lost_reason is not None
 
     @property
+    def destroyed(self) -> bool:
+        """Whether ``destroy()`` was called."""
+        return self._destroyed
+
+    @property
     def lost_reason(self) -> str | None:
         """Why the device was lost, or ``None`` while it is usable."""
         if self._destroyed:
@@ -393,8 +398,8 @@ class FakeDevice:
             self._stats = FakeDeviceStats(live_buffer_bytes=live, peak_buffer_bytes=live)
 
     def lose(self, reason: str = "device lost (injected)") -> None:
-        """Lose the device now: every later call except the frees and ``destroy`` raises
-        :class:`DeviceLostError` carrying ``reason``.  Handles stay counted until freed."""
+        """Lose the device now: every later call except the frees, ``destroy`` and the accessors
+        raises :class:`DeviceLostError` carrying ``reason``.  Handles stay counted until freed."""
         with self._lock:
             if self._lost_reason is None:
                 self._lost_reason = reason
@@ -514,13 +519,21 @@ class FakeDevice:
     def destroy_buffer(self, buffer: int) -> None:
         """Free the buffer now.  Bind groups that use it stay alive but can no longer be dispatched.
 
-        Works on a lost device; freeing a handle twice raises :class:`ValidationError`.
+        Freeing works on a lost device (releasing is always valid in WebGPU),
+        and freeing a handle that ``destroy()`` already freed does nothing, so
+        cleanup paths need no special case; freeing a handle twice otherwise
+        raises :class:`ValidationError`.
         """
         with self._lock:
             freed = self._buffers.get(buffer)
             self._free(buffer, "buffer", self._buffers)
             if freed is not None:
                 self._stats.live_buffer_bytes -= freed.size
+
+    def buffer_size(self, buffer: int) -> int:
+        """The size in bytes of a live buffer."""
+        with self._lock:
+            return self._buffer(buffer, "buffer_size").size
 
     def _check_range(self, buffer: _Buffer, offset: int, size: int, role: str) -> None:
         _check_aligned(f"{role}: offset", offset)
@@ -537,9 +550,8 @@ class FakeDevice:
             self._check_usable()
             target = self._buffer(buffer, "write_buffer")
             view = memoryview(data)
-            if not view.c_contiguous:
-                raise InvalidArgumentError("write_buffer: data must be C-contiguous")
-            source = np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view, dtype=np.uint8)
+            raw = view.cast("B") if view.c_contiguous else view.tobytes()  # bytes in C order, like bytes(view)
+            source = np.frombuffer(raw, dtype=np.uint8)
             self._check_range(target, offset, source.size, f"write_buffer into buffer {buffer}")
             target.data[offset : offset + source.size] = source
             self._stats.writes += 1
@@ -657,6 +669,17 @@ class FakeDevice:
             self._free(bind_group, "bind group", self._bind_groups)
 
     # -- submission ------------------------------------------------------------
+    def validate_commands(self, commands: CommandList) -> None:
+        """Raise :class:`ValidationError` if ``submit(commands)`` would reject a record; execute nothing.
+
+        The same checks ``submit`` makes (handles live, ranges, usages, grid
+        limits, layouts, aliasing), without counting a submit for fault injection.
+        """
+        with self._lock:
+            self._check_usable()
+            for index, record in enumerate(commands.records()):
+                self._validate(index, record)
+
     def submit(self, commands: CommandList) -> None:
         """Validate every record of ``commands``, then execute them in order.
 
@@ -767,19 +790,19 @@ class FakeDevice:
 
 
 def _writable_aliasing(ranges: Sequence[_BoundRange], declared: dict[int, _DeclaredBinding]) -> str | None:
-    # WebGPU forbids a writable storage binding to overlap any other binding of
-    # the same buffer in one dispatch.  Only checked when the WGSL says which
-    # bindings are writable.
+    # A read_write storage binding is an exclusive usage of its buffer within a
+    # dispatch.  wgpu-native tracks usages per *buffer*, so it rejects two
+    # bindings of one buffer even on disjoint ranges (the WebGPU spec only
+    # forbids overlapping ones); the fake follows wgpu-native, which is what
+    # ortgpu runs on.  Only checked when the WGSL says which bindings are writable.
     for i, first in enumerate(ranges):
         for second in ranges[i + 1 :]:
-            if first.buffer != second.buffer:
-                continue
-            overlap = first.offset < second.offset + second.size and second.offset < first.offset + first.size
             writable = any(b in declared and declared[b].writable for b in (first.binding, second.binding))
-            if overlap and writable:
+            if first.buffer == second.buffer and writable:
                 return (
-                    f"bindings {first.binding} and {second.binding} overlap in buffer {first.buffer} and one is "
-                    "writable (read_write storage), which WebGPU forbids; bind disjoint ranges or separate buffers"
+                    f"bindings {first.binding} and {second.binding} both use buffer {first.buffer} and one is "
+                    "read_write storage, an exclusive usage within a dispatch (wgpu-native rejects it even for "
+                    "disjoint ranges); use a separate buffer"
                 )
     return None
 
@@ -823,7 +846,8 @@ class FakeBackend:
     def open_device(self, adapter_index: int) -> FakeDevice:
         """Open a new device on adapter ``adapter_index``."""
         if isinstance(adapter_index, bool) or not isinstance(adapter_index, int) or not 0 <= adapter_index < len(self._specs):
-            raise InvalidArgumentError(
+            # ValidationError, as the wgpu backend raises.
+            raise ValidationError(
                 f"adapter index {adapter_index!r} is out of range: the fake backend has {len(self._specs)} adapter(s)"
             )
         spec = self._specs[adapter_index]
@@ -847,6 +871,12 @@ class FakeBackend:
         """One line per live handle over every device: for leak-check failure messages."""
         with self._lock:
             return [line for device in self._devices for line in device.describe_live_handles()]
+
+    def close(self) -> None:
+        """Destroy every device this backend opened.  Idempotent; the backend can still open new devices."""
+        with self._lock:
+            for device in self._devices:
+                device.destroy()
 
     @staticmethod
     def _info(index: int, spec: FakeDeviceSpec) -> AdapterInfo:
