@@ -309,3 +309,33 @@ def test_conv_epilogue(device: Any, epilogue: tuple[tuple[Any, ...], ...], out_c
     attrs = {"pads": [1, 1, 1, 1]}
     check_reference("Conv", 11, inputs, attrs, epilogue=epilogue, own_inputs=3)
     check_device(device, "Conv", 11, inputs, dict(attrs, _epilogue=epilogue))
+
+
+# -- ConvTranspose ---------------------------------------------------------------------------------------------------
+
+CONV_TRANSPOSE_CASES: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = [
+    ((1, 3, 4, 5), (3, 2, 3, 3), {}),
+    ((2, 4, 3, 4), (4, 3, 3, 2), {"group": 2, "strides": [2, 3], "pads": [1, 0, 0, 1]}),
+    ((1, 2, 4, 4), (2, 3, 3, 3), {"strides": [2, 2], "output_padding": [1, 0], "dilations": [1, 2]}),
+    ((1, 2, 3, 5), (2, 2, 3, 3), {"strides": [2, 2], "output_shape": [7, 10]}),
+    ((1, 2, 3, 5), (2, 2, 3, 3), {"strides": [2, 2], "output_shape": [8, 10], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 3, 5), (2, 2, 4, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 3, 5), (2, 2, 4, 3), {"strides": [3, 2], "auto_pad": "SAME_LOWER"}),
+    ((2, 3, 6), (3, 4, 3), {"strides": [2], "pads": [1, 2]}),
+]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", CONV_TRANSPOSE_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_transpose_reference(x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: dict[str, Any],
+                                  bias: bool) -> None:
+    group = attrs.get("group", 1)
+    b = rand(w_shape[1] * group) if bias else None
+    check_reference("ConvTranspose", 11, [rand(*x_shape), rand(*w_shape), b], attrs)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", CONV_TRANSPOSE_CASES)
+def test_conv_transpose_device(device: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...],
+                               attrs: dict[str, Any]) -> None:
+    group = attrs.get("group", 1)
+    check_device(device, "ConvTranspose", 11, [rand(*x_shape), rand(*w_shape), rand(w_shape[1] * group)], attrs)

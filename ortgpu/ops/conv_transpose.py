@@ -1,0 +1,208 @@
+"""ConvTranspose (N-d reference; 1-D and 2-D on the device): groups, strides, pads, auto_pad, output_padding,
+output_shape, dilations, optional bias.
+
+The device kernel gathers: one invocation per output element sums the input positions whose scattered taps
+land on it (``oy + pad - ky * dilation`` divisible by the stride).  Like Conv it honours ``_epilogue`` (extra
+inputs from index 3) after the bias.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ortgpu_core._errors import UnsupportedOpError
+
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._registry import register
+from ._tiling import (
+    THREADS,
+    BindingTable,
+    EpilogueStep,
+    apply_epilogue,
+    epilogue_function,
+    grid_for_groups,
+    parse_epilogue,
+    require_float32,
+    single_kernel_plan,
+    workgroup_index,
+)
+from .conv import _auto_pad, ints
+
+__all__ = ["ConvTranspose", "conv_transpose_geometry"]
+
+
+def conv_transpose_geometry(
+    x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: Mapping[str, Any]
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(kernel, strides, dilations, pads_begin, output_padding, out spatial) per the ONNX spec."""
+    rank = len(x_shape) - 2
+    if rank < 1 or len(w_shape) != len(x_shape):
+        raise UnsupportedOpError(f"ConvTranspose: X {x_shape} and W {w_shape} must have the same rank >= 3")
+    group = int(attrs.get("group", 1))
+    if x_shape[1] != w_shape[0] or w_shape[0] % group:
+        raise UnsupportedOpError(f"ConvTranspose: channels of X {x_shape} and W {w_shape} do not match group={group}")
+    kernel = ints(attrs.get("kernel_shape"), w_shape[2:])
+    strides = ints(attrs.get("strides"), [1] * rank)
+    dilations = ints(attrs.get("dilations"), [1] * rank)
+    output_padding = ints(attrs.get("output_padding"), [0] * rank)
+    spatial = x_shape[2:]
+    extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    full = [s * (n - 1) + op + e for s, n, op, e in zip(strides, spatial, output_padding, extents)]
+    auto_pad = _auto_pad(attrs)
+    output_shape = attrs.get("output_shape")
+    if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        if output_shape is not None:
+            out = list(ints(output_shape, []))[-rank:]
+        else:
+            out = [n * s for n, s in zip(spatial, strides)]
+        totals = [f - o for f, o in zip(full, out)]
+        halves = [int(t / 2) for t in totals]  # C division (towards zero), as onnxruntime distributes it
+        if auto_pad == "SAME_UPPER":
+            begin = halves
+        else:
+            begin = [t - h for t, h in zip(totals, halves)]
+    else:
+        pads = ints(attrs.get("pads"), [0] * (2 * rank)) if auto_pad != "VALID" else (0,) * (2 * rank)
+        if len(pads) != 2 * rank:
+            raise UnsupportedOpError(f"ConvTranspose: pads must have {2 * rank} entries")
+        begin = list(pads[:rank])
+        out = [f - b - e for f, b, e in zip(full, pads[:rank], pads[rank:])]
+    return kernel, strides, dilations, tuple(begin), output_padding, tuple(out)
+
+
+def _steps(attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...] | None], out_shape: tuple[int, ...]) -> list[EpilogueStep]:
+    steps: list[EpilogueStep] = []
+    bias = shapes[2] if len(shapes) > 2 else None
+    if bias is not None:
+        if bias != (out_shape[1],):
+            raise UnsupportedOpError(f"ConvTranspose: bias of shape {bias} must be ({out_shape[1]},)")
+        steps.append(EpilogueStep("add", 2, 1.0, (out_shape[1],) + (1,) * (len(out_shape) - 2)))
+    return steps + parse_epilogue("ConvTranspose", attrs, 3, shapes, out_shape)
+
+
+@register
+class ConvTranspose(Operator):
+    """ConvTranspose-1/11."""
+
+    op_type = "ConvTranspose"
+    since_version = 1
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        x, w = inputs[0], inputs[1]
+        assert x is not None and w is not None
+        kernel, strides, dilations, begin, _, out = conv_transpose_geometry(x.shape, w.shape, attrs)
+        group = int(attrs.get("group", 1))
+        batch, channels = x.shape[:2]
+        cout_g = w.shape[1]
+        spatial = x.shape[2:]
+        shift = [max(0, -b) for b in begin]
+        lengths = [
+            sh + max((n - 1) * s + (k - 1) * d + 1, b + o)
+            for sh, n, s, k, d, b, o in zip(shift, spatial, strides, kernel, dilations, begin, out)
+        ]
+        buffer = np.zeros((batch, group, cout_g) + tuple(lengths), dtype=np.float64)
+        xs = x.reshape((batch, group, channels // group) + spatial).astype(np.float64)
+        ws = w.reshape((group, channels // group, cout_g) + tuple(kernel)).astype(np.float64)
+        for offset in itertools.product(*(range(k) for k in kernel)):
+            tap = ws[(slice(None),) * 3 + tuple(offset)]
+            target = tuple(
+                slice(sh + k * d, sh + k * d + (n - 1) * s + 1, s)
+                for sh, k, d, n, s in zip(shift, offset, dilations, spatial, strides)
+            )
+            buffer[(slice(None),) * 3 + target] += np.einsum("ngc...,gcm->ngm...", xs, tap)
+        crop = tuple(slice(sh + b, sh + b + o) for sh, b, o in zip(shift, begin, out))
+        y = buffer[(slice(None),) * 3 + crop].reshape((batch, group * cout_g) + tuple(out)).astype(x.dtype)
+        shapes = [None if a is None else tuple(a.shape) for a in inputs]
+        return [apply_epilogue(y, _steps(attrs, shapes, tuple(y.shape)), inputs)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        x, w = inputs[0], inputs[1]
+        assert x is not None and w is not None
+        require_float32("ConvTranspose", list(inputs) + list(outputs))
+        if len(x.shape) not in (3, 4):
+            raise NotOnDevice(f"ConvTranspose: the WebGPU kernel covers 1-D and 2-D, not {len(x.shape) - 2}-D")
+        kernel, strides, dilations, begin, _, out = conv_transpose_geometry(x.shape, w.shape, attrs)
+        group = int(attrs.get("group", 1))
+        out_shape = (x.shape[0], w.shape[1] * group) + out
+        steps = _steps(attrs, [None if a is None else a.shape for a in inputs], out_shape)
+        total = int(np.prod(out_shape, dtype=np.int64))
+        if total == 0:
+            return OpPlan()
+        if len(x.shape) == 3:
+            kernel, strides, dilations, begin, out = (1,) + kernel, (1,) + strides, (1,) + dilations, (0,) + begin, (1,) + out
+            in_h, in_w = 1, x.shape[2]
+        else:
+            in_h, in_w = x.shape[2], x.shape[3]
+        table = BindingTable()
+        x_name = table.add(Binding("input", 0))
+        w_name = table.add(Binding("input", 1))
+        output = table.add(Binding("output", 0), writable=True)
+        epilogue = epilogue_function(steps, out_shape, table)
+        grid = grid_for_groups(-(-total // THREADS), caps)
+        channels, cout_g = x.shape[1], w.shape[1]
+        wgsl = f"""{table.declarations()}
+const CIN: u32 = {channels}u;
+const CIN_G: u32 = {channels // group}u;
+const COUT: u32 = {cout_g * group}u;
+const COUT_G: u32 = {cout_g}u;
+const H: i32 = {in_h};
+const W: i32 = {in_w};
+const KH: u32 = {kernel[0]}u;
+const KW: u32 = {kernel[1]}u;
+const SH: i32 = {strides[0]};
+const SW: i32 = {strides[1]};
+const DH: i32 = {dilations[0]};
+const DW: i32 = {dilations[1]};
+const PH: i32 = {begin[0]};
+const PW: i32 = {begin[1]};
+const OH: u32 = {out[0]}u;
+const OW: u32 = {out[1]}u;
+const TOTAL: u32 = {total}u;
+{epilogue}
+@compute @workgroup_size({THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
+    let index = {workgroup_index(grid)} * {THREADS}u + li;
+    if (index >= TOTAL) {{ return; }}
+    let ox = i32(index % OW);
+    let oy = i32((index / OW) % OH);
+    let co = (index / (OW * OH)) % COUT;
+    let image = index / (OW * OH * COUT);
+    let g = co / COUT_G;
+    let m = co % COUT_G;
+    var acc = 0.0;
+    for (var ky = 0u; ky < KH; ky = ky + 1u) {{
+        let ty = oy + PH - i32(ky) * DH;
+        if (ty < 0 || ty % SH != 0 || ty / SH >= H) {{ continue; }}
+        let iy = ty / SH;
+        for (var kx = 0u; kx < KW; kx = kx + 1u) {{
+            let tx = ox + PW - i32(kx) * DW;
+            if (tx < 0 || tx % SW != 0 || tx / SW >= W) {{ continue; }}
+            let ix = tx / SW;
+            let x_offset = u32(iy * W + ix);
+            for (var ci = 0u; ci < CIN_G; ci = ci + 1u) {{
+                let c = g * CIN_G + ci;
+                acc = fma({x_name}[(image * CIN + c) * u32(H * W) + x_offset],
+                          {w_name}[((c * COUT_G + m) * KH + ky) * KW + kx], acc);
+            }}
+        }}
+    }}
+    {output}[index] = epilogue(acc, index);
+}}
+"""
+        compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
+        return single_kernel_plan("ConvTranspose", wgsl, grid, table, compute, inputs, outputs, caps)
