@@ -486,7 +486,7 @@ class _Planner:
                     slot = _take_slot(padded_size(tensors[name].info.nbytes), slot_sizes, free_slots)
                     slot_of[name] = slot
                     dying_at.setdefault(last_use.get(name, index), []).append(name)
-            scratch = ()
+            scratch: tuple[int, ...] = ()
             if step.op_plan is not None and step.op_plan.scratch_sizes:
                 for size in step.op_plan.scratch_sizes:
                     if padded_size(size) > self.caps.limits.max_storage_buffer_binding_size:
@@ -515,8 +515,8 @@ class _Planner:
             if tensors[source].storage == "constant":
                 used_constants[source] = constants[source]
                 uploaded.add(source)
-        placement = [
-            (node_name, op_type, step.placement, step.reason)
+        placement: list[tuple[str, str, str, str]] = [
+            (node_name, op_type, str(step.placement), step.reason)
             for step in planned_steps
             for node_name, op_type in zip(step.node_names, step.op_types)
         ]
