@@ -118,7 +118,8 @@ def check_reference(
     n_outputs: int = 1, epilogue: Sequence[tuple[Any, ...]] = (), own_inputs: int | None = None,
 ) -> list[np.ndarray]:
     fused = dict(attrs, _epilogue=tuple(epilogue)) if epilogue else attrs
-    ours = reference(op_type, opset, inputs, fused)
+    dummy = [TensorInfo((), np.dtype(np.float32))] * n_outputs
+    ours = get_operator(op_type, opset).reference(inputs, fused, dummy)
     theirs = ort_run(op_type, inputs, attrs, opset, n_outputs, epilogue, own_inputs)
     assert len(ours) >= n_outputs
     for got, want in zip(ours, theirs):
@@ -339,3 +340,130 @@ def test_conv_transpose_device(device: Any, x_shape: tuple[int, ...], w_shape: t
                                attrs: dict[str, Any]) -> None:
     group = attrs.get("group", 1)
     check_device(device, "ConvTranspose", 11, [rand(*x_shape), rand(*w_shape), rand(w_shape[1] * group)], attrs)
+
+
+# -- pooling -----------------------------------------------------------------------------------------------------------
+
+POOL_CASES: list[tuple[tuple[int, ...], dict[str, Any]]] = [
+    ((1, 3, 8, 8), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ((2, 2, 7, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 2, 7, 9), {"kernel_shape": [3, 2], "strides": [2, 3], "ceil_mode": 1, "pads": [0, 1, 1, 0]}),
+    ((1, 2, 7, 8), {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 7, 8), {"kernel_shape": [2, 3], "strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ((1, 2, 7, 8), {"kernel_shape": [3, 3], "auto_pad": "VALID", "strides": [1, 2]}),
+    ((2, 3, 10), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+]
+
+
+@pytest.mark.parametrize("x_shape,attrs", POOL_CASES)
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_average_pool_reference(x_shape: tuple[int, ...], attrs: dict[str, Any], include_pad: int) -> None:
+    check_reference("AveragePool", 11, [rand(*x_shape)], dict(attrs, count_include_pad=include_pad))
+
+
+def test_average_pool_dilations_reference() -> None:
+    attrs = {"kernel_shape": [2, 2], "dilations": [2, 1], "pads": [1, 1, 0, 1], "count_include_pad": 1}
+    check_reference("AveragePool", 19, [rand(1, 2, 7, 7)], attrs)
+    attrs = {"kernel_shape": [2, 2], "dilations": [2, 2], "pads": [1, 1, 0, 1]}
+    check_reference("AveragePool", 19, [rand(1, 2, 7, 7)], attrs)
+    with pytest.raises(UnsupportedOpError):
+        reference("AveragePool", 11, [rand(1, 2, 7, 7)], attrs)
+
+
+@pytest.mark.parametrize("x_shape,attrs", POOL_CASES + [((1, 2, 9, 9), {"kernel_shape": [2, 2], "dilations": [2, 2]})])
+@pytest.mark.parametrize("indices", [False, True])
+def test_max_pool_reference(x_shape: tuple[int, ...], attrs: dict[str, Any], indices: bool) -> None:
+    check_reference("MaxPool", 12, [rand(*x_shape)], attrs, n_outputs=2 if indices else 1)
+
+
+def test_max_pool_column_major_indices() -> None:
+    check_reference("MaxPool", 12, [rand(2, 2, 6, 5)], {"kernel_shape": [2, 2], "storage_order": 1}, n_outputs=2)
+
+
+@pytest.mark.parametrize("x_shape,attrs", POOL_CASES[1:4] + POOL_CASES[6:])
+def test_pool_device(device: Any, x_shape: tuple[int, ...], attrs: dict[str, Any]) -> None:
+    x = rand(*x_shape)
+    check_device(device, "MaxPool", 12, [x], dict(attrs, dilations=[1] * (len(x_shape) - 2)))
+    check_device(device, "AveragePool", 11, [x], dict(attrs, count_include_pad=0))
+    check_device(device, "AveragePool", 11, [x], dict(attrs, count_include_pad=1))
+
+
+def test_max_pool_indices_stay_on_cpu(device: Any) -> None:
+    caps = DeviceCaps(frozenset(device.features), device.limits)
+    info = TensorInfo((1, 1, 4, 4), np.dtype(np.float32))
+    outputs = [TensorInfo((1, 1, 2, 2), np.dtype(np.float32)), TensorInfo((1, 1, 2, 2), np.dtype(np.int64))]
+    with pytest.raises(NotOnDevice, match="Indices"):
+        get_operator("MaxPool", 12).plan([info], outputs, {"kernel_shape": [2, 2], "strides": [2, 2]}, caps, {})
+
+
+@pytest.mark.parametrize("x_shape", [(2, 3, 5, 4), (1, 8, 40, 40), (2, 5, 7)])
+def test_global_average_pool(device: Any, x_shape: tuple[int, ...]) -> None:
+    x = rand(*x_shape)
+    check_reference("GlobalAveragePool", 11, [x], {})
+    check_device(device, "GlobalAveragePool", 11, [x], {})
+
+
+# -- reductions ---------------------------------------------------------------------------------------------------------
+
+REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"]
+AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18}
+REDUCE_CASES: list[tuple[tuple[int, ...], list[int] | None, int]] = [
+    ((3, 4, 5), [1], 1),
+    ((3, 4, 5), [0, 2], 0),
+    ((3, 4, 5), [-1], 1),
+    ((3, 4, 5), None, 0),
+    ((2, 300), [1], 0),
+    ((64, 3, 7), [0], 1),
+]
+
+
+def reduce_call(op: str, opset: int, x: np.ndarray, axes: list[int] | None, keepdims: int,
+                noop: int | None = None) -> tuple[list[np.ndarray | None], dict[str, Any]]:
+    attrs: dict[str, Any] = {"keepdims": keepdims}
+    if noop is not None:
+        attrs["noop_with_empty_axes"] = noop
+    if opset >= AXES_INPUT_SINCE[op]:
+        return [x, None if axes is None else np.array(axes, dtype=np.int64)], attrs
+    if axes is not None:
+        attrs["axes"] = axes
+    return [x], attrs
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+@pytest.mark.parametrize("opset", [11, 13, 18])
+@pytest.mark.parametrize("x_shape,axes,keepdims", REDUCE_CASES)
+def test_reduce_reference(op: str, opset: int, x_shape: tuple[int, ...], axes: list[int] | None, keepdims: int) -> None:
+    inputs, attrs = reduce_call(op, opset, rand(*x_shape), axes, keepdims)
+    check_reference(op, opset, inputs, attrs)
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_reduce_noop_with_empty_axes(op: str) -> None:
+    x = rand(3, 4)
+    inputs, attrs = reduce_call(op, 18, x, None, 1, noop=1)
+    check_reference(op, 18, inputs, attrs)
+    inputs, attrs = reduce_call(op, 18, x, [], 0, noop=0)
+    check_reference(op, 18, inputs, attrs)
+
+
+def test_reduce_int64_reference() -> None:
+    x = RNG.integers(-100, 100, size=(3, 4)).astype(np.int64)
+    for op in REDUCE_OPS[:1] + REDUCE_OPS[2:]:
+        check_reference(op, 18, [x, np.array([1], dtype=np.int64)], {"keepdims": 0})
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+@pytest.mark.parametrize("x_shape,axes,keepdims", REDUCE_CASES[1:])
+def test_reduce_device(device: Any, op: str, x_shape: tuple[int, ...], axes: list[int] | None, keepdims: int) -> None:
+    inputs, attrs = reduce_call(op, 18, rand(*x_shape), axes, keepdims)
+    constants = {1: inputs[1]} if len(inputs) > 1 and inputs[1] is not None else {}
+    check_device(device, op, 18, inputs, attrs, constants)
+
+
+def test_reduce_runtime_axes_stay_on_cpu(device: Any) -> None:
+    caps = DeviceCaps(frozenset(device.features), device.limits)
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    with pytest.raises(NotOnDevice, match="axes"):
+        get_operator("ReduceSum", 13).plan(
+            [TensorInfo((3, 4), f32), TensorInfo((1,), i64)], [TensorInfo((3, 1), f32)], {}, caps, {}
+        )
