@@ -1,0 +1,86 @@
+"""ortgpu: ONNX models on WebGPU (wgpu-native), with safe GPU graph capture and replay.
+
+>>> import ortgpu
+>>> env = ortgpu.get_env()
+>>> sess = ortgpu.InferenceSession("model.onnx", env=env, graph_capture=True)
+
+The object model (values, allocators, bindings, captured graphs) is the
+Cython package :mod:`ortgpu_core`, re-exported here; sessions, model loading,
+planning and operators live in this package.
+"""
+
+from __future__ import annotations
+
+from ortgpu_core import (
+    CPU,
+    CaptureStateError,
+    Device,
+    DeviceAllocator,
+    DeviceError,
+    DeviceLostError,
+    DtypeError,
+    Env,
+    InvalidArgumentError,
+    InvalidModelError,
+    ModelError,
+    OrtGpuError,
+    OrtValue,
+    OutOfMemoryError,
+    Provenance,
+    ProvenanceError,
+    ReleasedValueError,
+    SessionAllocator,
+    ShapeError,
+    SharedAllocator,
+    TransferRoutingError,
+    UnsafeAccessError,
+    UnsupportedOpError,
+    ValidationError,
+    WebGPU,
+    get_env,
+    transfer_route,
+)
+from ortgpu_core._binding import FrozenIOBinding, IOBinding
+from ortgpu_core._graph import CapturedGraph
+
+from ._session import InferenceSession, NodeArg, NodePlacement, RunOptions
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "Env",
+    "Device",
+    "get_env",
+    "InferenceSession",
+    "RunOptions",
+    "NodeArg",
+    "NodePlacement",
+    "OrtValue",
+    "Provenance",
+    "CPU",
+    "WebGPU",
+    "DeviceAllocator",
+    "SharedAllocator",
+    "SessionAllocator",
+    "IOBinding",
+    "FrozenIOBinding",
+    "CapturedGraph",
+    "transfer_route",
+    "OrtGpuError",
+    "ProvenanceError",
+    "CaptureStateError",
+    "TransferRoutingError",
+    "UnsafeAccessError",
+    "ReleasedValueError",
+    "DeviceError",
+    "OutOfMemoryError",
+    "ValidationError",
+    "DeviceLostError",
+    "ModelError",
+    "UnsupportedOpError",
+    "InvalidModelError",
+    "InvalidArgumentError",
+    "ShapeError",
+    "DtypeError",
+]

@@ -1,0 +1,14 @@
+cdef class _BindingView:
+    cdef object _session
+    cdef dict _inputs
+    cdef dict _outputs
+    cdef dict _cpu_inputs
+    cdef object __weakref__
+
+cdef class IOBinding(_BindingView):
+    cdef list _captured_by
+    cdef object _lock
+    cdef int _check_mutable(self, str what) except -1
+
+cdef class FrozenIOBinding(_BindingView):
+    cdef IOBinding _origin

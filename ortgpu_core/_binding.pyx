@@ -1,0 +1,242 @@
+# cython: language_level=3
+"""IOBinding and FrozenIOBinding: which values a session's inputs and outputs are bound to.
+
+Typestate: an :class:`IOBinding` is mutable until a graph is captured from it;
+from then on every mutation raises ``CaptureStateError`` naming the graph and
+the fix, until that graph is released.  ``freeze()`` returns a
+:class:`FrozenIOBinding`: an immutable snapshot with no bind or clear methods,
+which remembers the binding it came from (capturing it locks that binding too).
+
+Binding checks what can be checked at once: the name exists in the model,
+the value is an ``OrtValue`` that may be used by this session (provenance),
+not released, and of the model's dtype and (static) shape.  The session
+object supplies those checks (``_check_bind``); this module never imports
+:mod:`ortgpu`.
+
+A binding's *signature* is what a captured graph compares: for each bound
+name, the native buffer's ``(handle, generation)``, never Python objects.
+"""
+
+import threading
+
+import numpy as np
+
+from ._value cimport OrtValue, DeviceBuffer
+from ._errors import CaptureStateError, UnsafeAccessError, ReleasedValueError
+
+
+def _raw_pointer_refused(str kind, str name):
+    return UnsafeAccessError(
+        f"bind_{kind}({name!r}, device_type, device_id, element_type, shape, buffer_ptr) binds raw device memory, "
+        f"which ortgpu refuses: a pointer carries no provenance and cannot be pinned under a captured graph. "
+        f"Allocate a value (session.allocator.empty(...) or env.shared_allocator(device).empty(...)) and call "
+        f"bind_{kind}({name!r}, value)"
+    )
+
+
+cdef tuple _signature_of(dict inputs, dict outputs, dict cpu_inputs):
+    cdef list parts = []
+    for name in sorted(inputs):
+        buffer = (<OrtValue>inputs[name]).device_buffer()
+        parts.append(("input", name, buffer.handle, buffer.generation) if buffer is not None else ("input", name, "cpu", id(inputs[name])))
+    for name in sorted(cpu_inputs):
+        parts.append(("cpu-input", name, "cpu", id(cpu_inputs[name])))
+    for name in sorted(outputs):
+        buffer = (<OrtValue>outputs[name]).device_buffer()
+        parts.append(("output", name, buffer.handle, buffer.generation) if buffer is not None else ("output", name, "cpu", id(outputs[name])))
+    return tuple(parts)
+
+
+cdef class _BindingView:
+    """Read-only accessors shared by both binding states."""
+
+    @property
+    def session(self):
+        """The session this binding belongs to."""
+        return self._session
+
+    @property
+    def session_id(self):
+        return self._session.session_id
+
+    def inputs(self):
+        """``{name: OrtValue}`` of the bound inputs (a copy)."""
+        return dict(self._inputs)
+
+    def cpu_inputs(self):
+        """``{name: numpy array}`` bound with ``bind_cpu_input`` (a copy of the mapping)."""
+        return dict(self._cpu_inputs)
+
+    def outputs(self):
+        """``{name: OrtValue}`` of the bound outputs (a copy)."""
+        return dict(self._outputs)
+
+    def get_outputs(self):
+        """The bound output values, in the model's output order."""
+        return [self._outputs[name] for name in self._session.output_names if name in self._outputs]
+
+    def copy_outputs_to_cpu(self):
+        """Host copies of every bound output, in the model's output order (synchronous)."""
+        return [value.to_numpy() for value in self.get_outputs()]
+
+    @property
+    def signature(self):
+        """Native identities of the bound buffers: ``(role, name, handle, generation)`` tuples."""
+        return _signature_of(self._inputs, self._outputs, self._cpu_inputs)
+
+    def pinned_buffers(self):
+        """The device buffers this binding refers to (what a captured graph pins)."""
+        cdef list buffers = []
+        for value in list(self._inputs.values()) + list(self._outputs.values()):
+            buffer = (<OrtValue>value).device_buffer()
+            if buffer is not None:
+                buffers.append(buffer)
+        return buffers
+
+    def synchronize_inputs(self):
+        """onnxruntime's name; uploads are queue-ordered, so there is nothing to wait for."""
+
+    def synchronize_outputs(self):
+        """onnxruntime's name; ``to_numpy()`` and ``copy_outputs_to_cpu()`` already wait."""
+
+
+cdef class IOBinding(_BindingView):
+    """A mutable binding of a session's inputs and outputs to values.
+
+    Create with ``session.io_binding()``.  Bind device values with
+    ``bind_input`` / ``bind_output`` (or onnxruntime's ``bind_ortvalue_input``
+    / ``bind_ortvalue_output``); ``bind_cpu_input`` binds a host array for
+    ordinary runs only (a captured graph cannot read host memory).
+    """
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("IOBinding objects are created by a session: use session.io_binding()")
+
+    @staticmethod
+    def _create(session):
+        cdef IOBinding binding = IOBinding.__new__(IOBinding)
+        binding._session = session
+        binding._inputs = {}
+        binding._outputs = {}
+        binding._cpu_inputs = {}
+        binding._captured_by = []
+        binding._lock = threading.Lock()
+        return binding
+
+    @property
+    def captured_by(self):
+        """Labels of the captured graphs that lock this binding (empty when mutable)."""
+        return tuple(self._captured_by)
+
+    cdef int _check_mutable(self, str what) except -1:
+        if self._captured_by:
+            label = self._captured_by[0]
+            raise CaptureStateError(
+                f"cannot {what}: this IOBinding is captured by graph {label.graph_id} of session "
+                f"{label.session_id}, which replays the buffers it was captured with. Release the graph first "
+                f"(graph.release() or session.release_captured_graph({label.graph_id})), or bind into a new "
+                f"binding from session.io_binding()"
+            )
+        return 0
+
+    def bind_input(self, name, value, *raw_pointer_form):
+        """Bind input ``name`` to ``value`` (a device or CPU ``OrtValue``)."""
+        if raw_pointer_form or isinstance(value, str):
+            raise _raw_pointer_refused("input", name)
+        with self._lock:
+            self._check_mutable(f"bind input {name!r}")
+            self._session._check_bind(name, value, "input")
+            self._cpu_inputs.pop(name, None)
+            self._inputs[name] = value
+
+    def bind_output(self, name, value=None, *raw_pointer_form):
+        """Bind output ``name`` to ``value`` (a device ``OrtValue`` the run writes into)."""
+        if raw_pointer_form or isinstance(value, str):
+            raise _raw_pointer_refused("output", name)
+        if value is None:
+            raise TypeError(
+                f"bind_output({name!r}) needs a value to write into: allocate one with "
+                f"session.allocator.empty(shape, dtype) and call bind_output({name!r}, value)"
+            )
+        with self._lock:
+            self._check_mutable(f"bind output {name!r}")
+            self._session._check_bind(name, value, "output")
+            self._outputs[name] = value
+
+    def bind_ortvalue_input(self, name, value):
+        """onnxruntime's spelling of :meth:`bind_input`."""
+        self.bind_input(name, value)
+
+    def bind_ortvalue_output(self, name, value):
+        """onnxruntime's spelling of :meth:`bind_output`."""
+        self.bind_output(name, value)
+
+    def bind_cpu_input(self, name, array):
+        """Bind input ``name`` to a host array, for ordinary (uncaptured) runs only."""
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"bind_cpu_input({name!r}, ...) needs a numpy array, got {type(array).__name__}")
+        with self._lock:
+            self._check_mutable(f"bind input {name!r}")
+            self._session._check_bind(name, array, "cpu-input")
+            self._inputs.pop(name, None)
+            self._cpu_inputs[name] = array
+
+    def clear_binding_inputs(self):
+        with self._lock:
+            self._check_mutable("clear the bound inputs")
+            self._inputs.clear()
+            self._cpu_inputs.clear()
+
+    def clear_binding_outputs(self):
+        with self._lock:
+            self._check_mutable("clear the bound outputs")
+            self._outputs.clear()
+
+    def freeze(self):
+        """An immutable snapshot of this binding (it remembers this binding as its origin)."""
+        with self._lock:
+            return FrozenIOBinding._create(self._session, self._inputs, self._outputs, self._cpu_inputs, self)
+
+    def _lock_for(self, label):
+        with self._lock:
+            self._captured_by.append(label)
+
+    def _unlock_for(self, label):
+        with self._lock:
+            if label in self._captured_by:
+                self._captured_by.remove(label)
+
+    def __repr__(self):
+        state = f" captured by graph {self._captured_by[0].graph_id}" if self._captured_by else ""
+        return (
+            f"<IOBinding session={self._session.session_id} inputs={sorted(self._inputs) + sorted(self._cpu_inputs)} "
+            f"outputs={sorted(self._outputs)}{state}>"
+        )
+
+
+cdef class FrozenIOBinding(_BindingView):
+    """An immutable binding: what a captured graph replays.  No bind or clear methods."""
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("FrozenIOBinding objects are made by IOBinding.freeze()")
+
+    @staticmethod
+    def _create(session, dict inputs, dict outputs, dict cpu_inputs, origin):
+        cdef FrozenIOBinding frozen = FrozenIOBinding.__new__(FrozenIOBinding)
+        frozen._session = session
+        frozen._inputs = dict(inputs)
+        frozen._outputs = dict(outputs)
+        frozen._cpu_inputs = dict(cpu_inputs)
+        frozen._origin = origin
+        return frozen
+
+    @property
+    def origin(self):
+        """The :class:`IOBinding` this snapshot was frozen from (None if made directly by a session)."""
+        return self._origin
+
+    def __repr__(self):
+        return (
+            f"<FrozenIOBinding session={self._session.session_id} inputs={sorted(self._inputs) + sorted(self._cpu_inputs)} "
+            f"outputs={sorted(self._outputs)}>"
+        )

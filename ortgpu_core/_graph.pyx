@@ -1,0 +1,163 @@
+# cython: language_level=3
+"""CapturedGraph: a session's recorded dispatches, replayed with the least host work.
+
+A graph owns:
+
+* a :class:`~ortgpu_core._binding.FrozenIOBinding` (the values it was
+  captured with; its references keep their buffers alive even when the user
+  drops theirs),
+* pins on those buffers (``release()`` on a pinned value raises),
+* the frozen :class:`~ortgpu_core.backends._commands.CommandList` it replays,
+* the executor state the list refers to (intermediate buffers, bind groups).
+
+``replay()`` submits the command list: on the wgpu backend a C loop encodes
+every record through wgpu-native's function pointers with the GIL released,
+then submits once; nothing is allocated per dispatch.  ``release()`` unpins,
+frees the graph's own state and unlocks the binding it was captured from
+(returning it).  The session registers graphs by id under a lock.
+"""
+
+from ._binding cimport FrozenIOBinding, IOBinding
+from ._value cimport DeviceBuffer
+from .backends._commands cimport CommandList
+from ._errors import CaptureStateError
+
+
+class GraphLabel:
+    """Names a captured graph in pins, locks and messages: ``graph <id> of session <id>``."""
+
+    __slots__ = ("session_id", "graph_id")
+
+    def __init__(self, session_id, graph_id):
+        self.session_id = session_id
+        self.graph_id = graph_id
+
+    def __eq__(self, other):
+        return isinstance(other, GraphLabel) and (self.session_id, self.graph_id) == (other.session_id, other.graph_id)
+
+    def __hash__(self):
+        return hash((self.session_id, self.graph_id))
+
+    def __str__(self):
+        return f"{self.graph_id} of session {self.session_id}"
+
+    def __repr__(self):
+        return f"GraphLabel(session_id={self.session_id!r}, graph_id={self.graph_id!r})"
+
+
+cdef class CapturedGraph:
+    """A captured graph of a session: ``replay()`` it, ``release()`` it (or use ``with``).
+
+    Created by ``session.capture(binding, graph_id)`` (or on the first
+    ``run_with_iobinding`` with ``RunOptions(gpu_graph_id=N)``).
+    """
+
+    cdef readonly object graph_id
+    cdef readonly object label
+    cdef object _session
+    cdef FrozenIOBinding _binding
+    cdef CommandList _commands
+    cdef object _submit
+    cdef list _pinned
+    cdef object _program
+    cdef bint _released
+    cdef readonly unsigned long long replays
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("CapturedGraph objects are made by session.capture(binding, graph_id)")
+
+    @staticmethod
+    def _create(session, graph_id, FrozenIOBinding binding, CommandList commands, submit, list pinned, program):
+        """Internal: the session has pinned ``pinned`` and locked the origin binding already."""
+        cdef CapturedGraph graph = CapturedGraph.__new__(CapturedGraph)
+        graph.graph_id = graph_id
+        graph.label = GraphLabel(session.session_id, graph_id)
+        graph._session = session
+        graph._binding = binding
+        graph._commands = commands.freeze()
+        graph._submit = submit
+        graph._pinned = pinned
+        graph._program = program
+        graph._released = False
+        graph.replays = 0
+        return graph
+
+    @property
+    def session(self):
+        return self._session
+
+    @property
+    def binding(self):
+        """The :class:`FrozenIOBinding` this graph replays."""
+        return self._binding
+
+    @property
+    def released(self):
+        return self._released
+
+    @property
+    def dispatch_count(self):
+        """Compute dispatches recorded in the graph."""
+        return self._commands.dispatch_count
+
+    @property
+    def command_count(self):
+        """Records (dispatches, copies, clears) in the graph."""
+        return len(self._commands)
+
+    def replay(self, verify=False):
+        """Run the recorded work again on the current contents of the bound inputs.
+
+        Outputs are written into the bound output values; read them with
+        ``value.to_numpy()`` or ``graph.binding.copy_outputs_to_cpu()``.
+        ``verify=True`` first poisons the outputs, then compares the replay's
+        results with an uncaptured run on the same inputs (slow; for tests):
+        a mismatch raises ``CaptureStateError`` naming the outputs.
+        """
+        if self._released:
+            raise CaptureStateError(
+                f"graph {self.label} was released and can no longer be replayed; capture it again with "
+                f"session.capture(binding, graph_id={self.graph_id!r})"
+            )
+        if verify or self._session.verify_replays:
+            self._session._verify_replay(self)
+            return
+        self._session._check_open("replay a captured graph")
+        self._submit(self._commands)
+        self.replays += 1
+
+    def _replay_unchecked(self):
+        """Internal: submit without the verify indirection (used by verification itself)."""
+        self._submit(self._commands)
+        self.replays += 1
+
+    def release(self):
+        """Unpin the buffers, free the graph's own state and unlock its binding.
+
+        Returns the :class:`IOBinding` the graph was captured from (mutable
+        again), or None.  Idempotent.
+        """
+        if self._released:
+            return self._binding.origin
+        self._released = True
+        for buffer in self._pinned:
+            (<DeviceBuffer>buffer).unpin(self.label)
+        self._pinned = []
+        program, self._program = self._program, None
+        if program is not None:
+            program.release()
+        origin = self._binding.origin
+        if origin is not None:
+            (<IOBinding>origin)._unlock_for(self.label)
+        self._session._forget_graph(self)
+        return origin
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.release()
+
+    def __repr__(self):
+        state = " released" if self._released else f" replays={self.replays}"
+        return f"<CapturedGraph {self.label} dispatches={self._commands.dispatch_count}{state}>"
