@@ -78,6 +78,7 @@ __all__ = [
     "raw_load_function",
     "broadcast_index_function",
     "affine_index_function",
+    "contiguous_strides",
     "wgsl_float",
     "wgsl_int",
     "wgsl_uint",
@@ -300,7 +301,8 @@ def affine_index_function(
     return "".join(lines)
 
 
-def _contiguous_strides(shape: Sequence[int]) -> list[int]:
+def contiguous_strides(shape: Sequence[int]) -> list[int]:
+    """Element strides of a C-contiguous tensor of ``shape``."""
     strides = [1] * len(shape)
     for axis in range(len(shape) - 2, -1, -1):
         strides[axis] = strides[axis + 1] * int(shape[axis + 1])
@@ -317,7 +319,7 @@ def broadcast_index_function(function: str, in_shape: Sequence[int], out_shape: 
     if int(np.prod(in_shape, dtype=np.int64)) == 1:
         return f"fn {function}(j: u32) -> u32 {{ return 0u; }}\n"
     aligned = [1] * (len(out_shape) - len(in_shape)) + in_shape
-    strides = _contiguous_strides(aligned)
+    strides = contiguous_strides(aligned)
     terms: list[tuple[int | None, int]] = [
         (None, 0 if aligned[d] == 1 else strides[d]) for d in range(len(out_shape))
     ]
