@@ -467,3 +467,78 @@ def test_reduce_runtime_axes_stay_on_cpu(device: Any) -> None:
         get_operator("ReduceSum", 13).plan(
             [TensorInfo((3, 4), f32), TensorInfo((1,), i64)], [TensorInfo((3, 1), f32)], {}, caps, {}
         )
+
+
+# -- Softmax, LogSoftmax ---------------------------------------------------------------------------------------------
+
+SOFTMAX_CASES: list[tuple[tuple[int, ...], int | None, int]] = [
+    ((3, 4, 5), None, 11),
+    ((3, 4, 5), None, 13),
+    ((3, 4, 5), 0, 11),
+    ((3, 4, 5), 1, 13),
+    ((3, 4, 5), -2, 11),
+    ((4, 1000), -1, 13),
+    ((2, 3, 40, 8), 2, 13),
+    ((7,), 0, 13),
+]
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("x_shape,axis,opset", SOFTMAX_CASES)
+def test_softmax_reference(op: str, x_shape: tuple[int, ...], axis: int | None, opset: int) -> None:
+    attrs = {} if axis is None else {"axis": axis}
+    check_reference(op, opset, [rand(*x_shape) * 3], attrs)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("x_shape,axis,opset", SOFTMAX_CASES[1:2] + SOFTMAX_CASES[4:])
+def test_softmax_device(device: Any, op: str, x_shape: tuple[int, ...], axis: int | None, opset: int) -> None:
+    attrs = {} if axis is None else {"axis": axis}
+    check_device(device, op, opset, [rand(*x_shape) * 3], attrs)
+
+
+# -- LayerNormalization, BatchNormalization --------------------------------------------------------------------------
+
+LAYER_NORM_CASES: list[tuple[tuple[int, ...], int, tuple[int, ...], bool]] = [
+    ((2, 5, 16), -1, (16,), True),
+    ((2, 5, 16), 1, (5, 16), False),
+    ((3, 600), -1, (600,), True),
+    ((2, 3, 4, 5), 2, (1, 5), True),
+]
+
+
+@pytest.mark.parametrize("x_shape,axis,scale_shape,bias", LAYER_NORM_CASES)
+@pytest.mark.parametrize("n_outputs", [1, 3])
+def test_layer_normalization(device: Any, x_shape: tuple[int, ...], axis: int, scale_shape: tuple[int, ...],
+                             bias: bool, n_outputs: int) -> None:
+    inputs = [rand(*x_shape), rand(*scale_shape), rand(*scale_shape) if bias else None]
+    attrs = {"axis": axis, "epsilon": 1e-3}
+    check_reference("LayerNormalization", 17, inputs, attrs, n_outputs=n_outputs)
+    operator = get_operator("LayerNormalization", 17)
+    want = operator.reference(inputs, attrs, [TensorInfo((), np.dtype(np.float32))] * n_outputs)
+    outputs = [TensorInfo(tuple(w.shape), w.dtype) for w in want]
+    infos = [None if a is None else TensorInfo(tuple(a.shape), a.dtype) for a in inputs]
+    plan = operator.plan(infos, outputs, attrs, DeviceCaps(frozenset(device.features), device.limits), {})
+    for got, expected in zip(run_plan(device, plan, inputs, outputs), want):
+        assert_close(got, expected)
+
+
+@pytest.mark.parametrize("x_shape", [(2, 3, 4, 5), (4, 6), (2, 3, 7)])
+@pytest.mark.parametrize("opset", [9, 15])
+def test_batch_normalization(device: Any, x_shape: tuple[int, ...], opset: int) -> None:
+    channels = x_shape[1]
+    inputs = [rand(*x_shape), rand(channels), rand(channels), rand(channels), np.abs(rand(channels)) + 0.1]
+    check_reference("BatchNormalization", opset, inputs, {"epsilon": 1e-3})
+    check_device(device, "BatchNormalization", opset, inputs, {"epsilon": 1e-3})
+
+
+def test_batch_normalization_per_activation() -> None:
+    x = rand(2, 3, 4)
+    inputs = [x, rand(3, 4), rand(3, 4), rand(3, 4), np.abs(rand(3, 4)) + 0.1]
+    check_reference("BatchNormalization", 7, inputs, {"spatial": 0})
+
+
+def test_batch_normalization_training_unsupported() -> None:
+    inputs = [rand(2, 3), rand(3), rand(3), rand(3), rand(3)]
+    with pytest.raises(UnsupportedOpError, match="training_mode"):
+        reference("BatchNormalization", 15, inputs, {"training_mode": 1})

@@ -1,0 +1,122 @@
+"""BatchNormalization in inference mode: ``Y = (X - mean) / sqrt(var + epsilon) * scale + B`` per channel
+(axis 1).  Before opset 9 ``spatial=0`` gives per-activation parameters of shape ``X.shape[1:]``; any
+parameter shape that broadcasts that way is accepted.  Training mode (``training_mode=1`` from opset 14,
+or the running-statistics outputs) is not supported.
+
+The device kernel is elementwise: one invocation per element, parameters read through broadcast index
+functions (the channel for the usual ``[C]`` parameters).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ortgpu_core._errors import UnsupportedOpError
+
+from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo
+from ._registry import register
+from ._tiling import (
+    THREADS,
+    BindingTable,
+    broadcast_strides,
+    grid_for_groups,
+    index_function,
+    require_float32,
+    single_kernel_plan,
+    wgsl_f32,
+    workgroup_index,
+)
+
+__all__ = ["BatchNormalization"]
+
+_PARAMETERS = ("scale", "B", "mean", "var")
+
+
+def _view_shape(param_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """How a parameter lines up with X: ``[C]`` -> ``[C, 1, ...]``, else its own shape after the batch axis."""
+    rank = len(x_shape)
+    if len(param_shape) == 1 and rank >= 2:
+        return (param_shape[0],) + (1,) * (rank - 2)
+    return tuple(param_shape)
+
+
+class _Checks(Operator):
+    def _check(self, attrs: Mapping[str, Any], outputs: int) -> None:
+        if int(attrs.get("training_mode", 0)):
+            raise UnsupportedOpError(f"BatchNormalization: training_mode=1 is not supported (opset {self.opset})")
+        if outputs > 1:
+            raise UnsupportedOpError(
+                f"BatchNormalization: the running-statistics outputs (training) are not supported (opset {self.opset})"
+            )
+
+
+@register
+class BatchNormalization(_Checks):
+    """BatchNormalization-6/7/9/14/15 (inference)."""
+
+    op_type = "BatchNormalization"
+    since_version = 6
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        self._check(attrs, len(outputs))
+        x = inputs[0]
+        assert x is not None
+        params = []
+        for name, p in zip(_PARAMETERS, inputs[1:5]):
+            if p is None:
+                raise UnsupportedOpError(f"BatchNormalization: input {name} is required")
+            params.append(p.astype(np.float64).reshape(_view_shape(p.shape, x.shape)))
+        scale, bias, mean, var = params
+        epsilon = float(attrs.get("epsilon", 1e-5))
+        y = (x.astype(np.float64) - mean) / np.sqrt(var + epsilon) * scale + bias
+        return [y.astype(x.dtype)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        self._check(attrs, len(outputs))
+        x = inputs[0]
+        assert x is not None
+        require_float32("BatchNormalization", list(inputs) + list(outputs))
+        total = x.size
+        if total == 0:
+            return OpPlan()
+        table = BindingTable()
+        x_name = table.add(Binding("input", 0))
+        names, helpers = [], ""
+        for position, p in enumerate(inputs[1:5], start=1):
+            if p is None:
+                raise UnsupportedOpError(f"BatchNormalization: input {_PARAMETERS[position - 1]} is required")
+            names.append(table.add(Binding("input", position)))
+            helpers += index_function(
+                f"param_index_{position}", x.shape, broadcast_strides(_view_shape(p.shape, x.shape), x.shape)
+            )
+        output = table.add(Binding("output", 0), writable=True)
+        scale, bias, mean, var = names
+        grid = grid_for_groups(-(-total // THREADS), caps)
+        epsilon = wgsl_f32(float(attrs.get("epsilon", 1e-5)))
+        wgsl = f"""{table.declarations()}
+const TOTAL: u32 = {total}u;
+{helpers}
+@compute @workgroup_size({THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
+    let i = {workgroup_index(grid)} * {THREADS}u + li;
+    if (i >= TOTAL) {{ return; }}
+    let factor = {scale}[param_index_1(i)] * inverseSqrt({var}[param_index_4(i)] + {epsilon});
+    {output}[i] = ({x_name}[i] - {mean}[param_index_3(i)]) * factor + {bias}[param_index_2(i)];
+}}
+"""
+        compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
+        return single_kernel_plan("BatchNormalization", wgsl, grid, table, compute, inputs, outputs, caps)
