@@ -542,3 +542,38 @@ def test_batch_normalization_training_unsupported() -> None:
     inputs = [rand(2, 3), rand(3), rand(3), rand(3), rand(3)]
     with pytest.raises(UnsupportedOpError, match="training_mode"):
         reference("BatchNormalization", 15, inputs, {"training_mode": 1})
+
+
+# -- 2-D grids ---------------------------------------------------------------------------------------------------------
+
+FOLDED_GRID_CASES: list[tuple[str, int, list[tuple[int, ...] | None], dict[str, Any]]] = [
+    ("MatMul", 13, [(300, 40), (40, 300)], {}),
+    ("MatMul", 13, [(1, 64), (64, 1000)], {}),
+    ("Gemm", 13, [(1, 64), (300, 64), None], {"transB": 1}),
+    ("Conv", 11, [(1, 8, 40, 40), (8, 1, 3, 3), None], {"group": 8, "pads": [1, 1, 1, 1]}),
+    ("Conv", 11, [(1, 8, 40, 40), (16, 8, 3, 3), None], {"pads": [1, 1, 1, 1]}),
+    ("ConvTranspose", 11, [(1, 8, 20, 20), (8, 4, 2, 2), None], {"strides": [2, 2]}),
+    ("MaxPool", 12, [(1, 4, 40, 40)], {"kernel_shape": [2, 2]}),
+    ("Softmax", 13, [(6000, 4)], {}),
+    ("ReduceSum", 11, [(100, 300)], {"axes": [1]}),
+    ("BatchNormalization", 15, [(2, 3, 40, 40), (3,), (3,), (3,), (3,)], {}),
+]
+
+
+@pytest.mark.parametrize("op,opset,shapes,attrs", FOLDED_GRID_CASES)
+def test_grids_fold_into_two_dimensions(device: Any, op: str, opset: int, shapes: list[tuple[int, ...] | None],
+                                        attrs: dict[str, Any]) -> None:
+    """A device allowing only 16 workgroups per grid dimension gets (x, y) grids; results do not change."""
+    import dataclasses
+
+    inputs = [None if s is None else np.abs(rand(*s)) + 0.1 for s in shapes]
+    operator = get_operator(op, opset)
+    want = operator.reference(inputs, attrs, [])
+    outputs = [TensorInfo(tuple(w.shape), w.dtype) for w in want]
+    infos = [None if a is None else TensorInfo(tuple(a.shape), a.dtype) for a in inputs]
+    limits = dataclasses.replace(device.limits, max_compute_workgroups_per_dimension=16)
+    plan = operator.plan(infos, outputs, attrs, DeviceCaps(frozenset(device.features), limits), {})
+    assert all(k.grid[0] <= 16 and k.grid[1] <= 16 for k in plan.kernels)
+    assert any(k.grid[1] > 1 for k in plan.kernels)
+    for got, expected in zip(run_plan(device, plan, inputs, outputs), want):
+        assert_close(got, expected)
