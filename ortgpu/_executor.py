@@ -439,6 +439,7 @@ def run_model(
         {name: a.shape for name, a in arrays.items()},
         device_caps(device),
         input_dtypes={name: a.dtype for name, a in arrays.items()},
+        input_values={name: arrays[name] for name in loaded.value_dependent_inputs if name in arrays},
         allow_cpu=allow_cpu,
         fuse=fuse,
     )

@@ -120,6 +120,9 @@ class LoadedModel:
     model_dir: str | None = None
     producer: str = ""
     folded_nodes: list[str] = field(default_factory=list)
+    #: Graph inputs whose *values* decide tensor shapes (a Reshape's shape, Slice bounds,
+    #: reduction axes...): a plan is made for their values, not only their shapes.
+    value_dependent_inputs: frozenset[str] = frozenset()
 
     @property
     def input_names(self) -> list[str]:
@@ -420,6 +423,39 @@ def _resolve_unknown_dims(
             types[name] = (tuple(array.shape), dtype)
 
 
+#: Input positions whose values (not just shapes) decide an operator's output shape.
+SHAPE_INPUT_POSITIONS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Unsqueeze": (1,), "Squeeze": (1,), "Slice": (1, 2, 3, 4), "Expand": (1,),
+    "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2), "Split": (1,), "Pad": (1, 3),
+    "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
+    "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
+    "ReduceSumSquare": (1,), "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,),
+    "CenterCropPad": (1,), "Col2Im": (1, 2),
+}
+
+
+def value_dependent_inputs(nodes: Sequence[GraphNode], graph_inputs: Sequence[str]) -> frozenset[str]:
+    """Graph inputs that flow (through anything but ``Shape``) into a shape-deciding input position."""
+    producer = {name: node for node in nodes for name in node.outputs if name}
+    pending = [
+        node.inputs[position]
+        for node in nodes
+        if node.domain == ""
+        for position in SHAPE_INPUT_POSITIONS.get(node.op_type, ())
+        if position < len(node.inputs) and node.inputs[position]
+    ]
+    seen: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = producer.get(name)
+        if node is not None and node.op_type not in ("Shape", "Size"):
+            pending.extend(n for n in node.inputs if n)
+    return frozenset(seen.intersection(graph_inputs))
+
+
 # ---------------------------------------------------------------------------
 # loading
 
@@ -652,6 +688,7 @@ def load_model(path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto) 
         model_dir=model_dir,
         producer=model.producer_name,
         folded_nodes=folded,
+        value_dependent_inputs=value_dependent_inputs(remaining, [v.name for v in inputs]),
     )
 
 

@@ -251,7 +251,7 @@ class _Planner:
         self.allow_cpu = allow_cpu
         self.fuse = fuse
 
-    def run(self, input_infos: dict[str, TensorInfo]) -> ExecutionPlan:
+    def run(self, input_infos: dict[str, TensorInfo], input_values: Mapping[str, np.ndarray]) -> ExecutionPlan:
         model = self.model
         types: dict[str, tuple[Shape, np.dtype[Any]]] = {}
         for name, (shape, dtype) in model.types.items():
@@ -260,6 +260,16 @@ class _Planner:
         for name, info in input_infos.items():
             types[name] = (info.shape, info.dtype)
         constants = dict(model.constants)
+        for name in model.value_dependent_inputs:
+            if name not in input_values:
+                raise ModelError(
+                    f"the shapes of this model depend on the value of input {name!r} (it feeds a shape, axes or "
+                    "bounds input); pass its value to plan for it"
+                )
+            value = np.ascontiguousarray(np.asarray(input_values[name], dtype=input_infos[name].dtype))
+            if value.shape != input_infos[name].shape:
+                raise ShapeError(f"the value of input {name!r} has shape {value.shape}, not {input_infos[name].shape}")
+            constants[name] = value
         nodes, folded = propagate(model.nodes, types, constants, model.opsets, concrete=True)
         self.types = types
         self.constants = constants
@@ -571,6 +581,7 @@ def plan_model(
     caps: DeviceCaps,
     *,
     input_dtypes: Mapping[str, Any] | None = None,
+    input_values: Mapping[str, np.ndarray] | None = None,
     allow_cpu: bool = True,
     fuse: bool = True,
 ) -> ExecutionPlan:
@@ -579,7 +590,9 @@ def plan_model(
     Raises :class:`ShapeError` when a tensor would not fit the device (before
     any allocation), :class:`UnsupportedOpError` naming the nodes that must
     run on the CPU when ``allow_cpu`` is false, :class:`ModelError` when a
-    shape cannot be inferred.
+    shape cannot be inferred.  ``input_values`` gives the values of
+    ``model.value_dependent_inputs`` (required for those): the plan is valid
+    only for those values, so callers key their plan cache by them too.
     """
     input_infos = _input_infos(model, input_shapes, input_dtypes)
-    return _Planner(model, caps, allow_cpu, fuse).run(input_infos)
+    return _Planner(model, caps, allow_cpu, fuse).run(input_infos, input_values or {})
