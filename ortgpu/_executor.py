@@ -48,7 +48,7 @@ def device_caps(device: BackendDevice) -> DeviceCaps:
 
 def padded_bytes(array: np.ndarray) -> bytes:
     """``array``'s C-layout bytes, zero-padded to the buffer size (a multiple of 4)."""
-    raw = np.ascontiguousarray(array).tobytes()
+    raw = np.asarray(array, order="C").tobytes()
     return raw + b"\0" * (padded_size(len(raw)) - len(raw))
 
 
@@ -381,7 +381,7 @@ class DeviceProgram:
                     f"node {step.name!r} ({step.op_type}) produced shape {array.shape} on the CPU; "
                     f"shape inference said {info.shape}"
                 )
-            array = np.ascontiguousarray(array, dtype=info.dtype)
+            array = np.asarray(array, dtype=info.dtype, order="C")
             host[name] = array
             if info.nbytes:
                 self.device.write_buffer(self._buffer_of(name, inputs, outputs), 0, padded_bytes(array))
@@ -433,7 +433,7 @@ def run_model(
     from ._planner import plan_model
 
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
-    arrays = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
+    arrays = {name: np.asarray(value, order="C") for name, value in feeds.items()}
     plan = plan_model(
         loaded,
         {name: a.shape for name, a in arrays.items()},

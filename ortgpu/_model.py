@@ -245,7 +245,7 @@ def _infer_with_onnx(
             input_types[name] = _type_proto(shape, dtype)
         value = constants.get(name)
         if value is not None and value.size <= _DATA_PROPAGATION_LIMIT:
-            input_data[name] = onnx.numpy_helper.from_array(np.ascontiguousarray(value), name)
+            input_data[name] = onnx.numpy_helper.from_array(np.asarray(value, order="C"), name)
     proto = onnx.helper.make_node(node.op_type, list(node.inputs), list(node.outputs), domain=node.domain or None)
     proto.attribute.extend(_proto_attributes(node))
     opset_imports = [onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items()]
@@ -386,7 +386,7 @@ def _fold(
         array = np.asarray(value)
         if name in types and types[name][1] != array.dtype:
             array = array.astype(types[name][1])
-        out.append(np.ascontiguousarray(array))
+        out.append(np.asarray(array, order="C"))
     return out
 
 
@@ -661,7 +661,7 @@ def load_model(path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto) 
     initializers: dict[str, np.ndarray] = {}
     for tensor in graph.initializer:
         onnx_dtype_to_numpy(tensor.data_type, f"initializer {tensor.name!r}")
-        initializers[tensor.name] = np.ascontiguousarray(onnx.numpy_helper.to_array(tensor))
+        initializers[tensor.name] = np.asarray(onnx.numpy_helper.to_array(tensor), order="C")
     if graph.sparse_initializer:
         raise UnsupportedOpError("the model has sparse initializers, which ortgpu does not support")
     nodes = _graph_nodes(graph, opsets)

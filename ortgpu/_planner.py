@@ -191,7 +191,7 @@ def _input_infos(
 def _constant_key(name: str, value: np.ndarray, model: LoadedModel) -> Hashable:
     if name in model.initializers and model.initializers[name] is value:
         return ("initializer", name)
-    digest = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16).hexdigest()
+    digest = hashlib.blake2b(np.asarray(value, order="C").tobytes(), digest_size=16).hexdigest()
     return ("folded", name, value.dtype.str, value.shape, digest)
 
 
@@ -266,7 +266,7 @@ class _Planner:
                     f"the shapes of this model depend on the value of input {name!r} (it feeds a shape, axes or "
                     "bounds input); pass its value to plan for it"
                 )
-            value = np.ascontiguousarray(np.asarray(input_values[name], dtype=input_infos[name].dtype))
+            value = np.asarray(np.asarray(input_values[name], dtype=input_infos[name].dtype), order="C")
             if value.shape != input_infos[name].shape:
                 raise ShapeError(f"the value of input {name!r} has shape {value.shape}, not {input_infos[name].shape}")
             constants[name] = value

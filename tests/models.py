@@ -31,7 +31,7 @@ class _Builder:
 
     def weight(self, prefix: str, array: np.ndarray) -> str:
         name = self.name(prefix)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        self.initializers.append(numpy_helper.from_array(np.asarray(array, order="C"), name))
         return name
 
     def normal(self, prefix: str, shape: tuple[int, ...], scale: float) -> str:
@@ -159,7 +159,7 @@ def transformer_encoder(
     b = _Builder(seed)
     table = b.normal("embedding", (vocab, d_model), 1.0)
     positions = b.normal("positions", (1, 4096 if seq <= 4096 else seq, d_model), 0.1)
-    x = b.one("Gather", ["ids", table], axis=0)
+    x = b.one("Gather", [table, "ids"], axis=0)
     shape = b.one("Shape", [x])
     idx0 = b.weight("i0", np.array([0], dtype=np.int64))
     idx1 = b.weight("i1", np.array([1], dtype=np.int64))
