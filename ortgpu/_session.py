@@ -202,7 +202,10 @@ class InferenceSession:
         self._closed = False
         if not self.allow_cpu_fallback and all(isinstance(d, int) for i in self._model.inputs for d in i.shape):
             # Static model: report forbidden CPU placement now, not at the first run.
-            self._plan_for({i.name: tuple(i.shape) for i in self._model.inputs}, {i.name: i.dtype for i in self._model.inputs})  # type: ignore[misc]
+            self._plan_for(
+                {i.name: tuple(int(d) for d in i.shape if isinstance(d, int)) for i in self._model.inputs},
+                {i.name: i.dtype for i in self._model.inputs},
+            )
 
     # -- metadata ------------------------------------------------------------------
     @property
@@ -752,7 +755,7 @@ def _write(device: BackendDevice, buffer: DeviceBuffer, array: np.ndarray) -> No
     data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     if data.nbytes % 4:
         data = np.concatenate([data, np.zeros(padded_size(data.nbytes) - data.nbytes, np.uint8)])
-    device.write_buffer(buffer.handle, 0, memoryview(data))
+    device.write_buffer(buffer.handle, 0, data.tobytes())
 
 
 def _read(device: BackendDevice, buffer: DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:

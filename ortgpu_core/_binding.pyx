@@ -149,14 +149,14 @@ cdef class IOBinding(_BindingView):
             self._cpu_inputs.pop(name, None)
             self._inputs[name] = value
 
-    def bind_output(self, name, value=None, *raw_pointer_form):
+    def bind_output(self, name, value, *raw_pointer_form):
         """Bind output ``name`` to ``value`` (a device ``OrtValue`` the run writes into)."""
         if raw_pointer_form or isinstance(value, str):
             raise _raw_pointer_refused("output", name)
         if value is None:
             raise TypeError(
-                f"bind_output({name!r}) needs a value to write into: allocate one with "
-                f"session.allocator.empty(shape, dtype) and call bind_output({name!r}, value)"
+                f"bind_output({name!r}, None): give a value to write into, e.g. "
+                f"bind_output({name!r}, session.allocator.empty(shape, dtype))"
             )
         with self._lock:
             self._check_mutable(f"bind output {name!r}")

@@ -25,8 +25,8 @@ _ONNX_ELEMENT_TYPES: dict[np.dtype[Any], tuple[int, str]] = {
     np.dtype(np.uint32): (12, "uint32"),
     np.dtype(np.uint64): (13, "uint64"),
 }
-_FROM_ONNX = {number: dtype for dtype, (number, _) in _ONNX_ELEMENT_TYPES.items()}
-_FROM_ONNX_NAME = {f"tensor({name})": dtype for dtype, (_, name) in _ONNX_ELEMENT_TYPES.items()}
+_FROM_ONNX: dict[int, np.dtype[Any]] = {number: dtype for dtype, (number, _) in _ONNX_ELEMENT_TYPES.items()}
+_FROM_ONNX_NAME: dict[str, np.dtype[Any]] = {f"tensor({name})": dtype for dtype, (_, name) in _ONNX_ELEMENT_TYPES.items()}
 
 #: What a WebGPU buffer may hold (bit-exact numpy layout).  float64 and 64-bit
 #: unsigned integers have no use on a device without f64/u64 arithmetic.
@@ -42,7 +42,7 @@ def as_dtype(dtype: Any) -> np.dtype[Any]:
     if isinstance(dtype, int) and not isinstance(dtype, bool) and dtype in _FROM_ONNX:
         return _FROM_ONNX[dtype]
     try:
-        result = np.dtype(dtype)
+        result: np.dtype[Any] = np.dtype(dtype)
     except TypeError as error:
         raise DtypeError(f"{dtype!r} is not a dtype: give a numpy dtype or its name, e.g. 'float32'") from error
     if result not in _ONNX_ELEMENT_TYPES:

@@ -4,7 +4,22 @@ from ._allocator import SharedAllocator as SharedAllocator
 from ._env import Device as Device
 from ._env import Env as Env
 from ._env import get_env as get_env
-from ._errors import *
+from ._errors import OrtGpuError as OrtGpuError
+from ._errors import ProvenanceError as ProvenanceError
+from ._errors import CaptureStateError as CaptureStateError
+from ._errors import TransferRoutingError as TransferRoutingError
+from ._errors import UnsafeAccessError as UnsafeAccessError
+from ._errors import ReleasedValueError as ReleasedValueError
+from ._errors import DeviceError as DeviceError
+from ._errors import OutOfMemoryError as OutOfMemoryError
+from ._errors import ValidationError as ValidationError
+from ._errors import DeviceLostError as DeviceLostError
+from ._errors import ModelError as ModelError
+from ._errors import UnsupportedOpError as UnsupportedOpError
+from ._errors import InvalidModelError as InvalidModelError
+from ._errors import InvalidArgumentError as InvalidArgumentError
+from ._errors import ShapeError as ShapeError
+from ._errors import DtypeError as DtypeError
 from ._transfer import transfer as transfer
 from ._transfer import transfer_route as transfer_route
 from ._value import CPU as CPU
@@ -13,4 +28,34 @@ from ._value import OrtValue as OrtValue
 from ._value import Provenance as Provenance
 from ._value import WebGPU as WebGPU
 
-__all__: list[str]
+__all__ = [
+    "OrtGpuError",
+    "ProvenanceError",
+    "CaptureStateError",
+    "TransferRoutingError",
+    "UnsafeAccessError",
+    "ReleasedValueError",
+    "DeviceError",
+    "OutOfMemoryError",
+    "ValidationError",
+    "DeviceLostError",
+    "ModelError",
+    "UnsupportedOpError",
+    "InvalidModelError",
+    "InvalidArgumentError",
+    "ShapeError",
+    "DtypeError",
+    "Env",
+    "Device",
+    "get_env",
+    "OrtValue",
+    "Provenance",
+    "DeviceBuffer",
+    "CPU",
+    "WebGPU",
+    "DeviceAllocator",
+    "SharedAllocator",
+    "SessionAllocator",
+    "transfer",
+    "transfer_route",
+]

@@ -1,5 +1,6 @@
 """Types of ortgpu_core._allocator (hand-written; checked by stubtest)."""
 
+from typing_extensions import Never, disjoint_base
 from types import TracebackType
 from typing import Any, Literal, final
 
@@ -8,7 +9,9 @@ import numpy.typing as npt
 from ._env import Device, Env
 from ._value import DeviceBuffer, OrtValue, Provenance, WebGPU
 
+@disjoint_base
 class DeviceAllocator:
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...
     @property
     def device(self) -> Device: ...
     @property
@@ -36,6 +39,7 @@ class DeviceAllocator:
 
 @final
 class SharedAllocator(DeviceAllocator):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...
     @staticmethod
     def _create(env: Env, device: Device) -> SharedAllocator: ...
 

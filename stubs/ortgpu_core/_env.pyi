@@ -1,5 +1,6 @@
 """Types of ortgpu_core._env (hand-written; checked by stubtest)."""
 
+from typing_extensions import Never, disjoint_base
 from types import TracebackType
 from typing import Literal, final
 
@@ -10,6 +11,7 @@ EXECUTION_MODES: tuple[str, ...]
 
 @final
 class Device:
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...
     @property
     def index(self) -> int: ...
     @property

@@ -5,6 +5,7 @@ are ``OrtValue[WebGPU]``, CPU values ``OrtValue[CPU]``, so ``numpy()`` or
 ``__dlpack__`` on a device value is a type error, not only a runtime one.
 """
 
+from typing_extensions import Never, disjoint_base
 import types
 from typing import Any, Callable, Generic, Literal, TypeVar, final, overload
 
@@ -21,15 +22,14 @@ class CPU:
 class WebGPU:
     """Placement marker: a WebGPU device buffer."""
 
-PlacementT = TypeVar("PlacementT", CPU, WebGPU, covariant=True)
-
-DTypeLike = npt.DTypeLike
+_PlacementT = TypeVar("_PlacementT", CPU, WebGPU, covariant=True)
 
 def padded_size(nbytes: int) -> int: ...
 def check_shape(shape: Any) -> tuple[int, ...]: ...
 
 @final
 class DeviceBuffer:
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...
     @property
     def device(self) -> Device: ...
     @property
@@ -54,6 +54,7 @@ class DeviceBuffer:
 
 @final
 class Provenance:
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...
     @property
     def placement(self) -> Literal["cpu", "webgpu"]: ...
     @property
@@ -75,7 +76,8 @@ class Provenance:
     ) -> Provenance: ...
 
 @final
-class OrtValue(Generic[PlacementT]):
+class OrtValue(Generic[_PlacementT]):
+    def __init__(self, *args: Never, **kwargs: Never) -> None: ...
     def __class_getitem__(cls, item: Any) -> types.GenericAlias: ...
     @overload
     @staticmethod
@@ -88,12 +90,12 @@ class OrtValue(Generic[PlacementT]):
     @overload
     @staticmethod
     def ortvalue_from_shape_and_type(
-        shape: tuple[int, ...] | list[int], element_type: DTypeLike, device_type: Literal["cpu"] = "cpu", device_id: int = 0
+        shape: tuple[int, ...] | list[int], element_type: npt.DTypeLike, device_type: Literal["cpu"] = "cpu", device_id: int = 0
     ) -> OrtValue[CPU]: ...
     @overload
     @staticmethod
     def ortvalue_from_shape_and_type(
-        shape: tuple[int, ...] | list[int], element_type: DTypeLike, device_type: Literal["webgpu"], device_id: int = 0
+        shape: tuple[int, ...] | list[int], element_type: npt.DTypeLike, device_type: Literal["webgpu"], device_id: int = 0
     ) -> OrtValue[WebGPU]: ...
     @property
     def provenance(self) -> Provenance: ...
@@ -119,7 +121,7 @@ class OrtValue(Generic[PlacementT]):
     def __dlpack__(self: OrtValue[CPU]) -> Callable[..., Any]: ...
     @property
     def __dlpack_device__(self: OrtValue[CPU]) -> Callable[[], tuple[int, int]]: ...
-    def __array__(self: OrtValue[CPU], dtype: DTypeLike | None = None, copy: bool | None = None) -> npt.NDArray[Any]: ...
+    def __array__(self: OrtValue[CPU], dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> npt.NDArray[Any]: ...
     # Both placements.
     def update_inplace(self, array: npt.NDArray[Any]) -> None: ...
     def to_numpy(self) -> npt.NDArray[Any]: ...

@@ -1,0 +1,1 @@
+"""Benchmarks of ortgpu: ``python -m bench --help``."""

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# ortgpu's one entry point for a fresh Debian/Ubuntu machine:
+#   ./run.sh demo    set everything up, then build a small model, run it on the default device, print results and timings
+#   ./run.sh test    set everything up, then run the test suite (both backends: wgpu-native and fake)
+# Set-up (idempotent): system packages when missing (python3-venv, a C compiler, and mesa-vulkan-drivers when no
+# Vulkan driver is installed; installed when running as root, else the command to run is printed), a virtualenv in
+# .venv, and the package with its test extras built from this checkout (pip install -e ".[test]").
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${ORTGPU_VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+say() { printf '[run.sh] %s\n' "$*" >&2; }
+
+need_apt=()
+command -v "$PYTHON" >/dev/null 2>&1 || need_apt+=(python3)
+"$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+"$PYTHON" -c 'import sysconfig, os, sys; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)' >/dev/null 2>&1 || need_apt+=(python3-dev)
+if ! ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1; then
+  need_apt+=(mesa-vulkan-drivers libvulkan1)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing system packages: ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    say "missing system packages: ${need_apt[*]}; install them with: sudo apt-get install -y ${need_apt[*]}"
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating virtualenv $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.ortgpu-installed"
+if [ ! -f "$stamp" ] || [ -n "$(find setup.py pyproject.toml ortgpu_core -newer "$stamp" \( -name '*.pyx' -o -name '*.pxd' -o -name 'setup.py' -o -name 'pyproject.toml' \) 2>/dev/null | head -1)" ]; then
+  say "installing ortgpu and its test dependencies into $VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e ".[test]"
+  touch "$stamp"
+fi
+
+case "${1:-}" in
+  demo)
+    shift
+    exec "$VENV/bin/python" -m ortgpu.demo "$@"
+    ;;
+  test)
+    shift
+    exec "$VENV/bin/python" -m pytest -q "$@"
+    ;;
+  *)
+    echo "usage: ./run.sh demo [--backend wgpu|fake] | ./run.sh test [pytest args]" >&2
+    exit 2
+    ;;
+esac
