@@ -456,6 +456,75 @@ def value_dependent_inputs(nodes: Sequence[GraphNode], graph_inputs: Sequence[st
     return frozenset(seen.intersection(graph_inputs))
 
 
+def fold_batch_norms(
+    nodes: Sequence[GraphNode],
+    constants: dict[str, np.ndarray],
+    types: dict[str, tuple[Shape, np.dtype[Any]]],
+    graph_outputs: Sequence[str],
+) -> tuple[list[GraphNode], list[str]]:
+    """Fold inference BatchNormalization into the Conv that feeds it (weights scaled per channel).
+
+    Applies when the Conv's weight (and bias) and the BatchNormalization's
+    parameters are float32 constants and the Conv's output feeds only the
+    BatchNormalization.  Returns the new node list and the names of the removed nodes.
+    """
+    consumers: dict[str, int] = {}
+    for node in nodes:
+        for name in node.inputs:
+            if name:
+                consumers[name] = consumers.get(name, 0) + 1
+    producer = {name: node for node in nodes for name in node.outputs if name}
+    replaced: dict[str, GraphNode] = {}
+    removed: set[str] = set()
+    for node in nodes:
+        if node.op_type != "BatchNormalization" or node.domain != "" or len(node.inputs) != 5:
+            continue
+        if int(node.attrs.get("training_mode", 0)) or any(node.outputs[1:]):
+            continue
+        conv = producer.get(node.inputs[0])
+        if conv is None or conv.op_type != "Conv" or conv.domain != "" or conv.name in replaced:
+            continue
+        x_name = node.inputs[0]
+        if consumers.get(x_name, 0) != 1 or x_name in graph_outputs:
+            continue
+        params = [constants.get(name) for name in node.inputs[1:]]
+        weight = constants.get(conv.inputs[1]) if len(conv.inputs) > 1 else None
+        bias_name = conv.inputs[2] if len(conv.inputs) > 2 else ""
+        bias = constants.get(bias_name) if bias_name else None
+        if weight is None or any(p is None for p in params) or (bias_name and bias is None):
+            continue
+        if weight.dtype != np.float32 or any(p is not None and p.dtype != np.float32 for p in params):
+            continue
+        scale, beta, mean, var = (np.asarray(p, dtype=np.float64).reshape(-1) for p in params if p is not None)
+        channels = weight.shape[0]
+        if not all(v.shape == (channels,) for v in (scale, beta, mean, var)):
+            continue
+        factor = scale / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
+        conv_bias = np.zeros(channels) if bias is None else np.asarray(bias, dtype=np.float64).reshape(-1)
+        new_weight = (weight.astype(np.float64) * factor.reshape((-1,) + (1,) * (weight.ndim - 1))).astype(np.float32)
+        new_bias = ((conv_bias - mean) * factor + beta).astype(np.float32)
+        weight_name = _fresh_name(f"{conv.name}::bn_folded_weight", constants)
+        constants[weight_name] = new_weight
+        bias_out = _fresh_name(f"{conv.name}::bn_folded_bias", constants)
+        constants[bias_out] = new_bias
+        types[weight_name] = (tuple(new_weight.shape), new_weight.dtype)
+        types[bias_out] = (tuple(new_bias.shape), new_bias.dtype)
+        replaced[conv.name] = GraphNode(
+            conv.name, "Conv", "", (conv.inputs[0], weight_name, bias_out), (node.outputs[0],), conv.attrs, conv.opset
+        )
+        removed.add(node.name)
+    result = [replaced.get(node.name, node) for node in nodes if node.name not in removed]
+    return result, sorted(removed)
+
+
+def _fresh_name(base: str, taken: Mapping[str, object]) -> str:
+    name, index = base, 0
+    while name in taken:
+        index += 1
+        name = f"{base}_{index}"
+    return name
+
+
 # ---------------------------------------------------------------------------
 # loading
 
@@ -675,6 +744,8 @@ def load_model(path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto) 
         types[name] = (tuple(array.shape), array.dtype)
     constants = dict(initializers)
     remaining, folded = propagate(nodes, types, constants, opsets, concrete=False)
+    remaining, folded_norms = fold_batch_norms(remaining, constants, types, [v.name for v in outputs])
+    folded += folded_norms
     outputs = [_refine_output(value, types) for value in outputs]
     return LoadedModel(
         inputs=inputs,

@@ -321,16 +321,23 @@ class _Planner:
         steps: list[PlannedStep] = []
         absorbed: set[str] = set()
         cpu_problems: list[str] = []
+        # A fused step runs where its last node was: an epilogue's extra input (a residual) may be
+        # produced after the producer node, never after the last node of the group.
+        delayed: dict[str, PlannedStep] = {}
         for node in nodes:
             if node.name in absorbed:
+                if node.name in delayed:
+                    steps.append(delayed.pop(node.name))
                 continue
             operator = get_operator(node.op_type, node.opset, node.domain)
             attrs = public_attrs(node.attrs)
             step = None
             if self.fuse and node.op_type in FUSABLE_PRODUCERS and node.domain == "":
-                step = self._try_fuse(node, operator, attrs, consumers, graph_outputs)
+                step = self._try_fuse(node, operator, attrs, consumers, graph_outputs, absorbed)
                 if step is not None:
                     absorbed.update(step.node_names[1:])
+                    delayed[step.node_names[-1]] = step
+                    continue
             if step is None:
                 step = self._plan_node(node, operator, attrs)
             if step.placement == "cpu":
@@ -371,6 +378,7 @@ class _Planner:
         attrs: Mapping[str, Any],
         consumers: Mapping[str, list[GraphNode]],
         graph_outputs: set[str],
+        absorbed: set[str],
     ) -> PlannedStep | None:
         current = node.outputs[0]
         output_info = self.infos[current]
@@ -384,6 +392,8 @@ class _Planner:
             if current in graph_outputs or len(users) != 1:
                 break
             user = users[0]
+            if user.name in absorbed:
+                break  # already the epilogue of another producer (the other side of a residual Add)
             if sum(1 for name in user.inputs if name == current) != 1:
                 break
             found = _epilogue_step(user, current, self.types, self.constants, output_info.shape, len(inputs))
