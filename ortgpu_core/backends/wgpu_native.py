@@ -64,6 +64,8 @@ _REQUESTED_FEATURES = (
 _ADAPTER_TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "CPU": 2, "Unknown": 3}
 _BACKEND_TYPE_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1, "OpenGLES": 1}
 _STAGING_MINIMUM = 1 << 16
+# How wgpu-core words the errors of a call on a lost device ("Parent device is lost").
+_LOST_MESSAGE = re.compile(r"device is lost", re.IGNORECASE)
 # read_buffer polls at most this many times for the map callback before giving up.
 _MAP_POLL_ATTEMPTS = 10_000
 
@@ -492,6 +494,11 @@ class WgpuDevice:
             errors, sink.errors = sink.errors, []
             kinds = [kind for kind, _ in errors]
             message = f"{action}: " + "\n".join(text for _, text in errors)
+            if any(_LOST_MESSAGE.search(text) for _, text in errors):
+                # wgpu-native 29 does not call the device-lost callback for every
+                # loss (not for wgpuDeviceDestroy); its errors say so instead.
+                sink.lost = message
+                self._check_open()
             if "OutOfMemory" in kinds:
                 raise OutOfMemoryError(message)
             if "Validation" in kinds:

@@ -1,0 +1,482 @@
+"""The wgpu backend on a real device (lavapipe on CI and development machines).
+
+One backend and one device serve the whole module (opening a device on
+lavapipe is slow); tests that break a device open their own.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from ortgpu_core._errors import DeviceLostError, OutOfMemoryError, ValidationError
+from ortgpu_core.backends import _cdef
+from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends.protocol import AdapterInfo, Backend, BackendDevice, BindingEntry
+from ortgpu_core.backends.wgpu_native import (
+    WgpuBackend,
+    WgpuDevice,
+    choose_default_adapter,
+    feature_name,
+    load_native,
+)
+
+pytestmark = pytest.mark.wgpu_only
+
+ADD_KERNEL = """
+struct Params { count: u32, row: u32, scale: f32, pad: u32 }
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    // A 2-D grid: params.row invocations per grid row.
+    let i = gid.x + gid.y * params.row;
+    if (i < params.count) {
+        out[i] = (a[i] + b[i]) * params.scale;
+    }
+}
+"""
+
+F16_KERNEL = """
+enable f16;
+@group(0) @binding(0) var<storage, read> x: array<f16>;
+@group(0) @binding(1) var<storage, read_write> y: array<f16>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < arrayLength(&y)) {
+        y[i] = x[i] * 2.0h + 1.0h;
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def backend() -> Iterator[WgpuBackend]:
+    instance = WgpuBackend()
+    yield instance
+    instance.close()
+
+
+@pytest.fixture(scope="module")
+def device(backend: WgpuBackend) -> Iterator[WgpuDevice]:
+    opened = backend.open_device(backend.default_adapter_index())
+    yield opened
+    opened.destroy()
+
+
+@pytest.fixture
+def clean(device: WgpuDevice) -> Iterator[WgpuDevice]:
+    """The shared device; fails the test if it leaves handles behind."""
+    before = device.live_handles()
+    yield device
+    assert device.live_handles() == before, "the test leaked buffers, pipelines or bind groups"
+
+
+def _params(count: int, row: int, scale: float) -> bytes:
+    return np.array([count, row], np.uint32).tobytes() + np.array([scale], np.float32).tobytes() + bytes(4)
+
+
+class AddKernel:
+    """The add kernel with its buffers, released by ``close``."""
+
+    def __init__(self, device: WgpuDevice, count: int, row: int) -> None:
+        self.device = device
+        self.count = count
+        size = 4 * count
+        self.pipeline = device.create_compute_pipeline(ADD_KERNEL, label="add")
+        self.a = device.create_buffer(size, label="a")
+        self.b = device.create_buffer(size, label="b")
+        self.out = device.create_buffer(size, label="out")
+        self.params = device.create_buffer(16, uniform=True, label="params")
+        self.bind_group = device.create_bind_group(
+            self.pipeline,
+            [
+                BindingEntry(0, self.a, 0, size),
+                BindingEntry(1, self.b, 0, size),
+                BindingEntry(2, self.out, 0, size),
+                BindingEntry(3, self.params, 0, 16),
+            ],
+        )
+
+    def close(self) -> None:
+        self.device.release_bind_group(self.bind_group)
+        for buffer in (self.a, self.b, self.out, self.params):
+            self.device.destroy_buffer(buffer)
+        self.device.release_pipeline(self.pipeline)
+
+
+# -- the generated cdef -------------------------------------------------------------
+
+
+def test_cdef_matches_installed_headers() -> None:
+    committed = _cdef.generated_cdef_path().read_text(encoding="utf-8")
+    assert _cdef.generate_cdef() == committed, (
+        "resources/wgpu_native.cdef.h is stale: run python -m ortgpu_core.backends._cdef"
+    )
+
+
+def test_cdef_constants_and_preprocessor() -> None:
+    _, lib = load_native()
+    assert lib.WGPUBufferUsage_Storage == 0x80
+    assert lib.WGPU_WHOLE_SIZE == 2**64 - 1
+    assert lib.WGPUInstanceBackend_Primary == (1 << 0) | (1 << 2) | (1 << 3) | (1 << 5)
+    text = "#define A_ATTR\n#ifdef __cplusplus\nextern \"C\" {\n#endif\ntypedef int T A_ATTR; // c\n#define K (UINT32_C(3))\n"
+    assert _cdef.preprocess_header(text) == "typedef int T;\n#define K 0x3\n"
+
+
+def test_feature_names() -> None:
+    assert feature_name("ShaderF16") == "shader-f16"
+    assert feature_name("TimestampQuery") == "timestamp-query"
+    assert feature_name("Subgroups") == "subgroups"
+    assert feature_name("Depth32FloatStencil8") == "depth32float-stencil8"
+    assert feature_name("ShaderInt64") == "shader-int64"
+
+
+# -- adapters and devices -----------------------------------------------------------------
+
+
+def test_enumerate_adapters(backend: WgpuBackend) -> None:
+    adapters = backend.enumerate_adapters()
+    assert isinstance(backend, Backend) and backend.name == "wgpu"
+    assert adapters, "wgpu-native found no adapter"
+    for index, info in enumerate(adapters):
+        assert info.index == index
+        assert info.name and isinstance(info.driver, str)
+        assert 0 <= info.vendor_id < 2**32 and 0 <= info.device_id < 2**32
+        assert info.backend_type in {"Vulkan", "OpenGL", "OpenGLES", "Metal", "D3D12", "D3D11", "WebGPU", "Null"}
+        assert info.adapter_type in {"DiscreteGPU", "IntegratedGPU", "CPU", "Unknown"}
+    assert any(info.backend_type == "Vulkan" for info in adapters), "lavapipe or a GPU should show up as Vulkan"
+
+
+def _info(index: int, backend_type: str, adapter_type: str) -> AdapterInfo:
+    return AdapterInfo(index, 0x10DE, 1, f"gpu{index}", "driver", backend_type, adapter_type)
+
+
+def test_default_adapter_choice(backend: WgpuBackend) -> None:
+    gl_discrete = _info(0, "OpenGL", "DiscreteGPU")
+    cpu_vulkan = _info(1, "Vulkan", "CPU")
+    vulkan_discrete = _info(2, "Vulkan", "DiscreteGPU")
+    integrated = _info(3, "Vulkan", "IntegratedGPU")
+    cpu_gl = _info(4, "OpenGL", "CPU")
+    assert choose_default_adapter([gl_discrete, cpu_vulkan, vulkan_discrete, integrated]) == 2
+    assert choose_default_adapter([gl_discrete, cpu_vulkan]) == 0
+    assert choose_default_adapter([cpu_gl, cpu_vulkan, integrated]) == 3
+    assert choose_default_adapter([cpu_gl, cpu_vulkan]) == 1
+    chosen = backend.enumerate_adapters()[backend.default_adapter_index()]
+    assert chosen.backend_type == "Vulkan"
+
+
+def test_device_limits_are_the_adapters(backend: WgpuBackend, device: WgpuDevice) -> None:
+    assert isinstance(device, BackendDevice)
+    assert device.limits == backend.adapter_limits(device.info.index)
+    assert device.limits.max_compute_workgroups_per_dimension >= 65535
+    if device.info.adapter_type == "CPU":  # lavapipe: larger than WebGPU's 256 MiB default
+        assert device.limits.max_buffer_size > 256 * 2**20
+    assert "shader-f16" in device.features or device.info.backend_type == "OpenGL"
+    assert all(isinstance(name, str) and name == name.lower() for name in device.features)
+
+
+def test_open_device_bad_index(backend: WgpuBackend) -> None:
+    with pytest.raises(ValidationError, match="out of range"):
+        backend.open_device(len(backend.enumerate_adapters()))
+
+
+# -- buffers ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [4, 12, 256, 4096, 65540, 3 * 2**20 + 4])
+def test_write_read_round_trip(clean: WgpuDevice, size: int) -> None:
+    device = clean
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    buffer = device.create_buffer(size + 8)
+    try:
+        assert device.read_buffer(buffer, 0, size + 8) == bytes(size + 8), "new buffers are zero-filled"
+        device.write_buffer(buffer, 4, data)
+        assert device.read_buffer(buffer, 4, size) == data
+        assert device.read_buffer(buffer, 0, 4) == bytes(4)
+        device.write_buffer(buffer, 0, memoryview(bytearray(b"\x01\x02\x03\x04")))
+        assert device.read_buffer(buffer, 0, 8) == b"\x01\x02\x03\x04" + data[:4]
+    finally:
+        device.destroy_buffer(buffer)
+
+
+def test_buffer_argument_errors(clean: WgpuDevice) -> None:
+    device = clean
+    buffer = device.create_buffer(64)
+    try:
+        with pytest.raises(ValidationError, match="multiple of 4"):
+            device.create_buffer(6)
+        with pytest.raises(ValidationError, match="multiple of 4"):
+            device.write_buffer(buffer, 2, bytes(4))
+        with pytest.raises(ValidationError, match="multiple of 4"):
+            device.read_buffer(buffer, 0, 5)
+        with pytest.raises(ValidationError, match="past the buffer"):
+            device.write_buffer(buffer, 60, bytes(8))
+        with pytest.raises(ValidationError, match="past the buffer"):
+            device.read_buffer(buffer, 32, 64)
+        with pytest.raises(ValidationError, match="not a live buffer"):
+            device.read_buffer(12345, 0, 4)
+    finally:
+        device.destroy_buffer(buffer)
+    with pytest.raises(ValidationError, match="released or never existed"):
+        device.destroy_buffer(buffer)
+    with pytest.raises(ValidationError):
+        device.write_buffer(buffer, 0, bytes(4))
+
+
+def test_buffer_over_the_limit_is_a_typed_error(clean: WgpuDevice) -> None:
+    device = clean
+    limit = device.limits.max_buffer_size
+    too_big = limit - limit % 4 + 4
+    with pytest.raises(ValidationError) as raised:
+        device.create_buffer(too_big)
+    assert str(too_big) in str(raised.value) and str(limit) in str(raised.value)
+    assert not isinstance(raised.value, OutOfMemoryError)
+
+
+# -- kernels -------------------------------------------------------------------------------
+
+
+def test_add_kernel_with_copies_and_clears(clean: WgpuDevice) -> None:
+    device = clean
+    count = 1000
+    kernel = AddKernel(device, count, row=count)
+    scratch = device.create_buffer(4 * count, label="scratch")
+    try:
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal(count, dtype=np.float32)
+        b = rng.standard_normal(count, dtype=np.float32)
+        device.write_buffer(kernel.a, 0, a.tobytes())
+        device.write_buffer(kernel.params, 0, _params(count, count, 2.0))
+        device.write_buffer(scratch, 0, b.tobytes())
+        groups = (count + 63) // 64
+        commands = CommandList()
+        commands.add_copy(scratch, 0, kernel.b, 0, 4 * count)  # b <- scratch
+        commands.add_clear(scratch, 0, 4 * count)  # scratch <- 0
+        commands.add_dispatch(kernel.pipeline, kernel.bind_group, groups)  # out = (a + b) * 2
+        commands.add_copy(kernel.out, 0, scratch, 0, 4 * count)  # scratch <- out
+        commands.add_clear(kernel.out, 0, 400)  # out[:100] <- 0
+        commands.add_dispatch(kernel.pipeline, kernel.bind_group, groups)  # out = (a + b) * 2 again
+        commands.add_clear(kernel.out, 4 * 900, 400)  # out[900:] <- 0
+        device.submit(commands)
+        expected = (a + b) * np.float32(2.0)
+        got_scratch = np.frombuffer(device.read_buffer(scratch, 0, 4 * count), np.float32)
+        got_out = np.frombuffer(device.read_buffer(kernel.out, 0, 4 * count), np.float32)
+        np.testing.assert_allclose(got_scratch, expected, rtol=1e-6)
+        np.testing.assert_allclose(got_out[:900], expected[:900], rtol=1e-6)
+        assert not got_out[900:].any()
+        # A submitted list can be submitted again (a frozen list is what replay uses);
+        # this time b <- scratch holds the first result.
+        device.write_buffer(kernel.params, 0, _params(count, count, -1.0))
+        device.submit(commands.freeze())
+        got_out = np.frombuffer(device.read_buffer(kernel.out, 0, 4 * count), np.float32)
+        np.testing.assert_allclose(got_out[:900], -(a + expected)[:900], rtol=1e-6)
+    finally:
+        device.destroy_buffer(scratch)
+        kernel.close()
+
+
+def test_two_dimensional_grid(clean: WgpuDevice) -> None:
+    device = clean
+    max_groups = device.limits.max_compute_workgroups_per_dimension
+    count = 64 * (max_groups + 3)  # one dimension is not enough
+    groups = (count + 63) // 64
+    grid_x = 1024
+    grid_y = (groups + grid_x - 1) // grid_x
+    kernel = AddKernel(device, count, row=grid_x * 64)
+    try:
+        a = np.arange(count, dtype=np.float32)
+        device.write_buffer(kernel.a, 0, a.tobytes())
+        device.write_buffer(kernel.b, 0, np.ones(count, np.float32).tobytes())
+        device.write_buffer(kernel.params, 0, _params(count, grid_x * 64, 1.0))
+        too_wide = CommandList()
+        too_wide.add_dispatch(kernel.pipeline, kernel.bind_group, groups)
+        with pytest.raises(ValidationError, match="workgroups per dimension"):
+            device.submit(too_wide)
+        commands = CommandList()
+        commands.add_dispatch(kernel.pipeline, kernel.bind_group, grid_x, grid_y)
+        device.submit(commands)
+        got = np.frombuffer(device.read_buffer(kernel.out, 0, 4 * count), np.float32)
+        np.testing.assert_array_equal(got, a + 1)
+    finally:
+        kernel.close()
+
+
+def test_invalid_command_buffer_is_not_submitted(clean: WgpuDevice) -> None:
+    """Past the Python checks, the C loop refuses a buffer Finish reported invalid (wgpu-native would abort)."""
+    device = clean
+    kernel = AddKernel(device, 64, row=64)
+    try:
+        commands = CommandList()
+        commands.add_dispatch(kernel.pipeline, kernel.bind_group, device.limits.max_compute_workgroups_per_dimension + 1)
+        assert commands.encode_submit_native(device.native_table) is False
+        with pytest.raises(ValidationError, match="65535"):
+            device.wait_idle()  # the collected error is raised by the next call
+        device.write_buffer(kernel.params, 0, _params(64, 64, 1.0))
+        device.write_buffer(kernel.a, 0, np.full(64, 3, np.float32).tobytes())
+        ok = CommandList()
+        ok.add_dispatch(kernel.pipeline, kernel.bind_group, 1)
+        device.submit(ok)  # the device still works
+        assert np.frombuffer(device.read_buffer(kernel.out, 0, 256), np.float32).tolist() == [3.0] * 64
+    finally:
+        kernel.close()
+
+
+def test_submit_rejects_stale_and_mismatched_handles(clean: WgpuDevice) -> None:
+    device = clean
+    kernel = AddKernel(device, 64, row=64)
+    other = device.create_compute_pipeline(ADD_KERNEL)
+    try:
+        mismatched = CommandList()
+        mismatched.add_dispatch(other, kernel.bind_group, 1)
+        with pytest.raises(ValidationError, match="was made for pipeline"):
+            device.submit(mismatched)
+        copy_past_end = CommandList()
+        copy_past_end.add_copy(kernel.a, 0, kernel.b, 8, 256)
+        with pytest.raises(ValidationError, match="past the end"):
+            device.submit(copy_past_end)
+        unaligned_clear = CommandList()
+        unaligned_clear.add_clear(kernel.a, 2, 4)
+        with pytest.raises(ValidationError, match="multiple of 4"):
+            device.submit(unaligned_clear)
+        with pytest.raises(ValidationError, match="both as read-only and as read_write"):
+            device.create_bind_group(
+                kernel.pipeline,
+                [
+                    BindingEntry(0, kernel.a, 0, 128),
+                    BindingEntry(1, kernel.b, 0, 128),
+                    BindingEntry(2, kernel.a, 128, 128),
+                    BindingEntry(3, kernel.params, 0, 16),
+                ],
+            )
+    finally:
+        device.release_pipeline(other)
+        kernel.close()
+    stale = CommandList()
+    stale.add_dispatch(kernel.pipeline, kernel.bind_group, 1)
+    with pytest.raises(ValidationError, match="not a live pipeline"):
+        device.submit(stale)
+
+
+def test_destroyed_buffer_in_bind_group(clean: WgpuDevice) -> None:
+    device = clean
+    kernel = AddKernel(device, 64, row=64)
+    try:
+        device.destroy_buffer(kernel.b)
+        commands = CommandList()
+        commands.add_dispatch(kernel.pipeline, kernel.bind_group, 1)
+        with pytest.raises(ValidationError, match="a buffer of bind group"):
+            device.submit(commands)
+        kernel.b = device.create_buffer(256)  # so close() has something to destroy
+    finally:
+        kernel.close()
+
+
+def test_wgsl_compile_error(clean: WgpuDevice) -> None:
+    device = clean
+    with pytest.raises(ValidationError) as raised:
+        device.create_compute_pipeline("@compute @workgroup_size(1) fn main() { let x: f32 = undefined_name; }")
+    assert "undefined_name" in str(raised.value)
+    assert "WGSL compilation failed" in str(raised.value)
+    with pytest.raises(ValidationError, match="entry_point='nope'"):
+        device.create_compute_pipeline(ADD_KERNEL, entry_point="nope")
+
+
+def test_bind_group_argument_errors(clean: WgpuDevice) -> None:
+    device = clean
+    kernel = AddKernel(device, 64, row=64)
+    try:
+        with pytest.raises(ValidationError, match="not a multiple of"):
+            device.create_bind_group(kernel.pipeline, [BindingEntry(0, kernel.a, 4, 64)])
+        with pytest.raises(ValidationError, match="used twice"):
+            device.create_bind_group(kernel.pipeline, [BindingEntry(0, kernel.a, 0, 64), BindingEntry(0, kernel.b, 0, 64)])
+        with pytest.raises(ValidationError):  # binding 3 missing: wgpu-native's own validation
+            device.create_bind_group(
+                kernel.pipeline,
+                [BindingEntry(0, kernel.a, 0, 256), BindingEntry(1, kernel.b, 0, 256), BindingEntry(2, kernel.out, 0, 256)],
+            )
+        with pytest.raises(ValidationError, match="not a live pipeline"):
+            device.create_bind_group(kernel.a, [])
+    finally:
+        kernel.close()
+
+
+def test_f16_round_trip(clean: WgpuDevice) -> None:
+    device = clean
+    if "shader-f16" not in device.features:
+        pytest.skip("the adapter has no shader-f16")
+    count = 300
+    x = np.linspace(-4, 4, count).astype(np.float16)
+    size = 2 * count
+    pipeline = device.create_compute_pipeline(F16_KERNEL, label="f16")
+    source = device.create_buffer(size)
+    result = device.create_buffer(size)
+    bind_group = device.create_bind_group(pipeline, [BindingEntry(0, source, 0, size), BindingEntry(1, result, 0, size)])
+    try:
+        device.write_buffer(source, 0, x.tobytes())
+        assert np.array_equal(np.frombuffer(device.read_buffer(source, 0, size), np.float16), x)
+        commands = CommandList()
+        commands.add_dispatch(pipeline, bind_group, (count + 63) // 64)
+        device.submit(commands)
+        got = np.frombuffer(device.read_buffer(result, 0, size), np.float16)
+        np.testing.assert_array_equal(got, x * np.float16(2) + np.float16(1))
+    finally:
+        device.release_bind_group(bind_group)
+        device.destroy_buffer(source)
+        device.destroy_buffer(result)
+        device.release_pipeline(pipeline)
+
+
+# -- lifetime -----------------------------------------------------------------------------
+
+
+def test_live_handles_return_to_start(backend: WgpuBackend, device: WgpuDevice) -> None:
+    start_device, start_backend = device.live_handles(), backend.live_handles()
+    kernel = AddKernel(device, 64, row=64)
+    assert device.live_handles() == start_device + 6
+    assert backend.live_handles() == start_backend + 6
+    kernel.close()
+    assert device.live_handles() == start_device
+    with pytest.raises(ValidationError):
+        device.release_bind_group(kernel.bind_group)
+    with pytest.raises(ValidationError):
+        device.release_pipeline(kernel.pipeline)
+    assert backend.live_handles() == start_backend
+
+
+def test_device_destroy_and_loss(backend: WgpuBackend) -> None:
+    device = backend.open_device(backend.default_adapter_index())
+    device.create_buffer(64)
+    device.create_compute_pipeline(ADD_KERNEL)
+    assert device.live_handles() == 2
+    device.destroy()
+    device.destroy()  # idempotent
+    assert device.live_handles() == 0 and device.destroyed
+    with pytest.raises(DeviceLostError):
+        device.create_buffer(64)
+
+    lost = backend.open_device(backend.default_adapter_index())
+    buffer = lost.create_buffer(64)
+    _, lib = load_native()
+    lib.wgpuDeviceDestroy(lost._device)  # what a driver reset looks like from here
+    for call in (lambda: lost.create_buffer(64), lambda: lost.read_buffer(buffer, 0, 4), lost.wait_idle):
+        with pytest.raises(DeviceLostError, match="lost"):
+            call()
+    lost.destroy()
+
+
+def test_dropping_a_device_releases_it(backend: WgpuBackend) -> None:
+    device = backend.open_device(backend.default_adapter_index())
+    device.create_buffer(64)
+    before = backend.live_handles()
+    del device
+    gc.collect()
+    assert backend.live_handles() == before - 1
