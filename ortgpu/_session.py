@@ -194,7 +194,7 @@ class InferenceSession:
         self._capture_lock = threading.Lock()  # graph registration is atomic
         self._plans: dict[tuple[Any, ...], ExecutionPlan] = {}
         self._staged: dict[tuple[Any, ...], _StagedRun] = {}
-        self._programs: dict[tuple[Any, ...], DeviceProgram] = {}
+        self._programs: dict[int, DeviceProgram] = {}  # by id() of a plan in self._plans (kept alive there)
         self._graphs: dict[int, CapturedGraph | None] = {}
         self._intermediates: dict[int, DeviceBuffer] = {}
         self._input_infos = {info.name: info for info in self._model.inputs}
@@ -358,16 +358,50 @@ class InferenceSession:
             raise ShapeError(f"{kind} {name!r} has shape {list(info.shape)} in the model, got {list(shape)}")
 
     # -- planning ----------------------------------------------------------------------
-    def _plan_for(self, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, np.dtype[Any]]) -> ExecutionPlan:
-        key = tuple(sorted((name, tuple(shape)) for name, shape in shapes.items()))
+    def _plan_key(
+        self, shapes: Mapping[str, tuple[int, ...]], values: Mapping[str, np.ndarray] | None
+    ) -> tuple[Any, ...]:
+        """Plans are cached per input-shape signature, plus the values of inputs that decide shapes by value."""
+        key: tuple[Any, ...] = tuple(sorted((name, tuple(shape)) for name, shape in shapes.items()))
+        if self._model.value_dependent_inputs:
+            chosen = values or {}
+            key += tuple(
+                (name, str(chosen[name].dtype), chosen[name].tobytes()) if name in chosen else (name, None)
+                for name in sorted(self._model.value_dependent_inputs)
+            )
+        return key
+
+    def _plan_for(
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        dtypes: Mapping[str, np.dtype[Any]],
+        values: Mapping[str, np.ndarray] | None = None,
+    ) -> ExecutionPlan:
+        key = self._plan_key(shapes, values)
         with self._lock:
             plan = self._plans.get(key)
             if plan is None:
                 plan = plan_model(
-                    self._model, shapes, self._caps, input_dtypes=dtypes, allow_cpu=self.allow_cpu_fallback, fuse=self._fuse
+                    self._model,
+                    shapes,
+                    self._caps,
+                    input_dtypes=dtypes,
+                    input_values={n: v for n, v in (values or {}).items() if n in self._model.value_dependent_inputs},
+                    allow_cpu=self.allow_cpu_fallback,
+                    fuse=self._fuse,
                 )
                 self._plans[key] = plan
             return plan
+
+    def _values_deciding_shapes(self, values: Mapping[str, AnyValue], cpu_inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Host copies of the inputs whose values decide shapes (a synchronous read for device values)."""
+        chosen: dict[str, np.ndarray] = {}
+        for name in self._model.value_dependent_inputs:
+            if name in cpu_inputs:
+                chosen[name] = np.asarray(cpu_inputs[name])
+            elif name in values:
+                chosen[name] = values[name].to_numpy()
+        return chosen
 
     def _allocate_intermediate(self, nbytes: int) -> int:
         buffer = self.allocator._allocate(nbytes)
@@ -447,7 +481,9 @@ class InferenceSession:
             self._check_info(name, self._input_infos[name], array.dtype, tuple(array.shape), "input")
             arrays[name] = array
         with self._lock:
-            staged = self._staged_run({n: a.shape for n, a in arrays.items()}, {n: a.dtype for n, a in arrays.items()})
+            staged = self._staged_run(
+                {n: a.shape for n, a in arrays.items()}, {n: a.dtype for n, a in arrays.items()}, arrays
+            )
             for name, array in arrays.items():
                 if array.nbytes:
                     _write(self._backend_device, staged.inputs[name], array)
@@ -460,11 +496,13 @@ class InferenceSession:
                 results[name] = _read(self._backend_device, staged.outputs[name], info.shape, info.dtype)
         return [results[name] for name in order]
 
-    def _staged_run(self, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, np.dtype[Any]]) -> _StagedRun:
-        key = tuple(sorted((name, tuple(shape)) for name, shape in shapes.items()))
+    def _staged_run(
+        self, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, np.dtype[Any]], values: Mapping[str, np.ndarray]
+    ) -> _StagedRun:
+        key = self._plan_key(shapes, values)
         staged = self._staged.get(key)
         if staged is None:
-            plan = self._plan_for(shapes, dtypes)
+            plan = self._plan_for(shapes, dtypes, values)
             program = self._new_program(plan)
             try:
                 inputs = {n: self.allocator._allocate(padded_size(i.nbytes)) for n, i in plan.input_infos.items()}
@@ -475,10 +513,11 @@ class InferenceSession:
             staged = self._staged[key] = _StagedRun(plan, program, inputs, outputs)
         return staged
 
-    def _program_for(self, plan: ExecutionPlan, key: tuple[Any, ...]) -> DeviceProgram:
-        program = self._programs.get(key)
+    def _program_for(self, plan: ExecutionPlan) -> DeviceProgram:
+        """The program for ordinary runs over bound values, one per plan."""
+        program = self._programs.get(id(plan))
         if program is None:
-            program = self._programs[key] = self._new_program(plan)
+            program = self._programs[id(plan)] = self._new_program(plan)
         return program
 
     def run_with_ort_values(
@@ -497,7 +536,11 @@ class InferenceSession:
             self._check_info(name, self._input_infos[name], value.dtype, tuple(value.shape()), "input")
         with self._lock:
             shapes = {n: tuple(v.shape()) for n, v in input_dict_ort_values.items()}
-            plan = self._plan_for(shapes, {n: v.dtype for n, v in input_dict_ort_values.items()})
+            plan = self._plan_for(
+                shapes,
+                {n: v.dtype for n, v in input_dict_ort_values.items()},
+                self._values_deciding_shapes(input_dict_ort_values, {}),
+            )
             outputs = {n: self.allocator.empty(info.shape, info.dtype) for n, info in plan.output_infos.items()}
             self._run_bound(plan, dict(input_dict_ort_values), {}, dict(outputs))
         return [outputs[name] for name in order]
@@ -510,8 +553,7 @@ class InferenceSession:
         outputs: dict[str, AnyValue],
     ) -> None:
         """An ordinary run over bound values (host values go through staging buffers)."""
-        key = ("bound",) + tuple(sorted((n, i.shape) for n, i in plan.input_infos.items()))
-        program = self._program_for(plan, key)
+        program = self._program_for(plan)
         staged: list[DeviceBuffer] = []
         try:
             input_handles: dict[str, int] = {}
@@ -594,7 +636,12 @@ class InferenceSession:
         shapes.update({n: tuple(a.shape) for n, a in cpu_inputs.items()})
         dtypes = {n: v.dtype for n, v in inputs.items()}
         dtypes.update({n: a.dtype for n, a in cpu_inputs.items()})
-        plan = self._plan_for(shapes, dtypes)
+        if for_capture and self._model.value_dependent_inputs:
+            raise CaptureStateError(
+                f"cannot capture: inputs {sorted(self._model.value_dependent_inputs)} decide tensor shapes by their values, "
+                f"which a captured graph cannot follow; run this model with gpu_graph_id=-1"
+            )
+        plan = self._plan_for(shapes, dtypes, self._values_deciding_shapes(inputs, cpu_inputs))
         for name, info in plan.output_infos.items():
             value = outputs[name]
             if tuple(value.shape()) != info.shape or value.dtype != info.dtype:

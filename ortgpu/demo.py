@@ -54,6 +54,11 @@ def reference(x: npt.NDArray[np.float32], weights: list[tuple[np.ndarray, np.nda
     return x
 
 
+def relative_error(actual: npt.NDArray[np.float32], expected: npt.NDArray[np.float32]) -> float:
+    """``||actual - expected|| / ||expected||``."""
+    return float(np.linalg.norm(actual - expected)) / max(float(np.linalg.norm(expected)), 1e-30)
+
+
 def median_ms(step: Callable[[], object], repeats: int) -> float:
     step()  # warm-up
     times = []
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{on_gpu}/{len(placement)} planned steps on WebGPU")
         (out,) = sess.run(None, {"X": batch})
         expected = reference(batch, weights)
-        error = float(np.linalg.norm(out - expected) / max(np.linalg.norm(expected), 1e-30))
+        error = relative_error(out, expected)
         print(f"run(): output {list(out.shape)}, relative error vs numpy {error:.2e}")
 
         x = env.shared_allocator(device).from_numpy(batch)
@@ -100,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             second = (batch * 0.5).astype(np.float32)
             x.update_inplace(second)
             graph.replay()
-            replay_error = float(np.linalg.norm(y.to_numpy() - reference(second, weights)) / max(np.linalg.norm(reference(second, weights)), 1e-30))
+            expected_second = reference(second, weights)
+            replay_error = relative_error(y.to_numpy(), expected_second)
             print(f"captured graph: {graph.dispatch_count} dispatches; replay on new input, relative error {replay_error:.2e}")
 
             def uncaptured() -> object:
