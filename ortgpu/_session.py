@@ -674,13 +674,35 @@ class InferenceSession:
             if graph is None:
                 self._capture_locked(binding, graph_id)
                 return
-        if binding is not graph.binding and binding is not graph.binding.origin:
+        self._check_replay_binding(graph, binding)
+        graph.replay()
+
+    @staticmethod
+    def _check_replay_binding(graph: CapturedGraph, binding: AnyBinding) -> None:
+        """May ``binding`` replay ``graph``?  It must be the captured binding (its snapshot, its origin, or
+        another snapshot of that origin) *and* still refer to the same native buffers: replay re-issues
+        the buffers recorded at capture, whatever the binding holds now."""
+        captured = graph.binding
+        origin = captured.origin
+        same_binding = binding is captured or (
+            origin is not None and (binding is origin or (isinstance(binding, FrozenIOBinding) and binding.origin is origin))
+        )
+        if not same_binding:
             raise CaptureStateError(
                 f"graph {graph.label} was captured with another binding, and replay would use that binding's buffers, "
                 f"not this one's; reuse the captured binding (update its inputs in place), or release the graph first "
-                f"(session.release_captured_graph({graph_id}))"
+                f"(session.release_captured_graph({graph.graph_id}))"
             )
-        graph.replay()
+        if binding.signature != captured.signature:
+            now = {row[:2]: row[2:] for row in binding.signature}
+            then = {row[:2]: row[2:] for row in captured.signature}
+            changed = sorted(f"{role} {name!r}" for role, name in set(now) | set(then) if now.get((role, name)) != then.get((role, name)))
+            raise CaptureStateError(
+                f"graph {graph.label} replays the buffers it was captured with, but this binding's {', '.join(changed)} "
+                f"now refer to other buffers (it was rebound after the snapshot the graph was captured from was frozen); "
+                f"replay graph.binding, or release the graph first (session.release_captured_graph({graph.graph_id})) "
+                f"and capture this binding"
+            )
 
     def _check_graph_id(self, graph_id: object) -> None:
         if isinstance(graph_id, bool) or not isinstance(graph_id, int):

@@ -10,12 +10,18 @@ A graph owns:
 * the frozen :class:`~ortgpu_core.backends._commands.CommandList` it replays,
 * the executor state the list refers to (intermediate buffers, bind groups).
 
+``release()`` drops all of these, the snapshot included: a released graph no
+longer keeps the user's values alive (it remembers its origin binding only
+weakly, to return it again from a repeated ``release()``).
+
 ``replay()`` submits the command list: on the wgpu backend a C loop encodes
 every record through wgpu-native's function pointers with the GIL released,
 then submits once; nothing is allocated per dispatch.  ``release()`` unpins,
 frees the graph's own state and unlocks the binding it was captured from
 (returning it).  The session registers graphs by id under a lock.
 """
+
+import weakref
 
 from ._binding cimport FrozenIOBinding, IOBinding
 from ._value cimport DeviceBuffer
@@ -55,7 +61,8 @@ cdef class CapturedGraph:
     cdef readonly object graph_id
     cdef readonly object label
     cdef object _session
-    cdef FrozenIOBinding _binding
+    cdef FrozenIOBinding _binding  # None once released
+    cdef object _origin_ref  # weak reference to the origin IOBinding, once released
     cdef CommandList _commands
     cdef object _submit
     cdef list _pinned
@@ -74,6 +81,7 @@ cdef class CapturedGraph:
         graph.label = GraphLabel(session.session_id, graph_id)
         graph._session = session
         graph._binding = binding
+        graph._origin_ref = None
         graph._commands = commands.freeze()
         graph._submit = submit
         graph._pinned = pinned
@@ -88,7 +96,12 @@ cdef class CapturedGraph:
 
     @property
     def binding(self):
-        """The :class:`FrozenIOBinding` this graph replays."""
+        """The :class:`FrozenIOBinding` this graph replays (``CaptureStateError`` once released)."""
+        if self._binding is None:
+            raise CaptureStateError(
+                f"graph {self.label} was released and no longer holds a binding; use the IOBinding that "
+                f"release() returned"
+            )
         return self._binding
 
     @property
@@ -128,6 +141,8 @@ cdef class CapturedGraph:
 
     def _replay_unchecked(self):
         """Internal: submit without the verify indirection (used by verification itself)."""
+        if self._released:
+            raise CaptureStateError(f"graph {self.label} was released and can no longer be replayed")
         self._submit(self._commands)
         self.replays += 1
 
@@ -135,10 +150,11 @@ cdef class CapturedGraph:
         """Unpin the buffers, free the graph's own state and unlock its binding.
 
         Returns the :class:`IOBinding` the graph was captured from (mutable
-        again), or None.  Idempotent.
+        again), or None.  Idempotent (a repeated call returns that binding
+        while something else keeps it alive, else None).
         """
         if self._released:
-            return self._binding.origin
+            return self._origin_ref() if self._origin_ref is not None else None
         self._released = True
         for buffer in self._pinned:
             (<DeviceBuffer>buffer).unpin(self.label)
@@ -149,6 +165,9 @@ cdef class CapturedGraph:
         origin = self._binding.origin
         if origin is not None:
             (<IOBinding>origin)._unlock_for(self.label)
+            self._origin_ref = weakref.ref(origin)
+        # The values are the user's again: a released graph must not keep them (or their buffers) alive.
+        self._binding = None
         self._session._forget_graph(self)
         return origin
 
