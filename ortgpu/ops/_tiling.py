@@ -450,6 +450,11 @@ class GemmProblem:
     prelude: str = ""
 
 
+#: GEMV over a row-major [K, N] B: invocations per workgroup along N (each owns 4 columns; the rest of the
+#: workgroup's 256 split K), and how many rows of B each invocation has in flight per loop iteration.
+GEMV_COLUMN_THREADS = 8
+GEMV_UNROLL = 1
+
 #: Tile of the tiled GEMM: a 16 x 16 workgroup computes a 64 x 64 output tile, 4 x 4 outputs per invocation,
 #: stepping through K by 16.
 _TILE_M = 64
@@ -579,19 +584,32 @@ def gemv_wgsl(
     if b_layout == "kn":
         vector = n % 4 == 0
         columns_per_thread = 4
-        threads_x, slices = 8, 32
+        threads_x = GEMV_COLUMN_THREADS
+        slices = THREADS // threads_x
         columns_per_group = threads_x * columns_per_thread
         groups = -(-n // columns_per_group)
         grid = grid_for_groups(groups, caps)
-        if vector:
-            partial = f"""        acc = fma(vec4<f32>({a_name}[k]), {b_name}[k * N4 + c4], acc);"""
-            load_guard = "c4 < N4"
-        else:
-            partial = f"""        let row = k * N;
-        for (var j = 0u; j < 4u; j = j + 1u) {{
-            if (c4 * 4u + j < N) {{ acc[j] = fma({a_name}[k], {b_name}[row + c4 * 4u + j], acc[j]); }}
-        }}"""
-            load_guard = "c4 * 4u < N"
+
+        def step(k: str, acc: str) -> str:
+            if vector:
+                return f"            {acc} = fma(vec4<f32>({a_name}[{k}]), {b_name}[({k}) * N4 + c4], {acc});\n"
+            return (
+                f"            for (var j = 0u; j < 4u; j = j + 1u) {{\n"
+                f"                if (c4 * 4u + j < N) {{ {acc}[j] = fma({a_name}[{k}], {b_name}[({k}) * N + c4 * 4u + j], {acc}[j]); }}\n"
+                f"            }}\n"
+            )
+
+        unroll = GEMV_UNROLL
+        accumulators = [f"acc{u}" if u else "acc" for u in range(unroll)]
+        unrolled = "".join(step(f"k + {u * slices}u" if u else "k", a) for u, a in enumerate(accumulators))
+        partial = (
+            "".join(f"        var {a} = vec4<f32>(0.0);\n" for a in accumulators[1:])
+            + "        var k = lid.y;\n"
+            + (f"        for (; k + {(unroll - 1) * slices}u < K; k = k + {unroll * slices}u) {{\n{unrolled}        }}\n" if unroll > 1 else "")
+            + f"        for (; k < K; k = k + {slices}u) {{\n{step('k', 'acc')}        }}\n"
+            + "".join(f"        acc = acc + {a};\n" for a in accumulators[1:])
+        )
+        load_guard = "c4 < N4" if vector else "c4 * 4u < N"
         wgsl = f"""{declarations}
 const N: u32 = {n}u;
 const N4: u32 = {-(-n // 4)}u;
@@ -606,10 +624,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let c4 = group * {threads_x}u + lid.x;
     var acc = vec4<f32>(0.0);
     if ({load_guard}) {{
-        for (var k = lid.y; k < K; k = k + {slices}u) {{
-{partial}
-        }}
-    }}
+{partial}    }}
     partials[lid.y * {threads_x}u + lid.x] = acc;
     workgroupBarrier();
     for (var s = {slices // 2}u; s > 0u; s = s >> 1u) {{
