@@ -148,9 +148,10 @@ def depthwise_separable(
 
 def transformer_encoder(
     batch: int = 1, seq: int = 16, vocab: int = 100, d_model: int = 64, heads: int = 4, ffn: int = 128, *,
-    seed: int = 0, opset: int = 17,
+    layers: int = 1, seed: int = 0, opset: int = 17,
 ) -> onnx.ModelProto:
-    """ids ``[batch, seq]`` (int64) -> embedding + positions -> LN -> MHA -> residual -> LN -> FFN -> residual -> LN.
+    """ids ``[batch, seq]`` (int64) -> embedding + positions -> ``layers`` x (LN -> MHA -> residual -> LN -> FFN ->
+    residual) -> LN.
 
     The head split reshapes take their batch and sequence sizes from ``Shape``, as exporters write them.
     """
@@ -185,28 +186,29 @@ def transformer_encoder(
     model_dim = b.weight("dmodel", np.array([d_model], dtype=np.int64))
     merge_shape = b.one("Concat", [batch_dim, seq_dim, model_dim], axis=0)
 
-    h = layer_norm(x)
-    q = b.one("Transpose", [b.one("Reshape", [linear(h, d_model, d_model), split_shape])], perm=[0, 2, 1, 3])
-    k = b.one("Transpose", [b.one("Reshape", [linear(h, d_model, d_model), split_shape])], perm=[0, 2, 3, 1])
-    v = b.one("Transpose", [b.one("Reshape", [linear(h, d_model, d_model), split_shape])], perm=[0, 2, 1, 3])
-    scale = b.weight("scale", np.array(1.0 / np.sqrt(head), dtype=np.float32))
-    scores = b.one("Mul", [b.one("MatMul", [q, k]), scale])
-    probs = b.one("Softmax", [scores], axis=-1)
-    context = b.one("Transpose", [b.one("MatMul", [probs, v])], perm=[0, 2, 1, 3])
-    merged = b.one("Reshape", [context, merge_shape])
-    x = b.one("Add", [x, linear(merged, d_model, d_model)])
+    for _ in range(layers):
+        h = layer_norm(x)
+        q = b.one("Transpose", [b.one("Reshape", [linear(h, d_model, d_model), split_shape])], perm=[0, 2, 1, 3])
+        k = b.one("Transpose", [b.one("Reshape", [linear(h, d_model, d_model), split_shape])], perm=[0, 2, 3, 1])
+        v = b.one("Transpose", [b.one("Reshape", [linear(h, d_model, d_model), split_shape])], perm=[0, 2, 1, 3])
+        scale = b.weight("scale", np.array(1.0 / np.sqrt(head), dtype=np.float32))
+        scores = b.one("Mul", [b.one("MatMul", [q, k]), scale])
+        probs = b.one("Softmax", [scores], axis=-1)
+        context = b.one("Transpose", [b.one("MatMul", [probs, v])], perm=[0, 2, 1, 3])
+        merged = b.one("Reshape", [context, merge_shape])
+        x = b.one("Add", [x, linear(merged, d_model, d_model)])
 
-    h = layer_norm(x)
-    f = linear(h, d_model, ffn)
-    if opset >= 20:
-        f = b.one("Gelu", [f])
-    else:
-        sqrt2 = b.weight("sqrt2", np.array(np.sqrt(2.0), dtype=np.float32))
-        half = b.weight("half", np.array(0.5, dtype=np.float32))
-        one = b.weight("one", np.array(1.0, dtype=np.float32))
-        erf = b.one("Erf", [b.one("Div", [f, sqrt2])])
-        f = b.one("Mul", [b.one("Mul", [f, half]), b.one("Add", [erf, one])])
-    x = b.one("Add", [x, linear(f, ffn, d_model)])
+        h = layer_norm(x)
+        f = linear(h, d_model, ffn)
+        if opset >= 20:
+            f = b.one("Gelu", [f])
+        else:
+            sqrt2 = b.weight("sqrt2", np.array(np.sqrt(2.0), dtype=np.float32))
+            half = b.weight("half", np.array(0.5, dtype=np.float32))
+            one = b.weight("one", np.array(1.0, dtype=np.float32))
+            erf = b.one("Erf", [b.one("Div", [f, sqrt2])])
+            f = b.one("Mul", [b.one("Mul", [f, half]), b.one("Add", [erf, one])])
+        x = b.one("Add", [x, linear(f, ffn, d_model)])
     y = layer_norm(x)
     _rename_output(b, y, "Y")
     return b.model(

@@ -1,0 +1,209 @@
+"""``python -m bench``: ortgpu with graph capture on and off, side by side, optionally against onnxruntime.
+
+Examples::
+
+    python -m bench --model mlp16 --capture both --json out.json
+    python -m bench --model resnet --batch 16 --vs onnxruntime
+    python -m bench --overhead            # host cost per replayed dispatch vs wgpu-py's classes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+
+import ortgpu
+
+from .harness import ArmResult, OrtgpuArms, median_ms, summarize, time_loop
+from .models import mlp, random_feeds, resnet, transformer_encoder
+
+BOUNDARIES = {
+    "end_to_end": "update_inplace of every input + run (or replay) + readback of every output",
+    "run_only": "run (or replay) until the device is idle; inputs already on the device",
+}
+
+
+def build_model(name: str, batch: int) -> tuple[onnx.ModelProto, dict[str, tuple[int, ...]]]:
+    """A built-in model (or a file) and the input shapes to run it with."""
+    if name == "mlp16":
+        return mlp(layers=16, width=1024, batch=batch), {"X": (batch, 1024)}
+    if name == "resnet":
+        return resnet(batch=batch, channels=64, size=224, blocks=4, classes=1000), {"X": (batch, 3, 224, 224)}
+    if name == "bert":
+        model = transformer_encoder(batch=batch, seq=128, vocab=30522, d_model=384, heads=12, ffn=1536, layers=6)
+        return model, {"ids": (batch, 128)}
+    model = onnx.load(name)
+    shapes = {}
+    for value in model.graph.input:
+        dims = [d.dim_value if d.HasField("dim_value") else batch for d in value.type.tensor_type.shape.dim]
+        shapes[value.name] = tuple(dims)
+    return model, shapes
+
+
+def _progress(label: str, total: int) -> Any:
+    step = max(1, total // 10)
+
+    def report(index: int) -> None:
+        if (index + 1) % step == 0 or index + 1 == total:
+            print(f"\r  {label}: {index + 1}/{total}", end="" if index + 1 < total else "\n", file=sys.stderr, flush=True)
+
+    return report
+
+
+def _versions() -> dict[str, str]:
+    versions = {"ortgpu": ortgpu.__version__, "python": platform.python_version(), "numpy": np.__version__}
+    try:
+        versions["wgpu (carrier of wgpu-native)"] = version("wgpu")
+    except PackageNotFoundError:
+        pass
+    return versions
+
+
+def _check_equal(name: str, a: list[npt.NDArray[Any]], b: list[npt.NDArray[Any]], tolerance: float) -> float:
+    worst = 0.0
+    for x, y in zip(a, b):
+        denominator = max(float(np.linalg.norm(y.astype(np.float64))), 1e-30)
+        worst = max(worst, float(np.linalg.norm(x.astype(np.float64) - y.astype(np.float64))) / denominator)
+    if worst > tolerance:
+        raise SystemExit(f"{name}: outputs differ (relative error {worst:.3e} > {tolerance}); no timings reported")
+    return worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model", default="mlp16", help="mlp16 | resnet | bert | path to an .onnx file")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--capture", choices=("on", "off", "both"), default="both")
+    parser.add_argument("--vs", choices=("onnxruntime",), default=None)
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu")
+    parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--plot", default=None, help="PNG of the latency distributions (needs matplotlib)")
+    parser.add_argument("--overhead", action="store_true", help="also run the host-overhead micro-benchmark")
+    parser.add_argument("--overhead-only", action="store_true", help="run only the host-overhead micro-benchmark")
+    args = parser.parse_args(argv)
+
+    env = ortgpu.Env(backend=args.backend)
+    device = env.default_device
+    adapter = {
+        "name": device.name, "vendor_id": hex(device.vendor_id), "device_id": hex(device.device_id),
+        "backend": device.backend_type, "adapter_type": device.adapter_type, "driver": device.driver,
+    }
+    report: dict[str, Any] = {"command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+                              "adapter": adapter, "versions": _versions(), "boundaries": BOUNDARIES}
+    print(f"adapter: {device.name} ({device.backend_type}, {device.adapter_type}), driver {device.driver}")
+    for boundary, text in BOUNDARIES.items():
+        print(f"boundary {boundary}: {text}")
+
+    results: list[ArmResult] = []
+    if not args.overhead_only:
+        model, shapes = build_model(args.model, args.batch)
+        feeds = random_feeds(model, shapes, high=100)
+        model_bytes = model.SerializeToString()
+        report["model"] = {"name": args.model, "batch": args.batch, "inputs": {k: list(v) for k, v in shapes.items()}}
+        arms = OrtgpuArms(model_bytes, feeds, env)
+        try:
+            reference = arms.uncaptured_end_to_end()
+            if args.capture in ("off", "both"):
+                for boundary, step in (("end_to_end", arms.uncaptured_end_to_end), ("run_only", arms.uncaptured_run_only)):
+                    seconds = time_loop(step, args.warmup, args.iterations, _progress(f"ortgpu capture off {boundary}", args.iterations))
+                    results.append(ArmResult("ortgpu capture off", boundary, seconds))
+            if args.capture in ("on", "both"):
+                graph = arms.capture()
+                report["dispatches"] = graph.dispatch_count
+                replayed = arms.captured_end_to_end()
+                report["capture_vs_uncaptured_rel_error"] = _check_equal("capture on vs off", replayed, reference, 1e-6)
+                for boundary, step in (("end_to_end", arms.captured_end_to_end), ("run_only", arms.captured_run_only)):
+                    seconds = time_loop(step, args.warmup, args.iterations, _progress(f"ortgpu capture on {boundary}", args.iterations))
+                    results.append(ArmResult("ortgpu capture on", boundary, seconds))
+        finally:
+            arms.close()
+        if args.vs == "onnxruntime":
+            from .peer import OnnxruntimeArms, peer_versions
+
+            report["versions"].update(peer_versions())
+            modes = {"off": [False], "on": [True], "both": [False, True]}[args.capture]
+            for capture in modes:
+                peer = OnnxruntimeArms(model_bytes, feeds, capture=capture)
+                label = f"onnxruntime {peer.provider} capture {'on' if capture else 'off'}"
+                report.setdefault("peer", {})[label] = {"provider": peer.provider, "io_placement": peer.io_placement}
+                outputs = peer.end_to_end()
+                report.setdefault("peer_vs_ortgpu_rel_error", {})[label] = _check_equal(label, outputs, reference, 1e-3)
+                for boundary, step in (("end_to_end", peer.end_to_end), ("run_only", peer.run_only)):
+                    seconds = time_loop(step, args.warmup, args.iterations, _progress(f"{label} {boundary}", args.iterations))
+                    results.append(ArmResult(label, boundary, seconds))
+
+        print(f"\nmodel {args.model}, batch {args.batch}, {args.iterations} iterations after {args.warmup} warm-up")
+        print(f"{'arm':58s} {'boundary':11s} {'p50 ms':>9s} {'p90 ms':>9s} {'p99 ms':>9s}")
+        for result in results:
+            s = result.summary()
+            print(f"{result.name:58s} {result.boundary:11s} {s['p50_ms']:9.3f} {s['p90_ms']:9.3f} {s['p99_ms']:9.3f}")
+        p50 = {(r.name, r.boundary): median_ms(r.seconds) for r in results}
+        ratios = {}
+        for boundary in BOUNDARIES:
+            off, on = p50.get(("ortgpu capture off", boundary)), p50.get(("ortgpu capture on", boundary))
+            if off and on:
+                ratios[f"capture off / on, {boundary}"] = off / on
+            for (name, b), value in p50.items():
+                if b == boundary and name.startswith("onnxruntime"):
+                    mine = on if "capture on" in name else off
+                    if mine:
+                        ratios[f"{name} / ortgpu, {boundary}"] = value / mine
+        for text, value in ratios.items():
+            print(f"ratio {text}: {value:.2f}x")
+        report["results"] = summarize(results)
+        report["ratios"] = ratios
+
+    if args.overhead or args.overhead_only:
+        from .overhead import measure_overhead
+
+        overhead = measure_overhead(device.backend_device())
+        report["overhead"] = overhead
+        print(f"\nhost cost per replayed dispatch: ortgpu {overhead['ortgpu_replay_us_per_dispatch']:.3f} us", end="")
+        if "wgpu_py_us_per_dispatch" in overhead:
+            print(f", wgpu-py classes {overhead['wgpu_py_us_per_dispatch']:.3f} us, ratio {overhead['ratio']:.0f}x")
+        else:
+            print(" (wgpu-py not importable: no comparison)")
+
+    if args.json_path:
+        with open(args.json_path, "w") as handle:
+            json.dump(report, handle, indent=1)
+        print(f"wrote {args.json_path}")
+    if args.plot and results:
+        _plot(results, args.plot)
+    env.close()
+    return 0
+
+
+def _plot(results: list[ArmResult], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot needs matplotlib (pip install 'ortgpu[plot]'); no plot written", file=sys.stderr)
+        return
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for axis, boundary in zip(axes, BOUNDARIES):
+        chosen = [r for r in results if r.boundary == boundary]
+        axis.boxplot([np.asarray(r.seconds) * 1e3 for r in chosen], showfliers=False)
+        axis.set_xticks(range(1, len(chosen) + 1), [r.name.replace(" capture", "\ncapture") for r in chosen], fontsize=7)
+        axis.set_title(boundary)
+        axis.set_ylabel("ms")
+    figure.tight_layout()
+    figure.savefig(path)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""Timing arms: ortgpu captured and uncaptured, and the onnxruntime peer, with identical boundaries.
+
+Boundaries (printed with every result):
+
+* ``end_to_end``: ``update_inplace`` of the inputs + run (or replay) + readback of every output.
+* ``run_only``: run (or replay) until the device is idle (inputs already on the device).
+
+Both ortgpu arms use the same fixed device I/O (one shared input value per model
+input, one session-owned output value per output), the same warm-up and the
+same iteration count; their outputs are compared before any time is reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import numpy.typing as npt
+
+import ortgpu
+
+__all__ = ["ArmResult", "summarize", "time_loop", "OrtgpuArms"]
+
+
+@dataclass
+class ArmResult:
+    """Per-iteration timings (seconds) of one arm at one boundary."""
+
+    name: str
+    boundary: str
+    seconds: list[float] = field(default_factory=list)
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(np.asarray(self.seconds), q)) if self.seconds else float("nan")
+
+    def summary(self) -> dict[str, float]:
+        return {"p50_ms": self.percentile(50) * 1e3, "p90_ms": self.percentile(90) * 1e3, "p99_ms": self.percentile(99) * 1e3}
+
+
+def summarize(results: list[ArmResult]) -> dict[str, Any]:
+    return {f"{r.name}/{r.boundary}": {**r.summary(), "iterations": len(r.seconds), "raw_s": r.seconds} for r in results}
+
+
+def time_loop(step: Callable[[], object], warmup: int, iterations: int, progress: Callable[[int], None] | None = None) -> list[float]:
+    """Call ``step`` ``warmup`` times untimed, then ``iterations`` times, each timed with perf_counter."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for index in range(iterations):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+        if progress is not None:
+            progress(index)
+    return times
+
+
+class OrtgpuArms:
+    """A session with fixed device I/O, and the two arms (capture off / on) over it."""
+
+    def __init__(self, model_bytes: bytes, feeds: dict[str, npt.NDArray[Any]], env: ortgpu.Env) -> None:
+        self.env = env
+        self.device = env.default_device
+        self.session = ortgpu.InferenceSession(model_bytes, env=env, device=self.device, graph_capture=True)
+        shared = env.shared_allocator(self.device)
+        self.feeds = feeds
+        self.inputs = {name: shared.from_numpy(array) for name, array in feeds.items()}
+        reference = self.session.run(None, feeds, ortgpu.RunOptions(gpu_graph_id=-1))
+        self.outputs = {
+            name: self.session.allocator.empty(array.shape, array.dtype)
+            for name, array in zip(self.session.output_names, reference)
+        }
+        self.binding = self.session.io_binding()
+        for name, value in self.inputs.items():
+            self.binding.bind_input(name, value)
+        for name, value in self.outputs.items():
+            self.binding.bind_output(name, value)
+        self._ordinary = ortgpu.RunOptions(gpu_graph_id=-1)
+        self._backend_device = self.device.backend_device()
+        self.graph: ortgpu.CapturedGraph | None = None
+
+    # -- the steps ---------------------------------------------------------------------------
+    def _upload(self) -> None:
+        for name, value in self.inputs.items():
+            value.update_inplace(self.feeds[name])
+
+    def _read(self) -> list[npt.NDArray[Any]]:
+        return [value.to_numpy() for value in self.outputs.values()]
+
+    def uncaptured_end_to_end(self) -> list[npt.NDArray[Any]]:
+        self._upload()
+        self.session.run_with_iobinding(self.binding, self._ordinary)
+        return self._read()
+
+    def uncaptured_run_only(self) -> None:
+        self.session.run_with_iobinding(self.binding, self._ordinary)
+        self._backend_device.wait_idle()
+
+    def capture(self) -> ortgpu.CapturedGraph:
+        if self.graph is None:
+            self.graph = self.session.capture(self.binding, graph_id=0)
+        return self.graph
+
+    def captured_end_to_end(self) -> list[npt.NDArray[Any]]:
+        assert self.graph is not None
+        self._upload()
+        self.graph.replay()
+        return self._read()
+
+    def captured_run_only(self) -> None:
+        assert self.graph is not None
+        self.graph.replay()
+        self._backend_device.wait_idle()
+
+    def close(self) -> None:
+        if self.graph is not None:
+            self.graph.release()
+        self.session.close()
+
+
+def median_ms(seconds: list[float]) -> float:
+    return statistics.median(seconds) * 1e3 if seconds else float("nan")

@@ -1,0 +1,110 @@
+"""Host cost per recorded dispatch: ortgpu's replay path against wgpu-py's Python classes, in one run.
+
+Both encode the same sequence (``n`` dispatches of a one-workgroup kernel that
+touches one word, so GPU time is negligible) into one compute pass and submit
+it once.  Only the host call is timed (encode + submit); the device is
+drained, untimed, between iterations.  The marginal cost per dispatch is
+``(t(n) - t(1)) / (n - 1)`` from medians, which removes the fixed submit cost.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
+
+__all__ = ["measure_overhead"]
+
+KERNEL = """
+@group(0) @binding(0) var<storage, read_write> data: array<u32>;
+@compute @workgroup_size(1)
+fn main() {
+    data[0] = data[0] + 1u;
+}
+"""
+
+
+def _median_host_seconds(submit: Callable[[], None], drain: Callable[[], None], iterations: int) -> float:
+    submit()
+    drain()
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        submit()
+        times.append(time.perf_counter() - start)
+        drain()
+    return statistics.median(times)
+
+
+def _ortgpu_timings(device: BackendDevice, counts: tuple[int, int], iterations: int) -> tuple[float, float]:
+    buffer = device.create_buffer(16)
+    pipeline = device.create_compute_pipeline(KERNEL, label="overhead")
+    group = device.create_bind_group(pipeline, [BindingEntry(0, buffer, 0, 16)])
+    try:
+        results = []
+        for count in counts:
+            commands = CommandList()
+            for _ in range(count):
+                commands.add_dispatch(pipeline, group, 1, 1, 1)
+            commands.freeze()  # as a captured graph holds it
+            results.append(_median_host_seconds(lambda: device.submit(commands), device.wait_idle, iterations))
+        return results[0], results[1]
+    finally:
+        device.release_bind_group(group)
+        device.release_pipeline(pipeline)
+        device.destroy_buffer(buffer)
+
+
+def _wgpu_py_timings(counts: tuple[int, int], iterations: int) -> tuple[float, float] | None:
+    try:
+        import wgpu
+    except ImportError:
+        return None
+    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    device = adapter.request_device_sync()
+    buffer = device.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC)
+    module = device.create_shader_module(code=KERNEL)
+    pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+    group = device.create_bind_group(
+        layout=pipeline.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": buffer}}]
+    )
+
+    def drain() -> None:
+        device.queue.read_buffer(buffer, 0, 4)  # waits for the queue
+
+    results = []
+    for count in counts:
+
+        def submit(count: int = count) -> None:
+            encoder = device.create_command_encoder()
+            compute_pass = encoder.begin_compute_pass()
+            for _ in range(count):
+                compute_pass.set_pipeline(pipeline)
+                compute_pass.set_bind_group(0, group)
+                compute_pass.dispatch_workgroups(1, 1, 1)
+            compute_pass.end()
+            device.queue.submit([encoder.finish()])
+
+        results.append(_median_host_seconds(submit, drain, iterations))
+    return results[0], results[1]
+
+
+def measure_overhead(device: BackendDevice, dispatches: int = 1000, iterations: int = 30) -> dict[str, Any]:
+    """Marginal host microseconds per dispatch for both paths, and their ratio."""
+    counts = (1, dispatches)
+    ours = _ortgpu_timings(device, counts, iterations)
+    result: dict[str, Any] = {
+        "dispatches": dispatches,
+        "iterations": iterations,
+        "ortgpu_replay_us_per_dispatch": (ours[1] - ours[0]) / (dispatches - 1) * 1e6,
+        "ortgpu_replay_submit_us": {"n=1": ours[0] * 1e6, f"n={dispatches}": ours[1] * 1e6},
+    }
+    theirs = _wgpu_py_timings(counts, iterations)
+    if theirs is not None:
+        result["wgpu_py_us_per_dispatch"] = (theirs[1] - theirs[0]) / (dispatches - 1) * 1e6
+        result["wgpu_py_submit_us"] = {"n=1": theirs[0] * 1e6, f"n={dispatches}": theirs[1] * 1e6}
+        result["ratio"] = result["wgpu_py_us_per_dispatch"] / max(result["ortgpu_replay_us_per_dispatch"], 1e-9)
+    return result
