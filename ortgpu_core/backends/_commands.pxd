@@ -46,4 +46,4 @@ cdef class CommandList:
     cdef Py_ssize_t _capacity
     cdef bint _frozen
     cdef CommandRecord* _append(self) except NULL
-    cdef int encode_submit(self, NativeTable table) except -1 nogil
+    cdef int encode_submit(self, NativeTable table, double* phases) except -1 nogil

@@ -16,6 +16,7 @@ alive until the list is submitted or dropped.
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memset
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 DISPATCH = COMMAND_DISPATCH
 COPY = COMMAND_COPY
@@ -43,6 +44,12 @@ ctypedef void (*clear_buffer_fn)(void*, void*, uint64_t, uint64_t) noexcept nogi
 ctypedef void* (*finish_fn)(void*, const void*) noexcept nogil
 # void wgpuQueueSubmit(WGPUQueue, size_t, WGPUCommandBuffer const*)
 ctypedef void (*submit_fn)(void*, size_t, void* const*) noexcept nogil
+
+
+cdef inline double _monotonic_seconds() noexcept nogil:
+    cdef timespec now
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return now.tv_sec + now.tv_nsec * 1e-9
 
 
 cdef class NativeTable:
@@ -208,9 +215,14 @@ cdef class CommandList:
                 out.append(("clear", r.a, r.offset_a, r.size))
         return out
 
-    cdef int encode_submit(self, NativeTable table) except -1 nogil:
+    cdef int encode_submit(self, NativeTable table, double* phases) except -1 nogil:
         # One encoder, compute passes spanning runs of consecutive dispatches,
         # one submit.  Everything here is a C call through a function pointer.
+        # ``phases`` (NULL on the hot path) receives the seconds spent encoding,
+        # in wgpuCommandEncoderFinish and in wgpuQueueSubmit.
+        cdef double started = _monotonic_seconds() if phases != NULL else 0.0
+        cdef double encoded = 0.0
+        cdef double finished = 0.0
         cdef void* encoder = (<create_encoder_fn>table.fn_create_encoder)(<void*>table.device, NULL)
         cdef void* compute_pass = NULL
         cdef void* command_buffer
@@ -246,8 +258,12 @@ cdef class CommandList:
         if compute_pass != NULL:
             (<handle_fn>table.fn_end_pass)(compute_pass)
             (<handle_fn>table.fn_release_pass)(compute_pass)
+        if phases != NULL:
+            encoded = _monotonic_seconds()
         command_buffer = (<finish_fn>table.fn_finish)(encoder, NULL)
         (<handle_fn>table.fn_release_encoder)(encoder)
+        if phases != NULL:
+            finished = _monotonic_seconds()
         if command_buffer != NULL:
             # wgpu-native reports an invalid encoder at Finish (through the error
             # callback) but aborts the process when such a buffer is submitted.
@@ -255,6 +271,10 @@ cdef class CommandList:
                 (<submit_fn>table.fn_submit)(<void*>table.queue, 1, &command_buffer)
                 submitted = 1
             (<handle_fn>table.fn_release_command_buffer)(command_buffer)
+        if phases != NULL:
+            phases[0] = encoded - started
+            phases[1] = finished - encoded
+            phases[2] = _monotonic_seconds() - finished
         return submitted
 
     def encode_submit_native(self, NativeTable table):
@@ -267,5 +287,16 @@ cdef class CommandList:
         """
         cdef int submitted
         with nogil:
-            submitted = self.encode_submit(table)
+            submitted = self.encode_submit(table, NULL)
         return submitted == 1
+
+    def profile_native(self, NativeTable table):
+        """Like :meth:`encode_submit_native`, timing its phases: a dict of seconds spent
+        ``encode`` (the record loop), in ``finish`` (wgpuCommandEncoderFinish) and in
+        ``submit`` (wgpuQueueSubmit), plus ``submitted``.  For benchmarks."""
+        cdef double phases[3]
+        cdef int submitted
+        phases[0] = phases[1] = phases[2] = 0.0
+        with nogil:
+            submitted = self.encode_submit(table, phases)
+        return {"encode": phases[0], "finish": phases[1], "submit": phases[2], "submitted": submitted == 1}
