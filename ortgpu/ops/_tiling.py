@@ -452,7 +452,9 @@ class GemmProblem:
 
 #: GEMV over a row-major [K, N] B: invocations per workgroup along N (each owns 4 columns; the rest of the
 #: workgroup's 256 split K), and how many rows of B each invocation has in flight per loop iteration.
-GEMV_COLUMN_THREADS = 8
+#: Measured on an H200 (batch 1, [4096, 4096] and [8192, 8192] B): 2 column threads (32-byte row segments,
+#: many workgroups) stream B at ~2.1-2.2 TB/s; 8 gave 1.0-1.9, 16 under 1.  Unrolling changed little.
+GEMV_COLUMN_THREADS = 2
 GEMV_UNROLL = 1
 
 #: Tile of the tiled GEMM: a 16 x 16 workgroup computes a 64 x 64 output tile, 4 x 4 outputs per invocation,
@@ -575,8 +577,9 @@ def gemv_wgsl(
     """WGSL and grid of ``out[n] = sum_k a[k] * B(k, n)`` (batch 1, M = 1).
 
     ``b_layout`` ``"kn"``: B is row-major ``[K, N]``; each invocation owns 4 neighbouring columns (one vec4
-    load per row when N % 4 == 0) and a workgroup of 8 column groups x 32 K-slices covers 32 columns, so
-    a warp reads contiguous 128-byte runs of B and many workgroups stream it in parallel.
+    load per row when N % 4 == 0); a workgroup of ``GEMV_COLUMN_THREADS`` column groups splits K over the rest
+    of its 256 invocations, so each row segment read is a whole 32-byte sector and many workgroups stream B
+    in parallel.
     ``"nk"``: B is ``[N, K]`` (Gemm's transB); each row of B is a dot product with ``a``: 64 invocations per
     output read it as vec4s (when K % 4 == 0), four outputs per workgroup.  Both reduce their partial sums
     through workgroup memory.  ``a_name``/``b_name`` are bound as ``array<vec4<f32>>`` when vectorised.
