@@ -74,6 +74,18 @@ def ints(*shape: int, low: int = -100, high: int = 100, dtype: Any = np.int32) -
     return lambda rng: rng.integers(low, high, shape).astype(dtype)
 
 
+def wide_ints(*shape: int, dtype: Any = np.int64) -> Generator:
+    """64-bit integers over their whole range (carries between the words), with some small values."""
+
+    def make(rng: np.random.Generator) -> np.ndarray:
+        info = np.iinfo(dtype)
+        values = rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+        small = rng.random(shape) < 0.25
+        return np.where(small, rng.integers(0 if info.min == 0 else -5, 5, shape).astype(dtype), values)
+
+    return make
+
+
 def bools(*shape: int) -> Generator:
     return lambda rng: rng.random(shape) > 0.5
 
@@ -227,7 +239,12 @@ CASES += [
     Case("Neg", [ints(5, 7)], label="int32"),
     Case("Abs", [ints(5, 7)], label="int32"),
     Case("Relu", [ints(5, 7)], opset=14, label="int32"),
-    Case("Neg", [ints(5, 7, dtype=np.int64)], on_device=False, label="int64"),
+    Case("Neg", [wide_ints(5, 7)], label="int64"),
+    Case("Neg", [ints(5, 7, low=-128, high=128, dtype=np.int8)], label="int8"),
+    Case("Abs", [wide_ints(5, 7)], label="int64"),
+    Case("Abs", [ints(5, 7, low=-(2**15), high=2**15, dtype=np.int16)], label="int16"),
+    Case("Relu", [wide_ints(5, 7)], opset=14, label="int64", in_onnxruntime=False),
+    Case("Relu", [ints(5, 7, low=-128, high=128, dtype=np.int8)], opset=14, label="int8"),
     Case("Sqrt", [lambda rng: rng.uniform(0.1, 4, (9,)).astype(np.float64)], on_device=False, label="float64"),
     Case("LeakyRelu", [floats(4, 33)], {"alpha": 0.2}),
     Case("LeakyRelu", [floats(4, 33)], label="default"),
@@ -240,7 +257,14 @@ CASES += [
     Case("Add", [floats(2, 3, 4, 5), floats(4, 1)]),
     Case("Add", [floats(1), floats(3, 7)], label="scalar-left"),
     Case("Add", [ints(3, 1, 5), ints(4, 1)], label="int32"),
-    Case("Add", [ints(3, 5, dtype=np.int64), ints(5, dtype=np.int64)], on_device=False, label="int64"),
+    Case("Add", [wide_ints(3, 5), wide_ints(5)], label="int64"),
+    Case("Add", [wide_ints(3, 5, dtype=np.uint64), wide_ints(5, dtype=np.uint64)], label="uint64"),
+    Case("Sub", [wide_ints(3, 5), wide_ints(3, 1)], label="int64"),
+    Case("Sub", [wide_ints(3, 5, dtype=np.uint64), wide_ints(5, dtype=np.uint64)], label="uint64"),
+    Case("Mul", [wide_ints(4, 9), wide_ints(9)], label="int64"),
+    Case("Mul", [wide_ints(4, 9, dtype=np.uint64), wide_ints(4, 9, dtype=np.uint64)], label="uint64"),
+    Case("Mul", [ints(4, 9, low=-(2**31), high=2**31, dtype=np.int64), ints(9, low=-(2**31), high=2**31, dtype=np.int64)], label="int64-wide-products"),
+    Case("Div", [wide_ints(3, 5), wide_ints(5)], on_device=False, label="int64"),
     Case("Add", [halves(3, 5), halves(5)], label="float16"),
     Case("Sub", [floats(6, 7), floats(6, 7)]),
     Case("Sub", [ints(6, 7), ints(7)], label="int32"),
@@ -250,6 +274,14 @@ CASES += [
     Case("Div", [floats(6, 7), floats(7, low=0.5, high=3.0)]),
     Case("Div", [ints(6, 7), ints(7, low=1, high=9)], label="int32-positive"),
     Case("Div", [ints(6, 7), ints(7, low=-9, high=-1)], label="int32-truncation"),
+    *[
+        Case(op, [ints(6, 7, low=low, high=high, dtype=dtype), ints(7, low=max(low, 1) if op == "Div" else low, high=high, dtype=dtype)], label=np.dtype(dtype).name)
+        for op in ("Add", "Sub", "Mul", "Div")
+        for dtype, low, high in (
+            (np.int8, -128, 128), (np.uint8, 0, 256), (np.int16, -(2**15), 2**15), (np.uint16, 0, 2**16),
+            (np.uint32, 0, 2**32),
+        )
+    ],
     Case("Add", [floats(2, 3), floats(3)], opset=7, label="opset7"),
     Case("Pow", [floats(4, 9, low=0.1, high=3.0), floats(9, low=-2.0, high=2.0)]),
     Case("Pow", [floats(4, 9), const(2.0, np.float32)], label="square"),
@@ -312,8 +344,46 @@ for source_name, source in _CAST_SOURCES.items():
             continue
         if base == "int64" and source_name == "int64-small" and target_name != "float32":
             continue
-        on_device = not (base == "int64" and target_name in ("float32", "float16"))
-        CASES.append(Case("Cast", [source], {"to": code}, on_device=on_device, label=f"{source_name}-to-{target_name}"))
+        CASES.append(Case("Cast", [source], {"to": code}, label=f"{source_name}-to-{target_name}"))
+
+
+def _float64_specials(rng: np.random.Generator) -> np.ndarray:
+    """float64 values that exercise every rounding path to float32 and float16."""
+    normal = rng.standard_normal(60) * np.exp2(rng.integers(-30, 30, 60))
+    ties = np.array([1 + 2.0**-24, 1 + 3 * 2.0**-24, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 65504.0, 65520.0, 65519.99])
+    tiny = np.array([1e-39, 1.5e-45, 7e-46, 2.0**-149, 2.0**-150, 3 * 2.0**-151, 6e-8, 3e-8, 1e-300, 5e-324])
+    large = np.array([3.4028234e38, 3.4028235677973366e38, 3.5e38, 1e300, np.inf, -np.inf, np.nan, 0.0, -0.0])
+    values = np.concatenate([normal, ties, -ties, tiny, -tiny, large])
+    return values.astype(np.float64)
+
+
+def _float32_specials(rng: np.random.Generator) -> np.ndarray:
+    """float32 values including subnormals, infinities, NaN and signed zeros."""
+    normal = (rng.standard_normal(40) * np.exp2(rng.integers(-60, 60, 40))).astype(np.float32)
+    special = np.array([1e-40, -1e-45, 1.2e-38, 3.4e38, np.inf, -np.inf, np.nan, 0.0, -0.0], dtype=np.float32)
+    return np.concatenate([normal, special])
+
+
+CASES += [
+    Case("Cast", [_float64_specials], {"to": _T.FLOAT}, label="float64-to-float32"),
+    Case("Cast", [_float64_specials], {"to": _T.FLOAT16}, label="float64-to-float16"),
+    Case("Cast", [_float32_specials], {"to": _T.DOUBLE}, label="float32-to-float64"),
+    Case("Cast", [halves(7, 9)], {"to": _T.DOUBLE}, label="float16-to-float64"),
+    Case("Cast", [ints(7, low=-5, high=5, dtype=np.int64)], {"to": _T.DOUBLE}, on_device=False, label="int64-to-float64"),
+    Case("Cast", [floats(9, scale=3)], {"to": _T.DOUBLE}, label="float32-to-float64-random"),
+    Case("Cast", [lambda rng: rng.standard_normal(9)], {"to": _T.INT32}, on_device=False, label="float64-to-int32"),
+    Case("Cast", [wide_ints(6, 11)], {"to": _T.FLOAT}, label="int64-full-range-to-float32"),
+    Case("Cast", [wide_ints(6, 11, dtype=np.uint64)], {"to": _T.FLOAT}, label="uint64-to-float32"),
+    Case("Cast", [wide_ints(6, 11, dtype=np.uint64)], {"to": _T.INT64}, label="uint64-to-int64"),
+    Case("Cast", [wide_ints(6, 11)], {"to": _T.INT16}, label="int64-to-int16"),
+    Case("Cast", [wide_ints(6, 11)], {"to": _T.UINT32}, label="int64-to-uint32"),
+    Case("Cast", [floats(6, 11, scale=1e12)], {"to": _T.INT64}, label="float32-large-to-int64"),
+    Case("Cast", [floats(6, 11, low=0.0, high=1e15)], {"to": _T.UINT64}, label="float32-to-uint64"),
+    Case("Cast", [ints(6, 11, low=0, high=2**32, dtype=np.uint32)], {"to": _T.INT64}, label="uint32-to-int64"),
+    Case("Cast", [ints(6, 11, low=-(2**15), high=2**15, dtype=np.int16)], {"to": _T.FLOAT}, label="int16-to-float32"),
+    Case("Cast", [ints(6, 11, low=0, high=2**16, dtype=np.uint16)], {"to": _T.INT8}, label="uint16-to-int8"),
+    Case("Cast", [floats(6, 11, scale=100)], {"to": _T.UINT16}, label="float32-to-uint16"),
+]
 CASES.append(Case("Cast", [floats(3, 4)], {"to": _T.FLOAT}, opset=6, label="identity-opset6"))
 
 

@@ -88,6 +88,7 @@ __all__ = [
     "elementwise_kernel",
     "elementwise_plan",
     "gather_kernel",
+    "INT64_WGSL",
 ]
 
 #: Invocations per workgroup of the kernels built here (clamped to the device's limits).
@@ -96,6 +97,143 @@ DEFAULT_WORKGROUP_SIZE = 256
 #: WGSL expression of the linear invocation id inside :func:`kernel_entry`'s ``main``
 #: (``gid`` = global_invocation_id, ``nwg`` = num_workgroups, 1-D workgroups).
 LINEAR_INVOCATION = "(gid.x + gid.y * nwg.x * WORKGROUP_SIZE)"
+
+#: WGSL helpers for 64-bit values held as ``vec2<u32>(low, high)`` (two's complement for int64, IEEE
+#: bits for float64).  WGSL has no 64-bit types, so carries, wide products, shifts and float64
+#: conversions are spelled out on 32-bit words; all are exact (float conversions round to nearest
+#: even, as C casts do).
+INT64_WGSL = """
+fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+  let low = a.x + b.x;
+  return vec2<u32>(low, a.y + b.y + select(0u, 1u, low < a.x));
+}
+fn sub64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+  return vec2<u32>(a.x - b.x, a.y - b.y - select(0u, 1u, a.x < b.x));
+}
+fn neg64(a: vec2<u32>) -> vec2<u32> {
+  return sub64(vec2<u32>(0u, 0u), a);
+}
+fn is_negative64(a: vec2<u32>) -> bool {
+  return (a.y & 0x80000000u) != 0u;
+}
+fn abs64(a: vec2<u32>) -> vec2<u32> {
+  return select(a, neg64(a), is_negative64(a));
+}
+// The full 64-bit product of two u32, from 16-bit halves.
+fn mul_wide32(a: u32, b: u32) -> vec2<u32> {
+  let a0 = a & 0xffffu;
+  let a1 = a >> 16u;
+  let b0 = b & 0xffffu;
+  let b1 = b >> 16u;
+  let p00 = a0 * b0;
+  let p01 = a0 * b1;
+  let p10 = a1 * b0;
+  let middle = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+  return vec2<u32>((p00 & 0xffffu) | (middle << 16u), a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (middle >> 16u));
+}
+// The low 64 bits of a product: the same bits for signed and unsigned operands.
+fn mul64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+  let low = mul_wide32(a.x, b.x);
+  return vec2<u32>(low.x, low.y + a.x * b.y + a.y * b.x);
+}
+fn less64u(a: vec2<u32>, b: vec2<u32>) -> bool {
+  return a.y < b.y || (a.y == b.y && a.x < b.x);
+}
+fn less64s(a: vec2<u32>, b: vec2<u32>) -> bool {
+  return bitcast<i32>(a.y) < bitcast<i32>(b.y) || (a.y == b.y && a.x < b.x);
+}
+fn shl64(a: vec2<u32>, s: u32) -> vec2<u32> {
+  if (s == 0u) { return a; }
+  if (s >= 64u) { return vec2<u32>(0u, 0u); }
+  if (s >= 32u) { return vec2<u32>(0u, a.x << (s - 32u)); }
+  return vec2<u32>(a.x << s, (a.y << s) | (a.x >> (32u - s)));
+}
+fn shr64(a: vec2<u32>, s: u32) -> vec2<u32> {
+  if (s == 0u) { return a; }
+  if (s >= 64u) { return vec2<u32>(0u, 0u); }
+  if (s >= 32u) { return vec2<u32>(a.y >> (s - 32u), 0u); }
+  return vec2<u32>((a.x >> s) | (a.y << (32u - s)), a.y >> s);
+}
+// a >> s rounded to nearest even (1 <= s <= 63), or to odd (sticky) when to_odd.
+fn shr_round64(a: vec2<u32>, s: u32, to_odd: bool) -> vec2<u32> {
+  let q = shr64(a, s);
+  let rest = sub64(a, shl64(q, s));
+  if (to_odd) {
+    return vec2<u32>(q.x | select(0u, 1u, any(rest != vec2<u32>(0u, 0u))), q.y);
+  }
+  let half = shl64(vec2<u32>(1u, 0u), s - 1u);
+  let up = less64u(half, rest) || (all(rest == half) && (q.x & 1u) == 1u);
+  return select(q, add64(q, vec2<u32>(1u, 0u)), up);
+}
+// Unsigned 64-bit integer to f32, rounded to nearest even.
+fn u64_to_f32(m: vec2<u32>) -> f32 {
+  if (m.y == 0u && m.x < 0x1000000u) { return f32(m.x); }
+  let top = select(31u - countLeadingZeros(m.x), 63u - countLeadingZeros(m.y), m.y != 0u);  // the leading bit
+  let mantissa = shr_round64(m, top - 23u, false).x;  // 24 bits, or 2^24 after a carry
+  return bitcast<f32>(((top + 127u) << 23u) + mantissa - 0x800000u);
+}
+fn i64_to_f32(a: vec2<u32>) -> f32 {
+  let r = u64_to_f32(abs64(a));
+  return select(r, -r, is_negative64(a));
+}
+// f32 to int64 truncating toward zero; NaN and out-of-range values give INT64_MIN (as x86 does).
+fn f32_to_i64(x: f32) -> vec2<u32> {
+  let bits = bitcast<u32>(x);
+  let exponent = i32((bits >> 23u) & 0xffu) - 127;
+  if (exponent < 0) { return vec2<u32>(0u, 0u); }
+  if (exponent >= 63) { return vec2<u32>(0u, 0x80000000u); }
+  let significand = vec2<u32>((bits & 0x7fffffu) | 0x800000u, 0u);
+  var m: vec2<u32>;
+  if (exponent >= 23) { m = shl64(significand, u32(exponent - 23)); } else { m = shr64(significand, u32(23 - exponent)); }
+  return select(m, neg64(m), (bits & 0x80000000u) != 0u);
+}
+// f32 to float64 bits (exact; subnormals normalised, NaN payloads kept).
+fn f32_to_f64(x: f32) -> vec2<u32> {
+  let bits = bitcast<u32>(x);
+  let sign = bits & 0x80000000u;
+  let e = (bits >> 23u) & 0xffu;
+  let m = bits & 0x7fffffu;
+  if (e == 255u) { return vec2<u32>(m << 29u, sign | 0x7ff00000u | (m >> 3u)); }
+  if (e == 0u) {
+    if (m == 0u) { return vec2<u32>(0u, sign); }
+    let p = 31u - countLeadingZeros(m);  // the leading bit: value = 2^(p - 149) * 1.f
+    let fraction = shl64(vec2<u32>(m ^ (1u << p), 0u), 52u - p);
+    return vec2<u32>(fraction.x, sign | ((p + 874u) << 20u) | fraction.y);
+  }
+  return vec2<u32>(m << 29u, sign | ((e + 896u) << 20u) | (m >> 3u));
+}
+// float64 bits to the bits of a float with `mbits` mantissa bits and exponent bias `bias`
+// (f32: 23, 127; f16: 10, 15) without the sign, rounded to nearest even (or to odd).
+fn f64_round(v: vec2<u32>, mbits: u32, bias: i32, to_odd: bool) -> u32 {
+  let e = (v.y >> 20u) & 0x7ffu;
+  let emax = u32(2 * bias + 1);
+  let fraction = vec2<u32>(v.x, v.y & 0xfffffu);
+  if (e == 2047u) {
+    let nan = any(fraction != vec2<u32>(0u, 0u));
+    return (emax << mbits) | select(0u, (1u << (mbits - 1u)) | shr64(fraction, 52u - mbits).x, nan);
+  }
+  if (e == 0u) { return select(0u, 1u, to_odd && any(fraction != vec2<u32>(0u, 0u))); }
+  let exponent = i32(e) - 1023;
+  let significand = vec2<u32>(v.x, fraction.y | 0x100000u);
+  if (exponent + bias >= i32(emax)) { return emax << mbits; }
+  if (exponent + bias >= 1) {
+    let m = shr_round64(significand, 52u - mbits, to_odd).x;
+    let bits = (u32(exponent + bias) << mbits) + m - (1u << mbits);
+    return min(bits, emax << mbits);
+  }
+  let shift = 52 - i32(mbits) + 1 - bias - exponent;
+  if (shift > 63) { return select(0u, 1u, to_odd); }
+  return shr_round64(significand, u32(shift), to_odd).x;
+}
+fn f64_to_f32(v: vec2<u32>) -> f32 {
+  return bitcast<f32>((v.y & 0x80000000u) | f64_round(v, 23u, 127, false));
+}
+// Rounded to odd, so that rounding the f32 again to float16 (on store) is correctly rounded.
+fn f64_to_f32_odd(v: vec2<u32>) -> f32 {
+  return bitcast<f32>((v.y & 0x80000000u) | f64_round(v, 23u, 127, true));
+}
+"""
+
 
 # dtype name -> WGSL compute type (see the table in the module docstring).
 _COMPUTE_TYPES: dict[str, str] = {
@@ -218,8 +356,9 @@ def wgsl_uint(value: int) -> str:
 def load_function(function: str, buffer: str, dtype: np.dtype[Any], *, int64_pair: bool = False) -> str:
     """A WGSL function ``fn <function>(k: u32) -> T`` reading element ``k`` of ``buffer`` as its compute type.
 
-    ``int64_pair`` reads int64 as ``vec2<u32>(low, high)`` (exact 64-bit compares)
-    instead of its low word as ``i32``.
+    ``int64_pair`` reads int64 (and uint64 and float64, which have no other
+    reading) as ``vec2<u32>(low, high)`` for exact 64-bit arithmetic
+    (:data:`INT64_WGSL`) instead of its low word as ``i32``.
     """
     name = np.dtype(dtype).name
     byte = f"(({buffer}[k >> 2u] >> ((k & 3u) * 8u)) & 0xffu)"
@@ -236,9 +375,9 @@ def load_function(function: str, buffer: str, dtype: np.dtype[Any], *, int64_pai
             f"  let pair = unpack2x16float({buffer}[k >> 1u]);\n"
             "  return select(pair.x, pair.y, (k & 1u) == 1u);\n}\n"
         )
+    if name in ("int64", "uint64", "float64") and int64_pair:
+        return f"fn {function}(k: u32) -> vec2<u32> {{ return vec2<u32>({buffer}[2u * k], {buffer}[2u * k + 1u]); }}\n"
     if name == "int64":
-        if int64_pair:
-            return f"fn {function}(k: u32) -> vec2<u32> {{ return vec2<u32>({buffer}[2u * k], {buffer}[2u * k + 1u]); }}\n"
         return f"fn {function}(k: u32) -> i32 {{ return bitcast<i32>({buffer}[2u * k]); }}\n"
     if name == "bool":
         return f"fn {function}(k: u32) -> bool {{ return {byte} != 0u; }}\n"
@@ -359,11 +498,13 @@ class Operand:
     int64_pair: bool = False
 
 
-def _store_statements(out_dtype: np.dtype[Any], count: int, value_fn: str) -> str:
+def _store_statements(out_dtype: np.dtype[Any], count: int, value_fn: str, pair: bool = False) -> str:
     """Body lines that write the elements owned by invocation ``w`` into ``dst`` (see the write rule)."""
     name = out_dtype.name
     itemsize = out_dtype.itemsize
     per = elements_per_invocation(itemsize)
+    if pair:
+        return f"  let v = {value_fn}(w);\n  dst[2u * w] = v.x;\n  dst[2u * w + 1u] = v.y;\n"
     if per == 1:
         if name == "int64":
             return (
@@ -406,6 +547,7 @@ def elementwise_kernel(
     twin: KernelTwin,
     *,
     helpers: str = "",
+    pair_output: bool = False,
 ) -> KernelSpec:
     """A kernel computing ``output[j] = expression`` for every output element, with numpy broadcasting.
 
@@ -415,8 +557,15 @@ def elementwise_kernel(
     the kernel (functions the expression calls).  Binding ``i`` is operand ``i``,
     the last binding the output.  ``twin`` must do on the bound bytes what the
     kernel does (usually :func:`~ortgpu.ops._kernel.reference_twin`).
+    ``pair_output``: the output is int64/uint64/float64 and ``expression`` is
+    its bits as ``vec2<u32>(low, high)`` (see :data:`INT64_WGSL`).
     """
-    out_type = wgsl_compute_type(output.dtype)
+    if pair_output:
+        if output.dtype.itemsize != 8:
+            raise NotOnDevice(f"{name}: a pair output must be an 8-byte dtype, not {output.dtype.name}")
+        out_type = "vec2<u32>"
+    else:
+        out_type = wgsl_compute_type(output.dtype)
     count = output.size
     limits = caps.limits
     _check_binding_count(name, len(operands) + 1, caps)
@@ -438,7 +587,7 @@ def elementwise_kernel(
     body = (
         f"  let w = {LINEAR_INVOCATION};\n"
         f"  if (w >= {invocations}u) {{ return; }}\n"
-        + _store_statements(output.dtype, count, "value")
+        + _store_statements(output.dtype, count, "value", pair_output)
     )
     parts.append(kernel_entry(workgroup, body))
     bindings = tuple(Binding("input", op.input_index) for op in operands) + (Binding("output", 0),)
@@ -531,6 +680,7 @@ def elementwise_plan(
     inputs: Sequence[TensorInfo | None],
     *,
     helpers: str = "",
+    pair_output: bool = False,
 ) -> OpPlan:
     """An :class:`OpPlan` of one :func:`elementwise_kernel` (none for an empty output).
 
@@ -541,5 +691,5 @@ def elementwise_plan(
         return OpPlan()
     bindings = [Binding("input", op.input_index) for op in operands] + [Binding("output", 0)]
     twin = reference_twin(function, bindings, inputs, outputs)
-    kernel = elementwise_kernel(op_type, operands, outputs[0], expression, caps, twin, helpers=helpers)
+    kernel = elementwise_kernel(op_type, operands, outputs[0], expression, caps, twin, helpers=helpers, pair_output=pair_output)
     return OpPlan(kernels=(kernel,))

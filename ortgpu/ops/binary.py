@@ -1,9 +1,11 @@
 """Binary arithmetic with numpy broadcasting: Add Sub Mul Div Pow.
 
-On the device: float32 and float16 (computed in f32, rounded once), and int32
-for Add/Sub/Mul/Div (wrapping like onnxruntime's C++; Div truncates toward
-zero).  int64 arithmetic needs carries between the two words of each element,
-which WGSL's 32-bit integers do not give: such nodes run on the CPU.
+On the device: float32 and float16 (computed in f32, rounded once); every
+integer type up to 32 bits for Add/Sub/Mul/Div (computed in i32/u32 and
+stored in the element's width, so results wrap like onnxruntime's C++; Div
+truncates toward zero); int64 and uint64 for Add/Sub/Mul, exactly, on
+``vec2<u32>(low, high)`` pairs with explicit carries (:data:`~ortgpu.ops._wgsl.INT64_WGSL`).
+64-bit Div and float64 run on the CPU.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._wgsl import Operand, elementwise_plan, require_device_dtype
+from ._wgsl import INT64_WGSL, Operand, elementwise_plan, require_device_dtype
 
 __all__ = ["BinaryOperator", "Add", "Sub", "Mul", "Div", "Pow", "integer_divide", "POW_WGSL"]
 
-_INT64_WHY = "64-bit integer arithmetic is not available in WGSL (int32 and float32 run on the device)"
+#: dtypes every binary kernel computes (integers narrower than 32 bits are computed in i32/u32).
+_DEVICE_DTYPES = ("float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8")
+_PAIR_DTYPES = ("int64", "uint64")
 
 
 def integer_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -37,6 +41,8 @@ class BinaryOperator(Operator):
 
     #: WGSL operator between ``x0`` and ``x1``.
     symbol = ""
+    #: WGSL function of two ``vec2<u32>`` pairs for int64/uint64 (empty: 64-bit runs on the CPU).
+    pair_function = ""
 
     def compute(self, a: np.ndarray, b: np.ndarray) -> Any:
         raise NotImplementedError
@@ -71,13 +77,23 @@ class BinaryOperator(Operator):
     ) -> OpPlan:
         a, b = inputs[0], inputs[1]
         assert a is not None and b is not None
-        if a.dtype.name == "int64":
-            raise NotOnDevice(f"{self.op_type} on int64 runs on the CPU: {_INT64_WHY}")
-        require_device_dtype(self.op_type, a.dtype, ("float32", "float16", "int32"))
+        if a.dtype != b.dtype:
+            raise NotOnDevice(f"{self.op_type}: inputs of different dtypes {a.dtype} and {b.dtype}")
 
         def function(x: np.ndarray, y: np.ndarray) -> np.ndarray:
             return self.reference([x, y], attrs, outputs)[0]
 
+        if a.dtype.name in _PAIR_DTYPES:
+            if not self.pair_function:
+                raise NotOnDevice(
+                    f"{self.op_type} on {a.dtype.name} runs on the CPU: 64-bit integer division is not written for WGSL"
+                )
+            operands = [Operand(0, a, int64_pair=True), Operand(1, b, int64_pair=True)]
+            return elementwise_plan(
+                self.op_type, operands, outputs, f"{self.pair_function}(x0, x1)", caps, function, inputs,
+                helpers=INT64_WGSL, pair_output=True,
+            )
+        require_device_dtype(self.op_type, a.dtype, _DEVICE_DTYPES)
         return elementwise_plan(
             self.op_type, [Operand(0, a), Operand(1, b)], outputs, self.expression(a.dtype), caps, function, inputs
         )
@@ -87,6 +103,7 @@ class BinaryOperator(Operator):
 class Add(BinaryOperator):
     op_type = "Add"
     since_version = 1
+    pair_function = "add64"
     symbol = "+"
 
     def compute(self, a: np.ndarray, b: np.ndarray) -> Any:
@@ -97,6 +114,7 @@ class Add(BinaryOperator):
 class Sub(BinaryOperator):
     op_type = "Sub"
     since_version = 1
+    pair_function = "sub64"
     symbol = "-"
 
     def compute(self, a: np.ndarray, b: np.ndarray) -> Any:
@@ -107,6 +125,7 @@ class Sub(BinaryOperator):
 class Mul(BinaryOperator):
     op_type = "Mul"
     since_version = 1
+    pair_function = "mul64"
     symbol = "*"
 
     def compute(self, a: np.ndarray, b: np.ndarray) -> Any:

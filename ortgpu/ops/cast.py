@@ -1,11 +1,14 @@
 """Cast between dtypes (attribute ``to``: an ONNX ``TensorProto`` data type).
 
-On the device between float32, float16, int32, uint8, int8 and bool, and to
-int64 (the value truncated to int32, then sign-extended into the high word:
-exact for values in int32 range).  From int64 the device casts to int32, int8,
-uint8 (the low bits, which is C's wrap-around) and bool (both words) exactly;
-int64 to a float type needs 64-bit arithmetic to round correctly, so it runs
-on the CPU.  A cast to the input's own dtype aliases its input.
+On the device between every numpy dtype except float64 -> integers and
+integers -> float64, exactly: 8-byte values (int64, uint64, float64) are read
+and written as ``vec2<u32>(low, high)`` pairs and converted with the 32-bit
+arithmetic of :data:`~ortgpu.ops._wgsl.INT64_WGSL` (64-bit integer to float
+rounds to nearest even; float to integer truncates through int64 and keeps
+the low bits, which is the reference's C wrap-around; float64 <-> float32
+round like IEEE conversions, float64 -> float16 through a round-to-odd float32
+so the second rounding is exact).  A cast to the input's own dtype aliases its
+input.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._wgsl import Operand, elementwise_plan, require_device_dtype, wgsl_compute_type
+from ._wgsl import INT64_WGSL, Operand, elementwise_plan, require_device_dtype, wgsl_compute_type
 
 __all__ = ["Cast", "onnx_dtype"]
 
-_DEVICE_DTYPES = ("float32", "float16", "int32", "int64", "uint8", "int8", "bool")
+_DEVICE_DTYPES = (
+    "float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8", "bool", "int64", "uint64", "float64",
+)
 
 
 def onnx_dtype(code: int, op_type: str, opset: int) -> np.dtype[Any]:
@@ -37,24 +42,54 @@ def onnx_dtype(code: int, op_type: str, opset: int) -> np.dtype[Any]:
     return dtype
 
 
-def _convert(source: str, target: str) -> str:
-    """WGSL converting ``x0`` from compute type ``source`` to compute type ``target``."""
-    if source == target:
-        return "x0"
-    if target == "bool":
-        zero = {"f32": "0.0", "i32": "0", "u32": "0u"}[source]
-        return f"x0 != {zero}"
-    if source == "bool":
-        one = {"f32": "1.0", "i32": "1", "u32": "1u"}[target]
-        zero = {"f32": "0.0", "i32": "0", "u32": "0u"}[target]
-        return f"select({zero}, {one}, x0)"
-    if target == "f32":
-        return "f32(x0)"
-    if source == "f32":
-        # Truncation toward zero; unsigned targets go through i32 so negative values wrap as
-        # onnxruntime's static_cast does on x86 (and as the reference does), instead of saturating.
-        return "i32(x0)" if target == "i32" else "bitcast<u32>(i32(x0))"
-    return f"bitcast<{target}>(x0)"  # i32 <-> u32 keep the low bits, as C's integer conversions do
+def _convert(source: np.dtype[Any], target: np.dtype[Any]) -> tuple[str, bool]:
+    """WGSL converting ``x0`` (``source`` read in its compute type, or as a pair if 8 bytes) to ``target``
+    (its compute type, or a pair if 8 bytes); and whether the helpers of ``INT64_WGSL`` are needed.
+
+    Raises :class:`NotOnDevice` for float64 <-> integer casts.
+    """
+    wide_in, wide_out = source.itemsize == 8, target.itemsize == 8
+    if source.name == "float64" and target.kind in "iub" or target.name == "float64" and source.kind in "iub":
+        raise NotOnDevice(f"Cast from {source.name} to {target.name} runs on the CPU: no WebGPU kernel")
+    if wide_in:
+        if source.name == "float64":
+            return ("f64_to_f32(x0)" if target.name == "float32" else "f64_to_f32_odd(x0)"), True
+        if wide_out:
+            return "x0", False  # int64 <-> uint64: the same bits
+        if target.kind == "b":
+            return "any(x0 != vec2<u32>(0u, 0u))", False
+        if target.kind == "f":
+            return ("i64_to_f32(x0)" if source.kind == "i" else "u64_to_f32(x0)"), True
+        return ("bitcast<i32>(x0.x)" if wgsl_compute_type(target) == "i32" else "x0.x"), False
+    source_type = wgsl_compute_type(source)
+    if wide_out:
+        if target.name == "float64":
+            return "f32_to_f64(x0)", True  # from float32 or float16 (read as f32, exactly)
+        if source_type == "f32":
+            return "f32_to_i64(x0)", True
+        if source_type == "i32":
+            return "vec2<u32>(bitcast<u32>(x0), select(0u, 0xffffffffu, x0 < 0))", False
+        if source_type == "u32":
+            return "vec2<u32>(x0, 0u)", False
+        return "vec2<u32>(select(0u, 1u, x0), 0u)", False
+    target_type = wgsl_compute_type(target)
+    if source_type == target_type:
+        return "x0", False
+    if target_type == "bool":
+        zero = {"f32": "0.0", "i32": "0", "u32": "0u"}[source_type]
+        return f"x0 != {zero}", False
+    if source_type == "bool":
+        one = {"f32": "1.0", "i32": "1", "u32": "1u"}[target_type]
+        zero = {"f32": "0.0", "i32": "0", "u32": "0u"}[target_type]
+        return f"select({zero}, {one}, x0)", False
+    if target_type == "f32":
+        return "f32(x0)", False
+    if source_type == "f32":
+        # Truncation toward zero through int64, keeping the low bits: C's wrap-around for narrow
+        # and unsigned targets (as onnxruntime's static_cast does on x86, and as the reference does),
+        # where WGSL's own conversion would saturate.
+        return ("bitcast<i32>(f32_to_i64(x0).x)" if target_type == "i32" else "f32_to_i64(x0).x"), True
+    return f"bitcast<{target_type}>(x0)", False  # i32 <-> u32 keep the low bits, as C's integer conversions do
 
 
 @register
@@ -98,17 +133,12 @@ class Cast(Operator):
             return OpPlan(alias={0: 0})
         require_device_dtype("Cast", x.dtype, _DEVICE_DTYPES)
         require_device_dtype("Cast", target, _DEVICE_DTYPES)
-        pair = False
-        if x.dtype.name == "int64":
-            if target.kind == "f":
-                raise NotOnDevice(
-                    f"Cast from int64 to {target.name} runs on the CPU: rounding a 64-bit integer needs 64-bit arithmetic"
-                )
-            pair = target == np.bool_
-        source_type = wgsl_compute_type(x.dtype)
-        expression = "any(x0 != vec2<u32>(0u, 0u))" if pair else _convert(source_type, wgsl_compute_type(target))
+        expression, helpers = _convert(x.dtype, target)
 
         def function(array: np.ndarray) -> np.ndarray:
             return self.reference([array], attrs, outputs)[0]
 
-        return elementwise_plan("Cast", [Operand(0, x, int64_pair=pair)], outputs, expression, caps, function, inputs)
+        return elementwise_plan(
+            "Cast", [Operand(0, x, int64_pair=x.dtype.itemsize == 8)], outputs, expression, caps, function, inputs,
+            helpers=INT64_WGSL if helpers else "", pair_output=target.itemsize == 8,
+        )

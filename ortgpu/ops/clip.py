@@ -15,7 +15,7 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._wgsl import Operand, elementwise_plan, require_device_dtype, wgsl_float, wgsl_int
+from ._wgsl import Operand, elementwise_plan, require_device_dtype, wgsl_float, wgsl_int, wgsl_uint
 
 __all__ = ["Clip"]
 
@@ -69,8 +69,11 @@ class Clip(Operator):
     ) -> OpPlan:
         x = inputs[0]
         assert x is not None
-        require_device_dtype("Clip", x.dtype, ("float32", "float16", "int32"))
+        require_device_dtype(
+            "Clip", x.dtype, ("float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8")
+        )
         is_float = x.dtype.kind == "f"
+        literal_of = wgsl_uint if x.dtype.kind == "u" else wgsl_int
         operands = [Operand(0, x)]
         expression = "x0"
         bound_values: dict[int, Any] = {}  # bound slot (1 = min, 2 = max) -> value baked into the kernel
@@ -90,7 +93,7 @@ class Clip(Operator):
                 continue
             scalar = np.asarray(value, dtype=x.dtype).reshape(-1)[0]
             bound_values[slot] = scalar
-            literal = wgsl_float(float(scalar)) if is_float else wgsl_int(int(scalar))
+            literal = wgsl_float(float(scalar)) if is_float else literal_of(int(scalar))
             expression = f"{function_name}({expression}, {literal})"
         dynamic_slots = [op.input_index for op in operands[1:]]
 

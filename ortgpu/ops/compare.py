@@ -1,8 +1,9 @@
 """Comparisons with numpy broadcasting (Equal Less Greater LessOrEqual GreaterOrEqual) and Not.
 
 Outputs are bool tensors, one byte per element; the kernels write four
-elements (one ``u32`` word) per invocation.  int64 inputs compare exactly on
-the device through both words of each element (a comparison needs no carries).
+elements (one ``u32`` word) per invocation.  int64 and uint64 inputs compare
+exactly on the device through both words of each element (a comparison needs
+no carries); every narrower integer type in its i32/u32 compute type.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
+from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 from ._wgsl import Operand, elementwise_plan, require_device_dtype
 
 __all__ = ["ComparisonOperator", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not"]
 
-_DEVICE_DTYPES = ("float32", "float16", "int32", "int64", "uint8", "int8", "bool")
+_DEVICE_DTYPES = (
+    "float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8", "bool", "int64", "uint64",
+)
 
 
 class ComparisonOperator(Operator):
@@ -44,9 +47,9 @@ class ComparisonOperator(Operator):
             raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}) does not support dtype {a.dtype.name}")
         return [np.asarray(type(self).numpy_function(a, b), dtype=np.bool_)]
 
-    def pair_expression(self) -> str:
-        """The comparison of two int64 values read as ``vec2<u32>(low, high)``."""
-        high_a, high_b = "bitcast<i32>(x0.y)", "bitcast<i32>(x1.y)"
+    def pair_expression(self, signed: bool = True) -> str:
+        """The comparison of two int64 (or uint64) values read as ``vec2<u32>(low, high)``."""
+        high_a, high_b = ("bitcast<i32>(x0.y)", "bitcast<i32>(x1.y)") if signed else ("x0.y", "x1.y")
         if self.symbol == "==":
             return "all(x0 == x1)"
         strict = self.symbol[0]
@@ -63,8 +66,10 @@ class ComparisonOperator(Operator):
         a, b = inputs[0], inputs[1]
         assert a is not None and b is not None
         require_device_dtype(self.op_type, a.dtype, _DEVICE_DTYPES)
-        pair = a.dtype.name == "int64"
-        expression = self.pair_expression() if pair else f"x0 {self.symbol} x1"
+        if a.dtype != b.dtype:
+            raise NotOnDevice(f"{self.op_type}: inputs of different dtypes {a.dtype} and {b.dtype}")
+        pair = a.dtype.itemsize == 8
+        expression = self.pair_expression(a.dtype.kind == "i") if pair else f"x0 {self.symbol} x1"
 
         def function(x: np.ndarray, y: np.ndarray) -> np.ndarray:
             return self.reference([x, y], attrs, outputs)[0]

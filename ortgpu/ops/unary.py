@@ -4,7 +4,8 @@ HardSigmoid HardSwish.
 Each class pairs a numpy reference with a WGSL expression in ``x0`` (the
 input in its compute type, f32 for float32/float16) for
 :func:`~ortgpu.ops._wgsl.elementwise_kernel`.  Floating ops run on device for
-float32 and float16 (computed in f32); Neg, Abs and Relu also for int32.
+float32 and float16 (computed in f32); Neg, Abs and Relu also for every
+integer type (int64 exactly, on ``vec2<u32>`` pairs).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo, reference_twin
+from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
-from ._wgsl import Operand, elementwise_kernel, kernel_bindings, require_device_dtype, wgsl_float
+from ._wgsl import INT64_WGSL, Operand, elementwise_kernel, kernel_bindings, require_device_dtype, wgsl_float
 
 __all__ = [
     "UnaryOperator",
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 _FLOATS = ("float32", "float16")
-_FLOATS_AND_INT32 = ("float32", "float16", "int32")
+_FLOATS_AND_INTS = ("float32", "float16", "int32", "int16", "int8", "uint32", "uint16", "uint8", "int64")
 
 #: WGSL ``fn erf_f32(x: f32) -> f32`` (WGSL has no erf).  For |x| < 0.5 the
 #: Maclaurin series to x^13 (truncation below 2e-8 relative); beyond,
@@ -102,6 +103,10 @@ class UnaryOperator(Operator):
     def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
         raise NotImplementedError
 
+    def pair_expression(self) -> str:
+        """The expression on an int64 ``x0`` read as ``vec2<u32>`` (see ``INT64_WGSL``); empty: no kernel."""
+        return ""
+
     def check_attrs(self, attrs: Mapping[str, Any]) -> None:
         """Raise :class:`UnsupportedOpError` for attribute values this implementation lacks."""
 
@@ -132,7 +137,10 @@ class UnaryOperator(Operator):
         require_device_dtype(self.op_type, x.dtype, self.device_dtypes)
         if outputs[0].size == 0:
             return OpPlan()
-        operands = [Operand(0, x)]
+        pair = x.dtype.itemsize == 8
+        if pair and not self.pair_expression():
+            raise NotOnDevice(f"{self.op_type} on {x.dtype.name} runs on the CPU: no 64-bit WebGPU kernel")
+        operands = [Operand(0, x, int64_pair=pair)]
 
         def function(array: np.ndarray) -> np.ndarray:
             return self.reference([array], attrs, outputs)[0]
@@ -141,10 +149,11 @@ class UnaryOperator(Operator):
             self.op_type,
             operands,
             outputs[0],
-            self.expression(x.dtype, attrs),
+            self.pair_expression() if pair else self.expression(x.dtype, attrs),
             caps,
             reference_twin(function, kernel_bindings(1), inputs, outputs),
-            helpers=self.helpers,
+            helpers=INT64_WGSL if pair else self.helpers,
+            pair_output=pair,
         )
         return OpPlan(kernels=(kernel,))
 
@@ -197,27 +206,35 @@ class Log(UnaryOperator):
 class Neg(UnaryOperator):
     op_type = "Neg"
     since_version = 1
-    device_dtypes = _FLOATS_AND_INT32
+    device_dtypes = _FLOATS_AND_INTS
 
     def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
         return np.negative(x)
 
     def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
         # 0 - x wraps for i32::MIN as numpy does (unary minus on the literal would not be the point).
-        return "-x0" if dtype.kind == "f" else "bitcast<i32>(0u - bitcast<u32>(x0))"
+        if dtype.kind == "f":
+            return "-x0"
+        return "0u - x0" if dtype.kind == "u" else "bitcast<i32>(0u - bitcast<u32>(x0))"
+
+    def pair_expression(self) -> str:
+        return "neg64(x0)"
 
 
 @register
 class Abs(UnaryOperator):
     op_type = "Abs"
     since_version = 1
-    device_dtypes = _FLOATS_AND_INT32
+    device_dtypes = _FLOATS_AND_INTS
 
     def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
         return np.abs(x)
 
     def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
         return "abs(x0)"
+
+    def pair_expression(self) -> str:
+        return "abs64(x0)"
 
 
 @register
@@ -237,13 +254,18 @@ class Reciprocal(UnaryOperator):
 class Relu(UnaryOperator):
     op_type = "Relu"
     since_version = 1
-    device_dtypes = _FLOATS_AND_INT32
+    device_dtypes = _FLOATS_AND_INTS
 
     def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
         return np.maximum(x, np.zeros((), dtype=x.dtype))
 
     def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return "max(x0, 0.0)" if dtype.kind == "f" else "max(x0, 0)"
+        if dtype.kind == "f":
+            return "max(x0, 0.0)"
+        return "x0" if dtype.kind == "u" else "max(x0, 0)"
+
+    def pair_expression(self) -> str:
+        return "select(x0, vec2<u32>(0u, 0u), is_negative64(x0))"
 
 
 @register
