@@ -133,7 +133,12 @@ def main(argv: list[str] | None = None) -> int:
             report["versions"].update(peer_versions())
             modes = {"off": [False], "on": [True], "both": [False, True]}[args.capture]
             for capture in modes:
-                peer = OnnxruntimeArms(model_bytes, feeds, capture=capture)
+                try:
+                    peer = OnnxruntimeArms(model_bytes, feeds, capture=capture)
+                except Exception as error:  # the peer may not support a configuration; say so, keep going
+                    print(f"onnxruntime capture {'on' if capture else 'off'}: could not run ({error})", file=sys.stderr)
+                    report.setdefault("peer_errors", {})[f"capture {'on' if capture else 'off'}"] = str(error)
+                    continue
                 label = f"onnxruntime {peer.provider} capture {'on' if capture else 'off'}"
                 report.setdefault("peer", {})[label] = {"provider": peer.provider, "io_placement": peer.io_placement}
                 outputs = peer.end_to_end()
@@ -169,10 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         overhead = measure_overhead(device.backend_device())
         report["overhead"] = overhead
         print(f"\nhost cost per replayed dispatch: ortgpu {overhead['ortgpu_replay_us_per_dispatch']:.3f} us", end="")
+        phases = overhead.get("ortgpu_phases_us_per_dispatch")
         if "wgpu_py_us_per_dispatch" in overhead:
             print(f", wgpu-py classes {overhead['wgpu_py_us_per_dispatch']:.3f} us, ratio {overhead['ratio']:.0f}x")
         else:
             print(" (wgpu-py not importable: no comparison)")
+        if phases:
+            print("  of which per dispatch: " + ", ".join(f"{name} {value:.3f} us" for name, value in phases.items()))
 
     if args.json_path:
         with open(args.json_path, "w") as handle:

@@ -39,7 +39,7 @@ class _Builder:
 
     def node(self, op_type: str, inputs: list[str], n_outputs: int = 1, **attrs: object) -> list[str]:
         outputs = [self.name(op_type.lower()) for _ in range(n_outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=self.name(f"n_{op_type}"), **attrs))
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=self.name(f"n_{op_type}"), **attrs))  # type: ignore[arg-type]
         return outputs
 
     def one(self, op_type: str, inputs: list[str], **attrs: object) -> str:

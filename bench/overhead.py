@@ -39,19 +39,36 @@ def _median_host_seconds(submit: Callable[[], None], drain: Callable[[], None], 
     return statistics.median(times)
 
 
-def _ortgpu_timings(device: BackendDevice, counts: tuple[int, int], iterations: int) -> tuple[float, float]:
+def _ortgpu_phases(device: BackendDevice, commands: CommandList, iterations: int) -> dict[str, float] | None:
+    """Median seconds of the replay loop's phases (encode, wgpuCommandEncoderFinish, wgpuQueueSubmit)."""
+    table = getattr(device, "native_table", None)
+    if table is None:
+        return None
+    samples: dict[str, list[float]] = {"encode": [], "finish": [], "submit": []}
+    for _ in range(iterations):
+        phases = commands.profile_native(table)
+        device.wait_idle()
+        for name in samples:
+            samples[name].append(float(phases[name]))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _ortgpu_timings(device: BackendDevice, counts: tuple[int, int], iterations: int) -> tuple[float, float, dict[str, float] | None]:
     buffer = device.create_buffer(16)
     pipeline = device.create_compute_pipeline(KERNEL, label="overhead")
     group = device.create_bind_group(pipeline, [BindingEntry(0, buffer, 0, 16)])
     try:
         results = []
+        phases = None
         for count in counts:
             commands = CommandList()
             for _ in range(count):
                 commands.add_dispatch(pipeline, group, 1, 1, 1)
             commands.freeze()  # as a captured graph holds it
             results.append(_median_host_seconds(lambda: device.submit(commands), device.wait_idle, iterations))
-        return results[0], results[1]
+            if count == counts[1]:
+                phases = _ortgpu_phases(device, commands, iterations)
+        return results[0], results[1], phases
     finally:
         device.release_bind_group(group)
         device.release_pipeline(pipeline)
@@ -102,6 +119,9 @@ def measure_overhead(device: BackendDevice, dispatches: int = 1000, iterations: 
         "ortgpu_replay_us_per_dispatch": (ours[1] - ours[0]) / (dispatches - 1) * 1e6,
         "ortgpu_replay_submit_us": {"n=1": ours[0] * 1e6, f"n={dispatches}": ours[1] * 1e6},
     }
+    if ours[2] is not None:
+        # Where the time goes for n dispatches: our C loop (encode) vs wgpu-native's Finish and Submit.
+        result["ortgpu_phases_us_per_dispatch"] = {name: value / dispatches * 1e6 for name, value in ours[2].items()}
     theirs = _wgpu_py_timings(counts, iterations)
     if theirs is not None:
         result["wgpu_py_us_per_dispatch"] = (theirs[1] - theirs[0]) / (dispatches - 1) * 1e6

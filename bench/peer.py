@@ -20,7 +20,7 @@ def _webgpu_ep_device() -> Any | None:
     global _registered
     try:
         import onnxruntime as ort
-        import onnxruntime_ep_webgpu as webgpu_ep  # type: ignore[import-not-found]
+        import onnxruntime_ep_webgpu as webgpu_ep
     except ImportError:
         return None
     if not _registered:

@@ -45,3 +45,5 @@ class CommandList:
     def records(self) -> list[_DispatchRecord | _CopyRecord | _ClearRecord]: ...
     def encode_submit_native(self, table: NativeTable) -> bool:
         """Encode and submit with the GIL released; ``False`` if the command buffer was not submitted."""
+    def profile_native(self, table: NativeTable) -> dict[str, float | bool]:
+        """Like encode_submit_native, with the seconds of its phases (encode, finish, submit)."""

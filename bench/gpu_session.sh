@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# What one GPU-machine session runs (see ../shared/GPU.md): set-up, then benchmarks, then the wgpu test suite.
+# Usage on the device machine, from the repository root, with .gl and .whl carried: bash bench/gpu_session.sh [models...]
+set -u
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-out}; mkdir -p "$OUT"
+python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
+for spec in "${@:-mlp16:1}"; do
+  model=${spec%%:*}; batch=${spec##*:}
+  iterations=200; [ "$model" = mlp16 ] || iterations=60
+  extra=""; [ "$model" = mlp16 ] && [ "$batch" = 1 ] && extra="--overhead"
+  timeout 240 python3 -m bench --model "$model" --batch "$batch" --capture both --vs onnxruntime --iterations $iterations \
+    --warmup 20 $extra --json "$OUT/${model}_b${batch}.json" 2>"$OUT/${model}_b${batch}.err" | tee "$OUT/${model}_b${batch}.txt"
+done
+if [ -n "${TESTS:-}" ]; then
+  timeout "${TESTS}" python3 -m pytest -q -x --backend=wgpu -p no:cacheprovider --deselect tests/test_typing.py $TEST_ARGS 2>&1 | tail -40 > "$OUT/tests.txt"
+  tail -5 "$OUT/tests.txt"
+fi
