@@ -86,6 +86,20 @@ def wide_ints(*shape: int, dtype: Any = np.int64) -> Generator:
     return make
 
 
+def _close_wide(*shape: int, dtype: Any) -> Generator:
+    """64-bit integers that often share their high word (so the low word decides a comparison)."""
+
+    def make(rng: np.random.Generator) -> np.ndarray:
+        info = np.iinfo(dtype)
+        high = rng.integers(-2 if info.min else 0, 3, shape).astype(np.int64) * (2**32)
+        low = rng.integers(0, 2**32, shape).astype(np.int64) if rng.random() < 0.5 else rng.integers(0, 3, shape)
+        values = (high + low).astype(dtype)
+        huge = rng.random(shape) < 0.2
+        return np.where(huge, rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True), values).astype(dtype)
+
+    return make
+
+
 def bools(*shape: int) -> Generator:
     return lambda rng: rng.random(shape) > 0.5
 
@@ -292,6 +306,17 @@ CASES += [
     # comparisons and Not
     Case("Equal", [ints(5, 9, low=-3, high=3), ints(9, low=-3, high=3)], opset=13),
     Case("Equal", [ints(5, 9, low=-3, high=3, dtype=np.int64), ints(5, 1, low=-3, high=3, dtype=np.int64)], label="int64"),
+    *[
+        Case(op, [generator(4, 9), generator(9)], label=name)
+        for op in ("Equal", "Less", "Greater")
+        for name, generator in (
+            ("int16", lambda *shape: ints(*shape, low=-3, high=3, dtype=np.int16)),
+            ("uint16", lambda *shape: ints(*shape, low=0, high=2**16, dtype=np.uint16)),
+            ("uint32", lambda *shape: ints(*shape, low=0, high=2**32, dtype=np.uint32)),
+            ("uint64", lambda *shape: _close_wide(*shape, dtype=np.uint64)),
+            ("int64-wide", lambda *shape: _close_wide(*shape, dtype=np.int64)),
+        )
+    ],
     Case("Equal", [bools(7, 3), bools(3)], label="bool"),
     Case("Equal", [floats(2, 11), floats(2, 11)], label="float"),
     Case("Less", [floats(3, 13), floats(13)]),
@@ -317,6 +342,10 @@ CASES += [
     Case("Clip", [floats(4, 25, scale=2)], opset=13, label="no-bounds"),
     Case("Clip", [floats(9), const(1.0, np.float32), const(-1.0, np.float32)], opset=13, label="min-above-max"),
     Case("Clip", [ints(4, 25), const(-5, np.int32), const(20, np.int32)], opset=13, label="int32"),
+    Case("Clip", [ints(4, 25, low=-128, high=128, dtype=np.int8), const(-5, np.int8), const(20, np.int8)], opset=13, label="int8"),
+    Case("Clip", [ints(4, 25, low=-128, high=128, dtype=np.int8), absent(), const(7, np.int8)], opset=13, constants=frozenset({2}), label="int8-constant-max"),
+    Case("Clip", [ints(4, 25, low=0, high=256, dtype=np.uint8), const(200, np.uint8)], opset=13, constants=frozenset({1}), label="uint8-constant-min"),
+    Case("Clip", [ints(4, 25, low=0, high=2**32, dtype=np.uint32), const(3_000_000_000, np.uint32), const(4_000_000_000, np.uint32)], opset=13, constants=frozenset({1, 2}), label="uint32-constant", in_onnxruntime=False),
     # Where
     Case("Where", [bools(3, 1), floats(3, 5), floats(5)]),
     Case("Where", [bools(4, 6), ints(4, 6, dtype=np.int64), ints(1, dtype=np.int64)], label="int64"),

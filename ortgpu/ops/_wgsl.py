@@ -88,6 +88,7 @@ __all__ = [
     "elementwise_kernel",
     "elementwise_plan",
     "gather_kernel",
+    "store_statements",
     "INT64_WGSL",
 ]
 
@@ -536,6 +537,15 @@ def _store_statements(out_dtype: np.dtype[Any], count: int, value_fn: str, pair:
             lines.append(f"  word = word | (v{e} << {e * bits}u);\n")
     lines.append("  dst[w] = word;\n")
     return "".join(lines)
+
+
+def store_statements(out_dtype: np.dtype[Any], count: int, value_fn: str, pair: bool = False) -> str:
+    """Body lines of a kernel ``main`` writing the output elements owned by invocation ``w`` into ``dst``.
+
+    ``value_fn`` names a WGSL ``fn (j: u32) -> T`` (``T`` the output's compute type, or ``vec2<u32>``
+    with ``pair``) giving output element ``j``; narrow outputs get whole words (the write rule).
+    """
+    return _store_statements(out_dtype, count, value_fn, pair)
 
 
 def elementwise_kernel(

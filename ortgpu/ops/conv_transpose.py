@@ -58,7 +58,9 @@ def conv_transpose_geometry(
             out = list(ints(output_shape, []))[-rank:]
         else:
             out = [n * s for n, s in zip(spatial, strides)]
-        totals = [f - o for f, o in zip(full, out)]
+        # An output_shape beyond the full output pads nothing at the head: the extra positions are zeros
+        # at the tail (onnxruntime clamps the total padding at 0, and onnx's reference agrees).
+        totals = [max(0, f - o) for f, o in zip(full, out)]
         halves = [int(t / 2) for t in totals]  # C division (towards zero), as onnxruntime distributes it
         if auto_pad == "SAME_UPPER":
             begin = halves

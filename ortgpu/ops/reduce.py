@@ -4,7 +4,9 @@ before 18) or as an input (after), ``keepdims``, ``noop_with_empty_axes``.
 The device kernel is a row reduction (:func:`plan_row_reduction`, also used by GlobalAveragePool): the kept
 axes enumerate rows, the reduced axes the elements of a row; a power-of-two team of invocations shares a row
 (one invocation for short rows, up to a whole workgroup for long ones) and combines its partial results in
-workgroup memory.  Float32 only; other dtypes run on the CPU.
+workgroup memory.  That kernel is float32; integer and bool inputs (ReduceSum/Max/Min, int64 exactly on
+``vec2<u32>`` pairs) and max/min over an empty axis (the identity: -inf/+inf, the integer type's extremes) use
+:func:`plan_serial_reduction`, one invocation per output element looping over its row.
 """
 
 from __future__ import annotations
@@ -15,8 +17,19 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
+from ._wgsl import (
+    INT64_WGSL,
+    LINEAR_INVOCATION,
+    check_binding_sizes,
+    grid_for,
+    kernel_entry,
+    load_function,
+    storage_declaration,
+    store_statements,
+    workgroup_size_for,
+)
 from ._tiling import (
     BindingTable,
     require_float32,
@@ -25,9 +38,96 @@ from ._tiling import (
     row_layout,
     single_kernel_plan,
     wgsl_f32,
+    whole_op_twin,
 )
 
-__all__ = ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "plan_row_reduction"]
+__all__ = ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "plan_row_reduction", "plan_serial_reduction"]
+
+#: compute type -> kind -> (WGSL initial value, combine of ``acc`` and ``v``) for the serial kernel.
+_SERIAL: dict[str, dict[str, tuple[str, str]]] = {
+    "f32": {
+        "max": ("bitcast<f32>(0xff800000u)", "max(acc, v)"),
+        "min": ("bitcast<f32>(0x7f800000u)", "min(acc, v)"),
+    },
+    "i32": {
+        "sum": ("0", "acc + v"),
+        "max": ("i32(-2147483647 - 1)", "max(acc, v)"),
+        "min": ("2147483647", "min(acc, v)"),
+    },
+    "u32": {"sum": ("0u", "acc + v"), "max": ("0u", "max(acc, v)"), "min": ("0xffffffffu", "min(acc, v)")},
+    "bool": {"max": ("false", "acc || v"), "min": ("true", "acc && v")},
+    "int64": {
+        "sum": ("vec2<u32>(0u, 0u)", "add64(acc, v)"),
+        "max": ("vec2<u32>(0u, 0x80000000u)", "select(acc, v, less64s(acc, v))"),
+        "min": ("vec2<u32>(0xffffffffu, 0x7fffffffu)", "select(acc, v, less64s(v, acc))"),
+    },
+    "uint64": {
+        "sum": ("vec2<u32>(0u, 0u)", "add64(acc, v)"),
+        "max": ("vec2<u32>(0u, 0u)", "select(acc, v, less64u(acc, v))"),
+        "min": ("vec2<u32>(0xffffffffu, 0xffffffffu)", "select(acc, v, less64u(v, acc))"),
+    },
+}
+_COMPUTE = {
+    "float32": "f32", "int32": "i32", "int16": "i32", "int8": "i32", "uint32": "u32", "uint16": "u32",
+    "uint8": "u32", "bool": "bool", "int64": "int64", "uint64": "uint64",
+}
+
+
+def plan_serial_reduction(
+    op_type: str,
+    kind: str,
+    x: TensorInfo,
+    axes: Sequence[int],
+    outputs: Sequence[TensorInfo],
+    inputs: Sequence[TensorInfo | None],
+    caps: DeviceCaps,
+    compute: Callable[[list[np.ndarray | None]], Sequence[np.ndarray]],
+) -> OpPlan:
+    """One kernel, one invocation per output element, reducing its row serially (any length, 0 included).
+
+    For integer and bool inputs (and float32 max/min of empty rows), whose rows are short in practice.
+    Raises :class:`NotOnDevice` for dtypes or kinds it does not cover (mean, float16, float64).
+    """
+    compute_type = _COMPUTE.get(x.dtype.name)
+    table = _SERIAL.get(compute_type or "", {})
+    if compute_type is None or kind not in table:
+        raise NotOnDevice(f"{op_type} on {x.dtype.name} runs on the CPU: no WebGPU kernel for this dtype")
+    layout = row_layout(x.shape, axes)
+    output = outputs[0]
+    if output.size == 0:
+        return OpPlan()
+    check_binding_sizes(op_type, [x, output], caps)
+    pair = x.dtype.itemsize == 8
+    value_type = "vec2<u32>" if pair else compute_type
+    initial, combine = table[kind]
+    loop = (
+        f"  for (var r = 0u; r < {layout.length}u; r = r + 1u) {{\n"
+        "    let v = load(base + row_offset(r));\n"
+        f"    acc = {combine};\n"
+        "  }\n"
+    )
+    wgsl = (
+        storage_declaration(0, "src", writable=False)
+        + storage_declaration(1, "dst", writable=True)
+        + load_function("load", "src", x.dtype, int64_pair=pair)
+        + (INT64_WGSL if pair else "")
+        + layout.row_base
+        + layout.row_offset
+        + f"fn value(j: u32) -> {value_type} {{\n  let base = row_base(j);\n  var acc: {value_type} = {initial};\n"
+        + loop
+        + "  return acc;\n}\n"
+    )
+    workgroup = workgroup_size_for(caps.limits)
+    per = 4 // output.dtype.itemsize if output.dtype.itemsize < 4 else 1
+    invocations = -(-output.size // per)
+    body = (
+        f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"
+        + store_statements(output.dtype, output.size, "value", pair)
+    )
+    wgsl += kernel_entry(workgroup, body)
+    bindings = (Binding("input", 0), Binding("output", 0))
+    twin = whole_op_twin(compute, bindings, inputs, outputs)
+    return OpPlan(kernels=(KernelSpec(op_type, wgsl, grid_for(invocations, workgroup, caps.limits), bindings, twin),))
 
 #: kind -> (WGSL initial value, WGSL combine of ``acc`` and ``v``, workgroup combine function)
 _KERNELS = {
@@ -124,10 +224,10 @@ class _Reduce(Operator):
         elif self.kind == "mean":
             y = np.mean(x, axis=axes, keepdims=keepdims, dtype=np.float64 if x.dtype.kind == "f" else None)
         elif self.kind == "max":
-            initial = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+            initial = _extreme(x.dtype, low=True)
             y = np.max(x, axis=axes, keepdims=keepdims, initial=initial)
         else:
-            initial = np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).max
+            initial = _extreme(x.dtype, low=False)
             y = np.min(x, axis=axes, keepdims=keepdims, initial=initial)
         return [np.asarray(y, dtype=x.dtype)]
 
@@ -141,7 +241,6 @@ class _Reduce(Operator):
     ) -> OpPlan:
         x = inputs[0]
         assert x is not None
-        require_float32(self.op_type, [x] + list(outputs))
         axes_input = None
         if self.opset >= self.axes_input_since and len(inputs) > 1 and inputs[1] is not None:
             if 1 not in constants:
@@ -153,7 +252,21 @@ class _Reduce(Operator):
         compute = lambda full: self.reference(  # noqa: E731
             [full[0], axes_input] + list(full[2:]), attrs, outputs
         )
+        empty = row_layout(x.shape, axes).length == 0
+        if x.dtype.kind in "iub" or (empty and self.kind in ("max", "min")):
+            return plan_serial_reduction(self.op_type, self.kind, x, axes, outputs, inputs[:1], caps, compute)
+        require_float32(self.op_type, [x] + list(outputs))
         return plan_row_reduction(self.op_type, self.kind, x, axes, outputs, inputs[:1], caps, compute)
+
+
+def _extreme(dtype: np.dtype[Any], *, low: bool) -> Any:
+    """The identity of max (``low``) or min over ``dtype``: -inf/+inf, the integer limits, False/True."""
+    if dtype.kind == "f":
+        return -np.inf if low else np.inf
+    if dtype.kind == "b":
+        return not low
+    info = np.iinfo(dtype)
+    return info.min if low else info.max
 
 
 @register
