@@ -303,6 +303,16 @@ CASES += [
     Case("Pow", [floats(4, 9, low=0.1, high=4.0), const(0.5, np.float32)], constants=frozenset({1}), label="sqrt"),
     Case("Pow", [floats(4, 9), ints(9, low=-3, high=4, dtype=np.int64)], opset=15, label="int-exponent"),
     Case("Pow", [floats(4, 9), ints(9, low=-3, high=4, dtype=np.int32)], opset=15, label="int32-exponent"),
+    Case("Pow", [floats(4, 9, low=0.5, high=2.0), ints(9, low=0, high=6, dtype=np.uint32)], opset=15, label="uint32-exponent", in_onnxruntime=False),
+    Case("Pow", [floats(4, 9, low=0.5, high=2.0), ints(9, low=0, high=6, dtype=np.uint64)], opset=15, label="uint64-exponent", in_onnxruntime=False),
+    Case("Pow", [ints(4, 9, low=-12, high=12), ints(9, low=0, high=7)], opset=15, label="int32-int32"),
+    # negative exponents truncate toward zero (0 ** -n overflows, which C leaves undefined: not tested)
+    Case("Pow", [lambda rng: rng.choice(np.array([-2, -1, 1, 2], np.int32), (4, 9)), ints(9, low=-3, high=0)], opset=15, label="int32-negative-exponent"),
+    # fractional exponents of negative bases give NaN, whose conversion to an integer C leaves undefined
+    Case("Pow", [ints(4, 9, low=0, high=12), floats(9, low=0.0, high=6.0)], opset=15, label="int32-float32"),
+    Case("Pow", [ints(4, 9, low=-12, high=12), lambda rng: rng.integers(0, 7, 9).astype(np.float32)], opset=15, label="int32-integral-float32"),
+    Case("Pow", [ints(4, 9, low=-3000, high=3000, dtype=np.int64), ints(9, low=0, high=5, dtype=np.int64)], opset=15, label="int64-int64"),
+    Case("Pow", [ints(4, 9, low=-3000, high=3000, dtype=np.int64), lambda rng: rng.integers(0, 5, 9).astype(np.float32)], opset=15, label="int64-integral-float32"),
     # comparisons and Not
     Case("Equal", [ints(5, 9, low=-3, high=3), ints(9, low=-3, high=3)], opset=13),
     Case("Equal", [ints(5, 9, low=-3, high=3, dtype=np.int64), ints(5, 1, low=-3, high=3, dtype=np.int64)], label="int64"),

@@ -20,7 +20,7 @@ from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 from ._wgsl import INT64_WGSL, Operand, elementwise_plan, require_device_dtype
 
-__all__ = ["BinaryOperator", "Add", "Sub", "Mul", "Div", "Pow", "integer_divide", "POW_WGSL"]
+__all__ = ["BinaryOperator", "Add", "Sub", "Mul", "Div", "Pow", "integer_divide", "POW_WGSL", "IPOW_WGSL"]
 
 #: dtypes every binary kernel computes (integers narrower than 32 bits are computed in i32/u32).
 _DEVICE_DTYPES = ("float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8")
@@ -170,12 +170,68 @@ fn pow_f32(x: f32, y: f32) -> f32 {
 """
 
 
+#: WGSL integer powers by repeated squaring (wrapping, as C's integer multiplication does): ``ipow_i32``
+#: and ``ipow64`` (int64 base as a ``vec2<u32>`` pair; needs ``INT64_WGSL``).  A negative exponent
+#: truncates ``x ** y`` toward zero: 1 and -1 keep their powers, every other base gives 0.  The ``_f``
+#: variants take a float exponent: an integral one goes through the exact loop, a fractional one
+#: through ``pow_f32`` (then truncated).
+IPOW_WGSL = """
+fn ipow_i32(x: i32, y: i32) -> i32 {
+  if (y < 0) {
+    if (x == 1) { return 1; }
+    if (x == -1) { return select(1, -1, (y & 1) != 0); }
+    return 0;
+  }
+  var result = 1;
+  var base = x;
+  var e = u32(y);
+  loop {
+    if (e == 0u) { break; }
+    if ((e & 1u) == 1u) { result = result * base; }
+    base = base * base;
+    e = e >> 1u;
+  }
+  return result;
+}
+fn ipow_f_i32(x: i32, y: f32) -> i32 {
+  if (fract(y) == 0.0 && abs(y) < 2147483648.0) { return ipow_i32(x, i32(y)); }
+  return i32(trunc(pow_f32(f32(x), y)));
+}
+"""
+IPOW64_WGSL = """
+fn ipow64(x: vec2<u32>, y: i32) -> vec2<u32> {
+  let one = vec2<u32>(1u, 0u);
+  if (y < 0) {
+    if (all(x == one)) { return one; }
+    if (all(x == vec2<u32>(0xffffffffu, 0xffffffffu))) { return select(one, x, (y & 1) != 0); }
+    return vec2<u32>(0u, 0u);
+  }
+  var result = one;
+  var base = x;
+  var e = u32(y);
+  loop {
+    if (e == 0u) { break; }
+    if ((e & 1u) == 1u) { result = mul64(result, base); }
+    base = mul64(base, base);
+    e = e >> 1u;
+  }
+  return result;
+}
+fn ipow_f64(x: vec2<u32>, y: f32) -> vec2<u32> {
+  if (fract(y) == 0.0 && abs(y) < 2147483648.0) { return ipow64(x, i32(y)); }
+  return f32_to_i64(trunc(pow_f32(i64_to_f32(x), y)));
+}
+"""
+
+
 @register
 class Pow(Operator):
-    """Pow: float base (float32/float16) on the device; the exponent may be float or integer.
+    """Pow: float base (float32/float16) or integer base (int32, int64 on pairs) on the device; the exponent
+    may be float or integer (uint64 exponents read exactly as pairs).
 
     A constant scalar exponent of 0.5, 1, 2 or 3 compiles to sqrt or multiplications
-    (the x ** 2 of decomposed LayerNorms stays exact).
+    (the x ** 2 of decomposed LayerNorms stays exact).  Integer bases use exact integer powers
+    (:data:`IPOW_WGSL`), as ``static_cast<T>(std::pow(x, y))`` gives wherever the result fits.
     """
 
     op_type = "Pow"
@@ -211,8 +267,12 @@ class Pow(Operator):
     ) -> OpPlan:
         base, exponent = inputs[0], inputs[1]
         assert base is not None and exponent is not None
-        require_device_dtype("Pow", base.dtype, ("float32", "float16"), "integer powers run on the CPU")
-        require_device_dtype("Pow", exponent.dtype, ("float32", "float16", "int32", "int64"))
+        require_device_dtype("Pow", base.dtype, ("float32", "float16", "int32", "int64"))
+        require_device_dtype(
+            "Pow", exponent.dtype, ("float32", "float16", "int32", "int64", "uint32", "uint64", "int16", "int8", "uint16", "uint8")
+        )
+        if base.dtype.kind == "i":
+            return self._integer_plan(base, exponent, inputs, outputs, attrs, caps)
         constant = constants.get(1)
         if constant is not None and constant.size == 1 and outputs[0].shape == base.shape:
             value = float(constant.reshape(-1)[0])
@@ -228,13 +288,50 @@ class Pow(Operator):
         def function(x: np.ndarray, y: np.ndarray) -> np.ndarray:
             return self.reference([x, y], attrs, outputs)[0]
 
+        wide_exponent = exponent.dtype.name == "uint64"
         return elementwise_plan(
             "Pow",
-            [Operand(0, base), Operand(1, exponent)],
+            [Operand(0, base), Operand(1, exponent, int64_pair=wide_exponent)],
             outputs,
-            "pow_f32(x0, f32(x1))",
+            "pow_f32(x0, u64_to_f32(x1))" if wide_exponent else "pow_f32(x0, f32(x1))",
             caps,
             function,
             inputs,
-            helpers=POW_WGSL,
+            helpers=POW_WGSL + (INT64_WGSL if wide_exponent else ""),
+        )
+
+    def _integer_plan(
+        self,
+        base: TensorInfo,
+        exponent: TensorInfo,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+    ) -> OpPlan:
+        """int32 / int64 bases: exact integer powers."""
+        pair = base.dtype.name == "int64"
+        kind = exponent.dtype.kind
+        if kind == "f":
+            expression = "ipow_f64(x0, x1)" if pair else "ipow_f_i32(x0, x1)"
+        else:
+            if exponent.dtype.name == "uint64":
+                raise NotOnDevice("Pow with an integer base and a uint64 exponent runs on the CPU")
+            # Integer exponents (int64's low word; unsigned ones clamped into i32 range).
+            y = "x1" if kind == "i" else "i32(min(x1, 0x7fffffffu))"
+            expression = f"ipow64(x0, {y})" if pair else f"ipow_i32(x0, {y})"
+
+        def function(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            return self.reference([x, y], attrs, outputs)[0]
+
+        return elementwise_plan(
+            "Pow",
+            [Operand(0, base, int64_pair=pair), Operand(1, exponent)],
+            outputs,
+            expression,
+            caps,
+            function,
+            inputs,
+            helpers=POW_WGSL + IPOW_WGSL + (INT64_WGSL + IPOW64_WGSL if pair else ""),
+            pair_output=pair,
         )
