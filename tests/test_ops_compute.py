@@ -392,12 +392,41 @@ def test_pool_device(device: Any, x_shape: tuple[int, ...], attrs: dict[str, Any
     check_device(device, "AveragePool", 11, [x], dict(attrs, count_include_pad=1))
 
 
-def test_max_pool_indices_stay_on_cpu(device: Any) -> None:
+POOL_3D_CASES: list[tuple[tuple[int, ...], dict[str, Any]]] = [
+    ((1, 2, 5, 6, 7), {"kernel_shape": [2, 2, 2]}),
+    ((2, 1, 6, 5, 7), {"kernel_shape": [3, 2, 3], "strides": [2, 1, 2], "pads": [1, 0, 1, 1, 1, 0]}),
+    ((1, 2, 7, 6, 5), {"kernel_shape": [2, 3, 2], "strides": [2, 2, 1], "ceil_mode": 1}),
+]
+
+
+@pytest.mark.parametrize("x_shape,attrs", POOL_3D_CASES)
+def test_pool_3d(device: Any, x_shape: tuple[int, ...], attrs: dict[str, Any]) -> None:
+    """3-D pooling runs on the device (the kernel nests one loop per spatial axis)."""
+    x = rand(*x_shape)
+    for include_pad in (0, 1):
+        check_reference("AveragePool", 11, [x], dict(attrs, count_include_pad=include_pad))
+        check_device(device, "AveragePool", 11, [x], dict(attrs, count_include_pad=include_pad))
+    check_reference("MaxPool", 12, [x], attrs, n_outputs=2)
+    check_device(device, "MaxPool", 12, [x], dict(attrs, dilations=[2, 1, 1]))
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+@pytest.mark.parametrize("x_shape,attrs", POOL_CASES[1:3] + POOL_CASES[6:] + POOL_3D_CASES[1:2])
+def test_max_pool_indices_on_device(device: Any, x_shape: tuple[int, ...], attrs: dict[str, Any], storage_order: int) -> None:
+    """MaxPool's Indices output (first maximum, flat index, row- or column-major) comes from the device kernel."""
+    if storage_order and len(x_shape) != 4:
+        pytest.skip("onnxruntime supports storage_order only for 2-D pooling")
+    x = rand(*x_shape)
+    attrs = dict(attrs, storage_order=storage_order)
+    check_reference("MaxPool", 12, [x], attrs, n_outputs=2)
+    operator = get_operator("MaxPool", 12)
+    want = operator.reference([x], attrs, [TensorInfo((), np.dtype(np.float32))] * 2)
+    outputs = [TensorInfo(tuple(w.shape), w.dtype) for w in want]
     caps = DeviceCaps(frozenset(device.features), device.limits)
-    info = TensorInfo((1, 1, 4, 4), np.dtype(np.float32))
-    outputs = [TensorInfo((1, 1, 2, 2), np.dtype(np.float32)), TensorInfo((1, 1, 2, 2), np.dtype(np.int64))]
-    with pytest.raises(NotOnDevice, match="Indices"):
-        get_operator("MaxPool", 12).plan([info], outputs, {"kernel_shape": [2, 2], "strides": [2, 2]}, caps, {})
+    plan = operator.plan([TensorInfo(x.shape, x.dtype)], outputs, attrs, caps, {})
+    got = run_plan(device, plan, [x], outputs)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("x_shape", [(2, 3, 5, 4), (1, 8, 40, 40), (2, 5, 7)])

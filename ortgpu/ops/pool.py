@@ -1,11 +1,10 @@
-"""MaxPool, AveragePool (N-d reference; 1-D and 2-D on the device) and GlobalAveragePool.
+"""MaxPool, AveragePool (N-d, on the device too) and GlobalAveragePool.
 
 Windows follow :func:`.conv.spatial_geometry` (kernel_shape, strides, pads, auto_pad, dilations, ceil_mode;
 a ceil-mode window never starts in the end padding).  AveragePool divides by the taps inside the input
 (``count_include_pad=0``) or inside the padded input (``count_include_pad=1``; taps that only exist because
 of ceil_mode never count), as onnxruntime does.  MaxPool's optional Indices output (flat index into X, row-
-or column-major per ``storage_order``) is computed by the reference only: plans that need it raise
-:class:`NotOnDevice`.
+or column-major per ``storage_order``) is computed by the same device kernel.
 """
 
 from __future__ import annotations
@@ -93,69 +92,87 @@ def _average_pool_reference(x: np.ndarray, geometry: SpatialGeometry, include_pa
 
 
 def _pool_kernel(
-    op_type: str, x: TensorInfo, geometry: SpatialGeometry, include_pad: bool, caps: DeviceCaps
+    op_type: str,
+    x: TensorInfo,
+    geometry: SpatialGeometry,
+    include_pad: bool,
+    caps: DeviceCaps,
+    *,
+    indices: bool = False,
+    storage_order: int = 0,
 ) -> tuple[str, tuple[int, int, int], BindingTable]:
-    """One invocation per output element, looping over the window (1-D as height 1)."""
-    if len(x.shape) == 3:
-        geometry = SpatialGeometry(
-            (1,) + geometry.kernel, (1,) + geometry.strides, (1,) + geometry.dilations,
-            (0,) + geometry.pads_begin, (0,) + geometry.pads_end, (1,) + geometry.out,
-        )
-        in_h, in_w = 1, x.shape[2]
-    else:
-        in_h, in_w = x.shape[2], x.shape[3]
-    total = x.shape[0] * x.shape[1] * geometry.out[0] * geometry.out[1]
+    """One invocation per output element, looping over the window (any number of spatial axes).
+
+    MaxPool keeps the first maximum (strictly greater replaces, as the reference does) and, with
+    ``indices``, writes its flat index (int64, as a low word and a zero high word: indices are below 2^31)
+    into output 1.
+    """
+    spatial = x.shape[2:]
+    rank = len(spatial)
+    total = x.shape[0] * x.shape[1] * int(np.prod(geometry.out, dtype=np.int64))
+    if indices and x.size >= 2**31:
+        raise NotOnDevice("MaxPool: Indices beyond int32 range are computed on the CPU")
     grid = grid_for_groups(-(-total // THREADS), caps)
     table = BindingTable()
     x_name = table.add(Binding("input", 0))
     output = table.add(Binding("output", 0), writable=True)
-    if op_type == "MaxPool":
-        initial, accumulate, count, finish = "-3.402823466e+38f", "acc = max(acc, v);", "", "acc"
-    else:
-        initial, accumulate, finish = "0.0", "acc = acc + v;", "acc / f32(count)"
-        count = (
-            "if (iy >= -PH && iy < H + PH_END && ix >= -PW && ix < W + PW_END) { count = count + 1u; }"
-            if include_pad
-            else ""
+    index_output = table.add(Binding("output", 1), "u32", writable=True) if indices else ""
+    is_max = op_type == "MaxPool"
+    image = int(np.prod(spatial, dtype=np.int64))
+    lines = [
+        f"    let index = {workgroup_index(grid)} * {THREADS}u + li;",
+        f"    if (index >= {total}u) {{ return; }}",
+        "    var rest = index;",
+    ]
+    for axis in reversed(range(rank)):
+        lines.append(f"    let o{axis} = i32(rest % {geometry.out[axis]}u);")
+        lines.append(f"    rest = rest / {geometry.out[axis]}u;")
+    lines.append(f"    let plane = rest * {image}u;")
+    lines.append("    var acc = bitcast<f32>(0xff800000u);" if is_max else "    var acc = 0.0;")
+    lines.append("    var best = 0u;")
+    lines.append("    var count = 0u;")
+    indent = "    "
+    for axis in range(rank):
+        lines.append(f"{indent}for (var k{axis} = 0; k{axis} < {geometry.kernel[axis]}; k{axis} = k{axis} + 1) {{")
+        indent += "    "
+        lines.append(
+            f"{indent}let i{axis} = o{axis} * {geometry.strides[axis]} + k{axis} * {geometry.dilations[axis]}"
+            f" - {geometry.pads_begin[axis]};"
         )
-    valid_count = "" if include_pad or op_type == "MaxPool" else "count = count + 1u;"
+    inside_padded = " && ".join(
+        f"i{a} >= {-geometry.pads_begin[a]} && i{a} < {spatial[a] + geometry.pads_end[a]}" for a in range(rank)
+    )
+    outside = " || ".join(f"i{a} < 0 || i{a} >= {spatial[a]}" for a in range(rank))
+    if not is_max and include_pad:
+        lines.append(f"{indent}if ({inside_padded}) {{ count = count + 1u; }}")
+    lines.append(f"{indent}if ({outside}) {{ continue; }}")
+    flat = " + ".join(f"u32(i{a}) * {int(np.prod(spatial[a + 1:], dtype=np.int64))}u" for a in range(rank))
+    lines.append(f"{indent}let v = {x_name}[plane + {flat}];")
+    if is_max:
+        if indices:
+            order = range(rank) if storage_order == 0 else reversed(range(rank))
+            stored = "0u"
+            for a in order:
+                stored = f"({stored}) * {spatial[a]}u + u32(i{a})"
+            lines.append(f"{indent}if (v > acc) {{ acc = v; best = plane + {stored}; }}")
+        else:
+            lines.append(f"{indent}if (v > acc) {{ acc = v; }}")
+    else:
+        lines.append(f"{indent}acc = acc + v;")
+        if not include_pad:
+            lines.append(f"{indent}count = count + 1u;")
+    for _ in range(rank):
+        indent = indent[:-4]
+        lines.append(f"{indent}}}")
+    lines.append(f"    {output}[index] = {'acc' if is_max else 'acc / f32(count)'};")
+    if indices:
+        lines.append(f"    {index_output}[2u * index] = best;")
+        lines.append(f"    {index_output}[2u * index + 1u] = 0u;")
+    body = "\n".join(lines)
     wgsl = f"""{table.declarations()}
-const H: i32 = {in_h};
-const W: i32 = {in_w};
-const KH: i32 = {geometry.kernel[0]};
-const KW: i32 = {geometry.kernel[1]};
-const SH: i32 = {geometry.strides[0]};
-const SW: i32 = {geometry.strides[1]};
-const DH: i32 = {geometry.dilations[0]};
-const DW: i32 = {geometry.dilations[1]};
-const PH: i32 = {geometry.pads_begin[0]};
-const PW: i32 = {geometry.pads_begin[1]};
-const PH_END: i32 = {geometry.pads_end[0]};
-const PW_END: i32 = {geometry.pads_end[1]};
-const OH: u32 = {geometry.out[0]}u;
-const OW: u32 = {geometry.out[1]}u;
-const TOTAL: u32 = {total}u;
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
-    let index = {workgroup_index(grid)} * {THREADS}u + li;
-    if (index >= TOTAL) {{ return; }}
-    let ox = i32(index % OW);
-    let oy = i32((index / OW) % OH);
-    let plane = (index / (OW * OH)) * u32(H * W);
-    var acc = {initial};
-    var count = 0u;
-    for (var ky = 0; ky < KH; ky = ky + 1) {{
-        let iy = oy * SH + ky * DH - PH;
-        for (var kx = 0; kx < KW; kx = kx + 1) {{
-            let ix = ox * SW + kx * DW - PW;
-            {count}
-            if (iy < 0 || iy >= H || ix < 0 || ix >= W) {{ continue; }}
-            let v = {x_name}[plane + u32(iy * W + ix)];
-            {accumulate}
-            {valid_count}
-        }}
-    }}
-    {output}[index] = {finish};
+{body}
 }}
 """
     return wgsl, grid, table
@@ -189,15 +206,13 @@ class MaxPool(Operator):
     ) -> OpPlan:
         x = inputs[0]
         assert x is not None
-        if len(outputs) > 1:
-            raise NotOnDevice("MaxPool: the Indices output is computed on the CPU")
-        require_float32("MaxPool", [x] + list(outputs))
-        if len(x.shape) not in (3, 4):
-            raise NotOnDevice(f"MaxPool: the WebGPU kernel covers 1-D and 2-D pooling, not {len(x.shape) - 2}-D")
+        require_float32("MaxPool", [x, outputs[0]])
         geometry = _geometry("MaxPool", x.shape, attrs, self.opset)
         if outputs[0].size == 0:
             return OpPlan()
-        wgsl, grid, table = _pool_kernel("MaxPool", x, geometry, False, caps)
+        wgsl, grid, table = _pool_kernel(
+            "MaxPool", x, geometry, False, caps, indices=len(outputs) > 1, storage_order=int(attrs.get("storage_order", 0))
+        )
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
         return single_kernel_plan("MaxPool", wgsl, grid, table, compute, inputs, outputs, caps)
 
@@ -231,8 +246,6 @@ class AveragePool(Operator):
         x = inputs[0]
         assert x is not None
         require_float32("AveragePool", [x] + list(outputs))
-        if len(x.shape) not in (3, 4):
-            raise NotOnDevice(f"AveragePool: the WebGPU kernel covers 1-D and 2-D pooling, not {len(x.shape) - 2}-D")
         geometry = _geometry("AveragePool", x.shape, attrs, self.opset)
         if outputs[0].size == 0:
             return OpPlan()
