@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 for boundary, step in (("end_to_end", arms.uncaptured_end_to_end), ("run_only", arms.uncaptured_run_only)):
                     seconds = time_loop(step, args.warmup, args.iterations, _progress(f"ortgpu capture off {boundary}", args.iterations))
                     results.append(ArmResult("ortgpu capture off", boundary, seconds))
+                report.setdefault("breakdown_ms", {})["capture off"] = arms.breakdown(False, min(args.iterations, 100))
             if args.capture in ("on", "both"):
                 graph = arms.capture()
                 report["dispatches"] = graph.dispatch_count
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 for boundary, step in (("end_to_end", arms.captured_end_to_end), ("run_only", arms.captured_run_only)):
                     seconds = time_loop(step, args.warmup, args.iterations, _progress(f"ortgpu capture on {boundary}", args.iterations))
                     results.append(ArmResult("ortgpu capture on", boundary, seconds))
+                report.setdefault("breakdown_ms", {})["capture on"] = arms.breakdown(True, min(args.iterations, 100))
         finally:
             arms.close()
         if args.vs == "onnxruntime":
@@ -165,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                         ratios[f"{name} / ortgpu, {boundary}"] = value / mine
         for text, value in ratios.items():
             print(f"ratio {text}: {value:.2f}x")
+        for arm, parts in report.get("breakdown_ms", {}).items():
+            print(f"end_to_end breakdown, ortgpu {arm} (median ms): " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()))
         report["results"] = summarize(results)
         report["ratios"] = ratios
 

@@ -5,7 +5,8 @@ set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-out}; mkdir -p "$OUT"
+FINAL=${OUT:-out}; OUT=$(mktemp -d); mkdir -p "$FINAL"
+trap 'tar -czf "$FINAL/results.tgz" -C "$OUT" . ; cat "$OUT"/*.txt > "$FINAL/summary.txt" 2>/dev/null' EXIT
 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
 for spec in "${@:-mlp16:1}"; do
@@ -16,6 +17,7 @@ for spec in "${@:-mlp16:1}"; do
     --warmup 20 $extra --json "$OUT/${model}_b${batch}.json" 2>"$OUT/${model}_b${batch}.err" | tee "$OUT/${model}_b${batch}.txt"
 done
 if [ -n "${TESTS:-}" ]; then
-  timeout "${TESTS}" python3 -m pytest -q -x --backend=wgpu -p no:cacheprovider --deselect tests/test_typing.py $TEST_ARGS 2>&1 | tail -40 > "$OUT/tests.txt"
+  timeout "${TESTS}" python3 -m pytest -q --backend=wgpu -p no:cacheprovider --deselect tests/test_typing.py $TEST_ARGS > "$OUT/tests.log" 2>&1
+  tail -60 "$OUT/tests.log" > "$OUT/tests.txt"
   tail -5 "$OUT/tests.txt"
 fi

@@ -115,6 +115,25 @@ class OrtgpuArms:
         self.graph.replay()
         self._backend_device.wait_idle()
 
+    def breakdown(self, captured: bool, iterations: int) -> dict[str, float]:
+        """Median milliseconds of each part of the end-to-end step: upload, run (host call), readback (incl. wait)."""
+        parts: dict[str, list[float]] = {"update_inplace": [], "run_or_replay_call": [], "readback": []}
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            self._upload()
+            t1 = time.perf_counter()
+            if captured:
+                assert self.graph is not None
+                self.graph.replay()
+            else:
+                self.session.run_with_iobinding(self.binding, self._ordinary)
+            t2 = time.perf_counter()
+            self._read()
+            t3 = time.perf_counter()
+            for name, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2)):
+                parts[name].append(value)
+        return {name: statistics.median(values) * 1e3 for name, values in parts.items()}
+
     def close(self) -> None:
         if self.graph is not None:
             self.graph.release()

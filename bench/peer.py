@@ -66,7 +66,9 @@ class OnnxruntimeArms:
             model_bytes, sess_options=options, providers=None if device is not None else ["CPUExecutionProvider"]
         )
         self.feeds = feeds
-        reference = self.session.run(None, feeds)
+        ordinary = ort.RunOptions()
+        ordinary.add_run_config_entry("gpu_graph_id", "-1")  # a plain run is refused on a capture session otherwise
+        reference = self.session.run(None, feeds, ordinary)
         self.binding = self.session.io_binding()
         self.inputs = {}
         self.io_placement = self.device_type

@@ -840,7 +840,7 @@ def test_capture_preconditions_fail_before_recording(session: InferenceSession, 
     wrong_batch.release()
 
 
-@pytest.mark.parametrize("kind", ["float64", "int64"])
+@pytest.mark.parametrize("kind", ["float64"])  # int64 Mul runs on WebGPU (vec2<u32> kernels); float64 never does
 def test_capture_refuses_a_model_with_a_cpu_node(env: Env, kind: str) -> None:
     with InferenceSession(cpu_node_model(kind), env=env, graph_capture=True) as sess:
         placements = {p.node: p.placement for p in sess.get_node_placement()}

@@ -45,5 +45,6 @@ cdef class CommandList:
     cdef Py_ssize_t _count
     cdef Py_ssize_t _capacity
     cdef bint _frozen
+    cdef object __weakref__
     cdef CommandRecord* _append(self) except NULL
     cdef int encode_submit(self, NativeTable table, double* phases) except -1 nogil

@@ -359,6 +359,10 @@ class WgpuDevice:
         self._device: Any = None
         self._queue: Any = None
         self._handles: dict[int, _Handle] = {}
+        # Frozen command lists (captured graphs) validated once: id -> (weak reference, handles they use).
+        # Releasing any of those handles forgets the validation, so the next submit checks again.
+        self._validated: dict[int, tuple[weakref.ref[CommandList], frozenset[int]]] = {}
+        self._validated_by_handle: dict[int, set[int]] = {}
         self._staging: Any = None
         self._staging_size = 0
         self._sink = sink = _ErrorSink()
@@ -574,6 +578,7 @@ class WgpuDevice:
         self._check_open()
         record = self._lookup(buffer, "buffer", "destroy_buffer")
         del self._handles[buffer]
+        self._forget_validation(buffer)
         self._free_buffer(record.pointer)
         self._raise_pending(f"destroy_buffer({buffer:#x})")
 
@@ -710,6 +715,7 @@ class WgpuDevice:
         self._check_open()
         record = self._lookup(pipeline, "pipeline", "release_pipeline")
         del self._handles[pipeline]
+        self._forget_validation(pipeline)
         # void wgpuComputePipelineRelease(WGPUComputePipeline computePipeline)
         self._lib.wgpuComputePipelineRelease(record.pointer)
 
@@ -794,6 +800,7 @@ class WgpuDevice:
         self._check_open()
         record = self._lookup(bind_group, "bind_group", "release_bind_group")
         del self._handles[bind_group]
+        self._forget_validation(bind_group)
         # void wgpuBindGroupRelease(WGPUBindGroup bindGroup)
         self._lib.wgpuBindGroupRelease(record.pointer)
 
@@ -854,13 +861,41 @@ class WgpuDevice:
                 if offset + size > buffer_record.size:
                     raise ValidationError(f"{where}: the clear of {size} bytes runs past the end of the buffer")
 
+    def _forget_validation(self, handle: int) -> None:
+        for list_id in self._validated_by_handle.pop(handle, ()):
+            self._validated.pop(list_id, None)
+
+    def _validated_once(self, commands: CommandList) -> bool:
+        entry = self._validated.get(id(commands))
+        return entry is not None and entry[0]() is commands
+
+    def _remember_validation(self, commands: CommandList) -> None:
+        used: set[int] = set()
+        for record in commands.records():
+            if record[0] == "dispatch":
+                used.update((record[1], record[2]))
+                used.update(self._handles[record[2]].buffers)
+            elif record[0] == "copy":
+                used.update((record[1], record[3]))
+            else:
+                used.add(record[1])
+        list_id = id(commands)
+        self._validated[list_id] = (weakref.ref(commands, lambda _: self._validated.pop(list_id, None)), frozenset(used))
+        for handle in used:
+            self._validated_by_handle.setdefault(handle, set()).add(list_id)
+
     def submit(self, commands: CommandList) -> None:
         """Validate, then encode ``commands`` in order and submit them as one command buffer.
 
-        Encoding runs in C with the GIL released.
+        Encoding runs in C with the GIL released.  A frozen list (a captured
+        graph's) is validated on its first submit only, until one of the
+        handles it uses is released: replay pays no per-record Python work.
         """
         self._check_open()
-        self.validate_commands(commands)
+        if not (commands.frozen and self._validated_once(commands)):
+            self.validate_commands(commands)
+            if commands.frozen:
+                self._remember_validation(commands)
         submitted = commands.encode_submit_native(self._native_table)
         action = f"submit ({len(commands)} commands)"
         self._raise_pending(action)
