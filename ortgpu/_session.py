@@ -225,8 +225,16 @@ class InferenceSession:
     def get_providers(self) -> list[str]:
         return ["WebGpuExecutionProvider", "CPUExecutionProvider"] if self.allow_cpu_fallback else ["WebGpuExecutionProvider"]
 
-    def get_node_placement(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> list[NodePlacement]:
-        """Where each node runs for ``input_shapes`` (default: the model's static shapes)."""
+    def get_node_placement(
+        self,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        input_values: Mapping[str, npt.NDArray[Any]] | None = None,
+    ) -> list[NodePlacement]:
+        """Where each node runs for ``input_shapes`` (default: the model's static shapes).
+
+        Models whose shapes depend on input values (a Reshape's shape or Slice bounds fed as inputs)
+        are planned for ``input_values`` too (name -> array; required for those inputs).
+        """
         shapes = dict(input_shapes) if input_shapes is not None else {}
         for info in self._model.inputs:
             if info.name not in shapes:
@@ -235,7 +243,10 @@ class InferenceSession:
                         f"input {info.name!r} has dynamic shape {list(info.shape)}: pass input_shapes={{...}} to say which shapes to plan for"
                     )
                 shapes[info.name] = tuple(int(d) for d in info.shape)  # type: ignore[arg-type]
-        plan = self._plan_for({k: tuple(v) for k, v in shapes.items()}, {i.name: i.dtype for i in self._model.inputs})
+        values = {name: np.asarray(value) for name, value in (input_values or {}).items()}
+        plan = self._plan_for(
+            {k: tuple(v) for k, v in shapes.items()}, {i.name: i.dtype for i in self._model.inputs}, values
+        )
         return [NodePlacement(name, op_type, where, reason) for name, op_type, where, reason in plan.placement]  # type: ignore[arg-type]
 
     # -- lifetime --------------------------------------------------------------------
