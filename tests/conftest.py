@@ -101,7 +101,12 @@ def env(backend_name: str) -> Iterator[ortgpu_core.Env]:
     yield environment
     gc.collect()
     after = owned_handles(environment) if not environment.closed else before
-    assert after == before, f"test leaked {after - before} native object(s) on the {backend_name} backend"
+    if after != before:
+        describe = getattr(environment.backend, "describe_live_handles", None)
+        live = "\n  ".join(describe()) if describe is not None else "(no description)"
+        raise AssertionError(
+            f"test leaked {after - before} native object(s) on the {backend_name} backend; live now:\n  {live}"
+        )
 
 
 @pytest.fixture

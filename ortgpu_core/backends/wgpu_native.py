@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from .._errors import DeviceError, DeviceLostError, OutOfMemoryError, ValidationError
 from . import _cdef
@@ -300,6 +301,10 @@ class WgpuBackend:
         """Live buffers, pipelines and bind groups over every open device."""
         return sum(device.live_handles() for device in list(self._devices))
 
+    def describe_live_handles(self) -> list[str]:
+        """One line per live native object (kind, handle, label), for leak reports."""
+        return [line for device in list(self._devices) for line in device.describe_live_handles()]
+
     def _process_events(self) -> None:
         if self._instance is not None:
             # void wgpuInstanceProcessEvents(WGPUInstance instance)
@@ -332,6 +337,26 @@ class WgpuBackend:
             pass
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _serialized(method: _Method) -> _Method:
+    """Run a device method under the device's lock.
+
+    wgpu-native reports errors through one callback per device; holding the
+    lock from the call until its errors are checked attributes each error to
+    the call (and thread) that caused it.  Encoding itself runs with the GIL
+    released, so other Python threads still run meanwhile.
+    """
+
+    @functools.wraps(method)
+    def locked(self: "WgpuDevice", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
+
+
 class WgpuDevice:
     """An open wgpu-native device and its queue (implements ``BackendDevice``).
 
@@ -358,6 +383,7 @@ class WgpuDevice:
         self._backend = backend
         self._device: Any = None
         self._queue: Any = None
+        self._lock = threading.RLock()  # see _serialized
         self._handles: dict[int, _Handle] = {}
         # Frozen command lists (captured graphs) validated once: id -> (weak reference, handles they use).
         # Releasing any of those handles forgets the validation, so the next submit checks again.
@@ -527,6 +553,7 @@ class WgpuDevice:
                 )
 
     # -- buffers --------------------------------------------------------------------
+    @_serialized
     def create_buffer(self, size: int, *, uniform: bool = False, label: str = "") -> int:
         """A zero-filled buffer of ``size`` bytes; STORAGE|COPY_SRC|COPY_DST, or UNIFORM|COPY_DST."""
         self._check_open()
@@ -573,6 +600,7 @@ class WgpuDevice:
         self._lib.wgpuBufferDestroy(pointer)
         self._lib.wgpuBufferRelease(pointer)
 
+    @_serialized
     def destroy_buffer(self, buffer: int) -> None:
         """Free the buffer now (bind groups that use it become unusable)."""
         self._check_open()
@@ -586,6 +614,7 @@ class WgpuDevice:
         """The size in bytes of a live buffer."""
         return self._lookup(buffer, "buffer", "buffer_size").size
 
+    @_serialized
     def write_buffer(self, buffer: int, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Queue write of ``data`` at ``offset`` (ordered with submissions; see the protocol)."""
         self._check_open()
@@ -618,6 +647,7 @@ class WgpuDevice:
         )
         self._staging_size = capacity
 
+    @_serialized
     def read_buffer(self, buffer: int, offset: int, size: int) -> bytes:
         """Wait for submitted work, then copy ``size`` bytes from ``offset`` out (through the staging buffer)."""
         self._check_open()
@@ -666,6 +696,7 @@ class WgpuDevice:
             lib.wgpuBufferUnmap(self._staging)
 
     # -- kernels --------------------------------------------------------------------
+    @_serialized
     def create_compute_pipeline(
         self, wgsl: str, *, entry_point: str = "main", twin: KernelTwin | None = None, label: str = ""
     ) -> int:
@@ -711,6 +742,7 @@ class WgpuDevice:
         )
         return handle
 
+    @_serialized
     def release_pipeline(self, pipeline: int) -> None:
         self._check_open()
         record = self._lookup(pipeline, "pipeline", "release_pipeline")
@@ -719,6 +751,7 @@ class WgpuDevice:
         # void wgpuComputePipelineRelease(WGPUComputePipeline computePipeline)
         self._lib.wgpuComputePipelineRelease(record.pointer)
 
+    @_serialized
     def create_bind_group(self, pipeline: int, entries: Sequence[BindingEntry]) -> int:
         """A bind group for group 0 of ``pipeline``'s automatic layout."""
         self._check_open()
@@ -796,6 +829,7 @@ class WgpuDevice:
         )
         return handle
 
+    @_serialized
     def release_bind_group(self, bind_group: int) -> None:
         self._check_open()
         record = self._lookup(bind_group, "bind_group", "release_bind_group")
@@ -884,6 +918,7 @@ class WgpuDevice:
         for handle in used:
             self._validated_by_handle.setdefault(handle, set()).add(list_id)
 
+    @_serialized
     def submit(self, commands: CommandList) -> None:
         """Validate, then encode ``commands`` in order and submit them as one command buffer.
 
@@ -902,6 +937,7 @@ class WgpuDevice:
         if not submitted:
             raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
 
+    @_serialized
     def wait_idle(self) -> None:
         """Block until all submitted work is done."""
         self._check_open()
@@ -913,10 +949,15 @@ class WgpuDevice:
         """Live buffers, pipelines and bind groups created through this device (the staging buffer excluded)."""
         return len(self._handles)
 
+    def describe_live_handles(self) -> list[str]:
+        """One line per live native object of this device (kind, handle, label)."""
+        return [f"{self.info.name}: {record.kind} {handle:#x} ({record.label!r})" for handle, record in self._handles.items()]
+
     @property
     def destroyed(self) -> bool:
         return self._device is None
 
+    @_serialized
     def destroy(self) -> None:
         """Release the staging buffer, every live handle, the queue and the device.  Idempotent."""
         device = getattr(self, "_device", None)
