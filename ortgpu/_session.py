@@ -195,6 +195,8 @@ class InferenceSession:
         self._plans: dict[tuple[Any, ...], ExecutionPlan] = {}
         self._staged: dict[tuple[Any, ...], _StagedRun] = {}
         self._programs: dict[int, DeviceProgram] = {}  # by id() of a plan in self._plans (kept alive there)
+        # handle -> the user buffer that _programs' cached bind groups were built with (see _forget_stale_bind_groups)
+        self._bound_buffers: dict[int, weakref.ref[DeviceBuffer]] = {}
         self._graphs: dict[int, CapturedGraph | None] = {}
         self._intermediates: dict[int, DeviceBuffer] = {}
         self._input_infos = {info.name: info for info in self._model.inputs}
@@ -593,6 +595,9 @@ class InferenceSession:
                 output_handles[name] = buffer.handle
                 if target is not None:
                     host_outputs[name] = (target, buffer)  # type: ignore[assignment]
+            self._forget_stale_bind_groups(
+                [v.buffer for v in list(inputs.values()) + list(outputs.values()) if v.buffer is not None]
+            )
             program.run(input_handles, output_handles, self._submit)
             for name, (target, buffer) in host_outputs.items():
                 info = plan.output_infos[name]
@@ -603,6 +608,26 @@ class InferenceSession:
                 program.forget_buffers([b.handle for b in staged])
                 for buffer in staged:
                     buffer.release("transient staging buffer")
+
+    def _forget_stale_bind_groups(self, buffers: Sequence[DeviceBuffer]) -> None:
+        """Before a bound run over ``buffers``: drop the cached bind groups of every user buffer released since.
+
+        Programs cache bind groups by buffer handle, but a handle outlives its buffer: wgpu-native reuses
+        the address of a freed buffer, so a new value could pick up a bind group of a destroyed one (a
+        validation error that aborts the process).  Caching stays keyed by handle, checked against the
+        buffer object it was built for.
+        """
+        stale = []
+        for handle, known in list(self._bound_buffers.items()):
+            buffer = known()
+            if buffer is None or buffer.released:
+                stale.append(handle)
+                del self._bound_buffers[handle]
+        if stale:
+            for program in self._programs.values():
+                program.forget_buffers(stale)
+        for buffer in buffers:
+            self._bound_buffers[buffer.handle] = weakref.ref(buffer)
 
     # -- bindings, capture and replay ----------------------------------------------------------
     def _check_binding(self, binding: object) -> AnyBinding:

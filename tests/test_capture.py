@@ -1004,3 +1004,32 @@ def test_ordinary_runs_on_a_capture_session(session: InferenceSession, env: Env)
     with raises(CaptureStateError, "run() takes transient feeds", "cannot capture or replay graph 0", "gpu_graph_id=-1"):
         session.run(None, {"X": batch}, RunOptions(gpu_graph_id=0))
     graph.release()
+
+
+def test_transient_values_never_meet_a_stale_bind_group(session: InferenceSession, env: Env) -> None:
+    """Ordinary runs over values that are released right after, and verified replays (whose scratch outputs
+    are released after each check): wgpu-native reuses a freed buffer's address, so a bind group cached
+    by handle would name a destroyed buffer (before the fix: a validation panic that aborted the process
+    on wgpu; on fake, the cached bind groups piled up)."""
+    binding, x, y = bound(session)
+    graph = session.capture(binding, graph_id=0)
+    counts = []
+    for _ in range(12):
+        batch = image()
+        value = session.allocator.from_numpy(batch)
+        (out,) = session.run_with_ort_values(None, {"X": value}, RunOptions(gpu_graph_id=-1))
+        assert_reference(out.to_numpy(), batch)
+        transient = session.io_binding()
+        transient.bind_input("X", value)
+        transient.bind_output("Y", out)
+        session.run_with_iobinding(transient, RunOptions(gpu_graph_id=-1))
+        assert_reference(out.to_numpy(), batch)
+        value.release()
+        out.release()
+        x.update_inplace(batch)
+        graph.replay(verify=True)
+        assert_reference(y.to_numpy(), batch)
+        gc.collect()
+        counts.append(owned_handles(env))
+    assert max(counts[2:]) <= counts[1], f"native objects pile up across transient runs: {counts}"
+    graph.release()
