@@ -140,13 +140,10 @@ def device(request: pytest.FixtureRequest) -> Iterator[Any]:
 
         dev = FakeBackend().open_device(0)
     else:
-        try:
-            from ortgpu_core.backends.wgpu_native import WgpuBackend
+        from ortgpu_core.backends.wgpu_native import WgpuBackend
 
-            backend = WgpuBackend()
-            dev = backend.open_device(backend.default_adapter_index())
-        except Exception as error:  # pragma: no cover - no adapter on this machine
-            pytest.skip(f"no wgpu device: {error}")
+        backend = WgpuBackend()  # no adapter is a failure, not a skip: CI has lavapipe
+        dev = backend.open_device(backend.default_adapter_index())
     yield dev
     dev.destroy()
 
@@ -414,11 +411,10 @@ def test_pool_3d(device: Any, x_shape: tuple[int, ...], attrs: dict[str, Any]) -
 @pytest.mark.parametrize("x_shape,attrs", POOL_CASES[1:3] + POOL_CASES[6:] + POOL_3D_CASES[1:2])
 def test_max_pool_indices_on_device(device: Any, x_shape: tuple[int, ...], attrs: dict[str, Any], storage_order: int) -> None:
     """MaxPool's Indices output (first maximum, flat index, row- or column-major) comes from the device kernel."""
-    if storage_order and len(x_shape) != 4:
-        pytest.skip("onnxruntime supports storage_order only for 2-D pooling")
     x = rand(*x_shape)
     attrs = dict(attrs, storage_order=storage_order)
-    check_reference("MaxPool", 12, [x], attrs, n_outputs=2)
+    if not storage_order or len(x_shape) == 4:  # onnxruntime supports storage_order only for 2-D pooling
+        check_reference("MaxPool", 12, [x], attrs, n_outputs=2)
     operator = get_operator("MaxPool", 12)
     want = operator.reference([x], attrs, [TensorInfo((), np.dtype(np.float32))] * 2)
     outputs = [TensorInfo(tuple(w.shape), w.dtype) for w in want]
