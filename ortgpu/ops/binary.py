@@ -231,7 +231,9 @@ class Pow(Operator):
 
     A constant scalar exponent of 0.5, 1, 2 or 3 compiles to sqrt or multiplications
     (the x ** 2 of decomposed LayerNorms stays exact).  Integer bases use exact integer powers
-    (:data:`IPOW_WGSL`), as ``static_cast<T>(std::pow(x, y))`` gives wherever the result fits.
+    (:data:`IPOW_WGSL`), as ``static_cast<T>(std::pow(x, y))`` gives wherever the result fits; with a
+    fractional float exponent the power is computed in f32 and truncated, so results beyond a few thousand
+    may differ from the float64 reference by one.
     """
 
     op_type = "Pow"
