@@ -274,6 +274,21 @@ def report(results: list[CaseResult], seconds: float, workers: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_report(text: str) -> None:
+    """Write ``conformance_report.txt`` unless only the runtime line would change (no churn in the tree)."""
+    import re
+
+    def stable(content: str) -> str:
+        return re.sub(r"; runtime [0-9.]+ s with \d+ worker\(s\)", "", content)
+
+    if os.path.exists(REPORT_PATH):
+        with open(REPORT_PATH) as handle:
+            if stable(handle.read()) == stable(text):
+                return
+    with open(REPORT_PATH, "w") as handle:
+        handle.write(text)
+
+
 # -- pytest --------------------------------------------------------------------------------------
 
 
@@ -343,8 +358,7 @@ def test_conformance_summary(wgpu_env: Any, capsys: pytest.CaptureFixture[str]) 
     leaked = owned_handles(wgpu_env) - _HANDLES[0]
     results = list(_RESULTS.values())
     text = report(results, time.perf_counter() - _STARTED[0], 1)
-    with open(REPORT_PATH, "w") as handle:
-        handle.write(text)
+    write_report(text)
     with capsys.disabled():
         print("\n" + text)
     t = totals(results, load_exclusions())
@@ -404,8 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, seconds, args.jobs)
     print(text)
     if not args.filter:
-        with open(REPORT_PATH, "w") as handle:
-            handle.write(text)
+        write_report(text)
     t = totals(results, load_exclusions())
     return 0 if not t.problems and (args.filter or t.share >= MIN_WEBGPU_SHARE) else 1
 
