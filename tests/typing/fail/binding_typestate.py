@@ -1,4 +1,4 @@
-"""Typestate misuse that mypy must reject.  Each ``# expect: [code]`` line must fail with that code."""
+"""Typestate misuse that mypy must reject.  Each line marked with an expect comment (code in brackets) must fail with that mypy error code."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Misuse of device values that mypy must reject.  Each ``# expect: [code]`` line must fail with that code."""
+"""Misuse of device values that mypy must reject.  Each line marked with an expect comment (code in brackets) must fail with that mypy error code."""
 
 from __future__ import annotations
 
