@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                     seconds = time_loop(step, args.warmup, args.iterations, _progress(f"ortgpu capture off {boundary}", args.iterations))
                     results.append(ArmResult("ortgpu capture off", boundary, seconds))
                 report.setdefault("breakdown_ms", {})["capture off"] = arms.breakdown(False, min(args.iterations, 100))
+                # The plain numpy API too: run(None, feeds) with host arrays in and out.
+                seconds = time_loop(lambda: arms.session.run(None, feeds), args.warmup, args.iterations, _progress("ortgpu run() numpy in/out", args.iterations))
+                results.append(ArmResult("ortgpu run() numpy in/out", "end_to_end", seconds))
             if args.capture in ("on", "both"):
                 graph = arms.capture()
                 report["dispatches"] = graph.dispatch_count
