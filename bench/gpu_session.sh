@@ -16,6 +16,11 @@ for spec in "${@:-mlp16:1}"; do
   timeout 240 python3 -m bench --model "$model" --batch "$batch" --capture both --vs onnxruntime --iterations $iterations \
     --warmup 20 $extra --json "$OUT/${model}_b${batch}.json" 2>"$OUT/${model}_b${batch}.err" | tee "$OUT/${model}_b${batch}.txt"
 done
+for spec in ${PROFILE:-}; do
+  model=${spec%%:*}; batch=${spec##*:}
+  timeout 120 python3 -m bench.profile --model "$model" --batch "$batch" --json "$OUT/profile_${model}_b${batch}.json" \
+    2>"$OUT/profile_${model}_b${batch}.err" | tee "$OUT/profile_${model}_b${batch}.txt"
+done
 if [ -n "${TESTS:-}" ]; then
   timeout "${TESTS}" python3 -m pytest -q --backend=wgpu -p no:cacheprovider --deselect tests/test_typing.py $TEST_ARGS > "$OUT/tests.log" 2>&1
   tail -60 "$OUT/tests.log" > "$OUT/tests.txt"

@@ -323,6 +323,20 @@ class DeviceProgram:
         self._record_steps(commands, 0, len(self.plan.steps), groups, 0, inputs, outputs)
         return commands
 
+    def record_per_step(self, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> list[tuple[PlannedStep, CommandList]]:
+        """One command list per step of a fully-on-device plan, in order (for profiling: submit each alone)."""
+        self._check_io(inputs, outputs)
+        if not self.plan.capturable:
+            raise ModelError(f"the plan runs nodes on the CPU ({', '.join(self.plan.cpu_nodes)}); profile a WebGPU-only plan")
+        groups = self._bind_groups_for(inputs, outputs)
+        lists: list[tuple[PlannedStep, CommandList]] = []
+        g = 0
+        for step_index, step in enumerate(self.plan.steps):
+            commands = CommandList()
+            g = self._record_steps(commands, step_index, step_index + 1, groups, g, inputs, outputs)
+            lists.append((step, commands))
+        return lists
+
     def run(self, inputs: Mapping[str, int], outputs: Mapping[str, int], submit: Callable[[CommandList], None]) -> None:
         """Run the plan: device segments through ``submit``, CPU nodes on the host in between."""
         self._check_io(inputs, outputs)
