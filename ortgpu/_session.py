@@ -262,8 +262,12 @@ class InferenceSession:
         self.env.check_open()
 
     def close(self) -> None:
-        """Release captured graphs, then programs and buffers.  Idempotent."""
-        with self._lock:
+        """Release captured graphs, then programs and buffers.  Idempotent.
+
+        Waits for a capture in flight on another thread (the capture lock is taken before the run lock,
+        as capture takes them), so no graph can be registered, or half rolled back, on a closed session.
+        """
+        with self._capture_lock, self._lock:
             if self._closed:
                 return
             self._closed = True
@@ -764,6 +768,7 @@ class InferenceSession:
             return self._capture_locked(frozen, graph_id)
 
     def _capture_locked(self, binding: AnyBinding, graph_id: int) -> CapturedGraph:
+        self._check_open("capture")  # again, under the capture lock: close() may have run since the caller checked
         if graph_id in self._graphs:
             existing = self._graphs[graph_id]
             raise CaptureStateError(

@@ -1033,3 +1033,42 @@ def test_transient_values_never_meet_a_stale_bind_group(session: InferenceSessio
         counts.append(owned_handles(env))
     assert max(counts[2:]) <= counts[1], f"native objects pile up across transient runs: {counts}"
     graph.release()
+
+
+def test_closing_a_session_while_another_thread_captures(env: Env) -> None:
+    """close() while a capture is in flight on another thread (inside its submit): close waits for it,
+    then releases the new graph; nothing stays registered, pinned, locked or allocated.  (Before the
+    fix, close cleared the registry under the capture, whose rollback then failed with KeyError.)"""
+    sess = InferenceSession(MODEL, env=env, graph_capture=True)
+    binding, x, y = bound(sess, shared=True)
+    sess.run(None, {"X": image()})  # compile first
+    in_submit = threading.Event()
+    outcome: list[Any] = []
+
+    def slow(original: Callable[[Any], None], commands: Any) -> None:
+        in_submit.set()
+        time.sleep(0.1)
+        original(commands)
+
+    def capture() -> None:
+        try:
+            outcome.append(sess.capture(binding, graph_id=0))
+        except BaseException as error:  # asserted below
+            outcome.append(error)
+
+    with wrapped_submit(env, slow):
+        thread = threading.Thread(target=capture)
+        thread.start()
+        assert in_submit.wait(timeout=30)
+        sess.close()
+        thread.join(timeout=60)
+    (graph,) = outcome
+    assert isinstance(graph, CapturedGraph), graph
+    assert graph.released and sess.closed and sess.captured_graph_ids == []
+    assert_reference(y.to_numpy(), x.to_numpy())  # the capture run completed before close went on
+    assert binding.captured_by == ()
+    assert x.buffer.pins == () and y.buffer.pins == ()
+    with raises(ReleasedValueError, f"cannot capture: session {sess.session_id} is closed"):
+        sess.capture(binding, graph_id=0)
+    x.release()
+    y.release()
