@@ -104,6 +104,10 @@ def env(backend_name: str) -> Iterator[ortgpu_core.Env]:
     if after != before:
         describe = getattr(environment.backend, "describe_live_handles", None)
         live = "\n  ".join(describe()) if describe is not None else "(no description)"
+        buffers = [o for o in gc.get_objects() if isinstance(o, ortgpu_core.DeviceBuffer) and not o.released]
+        live += "\n unreleased DeviceBuffer objects:\n  " + "\n  ".join(
+            f"{b!r} held by {sorted({type(r).__name__ for r in gc.get_referrers(b)})}" for b in buffers
+        )
         raise AssertionError(
             f"test leaked {after - before} native object(s) on the {backend_name} backend; live now:\n  {live}"
         )
