@@ -43,6 +43,7 @@ from ortgpu import (
     UnsafeAccessError,
     ValidationError,
 )
+from ortgpu_core._value import DeviceBuffer
 from ortgpu_core.backends.fake import FakeBackend, FakeDeviceSpec
 
 BATCH, WIDTH = 2, 16
@@ -93,7 +94,7 @@ def cpu_node_model(kind: str) -> bytes:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     onnx.checker.check_model(model)
-    return model.SerializeToString()
+    return bytes(model.SerializeToString())
 
 
 # -- fixtures and helpers ------------------------------------------------------------------------
@@ -106,7 +107,7 @@ def session(env: Env) -> Iterator[InferenceSession]:
     sess.close()
 
 
-def bound(sess: InferenceSession, *, shared: bool = False, x: np.ndarray | None = None) -> tuple[IOBinding, OrtValue, OrtValue]:
+def bound(sess: InferenceSession, *, shared: bool = False, x: np.ndarray | None = None) -> tuple[IOBinding, OrtValue[Any], OrtValue[Any]]:
     """A binding of fresh device values: input ``x`` (uploaded) and a zero output."""
     allocator = sess.env.shared_allocator(sess.device) if shared else sess.allocator
     x_value = allocator.from_numpy(image() if x is None else x)
@@ -115,6 +116,12 @@ def bound(sess: InferenceSession, *, shared: bool = False, x: np.ndarray | None 
     binding.bind_input("X", x_value)
     binding.bind_output("Y", y_value)
     return binding, x_value, y_value
+
+
+def buffer(value: OrtValue[Any]) -> DeviceBuffer:
+    """The device buffer behind a device value."""
+    assert value.buffer is not None, "a device value has a buffer"
+    return value.buffer
 
 
 def submits(env: Env) -> int | None:
@@ -129,7 +136,7 @@ def wrapped_submit(env: Env, wrapper: Callable[[Callable[[Any], None], Any], Non
     """Route every submit of the env's default backend device through ``wrapper(original, commands)``."""
     device = env.default_device.backend_device()
     original = device.submit
-    device.submit = lambda commands: wrapper(original, commands)
+    device.submit = lambda commands: wrapper(original, commands)  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -210,7 +217,7 @@ def test_release_returns_the_binding_mutable_again_and_is_idempotent(session: In
     returned = graph.release()
     assert returned is binding and isinstance(returned, IOBinding)
     assert graph.released and session.captured_graph_ids == []
-    assert x.buffer.pins == () and y.buffer.pins == ()
+    assert buffer(x).pins == () and buffer(y).pins == ()
     assert graph.release() is binding  # idempotent
     with raises(CaptureStateError, "graph 0 of session", "was released and can no longer be replayed", "session.capture(binding, graph_id=0)"):
         graph.replay()
@@ -341,16 +348,16 @@ def test_snapshot_frozen_before_a_rebind_is_not_the_binding(session: InferenceSe
 
 def test_signatures_are_native_buffer_identity_and_generation(session: InferenceSession) -> None:
     binding, x, y = bound(session)
-    assert x.buffer.identity == (x.buffer.handle, x.buffer.generation)
+    assert buffer(x).identity == (buffer(x).handle, buffer(x).generation)
     assert binding.signature == (
-        ("input", "X", x.buffer.handle, x.buffer.generation),
-        ("output", "Y", y.buffer.handle, y.buffer.generation),
+        ("input", "X", buffer(x).handle, buffer(x).generation),
+        ("output", "Y", buffer(y).handle, buffer(y).generation),
     )
     assert binding.freeze().signature == binding.signature
     generations = [session.allocator.empty((1,), "float32") for _ in range(3)]
-    numbers = [v.buffer.generation for v in generations]
+    numbers = [buffer(v).generation for v in generations]
     assert numbers == sorted(numbers) and len(set(numbers)) == 3
-    assert x.buffer.generation not in numbers and y.buffer.generation not in numbers
+    assert buffer(x).generation not in numbers and buffer(y).generation not in numbers
     for value in generations:
         value.release()
     # Rebinding a value with equal contents changes the signature (identity, not data or wrappers).
@@ -419,7 +426,7 @@ def test_two_threads_capturing_one_binding_lock_it_once(session: InferenceSessio
     errors = [r for r in results if isinstance(r, BaseException)]
     assert len(graphs) == 1 and len(errors) == 1 and isinstance(errors[0], CaptureStateError), results
     assert binding.captured_by == (graphs[0].label,)  # the loser's failure did not unlock the winner's lock
-    assert x.buffer.pins == (graphs[0].label,)
+    assert buffer(x).pins == (graphs[0].label,)
     with raises(CaptureStateError, "captured by graph 5"):
         binding.bind_input("X", x)
     graphs[0].release()
@@ -454,15 +461,15 @@ def test_failed_capture_rolls_back(fault: str) -> None:
         binding, x, y = bound(sess)
         sess.run_with_iobinding(binding, RunOptions(gpu_graph_id=-1))  # pipelines and weights exist already
         handles = owned_handles(env)
-        getattr(env.backend.faults, fault)(1)
+        getattr(env.backend.faults, fault)(1)  # type: ignore[attr-defined]
         expected = ValidationError if fault == "validation_error_on_submit" else OutOfMemoryError
         with raises(expected, "injected"):
             sess.capture(binding, graph_id=0)
-        assert env.backend.faults.pending == ()
+        assert env.backend.faults.pending == ()  # type: ignore[attr-defined]
         assert sess.captured_graph_ids == []
         with raises(CaptureStateError, "has no captured graph 0"):
             sess.captured_graph(0)
-        assert x.buffer.pins == () and y.buffer.pins == ()
+        assert buffer(x).pins == () and buffer(y).pins == ()
         x.release()  # unpinned: releasable
         x = sess.allocator.from_numpy(image())
         binding.bind_input("X", x)  # mutable
@@ -512,11 +519,12 @@ def test_dropped_values_live_until_the_graph_is_released(session: InferenceSessi
     batch = image()
     binding, x, y = bound(session, shared=allocator == "shared", x=batch)
     graph = session.capture(binding, graph_id=0)
-    x_buffer, y_buffer = weakref.ref(x.buffer), weakref.ref(y.buffer)
+    x_buffer, y_buffer = weakref.ref(buffer(x)), weakref.ref(buffer(y))
     del x, y, binding
     gc.collect()
-    assert x_buffer() is not None and y_buffer() is not None
-    assert not x_buffer().released and not y_buffer().released
+    kept = [x_buffer(), y_buffer()]
+    assert all(b is not None and not b.released for b in kept)
+    del kept
     graph.replay()
     (out,) = graph.binding.copy_outputs_to_cpu()
     assert_reference(out, batch)
@@ -557,7 +565,7 @@ def test_closing_a_session_releases_graphs_then_buffers(env: Env) -> None:
         with raises(ReleasedValueError, f"session {sid} was closed"):
             value.update_inplace(image())
     # Shared values outlive the session, unpinned.
-    assert s.buffer.pins == () and not s.released
+    assert buffer(s).pins == () and not s.released
     batch = s.to_numpy()
     with InferenceSession(MODEL, env=env, graph_capture=True) as next_session:
         with raises(ReleasedValueError, "was released"):
@@ -606,14 +614,14 @@ def test_session_values_are_refused_by_other_sessions_and_shared_values_accepted
             bind.bind_output("Y", out)
             graphs.append(sess.capture(bind, graph_id=0))
             outputs.append(out)
-        assert set(s.buffer.pins) == {g.label for g in graphs}
+        assert set(buffer(s).pins) == {g.label for g in graphs}
         batch = image()
         s.update_inplace(batch)
         for graph, out in zip(graphs, outputs):
             graph.replay()
             assert_reference(out.to_numpy(), batch)
         a.close()
-        assert s.buffer.pins == (graphs[1].label,)
+        assert buffer(s).pins == (graphs[1].label,)
         with raises(CaptureStateError, f"captured graph 0 of session {b.session_id}"):
             s.release()
         graphs[1].replay()
@@ -688,7 +696,7 @@ def test_shared_values_are_refused_on_another_device() -> None:
 
 
 def test_values_of_another_env_are_refused(session: InferenceSession, backend_name: str) -> None:
-    with Env(backend=backend_name) as other_env:
+    with Env(backend=backend_name) as other_env:  # type: ignore[arg-type]
         foreign = other_env.shared_allocator(other_env.default_device).from_numpy(image())
         binding = session.io_binding()
         with raises(ProvenanceError, f"belongs to Env {other_env.id}", f"runs in Env {session.env.id}"):
@@ -705,13 +713,13 @@ def test_values_of_another_env_are_refused(session: InferenceSession, backend_na
 def test_raw_pointer_binding_and_raw_access_are_refused(session: InferenceSession) -> None:
     binding, x, y = bound(session)
     with raises(UnsafeAccessError, "bind_input('X', device_type, device_id, element_type, shape, buffer_ptr)", "binds raw device memory", "bind_input('X', value)"):
-        binding.bind_input("X", "webgpu", 0, np.float32, [BATCH, WIDTH], 0x10000)
+        binding.bind_input("X", "webgpu", 0, np.float32, [BATCH, WIDTH], 0x10000)  # type: ignore[arg-type]
     with raises(UnsafeAccessError, "bind_output('Y', device_type", "binds raw device memory"):
-        binding.bind_output("Y", "webgpu", 0, np.float32, [BATCH, WIDTH], 0x10000)
+        binding.bind_output("Y", "webgpu", 0, np.float32, [BATCH, WIDTH], 0x10000)  # type: ignore[arg-type]
     assert binding.inputs() == {"X": x} and binding.outputs() == {"Y": y}
     with session.capture(binding, graph_id=0):  # also refused (not a state error) while captured
         with raises(UnsafeAccessError, "binds raw device memory"):
-            binding.bind_input("X", "webgpu", 0, np.float32, [BATCH, WIDTH], 0x10000)
+            binding.bind_input("X", "webgpu", 0, np.float32, [BATCH, WIDTH], 0x10000)  # type: ignore[arg-type]
     with raises(UnsafeAccessError, "data_ptr() is not available for device values"):
         x.data_ptr()
     with raises(UnsafeAccessError, "__dlpack__ is not available for device values"):
@@ -739,7 +747,7 @@ def test_several_graph_ids_with_interleaved_replays(session: InferenceSession) -
         graphs.append(session.capture(binding, graph_id=graph_id))
         outputs.append(y)
     assert session.captured_graph_ids == [0, 1, 7]
-    assert shared_input.buffer.pins == (graphs[0].label, graphs[2].label)
+    assert buffer(shared_input).pins == (graphs[0].label, graphs[2].label)
     expected = [reference(x.to_numpy()) for x in inputs]
     order = [1, 0, 2, 1, 1, 2, 0, 0, 2, 1]
     for index in order:
@@ -1067,7 +1075,7 @@ def test_closing_a_session_while_another_thread_captures(env: Env) -> None:
     assert graph.released and sess.closed and sess.captured_graph_ids == []
     assert_reference(y.to_numpy(), x.to_numpy())  # the capture run completed before close went on
     assert binding.captured_by == ()
-    assert x.buffer.pins == () and y.buffer.pins == ()
+    assert buffer(x).pins == () and buffer(y).pins == ()
     with raises(ReleasedValueError, f"cannot capture: session {sess.session_id} is closed"):
         sess.capture(binding, graph_id=0)
     x.release()

@@ -40,6 +40,7 @@ from ortgpu import (
     ProvenanceError,
     ReleasedValueError,
     RunOptions,
+    WebGPU,
 )
 
 BATCH, WIDTH = 2, 8
@@ -72,7 +73,7 @@ class SessionModel:
 
 @dataclass
 class ValueModel:
-    value: OrtValue
+    value: OrtValue[Any]
     owner: int | None  # session index, None for Env-shared
     expected: np.ndarray
     released: bool = False
@@ -169,7 +170,7 @@ class CaptureMachine(RuleBasedStateMachine):
                 for b in self.bindings
             ),
             tuple(
-                (v.value.released, tuple(sorted(map(str, v.value.buffer.pins))), None if v.value.released else v.value.to_numpy().tobytes())
+                (v.value.released, tuple(sorted(map(str, v.value.buffer.pins if v.value.buffer is not None else ()))), None if v.value.released else v.value.to_numpy().tobytes())
                 for v in self.values
             ),
             tuple((g.graph.released, g.graph.replays) for g in self.graphs),
@@ -421,7 +422,9 @@ class CaptureMachine(RuleBasedStateMachine):
         session_model = self.sessions[binding.session]
         session = session_model.session
         options = RunOptions(gpu_graph_id=graph_id)
-        run = lambda: session.run_with_iobinding(binding.binding, options)  # noqa: E731
+        def run() -> None:
+            session.run_with_iobinding(binding.binding, options)
+
         if session_model.closed:
             self.illegal(ReleasedValueError, run)
             return
@@ -495,14 +498,18 @@ class CaptureMachine(RuleBasedStateMachine):
         ordinary = RunOptions(gpu_graph_id=-1)
         array = self.random_input()
         if not with_values or not self.values:
-            run = lambda: session.run(None, {"X": array}, ordinary)  # noqa: E731
+            def run_arrays() -> list[np.ndarray]:
+                return session.run(None, {"X": array}, ordinary)
+
             if model.closed:
-                self.illegal(ReleasedValueError, run)
+                self.illegal(ReleasedValueError, run_arrays)
                 return
-            assert_close(run()[0], reference(array), "run() with gpu_graph_id=-1")
+            assert_close(run_arrays()[0], reference(array), "run() with gpu_graph_id=-1")
             return
         value = self.values[self.pick_value(data)]
-        run = lambda: session.run_with_ort_values(None, {"X": value.value}, ordinary)  # noqa: E731
+        def run() -> list[OrtValue[WebGPU]]:
+            return session.run_with_ort_values(None, {"X": value.value}, ordinary)
+
         if model.closed or value.released:
             self.illegal(ReleasedValueError, run)
             return
@@ -528,6 +535,7 @@ class CaptureMachine(RuleBasedStateMachine):
         for index, value in enumerate(self.values):
             assert value.value.released == value.released
             labels = sorted(str(g.graph.label) for g in self.live_graphs() for v in g.snapshot.values() if v == index)
+            assert value.value.buffer is not None
             assert sorted(map(str, value.value.buffer.pins)) == labels
         for index, binding in enumerate(self.bindings):
             bound = {**binding.binding.inputs(), **binding.binding.outputs()}
@@ -565,6 +573,6 @@ class WgpuCaptureMachine(CaptureMachine):
 _COMMON = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 FakeCaptureMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, **_COMMON)  # type: ignore[arg-type]
-WgpuCaptureMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=30, **_COMMON)  # type: ignore[arg-type]
+WgpuCaptureMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=40, **_COMMON)  # type: ignore[arg-type]
 TestCaptureStateMachineFake = pytest.mark.fake_only(FakeCaptureMachine.TestCase)
 TestCaptureStateMachineWgpu = pytest.mark.wgpu_only(WgpuCaptureMachine.TestCase)
