@@ -37,9 +37,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.ortgpu-installed"
 if [ ! -f "$stamp" ] || [ -n "$(find setup.py pyproject.toml ortgpu_core -newer "$stamp" \( -name '*.pyx' -o -name '*.pxd' -o -name 'setup.py' -o -name 'pyproject.toml' \) 2>/dev/null | head -1)" ]; then
-  say "installing ortgpu and its test dependencies into $VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[test]"
+  say "installing ortgpu and its test dependencies into $VENV (log: $VENV/install.log)"
+  if ! { "$VENV/bin/python" -m pip install -q --upgrade pip && "$VENV/bin/python" -m pip install -q -e ".[test]"; } > "$VENV/install.log" 2>&1; then
+    tail -40 "$VENV/install.log" >&2
+    say "installation failed; the whole log is $VENV/install.log"
+    exit 1
+  fi
   touch "$stamp"
 fi
 

@@ -28,6 +28,7 @@ setup(
         "ortgpu.ops",
         "ortgpu_core",
         "ortgpu_core.backends",
+        "ortgpu_core.backends.resources",
         "ortgpu_core-stubs",
         "ortgpu_core-stubs.backends",
         "bench",
@@ -39,7 +40,8 @@ setup(
     package_data={
         "ortgpu": ["py.typed"],
         "ortgpu_core": ["*.pxd", "*.pyx", "py.typed"],
-        "ortgpu_core.backends": ["*.pxd", "*.pyx", "resources/*"],
+        "ortgpu_core.backends": ["*.pxd", "*.pyx"],
+        "ortgpu_core.backends.resources": ["*.h"],
         "ortgpu_core-stubs": ["*.pyi", "py.typed"],
         "ortgpu_core-stubs.backends": ["*.pyi"],
     },
