@@ -202,12 +202,17 @@ class InferenceSession:
         self._input_infos = {info.name: info for info in self._model.inputs}
         self._output_infos = {info.name: info for info in self._model.outputs}
         self._closed = False
-        if not self.allow_cpu_fallback and all(isinstance(d, int) for i in self._model.inputs for d in i.shape):
-            # Static model: report forbidden CPU placement now, not at the first run.
-            self._plan_for(
-                {i.name: tuple(int(d) for d in i.shape if isinstance(d, int)) for i in self._model.inputs},
-                {i.name: i.dtype for i in self._model.inputs},
-            )
+        try:
+            if not self.allow_cpu_fallback and all(isinstance(d, int) for i in self._model.inputs for d in i.shape):
+                # Static model: report forbidden CPU placement now, not at the first run.
+                self._plan_for(
+                    {i.name: tuple(int(d) for d in i.shape if isinstance(d, int)) for i in self._model.inputs},
+                    {i.name: i.dtype for i in self._model.inputs},
+                )
+            self.env._register_session(self)  # Env.close() closes the session (graphs first) before its devices
+        except BaseException:
+            self.close()
+            raise
 
     # -- metadata ------------------------------------------------------------------
     @property

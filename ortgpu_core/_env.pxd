@@ -30,6 +30,7 @@ cdef class Env:
     cdef object _backend
     cdef list _devices
     cdef dict _shared_allocators
+    cdef object _sessions
     cdef object _lock
     cdef bint _closed
     cdef object __weakref__

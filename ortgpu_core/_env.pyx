@@ -146,6 +146,7 @@ cdef class Env:
         self._lock = threading.RLock()
         self._closed = False
         self._shared_allocators = {}
+        self._sessions = weakref.WeakSet()  # sessions on this Env's devices, closed first by close()
         adapters = sorted(self._backend.enumerate_adapters(), key=_preference)
         self._devices = [Device._create(self, self._backend, info, i) for i, info in enumerate(adapters)]
 
@@ -212,11 +213,22 @@ cdef class Env:
         """Native objects alive on this Env's backend (buffers, pipelines, bind groups)."""
         return self._backend.live_handles()
 
+    def _register_session(self, session):
+        """Internal: sessions register so that ``close()`` can close them (graphs first) before the devices."""
+        self.check_open()
+        with self._lock:
+            self._sessions.add(session)
+
     def close(self):
-        """Release the shared allocators' buffers and every device.  Idempotent."""
+        """Close this Env's sessions (their graphs, then their buffers), then release the shared
+        allocators' buffers and every device.  Idempotent."""
         with self._lock:
             if self._closed:
                 return
+            sessions = list(self._sessions)
+        for session in sessions:
+            session.close()
+        with self._lock:
             self._closed = True
             allocators = list(self._shared_allocators.values())
             self._shared_allocators.clear()

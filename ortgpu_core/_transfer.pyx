@@ -62,6 +62,9 @@ def transfer(source, destination):
     route = transfer_route(source, destination)
     cdef OrtValue src = <OrtValue>source
     cdef OrtValue dst = <OrtValue>destination
+    if src is dst:
+        src._check_usable("copy the value onto itself")
+        return route  # copying a value onto itself changes nothing (and WebGPU forbids a buffer copy onto itself)
     src._check_usable("copy from the value")
     dst._check_usable("copy into the value")
     if src._dtype != dst._dtype:

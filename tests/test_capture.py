@@ -1080,3 +1080,31 @@ def test_closing_a_session_while_another_thread_captures(env: Env) -> None:
         sess.capture(binding, graph_id=0)
     x.release()
     y.release()
+
+
+def test_env_close_releases_sessions_graphs_then_buffers() -> None:
+    """Closing an Env with a live graph that pins a shared value closes the session (graph first), then frees all."""
+    from ortgpu_core.backends.fake import FakeBackend
+
+    backend = FakeBackend()
+    env = Env(backend=backend)
+    sess = InferenceSession(MODEL, env=env, graph_capture=True)
+    shared = env.shared_allocator(env.default_device)
+    x = shared.from_numpy(image())
+    y = sess.allocator.empty((BATCH, WIDTH), "float32")
+    binding = sess.io_binding()
+    binding.bind_input("X", x)
+    binding.bind_output("Y", y)
+    graph = sess.capture(binding, graph_id=0)
+    env.close()
+    assert sess.closed and graph.released
+    assert backend.live_handles() == 0
+    with raises(ReleasedValueError, "closed"):
+        x.to_numpy()
+
+
+def test_copy_from_itself_changes_nothing(env: Env) -> None:
+    value = env.shared_allocator(env.default_device).from_numpy(image())
+    before = value.to_numpy()
+    value.copy_from(value)
+    np.testing.assert_array_equal(value.to_numpy(), before)
