@@ -219,7 +219,7 @@ def transformer_encoder(
     )
 
 
-def random_feeds(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], *, seed: int = 1, high: int = 10) -> dict[str, np.ndarray]:
+def random_feeds(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], *, seed: int | None = 1, high: int = 10) -> dict[str, np.ndarray]:
     """Random inputs for ``model`` (floats ~ N(0, 1), integers in [0, high))."""
     rng = np.random.default_rng(seed)
     feeds = {}

@@ -34,8 +34,8 @@ def test_models_match_onnxruntime(env: ortgpu.Env, name: str) -> None:
     build, shapes = MODELS[name]
     model = build()
     with ortgpu.InferenceSession(model.SerializeToString(), env=env) as sess:
-        for seed in (1, 2):  # fresh inputs each time, through the same cached plan
-            feeds = random_feeds(model, shapes, seed=seed)
+        for _ in range(2):  # fresh random inputs each time (unseeded), through the same cached plan
+            feeds = random_feeds(model, shapes, seed=None)
             expected = onnxruntime_outputs(model, feeds)
             actual = sess.run(None, feeds)
             assert len(actual) == len(expected)
