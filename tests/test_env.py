@@ -91,3 +91,28 @@ def test_closed_env_releases_everything() -> None:
 
 def test_get_env_is_a_singleton() -> None:
     assert core.get_env() is core.get_env()
+
+
+@pytest.mark.wgpu_only
+def test_vulkan_and_opengl_adapters_of_one_gpu_are_different_devices() -> None:
+    from ortgpu_core.backends.wgpu_native import WgpuBackend
+
+    with core.Env(backend=WgpuBackend(include_opengl=True)) as env:
+        kinds = {d.backend_type for d in env.devices}
+        assert "OpenGL" in kinds and "Vulkan" in kinds, kinds  # lavapipe (CI) and the H200 list both
+        vulkan = next(d for d in env.devices if d.backend_type == "Vulkan")
+        opengl = next(d for d in env.devices if d.backend_type == "OpenGL")
+        assert env.default_device is vulkan
+        a = env.shared_allocator(vulkan).from_numpy(np.arange(4, dtype=np.float32))
+        b = env.shared_allocator(opengl).empty((4,), "float32")
+        assert core.transfer_route(a, b) == "staged-host"  # never a device copy between the two
+        b.copy_from(a)
+        np.testing.assert_array_equal(b.to_numpy(), np.arange(4, dtype=np.float32))
+        del a, b
+
+
+@pytest.mark.wgpu_only
+def test_default_wgpu_env_lists_no_opengl_adapter() -> None:
+    from tests.conftest import shared_env
+
+    assert all(d.backend_type != "OpenGL" for d in shared_env("wgpu").devices)

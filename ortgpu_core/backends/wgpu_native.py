@@ -227,12 +227,19 @@ class WgpuBackend:
 
     name = "wgpu"
 
-    def __init__(self) -> None:
+    def __init__(self, *, include_opengl: bool = False) -> None:
+        """``include_opengl``: also list OpenGL(ES) adapters.  Off by default: every GPU ortgpu targets has a
+        Vulkan, Metal or D3D12 adapter, and initialising EGL prints warnings on machines without a display."""
         ffi, lib = load_native()
         self._ffi = ffi
         self._lib = lib
+        extras = ffi.new("WGPUInstanceExtras *")
+        extras.chain.sType = lib.WGPUSType_InstanceExtras
+        extras.backends = lib.WGPUInstanceBackend_All if include_opengl else lib.WGPUInstanceBackend_Primary
+        descriptor = ffi.new("WGPUInstanceDescriptor *")
+        descriptor.nextInChain = ffi.cast("WGPUChainedStruct *", extras)
         # WGPUInstance wgpuCreateInstance(WGPUInstanceDescriptor const * descriptor)
-        instance = lib.wgpuCreateInstance(ffi.NULL)
+        instance = lib.wgpuCreateInstance(descriptor)
         if instance == ffi.NULL:
             raise DeviceError("wgpu-native could not create an instance")
         self._instance: Any = instance
