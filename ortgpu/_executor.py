@@ -19,6 +19,7 @@ weights to the store, input/output buffers to the caller.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
@@ -70,31 +71,36 @@ class PipelineCache:
         self._released = False
         self.hits = 0
         self.misses = 0
+        # Sessions on several threads share the cache: one lock makes look-up-or-compile atomic, so two
+        # threads never both compile a kernel and orphan one of the pipelines.
+        self._lock = threading.Lock()
 
     def get(self, kernel: KernelSpec) -> int:
         """The pipeline for ``kernel``, compiling it on first use."""
-        if self._released:
-            raise ReleasedValueError("this PipelineCache was released; create a new one for the device")
         key: Hashable = (kernel.wgsl, id(kernel.twin)) if _runs_twins(self.device) else kernel.wgsl
-        pipeline = self._pipelines.get(key)
-        if pipeline is not None:
-            self.hits += 1
+        with self._lock:
+            if self._released:
+                raise ReleasedValueError("this PipelineCache was released; create a new one for the device")
+            pipeline = self._pipelines.get(key)
+            if pipeline is not None:
+                self.hits += 1
+                return pipeline
+            self.misses += 1
+            pipeline = self.device.create_compute_pipeline(kernel.wgsl, twin=kernel.twin, label=kernel.name)
+            self._pipelines[key] = pipeline
+            if _runs_twins(self.device):
+                self._twins.append(kernel.twin)
             return pipeline
-        self.misses += 1
-        pipeline = self.device.create_compute_pipeline(kernel.wgsl, twin=kernel.twin, label=kernel.name)
-        self._pipelines[key] = pipeline
-        if _runs_twins(self.device):
-            self._twins.append(kernel.twin)
-        return pipeline
 
     def __len__(self) -> int:
         return len(self._pipelines)
 
     def release(self) -> None:
         """Release every pipeline.  Idempotent; programs using them must be released first."""
-        pipelines, self._pipelines = self._pipelines, {}
-        self._twins = []
-        self._released = True
+        with self._lock:
+            pipelines, self._pipelines = self._pipelines, {}
+            self._twins = []
+            self._released = True
         for pipeline in pipelines.values():
             self.device.release_pipeline(pipeline)
 
