@@ -272,6 +272,97 @@ def test_gemm_epilogue(device: Any) -> None:
     check_device(device, "Gemm", 13, inputs, {"alpha": 2.0, "_epilogue": epilogue})
 
 
+# -- GEMM variants (tile shapes, pipelining, split-K) -------------------------------------------------------------
+
+def _gemm_variants() -> list[Any]:
+    from ortgpu.ops._gemm import LEGACY, GemmConfig
+
+    return [
+        LEGACY,
+        GemmConfig(32, 32, 8, 4, 4, stages=1, split_k=3),
+        GemmConfig(64, 32, 16, 8, 4, stages=2, split_k=2),
+        GemmConfig(32, 64, 32, 4, 8, stages=2),
+        GemmConfig(64, 64, 16, 8, 8, stages=1, split_k=5),
+    ]
+
+
+# (op, opset, input shapes, attrs): each hits other load paths of the tiled kernel (vec4 along k / m / n, scalar).
+GEMM_VARIANT_CASES: list[tuple[str, int, list[tuple[int, ...] | None], dict[str, Any], int]] = [
+    # MatMul: A vec4 along k, B vec4 along n, bias + residual epilogue, partial tiles, 3 K tiles at TK=16
+    ("MatMul", 13, [(2, 35, 44), (44, 68), (68,), (2, 35, 68)], {"_epilogue": (("add", 2), ("add", 3))}, 2),
+    # batched, broadcast batch, scalar loads (K, N odd)
+    ("MatMul", 13, [(2, 1, 9, 37), (3, 37, 21)], {}, 2),
+    # Gemm transA/transB: A vec4 along m, B vec4 along k; alpha, beta * C
+    ("Gemm", 13, [(40, 20), (36, 40), (36,)], {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}, 3),
+    # implicit-GEMM Conv: weights vec4 along k, im2col scalar, residual + relu
+    ("Conv", 11, [(1, 12, 9, 9), (16, 12, 3, 3), (16,), (1, 16, 9, 9)], {"pads": [1, 1, 1, 1], "_epilogue": (("add", 3), ("relu",))}, 3),
+    # pointwise grouped Conv: input vec4 along n
+    ("Conv", 11, [(2, 64, 6, 6), (32, 32, 1, 1), (32,)], {"group": 2}, 3),
+]
+
+
+@pytest.mark.parametrize("variant", range(5))
+@pytest.mark.parametrize("op,opset,shapes,attrs,own", GEMM_VARIANT_CASES)
+def test_gemm_variants_match_onnxruntime(device: Any, variant: int, op: str, opset: int,
+                                         shapes: list[tuple[int, ...] | None], attrs: dict[str, Any], own: int,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel variant (forced through GEMM_OVERRIDE) computes what onnxruntime computes."""
+    from ortgpu.ops import _gemm
+
+    config = _gemm_variants()[variant]
+    monkeypatch.setattr(_gemm, "GEMM_OVERRIDE", config)
+    inputs = [None if s is None else rand(*s) for s in shapes]
+    operator = get_operator(op, opset)
+    outputs = [TensorInfo(tuple(w.shape), w.dtype) for w in operator.reference(inputs, attrs, [])]
+    infos = [None if a is None else TensorInfo(tuple(a.shape), a.dtype) for a in inputs]
+    caps = DeviceCaps(frozenset(device.features), device.limits)
+    plan = operator.plan(infos, outputs, attrs, caps, {})
+    if config.split_k > 1:
+        assert len(plan.kernels) == 2 and len(plan.scratch_sizes) == 1  # partial sums, then the reduction
+    before = device.live_handles()
+    got = run_plan(device, plan, inputs, outputs)
+    assert device.live_handles() == before
+    plain = {key: value for key, value in attrs.items() if key != "_epilogue"}
+    want = ort_run(op, inputs, plain, opset, epilogue=attrs.get("_epilogue", ()), own_inputs=own)
+    assert_close(got[0], want[0])
+
+
+def test_choose_gemm_config() -> None:
+    """Small outputs with long K split K; big problems take the big tile unsplit; workgroups reach the target."""
+    from ortgpu.ops._gemm import GEMM_TARGET_WORKGROUPS, choose_gemm_config, gemm_workgroups
+    from ortgpu_core.backends.fake import FakeBackend
+
+    device = FakeBackend().open_device(0)
+    try:
+        caps = DeviceCaps(frozenset(device.features), device.limits)
+    finally:
+        device.destroy()
+    small = choose_gemm_config(1, 128, 384, 1536, caps)  # BERT FFN down-projection, batch 1
+    assert small.split_k > 1
+    assert gemm_workgroups(small, 1, 128, 384) >= GEMM_TARGET_WORKGROUPS
+    big = choose_gemm_config(16, 512, 784, 4608, caps)  # a batch-16 3x3 conv
+    assert big.split_k == 1 and big.tile_m * big.tile_n >= 64 * 64
+    short = choose_gemm_config(12, 128, 128, 32, caps)  # attention scores: K too short to split
+    assert short.split_k == 1
+
+
+def test_split_k_plan_on_the_executor(device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A MatMul planned with split-K (two kernels and a scratch buffer) runs through the executor's plans too."""
+    from ortgpu.ops import _gemm
+
+    monkeypatch.setattr(_gemm, "GEMM_TARGET_WORKGROUPS", 64)
+    monkeypatch.setattr(_gemm, "GEMM_SPLIT_MIN_K", 32)
+    a, b, bias = rand(3, 20, 160), rand(160, 44), rand(44)
+    operator = get_operator("MatMul", 13)
+    attrs = {"_epilogue": (("add", 2),)}
+    infos = [TensorInfo(a.shape, a.dtype), TensorInfo(b.shape, b.dtype), TensorInfo(bias.shape, bias.dtype)]
+    outputs = [TensorInfo((3, 20, 44), np.dtype(np.float32))]
+    plan = operator.plan(infos, outputs, attrs, DeviceCaps(frozenset(device.features), device.limits), {})
+    assert len(plan.kernels) == 2
+    got = run_plan(device, plan, [a, b, bias], outputs)
+    assert_close(got[0], ort_run("MatMul", [a, b, bias], {}, 13, epilogue=(("add", 2),), own_inputs=2)[0])
+
+
 # -- Conv ------------------------------------------------------------------------------------------------------------
 
 CONV_CASES: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any]]] = [

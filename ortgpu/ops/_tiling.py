@@ -39,8 +39,8 @@ __all__ = [
     "apply_epilogue",
     "epilogue_function",
     "erf",
-    "GemmProblem",
-    "tiled_gemm_wgsl",
+    "legacy_gemm_wgsl",
+    "gemv_wgsl",
     "reduction_threads",
     "workgroup_reduce_functions",
     "require_float32",
@@ -430,26 +430,6 @@ def epilogue_function(steps: Sequence[EpilogueStep], out_shape: tuple[int, ...],
 # -- GEMM -----------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GemmProblem:
-    """``out[b, m, n] = sum_k A(b, m, k) * B(b, k, n)`` for ``b < batch``, then the epilogue.
-
-    ``load_a``/``load_b`` are WGSL function bodies (``fn load_a(b: u32, m: u32, k: u32) -> f32`` and
-    ``fn load_b(b: u32, k: u32, n: u32) -> f32``), called only with in-range arguments; ``out_index`` is the
-    body of ``fn out_index(b: u32, m: u32, n: u32) -> u32``.  ``prelude`` holds helpers they use.
-    ``a_rows_contiguous`` says A(b, m, k) is contiguous in k (the kernel then loads its tile along k).
-    """
-
-    batch: int
-    m: int
-    n: int
-    k: int
-    load_a: str
-    load_b: str
-    out_index: str
-    prelude: str = ""
-
-
 #: GEMV over a row-major [K, N] B: invocations per workgroup along N (each owns 4 columns; the rest of the
 #: workgroup's 256 split K), and how many rows of B each invocation has in flight per loop iteration.
 #: Measured on an H200 (batch 1, [4096, 4096] and [8192, 8192] B): 2 column threads (32-byte row segments,
@@ -457,23 +437,26 @@ class GemmProblem:
 GEMV_COLUMN_THREADS = 2
 GEMV_UNROLL = 1
 
-#: Tile of the tiled GEMM: a 16 x 16 workgroup computes a 64 x 64 output tile, 4 x 4 outputs per invocation,
-#: stepping through K by 16.
+#: Tile of the original tiled GEMM (now :data:`ortgpu.ops._gemm.LEGACY`, kept for comparisons): a 16 x 16
+#: workgroup computes a 64 x 64 output tile, 4 x 4 outputs per invocation, stepping through K by 16.
 _TILE_M = 64
 _TILE_N = 64
 _TILE_K = 16
 
 
-def tiled_gemm_wgsl(problem: GemmProblem, declarations: str, epilogue: str, output: str, caps: DeviceCaps) -> tuple[str, tuple[int, int, int]]:
-    """WGSL and grid of the shared-memory tiled GEMM for ``problem``.
+def legacy_gemm_wgsl(
+    batch: int, m: int, n: int, k: int, helpers: str, declarations: str, output: str, caps: DeviceCaps
+) -> tuple[str, tuple[int, int, int]]:
+    """WGSL and grid of the original shared-memory tiled GEMM (scalar loads through ``load_a``/``load_b`` and
+    ``epilogue`` defined in ``helpers``; output stored at ``(b * M + m) * N + n``).
 
     Invocation (tx, ty) of a workgroup owns rows ``m0 + ty + 16 i`` and columns ``n0 + tx + 16 j``
     (i, j < 4), so neighbouring invocations read neighbouring shared-memory words and store neighbouring
     outputs.
     """
-    tiles_m = -(-problem.m // _TILE_M)
-    tiles_n = -(-problem.n // _TILE_N)
-    total = problem.batch * tiles_m * tiles_n
+    tiles_m = -(-m // _TILE_M)
+    tiles_n = -(-n // _TILE_N)
+    total = batch * tiles_m * tiles_n
     grid = grid_for_groups(total, caps)
     loads = []
     for r in range(_TILE_M * _TILE_K // THREADS):
@@ -509,31 +492,21 @@ def tiled_gemm_wgsl(problem: GemmProblem, declarations: str, epilogue: str, outp
         let m = m0 + lid.y + {16 * i}u;
         let n = n0 + lid.x + {16 * j}u;
         if (m < M && n < N) {{
-            let o = out_index(b, m, n);
+            let o = (b * M + m) * N + n;
             {output}[o] = epilogue(acc{i}[{j}], o);
         }}
     }}"""
             )
     wgsl = f"""{declarations}
-const M: u32 = {problem.m}u;
-const N: u32 = {problem.n}u;
-const K: u32 = {problem.k}u;
+const M: u32 = {m}u;
+const N: u32 = {n}u;
+const K: u32 = {k}u;
 const TILES_M: u32 = {tiles_m}u;
 const TILES_N: u32 = {tiles_n}u;
 const TOTAL: u32 = {total}u;
 var<workgroup> tile_a: array<f32, {_TILE_M * _TILE_K}>;
 var<workgroup> tile_b: array<f32, {_TILE_N * _TILE_K}>;
-{problem.prelude}
-fn load_a(b: u32, m: u32, k: u32) -> f32 {{
-{problem.load_a}
-}}
-fn load_b(b: u32, k: u32, n: u32) -> f32 {{
-{problem.load_b}
-}}
-fn out_index(b: u32, m: u32, n: u32) -> u32 {{
-{problem.out_index}
-}}
-{epilogue}
+{helpers}
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{

@@ -25,16 +25,15 @@ from ._tiling import (
     THREADS,
     BindingTable,
     EpilogueStep,
-    GemmProblem,
     apply_epilogue,
     epilogue_function,
     grid_for_groups,
     parse_epilogue,
     require_float32,
     single_kernel_plan,
-    tiled_gemm_wgsl,
     workgroup_index,
 )
+from ._gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
 
 __all__ = ["Conv", "SpatialGeometry", "spatial_geometry", "ints"]
 
@@ -246,22 +245,52 @@ const OW: u32 = {ow}u;
 """
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
         if cout_g >= 8:
+            x_in, w_in = Binding("input", 0), Binding("input", 1)
+            xs, ws = binding_name(x_in), binding_name(w_in)
+            k_total = cin_g * kh * kw
+            pointwise = kh == kw == 1 and sh == sw == 1 and ph == pw == 0 and oh == in_h and ow == in_w
+            geometry2 = geometry
+
+            def operands(full: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+                xv, wv = full[0], full[1]
+                assert xv is not None and wv is not None
+                xv = xv.reshape(batch, channels, in_h, in_w)
+                padded = pad_spatial(xv, geometry2)
+                columns = np.empty((batch, group, cin_g, kh, kw, oh, ow), dtype=np.float32)
+                for ky in range(kh):
+                    for kx in range(kw):
+                        window = padded[(slice(None), slice(None)) + window_slices(geometry2, (ky, kx))]
+                        columns[:, :, :, ky, kx] = window.reshape(batch, group, cin_g, oh, ow)
+                b_matrix = columns.reshape(batch * group, k_total, oh * ow)
+                a_matrix = np.broadcast_to(wv.reshape(1, group, cout_g, k_total), (batch, group, cout_g, k_total))
+                return a_matrix.reshape(batch * group, cout_g, k_total), b_matrix
+
             problem = GemmProblem(
-                batch=batch * group, m=cout_g, n=oh * ow, k=cin_g * kh * kw,
-                load_a=f"    return {w_name}[((b % GROUPS) * COUT_G + m) * (CIN_G * KH * KW) + k];",
-                load_b=f"""    let image = b / GROUPS;
+                batch=batch * group, m=cout_g, n=oh * ow, k=k_total,
+                load_a=GemmLoad(f"    return {ws}[((b % GROUPS) * COUT_G + m) * (CIN_G * KH * KW) + k];", ((w_in, "f32"),)),
+                load_a4k=None if k_total % 4 else GemmLoad(
+                    f"    return {binding_name(w_in, 'vec4<f32>')}[(((b % GROUPS) * COUT_G + m) * (CIN_G * KH * KW) + k) / 4u];",
+                    ((w_in, "vec4<f32>"),),
+                ),
+                load_b=GemmLoad(f"""    let image = b / GROUPS;
     let g = b % GROUPS;
     let ci = k / (KH * KW);
     let tap = k % (KH * KW);
     let ih = i32((n / OW) * SH + (tap / KW) * DH) - PH;
     let iw = i32((n % OW) * SW + (tap % KW) * DW) - PW;
     if (ih < 0 || ih >= H || iw < 0 || iw >= W) {{ return 0.0; }}
-    return {x_name}[((image * CIN + g * CIN_G + ci) * u32(H) + u32(ih)) * u32(W) + u32(iw)];""",
-                out_index="    return ((b / GROUPS) * COUT + (b % GROUPS) * COUT_G + m) * (OH * OW) + n;",
+    return {xs}[((image * CIN + g * CIN_G + ci) * u32(H) + u32(ih)) * u32(W) + u32(iw)];""", ((x_in, "f32"),)),
+                load_b4n=GemmLoad(
+                    f"    return {binding_name(x_in, 'vec4<f32>')}[(((b / GROUPS) * CIN + (b % GROUPS) * CIN_G + k) * OH * OW + n) / 4u];",
+                    ((x_in, "vec4<f32>"),),
+                ) if pointwise and (oh * ow) % 4 == 0 else None,
                 prelude=constants_wgsl,
+                operands=operands,
             )
-            wgsl, grid = tiled_gemm_wgsl(problem, table.declarations(), epilogue, output, caps)
-            return single_kernel_plan("Conv", wgsl, grid, table, compute, inputs, outputs, caps)
+            return plan_tiled_gemm(
+                "Conv", problem, steps=steps, out_shape=out_shape, compute=compute, inputs=inputs, outputs=outputs,
+                caps=caps,
+            )
         total = int(np.prod(out_shape, dtype=np.int64))
         grid = grid_for_groups(-(-total // THREADS), caps)
         wgsl = f"""{table.declarations()}

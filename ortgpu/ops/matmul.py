@@ -30,8 +30,8 @@ Kernels
 -------
 * M = 1 (one row, no batch; also after folding, see below): a GEMV kernel that streams B with vec4 loads,
   splitting K over a workgroup and reducing through workgroup memory (see :func:`._tiling.gemv_wgsl`).
-* otherwise: a shared-memory tiled GEMM, 64 x 64 output tiles, 4 x 4 outputs per invocation
-  (:func:`._tiling.tiled_gemm_wgsl`).  When B has no batch dimensions (a weight matrix) the batch
+* otherwise: the shared-memory tiled GEMM of :mod:`._gemm` (tile shape and split-K chosen per problem by
+  :func:`._gemm.choose_gemm_config`; vec4 loads where the layouts allow).  When B has no batch dimensions (a weight matrix) the batch
   dimensions of A fold into M, so ``[B, S, K] x [K, N]`` is one ``[B*S, K] x [K, N]`` GEMM.
 """
 
@@ -48,7 +48,6 @@ from ._registry import register
 from ._tiling import (
     BindingTable,
     EpilogueStep,
-    GemmProblem,
     apply_epilogue,
     broadcast_strides,
     epilogue_function,
@@ -57,8 +56,8 @@ from ._tiling import (
     parse_epilogue,
     require_float32,
     single_kernel_plan,
-    tiled_gemm_wgsl,
 )
+from ._gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
 
 __all__ = ["MatMul", "plan_gemm", "matmul_output_shape"]
 
@@ -124,10 +123,6 @@ def plan_gemm(
         )
         return single_kernel_plan(op_type, wgsl, grid, table, compute, inputs, outputs, caps)
 
-    a_name = table.add(Binding("input", 0))
-    b_name = table.add(Binding("input", 1))
-    output = table.add(Binding("output", 0), writable=True)
-    epilogue = epilogue_function(steps, out_shape, table)
     prelude = ""
     a_base = b_base = ""
     if batch > 1:
@@ -135,17 +130,43 @@ def plan_gemm(
         prelude += index_function("b_batch", batch_shape, broadcast_strides(b_batch, batch_shape))
         a_base = f"a_batch(b) * {m * k}u + "
         b_base = f"b_batch(b) * {k * n}u + "
+    a_in, b_in = Binding("input", 0), Binding("input", 1)
+    a_s, b_s = binding_name(a_in), binding_name(b_in)
+    a_v, b_v = binding_name(a_in, "vec4<f32>"), binding_name(b_in, "vec4<f32>")
     a_index = f"k * {m}u + m" if trans_a else f"m * {k}u + k"
     b_index = f"n * {k}u + k" if trans_b else f"k * {n}u + n"
+    a_vector = GemmLoad(f"    return {a_v}[({a_base}{a_index}) / 4u];", ((a_in, "vec4<f32>"),))
+    b_vector = GemmLoad(f"    return {b_v}[({b_base}{b_index}) / 4u];", ((b_in, "vec4<f32>"),))
+    a_lifted, b_lifted = a_shape, b_shape
+
+    def operands(full: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+        a, b = full[0], full[1]
+        assert a is not None and b is not None
+        a, b = a.reshape(a_lifted), b.reshape(b_lifted)
+        if trans_a:
+            a = a.T
+        if trans_b:
+            b = b.T
+        if batch == 1:
+            return a.reshape(1, m, k), b.reshape(1, k, n)
+        a_full = np.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(batch, m, k)
+        b_full = np.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(batch, k, n)
+        return a_full, b_full
+
     problem = GemmProblem(
         batch=batch, m=m, n=n, k=k,
-        load_a=f"    return {a_name}[{a_base}{a_index}];",
-        load_b=f"    return {b_name}[{b_base}{b_index}];",
-        out_index=f"    return (b * {m}u + m) * {n}u + n;",
+        load_a=GemmLoad(f"    return {a_s}[{a_base}{a_index}];", ((a_in, "f32"),)),
+        load_b=GemmLoad(f"    return {b_s}[{b_base}{b_index}];", ((b_in, "f32"),)),
+        load_a4k=None if trans_a or k % 4 else a_vector,
+        load_a4m=a_vector if trans_a and m % 4 == 0 else None,
+        load_b4n=None if trans_b or n % 4 else b_vector,
+        load_b4k=b_vector if trans_b and k % 4 == 0 else None,
         prelude=prelude,
+        operands=operands,
     )
-    wgsl, grid = tiled_gemm_wgsl(problem, table.declarations(), epilogue, output, caps)
-    return single_kernel_plan(op_type, wgsl, grid, table, compute, inputs, outputs, caps)
+    return plan_tiled_gemm(
+        op_type, problem, steps=steps, out_shape=out_shape, compute=compute, inputs=inputs, outputs=outputs, caps=caps,
+    )
 
 
 @register

@@ -1,0 +1,383 @@
+"""``python -m bench.sweep_kernels``: time the tiled GEMM / implicit-GEMM Conv variants at the shapes that matter.
+
+For each shape (the BERT-style encoder's MatMuls and the ResNet-style CNN's convolutions, batch 1 and 16) and
+each candidate :class:`ortgpu.ops._gemm.GemmConfig` (tile shape, outputs per invocation, K step, pipeline
+stages, split-K), the node is planned with ``get_operator(...).plan`` under ``_gemm.GEMM_OVERRIDE``, its
+kernels are recorded ``R`` times into one command list over persistent buffers, and the time per run is
+``(median(submit + wait) - median(empty submit + wait)) / R``.  Every variant's output is checked against the
+first one's (and that one against the numpy reference on the small shapes).
+
+Prints TFLOP/s per shape x config, the best config per shape and where the default
+(:func:`ortgpu.ops._gemm.choose_gemm_config`) ranks; ``--json PATH`` writes it all.  Example::
+
+    python -m bench.sweep_kernels --json sweep.json            # everything (about a minute on an H200)
+    python -m bench.sweep_kernels --shapes bert --quick        # BERT shapes, fewer variants
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ortgpu.ops import DeviceCaps, OpPlan, TensorInfo, get_operator
+from ortgpu.ops import _gemm
+from ortgpu.ops._gemm import LEGACY, GemmConfig, choose_gemm_config, config_fits, gemm_workgroups
+from ortgpu.ops._runner import padded_size
+from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One node to time: op, opset, input shapes (None = absent), attributes; GEMM dims for the config choice."""
+
+    label: str
+    op: str
+    opset: int
+    inputs: tuple[tuple[int, ...] | None, ...]
+    attrs: dict[str, Any]
+    gemm: tuple[int, int, int, int]  # batch, M, N, K as the tiled kernel sees them
+
+    @property
+    def flops(self) -> float:
+        batch, m, n, k = self.gemm
+        return 2.0 * batch * m * n * k
+
+
+def _matmul(label: str, a: tuple[int, ...], b: tuple[int, ...], extras: tuple[tuple[int, ...], ...]) -> Shape:
+    epilogue = tuple(("add", 2 + i) for i in range(len(extras)))
+    if len(b) == 2:
+        gemm = (1, int(np.prod(a[:-1])), b[-1], a[-1])
+    else:
+        gemm = (int(np.prod(a[:-2])), a[-2], b[-1], a[-1])
+    return Shape(label, "MatMul", 13, (a, b) + extras, {"_epilogue": epilogue} if epilogue else {}, gemm)
+
+
+def _conv(label: str, batch: int, c_in: int, c_out: int, size: int, kernel: int, stride: int, residual: bool) -> Shape:
+    out = (size + 2 * (kernel // 2) - kernel) // stride + 1
+    epilogue: tuple[tuple[Any, ...], ...] = (("add", 3), ("relu",)) if residual else (("relu",),)
+    inputs: tuple[tuple[int, ...] | None, ...] = ((batch, c_in, size, size), (c_out, c_in, kernel, kernel), (c_out,))
+    if residual:
+        inputs += ((batch, c_out, out, out),)
+    attrs = {"pads": [kernel // 2] * 4, "strides": [stride, stride], "_epilogue": epilogue}
+    return Shape(label, "Conv", 11, inputs, attrs, (batch, c_out, out * out, c_in * kernel * kernel))
+
+
+def shapes() -> list[Shape]:
+    result = []
+    for batch in (1, 16):
+        s = 128
+        result += [
+            _matmul(f"bert b{batch} ffn-down MatMul+Add+Add [{batch},128,384] K=1536", (batch, s, 1536), (1536, 384), ((384,), (batch, s, 384))),
+            _matmul(f"bert b{batch} proj MatMul+Add [{batch},128,384] K=384", (batch, s, 384), (384, 384), ((384,),)),
+            _matmul(f"bert b{batch} ffn-up MatMul+Add [{batch},128,1536] K=384", (batch, s, 384), (384, 1536), ((1536,),)),
+            _matmul(f"bert b{batch} QK^T MatMul [{batch},12,128,128] K=32", (batch, 12, s, 32), (batch, 12, 32, s), ()),
+            _matmul(f"bert b{batch} PV MatMul [{batch},12,128,32] K=128", (batch, 12, s, s), (batch, 12, s, 32), ()),
+        ]
+    for batch in (1, 16):
+        result += [
+            _conv(f"resnet b{batch} Conv+Relu [{batch},64,224,224] 3x3", batch, 64, 64, 224, 3, 1, False),
+            _conv(f"resnet b{batch} Conv+Add+Relu [{batch},128,112,112] 3x3", batch, 128, 128, 112, 3, 1, True),
+            _conv(f"resnet b{batch} Conv+Add+Relu [{batch},256,56,56] 3x3", batch, 256, 256, 56, 3, 1, True),
+            _conv(f"resnet b{batch} Conv+Relu [{batch},512,28,28] 3x3 s2", batch, 256, 512, 56, 3, 2, False),
+            _conv(f"resnet b{batch} Conv+Add+Relu [{batch},512,28,28] 3x3", batch, 512, 512, 28, 3, 1, True),
+        ]
+    result.append(_conv("resnet b1 stem Conv+Relu [1,64,224,224] 3x3 K=27", 1, 3, 64, 224, 3, 1, False))
+    return result
+
+
+#: Tile variants tried on every shape (split-K variants are added for the small ones).
+BASE_CONFIGS: tuple[GemmConfig, ...] = (
+    GemmConfig(128, 128, 16, 8, 8, stages=2),
+    GemmConfig(128, 64, 16, 8, 4, stages=2),
+    GemmConfig(128, 64, 16, 8, 4, stages=1),
+    GemmConfig(128, 64, 32, 8, 4, stages=1),
+    GemmConfig(64, 128, 16, 4, 8, stages=2),
+    GemmConfig(64, 64, 16, 4, 4, stages=2),
+    GemmConfig(64, 64, 16, 4, 4, stages=1),
+    GemmConfig(64, 64, 32, 4, 4, stages=2),
+    GemmConfig(64, 64, 16, 8, 4, stages=2),
+    GemmConfig(32, 64, 16, 4, 4, stages=2),
+    GemmConfig(32, 64, 16, 4, 4, stages=1),
+    GemmConfig(32, 32, 16, 4, 4, stages=2),
+)
+QUICK_CONFIGS: tuple[GemmConfig, ...] = (
+    GemmConfig(128, 64, 16, 8, 4, stages=2),
+    GemmConfig(64, 64, 16, 4, 4, stages=2),
+    GemmConfig(32, 64, 16, 4, 4, stages=2),
+    GemmConfig(32, 32, 16, 4, 4, stages=2),
+)
+SPLITS = (2, 3, 4, 6, 8, 12, 16)
+
+
+def candidates(shape: Shape, caps: DeviceCaps, quick: bool) -> list[tuple[str, GemmConfig]]:
+    batch, m, n, k = shape.gemm
+    default = choose_gemm_config(batch, m, n, k, caps)
+    chosen: list[tuple[str, GemmConfig]] = [("legacy", LEGACY), ("default", default)]
+    seen = {LEGACY, default}
+    for base in QUICK_CONFIGS if quick else BASE_CONFIGS:
+        if not config_fits(base, caps):
+            continue
+        if base.tile_m >= 4 * m or base.tile_n >= 4 * n:
+            continue
+        variants = [base]
+        tiles = gemm_workgroups(base, batch, m, n)
+        if tiles < 2 * _gemm.GEMM_TARGET_WORKGROUPS:
+            target = _gemm.GEMM_TARGET_WORKGROUPS
+            for split in SPLITS:
+                if k // split < max(64, 2 * base.tile_k) or not target // 2 <= tiles * split <= 3 * target:
+                    continue
+                if quick and split not in (2, 4, 8):
+                    continue
+                variants.append(dataclasses.replace(base, split_k=split))
+        for config in variants:
+            if config not in seen:
+                seen.add(config)
+                chosen.append((config.label, config))
+    return chosen
+
+
+def _median_submit(device: BackendDevice, commands: CommandList, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        device.submit(commands)
+        device.wait_idle()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class Runner:
+    """Persistent input/output buffers of one shape; runs plans over them."""
+
+    def __init__(self, device: BackendDevice, shape: Shape, rng: np.random.Generator) -> None:
+        self.device = device
+        self.shape = shape
+        operator = get_operator(shape.op, shape.opset)
+        self.operator = operator
+        self.arrays: list[np.ndarray | None] = [None if s is None else rng.standard_normal(s).astype(np.float32) for s in shape.inputs]
+        self.infos = [None if a is None else TensorInfo(tuple(a.shape), a.dtype) for a in self.arrays]
+        out_shape = self._out_shape()
+        self.outputs = [TensorInfo(out_shape, np.dtype(np.float32))]
+        self.buffers: list[int | None] = []
+        for array in self.arrays:
+            if array is None:
+                self.buffers.append(None)
+                continue
+            buffer = device.create_buffer(padded_size(array.nbytes), label="sweep-input")
+            device.write_buffer(buffer, 0, array.tobytes())
+            self.buffers.append(buffer)
+        self.output = device.create_buffer(padded_size(self.outputs[0].nbytes), label="sweep-output")
+
+    def _out_shape(self) -> tuple[int, ...]:
+        s = self.shape
+        if s.op == "MatMul":
+            from ortgpu.ops.matmul import matmul_output_shape
+
+            assert s.inputs[0] is not None and s.inputs[1] is not None
+            return matmul_output_shape(s.inputs[0], s.inputs[1])
+        x, w = s.inputs[0], s.inputs[1]
+        assert x is not None and w is not None
+        batch, m, n, k = s.gemm
+        side = int(round(n ** 0.5))
+        return (x[0], w[0], side, side)
+
+    def plan(self, config: GemmConfig, caps: DeviceCaps) -> OpPlan:
+        previous = _gemm.GEMM_OVERRIDE
+        _gemm.GEMM_OVERRIDE = config
+        try:
+            return self.operator.plan(self.infos, self.outputs, self.shape.attrs, caps, {})
+        finally:
+            _gemm.GEMM_OVERRIDE = previous
+
+    def reference(self) -> np.ndarray:
+        return np.asarray(self.operator.reference(self.arrays, self.shape.attrs, self.outputs)[0])
+
+    def time(self, plan: OpPlan, baseline: float, budget_s: float, repeats: int) -> tuple[float, np.ndarray]:
+        """Seconds per run of ``plan`` and its output."""
+        device = self.device
+        owned: list[int] = []
+        pipelines: list[int] = []
+        groups: list[int] = []
+        try:
+            scratch = []
+            for size in plan.scratch_sizes:
+                buffer = device.create_buffer(padded_size(size), label="sweep-scratch")
+                owned.append(buffer)
+                scratch.append(buffer)
+            dispatches: list[tuple[int, int, tuple[int, int, int]]] = []
+            for kernel in plan.kernels:
+                pipeline = device.create_compute_pipeline(kernel.wgsl, twin=kernel.twin, label=kernel.name)
+                pipelines.append(pipeline)
+                entries = []
+                for slot, binding in enumerate(kernel.bindings):
+                    if binding.kind == "input":
+                        bound = self.buffers[binding.index]
+                        assert bound is not None
+                        buffer = bound
+                        info = self.infos[binding.index]
+                        assert info is not None
+                        size = padded_size(info.nbytes)
+                    elif binding.kind == "output":
+                        buffer, size = self.output, padded_size(self.outputs[0].nbytes)
+                    elif binding.kind == "scratch":
+                        buffer, size = scratch[binding.index], padded_size(plan.scratch_sizes[binding.index])
+                    else:
+                        raise ValueError("params bindings are not used by the GEMM kernels")
+                    entries.append(BindingEntry(slot, buffer, 0, size))
+                group = device.create_bind_group(pipeline, entries)
+                groups.append(group)
+                dispatches.append((pipeline, group, kernel.grid))
+
+            def record(count: int) -> CommandList:
+                commands = CommandList()
+                for _ in range(count):
+                    for pipeline, group, grid in dispatches:
+                        commands.add_dispatch(pipeline, group, *grid)
+                return commands
+
+            once = record(1)
+            device.submit(once)
+            device.wait_idle()
+            single = max(_median_submit(device, once, 3) - baseline, 1e-6)
+            count = int(min(200, max(1, budget_s / single)))
+            many = record(count)
+            device.submit(many)
+            device.wait_idle()
+            seconds = max(_median_submit(device, many, repeats) - baseline, 0.0) / count
+            raw = device.read_buffer(self.output, 0, padded_size(self.outputs[0].nbytes))
+            result = np.frombuffer(raw[: self.outputs[0].nbytes], dtype=np.float32).reshape(self.outputs[0].shape).copy()
+            return seconds, result
+        finally:
+            for group in groups:
+                device.release_bind_group(group)
+            for pipeline in pipelines:
+                device.release_pipeline(pipeline)
+            for buffer in owned:
+                device.destroy_buffer(buffer)
+
+    def release(self) -> None:
+        for buffer in self.buffers:
+            if buffer is not None:
+                self.device.destroy_buffer(buffer)
+        self.device.destroy_buffer(self.output)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - b) / max(float(np.linalg.norm(b.astype(np.float64))), 1e-30))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sweep_kernels", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--json", dest="json_path", default=None, help="write every measurement here")
+    parser.add_argument("--shapes", default="", help="only shapes whose label contains this (e.g. bert, resnet, b16)")
+    parser.add_argument("--quick", action="store_true", help="fewer variants per shape")
+    parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu")
+    parser.add_argument("--budget-ms", type=float, default=3.0, help="GPU time per timed submit (repeats per command list)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed submits per variant (median)")
+    parser.add_argument("--max-seconds", type=float, default=170.0,
+                        help="after this long only the legacy and default variants are timed")
+    parser.add_argument("--reference-gflop", type=float, default=4.0,
+                        help="check the first variant against numpy only below this many GFLOP")
+    args = parser.parse_args(argv)
+
+    device: BackendDevice
+    if args.backend == "fake":
+        from ortgpu_core.backends.fake import FakeBackend
+
+        device = FakeBackend().open_device(0)
+    else:
+        from ortgpu_core.backends.wgpu_native import WgpuBackend
+
+        backend = WgpuBackend()
+        device = backend.open_device(backend.default_adapter_index())
+    caps = DeviceCaps(frozenset(device.features), device.limits)
+    info = device.info
+    print(f"device: {info.name} ({info.driver}, {info.backend_type}); workgroup storage {device.limits.max_compute_workgroup_storage_size} B, "
+          f"{device.limits.max_compute_invocations_per_workgroup} invocations")
+    started = time.perf_counter()
+    baseline = _median_submit(device, CommandList(), 21)
+    print(f"empty submit+wait: {baseline * 1e6:.1f} us (subtracted)")
+    rng = np.random.default_rng(0)
+    rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    failures = 0
+    for shape in shapes():
+        if args.shapes and args.shapes not in shape.label:
+            continue
+        runner = Runner(device, shape, rng)
+        try:
+            batch, m, n, k = shape.gemm
+            print(f"\n{shape.label}: GEMM batch {batch} M {m} N {n} K {k}, {shape.flops / 1e9:.2f} GFLOP")
+            first: np.ndarray | None = None
+            shape_rows: list[dict[str, Any]] = []
+            for name, config in candidates(shape, caps, args.quick):
+                if time.perf_counter() - started > args.max_seconds and name not in ("legacy", "default"):
+                    print(f"  {config.label:34s} skipped (--max-seconds {args.max_seconds:.0f} reached)")
+                    continue
+                row: dict[str, Any] = {"shape": shape.label, "gemm": list(shape.gemm), "config": config.label,
+                                       "is_default": name == "default", "fields": dataclasses.asdict(config)}
+                try:
+                    plan = runner.plan(config, caps)
+                    seconds, result = runner.time(plan, baseline, args.budget_ms / 1e3, args.repeats)
+                except Exception as error:  # a variant the device rejects is reported, not fatal
+                    row.update(error=f"{type(error).__name__}: {error}")
+                    print(f"  {config.label:34s} ERROR {row['error'][:120]}")
+                    rows.append(row)
+                    continue
+                if first is None:
+                    first = result
+                    if shape.flops / 1e9 <= args.reference_gflop:
+                        row["err_vs_reference"] = _rel(result, runner.reference())
+                err = _rel(result, first)
+                row.update(us=seconds * 1e6, tflops=shape.flops / seconds / 1e12 if seconds > 0 else None,
+                           workgroups=gemm_workgroups(config, batch, m, n), kernels=len(plan.kernels), err_vs_first=err)
+                bad = err > 1e-3 or row.get("err_vs_reference", 0.0) > 1e-3
+                failures += bad
+                rate = f"{row['tflops']:7.2f}" if row["tflops"] else "    inf"
+                print(f"  {config.label:34s}{' (default)' if name == 'default' else '          '} {seconds * 1e6:9.1f} us {rate} TFLOP/s "
+                      f"{row['workgroups']:6d} wg{'  WRONG err=%.2e' % err if bad else ''}", flush=True)
+                rows.append(row)
+                shape_rows.append(row)
+            timed = [r for r in shape_rows if r.get("us") and not (r["err_vs_first"] > 1e-3)]
+            if timed:
+                best = min(timed, key=lambda r: r["us"])
+                default_row = next((r for r in timed if r["is_default"]), None)
+                legacy_row = next((r for r in timed if r["config"] == LEGACY.label), None)
+                entry = {"shape": shape.label, "gemm": list(shape.gemm), "best": best["config"], "best_us": best["us"],
+                         "best_tflops": best["tflops"], "best_fields": best["fields"],
+                         "default": default_row["config"] if default_row else None,
+                         "default_us": default_row["us"] if default_row else None,
+                         "legacy_us": legacy_row["us"] if legacy_row else None}
+                summary.append(entry)
+        finally:
+            runner.release()
+    print("\nbest per shape (default = choose_gemm_config):")
+    for entry in summary:
+        ratio = entry["default_us"] / entry["best_us"] if entry["default_us"] and entry["best_us"] else float("nan")
+        legacy = entry["legacy_us"] / entry["best_us"] if entry["legacy_us"] and entry["best_us"] else float("nan")
+        print(f"  {entry['shape']:58s} best {entry['best']:30s} {entry['best_us']:8.1f} us "
+              f"({entry['best_tflops'] or 0:.2f} TFLOP/s); default {entry['default']} x{ratio:.2f}; legacy x{legacy:.2f}")
+    elapsed = time.perf_counter() - started
+    print(f"\n{len(rows)} variants in {elapsed:.0f} s; {failures} wrong results")
+    if args.json_path:
+        with open(args.json_path, "w") as handle:
+            json.dump({"device": dataclasses.asdict(info), "baseline_us": baseline * 1e6, "command": sys.argv,
+                       "tunables": {"GEMM_TILES": [dataclasses.asdict(c) for c in _gemm.GEMM_TILES],
+                                    "GEMM_TARGET_WORKGROUPS": _gemm.GEMM_TARGET_WORKGROUPS,
+                                    "GEMM_SPLIT_MIN_K": _gemm.GEMM_SPLIT_MIN_K, "GEMM_MAX_SPLIT_K": _gemm.GEMM_MAX_SPLIT_K},
+                       "rows": rows, "best": summary, "seconds": elapsed}, handle, indent=1)
+    device.destroy()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
