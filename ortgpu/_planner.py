@@ -230,6 +230,22 @@ def _epilogue_step(
                     return None
             lo, hi = bounds
         return ("clip", lo, hi), None
+    if node.op_type in ("Mul", "Div") and len(node.inputs) == 2 and node.inputs[0] != node.inputs[1]:
+        # x * c, c * x or x / c with a scalar float constant c: ("scale", c) (x / c as x * (1 / c)).
+        other = node.inputs[1] if node.inputs[0] == produced else node.inputs[0]
+        if node.op_type == "Div" and node.inputs[0] != produced:
+            return None
+        factor = _scalar_constant(other, constants)
+        out_shape = types.get(node.outputs[0], ((), None))[0]
+        if factor is None or tuple(out_shape) != output_shape:
+            return None
+        if node.op_type == "Div":
+            if factor == 0.0:
+                return None
+            factor = float(np.float32(1.0) / np.float32(factor))
+        if not np.isfinite(factor):
+            return None
+        return ("scale", factor), None
     if node.op_type == "Add" and len(node.inputs) == 2:
         other = node.inputs[1] if node.inputs[0] == produced else node.inputs[0]
         if node.inputs[0] == node.inputs[1]:
@@ -239,6 +255,23 @@ def _epilogue_step(
             return None  # the add broadcasts the product: not an epilogue
         return ("add", extra_index), other
     return None
+
+
+def _scalar_constant(name: str, constants: Mapping[str, np.ndarray]) -> float | None:
+    """The value of a one-element float32 constant, else None."""
+    value = constants.get(name)
+    if value is None or value.size != 1 or value.dtype != np.float32:
+        return None
+    number = float(value.reshape(()))
+    return number if np.isfinite(number) else None
+
+
+def _is_constant(name: str, constants: Mapping[str, np.ndarray], expected: float) -> bool:
+    value = _scalar_constant(name, constants)
+    return value is not None and abs(value - expected) <= 1e-6 * abs(expected)
+
+
+_SQRT2 = float(np.sqrt(2.0))
 
 
 # ---------------------------------------------------------------------------
@@ -389,7 +422,17 @@ class _Planner:
         group = [node]
         while True:
             users = consumers.get(current, [])
-            if current in graph_outputs or len(users) != 1:
+            if current in graph_outputs:
+                break
+            if len(users) == 2 and not any(user.name in absorbed for user in users):
+                gelu = self._match_gelu(current, users, consumers, graph_outputs, output_info)
+                if gelu is None:
+                    break
+                epilogue.append(("gelu",))
+                group.extend(gelu)
+                current = gelu[-1].outputs[0]
+                continue
+            if len(users) != 1:
                 break
             user = users[0]
             if user.name in absorbed:
@@ -427,6 +470,89 @@ class _Planner:
             "WGSL kernel, fused epilogue " + "+".join(str(s[0]) for s in epilogue), operator, fused_attrs,
             tuple(inputs), (current,) + tuple(node.outputs[1:]), input_infos, output_infos, op_plan,
         )
+
+    def _match_gelu(
+        self,
+        x: str,
+        users: Sequence[GraphNode],
+        consumers: Mapping[str, list[GraphNode]],
+        graph_outputs: set[str],
+        output_info: TensorInfo,
+    ) -> list[GraphNode] | None:
+        """The nodes of the exported erf GELU of ``x`` (its two consumers start it), the final Mul last; else None.
+
+        Recognised: ``u = Div(x, sqrt 2)`` or ``Mul(x, 1 / sqrt 2)``; ``e = Erf(u)``; ``a = Add(e, 1)``; then
+        ``0.5 * x * a`` as ``Mul(Mul(x, a), 0.5)``, ``Mul(Mul(x, 0.5), a)`` or ``Mul(Mul(a, 0.5), x)`` (operands
+        of each Mul in either order).  Every intermediate has this one consumer and is no graph output, and
+        every tensor keeps the shape and dtype of ``x``.
+        """
+        constants = self.constants
+
+        def only_user(name: str) -> GraphNode | None:
+            found = consumers.get(name, [])
+            if name in graph_outputs or len(found) != 1 or found[0].domain != "":
+                return None
+            node = found[0]
+            info = self.infos.get(node.outputs[0]) if node.outputs else None
+            if info is None or info.shape != output_info.shape or info.dtype != output_info.dtype:
+                return None
+            return node
+
+        def other_input(node: GraphNode, name: str) -> str | None:
+            if len(node.inputs) != 2 or node.inputs[0] == node.inputs[1] or name not in node.inputs:
+                return None
+            return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
+
+        def is_scale(node: GraphNode) -> bool:  # x / sqrt2 or x * (1 / sqrt2)
+            if node.op_type == "Div" and len(node.inputs) == 2 and node.inputs[0] == x:
+                return _is_constant(node.inputs[1], constants, _SQRT2)
+            if node.op_type == "Mul":
+                other = other_input(node, x)
+                return other is not None and _is_constant(other, constants, 1.0 / _SQRT2)
+            return False
+
+        scale = [u for u in users if is_scale(u)]
+        if len(scale) != 1:
+            return None
+        rest = [u for u in users if u is not scale[0]][0]
+        if not all(len(u.outputs) == 1 and u.domain == "" and self.infos.get(u.outputs[0]) is not None for u in users):
+            return None
+        erf = only_user(scale[0].outputs[0])
+        if erf is None or erf.op_type != "Erf":
+            return None
+        add = only_user(erf.outputs[0])
+        if add is None or add.op_type != "Add":
+            return None
+        one = other_input(add, erf.outputs[0])
+        if one is None or not _is_constant(one, constants, 1.0):
+            return None
+        a = add.outputs[0]
+        head = [scale[0], erf, add]
+        if rest.op_type != "Mul" or self.infos[rest.outputs[0]].shape != output_info.shape:
+            return None
+        # rest consumes x: Mul(x, a) -> Mul(., 0.5); Mul(x, 0.5) -> Mul(., a); or Mul(a, 0.5) -> Mul(., x).
+        partner = other_input(rest, x)
+        if partner is None:
+            return None
+        mul_a = only_user(a)
+        if partner == a:
+            if mul_a is not rest:
+                return None
+            last = only_user(rest.outputs[0])
+            half = None if last is None or last.op_type != "Mul" else other_input(last, rest.outputs[0])
+            if last is None or half is None or not _is_constant(half, constants, 0.5):
+                return None
+            return head + [rest, last]
+        if _is_constant(partner, constants, 0.5):
+            last = only_user(rest.outputs[0])
+            if last is None or last.op_type != "Mul" or mul_a is not last or other_input(last, rest.outputs[0]) != a:
+                return None
+            return head + [rest, last]
+        if mul_a is not None and mul_a.op_type == "Mul" and mul_a.outputs[0] == partner:
+            half = other_input(mul_a, a)
+            if half is not None and _is_constant(half, constants, 0.5) and only_user(partner) is rest:
+                return head + [mul_a, rest]
+        return None
 
     # -- memory ---------------------------------------------------------------
 

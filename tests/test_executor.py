@@ -270,3 +270,96 @@ def test_resnet_folds_batchnorm_and_fuses_residuals(device: Any) -> None:
     assert ("Conv", "Relu") in kinds
     assert ("Conv", "Add", "Relu") in kinds  # the residual Add and its Relu ride on a Conv
     assert plan.capturable
+
+
+def test_transformer_fuses_attention_scale_and_gelu(device: Any) -> None:
+    """The encoder's attention scale (Mul by a scalar) and its exported erf GELU ride on their MatMuls."""
+    proto = models.transformer_encoder(seq=12, vocab=50, d_model=32, heads=4, ffn=64, layers=2)
+    _require(proto)
+    model = load_model(proto)
+    plan = plan_model(model, {"ids": (2, 12)}, device_caps(device))
+    kinds = [s.op_types for s in plan.steps]
+    assert kinds.count(("MatMul", "Mul")) == 2  # Q K^T * 1/sqrt(d), one per layer
+    gelu = ("MatMul", "Add", "Div", "Erf", "Add", "Mul", "Mul")
+    assert kinds.count(gelu) == 2, plan.describe()
+    assert not any(op in ("Erf", "Div") for kind in kinds for op in kind[:1])
+    fused = next(s for s in plan.steps if s.op_types == gelu)
+    assert fused.attrs["_epilogue"] == (("add", 2), ("gelu",))
+    feeds = models.random_feeds(proto, {"ids": (2, 12)}, high=50)
+    outputs, _ = run_model(model, feeds, device)
+    assert _rel_err(outputs[0], _ort(proto, feeds)[0]) < 1e-4
+
+
+def _gelu_model(form: str, extra_consumer: bool = False) -> onnx.ModelProto:
+    """MatMul -> Add bias -> an erf GELU written as ``form`` (-> Add residual), float32 [4, 8] x [8, 16]."""
+    rng = np.random.default_rng(3)
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "W"),
+        onnx.numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "B"),
+        onnx.numpy_helper.from_array(np.array(np.sqrt(2.0), np.float32), "sqrt2"),
+        onnx.numpy_helper.from_array(np.array(1 / np.sqrt(2.0), np.float32), "rsqrt2"),
+        onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        onnx.numpy_helper.from_array(np.array(3.0, np.float32), "three"),
+    ]
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["mm"]), helper.make_node("Add", ["mm", "B"], ["x"])]
+    if form == "div":  # torch: x * (1 + erf(x / sqrt2)) * 0.5
+        nodes += [helper.make_node("Div", ["x", "sqrt2"], ["u"]), helper.make_node("Erf", ["u"], ["e"]),
+                  helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["p"]),
+                  helper.make_node("Mul", ["p", "half"], ["g"])]
+    elif form == "half_first":  # bench.models: (x * 0.5) * (1 + erf(x / sqrt2))
+        nodes += [helper.make_node("Div", ["x", "sqrt2"], ["u"]), helper.make_node("Erf", ["u"], ["e"]),
+                  helper.make_node("Add", ["one", "e"], ["a"]), helper.make_node("Mul", ["half", "x"], ["p"]),
+                  helper.make_node("Mul", ["a", "p"], ["g"])]
+    else:  # ((1 + erf(x * rsqrt2)) * 0.5) * x
+        nodes += [helper.make_node("Mul", ["rsqrt2", "x"], ["u"]), helper.make_node("Erf", ["u"], ["e"]),
+                  helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["a", "half"], ["p"]),
+                  helper.make_node("Mul", ["x", "p"], ["g"])]
+    nodes.append(helper.make_node("Mul", ["g", "three"], ["s"]))
+    outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 16])]
+    if extra_consumer:  # the Erf's result is also a graph output: no fusion of the GELU
+        outputs.append(helper.make_tensor_value_info("e", TensorProto.FLOAT, [4, 16]))
+    nodes.append(helper.make_node("Add", ["s", "X2"], ["Y"]))
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8]),
+              helper.make_tensor_value_info("X2", TensorProto.FLOAT, [4, 16])]
+    return _model(nodes, inputs, outputs, inits)
+
+
+@pytest.mark.parametrize("form", ["div", "half_first", "mul_rsqrt2"])
+@pytest.mark.parametrize("extra_consumer", [False, True])
+def test_gelu_patterns_fuse_into_the_matmul(device: Any, form: str, extra_consumer: bool) -> None:
+    proto = _gelu_model(form, extra_consumer)
+    _require(proto)
+    model = load_model(proto)
+    plan = plan_model(model, {"X": (4, 8), "X2": (4, 16)}, device_caps(device))
+    if extra_consumer:
+        assert plan.steps[0].op_types == ("MatMul", "Add")
+        assert any(s.op_types == ("Erf",) for s in plan.steps)
+    else:
+        assert len(plan.steps) == 1, plan.describe()
+        assert plan.steps[0].attrs["_epilogue"] == (("add", 2), ("gelu",), ("scale", 3.0), ("add", 3))
+    rng = np.random.default_rng(4)
+    feeds = {"X": rng.standard_normal((4, 8)).astype(np.float32), "X2": rng.standard_normal((4, 16)).astype(np.float32)}
+    outputs, _ = run_model(model, feeds, device)
+    for got, want in zip(outputs, _ort(proto, feeds)):
+        assert _rel_err(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("op,scalar,fused", [("Div", 4.0, True), ("Mul", 0.125, True), ("Div", 0.0, False)])
+def test_scalar_scale_fuses_into_the_matmul(device: Any, op: str, scalar: float, fused: bool) -> None:
+    rng = np.random.default_rng(5)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((3, 5, 6)).astype(np.float32), "K"),
+             onnx.numpy_helper.from_array(np.array([scalar], np.float32), "c")]
+    nodes = [helper.make_node("MatMul", ["X", "K"], ["s"]), helper.make_node(op, ["s", "c"], ["Y"])]
+    proto = _model(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3, 4, 5])],
+                   [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 4, 6])], inits)
+    model = load_model(proto)
+    plan = plan_model(model, {"X": (3, 4, 5)}, device_caps(device))
+    assert (plan.steps[0].op_types == ("MatMul", op)) == fused
+    feeds = {"X": rng.standard_normal((3, 4, 5)).astype(np.float32)}
+    outputs, _ = run_model(model, feeds, device)
+    want = _ort(proto, feeds)[0]
+    if fused:
+        assert _rel_err(outputs[0], want) < 1e-4
+    else:
+        np.testing.assert_array_equal(np.isinf(outputs[0]), np.isinf(want))

@@ -63,6 +63,10 @@ def ort_run(
             nodes.append(helper.make_node("Add", [current, names[step[1]]], [nxt]))
         elif step[0] == "relu":
             nodes.append(helper.make_node("Relu", [current], [nxt]))
+        elif step[0] == "scale":
+            factor = helper.make_tensor(f"c{step_number}", TensorProto.FLOAT, [], [step[1]])
+            nodes.append(helper.make_node("Constant", [], [f"c{step_number}"], value=factor))
+            nodes.append(helper.make_node("Mul", [current, f"c{step_number}"], [nxt]))
         elif step[0] == "sigmoid":
             nodes.append(helper.make_node("Sigmoid", [current], [nxt]))
         elif step[0] == "clip":
@@ -191,6 +195,7 @@ EPILOGUES: list[tuple[tuple[Any, ...], ...]] = [
     (("add", 2), ("gelu",)),
     (("sigmoid",), ("add", 3)),
     (("clip", -0.5, 0.25),),
+    (("scale", 0.125), ("add", 2), ("gelu",)),
 ]
 
 
@@ -205,6 +210,7 @@ MATMUL_DEVICE_CASES: list[tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[An
     ((3, 4, 20), (20, 24), (("add", 2), ("relu",))),  # batch folds into M
     ((2, 1, 5, 7), (3, 7, 9), (("add", 3), ("clip", -0.5, 0.5))),  # broadcast batch
     ((1, 100), (100, 64), (("add", 2), ("gelu",))),  # GEMV, vec4
+    ((2, 3, 8, 12), (2, 3, 12, 8), (("scale", -0.35),)),  # batched, the attention scale
     ((100,), (100, 63), (("sigmoid",),)),  # GEMV, scalar
     ((7,), (7,), ()),
 ]

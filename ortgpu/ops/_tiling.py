@@ -351,6 +351,13 @@ def parse_epilogue(
             if len(entry) != 1:
                 raise UnsupportedOpError(f"{op_type}: _epilogue step ({kind!r},) takes no arguments, got {entry!r}")
             steps.append(EpilogueStep(kind))
+        elif kind == "scale":
+            if len(entry) != 2:
+                raise UnsupportedOpError(f"{op_type}: _epilogue step ('scale', c) takes one factor, got {entry!r}")
+            factor = float(np.float32(entry[1]))
+            if not math.isfinite(factor):
+                raise UnsupportedOpError(f"{op_type}: _epilogue ('scale', c) needs a finite float32 factor, got {entry[1]!r}")
+            steps.append(EpilogueStep("scale", value=factor))
         elif kind == "clip":
             if len(entry) != 3:
                 raise UnsupportedOpError(f"{op_type}: _epilogue step ('clip', lo, hi) takes two bounds, got {entry!r}")

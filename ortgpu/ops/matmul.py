@@ -9,10 +9,14 @@ it is stored:
 ``("add", k)``
     add input ``k`` of the node, broadcast (numpy rules) to the output shape; it must not change the output
     shape.  A bias, a residual.
+``("scale", c)``
+    ``x * c`` (a float32 constant; the planner folds ``Mul``/``Div`` by a scalar constant, e.g. attention's
+    ``1 / sqrt(d)``).
 ``("relu",)``
     ``max(x, 0)``.
 ``("gelu",)``
-    ``0.5 x (1 + erf(x / sqrt 2))`` (the erf form; ONNX Gelu with ``approximate="none"``).
+    ``0.5 x (1 + erf(x / sqrt 2))`` (the erf form; ONNX Gelu with ``approximate="none"``, or the exported
+    ``Div(x, sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5`` subgraph, which the planner recognises).
 ``("clip", lo, hi)``
     ``min(max(x, lo), hi)``; ``-inf``/``inf`` leave that side open.
 ``("sigmoid",)``
