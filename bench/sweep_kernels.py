@@ -45,6 +45,7 @@ class Shape:
     inputs: tuple[tuple[int, ...] | None, ...]
     attrs: dict[str, Any]
     gemm: tuple[int, int, int, int]  # batch, M, N, K as the tiled kernel sees them
+    weight: int = 1  # occurrences per layer / block in the bench models (scores the rules)
 
     @property
     def flops(self) -> float:
@@ -52,18 +53,18 @@ class Shape:
         return 2.0 * batch * m * n * k
 
 
-def _matmul(label: str, a: tuple[int, ...], b: tuple[int, ...], extras: tuple[tuple[int, ...], ...]) -> Shape:
+def _matmul(label: str, a: tuple[int, ...], b: tuple[int, ...], extras: tuple[tuple[int, ...], ...], weight: int = 1) -> Shape:
     epilogue = tuple(("add", 2 + i) for i in range(len(extras)))
     if len(b) == 2:
         gemm = (1, int(np.prod(a[:-1])), b[-1], a[-1])
     else:
         gemm = (int(np.prod(a[:-2])), a[-2], b[-1], a[-1])
-    return Shape(label, "MatMul", 13, (a, b) + extras, {"_epilogue": epilogue} if epilogue else {}, gemm)
+    return Shape(label, "MatMul", 13, (a, b) + extras, {"_epilogue": epilogue} if epilogue else {}, gemm, weight)
 
 
 def _conv(label: str, batch: int, c_in: int, c_out: int, size: int, kernel: int, stride: int, residual: bool) -> Shape:
     out = (size + 2 * (kernel // 2) - kernel) // stride + 1
-    epilogue: tuple[tuple[Any, ...], ...] = (("add", 3), ("relu",)) if residual else (("relu",),)
+    epilogue: tuple[tuple[Any, ...], ...] = (("add", 3), ("relu",)) if residual else (("relu",),) if kernel > 1 else ()
     inputs: tuple[tuple[int, ...] | None, ...] = ((batch, c_in, size, size), (c_out, c_in, kernel, kernel), (c_out,))
     if residual:
         inputs += ((batch, c_out, out, out),)
@@ -77,7 +78,7 @@ def shapes() -> list[Shape]:
         s = 128
         result += [
             _matmul(f"bert b{batch} ffn-down MatMul+Add+Add [{batch},128,384] K=1536", (batch, s, 1536), (1536, 384), ((384,), (batch, s, 384))),
-            _matmul(f"bert b{batch} proj MatMul+Add [{batch},128,384] K=384", (batch, s, 384), (384, 384), ((384,),)),
+            _matmul(f"bert b{batch} proj MatMul+Add [{batch},128,384] K=384", (batch, s, 384), (384, 384), ((384,),), 4),
             _matmul(f"bert b{batch} ffn-up MatMul+Add [{batch},128,1536] K=384", (batch, s, 384), (384, 1536), ((1536,),)),
             _matmul(f"bert b{batch} QK^T MatMul [{batch},12,128,128] K=32", (batch, 12, s, 32), (batch, 12, 32, s), ()),
             _matmul(f"bert b{batch} PV MatMul [{batch},12,128,32] K=128", (batch, 12, s, s), (batch, 12, s, 32), ()),
@@ -89,6 +90,7 @@ def shapes() -> list[Shape]:
             _conv(f"resnet b{batch} Conv+Add+Relu [{batch},256,56,56] 3x3", batch, 256, 256, 56, 3, 1, True),
             _conv(f"resnet b{batch} Conv+Relu [{batch},512,28,28] 3x3 s2", batch, 256, 512, 56, 3, 2, False),
             _conv(f"resnet b{batch} Conv+Add+Relu [{batch},512,28,28] 3x3", batch, 512, 512, 28, 3, 1, True),
+            _conv(f"resnet b{batch} shortcut Conv [{batch},512,28,28] 1x1 s2", batch, 256, 512, 56, 1, 2, False),
         ]
     result.append(_conv("resnet b1 stem Conv+Relu [1,64,224,224] 3x3 K=27", 1, 3, 64, 224, 3, 1, False))
     return result
@@ -118,11 +120,57 @@ QUICK_CONFIGS: tuple[GemmConfig, ...] = (
 SPLITS = (2, 3, 4, 6, 8, 12, 16)
 
 
+def _ladder(*tiles: tuple[int, int, int, int, int, int]) -> tuple[GemmConfig, ...]:
+    return tuple(GemmConfig(tm, tn, tk, rows, cols, stages=stages) for tm, tn, tk, rows, cols, stages in tiles)
+
+
+#: Alternative settings of the default rule's tunables (GEMM_TILES ladder, target workgroups, min K per
+#: split slice), scored over the measured shapes after the sweep; their picks are always measured.
+LADDERS: dict[str, tuple[GemmConfig, ...]] = {
+    "128x64,64x64,32x64 s2": _ladder((128, 64, 16, 8, 4, 2), (64, 64, 16, 4, 4, 2), (32, 64, 16, 4, 4, 2)),
+    "128x64,64x64,32x64 s1": _ladder((128, 64, 16, 8, 4, 1), (64, 64, 16, 4, 4, 1), (32, 64, 16, 4, 4, 1)),
+    "128x128,128x64,64x64,32x64 s2": _ladder((128, 128, 16, 8, 8, 2), (128, 64, 16, 8, 4, 2), (64, 64, 16, 4, 4, 2), (32, 64, 16, 4, 4, 2)),
+    "128x64,64x64 s2": _ladder((128, 64, 16, 8, 4, 2), (64, 64, 16, 4, 4, 2)),
+    "128x64,32x64 s2": _ladder((128, 64, 16, 8, 4, 2), (32, 64, 16, 4, 4, 2)),
+    "128x64 s2": _ladder((128, 64, 16, 8, 4, 2)),
+    "64x64,32x64 s2": _ladder((64, 64, 16, 4, 4, 2), (32, 64, 16, 4, 4, 2)),
+    "128x64,64x64,32x32 s2": _ladder((128, 64, 16, 8, 4, 2), (64, 64, 16, 4, 4, 2), (32, 32, 16, 4, 4, 2)),
+}
+TARGETS = (132, 264, 528)
+SPLIT_MIN_KS = (64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Rule:
+    ladder: str
+    target: int
+    split_min_k: int
+
+    def pick(self, shape: Shape, caps: DeviceCaps) -> GemmConfig:
+        batch, m, n, k = shape.gemm
+        return choose_gemm_config(batch, m, n, k, caps, tiles=LADDERS[self.ladder], target=self.target,
+                                  split_min_k=self.split_min_k)
+
+    def snippet(self) -> str:
+        tiles = ",\n".join(f"    {c!r}" for c in LADDERS[self.ladder])
+        return (f"GEMM_TILES: tuple[GemmConfig, ...] = (\n{tiles},\n)\nGEMM_TARGET_WORKGROUPS = {self.target}\n"
+                f"GEMM_SPLIT_MIN_K = {self.split_min_k}")
+
+
+def rules() -> list[Rule]:
+    return [Rule(ladder, target, min_k) for ladder in LADDERS for target in TARGETS for min_k in SPLIT_MIN_KS]
+
+
 def candidates(shape: Shape, caps: DeviceCaps, quick: bool) -> list[tuple[str, GemmConfig]]:
     batch, m, n, k = shape.gemm
     default = choose_gemm_config(batch, m, n, k, caps)
     chosen: list[tuple[str, GemmConfig]] = [("legacy", LEGACY), ("default", default)]
     seen = {LEGACY, default}
+    for rule in rules():
+        config = rule.pick(shape, caps)
+        if config not in seen and config_fits(config, caps):
+            seen.add(config)
+            chosen.append(("rule", config))
     for base in QUICK_CONFIGS if quick else BASE_CONFIGS:
         if not config_fits(base, caps):
             continue
@@ -271,6 +319,35 @@ class Runner:
         self.device.destroy_buffer(self.output)
 
 
+def score_rules(swept: list[Shape], measured: dict[str, dict[GemmConfig, float]], caps: DeviceCaps) -> list[dict[str, Any]]:
+    """Each rule's score over the swept shapes, best first: the weighted mean of (its pick's time / the shape's
+    fastest time), so 1.0 means it picks the fastest variant everywhere; also its weighted total time."""
+    current = (tuple(_gemm.GEMM_TILES), _gemm.GEMM_TARGET_WORKGROUPS, _gemm.GEMM_SPLIT_MIN_K)
+    scores: list[dict[str, Any]] = []
+    for rule in rules():
+        total = ratio = weights = 0.0
+        picks = {}
+        for shape in swept:
+            times = measured.get(shape.label)
+            if not times:
+                continue
+            config = rule.pick(shape, caps)
+            seconds = times.get(config)
+            if seconds is None:
+                break
+            total += seconds * shape.weight
+            ratio += seconds / max(min(times.values()), 1e-12) * shape.weight
+            weights += shape.weight
+            picks[shape.label] = config.label
+        else:
+            if weights:
+                scores.append({"rule": f"{rule.ladder}, {rule.target}, {rule.split_min_k}", "score": ratio / weights,
+                               "total_us": total * 1e6, "snippet": rule.snippet(), "picks": picks,
+                               "current": (LADDERS[rule.ladder], rule.target, rule.split_min_k) == current})
+    scores.sort(key=lambda entry: float(entry["score"]))
+    return scores
+
+
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a.astype(np.float64) - b) / max(float(np.linalg.norm(b.astype(np.float64))), 1e-30))
 
@@ -278,13 +355,13 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sweep_kernels", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", dest="json_path", default=None, help="write every measurement here")
-    parser.add_argument("--shapes", default="", help="only shapes whose label contains this (e.g. bert, resnet, b16)")
+    parser.add_argument("--shapes", default="", help="only shapes whose label contains one of these comma-separated parts (e.g. bert, 'b1 PV,b16')")
     parser.add_argument("--quick", action="store_true", help="fewer variants per shape")
     parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu")
     parser.add_argument("--budget-ms", type=float, default=3.0, help="GPU time per timed submit (repeats per command list)")
     parser.add_argument("--repeats", type=int, default=5, help="timed submits per variant (median)")
     parser.add_argument("--max-seconds", type=float, default=170.0,
-                        help="after this long only the legacy and default variants are timed")
+                        help="after this long only the legacy, default and rule-picked variants are timed")
     parser.add_argument("--reference-gflop", type=float, default=4.0,
                         help="check the first variant against numpy only below this many GFLOP")
     args = parser.parse_args(argv)
@@ -309,10 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     rows: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
+    measured: dict[str, dict[GemmConfig, float]] = {}
+    swept: list[Shape] = []
     failures = 0
     for shape in shapes():
-        if args.shapes and args.shapes not in shape.label:
+        if args.shapes and not any(part.strip() in shape.label for part in args.shapes.split(",")):
             continue
+        swept.append(shape)
         runner = Runner(device, shape, rng)
         try:
             batch, m, n, k = shape.gemm
@@ -320,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             first: np.ndarray | None = None
             shape_rows: list[dict[str, Any]] = []
             for name, config in candidates(shape, caps, args.quick):
-                if time.perf_counter() - started > args.max_seconds and name not in ("legacy", "default"):
+                if time.perf_counter() - started > args.max_seconds and name not in ("legacy", "default", "rule"):
                     print(f"  {config.label:34s} skipped (--max-seconds {args.max_seconds:.0f} reached)")
                     continue
                 row: dict[str, Any] = {"shape": shape.label, "gemm": list(shape.gemm), "config": config.label,
@@ -347,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['workgroups']:6d} wg{'  WRONG err=%.2e' % err if bad else ''}", flush=True)
                 rows.append(row)
                 shape_rows.append(row)
+                if not bad:
+                    measured.setdefault(shape.label, {})[config] = seconds
             timed = [r for r in shape_rows if r.get("us") and not (r["err_vs_first"] > 1e-3)]
             if timed:
                 best = min(timed, key=lambda r: r["us"])
@@ -366,6 +448,19 @@ def main(argv: list[str] | None = None) -> int:
         legacy = entry["legacy_us"] / entry["best_us"] if entry["legacy_us"] and entry["best_us"] else float("nan")
         print(f"  {entry['shape']:58s} best {entry['best']:30s} {entry['best_us']:8.1f} us "
               f"({entry['best_tflops'] or 0:.2f} TFLOP/s); default {entry['default']} x{ratio:.2f}; legacy x{legacy:.2f}")
+    scores = score_rules(swept, measured, caps)
+    if scores:
+        current = next((entry for entry in scores if entry["current"]), None)
+        best_total = sum(min(times.values()) * shape.weight for shape in swept if (times := measured.get(shape.label)))
+        print("\nrules (GEMM_TILES ladder, GEMM_TARGET_WORKGROUPS, GEMM_SPLIT_MIN_K): mean slowdown vs the fastest "
+              "variant per shape (weighted), and weighted total time")
+        for entry in scores[:8]:
+            print(f"  x{entry['score']:.3f} {entry['total_us']:10.1f} us  {entry['rule']}{'  (current)' if entry['current'] else ''}")
+        if current is not None:
+            print(f"  x{current['score']:.3f} {current['total_us']:10.1f} us  current rule; per-shape best total {best_total * 1e6:.1f} us")
+        print("\nbest rule's tunables (paste into ortgpu/ops/_gemm.py):\n" + scores[0]["snippet"])
+    table = ",\n".join(f"    {tuple(entry['gemm'])!r}: {GemmConfig(**entry['best_fields'])!r}" for entry in summary)
+    print("\nfastest config per measured shape (optional: _gemm.GEMM_SHAPE_CONFIGS):\nGEMM_SHAPE_CONFIGS = {\n" + table + ",\n}")
     elapsed = time.perf_counter() - started
     print(f"\n{len(rows)} variants in {elapsed:.0f} s; {failures} wrong results")
     if args.json_path:
@@ -374,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                        "tunables": {"GEMM_TILES": [dataclasses.asdict(c) for c in _gemm.GEMM_TILES],
                                     "GEMM_TARGET_WORKGROUPS": _gemm.GEMM_TARGET_WORKGROUPS,
                                     "GEMM_SPLIT_MIN_K": _gemm.GEMM_SPLIT_MIN_K, "GEMM_MAX_SPLIT_K": _gemm.GEMM_MAX_SPLIT_K},
-                       "rows": rows, "best": summary, "seconds": elapsed}, handle, indent=1)
+                       "rows": rows, "best": summary, "rules": scores, "seconds": elapsed}, handle, indent=1)
     device.destroy()
     return 1 if failures else 0
 

@@ -352,8 +352,8 @@ def test_choose_gemm_config() -> None:
     assert short.split_k == 1
 
 
-def test_split_k_plan_on_the_executor(device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A MatMul planned with split-K (two kernels and a scratch buffer) runs through the executor's plans too."""
+def test_default_rule_splits_k(device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a higher workgroup target the default rule plans split-K (two kernels and a scratch buffer)."""
     from ortgpu.ops import _gemm
 
     monkeypatch.setattr(_gemm, "GEMM_TARGET_WORKGROUPS", 64)

@@ -21,8 +21,9 @@ under a :class:`GemmConfig`:
   the epilogue.  It multiplies the workgroups of a small-output, long-K problem by S.
 
 Tuning knobs (module-level, documented below): :data:`GEMM_TILES`, :data:`GEMM_TARGET_WORKGROUPS`,
-:data:`GEMM_SPLIT_MIN_K`, :data:`GEMM_MAX_SPLIT_K`, :data:`GEMM_OVERRIDE`; the rule that uses them is
-:func:`choose_gemm_config`.  ``python -m bench.sweep_kernels`` times the candidates on a device.
+:data:`GEMM_SPLIT_MIN_K`, :data:`GEMM_MAX_SPLIT_K`, :data:`GEMM_OVERRIDE`, :data:`GEMM_SHAPE_CONFIGS`; the rule
+that uses them is :func:`choose_gemm_config`.  ``python -m bench.sweep_kernels`` times the candidates on a
+device, scores alternative settings of the rule's tunables over the measured shapes, and prints the best.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ __all__ = [
     "GEMM_SPLIT_MIN_K",
     "GEMM_MAX_SPLIT_K",
     "GEMM_OVERRIDE",
+    "GEMM_SHAPE_CONFIGS",
     "LEGACY",
     "binding_name",
     "choose_gemm_config",
@@ -136,6 +138,9 @@ GEMM_SPLIT_MIN_K = 128
 GEMM_MAX_SPLIT_K = 16
 #: When set, every tiled GEMM uses this configuration (if the device fits it): for sweeps and tests.
 GEMM_OVERRIDE: GemmConfig | None = None
+#: Exact problems ``(batch, M, N, K)`` -> configuration, consulted before the rule (``python -m
+#: bench.sweep_kernels`` prints a ready-to-paste table of the fastest configuration per measured shape).
+GEMM_SHAPE_CONFIGS: dict[tuple[int, int, int, int], GemmConfig] = {}
 
 
 def config_fits(config: GemmConfig, caps: DeviceCaps) -> bool:
@@ -158,27 +163,39 @@ def gemm_workgroups(config: GemmConfig, batch: int, m: int, n: int) -> int:
     return batch * -(-m // tile_m) * -(-n // tile_n) * config.split_k
 
 
-def choose_gemm_config(batch: int, m: int, n: int, k: int, caps: DeviceCaps) -> GemmConfig:
+def choose_gemm_config(
+    batch: int, m: int, n: int, k: int, caps: DeviceCaps, *,
+    tiles: Sequence[GemmConfig] | None = None, target: int | None = None, split_min_k: int | None = None,
+    max_split: int | None = None,
+) -> GemmConfig:
     """The default configuration for a ``batch x [M, K] x [K, N]`` problem.
 
-    1. :data:`GEMM_OVERRIDE` if set (and the device fits it).
-    2. The first tile of :data:`GEMM_TILES` (that the device fits, and that is not more than twice the
-       problem in M or N) launching at least :data:`GEMM_TARGET_WORKGROUPS` workgroups.
+    1. :data:`GEMM_OVERRIDE` if set, else :data:`GEMM_SHAPE_CONFIGS` ``[(batch, M, N, K)]`` if present (and the
+       device fits it).
+    2. The first tile of :data:`GEMM_TILES` (that the device fits, and that is less than twice the problem in
+       M and N) launching at least :data:`GEMM_TARGET_WORKGROUPS` workgroups.
     3. Otherwise the last such tile, with ``split_k = ceil(target / tiles)`` capped by
        :data:`GEMM_MAX_SPLIT_K` and by ``K // GEMM_SPLIT_MIN_K``.
+
+    The keyword arguments replace the module's tunables (the sweep scores alternative rules with them).
     """
-    if GEMM_OVERRIDE is not None and config_fits(GEMM_OVERRIDE, caps):
-        return GEMM_OVERRIDE
-    fitting = [c for c in GEMM_TILES if config_fits(c, caps)]
+    tiles = GEMM_TILES if tiles is None else tiles
+    target = GEMM_TARGET_WORKGROUPS if target is None else target
+    split_min_k = GEMM_SPLIT_MIN_K if split_min_k is None else split_min_k
+    max_split = GEMM_MAX_SPLIT_K if max_split is None else max_split
+    for fixed in (GEMM_OVERRIDE, GEMM_SHAPE_CONFIGS.get((batch, m, n, k))):
+        if fixed is not None and config_fits(fixed, caps):
+            return fixed
+    fitting = [c for c in tiles if config_fits(c, caps)]
     if not fitting:
         fitting = [GemmConfig(32, 32, 16, 4, 4, stages=1)]
     useful = [c for c in fitting if c.tile_m < 2 * m and c.tile_n < 2 * n] or fitting[-1:]
     for config in useful:
-        if gemm_workgroups(config, batch, m, n) >= GEMM_TARGET_WORKGROUPS:
+        if gemm_workgroups(dataclasses.replace(config, split_k=1), batch, m, n) >= target:
             return dataclasses.replace(config, split_k=1)
     config = useful[-1]
-    tiles = gemm_workgroups(dataclasses.replace(config, split_k=1), batch, m, n)
-    split = min(GEMM_MAX_SPLIT_K, k // GEMM_SPLIT_MIN_K, -(-GEMM_TARGET_WORKGROUPS // tiles))
+    count = gemm_workgroups(dataclasses.replace(config, split_k=1), batch, m, n)
+    split = min(max_split, k // max(1, split_min_k), -(-target // count))
     return dataclasses.replace(config, split_k=max(1, split))
 
 
