@@ -333,10 +333,15 @@ def test_gemm_variants_match_onnxruntime(device: Any, variant: int, op: str, ops
     assert_close(got[0], want[0])
 
 
-def test_choose_gemm_config() -> None:
-    """Small outputs with long K split K; big problems take the big tile unsplit; workgroups reach the target."""
+def test_choose_gemm_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule: small outputs with long K split K; big problems take the big tile unsplit; workgroups reach the
+    target.  Measured per-shape entries (GEMM_SHAPE_CONFIGS) win over the rule."""
+    from ortgpu.ops import _gemm
     from ortgpu.ops._gemm import GEMM_TARGET_WORKGROUPS, choose_gemm_config, gemm_workgroups
     from ortgpu_core.backends.fake import FakeBackend
+
+    measured = dict(_gemm.GEMM_SHAPE_CONFIGS)
+    monkeypatch.setattr(_gemm, "GEMM_SHAPE_CONFIGS", {})
 
     device = FakeBackend().open_device(0)
     try:
@@ -345,11 +350,16 @@ def test_choose_gemm_config() -> None:
         device.destroy()
     small = choose_gemm_config(1, 128, 384, 1536, caps)  # BERT FFN down-projection, batch 1
     assert small.split_k > 1
-    assert gemm_workgroups(small, 1, 128, 384) >= GEMM_TARGET_WORKGROUPS
+    # It reaches the workgroup target, unless the split is already at its cap.
+    assert gemm_workgroups(small, 1, 128, 384) >= GEMM_TARGET_WORKGROUPS or small.split_k == _gemm.GEMM_MAX_SPLIT_K
     big = choose_gemm_config(16, 512, 784, 4608, caps)  # a batch-16 3x3 conv
     assert big.split_k == 1 and big.tile_m * big.tile_n >= 64 * 64
     short = choose_gemm_config(12, 128, 128, 32, caps)  # attention scores: K too short to split
     assert short.split_k == 1
+    monkeypatch.setattr(_gemm, "GEMM_SHAPE_CONFIGS", measured)
+    for (batch, m, n, k), config in measured.items():
+        if _gemm.config_fits(config, caps):
+            assert choose_gemm_config(batch, m, n, k, caps) == config
 
 
 def test_default_rule_splits_k(device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
