@@ -18,6 +18,8 @@ no DLPack, no ``__array__``; reading is the explicit, synchronous
 import itertools
 import types
 
+cimport cython
+
 import numpy as np
 
 from ._env cimport Device
@@ -46,6 +48,10 @@ def padded_size(Py_ssize_t nbytes):
     return max(4, (nbytes + 3) // 4 * 4)
 
 
+# no_gc_clear: when a buffer is reached only from a garbage reference cycle (a value kept in an exception's
+# traceback, an object that refers to itself), the collector must not clear ``device`` before __dealloc__ runs,
+# or the native buffer could not be freed.  A DeviceBuffer refers to nothing that refers back to it.
+@cython.no_gc_clear
 cdef class DeviceBuffer:
     """A native buffer and its lifetime state.  Created by allocators; internal."""
 

@@ -84,3 +84,35 @@ def test_validation_fault_on_submit_changes_nothing() -> None:
         target.copy_from(source)
         np.testing.assert_array_equal(target.to_numpy(), np.full(4, 2.0, np.float32))
         del source, target
+
+
+def test_values_in_garbage_cycles_are_freed(env: core.Env) -> None:
+    """A value reachable only from a reference cycle (say, kept by an exception's traceback) is freed by the
+    collector: the buffer keeps its device until its destructor has released the native buffer."""
+    before = env.live_handles()
+
+    class Holder:
+        pass
+
+    for _ in range(50):
+        holder = Holder()
+        holder.me = holder  # type: ignore[attr-defined]
+        holder.value = env.shared_allocator().empty((4,), "float32")  # type: ignore[attr-defined]
+        holder.buffer = holder.value.buffer  # type: ignore[attr-defined]
+        del holder
+    gc.collect()
+    assert env.live_handles() == before
+
+
+def test_value_created_in_a_refused_call_is_freed(env: core.Env) -> None:
+    """The H200 case: a value created inside a call that raises lives on in the traceback's frames."""
+    before = env.live_handles()
+    for _ in range(10):
+        try:
+            env.shared_allocator().empty((2,), "float32").update_inplace(np.zeros(3, np.float32))
+        except core.ShapeError as error:
+            saved = error  # the traceback (and its frames) stay reachable from the exception
+            saved.__traceback__  # noqa: B018
+    del saved
+    gc.collect()
+    assert env.live_handles() == before
