@@ -64,6 +64,12 @@ def _versions() -> dict[str, str]:
         versions["wgpu (carrier of wgpu-native)"] = version("wgpu")
     except PackageNotFoundError:
         pass
+    try:
+        from ortgpu_core.backends.wgpu_native import native_version
+
+        versions["wgpu-native"] = native_version()
+    except Exception:  # no wgpu-native here (fake backend only)
+        pass
     return versions
 
 

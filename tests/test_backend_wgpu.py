@@ -480,3 +480,10 @@ def test_dropping_a_device_releases_it(backend: WgpuBackend) -> None:
     del device
     gc.collect()
     assert backend.live_handles() == before - 1
+
+
+def test_native_version_is_wgpu_native_29() -> None:
+    from ortgpu_core.backends.wgpu_native import native_version
+
+    major, *rest = native_version().split(".")
+    assert major == "29" and len(rest) == 3  # wgpu 0.32 carries wgpu-native 29 (GPU.md)

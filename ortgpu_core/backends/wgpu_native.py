@@ -72,6 +72,14 @@ _MAP_POLL_ATTEMPTS = 10_000
 
 
 @functools.lru_cache(maxsize=1)
+def native_version() -> str:
+    """wgpu-native's own version, e.g. ``"29.0.0.0"`` (from ``wgpuGetVersion``)."""
+    _, lib = load_native()
+    # uint32_t wgpuGetVersion(void): one byte per component, most significant first
+    packed = int(lib.wgpuGetVersion())
+    return ".".join(str((packed >> shift) & 0xFF) for shift in (24, 16, 8, 0))
+
+
 def load_native() -> tuple[Any, Any]:
     """``(ffi, lib)`` for wgpu-native, loaded once per process."""
     import cffi
