@@ -487,3 +487,10 @@ def test_native_version_is_wgpu_native_29() -> None:
 
     major, *rest = native_version().split(".")
     assert major == "29" and len(rest) == 3  # wgpu 0.32 carries wgpu-native 29 (GPU.md)
+
+
+def test_native_library_is_loaded_once() -> None:
+    """Every backend and device must share one cffi instance: cdata of two instances cannot be mixed."""
+    from ortgpu_core.backends.wgpu_native import load_native
+
+    assert load_native() is load_native()

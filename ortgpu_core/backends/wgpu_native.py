@@ -71,7 +71,6 @@ _LOST_MESSAGE = re.compile(r"device is lost", re.IGNORECASE)
 _MAP_POLL_ATTEMPTS = 10_000
 
 
-@functools.lru_cache(maxsize=1)
 def native_version() -> str:
     """wgpu-native's own version, e.g. ``"29.0.0.0"`` (from ``wgpuGetVersion``)."""
     _, lib = load_native()
@@ -80,6 +79,7 @@ def native_version() -> str:
     return ".".join(str((packed >> shift) & 0xFF) for shift in (24, 16, 8, 0))
 
 
+@functools.lru_cache(maxsize=1)
 def load_native() -> tuple[Any, Any]:
     """``(ffi, lib)`` for wgpu-native, loaded once per process."""
     import cffi
