@@ -12,8 +12,15 @@ import os
 from typing import Iterator
 
 import pytest
+from hypothesis import settings
 
 import ortgpu_core
+
+# In CI (``CI`` set by .ci/run) every hypothesis test replays derandomized examples, so a landing never hinges on
+# luck; locally each run draws new ones.
+settings.register_profile("ci", derandomize=True, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 ALL_BACKENDS = ("fake", "wgpu")
 
@@ -81,12 +88,12 @@ def owned_handles(environment: ortgpu_core.Env) -> int:
     """Native objects alive on ``environment``'s backend that someone owns, i.e. not counting the
     compute pipelines that sessions cache per device (shared by every session on the device and kept
     for the device's lifetime, so a test that compiles a kernel first has not leaked it)."""
-    from ortgpu import _session
+    from ortgpu import _device_caches
 
-    with _session._pipeline_caches_guard:
+    with _device_caches._pipeline_caches_guard:
         cached = sum(
             len(cache)
-            for backend_device, cache in list(_session._pipeline_caches.items())
+            for backend_device, cache in list(_device_caches._pipeline_caches.items())
             if getattr(backend_device, "_backend", None) is environment.backend
         )
     return int(environment.live_handles()) - cached

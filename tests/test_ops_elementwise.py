@@ -74,6 +74,17 @@ def ints(*shape: int, low: int = -100, high: int = 100, dtype: Any = np.int32) -
     return lambda rng: rng.integers(low, high, shape).astype(dtype)
 
 
+def nonzero(generate: Generator) -> Generator:
+    """``generate`` with zeros replaced by one (divisors: integer division by zero is an error in onnxruntime)."""
+    return lambda rng: _no_zeros(generate(rng))
+
+
+def _no_zeros(values: np.ndarray) -> np.ndarray:
+    values = values.copy()
+    values[values == 0] = 1
+    return values
+
+
 def wide_ints(*shape: int, dtype: Any = np.int64) -> Generator:
     """64-bit integers over their whole range (carries between the words), with some small values."""
 
@@ -298,7 +309,7 @@ CASES += [
     Case("Mul", [wide_ints(4, 9), wide_ints(9)], label="int64"),
     Case("Mul", [wide_ints(4, 9, dtype=np.uint64), wide_ints(4, 9, dtype=np.uint64)], label="uint64"),
     Case("Mul", [ints(4, 9, low=-(2**31), high=2**31, dtype=np.int64), ints(9, low=-(2**31), high=2**31, dtype=np.int64)], label="int64-wide-products"),
-    Case("Div", [wide_ints(3, 5), wide_ints(5)], on_device=False, label="int64"),
+    Case("Div", [wide_ints(3, 5), nonzero(wide_ints(5))], on_device=False, label="int64"),
     Case("Add", [halves(3, 5), halves(5)], label="float16"),
     Case("Sub", [floats(6, 7), floats(6, 7)]),
     Case("Sub", [ints(6, 7), ints(7)], label="int32"),
