@@ -43,7 +43,8 @@ from ortgpu_core import (
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
 from ortgpu_core._graph import CapturedGraph
 
-from ._session import InferenceSession, NodeArg, NodePlacement, RunOptions
+from ._run_options import NodeArg, NodePlacement, RunOptions
+from ._session import InferenceSession
 
 __version__ = "0.1.0"
 

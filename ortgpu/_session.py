@@ -17,6 +17,12 @@ Ownership: the session owns its :class:`SessionAllocator` (intermediates,
 staging buffers, ``run_with_ort_values`` outputs), its uploaded weights and
 its graphs.  ``close()`` releases the graphs first, then the buffers.
 Pipelines live in a per-device cache shared by all sessions on the device.
+
+Layout: this module holds the session's construction, metadata, value and
+binding checks, plan cache and ordinary runs; the captured-graph registry,
+capture, replay checks and verify mode are in :mod:`ortgpu._capture`; the
+per-device pipeline caches and per-Env serial locks in :mod:`ortgpu._device_caches`;
+``RunOptions``, ``NodeArg`` and ``NodePlacement`` in :mod:`ortgpu._run_options`.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -52,87 +58,18 @@ from ortgpu_core._value import DeviceBuffer, padded_size
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice
 
-from ._executor import DeviceProgram, PipelineCache, WeightStore, device_caps
+from ._capture import AnyBinding, GraphRegistry, check_graph_id, verify_replay
+from ._device_caches import _pipeline_cache, _serial_lock
+from ._executor import DeviceProgram, WeightStore, device_caps
 from ._model import LoadedModel, ValueInfo, load_model
 from ._planner import ExecutionPlan, plan_model
+from ._run_options import NodeArg, NodePlacement, RunOptions, _node_arg
 
-__all__ = ["InferenceSession", "RunOptions", "NodeArg", "NodePlacement"]
+__all__ = ["InferenceSession"]
 
 AnyValue = Union[OrtValue[CPU], OrtValue[WebGPU]]
-AnyBinding = Union[IOBinding, FrozenIOBinding]
 
 _session_ids = itertools.count(1)
-_serial_locks: dict[int, threading.RLock] = {}
-_serial_locks_guard = threading.Lock()
-_pipeline_caches: "weakref.WeakKeyDictionary[Any, PipelineCache]" = weakref.WeakKeyDictionary()
-_pipeline_caches_guard = threading.Lock()
-
-
-def _pipeline_cache(device: BackendDevice) -> PipelineCache:
-    """The pipeline cache of a backend device, shared by every session on it."""
-    with _pipeline_caches_guard:
-        cache = _pipeline_caches.get(device)
-        if cache is None:
-            cache = _pipeline_caches[device] = PipelineCache(device)
-        return cache
-
-
-def _serial_lock(env: Env) -> threading.RLock:
-    with _serial_locks_guard:
-        lock = _serial_locks.get(env.id)
-        if lock is None:
-            lock = _serial_locks[env.id] = threading.RLock()
-        return lock
-
-
-@dataclass
-class RunOptions:
-    """Per-run options.  ``gpu_graph_id``: -1 for an ordinary run; N >= 0 to capture
-    graph N on first use and replay it afterwards (``run_with_iobinding`` on a session
-    created with ``graph_capture=True``); None: the session's default (0 on a capture
-    session's ``run_with_iobinding``, as in onnxruntime; ordinary otherwise)."""
-
-    gpu_graph_id: int | None = None
-
-    def add_run_config_entry(self, key: str, value: str) -> None:
-        """onnxruntime's spelling: ``add_run_config_entry("gpu_graph_id", "1")``."""
-        if key != "gpu_graph_id":
-            raise InvalidArgumentError(f"unknown run config entry {key!r}; ortgpu knows 'gpu_graph_id'")
-        try:
-            self.gpu_graph_id = int(value)
-        except ValueError:
-            raise InvalidArgumentError(f"gpu_graph_id must be an integer string, got {value!r}") from None
-
-    def get_run_config_entry(self, key: str) -> str:
-        if key != "gpu_graph_id":
-            raise InvalidArgumentError(f"unknown run config entry {key!r}; ortgpu knows 'gpu_graph_id'")
-        return "" if self.gpu_graph_id is None else str(self.gpu_graph_id)
-
-
-@dataclass(frozen=True)
-class NodeArg:
-    """A model input or output: ``name``, ``shape`` (ints, or str/None for dynamic dims), ``type``."""
-
-    name: str
-    shape: list[int | str | None]
-    type: str
-    dtype: np.dtype[Any]
-
-
-@dataclass(frozen=True)
-class NodePlacement:
-    """Where one node runs: ``placement`` is "webgpu" or "cpu"; ``reason`` says why when on the CPU."""
-
-    node: str
-    op_type: str
-    placement: Literal["webgpu", "cpu"]
-    reason: str
-
-
-def _node_arg(info: ValueInfo) -> NodeArg:
-    from ortgpu_core._dtypes import onnx_type_name
-
-    return NodeArg(info.name, list(info.shape), onnx_type_name(info.dtype), info.dtype)
 
 
 @dataclass
@@ -191,13 +128,12 @@ class InferenceSession:
         self._weights = WeightStore(self._backend_device)
         self._pipelines = _pipeline_cache(self._backend_device)
         self._lock = threading.RLock()  # guards the caches below and serializes this session's runs
-        self._capture_lock = threading.Lock()  # graph registration is atomic
         self._plans: dict[tuple[Any, ...], ExecutionPlan] = {}
         self._staged: dict[tuple[Any, ...], _StagedRun] = {}
         self._programs: dict[int, DeviceProgram] = {}  # by id() of a plan in self._plans (kept alive there)
         # handle -> the user buffer that _programs' cached bind groups were built with (see _forget_stale_bind_groups)
         self._bound_buffers: dict[int, weakref.ref[DeviceBuffer]] = {}
-        self._graphs: dict[int, CapturedGraph | None] = {}
+        self._graphs = GraphRegistry()  # captured graphs by id, and the capture lock (see _capture)
         self._intermediates: dict[int, DeviceBuffer] = {}
         self._input_infos = {info.name: info for info in self._model.inputs}
         self._output_infos = {info.name: info for info in self._model.outputs}
@@ -272,13 +208,11 @@ class InferenceSession:
         Waits for a capture in flight on another thread (the capture lock is taken before the run lock,
         as capture takes them), so no graph can be registered, or half rolled back, on a closed session.
         """
-        with self._capture_lock, self._lock:
+        with self._graphs.capture_lock, self._lock:
             if self._closed:
                 return
             self._closed = True
-            for graph in [g for g in self._graphs.values() if g is not None]:
-                graph.release()
-            self._graphs.clear()
+            self._graphs.release_all()
             for staged in self._staged.values():
                 staged.program.release()
             for program in self._programs.values():
@@ -713,52 +647,7 @@ class InferenceSession:
             with self._lock:
                 self._run_bound(plan, binding.inputs(), binding.cpu_inputs(), binding.outputs())
             return
-        self._check_graph_id(graph_id)
-        with self._capture_lock:
-            graph = self._graphs.get(graph_id)
-            if graph is None:
-                self._capture_locked(binding, graph_id)
-                return
-        self._check_replay_binding(graph, binding)
-        graph.replay()
-
-    @staticmethod
-    def _check_replay_binding(graph: CapturedGraph, binding: AnyBinding) -> None:
-        """May ``binding`` replay ``graph``?  It must be the captured binding (its snapshot, its origin, or
-        another snapshot of that origin) *and* still refer to the same native buffers: replay re-issues
-        the buffers recorded at capture, whatever the binding holds now."""
-        captured = graph.binding
-        origin = captured.origin
-        same_binding = binding is captured or (
-            origin is not None and (binding is origin or (isinstance(binding, FrozenIOBinding) and binding.origin is origin))
-        )
-        if not same_binding:
-            raise CaptureStateError(
-                f"graph {graph.label} was captured with another binding, and replay would use that binding's buffers, "
-                f"not this one's; reuse the captured binding (update its inputs in place), or release the graph first "
-                f"(session.release_captured_graph({graph.graph_id}))"
-            )
-        if binding.signature != captured.signature:
-            now = {row[:2]: row[2:] for row in binding.signature}
-            then = {row[:2]: row[2:] for row in captured.signature}
-            changed = sorted(f"{role} {name!r}" for role, name in set(now) | set(then) if now.get((role, name)) != then.get((role, name)))
-            raise CaptureStateError(
-                f"graph {graph.label} replays the buffers it was captured with, but this binding's {', '.join(changed)} "
-                f"now refer to other buffers (it was rebound after the snapshot the graph was captured from was frozen); "
-                f"replay graph.binding, or release the graph first (session.release_captured_graph({graph.graph_id})) "
-                f"and capture this binding"
-            )
-
-    def _check_graph_id(self, graph_id: object) -> None:
-        if isinstance(graph_id, bool) or not isinstance(graph_id, int):
-            raise TypeError(f"graph_id must be an int, got {graph_id!r}")
-        if graph_id < 0:
-            raise InvalidArgumentError(f"graph_id must be >= 0 (gpu_graph_id=-1 means an ordinary run), got {graph_id}")
-        if not self.graph_capture:
-            raise CaptureStateError(
-                f"session {self.session_id} was created with graph_capture=False; create it with "
-                f"InferenceSession(..., graph_capture=True) to capture graph {graph_id}, or run with gpu_graph_id=-1"
-            )
+        self._graphs.capture_or_replay(self, binding, graph_id)
 
     def capture(self, binding: AnyBinding, graph_id: int = 0) -> CapturedGraph:
         """Run the model once on ``binding`` and record it as graph ``graph_id``.
@@ -768,55 +657,9 @@ class InferenceSession:
         """
         self._check_open("capture")
         frozen = self._check_binding(binding)
-        self._check_graph_id(graph_id)
-        with self._capture_lock:
-            return self._capture_locked(frozen, graph_id)
-
-    def _capture_locked(self, binding: AnyBinding, graph_id: int) -> CapturedGraph:
-        self._check_open("capture")  # again, under the capture lock: close() may have run since the caller checked
-        if graph_id in self._graphs:
-            existing = self._graphs[graph_id]
-            raise CaptureStateError(
-                f"graph {graph_id} of session {self.session_id} is already captured"
-                + (f" ({existing!r})" if existing is not None else "")
-                + f"; release it first (graph.release() or session.release_captured_graph({graph_id})) or use another graph_id"
-            )
-        frozen = binding.freeze() if isinstance(binding, IOBinding) else binding
-        plan = self._bound_plan(frozen, for_capture=True)
-        origin = frozen.origin
-        buffers = frozen.pinned_buffers()
-        from ortgpu_core._graph import GraphLabel
-
-        label = GraphLabel(self.session_id, graph_id)
-        self._graphs[graph_id] = None  # reserved: a second capture of this id fails from here on
-        pinned: list[DeviceBuffer] = []
-        program: DeviceProgram | None = None
-        try:
-            for buffer in buffers:
-                buffer.pin(label)
-                pinned.append(buffer)
-            if origin is not None:
-                origin._lock_for(label)
-            program = self._new_program(plan)
-            inputs = frozen.inputs()
-            outputs = frozen.outputs()
-            commands = program.record(
-                {n: v.buffer.handle for n, v in inputs.items() if v.buffer is not None},
-                {n: v.buffer.handle for n, v in outputs.items() if v.buffer is not None},
-            )
-            self._submit(commands)  # the capture run itself
-            graph = CapturedGraph._create(self, graph_id, frozen, commands, self._submit, pinned, program)
-        except BaseException:
-            for buffer in pinned:
-                buffer.unpin(label)
-            if origin is not None:
-                origin._unlock_for(label)
-            if program is not None:
-                program.release()
-            del self._graphs[graph_id]
-            raise
-        self._graphs[graph_id] = graph
-        return graph
+        check_graph_id(self, graph_id)
+        with self._graphs.capture_lock:
+            return self._graphs.capture_locked(self, frozen, graph_id)
 
     def captured_graph(self, graph_id: int) -> CapturedGraph:
         """The captured graph ``graph_id`` (``CaptureStateError`` if none)."""
@@ -831,39 +674,15 @@ class InferenceSession:
 
     @property
     def captured_graph_ids(self) -> list[int]:
-        return sorted(gid for gid, graph in self._graphs.items() if graph is not None)
+        return self._graphs.ids()
 
     def _forget_graph(self, graph: CapturedGraph) -> None:
-        if self._graphs.get(graph.graph_id) is graph:
-            del self._graphs[graph.graph_id]
+        """Called by :meth:`CapturedGraph.release`: drop the graph from this session's registry."""
+        self._graphs.forget(graph)
 
     def _verify_replay(self, graph: CapturedGraph) -> None:
-        """Poison the outputs, replay, and compare with an uncaptured run of the same inputs."""
-        self._check_open("replay a captured graph")
-        frozen = graph.binding
-        outputs = frozen.outputs()
-        for value in outputs.values():
-            assert value.buffer is not None
-            if value.nbytes:
-                self._backend_device.write_buffer(value.buffer.handle, 0, b"\xff" * value.buffer.nbytes)
-        graph._replay_unchecked()
-        replayed = {name: value.to_numpy() for name, value in outputs.items()}
-        plan = self._bound_plan(frozen, for_capture=True)
-        scratch = {name: self.allocator.empty(value.shape(), value.dtype) for name, value in outputs.items()}
-        try:
-            with self._lock:
-                self._run_bound(plan, frozen.inputs(), {}, dict(scratch))
-            for name, value in scratch.items():
-                expected = value.to_numpy()
-                same = np.array_equal(replayed[name], expected, equal_nan=expected.dtype.kind == "f")
-                if not same:
-                    raise CaptureStateError(
-                        f"verify: output {name!r} of graph {graph.label} differs from an uncaptured run on the same inputs: "
-                        f"the replay produced stale or unwritten data"
-                    )
-        finally:
-            for value in scratch.values():
-                value.release()
+        """Called by ``replay()`` in verify mode: see :func:`ortgpu._capture.verify_replay`."""
+        verify_replay(self, graph)
 
 
 def _write(device: BackendDevice, buffer: DeviceBuffer, array: np.ndarray) -> None:

@@ -689,7 +689,7 @@ def test_shared_values_are_refused_on_another_device() -> None:
                     assert_reference(bind.copy_outputs_to_cpu()[0], value.to_numpy())
         on_a.release()
         on_b.release()
-        from ortgpu._session import _pipeline_caches
+        from ortgpu._device_caches import _pipeline_caches
 
         cached = sum(len(c) for d, c in _pipeline_caches.items() if getattr(d, "_backend", None) is backend)
         assert backend.live_handles() == cached, backend.describe_live_handles()

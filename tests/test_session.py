@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ortgpu
 from bench.models import depthwise_separable, mlp, random_feeds, resnet, transformer_encoder
-from ortgpu import _session
+from ortgpu import _device_caches
 
 MODELS = {
     "mlp": (lambda: mlp(layers=3, width=32, batch=2), {"X": (2, 32)}),
@@ -163,7 +163,7 @@ def test_model_strings_never_reach_wgsl(env: ortgpu.Env) -> None:
     with ortgpu.InferenceSession(model.SerializeToString(), env=env) as sess:
         x = np.arange(4, dtype=np.float32).reshape(1, 4)
         np.testing.assert_array_equal(sess.run(None, {evil: x})[0], x)
-        cache = _session._pipeline_caches[sess.device.backend_device()]
+        cache = _device_caches._pipeline_caches[sess.device.backend_device()]
         texts = [key if isinstance(key, str) else key[0] for key in cache._pipelines]
         assert texts and not any("evil" in text for text in texts)
 

@@ -1,0 +1,187 @@
+"""Capture, replay and verify: the captured graphs of one session.
+
+:class:`GraphRegistry` holds a session's graphs by id and the capture lock that makes
+registering one atomic; the session owns one and delegates ``capture``,
+``captured_graph``, ``release_captured_graph`` and the capture/replay branch of
+``run_with_iobinding`` to it.  The registry keeps no reference to its session (the
+session is passed to the methods that need it), so it adds no reference cycle.
+
+The checks that only concern capture live here too: which graph ids a session accepts,
+and which bindings may replay a graph; and the verify mode that compares a replay with
+an uncaptured run.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+
+from ortgpu_core import CaptureStateError, InvalidArgumentError
+from ortgpu_core._binding import FrozenIOBinding, IOBinding
+from ortgpu_core._graph import CapturedGraph
+from ortgpu_core._value import DeviceBuffer
+
+from ._executor import DeviceProgram
+
+if TYPE_CHECKING:
+    from ._session import InferenceSession
+
+AnyBinding = Union[IOBinding, FrozenIOBinding]
+
+
+class GraphRegistry:
+    """The captured graphs of one session, by graph id.
+
+    ``capture_lock`` makes graph registration atomic; a session takes it before its run lock
+    (``close()`` too), so no graph can be registered, or half rolled back, on a closed session.
+    An id maps to None while its capture is in flight: a second capture of that id fails.
+    """
+
+    def __init__(self) -> None:
+        self.capture_lock = threading.Lock()  # graph registration is atomic
+        self._graphs: dict[int, CapturedGraph | None] = {}
+
+    def get(self, graph_id: int) -> CapturedGraph | None:
+        """Graph ``graph_id``, or None if it is not captured (or its capture is in flight)."""
+        return self._graphs.get(graph_id)
+
+    def ids(self) -> list[int]:
+        return sorted(gid for gid, graph in self._graphs.items() if graph is not None)
+
+    def forget(self, graph: CapturedGraph) -> None:
+        if self._graphs.get(graph.graph_id) is graph:
+            del self._graphs[graph.graph_id]
+
+    def release_all(self) -> None:
+        """Release every graph (for the session's ``close()``, which holds ``capture_lock``)."""
+        for graph in [g for g in self._graphs.values() if g is not None]:
+            graph.release()
+        self._graphs.clear()
+
+    def capture_or_replay(self, session: InferenceSession, binding: AnyBinding, graph_id: int) -> None:
+        """``run_with_iobinding`` with graph id N: capture graph N on first use, replay it afterwards."""
+        check_graph_id(session, graph_id)
+        with self.capture_lock:
+            graph = self._graphs.get(graph_id)
+            if graph is None:
+                self.capture_locked(session, binding, graph_id)
+                return
+        check_replay_binding(graph, binding)
+        graph.replay()
+
+    def capture_locked(self, session: InferenceSession, binding: AnyBinding, graph_id: int) -> CapturedGraph:
+        """Capture ``binding`` as graph ``graph_id`` of ``session``; the caller holds ``capture_lock``."""
+        session._check_open("capture")  # again, under the capture lock: close() may have run since the caller checked
+        if graph_id in self._graphs:
+            existing = self._graphs[graph_id]
+            raise CaptureStateError(
+                f"graph {graph_id} of session {session.session_id} is already captured"
+                + (f" ({existing!r})" if existing is not None else "")
+                + f"; release it first (graph.release() or session.release_captured_graph({graph_id})) or use another graph_id"
+            )
+        frozen = binding.freeze() if isinstance(binding, IOBinding) else binding
+        plan = session._bound_plan(frozen, for_capture=True)
+        origin = frozen.origin
+        buffers = frozen.pinned_buffers()
+        from ortgpu_core._graph import GraphLabel
+
+        label = GraphLabel(session.session_id, graph_id)
+        self._graphs[graph_id] = None  # reserved: a second capture of this id fails from here on
+        pinned: list[DeviceBuffer] = []
+        program: DeviceProgram | None = None
+        try:
+            for buffer in buffers:
+                buffer.pin(label)
+                pinned.append(buffer)
+            if origin is not None:
+                origin._lock_for(label)
+            program = session._new_program(plan)
+            inputs = frozen.inputs()
+            outputs = frozen.outputs()
+            commands = program.record(
+                {n: v.buffer.handle for n, v in inputs.items() if v.buffer is not None},
+                {n: v.buffer.handle for n, v in outputs.items() if v.buffer is not None},
+            )
+            session._submit(commands)  # the capture run itself
+            graph = CapturedGraph._create(session, graph_id, frozen, commands, session._submit, pinned, program)
+        except BaseException:
+            for buffer in pinned:
+                buffer.unpin(label)
+            if origin is not None:
+                origin._unlock_for(label)
+            if program is not None:
+                program.release()
+            del self._graphs[graph_id]
+            raise
+        self._graphs[graph_id] = graph
+        return graph
+
+
+def check_graph_id(session: InferenceSession, graph_id: object) -> None:
+    if isinstance(graph_id, bool) or not isinstance(graph_id, int):
+        raise TypeError(f"graph_id must be an int, got {graph_id!r}")
+    if graph_id < 0:
+        raise InvalidArgumentError(f"graph_id must be >= 0 (gpu_graph_id=-1 means an ordinary run), got {graph_id}")
+    if not session.graph_capture:
+        raise CaptureStateError(
+            f"session {session.session_id} was created with graph_capture=False; create it with "
+            f"InferenceSession(..., graph_capture=True) to capture graph {graph_id}, or run with gpu_graph_id=-1"
+        )
+
+
+def check_replay_binding(graph: CapturedGraph, binding: AnyBinding) -> None:
+    """May ``binding`` replay ``graph``?  It must be the captured binding (its snapshot, its origin, or
+    another snapshot of that origin) *and* still refer to the same native buffers: replay re-issues
+    the buffers recorded at capture, whatever the binding holds now."""
+    captured = graph.binding
+    origin = captured.origin
+    same_binding = binding is captured or (
+        origin is not None and (binding is origin or (isinstance(binding, FrozenIOBinding) and binding.origin is origin))
+    )
+    if not same_binding:
+        raise CaptureStateError(
+            f"graph {graph.label} was captured with another binding, and replay would use that binding's buffers, "
+            f"not this one's; reuse the captured binding (update its inputs in place), or release the graph first "
+            f"(session.release_captured_graph({graph.graph_id}))"
+        )
+    if binding.signature != captured.signature:
+        now = {row[:2]: row[2:] for row in binding.signature}
+        then = {row[:2]: row[2:] for row in captured.signature}
+        changed = sorted(f"{role} {name!r}" for role, name in set(now) | set(then) if now.get((role, name)) != then.get((role, name)))
+        raise CaptureStateError(
+            f"graph {graph.label} replays the buffers it was captured with, but this binding's {', '.join(changed)} "
+            f"now refer to other buffers (it was rebound after the snapshot the graph was captured from was frozen); "
+            f"replay graph.binding, or release the graph first (session.release_captured_graph({graph.graph_id})) "
+            f"and capture this binding"
+        )
+
+
+def verify_replay(session: InferenceSession, graph: CapturedGraph) -> None:
+    """Poison the outputs, replay, and compare with an uncaptured run of the same inputs."""
+    session._check_open("replay a captured graph")
+    frozen = graph.binding
+    outputs = frozen.outputs()
+    for value in outputs.values():
+        assert value.buffer is not None
+        if value.nbytes:
+            session._backend_device.write_buffer(value.buffer.handle, 0, b"\xff" * value.buffer.nbytes)
+    graph._replay_unchecked()
+    replayed = {name: value.to_numpy() for name, value in outputs.items()}
+    plan = session._bound_plan(frozen, for_capture=True)
+    scratch = {name: session.allocator.empty(value.shape(), value.dtype) for name, value in outputs.items()}
+    try:
+        with session._lock:
+            session._run_bound(plan, frozen.inputs(), {}, dict(scratch))
+        for name, value in scratch.items():
+            expected = value.to_numpy()
+            same = np.array_equal(replayed[name], expected, equal_nan=expected.dtype.kind == "f")
+            if not same:
+                raise CaptureStateError(
+                    f"verify: output {name!r} of graph {graph.label} differs from an uncaptured run on the same inputs: "
+                    f"the replay produced stale or unwritten data"
+                )
+    finally:
+        for value in scratch.values():
+            value.release()

@@ -1,0 +1,68 @@
+"""The small value types of the session API: :class:`RunOptions`, :class:`NodeArg`, :class:`NodePlacement`.
+
+They follow onnxruntime's Python API and hold no device state, so they live apart from
+:class:`~ortgpu.InferenceSession`, which returns and accepts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from ortgpu_core import InvalidArgumentError
+
+from ._model import ValueInfo
+
+__all__ = ["RunOptions", "NodeArg", "NodePlacement"]
+
+
+@dataclass
+class RunOptions:
+    """Per-run options.  ``gpu_graph_id``: -1 for an ordinary run; N >= 0 to capture
+    graph N on first use and replay it afterwards (``run_with_iobinding`` on a session
+    created with ``graph_capture=True``); None: the session's default (0 on a capture
+    session's ``run_with_iobinding``, as in onnxruntime; ordinary otherwise)."""
+
+    gpu_graph_id: int | None = None
+
+    def add_run_config_entry(self, key: str, value: str) -> None:
+        """onnxruntime's spelling: ``add_run_config_entry("gpu_graph_id", "1")``."""
+        if key != "gpu_graph_id":
+            raise InvalidArgumentError(f"unknown run config entry {key!r}; ortgpu knows 'gpu_graph_id'")
+        try:
+            self.gpu_graph_id = int(value)
+        except ValueError:
+            raise InvalidArgumentError(f"gpu_graph_id must be an integer string, got {value!r}") from None
+
+    def get_run_config_entry(self, key: str) -> str:
+        if key != "gpu_graph_id":
+            raise InvalidArgumentError(f"unknown run config entry {key!r}; ortgpu knows 'gpu_graph_id'")
+        return "" if self.gpu_graph_id is None else str(self.gpu_graph_id)
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """A model input or output: ``name``, ``shape`` (ints, or str/None for dynamic dims), ``type``."""
+
+    name: str
+    shape: list[int | str | None]
+    type: str
+    dtype: np.dtype[Any]
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    """Where one node runs: ``placement`` is "webgpu" or "cpu"; ``reason`` says why when on the CPU."""
+
+    node: str
+    op_type: str
+    placement: Literal["webgpu", "cpu"]
+    reason: str
+
+
+def _node_arg(info: ValueInfo) -> NodeArg:
+    from ortgpu_core._dtypes import onnx_type_name
+
+    return NodeArg(info.name, list(info.shape), onnx_type_name(info.dtype), info.dtype)
