@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         placement = sess.get_node_placement()
         on_gpu = sum(1 for p in placement if p.placement == "webgpu")
         print(f"model: {args.layers} x [MatMul {args.width}x{args.width} + Add + Relu], batch {args.batch}; "
-              f"{on_gpu}/{len(placement)} planned steps on WebGPU")
+              f"{on_gpu}/{len(placement)} nodes placed on WebGPU")
         (out,) = sess.run(None, {"X": batch})
         expected = reference(batch, weights)
         error = relative_error(out, expected)
