@@ -1108,3 +1108,26 @@ def test_copy_from_itself_changes_nothing(env: Env) -> None:
     before = value.to_numpy()
     value.copy_from(value)
     np.testing.assert_array_equal(value.to_numpy(), before)
+
+
+def test_device_lost_during_replay_is_typed_and_leaks_nothing() -> None:
+    """A device lost under a captured graph: replay raises DeviceLostError, release and close still work, all freed."""
+    from ortgpu_core import DeviceLostError
+    from ortgpu_core.backends.fake import FakeBackend
+
+    backend = FakeBackend()
+    env = Env(backend=backend)
+    sess = InferenceSession(MODEL, env=env, graph_capture=True)
+    binding, x, y = bound(sess)
+    graph = sess.capture(binding, graph_id=0)
+    graph.replay()
+    backend.faults.lose_device_on_submit(1)
+    with raises(DeviceLostError, "injected device loss"):
+        graph.replay()
+    with raises(DeviceLostError):
+        y.to_numpy()
+    assert graph.release() is binding  # releasing a graph on a lost device still unpins and unlocks
+    binding.bind_input("X", x)  # mutable again
+    sess.close()
+    env.close()
+    assert backend.live_handles() == 0
