@@ -1,4 +1,4 @@
-"""``python -m bench.sweep_kernels``: time the tiled GEMM / implicit-GEMM Conv variants at the shapes that matter.
+"""``python -m bench.sweep_kernels``: time the tiled GEMM / implicit-GEMM Conv and the GEMV variants at the shapes that matter.
 
 For each shape (the BERT-style encoder's MatMuls and the ResNet-style CNN's convolutions, batch 1 and 16) and
 each candidate :class:`ortgpu.ops._gemm.GemmConfig` (tile shape, outputs per invocation, K step, pipeline
@@ -8,9 +8,18 @@ kernels are recorded ``R`` times into one command list over persistent buffers, 
 first one's (and that one against the numpy reference on the small shapes).
 
 Prints TFLOP/s per shape x config, the best config per shape and where the default
-(:func:`ortgpu.ops._gemm.choose_gemm_config`) ranks; ``--json PATH`` writes it all.  Example::
+(:func:`ortgpu.ops._gemm.choose_gemm_config`) ranks; ``--json PATH`` writes it all.
 
-    python -m bench.sweep_kernels --json sweep.json            # everything (about a minute on an H200)
+GEMV shapes (labels start with ``gemv``; batch 1, M = 1: mlp16's [1,1024]x[1024,1024] MatMul+Add+Relu, a
+[1,4096]x[4096,4096] MatMul, and Gemm transB at 4096 and 8192) run first, each
+:class:`ortgpu.ops._gemv.GemvConfig` candidate forced through ``_gemv.GEMV_OVERRIDE`` (columns x K-rows,
+vec4 column groups, unrolling, split-K over workgroups, subgroup reduction where the device has subgroups).
+They report GB/s (bytes of the node's inputs and output per run) and the percentage of
+:data:`PEAK_BANDWIDTH_GBS`, the best variant per shape against the default, a markdown table for
+``bench/RESULTS.md`` and a paste-ready ``GEMV_SHAPE_CONFIGS``.  Example::
+
+    python -m bench.sweep_kernels --json sweep.json            # everything (estimated 1.5-2 minutes on an H200)
+    python -m bench.sweep_kernels --shapes gemv                # the GEMV shapes only (estimated 20-40 s)
     python -m bench.sweep_kernels --shapes bert --quick        # BERT shapes, fewer variants
 """
 
@@ -30,6 +39,16 @@ import numpy as np
 from ortgpu.ops import DeviceCaps, OpPlan, TensorInfo, get_operator
 from ortgpu.ops import _gemm
 from ortgpu.ops._gemm import LEGACY, GemmConfig, choose_gemm_config, config_fits, gemm_workgroups
+from ortgpu.ops import _gemv
+from ortgpu.ops._gemv import (
+    GemvConfig,
+    choose_gemv_config,
+    default_gemv_config,
+    effective_gemv_config,
+    gemv_config_fits,
+    gemv_workgroups,
+    has_subgroups,
+)
 from ortgpu.ops._runner import padded_size
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
@@ -46,6 +65,7 @@ class Shape:
     attrs: dict[str, Any]
     gemm: tuple[int, int, int, int]  # batch, M, N, K as the tiled kernel sees them
     weight: int = 1  # occurrences per layer / block in the bench models (scores the rules)
+    layout: str = ""  # GEMV shapes: B's layout ("kn" row-major, "nk" transposed)
 
     @property
     def flops(self) -> float:
@@ -94,6 +114,87 @@ def shapes() -> list[Shape]:
         ]
     result.append(_conv("resnet b1 stem Conv+Relu [1,64,224,224] 3x3 K=27", 1, 3, 64, 224, 3, 1, False))
     return result
+
+
+#: The H200's memory bandwidth (HBM3e, 4.8 TB/s) that the GEMV percentages refer to.
+PEAK_BANDWIDTH_GBS = 4800.0
+
+
+def gemv_shapes() -> list[Shape]:
+    """Batch-1 GEMVs (M = 1): the memory-bound shapes of issue 5's bandwidth target."""
+    return [
+        _matmul_gemv("gemv mlp16 MatMul+Add+Relu [1,1024]x[1024,1024]", 1024, 1024, (("add", 2), ("relu",))),
+        _matmul_gemv("gemv MatMul+Add [1,4096]x[4096,4096]", 4096, 4096, (("add", 2),)),
+        _gemm_gemv("gemv Gemm transB [1,4096]x[4096,4096]^T +C", 4096, 4096),
+        _gemm_gemv("gemv Gemm transB [1,8192]x[8192,8192]^T +C", 8192, 8192),
+    ]
+
+
+def _matmul_gemv(label: str, k: int, n: int, epilogue: tuple[tuple[Any, ...], ...]) -> Shape:
+    return Shape(label, "MatMul", 13, ((1, k), (k, n), (n,)), {"_epilogue": epilogue}, (1, 1, n, k), layout="kn")
+
+
+def _gemm_gemv(label: str, k: int, n: int) -> Shape:
+    return Shape(label, "Gemm", 13, ((1, k), (n, k), (n,)), {"transB": 1}, (1, 1, n, k), layout="nk")
+
+
+def gemv_bytes(shape: Shape) -> int:
+    """Bytes a GEMV must move per run: its inputs once and its output once (float32)."""
+    _, _, n, _ = shape.gemm
+    return 4 * (sum(int(np.prod(s)) for s in shape.inputs if s is not None) + n)
+
+
+#: GEMV variants: (threads_x, threads_k, vectors, unroll) per layout ("kn": column threads x K-rows, vec4 column
+#: groups per invocation; "nk": outputs x lanes per output); each also runs split over workgroups and with the
+#: subgroup reduction (see :func:`gemv_candidates`).
+GEMV_BASES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
+    "kn": (
+        (2, 128, 1, 1), (2, 128, 1, 2), (2, 128, 1, 4), (4, 64, 1, 1), (4, 64, 1, 2), (4, 64, 1, 4),
+        (8, 32, 1, 2), (8, 32, 1, 4), (8, 32, 2, 2), (16, 16, 1, 4), (2, 64, 1, 4), (4, 32, 1, 4),
+        (1, 256, 1, 2), (4, 128, 1, 2),
+    ),
+    "nk": (
+        (4, 64, 1, 1), (4, 64, 1, 2), (4, 64, 1, 4), (8, 32, 1, 1), (8, 32, 1, 2), (8, 32, 1, 4),
+        (16, 16, 1, 2), (16, 16, 1, 4), (2, 128, 1, 2), (1, 256, 1, 2), (8, 64, 1, 2), (16, 32, 1, 2),
+    ),
+}
+QUICK_GEMV_BASES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
+    "kn": ((2, 128, 1, 1), (2, 128, 1, 4), (4, 64, 1, 2), (8, 32, 1, 4), (8, 32, 2, 2)),
+    "nk": ((4, 64, 1, 1), (4, 64, 1, 4), (8, 32, 1, 2), (16, 16, 1, 4)),
+}
+GEMV_SPLITS = (2, 4, 8, 16, 32)
+#: Split-K candidates keep the launched workgroups within this range (132 SMs on an H200).
+GEMV_WORKGROUPS = (132, 2112)
+
+
+def gemv_candidates(shape: Shape, caps: DeviceCaps, quick: bool) -> list[tuple[str, GemvConfig]]:
+    """("default" or the label, config) per GEMV variant of ``shape``, default first, no two that run alike."""
+    _, _, n, k = shape.gemm
+    layout = shape.layout
+    default = choose_gemv_config(layout, n, k, caps)
+    chosen: list[tuple[str, GemvConfig]] = [("default", default)]
+    seen = {effective_gemv_config(default, layout, n, k, caps)}
+    sub = [False, True] if has_subgroups(caps) else [False]
+    units = k // 4 if layout == "nk" and k % 4 == 0 else k
+    for tx, tk, vectors, unroll in (QUICK_GEMV_BASES if quick else GEMV_BASES)[layout]:
+        base = GemvConfig(tx, tk, vectors, unroll)
+        unsplit = gemv_workgroups(base, layout, n, k)
+        splits = [1] + [
+            split for split in GEMV_SPLITS
+            if (not quick or split in (4, 8, 16)) and GEMV_WORKGROUPS[0] <= unsplit * split <= GEMV_WORKGROUPS[1]
+            and units // split >= tk * unroll
+        ]
+        for split in splits:
+            for subgroups in sub:
+                config = dataclasses.replace(base, split_k=split, subgroups=subgroups)
+                if not gemv_config_fits(config, layout, caps):
+                    continue
+                effective = effective_gemv_config(config, layout, n, k, caps)
+                if effective in seen:
+                    continue
+                seen.add(effective)
+                chosen.append((config.label, config))
+    return chosen
 
 
 #: Tile variants tried on every shape (split-K variants are added for the small ones).
@@ -232,13 +333,23 @@ class Runner:
 
             assert s.inputs[0] is not None and s.inputs[1] is not None
             return matmul_output_shape(s.inputs[0], s.inputs[1])
+        if s.op == "Gemm":
+            batch, m, n, k = s.gemm
+            return (m, n)
         x, w = s.inputs[0], s.inputs[1]
         assert x is not None and w is not None
         batch, m, n, k = s.gemm
         side = int(round(n ** 0.5))
         return (x[0], w[0], side, side)
 
-    def plan(self, config: GemmConfig, caps: DeviceCaps) -> OpPlan:
+    def plan(self, config: GemmConfig | GemvConfig, caps: DeviceCaps) -> OpPlan:
+        if isinstance(config, GemvConfig):
+            previous_gemv = _gemv.GEMV_OVERRIDE
+            _gemv.GEMV_OVERRIDE = config
+            try:
+                return self.operator.plan(self.infos, self.outputs, self.shape.attrs, caps, {})
+            finally:
+                _gemv.GEMV_OVERRIDE = previous_gemv
         previous = _gemm.GEMM_OVERRIDE
         _gemm.GEMM_OVERRIDE = config
         try:
@@ -348,6 +459,96 @@ def score_rules(swept: list[Shape], measured: dict[str, dict[GemmConfig, float]]
     return scores
 
 
+def sweep_gemv(
+    device: BackendDevice, caps: DeviceCaps, args: argparse.Namespace, started: float, baseline: float,
+    rng: np.random.Generator,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Time every GEMV candidate of the selected GEMV shapes: (rows, best per shape, wrong results)."""
+    rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    failures = 0
+    selected = [s for s in gemv_shapes() if not args.shapes or any(part.strip() in s.label for part in args.shapes.split(","))]
+    if not selected:
+        return rows, summary, failures
+    counts = [len(gemv_candidates(shape, caps, args.quick)) for shape in selected]
+    print(f"\nGEMV: {sum(counts)} variants over {len(selected)} shapes (subgroups: {'yes' if has_subgroups(caps) else 'no'}); "
+          f"% of {PEAK_BANDWIDTH_GBS / 1000:.1f} TB/s")
+    for shape in selected:
+        runner = Runner(device, shape, rng)
+        try:
+            batch, m, n, k = shape.gemm
+            nbytes = gemv_bytes(shape)
+            print(f"\n{shape.label}: layout {shape.layout}, N {n} K {k}, {nbytes / 1e6:.1f} MB per run")
+            first: np.ndarray | None = None
+            shape_rows: list[dict[str, Any]] = []
+            for name, config in gemv_candidates(shape, caps, args.quick):
+                if time.perf_counter() - started > args.max_seconds and name != "default":
+                    print(f"  {config.label:28s} skipped (--max-seconds {args.max_seconds:.0f} reached)")
+                    continue
+                effective = effective_gemv_config(config, shape.layout, n, k, caps)
+                row: dict[str, Any] = {"shape": shape.label, "layout": shape.layout, "n": n, "k": k, "config": config.label,
+                                       "is_default": name == "default", "fields": dataclasses.asdict(config)}
+                try:
+                    plan = runner.plan(config, caps)
+                    seconds, result = runner.time(plan, baseline, args.budget_ms / 1e3, args.repeats)
+                except Exception as error:  # a variant the device rejects is reported, not fatal
+                    row.update(error=f"{type(error).__name__}: {error}")
+                    print(f"  {config.label:28s} ERROR {row['error'][:120]}")
+                    rows.append(row)
+                    if name == "default":
+                        print("  (the default does not run here: shape skipped)")
+                        break
+                    continue
+                if first is None:
+                    first = result
+                    if shape.flops / 1e9 <= args.reference_gflop:
+                        row["err_vs_reference"] = _rel(result, runner.reference())
+                err = _rel(result, first)
+                gbs = nbytes / seconds / 1e9 if seconds > 0 else None
+                row.update(us=seconds * 1e6, gbs=gbs, peak_percent=100.0 * gbs / PEAK_BANDWIDTH_GBS if gbs else None,
+                           workgroups=gemv_workgroups(effective, shape.layout, n, k), kernels=len(plan.kernels), err_vs_first=err)
+                bad = err > 1e-3 or row.get("err_vs_reference", 0.0) > 1e-3
+                failures += bad
+                rate = f"{gbs:8.0f} GB/s {row['peak_percent']:5.1f}%" if gbs else "     inf"
+                print(f"  {config.label:28s}{' (default)' if name == 'default' else '          '} {seconds * 1e6:8.2f} us {rate} "
+                      f"{row['workgroups']:6d} wg {len(plan.kernels)} k{'  WRONG err=%.2e' % err if bad else ''}", flush=True)
+                rows.append(row)
+                shape_rows.append(row)
+            timed = [r for r in shape_rows if r.get("us") and not (r["err_vs_first"] > 1e-3)]
+            if timed:
+                best = min(timed, key=lambda r: r["us"])
+                default_row = next((r for r in timed if r["is_default"]), None)
+                summary.append({"shape": shape.label, "layout": shape.layout, "n": n, "k": k, "best": best["config"],
+                                "best_us": best["us"], "best_gbs": best["gbs"], "best_percent": best["peak_percent"],
+                                "best_fields": best["fields"],
+                                "default": default_row["config"] if default_row else None,
+                                "default_us": default_row["us"] if default_row else None,
+                                "default_gbs": default_row["gbs"] if default_row else None})
+        finally:
+            runner.release()
+    if summary:
+        print("\nGEMV best per shape (default = choose_gemv_config):")
+        for entry in summary:
+            ratio = entry["default_us"] / entry["best_us"] if entry["default_us"] and entry["best_us"] else float("nan")
+            print(f"  {entry['shape']:48s} best {entry['best']:24s} {entry['best_us']:8.2f} us {entry['best_gbs'] or 0:7.0f} GB/s "
+                  f"({entry['best_percent'] or 0:.1f}%); default {entry['default']} x{ratio:.2f}")
+        print(f"\nGEMV table (paste into bench/RESULTS.md; % of {PEAK_BANDWIDTH_GBS / 1000:.1f} TB/s):")
+        print("| shape | default | us | GB/s | % | best | us | GB/s | % |")
+        print("|---|---|---:|---:|---:|---|---:|---:|---:|")
+        for entry in summary:
+            d_us, d_gbs = entry["default_us"], entry["default_gbs"]
+            default_cells = (f"{d_us:.2f} | {d_gbs:.0f} | {100 * d_gbs / PEAK_BANDWIDTH_GBS:.1f}" if d_us and d_gbs else "- | - | -")
+            print(f"| {entry['shape']} | {entry['default']} | {default_cells} | {entry['best']} | {entry['best_us']:.2f} | "
+                  f"{entry['best_gbs'] or 0:.0f} | {entry['best_percent'] or 0:.1f} |")
+        table = ",\n".join(
+            f"    {(entry['layout'], entry['n'], entry['k'])!r}: {GemvConfig(**entry['best_fields'])!r}"
+            for entry in summary if GemvConfig(**entry["best_fields"]) != default_gemv_config(entry["layout"])
+        )
+        print("\nfastest GEMV config per measured shape (paste into ortgpu/ops/_gemv.py):\n"
+              "GEMV_SHAPE_CONFIGS: dict[tuple[str, int, int], GemvConfig] = {\n" + (table + ",\n" if table else "") + "}")
+    return rows, summary, failures
+
+
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a.astype(np.float64) - b) / max(float(np.linalg.norm(b.astype(np.float64))), 1e-30))
 
@@ -355,7 +556,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sweep_kernels", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", dest="json_path", default=None, help="write every measurement here")
-    parser.add_argument("--shapes", default="", help="only shapes whose label contains one of these comma-separated parts (e.g. bert, 'b1 PV,b16')")
+    parser.add_argument("--shapes", default="", help="only shapes whose label contains one of these comma-separated parts (e.g. gemv, bert, mlp16, 'b1 PV,b16')")
     parser.add_argument("--quick", action="store_true", help="fewer variants per shape")
     parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu")
     parser.add_argument("--budget-ms", type=float, default=3.0, help="GPU time per timed submit (repeats per command list)")
@@ -388,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: list[dict[str, Any]] = []
     measured: dict[str, dict[GemmConfig, float]] = {}
     swept: list[Shape] = []
-    failures = 0
+    gemv_rows, gemv_summary, failures = sweep_gemv(device, caps, args, started, baseline, rng)
     for shape in shapes():
         if args.shapes and not any(part.strip() in shape.label for part in args.shapes.split(",")):
             continue
@@ -442,7 +643,8 @@ def main(argv: list[str] | None = None) -> int:
                 summary.append(entry)
         finally:
             runner.release()
-    print("\nbest per shape (default = choose_gemm_config):")
+    if summary:
+        print("\nbest per shape (default = choose_gemm_config):")
     for entry in summary:
         ratio = entry["default_us"] / entry["best_us"] if entry["default_us"] and entry["best_us"] else float("nan")
         legacy = entry["legacy_us"] / entry["best_us"] if entry["legacy_us"] and entry["best_us"] else float("nan")
@@ -459,17 +661,19 @@ def main(argv: list[str] | None = None) -> int:
         if current is not None:
             print(f"  x{current['score']:.3f} {current['total_us']:10.1f} us  current rule; per-shape best total {best_total * 1e6:.1f} us")
         print("\nbest rule's tunables (paste into ortgpu/ops/_gemm.py):\n" + scores[0]["snippet"])
-    table = ",\n".join(f"    {tuple(entry['gemm'])!r}: {GemmConfig(**entry['best_fields'])!r}" for entry in summary)
-    print("\nfastest config per measured shape (optional: _gemm.GEMM_SHAPE_CONFIGS):\nGEMM_SHAPE_CONFIGS = {\n" + table + ",\n}")
+    if summary:
+        table = ",\n".join(f"    {tuple(entry['gemm'])!r}: {GemmConfig(**entry['best_fields'])!r}" for entry in summary)
+        print("\nfastest config per measured shape (optional: _gemm.GEMM_SHAPE_CONFIGS):\nGEMM_SHAPE_CONFIGS = {\n" + table + ",\n}")
     elapsed = time.perf_counter() - started
-    print(f"\n{len(rows)} variants in {elapsed:.0f} s; {failures} wrong results")
+    print(f"\n{len(rows)} GEMM/Conv and {len(gemv_rows)} GEMV variants in {elapsed:.0f} s; {failures} wrong results")
     if args.json_path:
         with open(args.json_path, "w") as handle:
             json.dump({"device": dataclasses.asdict(info), "baseline_us": baseline * 1e6, "command": sys.argv,
                        "tunables": {"GEMM_TILES": [dataclasses.asdict(c) for c in _gemm.GEMM_TILES],
                                     "GEMM_TARGET_WORKGROUPS": _gemm.GEMM_TARGET_WORKGROUPS,
                                     "GEMM_SPLIT_MIN_K": _gemm.GEMM_SPLIT_MIN_K, "GEMM_MAX_SPLIT_K": _gemm.GEMM_MAX_SPLIT_K},
-                       "rows": rows, "best": summary, "rules": scores, "seconds": elapsed}, handle, indent=1)
+                       "rows": rows, "best": summary, "rules": scores, "gemv_rows": gemv_rows, "gemv_best": gemv_summary,
+                       "gemv_peak_gbs": PEAK_BANDWIDTH_GBS, "seconds": elapsed}, handle, indent=1)
     device.destroy()
     return 1 if failures else 0
 

@@ -333,6 +333,113 @@ def test_gemm_variants_match_onnxruntime(device: Any, variant: int, op: str, ops
     assert_close(got[0], want[0])
 
 
+# -- GEMV variants (columns x K-rows, vectors, unrolling, split-K, subgroups) ----------------------------------------
+
+def _gemv_variants() -> list[Any]:
+    from ortgpu.ops._gemv import GemvConfig
+
+    return [
+        None,  # the default kernel
+        GemvConfig(8, 32, vectors=2, unroll=3),  # more columns, fewer K-rows, several loads in flight
+        GemvConfig(4, 64, unroll=2, split_k=3),  # split-K over workgroups (K not a multiple of the split)
+        GemvConfig(2, 128, unroll=2, split_k=2, subgroups=True),
+        GemvConfig(32, 4, vectors=4, subgroups=True),  # subgroups narrower / wider than the column threads
+        GemvConfig(16, 16, split_k=4, subgroups=True),
+    ]
+
+
+# (op, input shapes, attrs, own inputs): bias, relu and residual add epilogues; row-major and transposed B;
+# vectorised and scalar (N or K not a multiple of 4).
+GEMV_VARIANT_CASES: list[tuple[str, list[tuple[int, ...] | None], dict[str, Any], int]] = [
+    ("MatMul", [(1, 300), (300, 72), (72,), (1, 72)], {"_epilogue": (("add", 2), ("relu",), ("add", 3))}, 2),
+    ("MatMul", [(133,), (133, 61), (61,)], {"_epilogue": (("add", 2), ("relu",))}, 2),
+    ("Gemm", [(1, 264), (37, 264), (37,), (1, 37)], {"transB": 1, "alpha": 0.5, "_epilogue": (("relu",), ("add", 3))}, 3),
+    ("Gemm", [(1, 203), (40, 203), None, (40,)], {"transB": 1, "_epilogue": (("add", 3), ("relu",))}, 3),
+]
+
+
+@pytest.mark.parametrize("variant", range(6))
+@pytest.mark.parametrize("op,shapes,attrs,own", GEMV_VARIANT_CASES)
+def test_gemv_variants_match_onnxruntime(device: Any, variant: int, op: str, shapes: list[tuple[int, ...] | None],
+                                         attrs: dict[str, Any], own: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every GEMV variant (forced through GEMV_OVERRIDE) computes what onnxruntime computes; without subgroups
+    on the device the subgroup variants fall back to the workgroup-memory reduction."""
+    from ortgpu.ops import _gemv
+
+    import dataclasses
+
+    config = _gemv_variants()[variant]
+    layout = "nk" if attrs.get("transB") else "kn"
+    if config is not None and layout == "nk":
+        config = dataclasses.replace(config, vectors=1)  # vec4 column groups are a row-major-B option
+    monkeypatch.setattr(_gemv, "GEMV_OVERRIDE", config)
+    inputs = [None if s is None else rand(*s) for s in shapes]
+    operator = get_operator(op, 13)
+    outputs = [TensorInfo(tuple(w.shape), w.dtype) for w in operator.reference(inputs, attrs, [])]
+    infos = [None if a is None else TensorInfo(tuple(a.shape), a.dtype) for a in inputs]
+    caps = DeviceCaps(frozenset(device.features), device.limits)
+    plan = operator.plan(infos, outputs, attrs, caps, {})
+    if config is not None:
+        b = shapes[1]
+        assert b is not None
+        n, k = (b[0], b[1]) if layout == "nk" else (b[-1], b[0])
+        effective = _gemv.effective_gemv_config(config, layout, n, k, caps)
+        assert len(plan.kernels) == (2 if effective.split_k > 1 else 1)
+        assert len(plan.scratch_sizes) == (1 if effective.split_k > 1 else 0)
+        assert ("subgroupShuffleXor" in plan.kernels[0].wgsl) == (config.subgroups and _gemv.has_subgroups(caps))
+    before = device.live_handles()
+    got = run_plan(device, plan, inputs, outputs)
+    assert device.live_handles() == before
+    plain = {key: value for key, value in attrs.items() if key != "_epilogue"}
+    want = ort_run(op, inputs, plain, 13, epilogue=attrs.get("_epilogue", ()), own_inputs=own)
+    assert_close(got[0], want[0])
+
+
+def test_choose_gemv_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Today's kernel for every shape unless GEMV_SHAPE_CONFIGS or GEMV_OVERRIDE say otherwise; configs the
+    device cannot run are ignored; the default plan is the one :func:`gemv_wgsl` generates."""
+    from ortgpu.ops import _gemv, _tiling
+    from ortgpu.ops._gemv import GemvConfig, choose_gemv_config, default_gemv_config
+    from ortgpu_core.backends.fake import FakeBackend
+
+    device = FakeBackend().open_device(0)
+    try:
+        caps = DeviceCaps(frozenset(device.features), device.limits)
+    finally:
+        device.destroy()
+    assert default_gemv_config("kn") == GemvConfig(_tiling.GEMV_COLUMN_THREADS, 256 // _tiling.GEMV_COLUMN_THREADS, unroll=_tiling.GEMV_UNROLL)
+    assert default_gemv_config("nk") == GemvConfig(4, 64)
+    for (layout, n, k), config in _gemv.GEMV_SHAPE_CONFIGS.items():
+        assert _gemv.gemv_config_fits(config, layout, caps)
+        assert choose_gemv_config(layout, n, k, caps) == config
+    monkeypatch.setattr(_gemv, "GEMV_SHAPE_CONFIGS", {})
+    for layout, n, k in (("kn", 1024, 1024), ("kn", 4096, 4096), ("nk", 4096, 4096), ("nk", 8192, 8192), ("kn", 63, 7)):
+        assert choose_gemv_config(layout, n, k, caps) == default_gemv_config(layout)
+    tuned = GemvConfig(8, 32, unroll=2, split_k=4)
+    monkeypatch.setattr(_gemv, "GEMV_SHAPE_CONFIGS", {("kn", 1024, 1024): tuned, ("kn", 64, 64): GemvConfig(2048, 1)})
+    assert choose_gemv_config("kn", 1024, 1024, caps) == tuned
+    assert choose_gemv_config("nk", 1024, 1024, caps) == default_gemv_config("nk")
+    assert choose_gemv_config("kn", 64, 64, caps) == default_gemv_config("kn")  # invalid: falls back
+    monkeypatch.setattr(_gemv, "GEMV_OVERRIDE", GemvConfig(4, 64))
+    assert choose_gemv_config("kn", 1024, 1024, caps) == GemvConfig(4, 64)
+    monkeypatch.setattr(_gemv, "GEMV_OVERRIDE", None)
+    # The default MatMul plan is the kernel gemv_wgsl generates (what MatMul ran before configurations).
+    monkeypatch.setattr(_gemv, "GEMV_SHAPE_CONFIGS", {})
+    f32 = np.dtype(np.float32)
+    plan = get_operator("MatMul", 13).plan([TensorInfo((1, 96), f32), TensorInfo((96, 40), f32)], [TensorInfo((1, 40), f32)], {}, caps, {})
+    wgsl, grid = _tiling.gemv_wgsl(
+        n=40, k=96, b_layout="kn", a_name="input_0", b_name="input_1_vec4f32", output="output_0",
+        declarations=_tiling.BindingTable().declarations(), epilogue="", caps=caps,
+    )
+    assert plan.kernels[0].grid == grid
+    assert wgsl.split("const N:")[1].split("@compute")[1] == plan.kernels[0].wgsl.split("const N:")[1].split("@compute")[1]
+    for bad in (GemvConfig(3, 64), GemvConfig(4, 64, vectors=3), GemvConfig(4, 8, subgroups=True), GemvConfig(64, 32)):
+        with pytest.raises(ValueError):
+            bad.validate("kn")
+    with pytest.raises(ValueError):
+        GemvConfig(4, 64, vectors=2).validate("nk")
+
+
 def test_choose_gemm_config(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule: small outputs with long K split K; big problems take the big tile unsplit; workgroups reach the
     target.  Measured per-shape entries (GEMM_SHAPE_CONFIGS) win over the rule."""

@@ -441,6 +441,8 @@ def epilogue_function(steps: Sequence[EpilogueStep], out_shape: tuple[int, ...],
 #: workgroup's 256 split K), and how many rows of B each invocation has in flight per loop iteration.
 #: Measured on an H200 (batch 1, [4096, 4096] and [8192, 8192] B): 2 column threads (32-byte row segments,
 #: many workgroups) stream B at ~2.1-2.2 TB/s; 8 gave 1.0-1.9, 16 under 1.  Unrolling changed little.
+#: They define the default ``"kn"`` :class:`ortgpu.ops._gemv.GemvConfig`; other variants are selected per shape
+#: there (:func:`ortgpu.ops._gemv.choose_gemv_config`).
 GEMV_COLUMN_THREADS = 2
 GEMV_UNROLL = 1
 
@@ -554,7 +556,8 @@ def gemv_wgsl(
     epilogue: str,
     caps: DeviceCaps,
 ) -> tuple[str, tuple[int, int, int]]:
-    """WGSL and grid of ``out[n] = sum_k a[k] * B(k, n)`` (batch 1, M = 1).
+    """WGSL and grid of ``out[n] = epilogue(sum_k a[k] * B(k, n))`` (batch 1, M = 1) with the default GEMV kernel
+    (:func:`ortgpu.ops._gemv.default_gemv_config`).
 
     ``b_layout`` ``"kn"``: B is row-major ``[K, N]``; each invocation owns 4 neighbouring columns (one vec4
     load per row when N % 4 == 0); a workgroup of ``GEMV_COLUMN_THREADS`` column groups splits K over the rest
@@ -563,112 +566,15 @@ def gemv_wgsl(
     ``"nk"``: B is ``[N, K]`` (Gemm's transB); each row of B is a dot product with ``a``: 64 invocations per
     output read it as vec4s (when K % 4 == 0), four outputs per workgroup.  Both reduce their partial sums
     through workgroup memory.  ``a_name``/``b_name`` are bound as ``array<vec4<f32>>`` when vectorised.
+    Other variants (split-K, subgroups, unrolling): :mod:`ortgpu.ops._gemv`.
     """
-    if b_layout == "kn":
-        vector = n % 4 == 0
-        columns_per_thread = 4
-        threads_x = GEMV_COLUMN_THREADS
-        slices = THREADS // threads_x
-        columns_per_group = threads_x * columns_per_thread
-        groups = -(-n // columns_per_group)
-        grid = grid_for_groups(groups, caps)
+    from ._gemv import default_gemv_config, gemv_kernel  # _gemv builds on this module
 
-        def step(k: str, acc: str) -> str:
-            if vector:
-                return f"            {acc} = fma(vec4<f32>({a_name}[{k}]), {b_name}[({k}) * N4 + c4], {acc});\n"
-            return (
-                f"            for (var j = 0u; j < 4u; j = j + 1u) {{\n"
-                f"                if (c4 * 4u + j < N) {{ {acc}[j] = fma({a_name}[{k}], {b_name}[({k}) * N + c4 * 4u + j], {acc}[j]); }}\n"
-                f"            }}\n"
-            )
-
-        unroll = GEMV_UNROLL
-        accumulators = [f"acc{u}" if u else "acc" for u in range(unroll)]
-        unrolled = "".join(step(f"k + {u * slices}u" if u else "k", a) for u, a in enumerate(accumulators))
-        partial = (
-            "".join(f"        var {a} = vec4<f32>(0.0);\n" for a in accumulators[1:])
-            + "        var k = lid.y;\n"
-            + (f"        for (; k + {(unroll - 1) * slices}u < K; k = k + {unroll * slices}u) {{\n{unrolled}        }}\n" if unroll > 1 else "")
-            + f"        for (; k < K; k = k + {slices}u) {{\n{step('k', 'acc')}        }}\n"
-            + "".join(f"        acc = acc + {a};\n" for a in accumulators[1:])
-        )
-        load_guard = "c4 < N4" if vector else "c4 * 4u < N"
-        wgsl = f"""{declarations}
-const N: u32 = {n}u;
-const N4: u32 = {-(-n // 4)}u;
-const K: u32 = {k}u;
-const GROUPS: u32 = {groups}u;
-var<workgroup> partials: array<vec4<f32>, {threads_x * slices}>;
-{epilogue}
-@compute @workgroup_size({threads_x}, {slices})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
-    let group = {workgroup_index(grid)};
-    if (group >= GROUPS) {{ return; }}
-    let c4 = group * {threads_x}u + lid.x;
-    var acc = vec4<f32>(0.0);
-    if ({load_guard}) {{
-{partial}    }}
-    partials[lid.y * {threads_x}u + lid.x] = acc;
-    workgroupBarrier();
-    for (var s = {slices // 2}u; s > 0u; s = s >> 1u) {{
-        if (lid.y < s) {{
-            partials[lid.y * {threads_x}u + lid.x] = partials[lid.y * {threads_x}u + lid.x] + partials[(lid.y + s) * {threads_x}u + lid.x];
-        }}
-        workgroupBarrier();
-    }}
-    if (lid.y == 0u) {{
-        let total = partials[lid.x];
-        for (var j = 0u; j < 4u; j = j + 1u) {{
-            let o = c4 * 4u + j;
-            if (o < N) {{ {output}[o] = epilogue(total[j], o); }}
-        }}
-    }}
-}}
-"""
-        return wgsl, grid
-    # "nk": one output per 64 invocations.
-    vector = k % 4 == 0
-    lanes, rows = 64, 4
-    groups = -(-n // rows)
-    grid = grid_for_groups(groups, caps)
-    if vector:
-        loop = f"""        for (var k4 = lid.x; k4 < K4; k4 = k4 + {lanes}u) {{
-            acc = acc + dot({a_name}[k4], {b_name}[row * K4 + k4]);
-        }}"""
-    else:
-        loop = f"""        for (var k = lid.x; k < K; k = k + {lanes}u) {{
-            acc = fma({a_name}[k], {b_name}[row * K + k], acc);
-        }}"""
-    wgsl = f"""{declarations}
-const N: u32 = {n}u;
-const K: u32 = {k}u;
-const K4: u32 = {k // 4}u;
-const GROUPS: u32 = {groups}u;
-var<workgroup> partials: array<f32, {lanes * rows}>;
-{epilogue}
-@compute @workgroup_size({lanes}, {rows})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
-    let group = {workgroup_index(grid)};
-    if (group >= GROUPS) {{ return; }}
-    let row = group * {rows}u + lid.y;
-    var acc = 0.0;
-    if (row < N) {{
-{loop}
-    }}
-    partials[lid.y * {lanes}u + lid.x] = acc;
-    workgroupBarrier();
-    for (var s = {lanes // 2}u; s > 0u; s = s >> 1u) {{
-        if (lid.x < s) {{
-            partials[lid.y * {lanes}u + lid.x] = partials[lid.y * {lanes}u + lid.x] + partials[lid.y * {lanes}u + lid.x + s];
-        }}
-        workgroupBarrier();
-    }}
-    if (lid.x == 0u && row < N) {{
-        {output}[row] = epilogue(partials[lid.y * {lanes}u], row);
-    }}
-}}
-"""
-    return wgsl, grid
+    return gemv_kernel(
+        n=n, k=k, b_layout=b_layout, config=default_gemv_config(b_layout), a_name=a_name, b_name=b_name,
+        declarations=declarations, epilogue=epilogue, store=lambda o, value: f"{output}[{o}] = epilogue({value}, {o});",
+        caps=caps,
+    )
 
 
 # -- row reductions ---------------------------------------------------------------------------------------------------

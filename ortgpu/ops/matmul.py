@@ -33,7 +33,9 @@ same thing.  Outputs are the op's own (one tensor).
 Kernels
 -------
 * M = 1 (one row, no batch; also after folding, see below): a GEMV kernel that streams B with vec4 loads,
-  splitting K over a workgroup and reducing through workgroup memory (see :func:`._tiling.gemv_wgsl`).
+  splitting K over a workgroup (and optionally over workgroups: split-K) and reducing through workgroup memory
+  or subgroup shuffles; the variant is chosen per shape by :func:`._gemv.choose_gemv_config` (today's kernel
+  everywhere until the sweep's measurements fill :data:`._gemv.GEMV_SHAPE_CONFIGS`).
 * otherwise: the shared-memory tiled GEMM of :mod:`._gemm` (tile shape and split-K chosen per problem by
   :func:`._gemm.choose_gemm_config`; vec4 loads where the layouts allow).  When B has no batch dimensions (a weight matrix) the batch
   dimensions of A fold into M, so ``[B, S, K] x [K, N]`` is one ``[B*S, K] x [K, N]`` GEMM.
@@ -50,18 +52,15 @@ from ortgpu_core._errors import UnsupportedOpError
 from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
 from ._tiling import (
-    BindingTable,
     EpilogueStep,
     apply_epilogue,
     broadcast_strides,
-    epilogue_function,
-    gemv_wgsl,
     index_function,
     parse_epilogue,
     require_float32,
-    single_kernel_plan,
 )
 from ._gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
+from ._gemv import plan_gemv
 
 __all__ = ["MatMul", "plan_gemm", "matmul_output_shape"]
 
@@ -112,20 +111,11 @@ def plan_gemm(
     batch = int(np.prod(batch_shape, dtype=np.int64))
     if int(np.prod(b_batch, dtype=np.int64)) == 1 and not trans_a:
         m, batch = m * int(np.prod(a_batch, dtype=np.int64)), 1  # A's batch folds into its rows
-    table = BindingTable()
     if batch == 1 and m == 1 and k > 0:
-        layout = "nk" if trans_b else "kn"
-        vector_a = layout == "nk" and k % 4 == 0
-        vector_b = (layout == "kn" and n % 4 == 0) or vector_a
-        a_name = table.add(Binding("input", 0), "vec4<f32>" if vector_a else "f32")
-        b_name = table.add(Binding("input", 1), "vec4<f32>" if vector_b else "f32")
-        output = table.add(Binding("output", 0), writable=True)
-        epilogue = epilogue_function(steps, out_shape, table)
-        wgsl, grid = gemv_wgsl(
-            n=n, k=k, b_layout=layout, a_name=a_name, b_name=b_name, output=output,
-            declarations=table.declarations(), epilogue=epilogue, caps=caps,
+        return plan_gemv(
+            op_type, n=n, k=k, layout="nk" if trans_b else "kn", steps=steps, out_shape=out_shape, compute=compute,
+            inputs=inputs, outputs=outputs, caps=caps,
         )
-        return single_kernel_plan(op_type, wgsl, grid, table, compute, inputs, outputs, caps)
 
     prelude = ""
     a_base = b_base = ""
