@@ -45,13 +45,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ._gemm import _bound_inputs, _reduce_twin  # shared with the tiled GEMM's split-K (same semantics)
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo
 from . import _tiling
 from ._tiling import (
     THREADS,
     BindingTable,
     EpilogueStep,
-    apply_epilogue,
     check_device_fits,
     epilogue_function,
     grid_for_groups,
@@ -488,16 +488,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 # -- the plan ------------------------------------------------------------------------------------------------------
 
 
-def _bound_inputs(arrays: Sequence[np.ndarray], bindings: Sequence[Binding], inputs: Sequence[TensorInfo | None]) -> list[np.ndarray | None]:
-    full: list[np.ndarray | None] = [None] * len(inputs)
-    for slot, binding in enumerate(bindings):
-        if binding.kind == "input":
-            info = inputs[binding.index]
-            assert info is not None
-            full[binding.index] = arrays[slot][: info.nbytes].view(info.dtype).reshape(info.shape)
-    return full
-
-
 def _partial_twin(
     layout: str, n: int, k: int, slices: int, per_slice: int, bindings: Sequence[Binding], inputs: Sequence[TensorInfo | None],
 ) -> Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]:
@@ -517,27 +507,6 @@ def _partial_twin(
             partial[s] = a[ks] @ b[ks, :] if layout == "kn" else b[:, ks] @ a[ks]
         raw = partial.reshape(-1).view(np.uint8)
         arrays[scratch_slot][: raw.size] = raw
-
-    return twin
-
-
-def _reduce_twin(
-    steps: Sequence[EpilogueStep], bindings: Sequence[Binding], inputs: Sequence[TensorInfo | None],
-    outputs: Sequence[TensorInfo], slices: int, n: int,
-) -> Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]:
-    """What the reduce kernel does: the slices summed in order, then the epilogue."""
-    scratch_slot = next(slot for slot, b in enumerate(bindings) if b.kind == "scratch")
-    output_slot = next(slot for slot, b in enumerate(bindings) if b.kind == "output")
-    out = outputs[0]
-
-    def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
-        partial = arrays[scratch_slot][: slices * n * 4].view(np.float32).reshape(slices, n)
-        y = partial[0].copy()
-        for s in range(1, slices):
-            y += partial[s]
-        result = apply_epilogue(y.reshape(out.shape), steps, _bound_inputs(arrays, bindings, inputs))
-        raw = np.ascontiguousarray(result, dtype=np.float32).reshape(-1).view(np.uint8)
-        arrays[output_slot][: raw.size] = raw
 
     return twin
 
