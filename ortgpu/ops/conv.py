@@ -156,15 +156,16 @@ def _conv_setup(
 
 
 def _conv_steps(
-    attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...] | None], out_shape: tuple[int, ...]
+    attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...] | None], out_shape: tuple[int, ...], op_type: str = "Conv"
 ) -> list[EpilogueStep]:
+    """The epilogue of a Conv or ConvTranspose: its own bias (input 2, per output channel), then any fused steps."""
     steps: list[EpilogueStep] = []
     bias = shapes[2] if len(shapes) > 2 else None
     if bias is not None:
         if bias != (out_shape[1],):
-            raise UnsupportedOpError(f"Conv: bias of shape {bias} must be ({out_shape[1]},)")
+            raise UnsupportedOpError(f"{op_type}: bias of shape {bias} must be ({out_shape[1]},)")
         steps.append(EpilogueStep("add", 2, 1.0, (out_shape[1],) + (1,) * (len(out_shape) - 2)))
-    return steps + parse_epilogue("Conv", attrs, 3, shapes, out_shape)
+    return steps + parse_epilogue(op_type, attrs, 3, shapes, out_shape)
 
 
 @register

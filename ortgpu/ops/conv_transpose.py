@@ -20,16 +20,14 @@ from ._registry import register
 from ._tiling import (
     THREADS,
     BindingTable,
-    EpilogueStep,
     apply_epilogue,
     epilogue_function,
     grid_for_groups,
-    parse_epilogue,
     require_float32,
     single_kernel_plan,
     workgroup_index,
 )
-from .conv import _auto_pad, ints
+from .conv import _auto_pad, _conv_steps, ints
 
 __all__ = ["ConvTranspose", "conv_transpose_geometry"]
 
@@ -75,16 +73,6 @@ def conv_transpose_geometry(
     return kernel, strides, dilations, tuple(begin), output_padding, tuple(out)
 
 
-def _steps(attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...] | None], out_shape: tuple[int, ...]) -> list[EpilogueStep]:
-    steps: list[EpilogueStep] = []
-    bias = shapes[2] if len(shapes) > 2 else None
-    if bias is not None:
-        if bias != (out_shape[1],):
-            raise UnsupportedOpError(f"ConvTranspose: bias of shape {bias} must be ({out_shape[1]},)")
-        steps.append(EpilogueStep("add", 2, 1.0, (out_shape[1],) + (1,) * (len(out_shape) - 2)))
-    return steps + parse_epilogue("ConvTranspose", attrs, 3, shapes, out_shape)
-
-
 @register
 class ConvTranspose(Operator):
     """ConvTranspose-1/11."""
@@ -123,7 +111,7 @@ class ConvTranspose(Operator):
         crop = tuple(slice(sh + b, sh + b + o) for sh, b, o in zip(shift, begin, out))
         y = buffer[(slice(None),) * 3 + crop].reshape((batch, group * cout_g) + tuple(out)).astype(x.dtype)
         shapes = [None if a is None else tuple(a.shape) for a in inputs]
-        return [apply_epilogue(y, _steps(attrs, shapes, tuple(y.shape)), inputs)]
+        return [apply_epilogue(y, _conv_steps(attrs, shapes, tuple(y.shape), "ConvTranspose"), inputs)]
 
     def plan(
         self,
@@ -141,7 +129,7 @@ class ConvTranspose(Operator):
         kernel, strides, dilations, begin, _, out = conv_transpose_geometry(x.shape, w.shape, attrs)
         group = int(attrs.get("group", 1))
         out_shape = (x.shape[0], w.shape[1] * group) + out
-        steps = _steps(attrs, [None if a is None else a.shape for a in inputs], out_shape)
+        steps = _conv_steps(attrs, [None if a is None else a.shape for a in inputs], out_shape, "ConvTranspose")
         total = int(np.prod(out_shape, dtype=np.int64))
         if total == 0:
             return OpPlan()
