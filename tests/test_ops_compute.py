@@ -397,7 +397,7 @@ def test_gemv_variants_match_onnxruntime(device: Any, variant: int, op: str, sha
 
 def test_choose_gemv_config(monkeypatch: pytest.MonkeyPatch) -> None:
     """Today's kernel for every shape unless GEMV_SHAPE_CONFIGS or GEMV_OVERRIDE say otherwise; configs the
-    device cannot run are ignored; the default plan is the one :func:`gemv_wgsl` generates."""
+    device cannot run are ignored; the default plan is today's kernel (``gemv_kernel`` with the default config)."""
     from ortgpu.ops import _gemv, _tiling
     from ortgpu.ops._gemv import GemvConfig, choose_gemv_config, default_gemv_config
     from ortgpu_core.backends.fake import FakeBackend
@@ -423,13 +423,14 @@ def test_choose_gemv_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_gemv, "GEMV_OVERRIDE", GemvConfig(4, 64))
     assert choose_gemv_config("kn", 1024, 1024, caps) == GemvConfig(4, 64)
     monkeypatch.setattr(_gemv, "GEMV_OVERRIDE", None)
-    # The default MatMul plan is the kernel gemv_wgsl generates (what MatMul ran before configurations).
+    # The default MatMul plan is the default config's kernel (what MatMul ran before configurations).
     monkeypatch.setattr(_gemv, "GEMV_SHAPE_CONFIGS", {})
     f32 = np.dtype(np.float32)
     plan = get_operator("MatMul", 13).plan([TensorInfo((1, 96), f32), TensorInfo((96, 40), f32)], [TensorInfo((1, 40), f32)], {}, caps, {})
-    wgsl, grid = _tiling.gemv_wgsl(
-        n=40, k=96, b_layout="kn", a_name="input_0", b_name="input_1_vec4f32", output="output_0",
-        declarations=_tiling.BindingTable().declarations(), epilogue="", caps=caps,
+    wgsl, grid = _gemv.gemv_kernel(
+        n=40, k=96, b_layout="kn", config=default_gemv_config("kn"), a_name="input_0", b_name="input_1_vec4f32",
+        declarations=_tiling.BindingTable().declarations(), epilogue="",
+        store=lambda o, value: f"output_0[{o}] = epilogue({value}, {o});", caps=caps,
     )
     assert plan.kernels[0].grid == grid
     assert wgsl.split("const N:")[1].split("@compute")[1] == plan.kernels[0].wgsl.split("const N:")[1].split("@compute")[1]

@@ -40,7 +40,6 @@ __all__ = [
     "epilogue_function",
     "erf",
     "legacy_gemm_wgsl",
-    "gemv_wgsl",
     "reduction_threads",
     "workgroup_reduce_functions",
     "require_float32",
@@ -542,39 +541,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }}
 """
     return wgsl, grid
-
-
-def gemv_wgsl(
-    *,
-    n: int,
-    k: int,
-    b_layout: str,
-    a_name: str,
-    b_name: str,
-    output: str,
-    declarations: str,
-    epilogue: str,
-    caps: DeviceCaps,
-) -> tuple[str, tuple[int, int, int]]:
-    """WGSL and grid of ``out[n] = epilogue(sum_k a[k] * B(k, n))`` (batch 1, M = 1) with the default GEMV kernel
-    (:func:`ortgpu.ops._gemv.default_gemv_config`).
-
-    ``b_layout`` ``"kn"``: B is row-major ``[K, N]``; each invocation owns 4 neighbouring columns (one vec4
-    load per row when N % 4 == 0); a workgroup of ``GEMV_COLUMN_THREADS`` column groups splits K over the rest
-    of its 256 invocations, so each row segment read is a whole 32-byte sector and many workgroups stream B
-    in parallel.
-    ``"nk"``: B is ``[N, K]`` (Gemm's transB); each row of B is a dot product with ``a``: 64 invocations per
-    output read it as vec4s (when K % 4 == 0), four outputs per workgroup.  Both reduce their partial sums
-    through workgroup memory.  ``a_name``/``b_name`` are bound as ``array<vec4<f32>>`` when vectorised.
-    Other variants (split-K, subgroups, unrolling): :mod:`ortgpu.ops._gemv`.
-    """
-    from ._gemv import default_gemv_config, gemv_kernel  # _gemv builds on this module
-
-    return gemv_kernel(
-        n=n, k=k, b_layout=b_layout, config=default_gemv_config(b_layout), a_name=a_name, b_name=b_name,
-        declarations=declarations, epilogue=epilogue, store=lambda o, value: f"{output}[{o}] = epilogue({value}, {o});",
-        caps=caps,
-    )
 
 
 # -- row reductions ---------------------------------------------------------------------------------------------------
