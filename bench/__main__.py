@@ -4,14 +4,24 @@ Examples::
 
     python -m bench --model mlp16 --capture both --json out.json
     python -m bench --model resnet --batch 16 --vs onnxruntime
+    python -m bench --model matmul-1024-4096 --vs onnxruntime   # compute-bound: 8 x [1024, 4096] x [4096, 4096]
+    python -m bench --model conv-64-56 --batch 64              # 8 x Conv 3x3 64->64 on [64, 64, 56, 56]
     python -m bench --overhead            # host cost per replayed dispatch vs wgpu-py's classes
+
+Models: ``mlp16``, ``resnet``, ``bert``; ``matmul-M-K`` (8 x MatMul ``[M, K] x [K, K]``; M is the batch, so
+``--batch`` must be left at 1 or equal M); ``conv-C-S`` (8 x (Conv 3x3 pad 1, C -> C channels, bias, Relu) on
+``[batch, C, S, S]``); or the path of an ``.onnx`` file. The FLOPs of one run (2 x the multiply-adds of the MatMul,
+Gemm, Conv and ConvTranspose nodes, see ``bench/flops.py``) are printed, and every result gets its achieved TFLOP/s
+at p50 (FLOPs per run / p50 time at that boundary).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import re
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -22,8 +32,9 @@ import onnx
 
 import ortgpu
 
+from .flops import model_flops
 from .harness import ArmResult, OrtgpuArms, median_ms, summarize, time_loop
-from .models import mlp, random_feeds, resnet, transformer_encoder
+from .models import conv_chain, matmul_chain, mlp, random_feeds, resnet, transformer_encoder
 
 BOUNDARIES = {
     "end_to_end": "update_inplace of every input + run (or replay) + readback of every output",
@@ -31,8 +42,47 @@ BOUNDARIES = {
 }
 
 
+MODEL_FORMS = (
+    "mlp16 | resnet | bert | matmul-M-K (8 x MatMul [M,K]x[K,K]; M is the batch) | "
+    "conv-C-S (8 x Conv3x3+bias+Relu, C->C channels, input [batch,C,S,S]) | path to an .onnx file"
+)
+_SIZED = {"matmul": re.compile(r"matmul-([1-9][0-9]*)-([1-9][0-9]*)"), "conv": re.compile(r"conv-([1-9][0-9]*)-([1-9][0-9]*)")}
+
+
+def _sized_model(name: str) -> tuple[str, int, int] | None:
+    for kind, pattern in _SIZED.items():
+        match = pattern.fullmatch(name)
+        if match:
+            return kind, int(match[1]), int(match[2])
+    return None
+
+
+def check_model(name: str, batch: int) -> None:
+    """Raise ValueError, with the accepted forms, unless ``name`` (with ``batch``) names a model build_model makes."""
+    if batch < 1:
+        raise ValueError(f"--batch must be at least 1, not {batch}")
+    sized = _sized_model(name)
+    if sized is not None:
+        kind, m, _ = sized
+        if kind == "matmul" and batch not in (1, m):
+            raise ValueError(f"--batch {batch} does not apply to {name}: its batch is M = {m} (leave --batch at 1)")
+        return
+    if name in ("mlp16", "resnet", "bert") or os.path.isfile(name):
+        return
+    raise ValueError(
+        f"unknown model {name!r}: expected one of {MODEL_FORMS}, e.g. matmul-1024-4096 or conv-64-56 (positive integers)"
+    )
+
+
 def build_model(name: str, batch: int) -> tuple[onnx.ModelProto, dict[str, tuple[int, ...]]]:
-    """A built-in model (or a file) and the input shapes to run it with."""
+    """A built-in model (or a file) and the input shapes to run it with (ValueError for a name that is neither)."""
+    check_model(name, batch)
+    sized = _sized_model(name)
+    if sized is not None:
+        kind, first, second = sized
+        if kind == "matmul":
+            return matmul_chain(k=second, layers=8), {"X": (first, second)}
+        return conv_chain(channels=first, size=second, layers=8), {"X": (batch, first, second, second)}
     if name == "mlp16":
         return mlp(layers=16, width=1024, batch=batch), {"X": (batch, 1024)}
     if name == "resnet":
@@ -85,8 +135,8 @@ def _check_equal(name: str, a: list[npt.NDArray[Any]], b: list[npt.NDArray[Any]]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--model", default="mlp16", help="mlp16 | resnet | bert | path to an .onnx file")
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--model", default="mlp16", help=MODEL_FORMS)
+    parser.add_argument("--batch", type=int, default=1, help="batch size (matmul-M-K: M is the batch; leave this at 1)")
     parser.add_argument("--capture", choices=("on", "off", "both"), default="both")
     parser.add_argument("--vs", choices=("onnxruntime",), default=None)
     parser.add_argument("--iterations", type=int, default=200)
@@ -97,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead", action="store_true", help="also run the host-overhead micro-benchmark")
     parser.add_argument("--overhead-only", action="store_true", help="run only the host-overhead micro-benchmark")
     args = parser.parse_args(argv)
+    if not args.overhead_only:
+        try:
+            check_model(args.model, args.batch)
+        except ValueError as error:
+            parser.error(str(error))
 
     env = ortgpu.Env(backend=args.backend)
     device = env.default_device
@@ -113,9 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     results: list[ArmResult] = []
     if not args.overhead_only:
         model, shapes = build_model(args.model, args.batch)
+        batch = shapes["X"][0] if args.model.startswith("matmul-") else args.batch
+        flops = model_flops(model, shapes)
+        report["flops_per_run"] = flops
+        print(f"model: {flops / 1e9:.3f} GFLOP per run (MatMul, Gemm, Conv, ConvTranspose)")
         feeds = random_feeds(model, shapes, high=100)
         model_bytes = model.SerializeToString()
-        report["model"] = {"name": args.model, "batch": args.batch, "inputs": {k: list(v) for k, v in shapes.items()}}
+        report["model"] = {"name": args.model, "batch": batch, "inputs": {k: list(v) for k, v in shapes.items()}}
         arms = OrtgpuArms(model_bytes, feeds, env)
         try:
             reference = arms.uncaptured_end_to_end()
@@ -158,11 +217,13 @@ def main(argv: list[str] | None = None) -> int:
                     seconds = time_loop(step, args.warmup, args.iterations, _progress(f"{label} {boundary}", args.iterations))
                     results.append(ArmResult(label, boundary, seconds))
 
-        print(f"\nmodel {args.model}, batch {args.batch}, {args.iterations} iterations after {args.warmup} warm-up")
-        print(f"{'arm':58s} {'boundary':11s} {'p50 ms':>9s} {'p90 ms':>9s} {'p99 ms':>9s}")
+        print(f"\nmodel {args.model}, batch {batch}, {args.iterations} iterations after {args.warmup} warm-up")
+        flops_column = f" {'TFLOP/s p50':>11s}" if flops > 0 else ""
+        print(f"{'arm':58s} {'boundary':11s} {'p50 ms':>9s} {'p90 ms':>9s} {'p99 ms':>9s}{flops_column}")
         for result in results:
             s = result.summary()
-            print(f"{result.name:58s} {result.boundary:11s} {s['p50_ms']:9.3f} {s['p90_ms']:9.3f} {s['p99_ms']:9.3f}")
+            rate = f" {result.tflops_p50(flops):11.4g}" if flops > 0 else ""
+            print(f"{result.name:58s} {result.boundary:11s} {s['p50_ms']:9.3f} {s['p90_ms']:9.3f} {s['p99_ms']:9.3f}{rate}")
         p50 = {(r.name, r.boundary): median_ms(r.seconds) for r in results}
         ratios = {}
         for boundary in BOUNDARIES:
@@ -178,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ratio {text}: {value:.2f}x")
         for arm, parts in report.get("breakdown_ms", {}).items():
             print(f"end_to_end breakdown, ortgpu {arm} (median ms): " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()))
-        report["results"] = summarize(results)
+        report["results"] = summarize(results, flops_per_run=flops)
         report["ratios"] = ratios
 
     if args.overhead or args.overhead_only:

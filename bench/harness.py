@@ -39,9 +39,22 @@ class ArmResult:
     def summary(self) -> dict[str, float]:
         return {"p50_ms": self.percentile(50) * 1e3, "p90_ms": self.percentile(90) * 1e3, "p99_ms": self.percentile(99) * 1e3}
 
+    def tflops_p50(self, flops_per_run: float) -> float:
+        """Achieved TFLOP/s at the median time: ``flops_per_run`` / p50 seconds / 1e12 (nan without timings)."""
+        p50 = self.percentile(50)
+        return flops_per_run / p50 / 1e12 if p50 > 0 else float("nan")
 
-def summarize(results: list[ArmResult]) -> dict[str, Any]:
-    return {f"{r.name}/{r.boundary}": {**r.summary(), "iterations": len(r.seconds), "raw_s": r.seconds} for r in results}
+
+def summarize(results: list[ArmResult], flops_per_run: float | None = None) -> dict[str, Any]:
+    """Per arm and boundary: p50/p90/p99 ms, iterations, raw seconds; with ``flops_per_run`` also ``tflops_p50``
+    (None when the model has no counted FLOPs)."""
+    summary: dict[str, Any] = {}
+    for r in results:
+        entry: dict[str, Any] = {**r.summary(), "iterations": len(r.seconds), "raw_s": r.seconds}
+        if flops_per_run is not None:
+            entry["tflops_p50"] = r.tflops_p50(flops_per_run) if flops_per_run > 0 else None
+        summary[f"{r.name}/{r.boundary}"] = entry
+    return summary
 
 
 def time_loop(step: Callable[[], object], warmup: int, iterations: int, progress: Callable[[int], None] | None = None) -> list[float]:

@@ -7,6 +7,8 @@ Every builder returns a checked ``onnx.ModelProto`` whose sizes are parameters:
 * :func:`depthwise_separable`: a MobileNet-style block (depthwise Conv, BatchNorm, Clip 0..6, pointwise Conv).
 * :func:`transformer_encoder`: token ids -> embedding Gather -> a pre-norm encoder block with multi-head
   attention whose head reshapes are computed from ``Shape`` (so they exercise constant folding).
+* :func:`matmul_chain`: ``layers`` x MatMul ``[M, K] x [K, K]`` (nothing else), compute-bound for large ``M``.
+* :func:`conv_chain`: ``layers`` x (Conv 3x3 pad 1, ``C -> C`` channels, bias, Relu) on ``[batch, C, S, S]``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["mlp", "resnet", "depthwise_separable", "transformer_encoder", "random_feeds"]
+__all__ = [
+    "mlp", "resnet", "depthwise_separable", "transformer_encoder", "matmul_chain", "conv_chain", "random_feeds",
+]
 
 
 class _Builder:
@@ -215,6 +219,42 @@ def transformer_encoder(
         "transformer_encoder",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", "seq", d_model])],
+        opset,
+    )
+
+
+def matmul_chain(k: int, layers: int = 8, *, seed: int = 0, opset: int = 17) -> onnx.ModelProto:
+    """``layers`` x MatMul by a ``[k, k]`` weight; input ``X [batch, k]``, output ``Y [batch, k]``.
+
+    The weights are N(0, 1/k), so each product keeps the activations' scale and a long chain does not overflow.
+    """
+    b = _Builder(seed)
+    x = "X"
+    for _ in range(layers):
+        x = b.one("MatMul", [x, b.normal("W", (k, k), 1.0 / np.sqrt(k))])
+    _rename_output(b, x, "Y")
+    return b.model(
+        "matmul_chain",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", k])],
+        opset,
+    )
+
+
+def conv_chain(channels: int, size: int, layers: int = 8, *, seed: int = 0, opset: int = 17) -> onnx.ModelProto:
+    """``layers`` x (Conv 3x3, stride 1, pad 1, ``channels -> channels``, bias + Relu); input ``X [batch, channels,
+    size, size]``, output ``Y`` of the same shape. He-scaled weights keep the activations bounded."""
+    b = _Builder(seed)
+    x = "X"
+    for _ in range(layers):
+        w = b.normal("conv_w", (channels, channels, 3, 3), np.sqrt(2.0 / (channels * 9)))
+        bias = b.normal("conv_b", (channels,), 0.1)
+        x = b.one("Relu", [b.one("Conv", [x, w, bias], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])])
+    _rename_output(b, x, "Y")
+    return b.model(
+        "conv_chain",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", channels, size, size])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", channels, size, size])],
         opset,
     )
 
