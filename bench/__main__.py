@@ -127,8 +127,8 @@ def _check_equal(name: str, a: list[npt.NDArray[Any]], b: list[npt.NDArray[Any]]
     worst = 0.0
     for x, y in zip(a, b):
         denominator = max(float(np.linalg.norm(y.astype(np.float64))), 1e-30)
-        worst = max(worst, float(np.linalg.norm(x.astype(np.float64) - y.astype(np.float64))) / denominator)
-    if worst > tolerance:
+        worst = float(np.maximum(worst, float(np.linalg.norm(x.astype(np.float64) - y.astype(np.float64))) / denominator))
+    if not worst <= tolerance:  # NaN too (max() would drop it, and NaN > tolerance is False)
         raise SystemExit(f"{name}: outputs differ (relative error {worst:.3e} > {tolerance}); no timings reported")
     return worst
 
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         if "wgpu_py_us_per_dispatch" in overhead:
             print(f", wgpu-py classes {overhead['wgpu_py_us_per_dispatch']:.3f} us, ratio {overhead['ratio']:.0f}x")
         else:
-            print(" (wgpu-py not importable: no comparison)")
+            print(f" ({overhead.get('no_comparison', 'wgpu-py not importable')}: no comparison)")
         if phases:
             print("  of which per dispatch: " + ", ".join(f"{name} {value:.3f} us" for name, value in phases.items()))
 

@@ -1,0 +1,418 @@
+"""The benchmark package (``python -m bench``, ``python -m bench.profile``, ``bench.overhead``), run in process.
+
+Each test calls a bench ``main(argv)`` on a small MLP written to a temporary
+.onnx file, with few iterations, on the backend under test, and checks what
+the issue asks of the bench: capture on/off arms over the same fixed device
+I/O, their outputs compared before any timing is reported, the boundaries
+printed, ``--vs onnxruntime``, ``--json`` (raw timings, percentiles, adapter,
+versions, command line), ``--plot``, the progress display and ``--overhead``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+
+import ortgpu
+from bench import __main__ as bench_main
+from bench import overhead as bench_overhead
+from bench import peer as bench_peer
+from bench import profile as bench_profile
+from bench.harness import OrtgpuArms
+from bench.models import mlp, random_feeds
+
+ITERATIONS = 5
+WARMUP = 1
+TABLE_HEADER = re.compile(r"^arm\s+boundary\s+p50 ms\s+p90 ms\s+p99 ms\b", re.M)  # more columns may follow
+ORTGPU_ARMS = {
+    "off": {"ortgpu capture off/end_to_end", "ortgpu capture off/run_only", "ortgpu run() numpy in/out/end_to_end"},
+    "on": {"ortgpu capture on/end_to_end", "ortgpu capture on/run_only"},
+}
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("bench") / "mlp.onnx"
+    onnx.save(mlp(layers=2, width=64), str(path))  # symbolic batch: the bench feeds --batch
+    return str(path)
+
+
+def run_bench(*argv: str) -> int:
+    return bench_main.main(list(argv))
+
+
+def small_args(model_path: str, backend_name: str, *extra: str) -> list[str]:
+    return ["--model", model_path, "--backend", backend_name, "--iterations", str(ITERATIONS), "--warmup", str(WARMUP), *extra]
+
+
+def table_rows(stdout: str) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """The printed timing table: (arm, boundary) -> (p50, p90, p99)."""
+    rows = {}
+    for line in stdout.splitlines():
+        match = re.match(r"^(.+?)\s+(end_to_end|run_only)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)(\s|$)", line)
+        if match:
+            rows[(match[1], match[2])] = (float(match[3]), float(match[4]), float(match[5]))
+    return rows
+
+
+def expected_adapter(device: ortgpu.Device) -> dict[str, Any]:
+    return {
+        "name": device.name, "vendor_id": hex(device.vendor_id), "device_id": hex(device.device_id),
+        "backend": device.backend_type, "adapter_type": device.adapter_type, "driver": device.driver,
+    }
+
+
+def check_results(results: dict[str, Any], arms: set[str]) -> None:
+    assert set(results) == arms
+    for key, result in results.items():
+        assert result["iterations"] == ITERATIONS, key
+        raw = result["raw_s"]
+        assert isinstance(raw, list) and len(raw) == ITERATIONS, key
+        assert all(isinstance(t, float) and t > 0 for t in raw), key
+        p50, p90, p99 = result["p50_ms"], result["p90_ms"], result["p99_ms"]
+        assert all(isinstance(p, float) for p in (p50, p90, p99)), key
+        assert 0 < p50 <= p90 <= p99, key
+        assert min(raw) * 1e3 <= p50 and p99 <= max(raw) * 1e3, key
+        assert p50 == pytest.approx(float(np.percentile(raw, 50)) * 1e3), key
+
+
+# -- the full run: both arms, the peer, JSON ---------------------------------------------------------
+
+
+def test_bench_both_arms_vs_onnxruntime_json(
+    backend_name: str, device: ortgpu.Device, model_path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    json_path = tmp_path / "out.json"
+    argv = small_args(model_path, backend_name, "--capture", "both", "--vs", "onnxruntime", "--json", str(json_path))
+    assert run_bench(*argv) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(json_path.read_text())
+
+    # What was run and where.
+    assert report["command"] == "python -m bench " + " ".join(argv)
+    assert report["adapter"] == expected_adapter(device)
+    assert report["model"] == {"name": model_path, "batch": 1, "inputs": {"X": [1, 64]}}
+    versions = report["versions"]
+    assert versions["ortgpu"] == ortgpu.__version__
+    assert versions["onnxruntime"] == onnxruntime.__version__
+    if backend_name == "wgpu":
+        from ortgpu_core.backends.wgpu_native import native_version
+
+        assert versions["wgpu-native"] == native_version()
+    assert report["boundaries"] == bench_main.BOUNDARIES
+
+    # The arms, and the equality gate passed before any timing: the captured replay runs the uncaptured run's
+    # kernels on the same bound device values, so its outputs are the same bits.
+    assert report["capture_vs_uncaptured_rel_error"] == 0.0
+    assert report["dispatches"] == 2  # two fused MatMul+Add(+Relu) steps
+    provider = "WebGpuExecutionProvider" if bench_peer._webgpu_ep_device() is not None else "CPUExecutionProvider"
+    peers = {f"onnxruntime {provider} capture {mode}" for mode in ("off", "on")}
+    assert set(report["peer"]) == peers
+    assert all(report["peer"][label]["provider"] == provider for label in peers)
+    assert "peer_errors" not in report
+    assert set(report["peer_vs_ortgpu_rel_error"]) == peers
+    assert all(0.0 <= error < 1e-4 for error in report["peer_vs_ortgpu_rel_error"].values())
+    peer_arms = {f"{label}/{boundary}" for label in peers for boundary in bench_main.BOUNDARIES}
+    check_results(report["results"], ORTGPU_ARMS["off"] | ORTGPU_ARMS["on"] | peer_arms)
+
+    # Ratios: capture off / on per boundary, and each peer arm against ortgpu's arm of the same capture mode.
+    ratios = report["ratios"]
+    expected_ratios = {f"capture off / on, {b}" for b in bench_main.BOUNDARIES}
+    expected_ratios |= {f"{label} / ortgpu, {b}" for label in peers for b in bench_main.BOUNDARIES}
+    assert set(ratios) == expected_ratios
+    results = report["results"]
+    for boundary in bench_main.BOUNDARIES:
+        off = float(np.median(results[f"ortgpu capture off/{boundary}"]["raw_s"]))
+        on = float(np.median(results[f"ortgpu capture on/{boundary}"]["raw_s"]))
+        assert ratios[f"capture off / on, {boundary}"] == pytest.approx(off / on)
+        for label in peers:
+            theirs = float(np.median(results[f"{label}/{boundary}"]["raw_s"]))
+            mine = on if label.endswith("capture on") else off
+            assert ratios[f"{label} / ortgpu, {boundary}"] == pytest.approx(theirs / mine)
+    assert set(report["breakdown_ms"]) == {"capture off", "capture on"}
+    for parts in report["breakdown_ms"].values():
+        assert set(parts) == {"update_inplace", "run_or_replay_call", "readback"}
+        assert all(isinstance(v, float) and v >= 0 for v in parts.values())
+
+    # stdout: adapter, boundaries, the table (same numbers as the JSON), the ratios; stderr: the progress display.
+    assert f"adapter: {device.name} ({device.backend_type}, {device.adapter_type}), driver {device.driver}" in out
+    for boundary, text in bench_main.BOUNDARIES.items():
+        assert f"boundary {boundary}: {text}\n" in out
+    assert TABLE_HEADER.search(out)
+    rows = table_rows(out)
+    assert {f"{arm}/{boundary}" for arm, boundary in rows} == set(results)
+    for (arm, boundary), (p50, p90, p99) in rows.items():
+        summary = results[f"{arm}/{boundary}"]
+        assert (p50, p90, p99) == pytest.approx((summary["p50_ms"], summary["p90_ms"], summary["p99_ms"]), abs=6e-4)
+        assert p50 <= p90 <= p99
+    for text in expected_ratios:
+        assert f"ratio {text}: " in out
+    assert f"wrote {json_path}" in out
+    for key in results:
+        arm, boundary = key.rsplit("/", 1)
+        label = arm if arm.startswith("ortgpu run()") else f"{arm} {boundary}"
+        assert f"{label}: {ITERATIONS}/{ITERATIONS}\n" in err  # the progress line ends when the loop does
+    assert TABLE_HEADER.search(err) is None
+
+
+@pytest.mark.parametrize("capture", ["off", "on"])
+def test_bench_one_capture_mode(
+    backend_name: str, model_path: str, tmp_path: Path, capture: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    json_path = tmp_path / "out.json"
+    assert run_bench(*small_args(model_path, backend_name, "--capture", capture, "--json", str(json_path))) == 0
+    out = capsys.readouterr().out
+    report = json.loads(json_path.read_text())
+    check_results(report["results"], ORTGPU_ARMS[capture])
+    assert set(report["breakdown_ms"]) == {f"capture {capture}"}
+    assert ("capture_vs_uncaptured_rel_error" in report) == (capture == "on")
+    if capture == "on":
+        assert report["capture_vs_uncaptured_rel_error"] == 0.0
+    assert report["ratios"] == {}  # no off/on ratio with one arm, no peer without --vs
+    assert "peer" not in report and "onnxruntime" not in report["versions"]
+    assert {arm for arm, _ in table_rows(out)} == {key.rsplit("/", 1)[0] for key in ORTGPU_ARMS[capture]}
+    assert "ratio " not in out
+
+
+# -- the equality gate --------------------------------------------------------------------------------
+
+
+def _perturbed(original: Any, change: Any) -> Any:
+    @functools.wraps(original)
+    def step(self: Any) -> list[np.ndarray]:
+        return [change(array) for array in original(self)]
+
+    return step
+
+
+@pytest.mark.parametrize(
+    "change", [lambda a: a + 1.0, lambda a: np.full_like(a, np.nan)], ids=["shifted", "nan"]
+)
+def test_bench_refuses_timings_when_capture_outputs_differ(
+    backend_name: str, model_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(OrtgpuArms, "captured_end_to_end", _perturbed(OrtgpuArms.captured_end_to_end, change))
+    json_path, plot_path = tmp_path / "out.json", tmp_path / "out.png"
+    argv = small_args(model_path, backend_name, "--json", str(json_path), "--plot", str(plot_path))
+    with pytest.raises(SystemExit) as raised:
+        run_bench(*argv)
+    message = str(raised.value.code)
+    assert message.startswith("capture on vs off: outputs differ") and "no timings reported" in message
+    out, err = capsys.readouterr()
+    assert TABLE_HEADER.search(out) is None and not table_rows(out) and "ratio " not in out
+    assert "capture on end_to_end:" not in err  # the captured arm was never timed
+    assert not json_path.exists() and not plot_path.exists()
+
+
+def test_bench_refuses_timings_when_peer_outputs_differ(
+    backend_name: str, model_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(
+        bench_peer.OnnxruntimeArms, "end_to_end", _perturbed(bench_peer.OnnxruntimeArms.end_to_end, lambda a: a * 2)
+    )
+    json_path = tmp_path / "out.json"
+    argv = small_args(model_path, backend_name, "--capture", "off", "--vs", "onnxruntime", "--json", str(json_path))
+    with pytest.raises(SystemExit, match=r"^onnxruntime \S+ capture off: outputs differ .*no timings reported"):
+        run_bench(*argv)
+    out = capsys.readouterr().out
+    assert TABLE_HEADER.search(out) is None and not table_rows(out)
+    assert not json_path.exists()
+
+
+# -- fixed device I/O shared by the two arms -----------------------------------------------------------
+
+
+def test_arms_share_fixed_device_io(env: ortgpu.Env) -> None:
+    model = mlp(layers=2, width=64)
+    feeds = random_feeds(model, {"X": (1, 64)}, high=100)
+    arms = OrtgpuArms(model.SerializeToString(), feeds, env)
+    try:
+        inputs = {name: id(value) for name, value in arms.inputs.items()}
+        outputs = {name: id(value) for name, value in arms.outputs.items()}
+        reference = arms.uncaptured_end_to_end()
+        graph = arms.capture()
+        assert arms.capture() is graph  # captured once
+        for value in arms.outputs.values():  # the replay must refill the very values the uncaptured run wrote
+            value.update_inplace(np.zeros(value.shape(), np.float32))
+        replayed = arms.captured_end_to_end()
+        assert all(np.array_equal(r, e) for r, e in zip(replayed, reference))
+        # New input data through the same values: both arms see it and agree.
+        arms.feeds = random_feeds(model, {"X": (1, 64)}, seed=2, high=100)
+        fresh_uncaptured = arms.uncaptured_end_to_end()
+        fresh_captured = arms.captured_end_to_end()
+        assert not np.array_equal(fresh_uncaptured[0], reference[0])
+        assert np.array_equal(fresh_captured[0], fresh_uncaptured[0])
+        assert {name: id(value) for name, value in arms.inputs.items()} == inputs
+        assert {name: id(value) for name, value in arms.outputs.items()} == outputs
+        arms.uncaptured_run_only()
+        arms.captured_run_only()
+        breakdown = arms.breakdown(True, 2)
+        assert set(breakdown) == {"update_inplace", "run_or_replay_call", "readback"}
+    finally:
+        arms.close()
+    del arms, graph
+
+
+# -- --plot ---------------------------------------------------------------------------------------------
+
+
+def _matplotlib_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("hide_matplotlib", [False, True], ids=["as_installed", "without_matplotlib"])
+def test_bench_plot(
+    backend_name: str, model_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hide_matplotlib: bool,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if hide_matplotlib:
+        monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    plot_path = tmp_path / "latency.png"
+    assert run_bench(*small_args(model_path, backend_name, "--capture", "both", "--plot", str(plot_path))) == 0
+    out, err = capsys.readouterr()
+    if not hide_matplotlib and _matplotlib_available():
+        assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"wrote {plot_path}" in out
+    else:
+        assert not plot_path.exists()
+        assert "--plot needs matplotlib" in err and "no plot written" in err
+    assert TABLE_HEADER.search(out)  # the timings are reported either way
+
+
+# -- --overhead ---------------------------------------------------------------------------------------------
+
+# A few hundred dispatches keep the marginal cost well above the timer's noise and the test fast.
+DISPATCHES, OVERHEAD_ITERATIONS = 200, 7
+
+
+def _wgpu_py_available() -> bool:
+    try:
+        import wgpu  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_bench_overhead_only(
+    backend_name: str, device: ortgpu.Device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(
+        bench_overhead, "measure_overhead",
+        functools.partial(bench_overhead.measure_overhead, dispatches=DISPATCHES, iterations=OVERHEAD_ITERATIONS),
+    )
+    json_path = tmp_path / "out.json"
+    assert run_bench("--backend", backend_name, "--overhead-only", "--json", str(json_path)) == 0
+    out = capsys.readouterr().out
+    report = json.loads(json_path.read_text())
+    assert "results" not in report and "model" not in report and not table_rows(out)  # no model was run
+    assert report["adapter"] == expected_adapter(device)
+    overhead = report["overhead"]
+    assert overhead["dispatches"] == DISPATCHES and overhead["iterations"] == OVERHEAD_ITERATIONS
+    assert overhead["ortgpu_replay_us_per_dispatch"] > 0
+    submits = overhead["ortgpu_replay_submit_us"]
+    assert set(submits) == {"n=1", f"n={DISPATCHES}"} and 0 < submits["n=1"] < submits[f"n={DISPATCHES}"]
+    assert f"host cost per replayed dispatch: ortgpu {overhead['ortgpu_replay_us_per_dispatch']:.3f} us" in out
+    if backend_name == "wgpu":
+        phases = overhead["ortgpu_phases_us_per_dispatch"]
+        assert set(phases) == {"encode", "finish", "submit"} and all(v > 0 for v in phases.values())
+        assert "of which per dispatch: encode " in out
+        if _wgpu_py_available():
+            assert overhead["wgpu_py_us_per_dispatch"] > 0
+            assert overhead["ratio"] == pytest.approx(
+                overhead["wgpu_py_us_per_dispatch"] / overhead["ortgpu_replay_us_per_dispatch"]
+            )
+            assert f"wgpu-py classes {overhead['wgpu_py_us_per_dispatch']:.3f} us, ratio " in out
+        else:
+            assert "ratio" not in overhead and "(wgpu-py not importable: no comparison)" in out
+    else:
+        # The fake backend replays numpy twins, not wgpu-native: its host cost is measured (the path runs), but
+        # a ratio against wgpu-py's classes on a real adapter would compare nothing, so there is none.
+        assert "ortgpu_phases_us_per_dispatch" not in overhead
+        assert "wgpu_py_us_per_dispatch" not in overhead and "ratio" not in overhead
+        assert overhead["no_comparison"] == "device not wgpu-native"
+        assert "(device not wgpu-native: no comparison)" in out
+
+
+def test_overhead_without_wgpu_py(backend_name: str, device: ortgpu.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "wgpu", None)  # import wgpu raises ImportError
+    overhead = bench_overhead.measure_overhead(device.backend_device(), dispatches=DISPATCHES, iterations=3)
+    assert overhead["ortgpu_replay_submit_us"]["n=1"] > 0
+    assert "wgpu_py_us_per_dispatch" not in overhead and "ratio" not in overhead
+    expected = "wgpu-py not importable" if backend_name == "wgpu" else "device not wgpu-native"
+    assert overhead["no_comparison"] == expected
+
+
+def test_bench_with_overhead_reports_both(
+    backend_name: str, model_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(
+        bench_overhead, "measure_overhead",
+        functools.partial(bench_overhead.measure_overhead, dispatches=DISPATCHES, iterations=3),
+    )
+    json_path = tmp_path / "out.json"
+    argv = small_args(model_path, backend_name, "--capture", "on", "--overhead", "--json", str(json_path))
+    assert run_bench(*argv) == 0
+    out = capsys.readouterr().out
+    report = json.loads(json_path.read_text())
+    check_results(report["results"], ORTGPU_ARMS["on"])
+    assert report["overhead"]["dispatches"] == DISPATCHES
+    assert TABLE_HEADER.search(out) and "host cost per replayed dispatch" in out
+
+
+# -- python -m bench.profile ----------------------------------------------------------------------------------
+
+
+def test_profile_rows_and_json(
+    backend_name: str, device: ortgpu.Device, model_path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    json_path = tmp_path / "profile.json"
+    argv = ["--model", model_path, "--backend", backend_name, "--repeats", "3", "--json", str(json_path)]
+    assert bench_profile.main(argv) == 0
+    out = capsys.readouterr().out
+    report = json.loads(json_path.read_text())
+    assert report["model"] == model_path and report["batch"] == 1
+    assert isinstance(report["whole_us"], float) and isinstance(report["baseline_us"], float)
+    assert report["baseline_us"] > 0
+    steps = report["steps"]
+    assert sorted((s["op"], s["output"], s["dispatches"]) for s in steps) == [
+        ("MatMul+Add", [1, 64], 1), ("MatMul+Add+Relu", [1, 64], 1)
+    ]
+    assert [s["us"] for s in steps] == sorted((s["us"] for s in steps), reverse=True)
+    for step in steps:
+        assert isinstance(step["us"], float)
+        flops = 2.0 * 64 * 64  # [1, 64] x [64, 64]
+        if step["us"] > 0:
+            assert step["gflops_per_s"] == pytest.approx(flops / (step["us"] * 1e-6) / 1e9)
+    assert report["by_op_us"] == {s["op"]: pytest.approx(max(s["us"], 0.0)) for s in steps}
+
+    header, columns, *rows, by_op = out.strip().splitlines()
+    assert header.startswith(f"{model_path} batch 1 on {device.name}: {len(steps)} steps; whole plan ")
+    assert columns.split() == ["us", "%", "GFLOP/s", "op", "/", "output", "shape"]
+    assert len(rows) == len(steps)  # one row per step, slowest first
+    for row, step in zip(rows, steps):
+        assert row.split()[0] == f"{step['us']:.1f}"
+        assert row.endswith(f"  {step['op']} {step['output']}")
+    assert by_op.startswith("by op: ") and all(s["op"] in by_op for s in steps)
+
+
+def test_profile_top_limits_rows(backend_name: str, model_path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_profile.main(["--model", model_path, "--backend", backend_name, "--repeats", "2", "--top", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4  # header, columns, one row, by op
