@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What one GPU-machine session runs (see ../shared/GPU.md): set-up, then benchmarks, then the wgpu test suite.
-# Usage on the device machine, from the repository root, with .gl and .whl carried: bash bench/gpu_session.sh [models...]
+# Usage on the device machine, from the repository root, with .gl and .whl carried:
+#   [OUT=dir] [SWEEP=shapes] [PROFILE="model:batch ..."] [TESTS=seconds TEST_ARGS=...] bash bench/gpu_session.sh [model:batch ...]
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -9,7 +10,10 @@ FINAL=${OUT:-out}; OUT=$(mktemp -d); mkdir -p "$FINAL"
 trap 'tar -czf "$FINAL/results.tgz" -C "$OUT" . ; cat "$OUT"/*.txt > "$FINAL/summary.txt" 2>/dev/null' EXIT
 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
-for spec in "${@:-mlp16:1}"; do
+if [ -n "${SWEEP:-}" ]; then  # e.g. SWEEP=gemv: the kernel variants of those shapes, before the models
+  timeout 300 python3 -m bench.sweep_kernels --shapes "$SWEEP" --json "$OUT/sweep.json" 2>"$OUT/sweep.err" | tee "$OUT/sweep.txt"
+fi
+for spec in "$@"; do
   model=${spec%%:*}; batch=${spec##*:}
   iterations=200; [ "$model" = mlp16 ] || iterations=60
   extra=""; [ "$model" = mlp16 ] && [ "$batch" = 1 ] && extra="--overhead"

@@ -51,6 +51,8 @@ from ortgpu.ops._gemv import (
 )
 from ortgpu.ops._runner import padded_size
 from ortgpu_core.backends._commands import CommandList
+
+from .probes import bandwidth_probes, dispatch_floor_probe
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
 
@@ -304,6 +306,27 @@ def _median_submit(device: BackendDevice, commands: CommandList, repeats: int) -
     return statistics.median(times)
 
 
+@dataclass
+class Prepared:
+    """A plan's pipelines, bind groups and scratch, recorded ``count`` times into ``commands``."""
+
+    device: BackendDevice
+    commands: CommandList
+    count: int
+    pipelines: list[int] = dataclasses.field(default_factory=list)
+    groups: list[int] = dataclasses.field(default_factory=list)
+    buffers: list[int] = dataclasses.field(default_factory=list)
+
+    def release(self) -> None:
+        for group in self.groups:
+            self.device.release_bind_group(group)
+        for pipeline in self.pipelines:
+            self.device.release_pipeline(pipeline)
+        for buffer in self.buffers:
+            self.device.destroy_buffer(buffer)
+        self.groups, self.pipelines, self.buffers = [], [], []
+
+
 class Runner:
     """Persistent input/output buffers of one shape; runs plans over them."""
 
@@ -360,22 +383,21 @@ class Runner:
     def reference(self) -> np.ndarray:
         return np.asarray(self.operator.reference(self.arrays, self.shape.attrs, self.outputs)[0])
 
-    def time(self, plan: OpPlan, baseline: float, budget_s: float, repeats: int) -> tuple[float, np.ndarray]:
-        """Seconds per run of ``plan`` and its output."""
+    def prepare(self, plan: OpPlan, baseline: float, budget_s: float) -> tuple[Prepared, np.ndarray]:
+        """``plan``'s kernels bound to the persistent buffers and recorded ``count`` times (about ``budget_s`` of GPU
+        time per submit), and the output of one run."""
         device = self.device
-        owned: list[int] = []
-        pipelines: list[int] = []
-        groups: list[int] = []
+        prepared = Prepared(device, CommandList(), 1)
         try:
             scratch = []
             for size in plan.scratch_sizes:
                 buffer = device.create_buffer(padded_size(size), label="sweep-scratch")
-                owned.append(buffer)
+                prepared.buffers.append(buffer)
                 scratch.append(buffer)
             dispatches: list[tuple[int, int, tuple[int, int, int]]] = []
             for kernel in plan.kernels:
                 pipeline = device.create_compute_pipeline(kernel.wgsl, twin=kernel.twin, label=kernel.name)
-                pipelines.append(pipeline)
+                prepared.pipelines.append(pipeline)
                 entries = []
                 for slot, binding in enumerate(kernel.bindings):
                     if binding.kind == "input":
@@ -393,7 +415,7 @@ class Runner:
                         raise ValueError("params bindings are not used by the GEMM kernels")
                     entries.append(BindingEntry(slot, buffer, 0, size))
                 group = device.create_bind_group(pipeline, entries)
-                groups.append(group)
+                prepared.groups.append(group)
                 dispatches.append((pipeline, group, kernel.grid))
 
             def record(count: int) -> CommandList:
@@ -406,22 +428,25 @@ class Runner:
             once = record(1)
             device.submit(once)
             device.wait_idle()
-            single = max(_median_submit(device, once, 3) - baseline, 1e-6)
-            count = int(min(200, max(1, budget_s / single)))
-            many = record(count)
-            device.submit(many)
-            device.wait_idle()
-            seconds = max(_median_submit(device, many, repeats) - baseline, 0.0) / count
             raw = device.read_buffer(self.output, 0, padded_size(self.outputs[0].nbytes))
             result = np.frombuffer(raw[: self.outputs[0].nbytes], dtype=np.float32).reshape(self.outputs[0].shape).copy()
-            return seconds, result
+            single = max(_median_submit(device, once, 3) - baseline, 1e-6)
+            prepared.count = int(min(200, max(1, budget_s / single)))
+            prepared.commands = record(prepared.count)
+            device.submit(prepared.commands)
+            device.wait_idle()
+            return prepared, result
+        except BaseException:
+            prepared.release()
+            raise
+
+    def time(self, plan: OpPlan, baseline: float, budget_s: float, repeats: int) -> tuple[float, np.ndarray]:
+        """Seconds per run of ``plan`` (median of ``repeats`` submits of ``count`` runs) and its output."""
+        prepared, result = self.prepare(plan, baseline, budget_s)
+        try:
+            return max(_median_submit(self.device, prepared.commands, repeats) - baseline, 0.0) / prepared.count, result
         finally:
-            for group in groups:
-                device.release_bind_group(group)
-            for pipeline in pipelines:
-                device.release_pipeline(pipeline)
-            for buffer in owned:
-                device.destroy_buffer(buffer)
+            prepared.release()
 
     def release(self) -> None:
         for buffer in self.buffers:
@@ -459,94 +484,145 @@ def score_rules(swept: list[Shape], measured: dict[str, dict[GemmConfig, float]]
     return scores
 
 
+def _interleaved(device: BackendDevice, timed: list[tuple[str, CommandList, int]], baseline: float, rounds: int,
+                 rng: np.random.Generator) -> dict[str, list[float]]:
+    """Seconds per unit of each ``(name, commands, units)``: ``rounds`` rounds, each submitting every list once (in
+    a fresh random order) and waiting; a device whose speed drifts during the sweep shifts every entry alike."""
+    samples: dict[str, list[float]] = {name: [] for name, _, _ in timed}
+    for _ in range(rounds):
+        for index in rng.permutation(len(timed)):
+            name, commands, units = timed[int(index)]
+            start = time.perf_counter()
+            device.submit(commands)
+            device.wait_idle()
+            samples[name].append(max(time.perf_counter() - start - baseline, 0.0) / units)
+    return samples
+
+
 def sweep_gemv(
     device: BackendDevice, caps: DeviceCaps, args: argparse.Namespace, started: float, baseline: float,
     rng: np.random.Generator,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-    """Time every GEMV candidate of the selected GEMV shapes: (rows, best per shape, wrong results)."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], int]:
+    """Time every GEMV candidate of the selected GEMV shapes, interleaved with the bandwidth and dispatch-floor
+    probes of :mod:`bench.probes`: (rows, best per shape, probe results, wrong results)."""
     rows: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
+    probe_results: dict[str, Any] = {}
     failures = 0
     selected = [s for s in gemv_shapes() if not args.shapes or any(part.strip() in s.label for part in args.shapes.split(","))]
     if not selected:
-        return rows, summary, failures
+        return rows, summary, probe_results, failures
+    probes = bandwidth_probes(device, caps, args.probe_mb, repeats=10) + [dispatch_floor_probe(device, repeats=200)]
+    probe_samples: dict[str, list[float]] = {probe.name: [] for probe in probes}
     counts = [len(gemv_candidates(shape, caps, args.quick)) for shape in selected]
-    print(f"\nGEMV: {sum(counts)} variants over {len(selected)} shapes (subgroups: {'yes' if has_subgroups(caps) else 'no'}); "
-          f"% of {PEAK_BANDWIDTH_GBS / 1000:.1f} TB/s")
-    for shape in selected:
-        runner = Runner(device, shape, rng)
-        try:
-            batch, m, n, k = shape.gemm
-            nbytes = gemv_bytes(shape)
-            print(f"\n{shape.label}: layout {shape.layout}, N {n} K {k}, {nbytes / 1e6:.1f} MB per run")
-            first: np.ndarray | None = None
-            shape_rows: list[dict[str, Any]] = []
-            for name, config in gemv_candidates(shape, caps, args.quick):
-                if time.perf_counter() - started > args.max_seconds and name != "default":
-                    print(f"  {config.label:28s} skipped (--max-seconds {args.max_seconds:.0f} reached)")
-                    continue
-                effective = effective_gemv_config(config, shape.layout, n, k, caps)
-                row: dict[str, Any] = {"shape": shape.label, "layout": shape.layout, "n": n, "k": k, "config": config.label,
-                                       "is_default": name == "default", "fields": dataclasses.asdict(config)}
-                try:
-                    plan = runner.plan(config, caps)
-                    seconds, result = runner.time(plan, baseline, args.budget_ms / 1e3, args.repeats)
-                except Exception as error:  # a variant the device rejects is reported, not fatal
-                    row.update(error=f"{type(error).__name__}: {error}")
-                    print(f"  {config.label:28s} ERROR {row['error'][:120]}")
+    print(f"\nGEMV: {sum(counts)} variants over {len(selected)} shapes (subgroups: {'yes' if has_subgroups(caps) else 'no'}), "
+          f"{args.rounds} interleaved rounds with the probes; % of the measured bandwidth (and of {PEAK_BANDWIDTH_GBS / 1000:.1f} TB/s)")
+    try:
+        for shape in selected:
+            runner = Runner(device, shape, rng)
+            prepared: dict[str, Prepared] = {}
+            try:
+                batch, m, n, k = shape.gemm
+                nbytes = gemv_bytes(shape)
+                print(f"\n{shape.label}: layout {shape.layout}, N {n} K {k}, {nbytes / 1e6:.1f} MB per run")
+                first: np.ndarray | None = None
+                shape_rows: list[dict[str, Any]] = []
+                for name, config in gemv_candidates(shape, caps, args.quick):
+                    if time.perf_counter() - started > args.max_seconds and name != "default":
+                        print(f"  {config.label:28s} skipped (--max-seconds {args.max_seconds:.0f} reached)")
+                        continue
+                    effective = effective_gemv_config(config, shape.layout, n, k, caps)
+                    row: dict[str, Any] = {"shape": shape.label, "layout": shape.layout, "n": n, "k": k, "config": config.label,
+                                           "is_default": name == "default", "fields": dataclasses.asdict(config)}
+                    try:
+                        plan = runner.plan(config, caps)
+                        ready, result = runner.prepare(plan, baseline, args.budget_ms / 1e3)
+                    except Exception as error:  # a variant the device rejects is reported, not fatal
+                        row.update(error=f"{type(error).__name__}: {error}")
+                        print(f"  {config.label:28s} ERROR {row['error'][:120]}")
+                        rows.append(row)
+                        if name == "default":
+                            print("  (the default does not run here: shape skipped)")
+                            break
+                        continue
+                    prepared[config.label] = ready
+                    if first is None:
+                        first = result
+                        if shape.flops / 1e9 <= args.reference_gflop:
+                            row["err_vs_reference"] = _rel(result, runner.reference())
+                    row.update(workgroups=gemv_workgroups(effective, shape.layout, n, k), kernels=len(plan.kernels),
+                               err_vs_first=_rel(result, first))
                     rows.append(row)
-                    if name == "default":
-                        print("  (the default does not run here: shape skipped)")
-                        break
-                    continue
-                if first is None:
-                    first = result
-                    if shape.flops / 1e9 <= args.reference_gflop:
-                        row["err_vs_reference"] = _rel(result, runner.reference())
-                err = _rel(result, first)
-                gbs = nbytes / seconds / 1e9 if seconds > 0 else None
-                row.update(us=seconds * 1e6, gbs=gbs, peak_percent=100.0 * gbs / PEAK_BANDWIDTH_GBS if gbs else None,
-                           workgroups=gemv_workgroups(effective, shape.layout, n, k), kernels=len(plan.kernels), err_vs_first=err)
-                bad = err > 1e-3 or row.get("err_vs_reference", 0.0) > 1e-3
-                failures += bad
-                rate = f"{gbs:8.0f} GB/s {row['peak_percent']:5.1f}%" if gbs else "     inf"
-                print(f"  {config.label:28s}{' (default)' if name == 'default' else '          '} {seconds * 1e6:8.2f} us {rate} "
-                      f"{row['workgroups']:6d} wg {len(plan.kernels)} k{'  WRONG err=%.2e' % err if bad else ''}", flush=True)
-                rows.append(row)
-                shape_rows.append(row)
-            timed = [r for r in shape_rows if r.get("us") and not (r["err_vs_first"] > 1e-3)]
-            if timed:
-                best = min(timed, key=lambda r: r["us"])
-                default_row = next((r for r in timed if r["is_default"]), None)
-                summary.append({"shape": shape.label, "layout": shape.layout, "n": n, "k": k, "best": best["config"],
-                                "best_us": best["us"], "best_gbs": best["gbs"], "best_percent": best["peak_percent"],
-                                "best_fields": best["fields"],
-                                "default": default_row["config"] if default_row else None,
-                                "default_us": default_row["us"] if default_row else None,
-                                "default_gbs": default_row["gbs"] if default_row else None})
-        finally:
-            runner.release()
+                    shape_rows.append(row)
+                timed = [(label, ready.commands, ready.count) for label, ready in prepared.items()]
+                timed += [(probe.name, probe.commands, probe.repeats) for probe in probes]
+                samples = _interleaved(device, timed, baseline, args.rounds, rng)
+                for probe in probes:
+                    probe_samples[probe.name] += samples[probe.name]
+                shape_probes = {probe.name: statistics.median(samples[probe.name]) for probe in probes}
+                measured_gbs = max(probe.bytes_per_repeat / shape_probes[probe.name] / 1e9
+                                   for probe in probes if probe.bytes_per_repeat and shape_probes[probe.name] > 0)
+                floor_us = shape_probes["dispatch floor"] * 1e6
+                print(f"  measured bandwidth {measured_gbs:.0f} GB/s, dispatch floor {floor_us:.2f} us (interleaved)")
+                for row in shape_rows:
+                    seconds = statistics.median(samples[row["config"]])
+                    gbs = nbytes / seconds / 1e9 if seconds > 0 else None
+                    row.update(us=seconds * 1e6, gbs=gbs, peak_percent=100.0 * gbs / PEAK_BANDWIDTH_GBS if gbs else None,
+                               measured_percent=100.0 * gbs / measured_gbs if gbs else None, measured_gbs=measured_gbs,
+                               spread_us=(max(samples[row["config"]]) - min(samples[row["config"]])) * 1e6)
+                    bad = row["err_vs_first"] > 1e-3 or row.get("err_vs_reference", 0.0) > 1e-3
+                    failures += bad
+                    rate = f"{gbs:8.0f} GB/s {row['measured_percent']:5.1f}% ({row['peak_percent']:4.1f}%)" if gbs else "     inf"
+                    print(f"  {row['config']:28s}{' (default)' if row['is_default'] else '          '} {row['us']:8.2f} us {rate} "
+                          f"{row['workgroups']:6d} wg {row['kernels']} k{'  WRONG err=%.2e' % row['err_vs_first'] if bad else ''}", flush=True)
+                good = [r for r in shape_rows if r.get("us") and not (r["err_vs_first"] > 1e-3)]
+                if good:
+                    best = min(good, key=lambda r: r["us"])
+                    default_row = next((r for r in good if r["is_default"]), None)
+                    summary.append({"shape": shape.label, "layout": shape.layout, "n": n, "k": k, "best": best["config"],
+                                    "best_us": best["us"], "best_gbs": best["gbs"], "best_percent": best["peak_percent"],
+                                    "best_measured_percent": best["measured_percent"], "measured_gbs": measured_gbs,
+                                    "dispatch_floor_us": floor_us, "best_fields": best["fields"],
+                                    "default": default_row["config"] if default_row else None,
+                                    "default_us": default_row["us"] if default_row else None,
+                                    "default_gbs": default_row["gbs"] if default_row else None})
+            finally:
+                for ready in prepared.values():
+                    ready.release()
+                runner.release()
+    finally:
+        for probe in probes:
+            probe.release()
+    for probe in probes:
+        if probe_samples[probe.name]:
+            seconds = statistics.median(probe_samples[probe.name])
+            probe_results[probe.name] = {"us": seconds * 1e6, "gbs": probe.bytes_per_repeat / seconds / 1e9 if probe.bytes_per_repeat and seconds else None}
     if summary:
+        print("\nprobes over the whole GEMV sweep: " + ", ".join(
+            f"{name} {value['gbs']:.0f} GB/s" if value["gbs"] else f"{name} {value['us']:.2f} us per dispatch"
+            for name, value in probe_results.items()))
         print("\nGEMV best per shape (default = choose_gemv_config):")
         for entry in summary:
             ratio = entry["default_us"] / entry["best_us"] if entry["default_us"] and entry["best_us"] else float("nan")
             print(f"  {entry['shape']:48s} best {entry['best']:24s} {entry['best_us']:8.2f} us {entry['best_gbs'] or 0:7.0f} GB/s "
-                  f"({entry['best_percent'] or 0:.1f}%); default {entry['default']} x{ratio:.2f}")
-        print(f"\nGEMV table (paste into bench/RESULTS.md; % of {PEAK_BANDWIDTH_GBS / 1000:.1f} TB/s):")
-        print("| shape | default | us | GB/s | % | best | us | GB/s | % |")
-        print("|---|---|---:|---:|---:|---|---:|---:|---:|")
+                  f"({entry['best_measured_percent'] or 0:.1f}% of measured); default {entry['default']} x{ratio:.2f}")
+        print("\nGEMV table (paste into bench/RESULTS.md; % of the bandwidth measured in the same rounds, and of "
+              f"{PEAK_BANDWIDTH_GBS / 1000:.1f} TB/s):")
+        print("| shape | measured GB/s | floor us | default | us | GB/s | % | best | us | GB/s | % (of 4.8 TB/s) |")
+        print("|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|")
         for entry in summary:
-            d_us, d_gbs = entry["default_us"], entry["default_gbs"]
-            default_cells = (f"{d_us:.2f} | {d_gbs:.0f} | {100 * d_gbs / PEAK_BANDWIDTH_GBS:.1f}" if d_us and d_gbs else "- | - | -")
-            print(f"| {entry['shape']} | {entry['default']} | {default_cells} | {entry['best']} | {entry['best_us']:.2f} | "
-                  f"{entry['best_gbs'] or 0:.0f} | {entry['best_percent'] or 0:.1f} |")
+            d_us, d_gbs, measured = entry["default_us"], entry["default_gbs"], entry["measured_gbs"]
+            default_cells = (f"{d_us:.2f} | {d_gbs:.0f} | {100 * d_gbs / measured:.1f}" if d_us and d_gbs else "- | - | -")
+            print(f"| {entry['shape']} | {measured:.0f} | {entry['dispatch_floor_us']:.2f} | {entry['default']} | {default_cells} | "
+                  f"{entry['best']} | {entry['best_us']:.2f} | {entry['best_gbs'] or 0:.0f} | "
+                  f"{entry['best_measured_percent'] or 0:.1f} ({entry['best_percent'] or 0:.1f}) |")
         table = ",\n".join(
             f"    {(entry['layout'], entry['n'], entry['k'])!r}: {GemvConfig(**entry['best_fields'])!r}"
             for entry in summary if GemvConfig(**entry["best_fields"]) != default_gemv_config(entry["layout"])
         )
         print("\nfastest GEMV config per measured shape (paste into ortgpu/ops/_gemv.py):\n"
               "GEMV_SHAPE_CONFIGS: dict[tuple[str, int, int], GemvConfig] = {\n" + (table + ",\n" if table else "") + "}")
-    return rows, summary, failures
+    return rows, summary, probe_results, failures
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -561,6 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu")
     parser.add_argument("--budget-ms", type=float, default=3.0, help="GPU time per timed submit (repeats per command list)")
     parser.add_argument("--repeats", type=int, default=5, help="timed submits per variant (median)")
+    parser.add_argument("--rounds", type=int, default=7, help="GEMV: interleaved rounds over all variants and probes (median)")
+    parser.add_argument("--probe-mb", type=int, default=256, help="GEMV: source buffer of the bandwidth probes (MB)")
     parser.add_argument("--max-seconds", type=float, default=170.0,
                         help="after this long only the legacy, default and rule-picked variants are timed")
     parser.add_argument("--reference-gflop", type=float, default=4.0,
@@ -589,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: list[dict[str, Any]] = []
     measured: dict[str, dict[GemmConfig, float]] = {}
     swept: list[Shape] = []
-    gemv_rows, gemv_summary, failures = sweep_gemv(device, caps, args, started, baseline, rng)
+    gemv_rows, gemv_summary, probe_results, failures = sweep_gemv(device, caps, args, started, baseline, rng)
     for shape in shapes():
         if args.shapes and not any(part.strip() in shape.label for part in args.shapes.split(",")):
             continue
@@ -672,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
                        "tunables": {"GEMM_TILES": [dataclasses.asdict(c) for c in _gemm.GEMM_TILES],
                                     "GEMM_TARGET_WORKGROUPS": _gemm.GEMM_TARGET_WORKGROUPS,
                                     "GEMM_SPLIT_MIN_K": _gemm.GEMM_SPLIT_MIN_K, "GEMM_MAX_SPLIT_K": _gemm.GEMM_MAX_SPLIT_K},
-                       "rows": rows, "best": summary, "rules": scores, "gemv_rows": gemv_rows, "gemv_best": gemv_summary,
+                       "rows": rows, "best": summary, "rules": scores, "gemv_rows": gemv_rows, "gemv_best": gemv_summary, "probes": probe_results,
                        "gemv_peak_gbs": PEAK_BANDWIDTH_GBS, "seconds": elapsed}, handle, indent=1)
     device.destroy()
     return 1 if failures else 0

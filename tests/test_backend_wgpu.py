@@ -494,3 +494,71 @@ def test_native_library_is_loaded_once() -> None:
     from ortgpu_core.backends.wgpu_native import load_native
 
     assert load_native() is load_native()
+
+
+# -- waiting: spin, then block -------------------------------------------------------
+
+SLOW_KERNEL = """
+@group(0) @binding(0) var<storage, read_write> data: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    var x = gid.x;
+    for (var i = 0u; i < 20000u; i = i + 1u) {
+        x = x * 1664525u + 1013904223u;
+    }
+    data[gid.x] = x;
+}
+"""
+
+
+def _slow_expected(count: int) -> np.ndarray:
+    x = np.arange(count, dtype=np.uint64)
+    for _ in range(20000):
+        x = (x * 1664525 + 1013904223) & 0xFFFFFFFF
+    return x.astype(np.uint32)
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, float("nan"), float("inf"), "10", True])
+def test_spin_wait_argument_is_checked(bad: object) -> None:
+    from ortgpu_core._errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="spin_wait_us must be a finite number of microseconds >= 0"):
+        WgpuBackend(spin_wait_us=bad)  # type: ignore[arg-type]
+
+
+def test_default_spin_is_off_on_cpu_adapters(device: WgpuDevice) -> None:
+    # lavapipe is a CPU adapter: a spinning waiter would take a core from its render threads
+    assert device.info.adapter_type == "CPU"
+    assert device.spin_wait_us == 0.0
+
+
+@pytest.mark.parametrize("spin_us", [1e6, 1.0])
+def test_waits_that_spin_first_still_wait_for_the_work(spin_us: float) -> None:
+    """A long spin returns when the work is done; a spin shorter than the work falls back to blocking.  Either way
+    wait_idle leaves the queue empty and read_buffer returns the finished result."""
+    backend = WgpuBackend(spin_wait_us=spin_us)
+    device = backend.open_device(backend.default_adapter_index())
+    try:
+        assert device.spin_wait_us == spin_us
+        count = 64 * 8
+        buffer = device.create_buffer(4 * count)
+        pipeline = device.create_compute_pipeline(SLOW_KERNEL, label="slow")
+        group = device.create_bind_group(pipeline, [BindingEntry(0, buffer, 0, 4 * count)])
+        commands = CommandList()
+        commands.add_dispatch(pipeline, group, count // 64)
+        expected = _slow_expected(count)
+        device.submit(commands)
+        device.wait_idle()
+        ffi, lib = load_native()
+        assert lib.wgpuDevicePoll(device._device, 0, ffi.NULL)  # nothing left in flight
+        device.write_buffer(buffer, 0, bytes(4 * count))
+        device.submit(commands)
+        got = np.frombuffer(device.read_buffer(buffer, 0, 4 * count), np.uint32)
+        np.testing.assert_array_equal(got, expected)
+        device.release_bind_group(group)
+        device.release_pipeline(pipeline)
+        device.destroy_buffer(buffer)
+        assert device.live_handles() == 0
+    finally:
+        device.destroy()
+        backend.close()

@@ -26,11 +26,12 @@ from __future__ import annotations
 import functools
 import re
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
-from .._errors import DeviceError, DeviceLostError, OutOfMemoryError, ValidationError
+from .._errors import DeviceError, DeviceLostError, InvalidArgumentError, OutOfMemoryError, ValidationError
 from . import _cdef
 from ._commands import CommandList, NativeTable
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
@@ -69,6 +70,10 @@ _STAGING_MINIMUM = 1 << 16
 _LOST_MESSAGE = re.compile(r"device is lost", re.IGNORECASE)
 # read_buffer polls at most this many times for the map callback before giving up.
 _MAP_POLL_ATTEMPTS = 10_000
+# Default spin before a blocking wait, on GPU adapters (0 on CPU adapters: there the spinning thread would take
+# a core from the driver's own threads).  On the H200 a blocking wgpuDevicePoll adds ~35-40 us of wake-up latency
+# to every wait (empty submit + wait: 44 us blocking, 7.4 us spinning; bench/RESULTS.md).
+DEFAULT_SPIN_WAIT_US = 2000.0
 
 
 def native_version() -> str:
@@ -235,9 +240,22 @@ class WgpuBackend:
 
     name = "wgpu"
 
-    def __init__(self, *, include_opengl: bool = False) -> None:
+    def __init__(self, *, include_opengl: bool = False, spin_wait_us: float | None = None) -> None:
         """``include_opengl``: also list OpenGL(ES) adapters.  Off by default: every GPU ortgpu targets has a
-        Vulkan, Metal or D3D12 adapter, and initialising EGL prints warnings on machines without a display."""
+        Vulkan, Metal or D3D12 adapter, and initialising EGL prints warnings on machines without a display.
+
+        ``spin_wait_us``: how long a wait for the device (``wait_idle``, ``read_buffer``) polls without blocking,
+        keeping one CPU core busy, before it blocks in the driver.  Blocking costs tens of microseconds of
+        wake-up latency per wait on a GPU; spinning costs a core while the GPU works.  ``None`` (default):
+        :data:`DEFAULT_SPIN_WAIT_US` on GPU adapters, 0 on CPU adapters (software drivers need the cores).
+        """
+        if spin_wait_us is not None and (
+            isinstance(spin_wait_us, bool) or not isinstance(spin_wait_us, (int, float)) or not 0 <= spin_wait_us < float("inf")
+        ):
+            raise InvalidArgumentError(
+                f"spin_wait_us must be a finite number of microseconds >= 0 (0 = always block), not {spin_wait_us!r}"
+            )
+        self.spin_wait_us = spin_wait_us
         ffi, lib = load_native()
         self._ffi = ffi
         self._lib = lib
@@ -408,6 +426,10 @@ class WgpuDevice:
         self._staging_size = 0
         self._sink = sink = _ErrorSink()
         self.info = info
+        spin = backend.spin_wait_us
+        if spin is None:
+            spin = 0.0 if info.adapter_type == "CPU" else DEFAULT_SPIN_WAIT_US
+        self.spin_wait_us = float(spin)
 
         # Callbacks: never raise into native code (cffi's onerror would print).
         # Counts every error; the command list's C loop reads it to avoid
@@ -691,12 +713,7 @@ class WgpuDevice:
         # WGPUFuture wgpuBufferMapAsync(WGPUBuffer, WGPUMapMode, size_t offset, size_t size, WGPUBufferMapCallbackInfo)
         lib.wgpuBufferMapAsync(self._staging, lib.WGPUMapMode_Read, 0, size, callback_info[0])
         self._raise_pending(action)
-        for _ in range(_MAP_POLL_ATTEMPTS):
-            if sink.map_status is not None:
-                break
-            # WGPUBool wgpuDevicePoll(WGPUDevice, WGPUBool wait, WGPUSubmissionIndex const *)
-            lib.wgpuDevicePoll(self._device, 1, ffi.NULL)
-            self._raise_pending(action)
+        self._poll_until(lambda idle: sink.map_status is not None, action)
         if sink.map_status != lib.WGPUMapAsyncStatus_Success:
             state = "never completed" if sink.map_status is None else f"failed: {sink.map_message}"
             raise DeviceError(f"{action}: mapping the staging buffer {state}")
@@ -954,10 +971,30 @@ class WgpuDevice:
 
     @_serialized
     def wait_idle(self) -> None:
-        """Block until all submitted work is done."""
+        """Block until all submitted work is done (spinning first for up to ``spin_wait_us``)."""
         self._check_open()
-        self._lib.wgpuDevicePoll(self._device, 1, self._ffi.NULL)
-        self._raise_pending("wait_idle")
+        self._poll_until(lambda idle: idle, "wait_idle")
+
+    def _poll_until(self, done: Callable[[bool], bool], action: str) -> None:
+        """Poll the device until ``done(queue_empty)``: without blocking for up to ``spin_wait_us``, then blocking
+        (each blocking poll waits for every submission; at most ``_MAP_POLL_ATTEMPTS`` of them)."""
+        lib, device, null = self._lib, self._device, self._ffi.NULL
+        if self.spin_wait_us > 0:
+            deadline = time.perf_counter() + self.spin_wait_us * 1e-6
+            while True:
+                # WGPUBool wgpuDevicePoll(WGPUDevice, WGPUBool wait, WGPUSubmissionIndex const *): true when the
+                # queue is empty
+                idle = bool(lib.wgpuDevicePoll(device, 0, null))
+                self._raise_pending(action)
+                if done(idle):
+                    return
+                if time.perf_counter() > deadline:
+                    break
+        for _ in range(_MAP_POLL_ATTEMPTS):
+            idle = bool(lib.wgpuDevicePoll(device, 1, null))
+            self._raise_pending(action)
+            if done(idle):
+                return
 
     # -- lifetime -------------------------------------------------------------------------
     def live_handles(self) -> int:

@@ -1,0 +1,91 @@
+"""The kernel sweep's reference probes (bench/probes.py) and its interleaved GEMV timing, on both backends.
+
+The probes are what GEMV bandwidth percentages and the dispatch floor are read against, so they must compute what
+they claim: the copy copies, the read sums every vector once, the floor chain runs every dispatch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ortgpu_core
+from bench import sweep_kernels
+from bench.probes import bandwidth_probes, dispatch_floor_probe
+from ortgpu.ops import DeviceCaps
+
+
+def _caps(device: ortgpu_core.Device) -> DeviceCaps:
+    backend_device = device.backend_device()
+    return DeviceCaps(frozenset(backend_device.features), backend_device.limits)
+
+
+def test_bandwidth_probes_copy_and_sum(device: ortgpu_core.Device) -> None:
+    backend_device = device.backend_device()
+    copy, read = bandwidth_probes(backend_device, _caps(device), megabytes=1, repeats=2)
+    try:
+        src, dst = copy.bound
+        assert read.bound == (src, dst)
+        nbytes = backend_device.buffer_size(src)
+        assert 0 < nbytes <= 1_000_000 and nbytes % (16 * 256) == 0
+        assert copy.bytes_per_repeat == 2 * nbytes and copy.repeats == 2
+        values = np.random.default_rng(3).integers(-8, 8, nbytes // 4).astype(np.float32)  # exact sums in f32
+        backend_device.write_buffer(src, 0, values.tobytes())
+        backend_device.submit(copy.commands)
+        copied = np.frombuffer(backend_device.read_buffer(dst, 0, nbytes), np.float32)
+        np.testing.assert_array_equal(copied, values)
+
+        backend_device.submit(read.commands)
+        invocations = (read.bytes_per_repeat - nbytes) // 16
+        assert invocations >= 256 and invocations % 256 == 0
+        sums = np.frombuffer(backend_device.read_buffer(dst, 0, invocations * 16), np.float32).reshape(-1, 4)
+        vectors = values.reshape(-1, 4)
+        expected = np.zeros((invocations, 4), np.float64)
+        np.add.at(expected, np.arange(len(vectors)) % invocations, vectors)
+        np.testing.assert_array_equal(sums, expected.astype(np.float32))
+        # the untouched rest of dst still holds the copy
+        rest = np.frombuffer(backend_device.read_buffer(dst, invocations * 16, nbytes - invocations * 16), np.float32)
+        np.testing.assert_array_equal(rest, values[invocations * 4 :])
+    finally:
+        copy.release()
+        read.release()
+
+
+def test_dispatch_floor_probe_runs_every_dispatch(device: ortgpu_core.Device) -> None:
+    backend_device = device.backend_device()
+    probe = dispatch_floor_probe(backend_device, repeats=37)
+    try:
+        (word,) = probe.bound
+        backend_device.submit(probe.commands)
+        backend_device.submit(probe.commands)
+        assert np.frombuffer(backend_device.read_buffer(word, 0, 4), np.uint32)[0] == 74
+        assert probe.bytes_per_repeat == 0 and probe.repeats == 37
+    finally:
+        probe.release()
+    probe.release()  # idempotent
+
+
+def test_gemv_sweep_interleaves_probes_and_prints_a_table(backend_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep.json"
+    code = sweep_kernels.main(["--backend", backend_name, "--shapes", "mlp16", "--quick", "--rounds", "2", "--probe-mb", "1",
+                               "--budget-ms", "1", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads(out.read_text())
+    assert set(report["probes"]) == {"bandwidth copy 1 MB", "bandwidth read 1 MB", "dispatch floor"}
+    assert all(value["us"] > 0 for value in report["probes"].values())
+    rows = [row for row in report["gemv_rows"] if "us" in row]
+    assert len(rows) >= 5 and sum(row["is_default"] for row in rows) == 1
+    for row in rows:
+        assert row["err_vs_first"] < 1e-5
+        assert row["measured_gbs"] > 0 and row["measured_percent"] == pytest.approx(100 * row["gbs"] / row["measured_gbs"])
+    (best,) = report["gemv_best"]
+    assert best["best_us"] == min(row["us"] for row in rows)
+    assert "measured bandwidth" in printed and "dispatch floor" in printed
+    table = printed.split("GEMV_SHAPE_CONFIGS: dict[tuple[str, int, int], GemvConfig] = {", 1)[1].split("}", 1)[0]
+    namespace: dict[str, object] = {"GemvConfig": sweep_kernels.GemvConfig}
+    parsed = eval("{" + table + "}", namespace)  # the printed table is valid Python for _gemv.py
+    assert all(key[0] == "kn" and key[1:] == (1024, 1024) for key in parsed)
