@@ -540,7 +540,7 @@ def test_waits_that_spin_first_still_wait_for_the_work(spin_us: float) -> None:
     device = backend.open_device(backend.default_adapter_index())
     try:
         assert device.spin_wait_us == spin_us
-        count = 64 * 8
+        count = 64 * 64
         buffer = device.create_buffer(4 * count)
         pipeline = device.create_compute_pipeline(SLOW_KERNEL, label="slow")
         group = device.create_bind_group(pipeline, [BindingEntry(0, buffer, 0, 4 * count)])
@@ -549,8 +549,16 @@ def test_waits_that_spin_first_still_wait_for_the_work(spin_us: float) -> None:
         expected = _slow_expected(count)
         device.submit(commands)
         device.wait_idle()
+        # nothing left in flight: a work-done callback registered now fires on the first non-blocking poll
         ffi, lib = load_native()
-        assert lib.wgpuDevicePoll(device._device, 0, ffi.NULL)  # nothing left in flight
+        fired: list[int] = []
+        callback = ffi.callback("WGPUQueueWorkDoneCallback", lambda status, message, u1, u2: fired.append(int(status)))
+        info = ffi.new("WGPUQueueWorkDoneCallbackInfo *")
+        info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        info.callback = callback
+        lib.wgpuQueueOnSubmittedWorkDone(device._queue, info[0])
+        lib.wgpuDevicePoll(device._device, 0, ffi.NULL)
+        assert fired == [lib.WGPUQueueWorkDoneStatus_Success]
         device.write_buffer(buffer, 0, bytes(4 * count))
         device.submit(commands)
         got = np.frombuffer(device.read_buffer(buffer, 0, 4 * count), np.uint32)

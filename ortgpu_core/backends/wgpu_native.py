@@ -180,6 +180,10 @@ class _ErrorSink:
         self.ignore_lost = False
         self.map_status: int | None = None
         self.map_message = ""
+        # wait_idle: the token of the newest wgpuQueueOnSubmittedWorkDone callback that fired (tokens rise, and
+        # the callbacks fire in submission order), and the status of one that did not succeed
+        self.work_done_token = 0
+        self.work_done_failure: str | None = None
 
 
 @dataclass
@@ -457,10 +461,21 @@ class WgpuDevice:
                 sink.map_message = ""
             sink.map_status = int(status)
 
+        def on_work_done(status: int, message: Any, userdata1: Any, userdata2: Any) -> None:
+            token = int(ffi.cast("uintptr_t", userdata1))
+            if status != lib.WGPUQueueWorkDoneStatus_Success:
+                try:
+                    sink.work_done_failure = f"{_enum_suffix('WGPUQueueWorkDoneStatus', status)}: {_string(message)}"
+                except Exception:  # noqa: BLE001
+                    sink.work_done_failure = "(status unreadable)"
+            sink.work_done_token = max(sink.work_done_token, token)
+
         # The cffi callbacks must outlive the device: kept on self.
         self._on_uncaptured_error = ffi.callback("WGPUUncapturedErrorCallback", on_uncaptured_error)
         self._on_device_lost = ffi.callback("WGPUDeviceLostCallback", on_device_lost)
         self._on_map = ffi.callback("WGPUBufferMapCallback", on_map)
+        self._on_work_done = ffi.callback("WGPUQueueWorkDoneCallback", on_work_done)
+        self._work_done_tokens = 0
 
         adapter_limits = ffi.new("WGPULimits *")
         # WGPUStatus wgpuAdapterGetLimits(WGPUAdapter adapter, WGPULimits * limits)
@@ -713,7 +728,7 @@ class WgpuDevice:
         # WGPUFuture wgpuBufferMapAsync(WGPUBuffer, WGPUMapMode, size_t offset, size_t size, WGPUBufferMapCallbackInfo)
         lib.wgpuBufferMapAsync(self._staging, lib.WGPUMapMode_Read, 0, size, callback_info[0])
         self._raise_pending(action)
-        self._poll_until(lambda idle: sink.map_status is not None, action)
+        self._poll_until(lambda: sink.map_status is not None, action)
         if sink.map_status != lib.WGPUMapAsyncStatus_Success:
             state = "never completed" if sink.map_status is None else f"failed: {sink.map_message}"
             raise DeviceError(f"{action}: mapping the staging buffer {state}")
@@ -973,27 +988,44 @@ class WgpuDevice:
     def wait_idle(self) -> None:
         """Block until all submitted work is done (spinning first for up to ``spin_wait_us``)."""
         self._check_open()
-        self._poll_until(lambda idle: idle, "wait_idle")
+        ffi, lib, sink = self._ffi, self._lib, self._sink
+        # wgpuDevicePoll's "queue empty" answer can come before the GPU has finished (seen on the H200), so the
+        # wait is for a work-done callback registered after everything submitted so far.
+        self._work_done_tokens += 1
+        token = self._work_done_tokens
+        sink.work_done_failure = None
+        callback_info = ffi.new("WGPUQueueWorkDoneCallbackInfo *")
+        callback_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        callback_info.callback = self._on_work_done
+        callback_info.userdata1 = ffi.cast("void *", token)
+        # WGPUFuture wgpuQueueOnSubmittedWorkDone(WGPUQueue queue, WGPUQueueWorkDoneCallbackInfo callbackInfo)
+        lib.wgpuQueueOnSubmittedWorkDone(self._queue, callback_info[0])
+        self._raise_pending("wait_idle")
+        self._poll_until(lambda: sink.work_done_token >= token, "wait_idle")
+        if sink.work_done_token < token or sink.work_done_failure is not None:
+            state = "never completed" if sink.work_done_token < token else f"failed: {sink.work_done_failure}"
+            raise DeviceError(f"wait_idle: waiting for the submitted work {state}")
 
-    def _poll_until(self, done: Callable[[bool], bool], action: str) -> None:
-        """Poll the device until ``done(queue_empty)``: without blocking for up to ``spin_wait_us``, then blocking
-        (each blocking poll waits for every submission; at most ``_MAP_POLL_ATTEMPTS`` of them)."""
+    def _poll_until(self, done: Callable[[], bool], action: str) -> None:
+        """Poll the device until ``done()`` (set by a callback that a poll fires): without blocking for up to
+        ``spin_wait_us``, then blocking (each blocking poll waits for every submission; at most
+        ``_MAP_POLL_ATTEMPTS`` of them)."""
         lib, device, null = self._lib, self._device, self._ffi.NULL
         if self.spin_wait_us > 0:
             deadline = time.perf_counter() + self.spin_wait_us * 1e-6
             while True:
                 # WGPUBool wgpuDevicePoll(WGPUDevice, WGPUBool wait, WGPUSubmissionIndex const *): true when the
                 # queue is empty
-                idle = bool(lib.wgpuDevicePoll(device, 0, null))
+                lib.wgpuDevicePoll(device, 0, null)
                 self._raise_pending(action)
-                if done(idle):
+                if done():
                     return
                 if time.perf_counter() > deadline:
                     break
         for _ in range(_MAP_POLL_ATTEMPTS):
-            idle = bool(lib.wgpuDevicePoll(device, 1, null))
+            lib.wgpuDevicePoll(device, 1, null)
             self._raise_pending(action)
-            if done(idle):
+            if done():
                 return
 
     # -- lifetime -------------------------------------------------------------------------
