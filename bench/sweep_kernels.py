@@ -330,7 +330,10 @@ class Prepared:
 class Runner:
     """Persistent input/output buffers of one shape; runs plans over them."""
 
-    def __init__(self, device: BackendDevice, shape: Shape, rng: np.random.Generator) -> None:
+    def __init__(self, device: BackendDevice, shape: Shape, rng: np.random.Generator, cold_bytes: int = 0) -> None:
+        """``cold_bytes``: GEMV shapes keep copies of the weight B until they hold at least this many bytes, and
+        successive runs cycle through them, so B streams from memory as in a model whose weights exceed the
+        cache (mlp16's 64 MB against the H200's 50 MB L2) instead of staying cache-resident."""
         self.device = device
         self.shape = shape
         operator = get_operator(shape.op, shape.opset)
@@ -348,6 +351,14 @@ class Runner:
             device.write_buffer(buffer, 0, array.tobytes())
             self.buffers.append(buffer)
         self.output = device.create_buffer(padded_size(self.outputs[0].nbytes), label="sweep-output")
+        # input index -> extra copies (GEMV weights only), cycled through by prepare()'s recording
+        self.copies: list[int] = []
+        weight = self.arrays[1] if shape.layout and len(self.arrays) > 1 else None
+        if weight is not None and cold_bytes > weight.nbytes:
+            for _ in range(-(-cold_bytes // weight.nbytes) - 1):
+                buffer = device.create_buffer(padded_size(weight.nbytes), label="sweep-weight-copy")
+                device.write_buffer(buffer, 0, weight.tobytes())
+                self.copies.append(buffer)
 
     def _out_shape(self) -> tuple[int, ...]:
         s = self.shape
@@ -394,34 +405,40 @@ class Runner:
                 buffer = device.create_buffer(padded_size(size), label="sweep-scratch")
                 prepared.buffers.append(buffer)
                 scratch.append(buffer)
-            dispatches: list[tuple[int, int, tuple[int, int, int]]] = []
+            pipelines = []
             for kernel in plan.kernels:
                 pipeline = device.create_compute_pipeline(kernel.wgsl, twin=kernel.twin, label=kernel.name)
                 prepared.pipelines.append(pipeline)
-                entries = []
-                for slot, binding in enumerate(kernel.bindings):
-                    if binding.kind == "input":
-                        bound = self.buffers[binding.index]
-                        assert bound is not None
-                        buffer = bound
-                        info = self.infos[binding.index]
-                        assert info is not None
-                        size = padded_size(info.nbytes)
-                    elif binding.kind == "output":
-                        buffer, size = self.output, padded_size(self.outputs[0].nbytes)
-                    elif binding.kind == "scratch":
-                        buffer, size = scratch[binding.index], padded_size(plan.scratch_sizes[binding.index])
-                    else:
-                        raise ValueError("params bindings are not used by the GEMM kernels")
-                    entries.append(BindingEntry(slot, buffer, 0, size))
-                group = device.create_bind_group(pipeline, entries)
-                prepared.groups.append(group)
-                dispatches.append((pipeline, group, kernel.grid))
+                pipelines.append(pipeline)
+            rotations: list[list[tuple[int, int, tuple[int, int, int]]]] = []
+            for weight in [None, *self.copies]:  # the original B, then each copy of it
+                dispatches: list[tuple[int, int, tuple[int, int, int]]] = []
+                for kernel, pipeline in zip(plan.kernels, pipelines):
+                    entries = []
+                    for slot, binding in enumerate(kernel.bindings):
+                        if binding.kind == "input":
+                            bound = self.buffers[binding.index] if weight is None or binding.index != 1 else weight
+                            assert bound is not None
+                            buffer = bound
+                            info = self.infos[binding.index]
+                            assert info is not None
+                            size = padded_size(info.nbytes)
+                        elif binding.kind == "output":
+                            buffer, size = self.output, padded_size(self.outputs[0].nbytes)
+                        elif binding.kind == "scratch":
+                            buffer, size = scratch[binding.index], padded_size(plan.scratch_sizes[binding.index])
+                        else:
+                            raise ValueError("params bindings are not used by the GEMM kernels")
+                        entries.append(BindingEntry(slot, buffer, 0, size))
+                    group = device.create_bind_group(pipeline, entries)
+                    prepared.groups.append(group)
+                    dispatches.append((pipeline, group, kernel.grid))
+                rotations.append(dispatches)
 
             def record(count: int) -> CommandList:
                 commands = CommandList()
-                for _ in range(count):
-                    for pipeline, group, grid in dispatches:
+                for index in range(count):
+                    for pipeline, group, grid in rotations[index % len(rotations)]:
                         commands.add_dispatch(pipeline, group, *grid)
                 return commands
 
@@ -431,7 +448,7 @@ class Runner:
             raw = device.read_buffer(self.output, 0, padded_size(self.outputs[0].nbytes))
             result = np.frombuffer(raw[: self.outputs[0].nbytes], dtype=np.float32).reshape(self.outputs[0].shape).copy()
             single = max(_median_submit(device, once, 3) - baseline, 1e-6)
-            prepared.count = int(min(200, max(1, budget_s / single)))
+            prepared.count = int(min(200, max(len(rotations), budget_s / single)))
             prepared.commands = record(prepared.count)
             device.submit(prepared.commands)
             device.wait_idle()
@@ -449,7 +466,7 @@ class Runner:
             prepared.release()
 
     def release(self) -> None:
-        for buffer in self.buffers:
+        for buffer in [*self.buffers, *self.copies]:
             if buffer is not None:
                 self.device.destroy_buffer(buffer)
         self.device.destroy_buffer(self.output)
@@ -519,12 +536,13 @@ def sweep_gemv(
           f"{args.rounds} interleaved rounds with the probes; % of the measured bandwidth (and of {PEAK_BANDWIDTH_GBS / 1000:.1f} TB/s)")
     try:
         for shape in selected:
-            runner = Runner(device, shape, rng)
+            runner = Runner(device, shape, rng, cold_bytes=args.cold_mb * 1_000_000)
             prepared: dict[str, Prepared] = {}
             try:
                 batch, m, n, k = shape.gemm
                 nbytes = gemv_bytes(shape)
-                print(f"\n{shape.label}: layout {shape.layout}, N {n} K {k}, {nbytes / 1e6:.1f} MB per run")
+                print(f"\n{shape.label}: layout {shape.layout}, N {n} K {k}, {nbytes / 1e6:.1f} MB per run"
+                      + (f", cycling through {len(runner.copies) + 1} copies of B" if runner.copies else ""))
                 first: np.ndarray | None = None
                 shape_rows: list[dict[str, Any]] = []
                 for name, config in gemv_candidates(shape, caps, args.quick):
@@ -638,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-ms", type=float, default=3.0, help="GPU time per timed submit (repeats per command list)")
     parser.add_argument("--repeats", type=int, default=5, help="timed submits per variant (median)")
     parser.add_argument("--rounds", type=int, default=7, help="GEMV: interleaved rounds over all variants and probes (median)")
+    parser.add_argument("--cold-mb", type=int, default=128,
+                        help="GEMV: cycle through copies of the weight holding at least this many MB (beyond the cache; 0 = one copy)")
     parser.add_argument("--probe-mb", type=int, default=256, help="GEMV: source buffer of the bandwidth probes (MB)")
     parser.add_argument("--max-seconds", type=float, default=170.0,
                         help="after this long only the legacy, default and rule-picked variants are timed")

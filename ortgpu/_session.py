@@ -689,7 +689,7 @@ def _write(device: BackendDevice, buffer: DeviceBuffer, array: np.ndarray) -> No
     data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
     if data.nbytes % 4:
         data = np.concatenate([data, np.zeros(padded_size(data.nbytes) - data.nbytes, np.uint8)])
-    device.write_buffer(buffer.handle, 0, memoryview(data))
+    device.write_buffer(buffer.handle, 0, data.data)
 
 
 def _read(device: BackendDevice, buffer: DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:

@@ -71,7 +71,7 @@ def test_dispatch_floor_probe_runs_every_dispatch(device: ortgpu_core.Device) ->
 def test_gemv_sweep_interleaves_probes_and_prints_a_table(backend_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep.json"
     code = sweep_kernels.main(["--backend", backend_name, "--shapes", "mlp16", "--quick", "--rounds", "2", "--probe-mb", "1",
-                               "--budget-ms", "1", "--json", str(out)])
+                               "--budget-ms", "1", "--cold-mb", "12", "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     report = json.loads(out.read_text())
@@ -85,6 +85,7 @@ def test_gemv_sweep_interleaves_probes_and_prints_a_table(backend_name: str, tmp
     (best,) = report["gemv_best"]
     assert best["best_us"] == min(row["us"] for row in rows)
     assert "measured bandwidth" in printed and "dispatch floor" in printed
+    assert "cycling through 3 copies of B" in printed  # 4.2 MB of weights, at least 12 MB in all
     table = printed.split("GEMV_SHAPE_CONFIGS: dict[tuple[str, int, int], GemvConfig] = {", 1)[1].split("}", 1)[0]
     namespace: dict[str, object] = {"GemvConfig": sweep_kernels.GemvConfig}
     parsed = eval("{" + table + "}", namespace)  # the printed table is valid Python for _gemv.py
