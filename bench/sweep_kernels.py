@@ -636,7 +636,7 @@ def sweep_gemv(
                   f"{entry['best_measured_percent'] or 0:.1f} ({entry['best_percent'] or 0:.1f}) |")
         table = ",\n".join(
             f"    {(entry['layout'], entry['n'], entry['k'])!r}: {GemvConfig(**entry['best_fields'])!r}"
-            for entry in summary if GemvConfig(**entry["best_fields"]) != default_gemv_config(entry["layout"])
+            for entry in summary if GemvConfig(**entry["best_fields"]) != default_gemv_config(entry["layout"], caps)
         )
         print("\nfastest GEMV config per measured shape (paste into ortgpu/ops/_gemv.py):\n"
               "GEMV_SHAPE_CONFIGS: dict[tuple[str, int, int], GemvConfig] = {\n" + (table + ",\n" if table else "") + "}")

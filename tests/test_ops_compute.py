@@ -6,6 +6,8 @@ Device pipelines are slow to create on lavapipe, so each device case is chosen t
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -396,8 +398,9 @@ def test_gemv_variants_match_onnxruntime(device: Any, variant: int, op: str, sha
 
 
 def test_choose_gemv_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Today's kernel for every shape unless GEMV_SHAPE_CONFIGS or GEMV_OVERRIDE say otherwise; configs the
-    device cannot run are ignored; the default plan is today's kernel (``gemv_kernel`` with the default config)."""
+    """The default kernel (the first of GEMV_DEFAULTS the device fits) for every shape unless GEMV_SHAPE_CONFIGS or
+    GEMV_OVERRIDE say otherwise; configs the device cannot run are ignored; the default plan is ``gemv_kernel`` with
+    the default config."""
     from ortgpu.ops import _gemv, _tiling
     from ortgpu.ops._gemv import GemvConfig, choose_gemv_config, default_gemv_config
     from ortgpu_core.backends.fake import FakeBackend
@@ -407,19 +410,26 @@ def test_choose_gemv_config(monkeypatch: pytest.MonkeyPatch) -> None:
         caps = DeviceCaps(frozenset(device.features), device.limits)
     finally:
         device.destroy()
-    assert default_gemv_config("kn") == GemvConfig(_tiling.GEMV_COLUMN_THREADS, 256 // _tiling.GEMV_COLUMN_THREADS, unroll=_tiling.GEMV_UNROLL)
-    assert default_gemv_config("nk") == GemvConfig(4, 64)
+    big = DeviceCaps(caps.features, dataclasses.replace(caps.limits, max_compute_invocations_per_workgroup=1024,
+                                                        max_compute_workgroup_size_y=1024))
+    small = DeviceCaps(caps.features, dataclasses.replace(caps.limits, max_compute_invocations_per_workgroup=256,
+                                                          max_compute_workgroup_size_y=256))
+    assert default_gemv_config("kn", big) == GemvConfig(4, 128, unroll=2)  # 512 invocations where they fit
+    assert default_gemv_config("kn", small) == GemvConfig(2, 128, unroll=2) == default_gemv_config("kn")
+    assert default_gemv_config("nk", big) == default_gemv_config("nk", small) == GemvConfig(4, 64, unroll=2)
+    for layout, ladder in _gemv.GEMV_DEFAULTS.items():  # the last entry fits every WebGPU device (256 invocations)
+        assert _gemv.gemv_config_fits(ladder[-1], layout, small)
     for (layout, n, k), config in _gemv.GEMV_SHAPE_CONFIGS.items():
         assert _gemv.gemv_config_fits(config, layout, caps)
         assert choose_gemv_config(layout, n, k, caps) == config
     monkeypatch.setattr(_gemv, "GEMV_SHAPE_CONFIGS", {})
     for layout, n, k in (("kn", 1024, 1024), ("kn", 4096, 4096), ("nk", 4096, 4096), ("nk", 8192, 8192), ("kn", 63, 7)):
-        assert choose_gemv_config(layout, n, k, caps) == default_gemv_config(layout)
+        assert choose_gemv_config(layout, n, k, caps) == default_gemv_config(layout, caps)
     tuned = GemvConfig(8, 32, unroll=2, split_k=4)
     monkeypatch.setattr(_gemv, "GEMV_SHAPE_CONFIGS", {("kn", 1024, 1024): tuned, ("kn", 64, 64): GemvConfig(2048, 1)})
     assert choose_gemv_config("kn", 1024, 1024, caps) == tuned
-    assert choose_gemv_config("nk", 1024, 1024, caps) == default_gemv_config("nk")
-    assert choose_gemv_config("kn", 64, 64, caps) == default_gemv_config("kn")  # invalid: falls back
+    assert choose_gemv_config("nk", 1024, 1024, caps) == default_gemv_config("nk", caps)
+    assert choose_gemv_config("kn", 64, 64, caps) == default_gemv_config("kn", caps)  # invalid: falls back
     monkeypatch.setattr(_gemv, "GEMV_OVERRIDE", GemvConfig(4, 64))
     assert choose_gemv_config("kn", 1024, 1024, caps) == GemvConfig(4, 64)
     monkeypatch.setattr(_gemv, "GEMV_OVERRIDE", None)
@@ -428,7 +438,7 @@ def test_choose_gemv_config(monkeypatch: pytest.MonkeyPatch) -> None:
     f32 = np.dtype(np.float32)
     plan = get_operator("MatMul", 13).plan([TensorInfo((1, 96), f32), TensorInfo((96, 40), f32)], [TensorInfo((1, 40), f32)], {}, caps, {})
     wgsl, grid = _gemv.gemv_kernel(
-        n=40, k=96, b_layout="kn", config=default_gemv_config("kn"), a_name="input_0", b_name="input_1_vec4f32",
+        n=40, k=96, b_layout="kn", config=default_gemv_config("kn", caps), a_name="input_0", b_name="input_1_vec4f32",
         declarations=_tiling.BindingTable().declarations(), epilogue="",
         store=lambda o, value: f"output_0[{o}] = epilogue({value}, {o});", caps=caps,
     )

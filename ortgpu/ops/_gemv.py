@@ -31,9 +31,10 @@ vectorised ``"nk"``); workgroups of slice ``s`` write their partial sums (no epi
 ``[S, N]`` and a second kernel sums the slices in order and applies the epilogue.  It multiplies the
 workgroups by ``S`` (a 1024 x 1024 GEMV launches 128 workgroups unsplit with the default kernel).
 
-The default (:func:`default_gemv_config`) is the kernel MatMul/Gemm used before configurations existed: ``"kn"``
-``GEMV_COLUMN_THREADS x (256 / GEMV_COLUMN_THREADS)`` (:mod:`._tiling`'s tunables), ``"nk"`` 4 outputs x 64
-lanes.  :func:`choose_gemv_config` consults :data:`GEMV_OVERRIDE` and :data:`GEMV_SHAPE_CONFIGS` first;
+The default (:func:`default_gemv_config`) is the first entry of :data:`GEMV_DEFAULTS` that the device fits
+(``"kn"``: 4 column threads x 128 K-rows, unrolled twice; ``"nk"``: 4 outputs x 64 lanes, unrolled twice; the last
+entry of each fits every WebGPU device).  :func:`choose_gemv_config` consults :data:`GEMV_OVERRIDE` and
+:data:`GEMV_SHAPE_CONFIGS` first;
 ``python -m bench.sweep_kernels --shapes gemv`` times the variants and prints a paste-ready table.
 """
 
@@ -47,7 +48,6 @@ import numpy as np
 
 from ._gemm import _bound_inputs, _reduce_twin  # shared with the tiled GEMM's split-K (same semantics)
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo
-from . import _tiling
 from ._tiling import (
     THREADS,
     BindingTable,
@@ -66,6 +66,7 @@ __all__ = [
     "LAYOUTS",
     "choose_gemv_config",
     "default_gemv_config",
+    "GEMV_DEFAULTS",
     "effective_gemv_config",
     "gemv_config_fits",
     "gemv_kernel",
@@ -130,13 +131,27 @@ def _power_of_two(value: int) -> bool:
     return value >= 1 and value & (value - 1) == 0
 
 
-def default_gemv_config(layout: str) -> GemvConfig:
-    """Today's kernel: ``"kn"`` from :data:`._tiling.GEMV_COLUMN_THREADS`/:data:`._tiling.GEMV_UNROLL`
-    (256 invocations), ``"nk"`` 4 outputs x 64 lanes."""
-    if layout == "kn":
-        tx = _tiling.GEMV_COLUMN_THREADS
-        return GemvConfig(threads_x=tx, threads_k=THREADS // tx, unroll=_tiling.GEMV_UNROLL)
-    return GemvConfig(threads_x=4, threads_k=64)
+#: Default configurations per layout, best first; :func:`default_gemv_config` takes the first the device fits.
+#: From the H200 sweeps of 2026-11-29 (``python -m bench.sweep_kernels --shapes gemv``, weights cycling through
+#: copies beyond the L2 cache as in mlp16, interleaved rounds; bench/RESULTS.md): ``"kn"`` 4x128/u2 was the fastest
+#: or within 1% of it at [1024, 1024] and [4096, 4096] (x1.23-1.26 over the 2x128 kernel used before), 2x128/u2 is
+#: the fallback for devices with 256 invocations per workgroup; ``"nk"`` 4x64/u2 within 3% of the best at
+#: [4096, 4096] and [8192, 8192] (x1.04-1.05 over 4x64).
+GEMV_DEFAULTS: dict[str, tuple[GemvConfig, ...]] = {
+    "kn": (GemvConfig(threads_x=4, threads_k=128, unroll=2), GemvConfig(threads_x=2, threads_k=128, unroll=2)),
+    "nk": (GemvConfig(threads_x=4, threads_k=64, unroll=2),),
+}
+
+
+def default_gemv_config(layout: str, caps: DeviceCaps | None = None) -> GemvConfig:
+    """The first of :data:`GEMV_DEFAULTS` ``[layout]`` that fits ``caps`` (the last one without ``caps``: it fits
+    every WebGPU device)."""
+    ladder = GEMV_DEFAULTS[layout]
+    if caps is not None:
+        for config in ladder:
+            if gemv_config_fits(config, layout, caps):
+                return config
+    return ladder[-1]
 
 
 #: When set, every GEMV uses this configuration (if the device fits it): for sweeps and tests.
@@ -189,7 +204,7 @@ def choose_gemv_config(layout: str, n: int, k: int, caps: DeviceCaps) -> GemvCon
     for fixed in (GEMV_OVERRIDE, GEMV_SHAPE_CONFIGS.get((layout, n, k))):
         if fixed is not None and gemv_config_fits(fixed, layout, caps):
             return fixed
-    return default_gemv_config(layout)
+    return default_gemv_config(layout, caps)
 
 
 def gemv_workgroups(config: GemvConfig, layout: str, n: int, k: int) -> int:

@@ -436,15 +436,6 @@ def epilogue_function(steps: Sequence[EpilogueStep], out_shape: tuple[int, ...],
 # -- GEMM -----------------------------------------------------------------------------------------------------------
 
 
-#: GEMV over a row-major [K, N] B: invocations per workgroup along N (each owns 4 columns; the rest of the
-#: workgroup's 256 split K), and how many rows of B each invocation has in flight per loop iteration.
-#: Measured on an H200 (batch 1, [4096, 4096] and [8192, 8192] B): 2 column threads (32-byte row segments,
-#: many workgroups) stream B at ~2.1-2.2 TB/s; 8 gave 1.0-1.9, 16 under 1.  Unrolling changed little.
-#: They define the default ``"kn"`` :class:`ortgpu.ops._gemv.GemvConfig`; other variants are selected per shape
-#: there (:func:`ortgpu.ops._gemv.choose_gemv_config`).
-GEMV_COLUMN_THREADS = 2
-GEMV_UNROLL = 1
-
 #: Tile of the original tiled GEMM (now :data:`ortgpu.ops._gemm.LEGACY`, kept for comparisons): a 16 x 16
 #: workgroup computes a 64 x 64 output tile, 4 x 4 outputs per invocation, stepping through K by 16.
 _TILE_M = 64
