@@ -570,3 +570,49 @@ def test_waits_that_spin_first_still_wait_for_the_work(spin_us: float) -> None:
     finally:
         device.destroy()
         backend.close()
+
+
+@pytest.mark.parametrize("split", [0, 1, 2, 3, 5])
+def test_early_submit_splits_without_changing_results(clean: WgpuDevice, split: int) -> None:
+    """The first ``split`` dispatches go in a command buffer of their own; later copies and dispatches that read
+    their results still see them (submissions run in order), whatever the split point."""
+    device = clean
+    count = 256
+    kernel = AddKernel(device, count, row=count)
+    scratch = device.create_buffer(4 * count, label="scratch")
+    try:
+        rng = np.random.default_rng(1)
+        a = rng.standard_normal(count, dtype=np.float32)
+        device.write_buffer(kernel.a, 0, a.tobytes())
+        device.write_buffer(kernel.b, 0, bytes(4 * count))
+        device.write_buffer(kernel.params, 0, _params(count, count, 1.0))
+        commands = CommandList()
+        for _ in range(3):  # b <- a + b, three times over: b = 3a
+            commands.add_dispatch(kernel.pipeline, kernel.bind_group, count // 64)
+            commands.add_copy(kernel.out, 0, kernel.b, 0, 4 * count)
+        commands.add_copy(kernel.b, 0, scratch, 0, 4 * count)
+        commands.early_submit = split
+        assert commands.early_submit == split
+        commands.freeze()
+        with pytest.raises(RuntimeError, match="frozen"):
+            commands.early_submit = 1
+        device.submit(commands)
+        got = np.frombuffer(device.read_buffer(scratch, 0, 4 * count), np.float32)
+        np.testing.assert_allclose(got, 3 * a, rtol=1e-6)
+        device.write_buffer(kernel.b, 0, bytes(4 * count))
+        phases = commands.profile_native(device.native_table)
+        assert phases["submitted"] and phases["encode"] >= 0 and phases["finish"] > 0 and phases["submit"] > 0
+        got = np.frombuffer(device.read_buffer(scratch, 0, 4 * count), np.float32)
+        np.testing.assert_allclose(got, 3 * a, rtol=1e-6)
+    finally:
+        device.destroy_buffer(scratch)
+        kernel.close()
+
+
+def test_early_submit_argument_is_checked() -> None:
+    commands = CommandList()
+    with pytest.raises(ValueError, match="early_submit must be >= 0"):
+        commands.early_submit = -1
+    with pytest.raises(OverflowError):
+        commands.early_submit = 2**70
+    assert commands.early_submit == 0

@@ -382,3 +382,38 @@ def test_models_with_split_k_match_onnxruntime(case: str, device: Any, monkeypat
     assert split_steps and all(len(s.scratch_slots) == 1 for s in split_steps)
     for got, want in zip(outputs, _ort(model, feeds)):
         assert _rel_err(got, want) < 1e-4, plan.describe()
+
+
+@pytest.mark.parametrize("layers", [3, 10])
+def test_long_recordings_submit_their_first_dispatches_early(device: Any, layers: int) -> None:
+    """A recording of at least 2 * EARLY_SUBMIT_DISPATCHES dispatches starts the GPU on the first ones while the rest
+    is encoded (CommandList.early_submit); the results are those of one command buffer."""
+    from ortgpu import _executor
+
+    proto = models.mlp(layers=layers, width=32)
+    model = load_model(proto)
+    plan = plan_model(model, {"X": (1, 32)}, device_caps(device))
+    allocated: list[int] = []
+
+    def allocate(nbytes: int) -> int:
+        allocated.append(device.create_buffer(nbytes))
+        return allocated[-1]
+
+    cache, weights = PipelineCache(device), WeightStore(device)
+    program = DeviceProgram(plan, device, cache, allocate, device.destroy_buffer, weights)
+    x = np.random.default_rng(7).standard_normal((1, 32)).astype(np.float32)
+    inputs, outputs = _buffers(device, {"X": x}, plan.output_infos)
+    try:
+        commands = program.record(inputs, outputs)
+        assert commands.dispatch_count == layers
+        split = _executor.EARLY_SUBMIT_DISPATCHES
+        assert commands.early_submit == (split if layers >= 2 * split else 0)
+        device.submit(commands)
+        got = _read(device, outputs["Y"], plan.output_infos["Y"])
+        np.testing.assert_allclose(got, _ort(proto, {"X": x})[0], rtol=1e-4, atol=1e-5)
+    finally:
+        program.release()
+        weights.release()
+        cache.release()
+        for buffer in [*inputs.values(), *outputs.values()]:
+            device.destroy_buffer(buffer)

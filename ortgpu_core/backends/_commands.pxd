@@ -45,6 +45,8 @@ cdef class CommandList:
     cdef Py_ssize_t _count
     cdef Py_ssize_t _capacity
     cdef bint _frozen
+    cdef Py_ssize_t _early_submit
     cdef object __weakref__
     cdef CommandRecord* _append(self) except NULL
+    cdef int _finish_submit(self, NativeTable table, void* encoder, uint32_t errors_before, double* phases) noexcept nogil
     cdef int encode_submit(self, NativeTable table, double* phases) except -1 nogil

@@ -109,6 +109,7 @@ cdef class CommandList:
         self._count = 0
         self._capacity = 0
         self._frozen = False
+        self._early_submit = 0
 
     def __dealloc__(self):
         if self._records != NULL:
@@ -178,6 +179,21 @@ cdef class CommandList:
     def frozen(self):
         return self._frozen
 
+    @property
+    def early_submit(self):
+        """Dispatches submitted as a command buffer of their own before the rest is encoded (0: one buffer)."""
+        return self._early_submit
+
+    @early_submit.setter
+    def early_submit(self, Py_ssize_t dispatches):
+        # The GPU starts on the first ``dispatches`` while the host encodes (and wgpu-native finishes, ~1.5 us per
+        # dispatch) the rest; submissions run in order, so the work and its results are the same.
+        if self._frozen:
+            raise RuntimeError("this command list is frozen (it belongs to a captured graph)")
+        if dispatches < 0:
+            raise ValueError(f"early_submit must be >= 0 dispatches, not {dispatches}")
+        self._early_submit = dispatches
+
     def clear(self):
         """Drop every record (not allowed once frozen)."""
         if self._frozen:
@@ -215,22 +231,46 @@ cdef class CommandList:
                 out.append(("clear", r.a, r.offset_a, r.size))
         return out
 
-    cdef int encode_submit(self, NativeTable table, double* phases) except -1 nogil:
-        # One encoder, compute passes spanning runs of consecutive dispatches,
-        # one submit.  Everything here is a C call through a function pointer.
-        # ``phases`` (NULL on the hot path) receives the seconds spent encoding,
-        # in wgpuCommandEncoderFinish and in wgpuQueueSubmit.
+    cdef int _finish_submit(self, NativeTable table, void* encoder, uint32_t errors_before, double* phases) noexcept nogil:
+        # Finish ``encoder`` (released here) and submit its command buffer unless wgpu-native reported an error
+        # since ``errors_before``: it reports an invalid encoder at Finish (through the error callback) but aborts
+        # the process when such a buffer is submitted.  Adds the seconds spent to phases[1] and phases[2].
         cdef double started = _monotonic_seconds() if phases != NULL else 0.0
-        cdef double encoded = 0.0
         cdef double finished = 0.0
+        cdef int submitted = 0
+        cdef void* command_buffer = (<finish_fn>table.fn_finish)(encoder, NULL)
+        (<handle_fn>table.fn_release_encoder)(encoder)
+        if phases != NULL:
+            finished = _monotonic_seconds()
+        if command_buffer != NULL:
+            if table.error_count == NULL or table.error_count[0] == errors_before:
+                (<submit_fn>table.fn_submit)(<void*>table.queue, 1, &command_buffer)
+                submitted = 1
+            (<handle_fn>table.fn_release_command_buffer)(command_buffer)
+        if phases != NULL:
+            phases[1] += finished - started
+            phases[2] += _monotonic_seconds() - finished
+        return submitted
+
+    cdef int encode_submit(self, NativeTable table, double* phases) except -1 nogil:
+        # One encoder, compute passes spanning runs of consecutive dispatches, one submit; or, with
+        # ``early_submit`` = n and more dispatches than that, the first n dispatches in a command buffer of their
+        # own, submitted before the rest is encoded.  Everything here is a C call through a function pointer.
+        # ``phases`` (NULL on the hot path) receives the seconds spent encoding, in wgpuCommandEncoderFinish and
+        # in wgpuQueueSubmit.
+        cdef double started = 0.0
+        cdef double encode_seconds = 0.0
         cdef void* encoder = (<create_encoder_fn>table.fn_create_encoder)(<void*>table.device, NULL)
         cdef void* compute_pass = NULL
-        cdef void* command_buffer
         cdef Py_ssize_t i
+        cdef Py_ssize_t dispatches = 0
+        cdef Py_ssize_t split = self._early_submit
         cdef CommandRecord* r
         cdef void* last_pipeline = NULL
         cdef uint32_t errors_before = 0
-        cdef int submitted = 0
+        if phases != NULL:
+            phases[0] = phases[1] = phases[2] = 0.0
+            started = _monotonic_seconds()
         if table.error_count != NULL:
             errors_before = table.error_count[0]
         if encoder == NULL:
@@ -246,6 +286,20 @@ cdef class CommandList:
                     last_pipeline = <void*>r.a
                 (<set_bind_group_fn>table.fn_set_bind_group)(compute_pass, 0, <void*>r.b, 0, NULL)
                 (<dispatch_fn>table.fn_dispatch)(compute_pass, r.x, r.y, r.z)
+                dispatches += 1
+                if dispatches == split and i + 1 < self._count:
+                    (<handle_fn>table.fn_end_pass)(compute_pass)
+                    (<handle_fn>table.fn_release_pass)(compute_pass)
+                    compute_pass = NULL
+                    if phases != NULL:
+                        encode_seconds += _monotonic_seconds() - started
+                    if not self._finish_submit(table, encoder, errors_before, phases):
+                        return 0
+                    if phases != NULL:
+                        started = _monotonic_seconds()
+                    encoder = (<create_encoder_fn>table.fn_create_encoder)(<void*>table.device, NULL)
+                    if encoder == NULL:
+                        return 0
             else:
                 if compute_pass != NULL:
                     (<handle_fn>table.fn_end_pass)(compute_pass)
@@ -259,23 +313,8 @@ cdef class CommandList:
             (<handle_fn>table.fn_end_pass)(compute_pass)
             (<handle_fn>table.fn_release_pass)(compute_pass)
         if phases != NULL:
-            encoded = _monotonic_seconds()
-        command_buffer = (<finish_fn>table.fn_finish)(encoder, NULL)
-        (<handle_fn>table.fn_release_encoder)(encoder)
-        if phases != NULL:
-            finished = _monotonic_seconds()
-        if command_buffer != NULL:
-            # wgpu-native reports an invalid encoder at Finish (through the error
-            # callback) but aborts the process when such a buffer is submitted.
-            if table.error_count == NULL or table.error_count[0] == errors_before:
-                (<submit_fn>table.fn_submit)(<void*>table.queue, 1, &command_buffer)
-                submitted = 1
-            (<handle_fn>table.fn_release_command_buffer)(command_buffer)
-        if phases != NULL:
-            phases[0] = encoded - started
-            phases[1] = finished - encoded
-            phases[2] = _monotonic_seconds() - finished
-        return submitted
+            phases[0] = encode_seconds + _monotonic_seconds() - started
+        return self._finish_submit(table, encoder, errors_before, phases)
 
     def encode_submit_native(self, NativeTable table):
         """Encode every record and submit one command buffer, with the GIL released.
