@@ -696,5 +696,6 @@ def _read(device: BackendDevice, buffer: DeviceBuffer, shape: tuple[int, ...], d
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes == 0:
         return np.zeros(shape, dtype)
-    raw = device.read_buffer(buffer.handle, 0, padded_size(nbytes))
-    return np.frombuffer(raw, np.uint8, count=nbytes).view(dtype).reshape(shape).copy()
+    result = np.empty(shape, dtype)
+    device.read_buffer_into(buffer.handle, 0, result.reshape(-1).view(np.uint8))
+    return result

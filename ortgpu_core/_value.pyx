@@ -406,8 +406,9 @@ cdef class OrtValue:
             return self._array.copy()
         if self._nbytes == 0:
             return np.zeros(self._shape, dtype=self._dtype)
-        raw = self._buffer.device._backend_device.read_buffer(self._buffer.handle, 0, padded_size(self._nbytes))
-        return np.frombuffer(raw, dtype=np.uint8, count=self._nbytes).view(self._dtype).reshape(self._shape).copy()
+        result = np.empty(self._shape, dtype=self._dtype)
+        self._buffer.device._backend_device.read_buffer_into(self._buffer.handle, 0, result.reshape(-1).view(np.uint8))
+        return result
 
     def copy_from(self, source):
         """Copy ``source`` (same dtype and shape) into this value, routed by placement and device identity."""

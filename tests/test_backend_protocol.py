@@ -418,3 +418,37 @@ def test_write_accepts_any_buffer(device: BackendDevice) -> None:
         assert read_u32(device, buffer, 0, 4) == [0, 2, 4, 6]
     finally:
         device.destroy_buffer(buffer)
+
+
+def test_read_buffer_into_fills_any_sized_host_buffer(device: BackendDevice) -> None:
+    buffer, uniform = device.create_buffer(64, label="read into"), device.create_buffer(16, uniform=True)
+    try:
+        payload = (np.arange(64, dtype=np.uint8) * 7).astype(np.uint8)
+        device.write_buffer(buffer, 0, payload.tobytes())
+        out = np.full(64, 255, np.uint8)
+        device.read_buffer_into(buffer, 0, out)
+        np.testing.assert_array_equal(out, payload)
+        odd = np.zeros(7, np.uint8)  # not a multiple of 4: the device copy is rounded up, the host copy is not
+        device.read_buffer_into(buffer, 8, odd)
+        np.testing.assert_array_equal(odd, payload[8:15])
+        words = np.zeros((2, 3), np.uint32)  # any writable contiguous buffer; its bytes are read
+        device.read_buffer_into(buffer, 4, words)
+        np.testing.assert_array_equal(words.reshape(-1).view(np.uint8), payload[4:28])
+        before = out.copy()
+        for bad, error in (
+            (np.zeros(8, np.uint8)[::2], ValidationError),  # not contiguous
+            (bytes(8), ValidationError),  # read-only
+        ):
+            with pytest.raises(error, match="writable C-contiguous"):
+                device.read_buffer_into(buffer, 0, bad)
+        with pytest.raises(ValidationError):
+            device.read_buffer_into(buffer, 60, np.zeros(8, np.uint8))  # past the end
+        with pytest.raises(ValidationError):
+            device.read_buffer_into(buffer, 2, np.zeros(4, np.uint8))  # misaligned offset
+        with pytest.raises(ValidationError):
+            device.read_buffer_into(uniform, 0, np.zeros(16, np.uint8))  # uniform buffers are write-only
+        np.testing.assert_array_equal(out, before)
+        device.read_buffer_into(buffer, 0, np.zeros(0, np.uint8))  # empty: nothing to do
+    finally:
+        device.destroy_buffer(buffer)
+        device.destroy_buffer(uniform)

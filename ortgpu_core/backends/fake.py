@@ -46,7 +46,7 @@ import itertools
 import re
 import threading
 from dataclasses import dataclass
-from typing import Final, Literal, Sequence
+from typing import Any, Final, Literal, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -574,6 +574,26 @@ class FakeDevice:
             self._stats.reads += 1
             self._stats.bytes_read += size
             return source.data[offset : offset + size].tobytes()
+
+    def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
+        """:meth:`read_buffer` of ``len(out)`` bytes (any size, rounded up to 4 for the range check) into ``out``."""
+        view = memoryview(out)
+        if view.readonly or not view.c_contiguous:
+            raise ValidationError("read_buffer_into: out must be a writable C-contiguous buffer (e.g. a numpy array)")
+        size = view.nbytes
+        padded = -(-size // 4) * 4
+        with self._lock:
+            self._check_usable()
+            source = self._buffer(buffer, "read_buffer_into")
+            if source.uniform:
+                raise ValidationError(
+                    f"read_buffer_into: buffer {buffer} ({source.label!r}) is a uniform buffer (UNIFORM | COPY_DST), "
+                    "which cannot be read back"
+                )
+            self._check_range(source, offset, padded, f"read_buffer_into from buffer {buffer}")
+            self._stats.reads += 1
+            self._stats.bytes_read += padded
+            np.frombuffer(view.cast("B"), np.uint8)[:] = source.data[offset : offset + size]
 
     # -- kernels ---------------------------------------------------------------
     def create_compute_pipeline(

@@ -23,7 +23,7 @@ caller's frame.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -118,6 +118,11 @@ class BackendDevice(Protocol):
 
     def read_buffer(self, buffer: int, offset: int, size: int) -> bytes:
         """Wait for submitted work, then copy ``size`` bytes out (synchronous)."""
+        ...
+
+    def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
+        """Like :meth:`read_buffer`, into ``out`` (a writable C-contiguous buffer, e.g. a numpy array, of any
+        size): reads ``len(out)`` bytes without an intermediate copy."""
         ...
 
     # -- kernels ---------------------------------------------------------

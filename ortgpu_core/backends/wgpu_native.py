@@ -375,6 +375,7 @@ class WgpuBackend:
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
+_T = TypeVar("_T")
 
 
 def _serialized(method: _Method) -> _Method:
@@ -704,14 +705,40 @@ class WgpuDevice:
         """Wait for submitted work, then copy ``size`` bytes from ``offset`` out (through the staging buffer)."""
         self._check_open()
         action = f"read_buffer({buffer:#x}, offset={offset}, size={size})"
-        record = self._lookup(buffer, "buffer", action)
         self._check_aligned(action, offset=offset, size=size)
+        if self._checked_read(buffer, offset, size, action) == 0:
+            return b""
+        ffi = self._ffi
+        return self._map_read(buffer, offset, size, action, lambda mapped: bytes(ffi.buffer(mapped, size)))
+
+    @_serialized
+    def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
+        """Like :meth:`read_buffer`, into ``out`` (a writable C-contiguous buffer of any size; the device-side copy
+        covers it rounded up to 4 bytes): one host copy, straight from the mapped staging buffer."""
+        self._check_open()
+        view = memoryview(out)
+        if view.readonly or not view.c_contiguous:
+            raise ValidationError("read_buffer_into: out must be a writable C-contiguous buffer (e.g. a numpy array)")
+        size = view.nbytes
+        padded = (size + BUFFER_ALIGNMENT - 1) // BUFFER_ALIGNMENT * BUFFER_ALIGNMENT
+        action = f"read_buffer_into({buffer:#x}, offset={offset}, {size} bytes)"
+        self._check_aligned(action, offset=offset)
+        if self._checked_read(buffer, offset, padded, action) == 0:
+            return
+        ffi = self._ffi
+        target = ffi.from_buffer(view.cast("B"), require_writable=True)
+        self._map_read(buffer, offset, padded, action, lambda mapped: ffi.memmove(target, mapped, size))
+
+    def _checked_read(self, buffer: int, offset: int, size: int, action: str) -> int:
+        record = self._lookup(buffer, "buffer", action)
         if offset + size > record.size:
             raise ValidationError(f"{action}: the read ends at {offset + size}, past the buffer's {record.size} bytes")
         if record.uniform:
             raise ValidationError(f"{action}: uniform buffers are write-only (no COPY_SRC usage)")
-        if size == 0:
-            return b""
+        return size
+
+    def _map_read(self, buffer: int, offset: int, size: int, action: str, consume: Callable[[Any], _T]) -> _T:
+        """Copy ``size`` bytes at ``offset`` into the staging buffer, map it, and return ``consume(mapped pointer)``."""
         self._ensure_staging(size)
         ffi, lib, sink = self._ffi, self._lib, self._sink
         commands = CommandList()
@@ -737,7 +764,7 @@ class WgpuDevice:
         try:
             if mapped == ffi.NULL:
                 raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
-            return bytes(ffi.buffer(mapped, size))
+            return consume(mapped)
         finally:
             # void wgpuBufferUnmap(WGPUBuffer buffer)
             lib.wgpuBufferUnmap(self._staging)
