@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         report["ratios"] = ratios
 
     if args.overhead or args.overhead_only:
-        from .overhead import measure_overhead
+        from .overhead import measure_overhead, measure_wait_latency
 
         overhead = measure_overhead(device.backend_device())
         report["overhead"] = overhead
@@ -255,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f" ({overhead.get('no_comparison', 'wgpu-py not importable')}: no comparison)")
         if phases:
             print("  of which per dispatch: " + ", ".join(f"{name} {value:.3f} us" for name, value in phases.items()))
+        waits = measure_wait_latency(device.backend_device())
+        if waits is not None:
+            report["wait_latency"] = waits
+            print(f"submit + wait_idle, median us (waits spin for up to {waits['spin_wait_us']:.0f} us, or block): " + "; ".join(
+                f"{count}: spinning {waits['spinning_us'][count]:.1f}, blocking {waits['blocking_us'][count]:.1f}"
+                for count in waits["spinning_us"]))
 
     if args.json_path:
         with open(args.json_path, "w") as handle:

@@ -8,6 +8,11 @@ drained, untimed, between iterations.  The marginal cost per dispatch is
 
 On the fake backend the kernel runs as its numpy twin: ortgpu's side is
 measured (the path is exercised) but not compared with wgpu-py.
+
+:func:`measure_wait_latency` times submit + ``wait_idle`` with the wgpu backend's
+waits spinning (``spin_wait_us``, the default on GPU adapters) and blocking in
+the driver (``spin_wait_us = 0``), interleaved: the wake-up latency a blocking
+wait adds to every synchronous run.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
-__all__ = ["measure_overhead"]
+__all__ = ["measure_overhead", "measure_wait_latency"]
 
 KERNEL = """
 @group(0) @binding(0) var<storage, read_write> data: array<u32>;
@@ -151,3 +156,46 @@ def measure_overhead(device: BackendDevice, dispatches: int = 1000, iterations: 
         result["wgpu_py_submit_us"] = {"n=1": theirs[0] * 1e6, f"n={dispatches}": theirs[1] * 1e6}
         result["ratio"] = result["wgpu_py_us_per_dispatch"] / max(result["ortgpu_replay_us_per_dispatch"], 1e-9)
     return result
+
+
+def measure_wait_latency(device: BackendDevice, dispatch_counts: Sequence[int] = (0, 16), iterations: int = 200) -> dict[str, Any] | None:
+    """Median microseconds of submit + ``wait_idle`` per dispatch count, spinning vs blocking (interleaved).
+
+    None when ``device`` has no ``spin_wait_us`` setting (not a wgpu-native device) or spins for 0 us already
+    (a CPU adapter, where the comparison would be with itself).
+    """
+    spin = getattr(device, "spin_wait_us", None)
+    if not spin:
+        return None
+    buffer = device.create_buffer(16)
+    pipeline = group = None
+    samples: dict[str, dict[int, list[float]]] = {"spinning": {n: [] for n in dispatch_counts},
+                                                   "blocking": {n: [] for n in dispatch_counts}}
+    try:
+        pipeline = device.create_compute_pipeline(KERNEL, twin=_kernel_twin, label="wait-latency")
+        group = device.create_bind_group(pipeline, [BindingEntry(0, buffer, 0, 16)])
+        lists = {}
+        for count in dispatch_counts:
+            commands = CommandList()
+            for _ in range(count):
+                commands.add_dispatch(pipeline, group, 1, 1, 1)
+            lists[count] = commands.freeze()
+        for index in range(iterations + 10):
+            for mode, setting in (("spinning", spin), ("blocking", 0.0)):
+                setattr(device, "spin_wait_us", setting)
+                for count, commands in lists.items():
+                    start = time.perf_counter()
+                    device.submit(commands)
+                    device.wait_idle()
+                    if index >= 10:  # warm-up
+                        samples[mode][count].append(time.perf_counter() - start)
+    finally:
+        setattr(device, "spin_wait_us", spin)
+        if group is not None:
+            device.release_bind_group(group)
+        if pipeline is not None:
+            device.release_pipeline(pipeline)
+        device.destroy_buffer(buffer)
+    return {"spin_wait_us": spin, "iterations": iterations,
+            **{f"{mode}_us": {f"{n} dispatches": statistics.median(values) * 1e6 for n, values in per.items()}
+               for mode, per in samples.items()}}

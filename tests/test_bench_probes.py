@@ -90,3 +90,27 @@ def test_gemv_sweep_interleaves_probes_and_prints_a_table(backend_name: str, tmp
     namespace: dict[str, object] = {"GemvConfig": sweep_kernels.GemvConfig}
     parsed = eval("{" + table + "}", namespace)  # the printed table is valid Python for _gemv.py
     assert all(key[0] == "kn" and key[1:] == (1024, 1024) for key in parsed)
+
+
+def test_wait_latency_compares_spinning_and_blocking_waits(device: ortgpu_core.Device) -> None:
+    """bench.overhead.measure_wait_latency: None where waits do not spin (CPU adapters, the fake backend); on a
+    spinning wgpu device both modes per dispatch count, and the device's own setting restored."""
+    from bench.overhead import measure_wait_latency
+    from ortgpu_core.backends.wgpu_native import WgpuBackend
+
+    assert measure_wait_latency(device.backend_device(), iterations=2) is None  # lavapipe (CPU) or fake: no spin
+    if device.backend_type == "Fake":
+        return
+    backend = WgpuBackend(spin_wait_us=300)
+    spinning = backend.open_device(backend.default_adapter_index())
+    try:
+        result = measure_wait_latency(spinning, dispatch_counts=(0, 3), iterations=3)
+        assert result is not None and result["spin_wait_us"] == 300 and result["iterations"] == 3
+        for mode in ("spinning_us", "blocking_us"):
+            assert set(result[mode]) == {"0 dispatches", "3 dispatches"}
+            assert all(value > 0 for value in result[mode].values())
+        assert spinning.spin_wait_us == 300
+        assert spinning.live_handles() == 0
+    finally:
+        spinning.destroy()
+        backend.close()
