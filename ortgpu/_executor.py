@@ -30,6 +30,7 @@ from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
 from ._planner import ExecutionPlan, PlannedStep
 from .ops import DeviceCaps, KernelSpec, TensorInfo
+from .ops._kernel import loop_budget_for
 from .ops._runner import padded_size
 
 __all__ = [
@@ -50,7 +51,7 @@ EARLY_SUBMIT_DISPATCHES = 4
 
 def device_caps(device: BackendDevice) -> DeviceCaps:
     """The :class:`DeviceCaps` plans for ``device`` are made with."""
-    return DeviceCaps(frozenset(device.features), device.limits)
+    return DeviceCaps(frozenset(device.features), device.limits, loop_budget_for(device.info.name))
 
 
 def padded_bytes(array: np.ndarray) -> bytes:

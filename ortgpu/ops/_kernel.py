@@ -67,14 +67,44 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class DeviceCaps:
-    """What a kernel generator may rely on: the device's features and limits."""
+    """What a kernel generator may rely on: the device's features and limits.
+
+    ``loop_budget``: the most loop iterations one invocation may run in all, where the driver caps them (None:
+    no cap).  Mesa's llvmpipe (lavapipe, the software Vulkan driver of CI machines) silently stops every loop of
+    an invocation once 65535 iterations have run, counted over all its loops (measured here: two loops of 40000
+    iterations ran 65534 in all; an int32 ReduceSum over 100000 ones returned 65535).  Kernels whose loops could
+    run longer raise :class:`NotOnDevice` there (see :func:`check_loop_budget`), so the node runs on the CPU with
+    that reason instead of computing a wrong result.
+    """
 
     features: frozenset[str]
     limits: DeviceLimits
+    loop_budget: int | None = None
 
     @property
     def has_f16(self) -> bool:
         return "shader-f16" in self.features
+
+
+#: llvmpipe's cap on the loop iterations of one invocation (its LP_MAX_TGSI_LOOP_ITERATIONS).
+LLVMPIPE_LOOP_BUDGET = 65535
+
+
+def loop_budget_for(adapter_name: str) -> int | None:
+    """:attr:`DeviceCaps.loop_budget` of an adapter, from its name (llvmpipe/lavapipe: 65535; others: None)."""
+    return LLVMPIPE_LOOP_BUDGET if "llvmpipe" in adapter_name.lower() else None
+
+
+def check_loop_budget(op_type: str, iterations: int, caps: DeviceCaps) -> None:
+    """Raise :class:`NotOnDevice` when a kernel's invocations would run more loop ``iterations`` (over all their
+    loops) than the device's driver completes (:attr:`DeviceCaps.loop_budget`)."""
+    budget = caps.loop_budget
+    if budget is not None and iterations >= budget:
+        raise NotOnDevice(
+            f"{op_type}: its kernel would run {iterations} loop iterations per invocation, and this device's driver "
+            f"(llvmpipe/lavapipe) silently stops loops after {budget}, which would give wrong results; it runs on "
+            "the CPU (a hardware GPU has no such cap)"
+        )
 
 
 BindingKind = Literal["input", "output", "scratch", "params"]

@@ -23,7 +23,7 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ortgpu_core.backends.protocol import KernelTwin
 
-from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget
 
 __all__ = [
     "THREADS",
@@ -601,10 +601,15 @@ def row_layout(shape: tuple[int, ...], axes: Sequence[int]) -> RowLayout:
     return RowLayout(rows, length, base, offset)
 
 
-def row_kernel_header(layout: RowLayout, caps: DeviceCaps) -> tuple[int, int, tuple[int, int, int], str]:
-    """(threads per row, rows per workgroup, grid, WGSL helpers) of a row-wise kernel; the kernel's ``main``
-    starts with :data:`ROW_KERNEL_PROLOGUE`."""
+def row_kernel_header(
+    layout: RowLayout, caps: DeviceCaps, op_type: str, loops: int
+) -> tuple[int, int, tuple[int, int, int], str]:
+    """(threads per row, rows per workgroup, grid, WGSL helpers) of a row-wise kernel whose ``main`` starts with
+    :func:`row_kernel_prologue` and walks the row ``loops`` times (``for (var r = t; r < LENGTH; r = r + T)``);
+    raises :class:`NotOnDevice` where the driver's loop budget is too small for that (:func:`check_loop_budget`)."""
     threads = reduction_threads(layout.length)
+    # the row walks, plus the workgroup reductions' halving loops (log2 T each, at most two per kernel)
+    check_loop_budget(op_type, loops * -(-layout.length // threads) + 2 * threads.bit_length(), caps)
     rows_per_group = THREADS // threads
     groups = -(-layout.rows // rows_per_group)
     grid = grid_for_groups(groups, caps)

@@ -85,7 +85,7 @@ class LayerNormalization(Operator):
         if layout.rows == 0 or layout.length == 0:
             return OpPlan()
         norm_shape = x.shape[axis:]
-        threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps)
+        threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, "LayerNormalization", loops=3)
         table = BindingTable()
         x_name = table.add(Binding("input", 0))
         scale_name = table.add(Binding("input", 1))

@@ -17,7 +17,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
 from ._wgsl import (
     INT64_WGSL,
@@ -93,6 +93,7 @@ def plan_serial_reduction(
     if compute_type is None or kind not in table:
         raise NotOnDevice(f"{op_type} on {x.dtype.name} runs on the CPU: no WebGPU kernel for this dtype")
     layout = row_layout(x.shape, axes)
+    check_loop_budget(op_type, layout.length, caps)
     output = outputs[0]
     if output.size == 0:
         return OpPlan()
@@ -154,7 +155,7 @@ def plan_row_reduction(
         return OpPlan()
     if layout.length == 0 and kind in ("max", "min"):
         raise NotOnDevice(f"{op_type}: reducing an empty axis stays on the CPU")
-    threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps)
+    threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, op_type, loops=1)
     initial, combine, team_combine = _KERNELS[kind]
     table = BindingTable()
     x_name = table.add(Binding("input", 0))

@@ -75,7 +75,7 @@ class _SoftmaxBase(Operator):
         layout = row_layout(x.shape, self._axes(len(x.shape), attrs))
         if layout.rows == 0 or layout.length == 0:
             return OpPlan()
-        threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps)
+        threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, self.op_type, loops=3)
         table = BindingTable()
         x_name = table.add(Binding("input", 0))
         output = table.add(Binding("output", 0), writable=True)

@@ -71,8 +71,9 @@ _LOST_MESSAGE = re.compile(r"device is lost", re.IGNORECASE)
 # read_buffer polls at most this many times for the map callback before giving up.
 _MAP_POLL_ATTEMPTS = 10_000
 # Default spin before a blocking wait, on GPU adapters (0 on CPU adapters: there the spinning thread would take
-# a core from the driver's own threads).  On the H200 a blocking wgpuDevicePoll adds ~35-40 us of wake-up latency
-# to every wait (empty submit + wait: 44 us blocking, 7.4 us spinning; bench/RESULTS.md).
+# a core from the driver's own threads).  On the H200 (run 29 of bench/RESULTS.md, `python -m bench --overhead`),
+# submit + wait_idle of 16 small dispatches took 95.6 us spinning and 123.5 us blocking; an empty submit 34.2 and
+# 29.9 us.
 DEFAULT_SPIN_WAIT_US = 2000.0
 
 
@@ -249,8 +250,9 @@ class WgpuBackend:
         Vulkan, Metal or D3D12 adapter, and initialising EGL prints warnings on machines without a display.
 
         ``spin_wait_us``: how long a wait for the device (``wait_idle``, ``read_buffer``) polls without blocking,
-        keeping one CPU core busy, before it blocks in the driver.  Blocking costs tens of microseconds of
-        wake-up latency per wait on a GPU; spinning costs a core while the GPU works.  ``None`` (default):
+        keeping one CPU core busy, before it blocks in the driver.  Blocking adds wake-up latency (on the H200,
+        submit + wait of 16 small dispatches: 95.6 us spinning, 123.5 us blocking); spinning costs a core while
+        the GPU works.  ``None`` (default):
         :data:`DEFAULT_SPIN_WAIT_US` on GPU adapters, 0 on CPU adapters (software drivers need the cores).
         """
         if spin_wait_us is not None and (
