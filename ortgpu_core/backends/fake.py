@@ -563,17 +563,7 @@ class FakeDevice:
         The buffer needs COPY_SRC usage: uniform buffers cannot be read back.
         """
         with self._lock:
-            self._check_usable()
-            source = self._buffer(buffer, "read_buffer")
-            if source.uniform:
-                raise ValidationError(
-                    f"read_buffer: buffer {buffer} ({source.label!r}) is a uniform buffer (UNIFORM | COPY_DST), "
-                    "which cannot be read back"
-                )
-            self._check_range(source, offset, size, f"read_buffer from buffer {buffer}")
-            self._stats.reads += 1
-            self._stats.bytes_read += size
-            return source.data[offset : offset + size].tobytes()
+            return self._readable(buffer, offset, size, size, "read_buffer").tobytes()
 
     def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
         """:meth:`read_buffer` of ``len(out)`` bytes (any size, rounded up to 4 for the range check) into ``out``."""
@@ -581,19 +571,23 @@ class FakeDevice:
         if view.readonly or not view.c_contiguous:
             raise ValidationError("read_buffer_into: out must be a writable C-contiguous buffer (e.g. a numpy array)")
         size = view.nbytes
-        padded = -(-size // 4) * 4
         with self._lock:
-            self._check_usable()
-            source = self._buffer(buffer, "read_buffer_into")
-            if source.uniform:
-                raise ValidationError(
-                    f"read_buffer_into: buffer {buffer} ({source.label!r}) is a uniform buffer (UNIFORM | COPY_DST), "
-                    "which cannot be read back"
-                )
-            self._check_range(source, offset, padded, f"read_buffer_into from buffer {buffer}")
-            self._stats.reads += 1
-            self._stats.bytes_read += padded
-            np.frombuffer(view.cast("B"), np.uint8)[:] = source.data[offset : offset + size]
+            source = self._readable(buffer, offset, size, -(-size // 4) * 4, "read_buffer_into")
+            np.frombuffer(view.cast("B"), np.uint8)[:] = source
+
+    def _readable(self, buffer: int, offset: int, size: int, checked: int, action: str) -> npt.NDArray[np.uint8]:
+        """The ``size`` bytes at ``offset`` of a buffer that may be read, after checking ``checked`` bytes' range."""
+        self._check_usable()
+        source = self._buffer(buffer, action)
+        if source.uniform:
+            raise ValidationError(
+                f"{action}: buffer {buffer} ({source.label!r}) is a uniform buffer (UNIFORM | COPY_DST), "
+                "which cannot be read back"
+            )
+        self._check_range(source, offset, checked, f"{action} from buffer {buffer}")
+        self._stats.reads += 1
+        self._stats.bytes_read += checked
+        return source.data[offset : offset + size]
 
     # -- kernels ---------------------------------------------------------------
     def create_compute_pipeline(
