@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import os
 import platform
 import re
@@ -125,6 +126,8 @@ def _versions() -> dict[str, str]:
 
 def _check_equal(name: str, a: list[npt.NDArray[Any]], b: list[npt.NDArray[Any]], tolerance: float) -> float:
     worst = 0.0
+    if len(a) != len(b):
+        raise SystemExit(f"{name}: {len(a)} outputs against {len(b)}; no timings reported")
     for x, y in zip(a, b):
         denominator = max(float(np.linalg.norm(y.astype(np.float64))), 1e-30)
         worst = float(np.maximum(worst, float(np.linalg.norm(x.astype(np.float64) - y.astype(np.float64))) / denominator))
@@ -154,12 +157,20 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
 
     env = ortgpu.Env(backend=args.backend)
+    try:
+        return _run(args, env, argv)
+    finally:
+        env.close()
+
+
+def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> int:
+    """Everything ``main`` does with its Env (which it closes on every way out)."""
     device = env.default_device
     adapter = {
         "name": device.name, "vendor_id": hex(device.vendor_id), "device_id": hex(device.device_id),
         "backend": device.backend_type, "adapter_type": device.adapter_type, "driver": device.driver,
     }
-    report: dict[str, Any] = {"command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+    report: dict[str, Any] = {"command": shlex.join(["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]),
                               "adapter": adapter, "versions": _versions(), "boundaries": BOUNDARIES}
     print(f"adapter: {device.name} ({device.backend_type}, {device.adapter_type}), driver {device.driver}")
     for boundary, text in BOUNDARIES.items():
@@ -268,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.json_path}")
     if args.plot and results:
         _plot(results, args.plot)
-    env.close()
     return 0
 
 

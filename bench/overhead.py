@@ -134,6 +134,9 @@ def measure_overhead(device: BackendDevice, dispatches: int = 1000, iterations: 
     Without a comparison (wgpu-py not importable, or ``device`` not a wgpu-native device, e.g. the fake
     backend's, whose numpy replay is no peer of wgpu-py on a real adapter) ``no_comparison`` says why.
     """
+    if dispatches < 2 or iterations < 1:
+        raise ValueError(f"measure_overhead needs dispatches >= 2 (the marginal cost is (t(n) - t(1)) / (n - 1)) and "
+                         f"iterations >= 1, not {dispatches} and {iterations}")
     counts = (1, dispatches)
     ours = _ortgpu_timings(device, counts, iterations)
     result: dict[str, Any] = {

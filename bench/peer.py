@@ -62,6 +62,9 @@ class OnnxruntimeArms:
         else:
             self.provider = "CPUExecutionProvider"
             self.device_type = "cpu"
+        if capture and device is None:
+            raise RuntimeError("onnxruntime's CPU provider has no graph capture (install onnxruntime-ep-webgpu for a "
+                               "captured peer arm)")
         self.session = ort.InferenceSession(
             model_bytes, sess_options=options, providers=None if device is not None else ["CPUExecutionProvider"]
         )
@@ -79,7 +82,7 @@ class OnnxruntimeArms:
             value = ort.OrtValue.ortvalue_from_shape_and_type(array.shape, array.dtype, self.io_placement, 0)
             self.binding.bind_ortvalue_output(info.name, value)
         self.run_options = ort.RunOptions()
-        if capture and self.provider != "CPUExecutionProvider":
+        if capture:
             self.run_options.add_run_config_entry("gpu_graph_id", "1")
         self.uncaptured_name = "onnxruntime-capture" if capture else "onnxruntime"
 

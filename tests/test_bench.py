@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,7 @@ def test_bench_both_arms_vs_onnxruntime_json(
     report = json.loads(json_path.read_text())
 
     # What was run and where.
-    assert report["command"] == "python -m bench " + " ".join(argv)
+    assert report["command"] == shlex.join(["python", "-m", "bench", *argv])
     assert report["adapter"] == expected_adapter(device)
     assert report["model"] == {"name": model_path, "batch": 1, "inputs": {"X": [1, 64]}}
     versions = report["versions"]
@@ -115,10 +116,16 @@ def test_bench_both_arms_vs_onnxruntime_json(
     assert report["capture_vs_uncaptured_rel_error"] == 0.0
     assert report["dispatches"] == 2  # two fused MatMul+Add(+Relu) steps
     provider = "WebGpuExecutionProvider" if bench_peer._webgpu_ep_device() is not None else "CPUExecutionProvider"
-    peers = {f"onnxruntime {provider} capture {mode}" for mode in ("off", "on")}
+    # onnxruntime's CPU provider has no graph capture: no "capture on" peer arm then, and the report says why
+    modes = ("off", "on") if provider == "WebGpuExecutionProvider" else ("off",)
+    peers = {f"onnxruntime {provider} capture {mode}" for mode in modes}
     assert set(report["peer"]) == peers
     assert all(report["peer"][label]["provider"] == provider for label in peers)
-    assert "peer_errors" not in report
+    if provider == "WebGpuExecutionProvider":
+        assert "peer_errors" not in report
+    else:
+        assert report["peer_errors"] == {"capture on": "onnxruntime's CPU provider has no graph capture (install "
+                                                       "onnxruntime-ep-webgpu for a captured peer arm)"}
     assert set(report["peer_vs_ortgpu_rel_error"]) == peers
     assert all(0.0 <= error < 1e-4 for error in report["peer_vs_ortgpu_rel_error"].values())
     peer_arms = {f"{label}/{boundary}" for label in peers for boundary in bench_main.BOUNDARIES}

@@ -114,3 +114,11 @@ def test_wait_latency_compares_spinning_and_blocking_waits(device: ortgpu_core.D
     finally:
         spinning.destroy()
         backend.close()
+
+
+def test_overhead_arguments_are_checked(device: ortgpu_core.Device) -> None:
+    from bench.overhead import measure_overhead
+
+    for dispatches, iterations in ((1, 5), (0, 5), (10, 0)):
+        with pytest.raises(ValueError, match="measure_overhead needs dispatches >= 2"):
+            measure_overhead(device.backend_device(), dispatches=dispatches, iterations=iterations)
