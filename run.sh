@@ -17,8 +17,12 @@ command -v "$PYTHON" >/dev/null 2>&1 || need_apt+=(python3)
 "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 "$PYTHON" -c 'import sysconfig, os, sys; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)' >/dev/null 2>&1 || need_apt+=(python3-dev)
-if ! ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1; then
-  need_apt+=(mesa-vulkan-drivers libvulkan1)
+# A Vulkan driver (any ICD manifest) and the Vulkan loader.
+if ! compgen -G "/usr/share/vulkan/icd.d/*.json" >/dev/null && ! compgen -G "/etc/vulkan/icd.d/*.json" >/dev/null; then
+  need_apt+=(mesa-vulkan-drivers)
+fi
+if ! { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } | grep -q 'libvulkan\.so\.1'; then
+  need_apt+=(libvulkan1)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
