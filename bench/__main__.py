@@ -140,14 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", default="mlp16", help=MODEL_FORMS)
     parser.add_argument("--batch", type=int, default=1, help="batch size (matmul-M-K: M is the batch; leave this at 1)")
-    parser.add_argument("--capture", choices=("on", "off", "both"), default="both")
-    parser.add_argument("--vs", choices=("onnxruntime",), default=None)
-    parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu")
-    parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--capture", choices=("on", "off", "both"), default="both",
+                        help="time the captured replay, the uncaptured run, or both (default)")
+    parser.add_argument("--vs", choices=("onnxruntime",), default=None,
+                        help="also time onnxruntime in this process (its WebGPU plugin EP if installed, else CPU)")
+    parser.add_argument("--iterations", type=int, default=200, help="timed iterations per arm and boundary")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed iterations before each timed loop")
+    parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu", help="device backend (default wgpu)")
+    parser.add_argument("--json", dest="json_path", default=None,
+                        help="write raw timings, p50/p90/p99, adapter, versions and the command line here")
     parser.add_argument("--plot", default=None, help="PNG of the latency distributions (needs matplotlib)")
-    parser.add_argument("--overhead", action="store_true", help="also run the host-overhead micro-benchmark")
+    parser.add_argument("--overhead", action="store_true",
+                        help="also measure the host cost per replayed dispatch (vs wgpu-py) and spinning vs blocking waits")
     parser.add_argument("--overhead-only", action="store_true", help="run only the host-overhead micro-benchmark")
     args = parser.parse_args(argv)
     if not args.overhead_only:
