@@ -75,3 +75,50 @@ def test_long_rows_run_where_they_give_right_results(
         assert "llvmpipe/lavapipe" in placement.reason and "stops loops after 65535" in placement.reason
         with pytest.raises(ortgpu_core.UnsupportedOpError, match="stops loops after 65535"):
             ortgpu.InferenceSession(_model(op, length, dtype, **attrs), env=env, allow_cpu_fallback=False)
+
+
+def test_long_k_matmul_runs_where_it_gives_right_results(env: ortgpu_core.Env) -> None:
+    """[8, 1M] x [1M, 8]: on lavapipe the tiled GEMM's K loop returned 932080 instead of 2097152 for K = 2M."""
+    m, k, n = 8, 1 << 20, 8
+    node = helper.make_node("MatMul", ["A", "B"], ["Y"])
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [m, k]), helper.make_tensor_value_info("B", TensorProto.FLOAT, [k, n])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    rng = np.random.default_rng(2)
+    a = rng.integers(-2, 3, (m, k)).astype(np.float32)
+    b = rng.integers(-2, 3, (k, n)).astype(np.float32)
+    with ortgpu.InferenceSession(model.SerializeToString(), env=env) as session:
+        (placement,) = session.get_node_placement()
+        (got,) = session.run(None, {"A": a, "B": b})
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5)
+    capped = loop_budget_for(env.default_device.name) is not None
+    assert placement.placement == ("cpu" if capped else "webgpu"), placement
+
+
+def _plans(op: str, opset: int, shapes: list[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, object], budget: int | None) -> None:
+    from ortgpu.ops import TensorInfo, get_operator
+
+    f32 = np.dtype(np.float32)
+    get_operator(op, opset).plan([TensorInfo(s, f32) for s in shapes], [TensorInfo(out, f32)], attrs,
+                                 DeviceCaps(frozenset(), DEFAULT_FAKE_LIMITS, budget), {})
+
+
+@pytest.mark.parametrize("op, opset, shapes, out, attrs", [
+    ("MatMul", 13, [(1, 4096), (4096, 6)], (1, 6), {}),  # GEMV (N not a multiple of 4: scalar column loop)
+    ("MatMul", 13, [(64, 4096), (4096, 64)], (64, 64), {}),  # tiled GEMM
+    ("Conv", 11, [(1, 64, 8, 8), (4, 64, 3, 3)], (1, 4, 6, 6), {}),  # direct kernel (4 output channels)
+    ("ConvTranspose", 11, [(1, 64, 4, 4), (64, 2, 3, 3)], (1, 2, 6, 6), {}),
+    ("MaxPool", 12, [(1, 1, 40, 40)], (1, 1, 1, 1), {"kernel_shape": [40, 40]}),
+    ("Softmax", 13, [(2, 4096)], (2, 4096), {"axis": -1}),
+])
+def test_every_looping_kernel_checks_the_budget(op: str, opset: int, shapes: list[tuple[int, ...]], out: tuple[int, ...],
+                                                attrs: dict[str, object]) -> None:
+    """With a small budget the plan refuses (NotOnDevice, so the planner places the node on the CPU); without one
+    it plans."""
+    _plans(op, opset, shapes, out, attrs, None)
+    with pytest.raises(NotOnDevice, match="stops loops after 40"):
+        _plans(op, opset, shapes, out, attrs, 40)

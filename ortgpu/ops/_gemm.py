@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget
 from ._tiling import (
     THREADS,
     BindingTable,
@@ -576,6 +576,10 @@ def plan_tiled_gemm(
         raise NotOnDevice(f"{name}: GEMM config {config.label} exceeds the device's workgroup limits")
     if config.split_k > 1 and (problem.operands is None or problem.k < 2 * config.tile_k):
         config = dataclasses.replace(config, split_k=1)
+    # per invocation: a K tile loop per slice, each tile an inner loop of tile_k steps and the fetch loops (counted
+    # as 4); measured on lavapipe: [8, 2M] x [2M, 8] (8192 tiles of 16 per slice) returned 932080 instead of 2097152
+    tiles = -(-_slicing(config, problem.k)[1] // config.tile_k) if config.split_k > 1 else -(-problem.k // config.tile_k)
+    check_loop_budget(name, tiles * (config.tile_k + 5), caps)
     mode_a, mode_b = _modes(problem)
     total_out = problem.batch * problem.m * problem.n
     if config.legacy:

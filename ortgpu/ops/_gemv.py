@@ -47,7 +47,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ._gemm import _bound_inputs, _reduce_twin  # shared with the tiled GEMM's split-K (same semantics)
-from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget
 from ._tiling import (
     THREADS,
     BindingTable,
@@ -555,6 +555,9 @@ def plan_gemv(
         raise NotOnDevice(f"{name}: GEMV config {config.label} exceeds the device's workgroup limits")
     vector_a = layout == "nk" and k % 4 == 0
     vector_b = (layout == "kn" and n % 4 == 0) or vector_a
+    # per invocation: the K loop (a 4-step column loop inside where B is not vectorised), then the reductions
+    k_steps = -(-(_slicing(config, layout, k)[1] if config.split_k > 1 else _units(layout, k)[0]) // config.threads_k)
+    check_loop_budget(name, k_steps * (1 if vector_b else 5) + 64, caps)
     table = BindingTable()
     a_name = table.add(Binding("input", 0), "vec4<f32>" if vector_a else "f32")
     b_name = table.add(Binding("input", 1), "vec4<f32>" if vector_b else "f32")

@@ -19,7 +19,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
 from ._tiling import (
     THREADS,
@@ -292,6 +292,7 @@ const OW: u32 = {ow}u;
                 "Conv", problem, steps=steps, out_shape=out_shape, compute=compute, inputs=inputs, outputs=outputs,
                 caps=caps,
             )
+        check_loop_budget("Conv", cin_g * (kh + 1) * (kw + 1), caps)  # the direct kernel's ci / ky / kx loops
         total = int(np.prod(out_shape, dtype=np.int64))
         grid = grid_for_groups(-(-total // THREADS), caps)
         wgsl = f"""{table.declarations()}

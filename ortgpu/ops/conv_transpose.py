@@ -15,7 +15,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
 from ._tiling import (
     THREADS,
@@ -145,6 +145,8 @@ class ConvTranspose(Operator):
         epilogue = epilogue_function(steps, out_shape, table)
         grid = grid_for_groups(-(-total // THREADS), caps)
         channels, cout_g = x.shape[1], w.shape[1]
+        # the ky / kx / ci loops of each output element
+        check_loop_budget("ConvTranspose", (kernel[0] + 1) * (kernel[1] + 1) * (channels // group + 1), caps)
         wgsl = f"""{table.declarations()}
 const CIN: u32 = {channels}u;
 const CIN_G: u32 = {channels // group}u;

@@ -16,7 +16,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
 from ._tiling import THREADS, BindingTable, grid_for_groups, require_float32, single_kernel_plan, workgroup_index
 from .conv import SpatialGeometry, ints, pad_spatial, spatial_geometry, window_slices
@@ -112,6 +112,10 @@ def _pool_kernel(
     total = x.shape[0] * x.shape[1] * int(np.prod(geometry.out, dtype=np.int64))
     if indices and x.size >= 2**31:
         raise NotOnDevice("MaxPool: Indices beyond int32 range are computed on the CPU")
+    window = 1
+    for size in geometry.kernel:  # nested loops over the window, one per spatial axis
+        window = window * (size + 1)
+    check_loop_budget(op_type, window, caps)
     grid = grid_for_groups(-(-total // THREADS), caps)
     table = BindingTable()
     x_name = table.add(Binding("input", 0))
