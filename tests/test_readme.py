@@ -43,7 +43,9 @@ def test_api_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         # the tour's last replayed output is the model's output for the last batch
         with ortgpu.InferenceSession(str(tmp_path / "model.onnx"), env=ortgpu.Env(backend="fake")) as reference:
             (expected,) = reference.run(None, {"X": batches[-1]})
-        np.testing.assert_allclose(namespace["out"], expected, rtol=1e-4, atol=1e-5)
+        out = namespace["out"]
+        assert isinstance(out, np.ndarray)
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
     finally:
         env = namespace.get("env")
         if isinstance(env, ortgpu.Env) and env is not ortgpu.get_env():
