@@ -37,6 +37,9 @@ from .flops import model_flops
 from .harness import ArmResult, OrtgpuArms, median_ms, summarize, time_loop
 from .models import conv_chain, matmul_chain, mlp, random_feeds, resnet, transformer_encoder
 
+#: The captured arm that reads its outputs with graph.replay_and_read() (end_to_end only).
+READ_ARM = "ortgpu capture on, replay_and_read"
+
 BOUNDARIES = {
     "end_to_end": "update_inplace of every input + run (or replay) + readback of every output",
     "run_only": "run (or replay) until the device is idle; inputs already on the device",
@@ -210,6 +213,11 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                     seconds = time_loop(step, args.warmup, args.iterations, _progress(f"ortgpu capture on {boundary}", args.iterations))
                     results.append(ArmResult("ortgpu capture on", boundary, seconds))
                 report.setdefault("breakdown_ms", {})["capture on"] = arms.breakdown(True, min(args.iterations, 100))
+                # the same step with graph.replay_and_read(): one submission for the replay and the output copies
+                _check_equal("replay_and_read vs replay + to_numpy", arms.captured_read_end_to_end(), reference, 1e-6)
+                seconds = time_loop(arms.captured_read_end_to_end, args.warmup, args.iterations,
+                                    _progress("ortgpu capture on, replay_and_read end_to_end", args.iterations))
+                results.append(ArmResult(READ_ARM, "end_to_end", seconds))
         finally:
             arms.close()
         if args.vs == "onnxruntime":
@@ -245,6 +253,9 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
             off, on = p50.get(("ortgpu capture off", boundary)), p50.get(("ortgpu capture on", boundary))
             if off and on:
                 ratios[f"capture off / on, {boundary}"] = off / on
+            read = p50.get((READ_ARM, boundary))
+            if off and read:
+                ratios[f"capture off / on with replay_and_read, {boundary}"] = off / read
             for (name, b), value in p50.items():
                 if b == boundary and name.startswith("onnxruntime"):
                     mine = on if "capture on" in name else off

@@ -123,6 +123,12 @@ class OrtgpuArms:
         self.graph.replay()
         return self._read()
 
+    def captured_read_end_to_end(self) -> list[npt.NDArray[Any]]:
+        """The captured step through ``graph.replay_and_read()``: the output copies ride in the replay's submission."""
+        assert self.graph is not None
+        self._upload()
+        return self.graph.replay_and_read()
+
     def captured_run_only(self) -> None:
         assert self.graph is not None
         self.graph.replay()

@@ -381,6 +381,14 @@ class InferenceSession:
         else:
             self._backend_device.submit(commands)
 
+    def _submit_and_read(self, commands: CommandList, reads: list[tuple[int, int, Any]]) -> None:
+        """:meth:`_submit` ``commands`` and read ``(buffer, offset, out)`` regions in the same submission."""
+        if self.env.execution_mode == "serialized":
+            with _serial_lock(self.env):
+                self._backend_device.submit_and_read(commands, reads)
+        else:
+            self._backend_device.submit_and_read(commands, reads)
+
     # -- ordinary runs ---------------------------------------------------------------------
     def _check_feeds(self, feeds: Mapping[str, object]) -> None:
         if not isinstance(feeds, Mapping):

@@ -24,7 +24,9 @@ frees the graph's own state and unlocks the binding it was captured from
 import weakref
 
 from ._binding cimport FrozenIOBinding, IOBinding
-from ._value cimport DeviceBuffer
+import numpy as np
+
+from ._value cimport DeviceBuffer, OrtValue
 from .backends._commands cimport CommandList
 from ._errors import CaptureStateError
 
@@ -138,6 +140,38 @@ cdef class CapturedGraph:
         self._session._check_open("replay a captured graph")
         self._submit(self._commands)
         self.replays += 1
+
+    def replay_and_read(self):
+        """:meth:`replay`, then host copies of the bound outputs in the model's output order (what
+        ``graph.binding.copy_outputs_to_cpu()`` returns), with the output copies recorded into the replay's own
+        submission: one submit and one wait for the whole step, where replay + ``to_numpy()`` per output submits
+        again for each read.  Synchronous.  In verify mode it is ``replay(verify=True)`` then the reads."""
+        if self._released:
+            raise CaptureStateError(
+                f"graph {self.label} was released and can no longer be replayed; capture it again with "
+                f"session.capture(binding, graph_id={self.graph_id!r})"
+            )
+        if self._session.verify_replays:
+            self.replay(verify=True)
+            return self._binding.copy_outputs_to_cpu()
+        self._session._check_open("replay a captured graph")
+        cdef list arrays = []
+        cdef list reads = []
+        cdef OrtValue value
+        for item in self._binding.get_outputs():
+            value = <OrtValue>item
+            value._check_usable("read the value")
+            if value._buffer is None:
+                arrays.append(None)
+                continue
+            array = np.empty(value._shape, dtype=value._dtype)
+            arrays.append(array)
+            if value._nbytes:
+                reads.append((value._buffer.handle, 0, array.reshape(-1).view(np.uint8)))
+        self._session._submit_and_read(self._commands, reads)
+        self.replays += 1
+        # host-placed outputs (none in a captured graph today) are read after the replay like to_numpy() would
+        return [array if array is not None else item.to_numpy() for array, item in zip(arrays, self._binding.get_outputs())]
 
     def _replay_unchecked(self):
         """Internal: submit without the verify indirection (used by verification itself)."""

@@ -452,3 +452,33 @@ def test_read_buffer_into_fills_any_sized_host_buffer(device: BackendDevice) -> 
     finally:
         device.destroy_buffer(buffer)
         device.destroy_buffer(uniform)
+
+
+def test_submit_and_read_is_submit_then_reads(device: BackendDevice) -> None:
+    """One call: the commands run, then every region is read into its array (odd sizes, offsets, several reads);
+    a bad read is refused before anything runs."""
+    a, b = device.create_buffer(64, label="a"), device.create_buffer(64, label="b")
+    try:
+        payload = np.arange(16, dtype=np.uint32) + 100
+        device.write_buffer(a, 0, payload.tobytes())
+        device.write_buffer(b, 0, bytes(64))
+        commands = CommandList()
+        commands.add_copy(a, 0, b, 16, 32)  # b[4:12] <- a[0:8]
+        commands.add_clear(a, 0, 8)  # a[0:2] <- 0
+        whole_b, a_tail, odd = np.zeros(16, np.uint32), np.zeros(3, np.uint32), np.zeros(5, np.uint8)
+        device.submit_and_read(commands, [(b, 0, whole_b), (a, 4, a_tail), (b, 16, odd), (a, 0, np.zeros(0, np.uint8))])
+        expected_b = np.zeros(16, np.uint32)
+        expected_b[4:12] = payload[0:8]
+        np.testing.assert_array_equal(whole_b, expected_b)
+        np.testing.assert_array_equal(a_tail, [0, 102, 103])  # read after the clear
+        np.testing.assert_array_equal(odd, payload[0:2].view(np.uint8)[:5])
+        device.submit_and_read(CommandList(), [])  # nothing to run, nothing to read
+
+        device.write_buffer(b, 0, bytes(64))
+        for bad in ([(b, 0, bytes(8))], [(b, 60, np.zeros(8, np.uint8))], [(b, 2, np.zeros(4, np.uint8))]):
+            with pytest.raises(ValidationError):
+                device.submit_and_read(commands, bad)  # type: ignore[arg-type]
+        assert device.read_buffer(b, 0, 64) == bytes(64)  # the refused calls ran nothing
+    finally:
+        device.destroy_buffer(a)
+        device.destroy_buffer(b)

@@ -36,7 +36,7 @@ WARMUP = 1
 TABLE_HEADER = re.compile(r"^arm\s+boundary\s+p50 ms\s+p90 ms\s+p99 ms\b", re.M)  # more columns may follow
 ORTGPU_ARMS = {
     "off": {"ortgpu capture off/end_to_end", "ortgpu capture off/run_only", "ortgpu run() numpy in/out/end_to_end"},
-    "on": {"ortgpu capture on/end_to_end", "ortgpu capture on/run_only"},
+    "on": {"ortgpu capture on/end_to_end", "ortgpu capture on/run_only", "ortgpu capture on, replay_and_read/end_to_end"},
 }
 
 
@@ -134,6 +134,7 @@ def test_bench_both_arms_vs_onnxruntime_json(
     # Ratios: capture off / on per boundary, and each peer arm against ortgpu's arm of the same capture mode.
     ratios = report["ratios"]
     expected_ratios = {f"capture off / on, {b}" for b in bench_main.BOUNDARIES}
+    expected_ratios.add("capture off / on with replay_and_read, end_to_end")
     expected_ratios |= {f"{label} / ortgpu, {b}" for label in peers for b in bench_main.BOUNDARIES}
     assert set(ratios) == expected_ratios
     results = report["results"]
@@ -145,6 +146,9 @@ def test_bench_both_arms_vs_onnxruntime_json(
             theirs = float(np.median(results[f"{label}/{boundary}"]["raw_s"]))
             mine = on if label.endswith("capture on") else off
             assert ratios[f"{label} / ortgpu, {boundary}"] == pytest.approx(theirs / mine)
+    read = float(np.median(results["ortgpu capture on, replay_and_read/end_to_end"]["raw_s"]))
+    off = float(np.median(results["ortgpu capture off/end_to_end"]["raw_s"]))
+    assert ratios["capture off / on with replay_and_read, end_to_end"] == pytest.approx(off / read)
     assert set(report["breakdown_ms"]) == {"capture off", "capture on"}
     for parts in report["breakdown_ms"].values():
         assert set(parts) == {"update_inplace", "run_or_replay_call", "readback"}

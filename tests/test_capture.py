@@ -189,6 +189,45 @@ def test_copy_outputs_to_cpu_and_copy_from_between_replays(session: InferenceSes
     staging.release()
 
 
+def test_replay_and_read_is_replay_then_copy_outputs_in_one_submission(session: InferenceSession, env: Env) -> None:
+    """Every call reads the outputs of that call's replay (never an earlier one); one submit per call on the fake
+    device (the output copies ride in the replay's submission); the bound output values hold the same result."""
+    binding, x, y = bound(session)
+    graph = session.capture(binding, graph_id=0)
+    before = submits(env)
+    previous = None
+    for call in range(3):
+        batch = image()
+        x.update_inplace(batch)
+        (out,) = graph.replay_and_read()
+        assert isinstance(out, np.ndarray) and out.shape == (BATCH, WIDTH) and out.dtype == np.float32
+        assert_reference(out, batch)
+        np.testing.assert_array_equal(out, y.to_numpy())
+        if previous is not None:
+            assert not np.allclose(out, previous)
+        previous = out
+        assert graph.replays == call + 1
+    if before is not None:
+        assert submits(env) == before + 3
+    graph.release()
+    with raises(CaptureStateError, "was released", "capture it again"):
+        graph.replay_and_read()
+
+
+def test_replay_and_read_in_verify_mode_still_verifies(env: Env) -> None:
+    with InferenceSession(MODEL, env=env, graph_capture=True, verify_replays=True) as sess:
+        binding, x, y = bound(sess)
+        graph = sess.capture(binding, graph_id=0)
+        batch = image()
+        x.update_inplace(batch)
+        (out,) = graph.replay_and_read()
+        assert_reference(out, batch)
+        with wrapped_submit(env, _drop_graph_replays):
+            with raises(CaptureStateError, "verify: output 'Y'"):
+                graph.replay_and_read()
+        graph.release()
+
+
 def test_capture_from_a_frozen_binding_and_typestate(session: InferenceSession) -> None:
     binding, x, y = bound(session)
     frozen = binding.freeze()

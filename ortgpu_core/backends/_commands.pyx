@@ -252,10 +252,12 @@ cdef class CommandList:
             phases[2] += _monotonic_seconds() - finished
         return submitted
 
-    cdef int encode_submit(self, NativeTable table, double* phases) except -1 nogil:
+    cdef int encode_submit(self, NativeTable table, double* phases, CommandRecord* tail, Py_ssize_t tail_count) except -1 nogil:
         # One encoder, compute passes spanning runs of consecutive dispatches, one submit; or, with
         # ``early_submit`` = n and more dispatches than that, the first n dispatches in a command buffer of their
-        # own, submitted before the rest is encoded.  Everything here is a C call through a function pointer.
+        # own, submitted before the rest is encoded.  ``tail`` (``tail_count`` records, may be NULL) is encoded
+        # after this list's records, into the same (last) command buffer.  Everything here is a C call through a
+        # function pointer.
         # ``phases`` (NULL on the hot path) receives the seconds spent encoding, in wgpuCommandEncoderFinish and
         # in wgpuQueueSubmit.
         cdef double started = 0.0
@@ -265,6 +267,7 @@ cdef class CommandList:
         cdef Py_ssize_t i
         cdef Py_ssize_t dispatches = 0
         cdef Py_ssize_t split = self._early_submit
+        cdef Py_ssize_t total = self._count + tail_count
         cdef CommandRecord* r
         cdef void* last_pipeline = NULL
         cdef uint32_t errors_before = 0
@@ -275,8 +278,8 @@ cdef class CommandList:
             errors_before = table.error_count[0]
         if encoder == NULL:
             return 0
-        for i in range(self._count):
-            r = &self._records[i]
+        for i in range(total):
+            r = &self._records[i] if i < self._count else &tail[i - self._count]
             if r.kind == COMMAND_DISPATCH:
                 if compute_pass == NULL:
                     compute_pass = (<begin_compute_pass_fn>table.fn_begin_compute_pass)(encoder, NULL)
@@ -287,7 +290,7 @@ cdef class CommandList:
                 (<set_bind_group_fn>table.fn_set_bind_group)(compute_pass, 0, <void*>r.b, 0, NULL)
                 (<dispatch_fn>table.fn_dispatch)(compute_pass, r.x, r.y, r.z)
                 dispatches += 1
-                if dispatches == split and i + 1 < self._count:
+                if dispatches == split and i + 1 < total:
                     (<handle_fn>table.fn_end_pass)(compute_pass)
                     (<handle_fn>table.fn_release_pass)(compute_pass)
                     compute_pass = NULL
@@ -326,7 +329,15 @@ cdef class CommandList:
         """
         cdef int submitted
         with nogil:
-            submitted = self.encode_submit(table, NULL)
+            submitted = self.encode_submit(table, NULL, NULL, 0)
+        return submitted == 1
+
+    def encode_submit_with_tail_native(self, NativeTable table, CommandList tail):
+        """Like :meth:`encode_submit_native`, with ``tail``'s records encoded after this list's, in the same
+        (last) command buffer: one submission for both (e.g. a captured graph and the copies of its outputs)."""
+        cdef int submitted
+        with nogil:
+            submitted = self.encode_submit(table, NULL, tail._records, tail._count)
         return submitted == 1
 
     def profile_native(self, NativeTable table):
@@ -337,5 +348,5 @@ cdef class CommandList:
         cdef int submitted
         phases[0] = phases[1] = phases[2] = 0.0
         with nogil:
-            submitted = self.encode_submit(table, phases)
+            submitted = self.encode_submit(table, phases, NULL, 0)
         return {"encode": phases[0], "finish": phases[1], "submit": phases[2], "submitted": submitted == 1}

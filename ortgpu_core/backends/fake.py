@@ -575,7 +575,25 @@ class FakeDevice:
             source = self._readable(buffer, offset, size, -(-size // 4) * 4, "read_buffer_into")
             np.frombuffer(view.cast("B"), np.uint8)[:] = source
 
-    def _readable(self, buffer: int, offset: int, size: int, checked: int, action: str) -> npt.NDArray[np.uint8]:
+    def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
+        """:meth:`submit`, then :meth:`read_buffer_into` each ``(buffer, offset, out)``; every read is checked
+        before anything is submitted."""
+        with self._lock:
+            views = []
+            for index, (buffer, offset, out) in enumerate(reads):
+                view = memoryview(out)
+                action = f"submit_and_read: read {index}"
+                if view.readonly or not view.c_contiguous:
+                    raise ValidationError(f"{action}: out must be a writable C-contiguous buffer (e.g. a numpy array)")
+                self._readable(buffer, offset, view.nbytes, -(-view.nbytes // 4) * 4, action, count=False)
+                views.append(view)
+            self.submit(commands)
+            for (buffer, offset, _), view in zip(reads, views):
+                self.read_buffer_into(buffer, offset, view)
+
+    def _readable(
+        self, buffer: int, offset: int, size: int, checked: int, action: str, *, count: bool = True
+    ) -> npt.NDArray[np.uint8]:
         """The ``size`` bytes at ``offset`` of a buffer that may be read, after checking ``checked`` bytes' range."""
         self._check_usable()
         source = self._buffer(buffer, action)
@@ -585,8 +603,9 @@ class FakeDevice:
                 "which cannot be read back"
             )
         self._check_range(source, offset, checked, f"{action} from buffer {buffer}")
-        self._stats.reads += 1
-        self._stats.bytes_read += checked
+        if count:
+            self._stats.reads += 1
+            self._stats.bytes_read += checked
         return source.data[offset : offset + size]
 
     # -- kernels ---------------------------------------------------------------

@@ -125,6 +125,12 @@ class BackendDevice(Protocol):
         size): reads ``len(out)`` bytes without an intermediate copy."""
         ...
 
+    def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
+        """:meth:`submit`, then :meth:`read_buffer_into` for each ``(buffer, offset, out)``, in one submission
+        where the backend can (the wgpu backend appends the output copies to the same command buffer).  Every
+        read is checked before anything is submitted."""
+        ...
+
     # -- kernels ---------------------------------------------------------
     def create_compute_pipeline(
         self, wgsl: str, *, entry_point: str = "main", twin: KernelTwin | None = None, label: str = ""

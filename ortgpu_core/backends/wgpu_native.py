@@ -739,17 +739,66 @@ class WgpuDevice:
             raise ValidationError(f"{action}: uniform buffers are write-only (no COPY_SRC usage)")
         return size
 
+    @_serialized
+    def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
+        """:meth:`submit` ``commands``, then :meth:`read_buffer_into` each ``(buffer, offset, out)``, as one
+        command buffer (the copies to the staging buffer follow the commands in it) and one wait."""
+        self._check_open()
+        regions: list[tuple[int, int, int, memoryview]] = []  # (buffer, offset, padded size, view)
+        for index, (buffer, offset, out) in enumerate(reads):
+            view = memoryview(out)
+            action = f"submit_and_read: read {index} ({buffer:#x}, offset={offset})"
+            if view.readonly or not view.c_contiguous:
+                raise ValidationError(f"{action}: out must be a writable C-contiguous buffer (e.g. a numpy array)")
+            padded = (view.nbytes + BUFFER_ALIGNMENT - 1) // BUFFER_ALIGNMENT * BUFFER_ALIGNMENT
+            self._check_aligned(action, offset=offset)
+            self._checked_read(buffer, offset, padded, action)
+            regions.append((buffer, offset, padded, view))
+        if not (commands.frozen and self._validated_once(commands)):
+            self.validate_commands(commands)
+            if commands.frozen:
+                self._remember_validation(commands)
+        total = sum(padded for _, _, padded, _ in regions)
+        action = f"submit_and_read ({len(commands)} commands, {len(regions)} reads)"
+        self._ensure_staging(max(total, BUFFER_ALIGNMENT))
+        tail = CommandList()
+        cursor = 0
+        for buffer, offset, padded, _ in regions:
+            if padded:
+                tail.add_copy(buffer, offset, _address(self._staging), cursor, padded)
+            cursor += padded
+        submitted = commands.encode_submit_with_tail_native(self._native_table, tail)
+        self._raise_pending(action)
+        if not submitted:
+            raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+        if total == 0:
+            return
+        ffi = self._ffi
+
+        def consume(mapped: Any) -> None:
+            at = 0
+            for _, _, padded, view in regions:
+                if view.nbytes:
+                    ffi.memmove(ffi.from_buffer(view.cast("B"), require_writable=True), mapped + at, view.nbytes)
+                at += padded
+
+        self._map_staging(total, action, consume)
+
     def _map_read(self, buffer: int, offset: int, size: int, action: str, consume: Callable[[Any], _T]) -> _T:
         """Copy ``size`` bytes at ``offset`` into the staging buffer, map it, and return ``consume(mapped pointer)``."""
         self._ensure_staging(size)
-        ffi, lib, sink = self._ffi, self._lib, self._sink
         commands = CommandList()
         commands.add_copy(buffer, offset, _address(self._staging), 0, size)
         submitted = commands.encode_submit_native(self._native_table)
         self._raise_pending(action)
         if not submitted:
             raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")
+        return self._map_staging(size, action, consume)
 
+    def _map_staging(self, size: int, action: str, consume: Callable[[Any], _T]) -> _T:
+        """Map the first ``size`` bytes of the staging buffer (waiting for the work that fills them) and return
+        ``consume(mapped pointer)``; unmaps after."""
+        ffi, lib, sink = self._ffi, self._lib, self._sink
         sink.map_status = None
         callback_info = ffi.new("WGPUBufferMapCallbackInfo *")
         callback_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
