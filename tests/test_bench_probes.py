@@ -98,7 +98,11 @@ def test_wait_latency_compares_spinning_and_blocking_waits(device: ortgpu_core.D
     from bench.overhead import measure_wait_latency
     from ortgpu_core.backends.wgpu_native import WgpuBackend
 
-    assert measure_wait_latency(device.backend_device(), iterations=2) is None  # lavapipe (CPU) or fake: no spin
+    default = measure_wait_latency(device.backend_device(), dispatch_counts=(0,), iterations=2)
+    if getattr(device.backend_device(), "spin_wait_us", 0):  # a GPU adapter: its waits spin by default
+        assert default is not None and set(default["spinning_us"]) == {"0 dispatches"}
+    else:  # lavapipe (a CPU adapter) or the fake backend: nothing to compare
+        assert default is None
     if device.backend_type == "Fake":
         return
     backend = WgpuBackend(spin_wait_us=300)
