@@ -17,9 +17,10 @@ wait adds to every synchronous run.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -69,29 +70,41 @@ def _ortgpu_phases(device: BackendDevice, commands: CommandList, iterations: int
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def _ortgpu_timings(device: BackendDevice, counts: tuple[int, int], iterations: int) -> tuple[float, float, dict[str, float] | None]:
+@contextlib.contextmanager
+def _dispatch_lists(device: BackendDevice, label: str) -> Iterator[Callable[[int], CommandList]]:
+    """Yields ``record(n)``: a frozen list of ``n`` dispatches of KERNEL (as a captured graph holds it) over one
+    16-byte buffer; the buffer, pipeline and bind group are released on exit."""
     buffer = device.create_buffer(16)
     pipeline = group = None
     try:
-        pipeline = device.create_compute_pipeline(KERNEL, twin=_kernel_twin, label="overhead")
+        pipeline = device.create_compute_pipeline(KERNEL, twin=_kernel_twin, label=label)
         group = device.create_bind_group(pipeline, [BindingEntry(0, buffer, 0, 16)])
-        results = []
-        phases = None
-        for count in counts:
+
+        def record(count: int, pipeline: int = pipeline, group: int = group) -> CommandList:
             commands = CommandList()
             for _ in range(count):
                 commands.add_dispatch(pipeline, group, 1, 1, 1)
-            commands.freeze()  # as a captured graph holds it
-            results.append(_median_host_seconds(lambda: device.submit(commands), device.wait_idle, iterations))
-            if count == counts[1]:
-                phases = _ortgpu_phases(device, commands, iterations)
-        return results[0], results[1], phases
+            return commands.freeze()
+
+        yield record
     finally:
         if group is not None:
             device.release_bind_group(group)
         if pipeline is not None:
             device.release_pipeline(pipeline)
         device.destroy_buffer(buffer)
+
+
+def _ortgpu_timings(device: BackendDevice, counts: tuple[int, int], iterations: int) -> tuple[float, float, dict[str, float] | None]:
+    with _dispatch_lists(device, "overhead") as record:
+        results = []
+        phases = None
+        for count in counts:
+            commands = record(count)
+            results.append(_median_host_seconds(lambda: device.submit(commands), device.wait_idle, iterations))
+            if count == counts[1]:
+                phases = _ortgpu_phases(device, commands, iterations)
+        return results[0], results[1], phases
 
 
 def _wgpu_py_timings(counts: tuple[int, int], iterations: int) -> tuple[float, float] | None:
@@ -170,35 +183,22 @@ def measure_wait_latency(device: BackendDevice, dispatch_counts: Sequence[int] =
     spin = getattr(device, "spin_wait_us", None)
     if not spin:
         return None
-    buffer = device.create_buffer(16)
-    pipeline = group = None
     samples: dict[str, dict[int, list[float]]] = {"spinning": {n: [] for n in dispatch_counts},
                                                    "blocking": {n: [] for n in dispatch_counts}}
     try:
-        pipeline = device.create_compute_pipeline(KERNEL, twin=_kernel_twin, label="wait-latency")
-        group = device.create_bind_group(pipeline, [BindingEntry(0, buffer, 0, 16)])
-        lists = {}
-        for count in dispatch_counts:
-            commands = CommandList()
-            for _ in range(count):
-                commands.add_dispatch(pipeline, group, 1, 1, 1)
-            lists[count] = commands.freeze()
-        for index in range(iterations + 10):
-            for mode, setting in (("spinning", spin), ("blocking", 0.0)):
-                setattr(device, "spin_wait_us", setting)
-                for count, commands in lists.items():
-                    start = time.perf_counter()
-                    device.submit(commands)
-                    device.wait_idle()
-                    if index >= 10:  # warm-up
-                        samples[mode][count].append(time.perf_counter() - start)
+        with _dispatch_lists(device, "wait-latency") as record:
+            lists = {count: record(count) for count in dispatch_counts}
+            for index in range(iterations + 10):
+                for mode, setting in (("spinning", spin), ("blocking", 0.0)):
+                    setattr(device, "spin_wait_us", setting)
+                    for count, commands in lists.items():
+                        start = time.perf_counter()
+                        device.submit(commands)
+                        device.wait_idle()
+                        if index >= 10:  # warm-up
+                            samples[mode][count].append(time.perf_counter() - start)
     finally:
         setattr(device, "spin_wait_us", spin)
-        if group is not None:
-            device.release_bind_group(group)
-        if pipeline is not None:
-            device.release_pipeline(pipeline)
-        device.destroy_buffer(buffer)
     return {"spin_wait_us": spin, "iterations": iterations,
             **{f"{mode}_us": {f"{n} dispatches": statistics.median(values) * 1e6 for n, values in per.items()}
                for mode, per in samples.items()}}

@@ -24,7 +24,7 @@ from ortgpu.ops import DeviceCaps
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry, KernelTwin
 
-__all__ = ["Probe", "bandwidth_probes", "dispatch_floor_probe"]
+__all__ = ["Owned", "Probe", "bandwidth_probes", "dispatch_floor_probe"]
 
 _THREADS = 256
 #: vec4s each invocation of the read probe sums (grid-strided), so the launch is a few waves, not millions.
@@ -40,6 +40,25 @@ fn main() {
 
 
 @dataclass
+class Owned:
+    """Native objects a benchmark made on ``device``, released together (bind groups first; idempotent)."""
+
+    device: BackendDevice
+    pipelines: list[int] = field(default_factory=list)
+    groups: list[int] = field(default_factory=list)
+    buffers: list[int] = field(default_factory=list)
+
+    def release(self) -> None:
+        for group in self.groups:
+            self.device.release_bind_group(group)
+        for pipeline in self.pipelines:
+            self.device.release_pipeline(pipeline)
+        for buffer in self.buffers:
+            self.device.destroy_buffer(buffer)
+        self.groups, self.pipelines, self.buffers = [], [], []
+
+
+@dataclass
 class Probe:
     """A recorded command list, how many units of work it holds (``repeats``) and the bytes one unit moves."""
 
@@ -47,23 +66,12 @@ class Probe:
     commands: CommandList
     repeats: int
     bytes_per_repeat: int
-    device: BackendDevice
+    owned: Owned
     #: the buffers its kernel binds, in binding order (to check what a probe computed)
     bound: tuple[int, ...] = ()
-    _pipelines: list[int] = field(default_factory=list)
-    _groups: list[int] = field(default_factory=list)
-    _buffers: list[int] = field(default_factory=list)
 
     def release(self) -> None:
-        for group in self._groups:
-            self.device.release_bind_group(group)
-        for pipeline in self._pipelines:
-            self.device.release_pipeline(pipeline)
-        for buffer in self._buffers:
-            self.device.destroy_buffer(buffer)
-        self._groups.clear()
-        self._pipelines.clear()
-        self._buffers.clear()
+        self.owned.release()
 
 
 def _copy_kernel(vectors: int, grid: tuple[int, int, int]) -> str:
@@ -151,9 +159,9 @@ def bandwidth_probes(device: BackendDevice, caps: DeviceCaps, megabytes: int, re
         commands = CommandList()
         for _ in range(repeats):
             commands.add_dispatch(pipeline, group, *grid)
-        probes.append(Probe(f"bandwidth {name} {nbytes / 1e6:.0f} MB", commands, repeats, moved, device,
-                            bound=(src, dst), _pipelines=[pipeline], _groups=[group]))
-    probes[-1]._buffers += [src, dst]  # released with the last probe
+        probes.append(Probe(f"bandwidth {name} {nbytes / 1e6:.0f} MB", commands, repeats, moved,
+                            Owned(device, [pipeline], [group]), bound=(src, dst)))
+    probes[-1].owned.buffers += [src, dst]  # released with the last probe
     return probes
 
 
@@ -165,5 +173,4 @@ def dispatch_floor_probe(device: BackendDevice, repeats: int) -> Probe:
     commands = CommandList()
     for _ in range(repeats):
         commands.add_dispatch(pipeline, group, 1, 1, 1)
-    return Probe("dispatch floor", commands, repeats, 0, device, bound=(buffer,), _pipelines=[pipeline], _groups=[group],
-                 _buffers=[buffer])
+    return Probe("dispatch floor", commands, repeats, 0, Owned(device, [pipeline], [group], [buffer]), bound=(buffer,))

@@ -52,7 +52,7 @@ from ortgpu.ops._gemv import (
 from ortgpu.ops._runner import padded_size
 from ortgpu_core.backends._commands import CommandList
 
-from .probes import bandwidth_probes, dispatch_floor_probe
+from .probes import Owned, bandwidth_probes, dispatch_floor_probe
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
 
@@ -308,23 +308,14 @@ def _median_submit(device: BackendDevice, commands: CommandList, repeats: int) -
 
 @dataclass
 class Prepared:
-    """A plan's pipelines, bind groups and scratch, recorded ``count`` times into ``commands``."""
+    """A plan's pipelines, bind groups and scratch (``owned``), recorded ``count`` times into ``commands``."""
 
-    device: BackendDevice
     commands: CommandList
     count: int
-    pipelines: list[int] = dataclasses.field(default_factory=list)
-    groups: list[int] = dataclasses.field(default_factory=list)
-    buffers: list[int] = dataclasses.field(default_factory=list)
+    owned: Owned
 
     def release(self) -> None:
-        for group in self.groups:
-            self.device.release_bind_group(group)
-        for pipeline in self.pipelines:
-            self.device.release_pipeline(pipeline)
-        for buffer in self.buffers:
-            self.device.destroy_buffer(buffer)
-        self.groups, self.pipelines, self.buffers = [], [], []
+        self.owned.release()
 
 
 class Runner:
@@ -398,17 +389,17 @@ class Runner:
         """``plan``'s kernels bound to the persistent buffers and recorded ``count`` times (about ``budget_s`` of GPU
         time per submit), and the output of one run."""
         device = self.device
-        prepared = Prepared(device, CommandList(), 1)
+        prepared = Prepared(CommandList(), 1, Owned(device))
         try:
             scratch = []
             for size in plan.scratch_sizes:
                 buffer = device.create_buffer(padded_size(size), label="sweep-scratch")
-                prepared.buffers.append(buffer)
+                prepared.owned.buffers.append(buffer)
                 scratch.append(buffer)
             pipelines = []
             for kernel in plan.kernels:
                 pipeline = device.create_compute_pipeline(kernel.wgsl, twin=kernel.twin, label=kernel.name)
-                prepared.pipelines.append(pipeline)
+                prepared.owned.pipelines.append(pipeline)
                 pipelines.append(pipeline)
             rotations: list[list[tuple[int, int, tuple[int, int, int]]]] = []
             for weight in [None, *self.copies]:  # the original B, then each copy of it
@@ -431,7 +422,7 @@ class Runner:
                             raise ValueError("params bindings are not used by the GEMM kernels")
                         entries.append(BindingEntry(slot, buffer, 0, size))
                     group = device.create_bind_group(pipeline, entries)
-                    prepared.groups.append(group)
+                    prepared.owned.groups.append(group)
                     dispatches.append((pipeline, group, kernel.grid))
                 rotations.append(dispatches)
 

@@ -27,12 +27,13 @@ per-device pipeline caches and per-Env serial locks in :mod:`ortgpu._device_cach
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, ContextManager, Mapping, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -374,19 +375,17 @@ class InferenceSession:
             plan, self._backend_device, self._pipelines, self._allocate_intermediate, self._free_intermediate, self._weights
         )
 
+    def _submission(self) -> ContextManager[object]:
+        """What a submission holds: the Env's serial lock in ``serialized`` mode, else nothing."""
+        return _serial_lock(self.env) if self.env.execution_mode == "serialized" else contextlib.nullcontext()
+
     def _submit(self, commands: CommandList) -> None:
-        if self.env.execution_mode == "serialized":
-            with _serial_lock(self.env):
-                self._backend_device.submit(commands)
-        else:
+        with self._submission():
             self._backend_device.submit(commands)
 
     def _submit_and_read(self, commands: CommandList, reads: list[tuple[int, int, Any]]) -> None:
         """:meth:`_submit` ``commands`` and read ``(buffer, offset, out)`` regions in the same submission."""
-        if self.env.execution_mode == "serialized":
-            with _serial_lock(self.env):
-                self._backend_device.submit_and_read(commands, reads)
-        else:
+        with self._submission():
             self._backend_device.submit_and_read(commands, reads)
 
     # -- ordinary runs ---------------------------------------------------------------------

@@ -120,6 +120,14 @@ cdef class CapturedGraph:
         """Records (dispatches, copies, clears) in the graph."""
         return len(self._commands)
 
+    cdef int _check_not_released(self) except -1:
+        if self._released:
+            raise CaptureStateError(
+                f"graph {self.label} was released and can no longer be replayed; capture it again with "
+                f"session.capture(binding, graph_id={self.graph_id!r})"
+            )
+        return 0
+
     def replay(self, verify=False):
         """Run the recorded work again on the current contents of the bound inputs.
 
@@ -129,11 +137,7 @@ cdef class CapturedGraph:
         results with an uncaptured run on the same inputs (slow; for tests):
         a mismatch raises ``CaptureStateError`` naming the outputs.
         """
-        if self._released:
-            raise CaptureStateError(
-                f"graph {self.label} was released and can no longer be replayed; capture it again with "
-                f"session.capture(binding, graph_id={self.graph_id!r})"
-            )
+        self._check_not_released()
         if verify or self._session.verify_replays:
             self._session._verify_replay(self)
             return
@@ -146,11 +150,7 @@ cdef class CapturedGraph:
         ``graph.binding.copy_outputs_to_cpu()`` returns), with the output copies recorded into the replay's own
         submission: one submit and one wait for the whole step, where replay + ``to_numpy()`` per output submits
         again for each read.  Synchronous.  In verify mode it is ``replay(verify=True)`` then the reads."""
-        if self._released:
-            raise CaptureStateError(
-                f"graph {self.label} was released and can no longer be replayed; capture it again with "
-                f"session.capture(binding, graph_id={self.graph_id!r})"
-            )
+        self._check_not_released()
         if self._session.verify_replays:
             self.replay(verify=True)
             return self._binding.copy_outputs_to_cpu()
@@ -158,20 +158,16 @@ cdef class CapturedGraph:
         cdef list arrays = []
         cdef list reads = []
         cdef OrtValue value
-        for item in self._binding.get_outputs():
+        for item in self._binding.get_outputs():  # device values: capture refuses host-bound outputs
             value = <OrtValue>item
             value._check_usable("read the value")
-            if value._buffer is None:
-                arrays.append(None)
-                continue
             array = np.empty(value._shape, dtype=value._dtype)
             arrays.append(array)
             if value._nbytes:
                 reads.append((value._buffer.handle, 0, array.reshape(-1).view(np.uint8)))
         self._session._submit_and_read(self._commands, reads)
         self.replays += 1
-        # host-placed outputs (none in a captured graph today) are read after the replay like to_numpy() would
-        return [array if array is not None else item.to_numpy() for array, item in zip(arrays, self._binding.get_outputs())]
+        return arrays
 
     def _replay_unchecked(self):
         """Internal: submit without the verify indirection (used by verification itself)."""

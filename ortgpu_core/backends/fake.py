@@ -53,7 +53,7 @@ import numpy.typing as npt
 
 from .._errors import DeviceLostError, InvalidArgumentError, OutOfMemoryError, ValidationError
 from ._commands import CommandList
-from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
+from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin, host_read_target
 
 __all__ = [
     "FAKE_VENDOR_ID",
@@ -567,13 +567,10 @@ class FakeDevice:
 
     def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
         """:meth:`read_buffer` of ``len(out)`` bytes (any size, rounded up to 4 for the range check) into ``out``."""
-        view = memoryview(out)
-        if view.readonly or not view.c_contiguous:
-            raise ValidationError("read_buffer_into: out must be a writable C-contiguous buffer (e.g. a numpy array)")
-        size = view.nbytes
+        view, padded = host_read_target(out, "read_buffer_into")
         with self._lock:
-            source = self._readable(buffer, offset, size, -(-size // 4) * 4, "read_buffer_into")
-            np.frombuffer(view.cast("B"), np.uint8)[:] = source
+            source = self._readable(buffer, offset, view.nbytes, padded, "read_buffer_into")
+            np.frombuffer(view, np.uint8)[:] = source
 
     def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
         """:meth:`submit`, then :meth:`read_buffer_into` each ``(buffer, offset, out)``; every read is checked
@@ -581,11 +578,9 @@ class FakeDevice:
         with self._lock:
             views = []
             for index, (buffer, offset, out) in enumerate(reads):
-                view = memoryview(out)
                 action = f"submit_and_read: read {index}"
-                if view.readonly or not view.c_contiguous:
-                    raise ValidationError(f"{action}: out must be a writable C-contiguous buffer (e.g. a numpy array)")
-                self._readable(buffer, offset, view.nbytes, -(-view.nbytes // 4) * 4, action, count=False)
+                view, padded = host_read_target(out, action)
+                self._readable(buffer, offset, view.nbytes, padded, action, count=False)
                 views.append(view)
             self.submit(commands)
             for (buffer, offset, _), view in zip(reads, views):

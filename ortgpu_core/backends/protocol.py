@@ -27,6 +27,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from .._errors import ValidationError
 from ._commands import CommandList
 
 __all__ = [
@@ -38,10 +39,20 @@ __all__ = [
     "BackendDevice",
     "CommandList",
     "BUFFER_ALIGNMENT",
+    "host_read_target",
 ]
 
 #: Sizes and offsets of buffer writes, copies and clears must be multiples of this.
 BUFFER_ALIGNMENT = 4
+
+
+def host_read_target(out: Any, action: str) -> tuple[memoryview, int]:
+    """``out`` of a read (``read_buffer_into``, ``submit_and_read``) as a flat byte view, and the device range it
+    needs (its size rounded up to :data:`BUFFER_ALIGNMENT`); ``ValidationError`` unless writable and C-contiguous."""
+    view = memoryview(out)
+    if view.readonly or not view.c_contiguous:
+        raise ValidationError(f"{action}: out must be a writable C-contiguous buffer (e.g. a numpy array)")
+    return view.cast("B"), -(-view.nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
 
 #: A numpy twin of a compute kernel, run by the fake backend in place of WGSL.
 #: It receives one writable ``uint8`` array per binding (the bound range, in

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from .._errors import DeviceError, DeviceLostError, InvalidArgumentError, OutOfMemoryError, ValidationError
 from . import _cdef
 from ._commands import CommandList, NativeTable
-from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
+from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin, host_read_target
 
 __all__ = ["WgpuBackend", "WgpuDevice", "load_native", "feature_name", "choose_default_adapter"]
 
@@ -479,6 +479,13 @@ class WgpuDevice:
         self._on_map = ffi.callback("WGPUBufferMapCallback", on_map)
         self._on_work_done = ffi.callback("WGPUQueueWorkDoneCallback", on_work_done)
         self._work_done_tokens = 0
+        # The callback descriptors of every read and wait, filled once (a wait sets only its token).
+        self._map_info = ffi.new("WGPUBufferMapCallbackInfo *")
+        self._map_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        self._map_info.callback = self._on_map
+        self._work_done_info = ffi.new("WGPUQueueWorkDoneCallbackInfo *")
+        self._work_done_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        self._work_done_info.callback = self._on_work_done
 
         adapter_limits = ffi.new("WGPULimits *")
         # WGPUStatus wgpuAdapterGetLimits(WGPUAdapter adapter, WGPULimits * limits)
@@ -639,15 +646,20 @@ class WgpuDevice:
         descriptor.size = size
         descriptor.mappedAtCreation = 0
         # WGPUBuffer wgpuDeviceCreateBuffer(WGPUDevice device, WGPUBufferDescriptor const * descriptor)
-        pointer = lib.wgpuDeviceCreateBuffer(self._device, descriptor)
+        pointer = self._created(lib.wgpuDeviceCreateBuffer(self._device, descriptor), lib.wgpuBufferRelease, action)
+        if pointer == ffi.NULL:
+            raise OutOfMemoryError(f"{action}: wgpu-native returned no buffer")
+        return pointer
+
+    def _created(self, pointer: Any, release: Callable[[Any], None], action: str) -> Any:
+        """``pointer`` of an object a native call just created, once the call reported no error; on an error the
+        object (if any) is released and the error raised."""
         try:
             self._raise_pending(action)
         except DeviceError:
-            if pointer != ffi.NULL:
-                lib.wgpuBufferRelease(pointer)
+            if pointer != self._ffi.NULL:
+                release(pointer)
             raise
-        if pointer == ffi.NULL:
-            raise OutOfMemoryError(f"{action}: wgpu-native returned no buffer")
         return pointer
 
     def _free_buffer(self, pointer: Any) -> None:
@@ -718,18 +730,20 @@ class WgpuDevice:
         """Like :meth:`read_buffer`, into ``out`` (a writable C-contiguous buffer of any size; the device-side copy
         covers it rounded up to 4 bytes): one host copy, straight from the mapped staging buffer."""
         self._check_open()
-        view = memoryview(out)
-        if view.readonly or not view.c_contiguous:
-            raise ValidationError("read_buffer_into: out must be a writable C-contiguous buffer (e.g. a numpy array)")
-        size = view.nbytes
-        padded = (size + BUFFER_ALIGNMENT - 1) // BUFFER_ALIGNMENT * BUFFER_ALIGNMENT
-        action = f"read_buffer_into({buffer:#x}, offset={offset}, {size} bytes)"
-        self._check_aligned(action, offset=offset)
-        if self._checked_read(buffer, offset, padded, action) == 0:
+        action = f"read_buffer_into({buffer:#x}, offset={offset})"
+        view, padded = self._read_target(buffer, offset, out, action)
+        if padded == 0:
             return
         ffi = self._ffi
-        target = ffi.from_buffer(view.cast("B"), require_writable=True)
-        self._map_read(buffer, offset, padded, action, lambda mapped: ffi.memmove(target, mapped, size))
+        target = ffi.from_buffer(view, require_writable=True)
+        self._map_read(buffer, offset, padded, action, lambda mapped: ffi.memmove(target, mapped, view.nbytes))
+
+    def _read_target(self, buffer: int, offset: int, out: Any, action: str) -> tuple[memoryview, int]:
+        """``out`` as a byte view and the device range of the read (checked against ``buffer``)."""
+        view, padded = host_read_target(out, action)
+        self._check_aligned(action, offset=offset)
+        self._checked_read(buffer, offset, padded, action)
+        return view, padded
 
     def _checked_read(self, buffer: int, offset: int, size: int, action: str) -> int:
         record = self._lookup(buffer, "buffer", action)
@@ -746,18 +760,9 @@ class WgpuDevice:
         self._check_open()
         regions: list[tuple[int, int, int, memoryview]] = []  # (buffer, offset, padded size, view)
         for index, (buffer, offset, out) in enumerate(reads):
-            view = memoryview(out)
-            action = f"submit_and_read: read {index} ({buffer:#x}, offset={offset})"
-            if view.readonly or not view.c_contiguous:
-                raise ValidationError(f"{action}: out must be a writable C-contiguous buffer (e.g. a numpy array)")
-            padded = (view.nbytes + BUFFER_ALIGNMENT - 1) // BUFFER_ALIGNMENT * BUFFER_ALIGNMENT
-            self._check_aligned(action, offset=offset)
-            self._checked_read(buffer, offset, padded, action)
+            view, padded = self._read_target(buffer, offset, out, f"submit_and_read: read {index} ({buffer:#x}, offset={offset})")
             regions.append((buffer, offset, padded, view))
-        if not (commands.frozen and self._validated_once(commands)):
-            self.validate_commands(commands)
-            if commands.frozen:
-                self._remember_validation(commands)
+        self._validate_for_submit(commands)
         total = sum(padded for _, _, padded, _ in regions)
         action = f"submit_and_read ({len(commands)} commands, {len(regions)} reads)"
         self._ensure_staging(max(total, BUFFER_ALIGNMENT))
@@ -779,7 +784,7 @@ class WgpuDevice:
             at = 0
             for _, _, padded, view in regions:
                 if view.nbytes:
-                    ffi.memmove(ffi.from_buffer(view.cast("B"), require_writable=True), mapped + at, view.nbytes)
+                    ffi.memmove(ffi.from_buffer(view, require_writable=True), mapped + at, view.nbytes)
                 at += padded
 
         self._map_staging(total, action, consume)
@@ -800,11 +805,8 @@ class WgpuDevice:
         ``consume(mapped pointer)``; unmaps after."""
         ffi, lib, sink = self._ffi, self._lib, self._sink
         sink.map_status = None
-        callback_info = ffi.new("WGPUBufferMapCallbackInfo *")
-        callback_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
-        callback_info.callback = self._on_map
         # WGPUFuture wgpuBufferMapAsync(WGPUBuffer, WGPUMapMode, size_t offset, size_t size, WGPUBufferMapCallbackInfo)
-        lib.wgpuBufferMapAsync(self._staging, lib.WGPUMapMode_Read, 0, size, callback_info[0])
+        lib.wgpuBufferMapAsync(self._staging, lib.WGPUMapMode_Read, 0, size, self._map_info[0])
         self._raise_pending(action)
         self._poll_until(lambda: sink.map_status is not None, action)
         if sink.map_status != lib.WGPUMapAsyncStatus_Success:
@@ -847,13 +849,9 @@ class WgpuDevice:
             pipeline_descriptor.compute.module = module
             pipeline_descriptor.compute.entryPoint = _string_view(entry_point, keep)
             # WGPUComputePipeline wgpuDeviceCreateComputePipeline(WGPUDevice, WGPUComputePipelineDescriptor const *)
-            pipeline = lib.wgpuDeviceCreateComputePipeline(self._device, pipeline_descriptor)
-            try:
-                self._raise_pending(action)
-            except DeviceError:
-                if pipeline != ffi.NULL:
-                    lib.wgpuComputePipelineRelease(pipeline)
-                raise
+            pipeline = self._created(
+                lib.wgpuDeviceCreateComputePipeline(self._device, pipeline_descriptor), lib.wgpuComputePipelineRelease, action
+            )
         finally:
             if module != ffi.NULL:
                 # void wgpuShaderModuleRelease(WGPUShaderModule shaderModule)
@@ -935,13 +933,7 @@ class WgpuDevice:
             descriptor.entryCount = len(entries)
             descriptor.entries = native_entries
             # WGPUBindGroup wgpuDeviceCreateBindGroup(WGPUDevice, WGPUBindGroupDescriptor const *)
-            bind_group = lib.wgpuDeviceCreateBindGroup(self._device, descriptor)
-            try:
-                self._raise_pending(action)
-            except DeviceError:
-                if bind_group != ffi.NULL:
-                    lib.wgpuBindGroupRelease(bind_group)
-                raise
+            bind_group = self._created(lib.wgpuDeviceCreateBindGroup(self._device, descriptor), lib.wgpuBindGroupRelease, action)
         finally:
             if layout != ffi.NULL:
                 # void wgpuBindGroupLayoutRelease(WGPUBindGroupLayout bindGroupLayout)
@@ -1052,15 +1044,19 @@ class WgpuDevice:
         handles it uses is released: replay pays no per-record Python work.
         """
         self._check_open()
-        if not (commands.frozen and self._validated_once(commands)):
-            self.validate_commands(commands)
-            if commands.frozen:
-                self._remember_validation(commands)
+        self._validate_for_submit(commands)
         submitted = commands.encode_submit_native(self._native_table)
         action = f"submit ({len(commands)} commands)"
         self._raise_pending(action)
         if not submitted:
             raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+
+    def _validate_for_submit(self, commands: CommandList) -> None:
+        """:meth:`validate_commands`, once per frozen list (until a handle it uses is released)."""
+        if not (commands.frozen and self._validated_once(commands)):
+            self.validate_commands(commands)
+            if commands.frozen:
+                self._remember_validation(commands)
 
     @_serialized
     def wait_idle(self) -> None:
@@ -1072,12 +1068,9 @@ class WgpuDevice:
         self._work_done_tokens += 1
         token = self._work_done_tokens
         sink.work_done_failure = None
-        callback_info = ffi.new("WGPUQueueWorkDoneCallbackInfo *")
-        callback_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
-        callback_info.callback = self._on_work_done
-        callback_info.userdata1 = ffi.cast("void *", token)
+        self._work_done_info.userdata1 = ffi.cast("void *", token)
         # WGPUFuture wgpuQueueOnSubmittedWorkDone(WGPUQueue queue, WGPUQueueWorkDoneCallbackInfo callbackInfo)
-        lib.wgpuQueueOnSubmittedWorkDone(self._queue, callback_info[0])
+        lib.wgpuQueueOnSubmittedWorkDone(self._queue, self._work_done_info[0])
         self._raise_pending("wait_idle")
         self._poll_until(lambda: sink.work_done_token >= token, "wait_idle")
         if sink.work_done_token < token or sink.work_done_failure is not None:
@@ -1092,8 +1085,8 @@ class WgpuDevice:
         if self.spin_wait_us > 0:
             deadline = time.perf_counter() + self.spin_wait_us * 1e-6
             while True:
-                # WGPUBool wgpuDevicePoll(WGPUDevice, WGPUBool wait, WGPUSubmissionIndex const *): true when the
-                # queue is empty
+                # WGPUBool wgpuDevicePoll(WGPUDevice, WGPUBool wait, WGPUSubmissionIndex const *); its "queue
+                # empty" answer is not trusted (see wait_idle): done() reads what the fired callbacks set
                 lib.wgpuDevicePoll(device, 0, null)
                 self._raise_pending(action)
                 if done():
