@@ -593,17 +593,21 @@ def elementwise_kernel(
     parts.append(f"fn value(j: u32) -> {out_type} {{\n{''.join(lets)}  return {expression};\n}}\n")
     per = elements_per_invocation(output.dtype.itemsize)
     invocations = -(-count // per)
-    workgroup = workgroup_size_for(limits)
-    body = (
-        f"  let w = {LINEAR_INVOCATION};\n"
-        f"  if (w >= {invocations}u) {{ return; }}\n"
-        + _store_statements(output.dtype, count, "value", pair_output)
-    )
-    parts.append(kernel_entry(workgroup, body))
+    body = _store_statements(output.dtype, count, "value", pair_output)
     bindings = tuple(Binding("input", op.input_index) for op in operands) + (Binding("output", 0),)
+    return _linear_kernel(name, parts, body, invocations, bindings, twin, limits)
+
+
+def _linear_kernel(
+    name: str, parts: list[str], body: str, invocations: int, bindings: tuple[Binding, ...], twin: KernelTwin,
+    limits: DeviceLimits,
+) -> KernelSpec:
+    """The kernel of WGSL ``parts`` whose entry runs ``body`` once per invocation ``w`` below ``invocations``."""
+    workgroup = workgroup_size_for(limits)
+    guard = f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"
     return KernelSpec(
         name=name,
-        wgsl="".join(parts),
+        wgsl="".join(parts) + kernel_entry(workgroup, guard + body),
         grid=grid_for(invocations, workgroup, limits),
         bindings=bindings,
         twin=twin,
@@ -656,7 +660,7 @@ def gather_kernel(
     count = output.size
     per = elements_per_invocation(itemsize)
     invocations = -(-count // per)
-    lines = [f"  let w = {LINEAR_INVOCATION};\n", f"  if (w >= {invocations}u) {{ return; }}\n"]
+    lines = []
     if itemsize == 8:
         lines.append("  let v = fetch(w);\n  dst[2u * w] = v.x;\n  dst[2u * w + 1u] = v.y;\n")
     elif itemsize == 4:
@@ -668,16 +672,8 @@ def gather_kernel(
             j = f"(w * {per}u + {e}u)"
             lines.append(f"  if ({j} < {count}u) {{ word = word | (fetch({j}).x << {e * bits}u); }}\n")
         lines.append("  dst[w] = word;\n")
-    workgroup = workgroup_size_for(limits)
-    parts.append(kernel_entry(workgroup, "".join(lines)))
     bindings = tuple(b for b, _ in sources) + tuple(b for b, _ in auxiliaries) + (Binding("output", output_index),)
-    return KernelSpec(
-        name=name,
-        wgsl="".join(parts),
-        grid=grid_for(invocations, workgroup, limits),
-        bindings=bindings,
-        twin=twin,
-    )
+    return _linear_kernel(name, parts, "".join(lines), invocations, bindings, twin, limits)
 
 
 def elementwise_plan(
