@@ -39,6 +39,9 @@ from .models import conv_chain, matmul_chain, mlp, random_feeds, resnet, transfo
 
 #: The captured arm that reads its outputs with graph.replay_and_read() (end_to_end only).
 READ_ARM = "ortgpu capture on, replay_and_read"
+#: The captured arm (replay + to_numpy) with the wgpu backend's encode-ahead switched off (end_to_end only): every
+#: replay encodes its command buffer before submitting it, as it did before encode-ahead.
+NO_AHEAD_ARM = "ortgpu capture on, encode ahead off"
 
 BOUNDARIES = {
     "end_to_end": "update_inplace of every input + run (or replay) + readback of every output",
@@ -218,6 +221,15 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                 seconds = time_loop(arms.captured_read_end_to_end, args.warmup, args.iterations,
                                     _progress("ortgpu capture on, replay_and_read end_to_end", args.iterations))
                 results.append(ArmResult(READ_ARM, "end_to_end", seconds))
+                backend_device = arms.device.backend_device()
+                if getattr(backend_device, "encode_ahead", False):  # a wgpu device encoding ahead: time it without
+                    setattr(backend_device, "encode_ahead", False)
+                    try:
+                        seconds = time_loop(arms.captured_end_to_end, args.warmup, args.iterations,
+                                            _progress(f"{NO_AHEAD_ARM} end_to_end", args.iterations))
+                    finally:
+                        setattr(backend_device, "encode_ahead", True)
+                    results.append(ArmResult(NO_AHEAD_ARM, "end_to_end", seconds))
         finally:
             arms.close()
         if args.vs == "onnxruntime":
@@ -256,6 +268,9 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
             read = p50.get((READ_ARM, boundary))
             if off and read:
                 ratios[f"capture off / on with replay_and_read, {boundary}"] = off / read
+            unahead = p50.get((NO_AHEAD_ARM, boundary))
+            if on and unahead:
+                ratios[f"capture on: encode ahead off / on, {boundary}"] = unahead / on
             for (name, b), value in p50.items():
                 if b == boundary and name.startswith("onnxruntime"):
                     mine = on if "capture on" in name else off
@@ -281,6 +296,9 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
             print(f" ({overhead.get('no_comparison', 'wgpu-py not importable')}: no comparison)")
         if phases:
             print("  of which per dispatch: " + ", ".join(f"{name} {value:.3f} us" for name, value in phases.items()))
+        if "ortgpu_encoded_ahead_submit_us_per_dispatch" in overhead:
+            print(f"  submitting a command buffer encoded ahead (a replay's critical path with encode_ahead): "
+                  f"{overhead['ortgpu_encoded_ahead_submit_us_per_dispatch']:.3f} us per dispatch")
         waits = measure_wait_latency(device.backend_device())
         if waits is not None:
             report["wait_latency"] = waits

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from ortgpu_core._errors import DeviceLostError, OutOfMemoryError, ValidationError
+from ortgpu_core._errors import DeviceLostError, InvalidArgumentError, OutOfMemoryError, ValidationError
 from ortgpu_core.backends import _cdef
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import AdapterInfo, Backend, BackendDevice, BindingEntry
@@ -520,7 +520,6 @@ def _slow_expected(count: int) -> np.ndarray:
 
 @pytest.mark.parametrize("bad", [-1, -0.5, float("nan"), float("inf"), "10", True])
 def test_spin_wait_argument_is_checked(bad: object) -> None:
-    from ortgpu_core._errors import InvalidArgumentError
 
     with pytest.raises(InvalidArgumentError, match="spin_wait_us must be a finite number of microseconds >= 0"):
         WgpuBackend(spin_wait_us=bad)  # type: ignore[arg-type]
@@ -618,3 +617,144 @@ def test_early_submit_argument_is_checked() -> None:
     with pytest.raises(OverflowError):
         commands.early_submit = 2**70
     assert commands.early_submit == 0
+
+
+# -- command buffers encoded ahead (captured graphs' frozen lists) -----------------------------------------------
+
+
+def _doubling_list(kernel: AddKernel) -> CommandList:
+    """out = (a + b) * scale, for a frozen list that a captured graph would hold."""
+    commands = CommandList()
+    commands.add_dispatch(kernel.pipeline, kernel.bind_group, (kernel.count + 63) // 64)
+    return commands.freeze()
+
+
+def test_encoded_ahead_replays_see_writes_made_after_encoding(clean: WgpuDevice) -> None:
+    """Each submit of a frozen list encodes the next one; that command buffer must still compute on the inputs
+    written after it was encoded (a command buffer names buffers; it reads them when it runs)."""
+    device = clean
+    assert device.encode_ahead
+    count = 300
+    kernel = AddKernel(device, count, row=count)
+    try:
+        commands = _doubling_list(kernel)
+        device.write_buffer(kernel.params, 0, _params(count, count, 2.0))
+        before = device.live_handles()
+        for step in range(5):
+            a = np.full(count, step, np.float32) + np.arange(count, dtype=np.float32)
+            device.write_buffer(kernel.a, 0, a.tobytes())
+            device.write_buffer(kernel.b, 0, np.full(count, 0.5 * step, np.float32).tobytes())
+            device.submit(commands)
+            # from the first submit on, one command buffer waits for the next
+            assert device.live_handles() == before + 1
+            assert any("encoded ahead" in line for line in device.describe_live_handles())
+            got = np.frombuffer(device.read_buffer(kernel.out, 0, 4 * count), np.float32)
+            np.testing.assert_array_equal(got, (a + np.float32(0.5 * step)) * np.float32(2.0))
+    finally:
+        kernel.close()  # releasing the list's handles releases what was encoded for it
+
+
+@pytest.mark.parametrize("release", ["bind_group", "buffer", "list"])
+def test_encoded_ahead_buffer_is_released_with_what_it_uses(clean: WgpuDevice, release: str) -> None:
+    device = clean
+    count = 64
+    kernel = AddKernel(device, count, row=count)
+    try:
+        commands = _doubling_list(kernel)
+        device.write_buffer(kernel.params, 0, _params(count, count, 1.0))
+        device.submit(commands)
+        device.wait_idle()
+        ahead = device.live_handles()
+        if release == "list":
+            del commands
+            gc.collect()
+            assert device.live_handles() == ahead - 1
+            return
+        if release == "bind_group":
+            device.release_bind_group(kernel.bind_group)
+            kernel.bind_group = device.create_bind_group(
+                kernel.pipeline,
+                [BindingEntry(0, kernel.a, 0, 4 * count), BindingEntry(1, kernel.b, 0, 4 * count),
+                 BindingEntry(2, kernel.out, 0, 4 * count), BindingEntry(3, kernel.params, 0, 16)],
+            )
+            assert device.live_handles() == ahead - 1  # one bind group swapped, the encoded buffer gone
+        else:
+            device.destroy_buffer(kernel.b)
+            assert device.live_handles() == ahead - 2  # the buffer and the encoded command buffer
+            kernel.b = device.create_buffer(4 * count, label="b")
+        # the list is checked again and refused (its bind group or buffer is gone), never submitted stale
+        with pytest.raises(ValidationError, match="not a live|released|unknown"):
+            device.submit(commands)
+    finally:
+        kernel.close()
+
+
+def test_encoded_ahead_reads_survive_a_new_staging_buffer(clean: WgpuDevice) -> None:
+    """submit_and_read's copies into the staging buffer are encoded ahead too; when a larger read replaces that
+    buffer, the encoded copies (which name the old one) are released, and the next read copies into the new one."""
+    device = clean
+    count = 256
+    kernel = AddKernel(device, count, row=count)
+    big_size = max(1 << 20, 2 * device._staging_size)  # larger than the staging buffer that earlier tests grew
+    big = device.create_buffer(big_size, label="big")
+    try:
+        commands = _doubling_list(kernel)
+        device.write_buffer(kernel.params, 0, _params(count, count, 3.0))
+        device.write_buffer(kernel.b, 0, bytes(4 * count))
+        before = device.live_handles()
+        for step in range(4):
+            a = np.arange(count, dtype=np.float32) * np.float32(step + 1)
+            device.write_buffer(kernel.a, 0, a.tobytes())
+            out = np.empty(count, np.float32)
+            device.submit_and_read(commands, [(kernel.out, 0, out)])
+            np.testing.assert_array_equal(out, a * np.float32(3.0))
+            assert device.live_handles() == before + 1
+            if step == 1:  # a read larger than the staging buffer replaces it
+                device.write_buffer(big, big_size - 4, np.array([7], np.uint32).tobytes())
+                assert device.read_buffer(big, 0, big_size)[-4:] == np.array([7], np.uint32).tobytes()
+                assert device.live_handles() == before
+        # a plain submit of the same list has its own encoded buffer, next to the one with the reads
+        device.submit(commands)
+        assert device.live_handles() == before + 2
+        got = np.frombuffer(device.read_buffer(kernel.out, 0, 4 * count), np.float32)
+        np.testing.assert_array_equal(got, np.arange(count, dtype=np.float32) * np.float32(12.0))
+    finally:
+        device.destroy_buffer(big)
+        kernel.close()
+
+
+def test_encode_ahead_off_holds_nothing(backend: WgpuBackend) -> None:
+    quiet = WgpuBackend(encode_ahead=False)
+    try:
+        device = quiet.open_device(quiet.default_adapter_index())
+        assert device.encode_ahead is False
+        count = 64
+        kernel = AddKernel(device, count, row=count)
+        commands = _doubling_list(kernel)
+        device.write_buffer(kernel.params, 0, _params(count, count, 1.0))
+        device.write_buffer(kernel.a, 0, np.ones(count, np.float32).tobytes())
+        device.write_buffer(kernel.b, 0, np.ones(count, np.float32).tobytes())
+        before = device.live_handles()
+        device.submit(commands)
+        assert device.live_handles() == before
+        np.testing.assert_array_equal(np.frombuffer(device.read_buffer(kernel.out, 0, 4 * count), np.float32), 2.0)
+        device.encode_ahead = True  # per device, switchable
+        device.submit(commands)
+        assert device.live_handles() == before + 1
+        device.encode_ahead = False  # switched off: the next submit releases what was encoded
+        device.submit(commands)
+        assert device.live_handles() == before
+        device.submit(commands)
+        device.encode_ahead = True
+        device.submit(commands)
+        # destroying the device releases the encoded buffer with everything else
+        device.destroy()
+        assert device.live_handles() == 0
+    finally:
+        quiet.close()
+
+
+@pytest.mark.parametrize("bad", [1, None, "yes"])
+def test_encode_ahead_argument_is_checked(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="encode_ahead must be True or False"):
+        WgpuBackend(encode_ahead=bad)  # type: ignore[arg-type]

@@ -38,6 +38,13 @@ ORTGPU_ARMS = {
     "off": {"ortgpu capture off/end_to_end", "ortgpu capture off/run_only", "ortgpu run() numpy in/out/end_to_end"},
     "on": {"ortgpu capture on/end_to_end", "ortgpu capture on/run_only", "ortgpu capture on, replay_and_read/end_to_end"},
 }
+#: The wgpu backend encodes a graph's next replay ahead; its bench also times the captured step without that.
+NO_AHEAD_ARM = "ortgpu capture on, encode ahead off/end_to_end"
+AHEAD_RATIO = "capture on: encode ahead off / on, end_to_end"
+
+
+def ortgpu_arms(capture: str, backend_name: str) -> set[str]:
+    return ORTGPU_ARMS[capture] | ({NO_AHEAD_ARM} if capture == "on" and backend_name == "wgpu" else set())
 
 
 @pytest.fixture(scope="module")
@@ -129,12 +136,14 @@ def test_bench_both_arms_vs_onnxruntime_json(
     assert set(report["peer_vs_ortgpu_rel_error"]) == peers
     assert all(0.0 <= error < 1e-4 for error in report["peer_vs_ortgpu_rel_error"].values())
     peer_arms = {f"{label}/{boundary}" for label in peers for boundary in bench_main.BOUNDARIES}
-    check_results(report["results"], ORTGPU_ARMS["off"] | ORTGPU_ARMS["on"] | peer_arms)
+    check_results(report["results"], ortgpu_arms("off", backend_name) | ortgpu_arms("on", backend_name) | peer_arms)
 
     # Ratios: capture off / on per boundary, and each peer arm against ortgpu's arm of the same capture mode.
     ratios = report["ratios"]
     expected_ratios = {f"capture off / on, {b}" for b in bench_main.BOUNDARIES}
     expected_ratios.add("capture off / on with replay_and_read, end_to_end")
+    if backend_name == "wgpu":
+        expected_ratios.add(AHEAD_RATIO)
     expected_ratios |= {f"{label} / ortgpu, {b}" for label in peers for b in bench_main.BOUNDARIES}
     assert set(ratios) == expected_ratios
     results = report["results"]
@@ -149,6 +158,10 @@ def test_bench_both_arms_vs_onnxruntime_json(
     read = float(np.median(results["ortgpu capture on, replay_and_read/end_to_end"]["raw_s"]))
     off = float(np.median(results["ortgpu capture off/end_to_end"]["raw_s"]))
     assert ratios["capture off / on with replay_and_read, end_to_end"] == pytest.approx(off / read)
+    if backend_name == "wgpu":
+        on = float(np.median(results["ortgpu capture on/end_to_end"]["raw_s"]))
+        assert ratios[AHEAD_RATIO] == pytest.approx(float(np.median(results[NO_AHEAD_ARM]["raw_s"])) / on)
+        assert device.backend_device().encode_ahead is True  # switched back on after its arm
     assert set(report["breakdown_ms"]) == {"capture off", "capture on"}
     for parts in report["breakdown_ms"].values():
         assert set(parts) == {"update_inplace", "run_or_replay_call", "readback"}
@@ -183,15 +196,16 @@ def test_bench_one_capture_mode(
     assert run_bench(*small_args(model_path, backend_name, "--capture", capture, "--json", str(json_path))) == 0
     out = capsys.readouterr().out
     report = json.loads(json_path.read_text())
-    check_results(report["results"], ORTGPU_ARMS[capture])
+    check_results(report["results"], ortgpu_arms(capture, backend_name))
     assert set(report["breakdown_ms"]) == {f"capture {capture}"}
     assert ("capture_vs_uncaptured_rel_error" in report) == (capture == "on")
     if capture == "on":
         assert report["capture_vs_uncaptured_rel_error"] == 0.0
-    assert report["ratios"] == {}  # no off/on ratio with one arm, no peer without --vs
+    # no off/on ratio with one arm, no peer without --vs; on wgpu, capture on has its encode-ahead A/B
+    assert set(report["ratios"]) == ({AHEAD_RATIO} if capture == "on" and backend_name == "wgpu" else set())
     assert "peer" not in report and "onnxruntime" not in report["versions"]
-    assert {arm for arm, _ in table_rows(out)} == {key.rsplit("/", 1)[0] for key in ORTGPU_ARMS[capture]}
-    assert "ratio " not in out
+    assert {arm for arm, _ in table_rows(out)} == {key.rsplit("/", 1)[0] for key in ortgpu_arms(capture, backend_name)}
+    assert ("ratio " in out) == bool(report["ratios"])
 
 
 # -- the equality gate --------------------------------------------------------------------------------
@@ -343,6 +357,9 @@ def test_bench_overhead_only(
         phases = overhead["ortgpu_phases_us_per_dispatch"]
         assert set(phases) == {"encode", "finish", "submit"} and all(v > 0 for v in phases.values())
         assert "of which per dispatch: encode " in out
+        ahead = overhead["ortgpu_encoded_ahead_submit_us_per_dispatch"]
+        assert isinstance(ahead, float)  # a marginal cost: noise may make it slightly negative on an idle machine
+        assert f"(a replay's critical path with encode_ahead): {ahead:.3f} us per dispatch" in out
         if _wgpu_py_available():
             assert overhead["wgpu_py_us_per_dispatch"] > 0
             assert overhead["ratio"] == pytest.approx(
@@ -355,6 +372,7 @@ def test_bench_overhead_only(
         # The fake backend replays numpy twins, not wgpu-native: its host cost is measured (the path runs), but
         # a ratio against wgpu-py's classes on a real adapter would compare nothing, so there is none.
         assert "ortgpu_phases_us_per_dispatch" not in overhead
+        assert "ortgpu_encoded_ahead_submit_us_per_dispatch" not in overhead
         assert "wgpu_py_us_per_dispatch" not in overhead and "ratio" not in overhead
         assert overhead["no_comparison"] == "device not wgpu-native"
         assert "(device not wgpu-native: no comparison)" in out
@@ -382,7 +400,7 @@ def test_bench_with_overhead_reports_both(
     assert run_bench(*argv) == 0
     out = capsys.readouterr().out
     report = json.loads(json_path.read_text())
-    check_results(report["results"], ORTGPU_ARMS["on"])
+    check_results(report["results"], ortgpu_arms("on", backend_name))
     assert report["overhead"]["dispatches"] == DISPATCHES
     assert TABLE_HEADER.search(out) and "host cost per replayed dispatch" in out
 

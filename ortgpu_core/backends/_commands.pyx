@@ -52,6 +52,34 @@ cdef inline double _monotonic_seconds() noexcept nogil:
     return now.tv_sec + now.tv_nsec * 1e-9
 
 
+cdef inline void _end_pass(NativeTable table, void** compute_pass) noexcept nogil:
+    if compute_pass[0] != NULL:
+        (<handle_fn>table.fn_end_pass)(compute_pass[0])
+        (<handle_fn>table.fn_release_pass)(compute_pass[0])
+        compute_pass[0] = NULL
+
+
+cdef inline void _encode_record(NativeTable table, void* encoder, CommandRecord* r, void** compute_pass,
+                                void** last_pipeline) noexcept nogil:
+    # One record into ``encoder``: dispatches share the open compute pass (one is begun when none is open; the
+    # pipeline is set only when it changes), copies and clears end it.
+    if r.kind == COMMAND_DISPATCH:
+        if compute_pass[0] == NULL:
+            compute_pass[0] = (<begin_compute_pass_fn>table.fn_begin_compute_pass)(encoder, NULL)
+            last_pipeline[0] = NULL
+        if <void*>r.a != last_pipeline[0]:
+            (<set_pipeline_fn>table.fn_set_pipeline)(compute_pass[0], <void*>r.a)
+            last_pipeline[0] = <void*>r.a
+        (<set_bind_group_fn>table.fn_set_bind_group)(compute_pass[0], 0, <void*>r.b, 0, NULL)
+        (<dispatch_fn>table.fn_dispatch)(compute_pass[0], r.x, r.y, r.z)
+    else:
+        _end_pass(table, compute_pass)
+        if r.kind == COMMAND_COPY:
+            (<copy_buffer_fn>table.fn_copy_buffer)(encoder, <void*>r.a, r.offset_a, <void*>r.b, r.offset_b, r.size)
+        else:
+            (<clear_buffer_fn>table.fn_clear_buffer)(encoder, <void*>r.a, r.offset_a, r.size)
+
+
 cdef class NativeTable:
     """wgpu-native entry points and the device/queue they act on, as raw addresses.
 
@@ -83,6 +111,21 @@ cdef class NativeTable:
         self.fn_release_encoder = <void*><uintptr_t>fn("CommandEncoderRelease")
         self.fn_submit = <void*><uintptr_t>fn("QueueSubmit")
         self.fn_release_command_buffer = <void*><uintptr_t>fn("CommandBufferRelease")
+
+    def submit_encoded(self, uintptr_t command_buffer):
+        """Submit a command buffer from :meth:`CommandList.encode_native` (with the GIL released) and release it."""
+        if command_buffer == 0:
+            raise ValueError("submit_encoded needs a command buffer address, not 0")
+        cdef void* pointer = <void*>command_buffer
+        with nogil:
+            (<submit_fn>self.fn_submit)(<void*>self.queue, 1, &pointer)
+            (<handle_fn>self.fn_release_command_buffer)(pointer)
+
+    def release_encoded(self, uintptr_t command_buffer):
+        """Release a command buffer from :meth:`CommandList.encode_native` without submitting it."""
+        if command_buffer == 0:
+            raise ValueError("release_encoded needs a command buffer address, not 0")
+        (<handle_fn>self.fn_release_command_buffer)(<void*>command_buffer)
 
     @staticmethod
     def entry_point_names():
@@ -280,20 +323,11 @@ cdef class CommandList:
             return 0
         for i in range(total):
             r = &self._records[i] if i < self._count else &tail[i - self._count]
+            _encode_record(table, encoder, r, &compute_pass, &last_pipeline)
             if r.kind == COMMAND_DISPATCH:
-                if compute_pass == NULL:
-                    compute_pass = (<begin_compute_pass_fn>table.fn_begin_compute_pass)(encoder, NULL)
-                    last_pipeline = NULL
-                if <void*>r.a != last_pipeline:
-                    (<set_pipeline_fn>table.fn_set_pipeline)(compute_pass, <void*>r.a)
-                    last_pipeline = <void*>r.a
-                (<set_bind_group_fn>table.fn_set_bind_group)(compute_pass, 0, <void*>r.b, 0, NULL)
-                (<dispatch_fn>table.fn_dispatch)(compute_pass, r.x, r.y, r.z)
                 dispatches += 1
                 if dispatches == split and i + 1 < total:
-                    (<handle_fn>table.fn_end_pass)(compute_pass)
-                    (<handle_fn>table.fn_release_pass)(compute_pass)
-                    compute_pass = NULL
+                    _end_pass(table, &compute_pass)
                     if phases != NULL:
                         encode_seconds += _monotonic_seconds() - started
                     if not self._finish_submit(table, encoder, errors_before, phases):
@@ -303,21 +337,52 @@ cdef class CommandList:
                     encoder = (<create_encoder_fn>table.fn_create_encoder)(<void*>table.device, NULL)
                     if encoder == NULL:
                         return 0
-            else:
-                if compute_pass != NULL:
-                    (<handle_fn>table.fn_end_pass)(compute_pass)
-                    (<handle_fn>table.fn_release_pass)(compute_pass)
-                    compute_pass = NULL
-                if r.kind == COMMAND_COPY:
-                    (<copy_buffer_fn>table.fn_copy_buffer)(encoder, <void*>r.a, r.offset_a, <void*>r.b, r.offset_b, r.size)
-                else:
-                    (<clear_buffer_fn>table.fn_clear_buffer)(encoder, <void*>r.a, r.offset_a, r.size)
-        if compute_pass != NULL:
-            (<handle_fn>table.fn_end_pass)(compute_pass)
-            (<handle_fn>table.fn_release_pass)(compute_pass)
+        _end_pass(table, &compute_pass)
         if phases != NULL:
             phases[0] = encode_seconds + _monotonic_seconds() - started
         return self._finish_submit(table, encoder, errors_before, phases)
+
+    cdef void* encode(self, NativeTable table, CommandRecord* tail, Py_ssize_t tail_count) noexcept nogil:
+        # Every record, then ``tail``, into one command buffer, which is returned unsubmitted (the caller owns it);
+        # NULL when there is no encoder or wgpu-native reported an error while encoding (the buffer is released).
+        # ``early_submit`` does not apply: nothing is submitted here.
+        cdef void* encoder = (<create_encoder_fn>table.fn_create_encoder)(<void*>table.device, NULL)
+        cdef void* compute_pass = NULL
+        cdef void* last_pipeline = NULL
+        cdef void* command_buffer
+        cdef Py_ssize_t i
+        cdef Py_ssize_t total = self._count + tail_count
+        cdef uint32_t errors_before = table.error_count[0] if table.error_count != NULL else 0
+        if encoder == NULL:
+            return NULL
+        for i in range(total):
+            _encode_record(table, encoder, &self._records[i] if i < self._count else &tail[i - self._count],
+                           &compute_pass, &last_pipeline)
+        _end_pass(table, &compute_pass)
+        command_buffer = (<finish_fn>table.fn_finish)(encoder, NULL)
+        (<handle_fn>table.fn_release_encoder)(encoder)
+        if command_buffer != NULL and table.error_count != NULL and table.error_count[0] != errors_before:
+            (<handle_fn>table.fn_release_command_buffer)(command_buffer)
+            command_buffer = NULL
+        return command_buffer
+
+    def encode_native(self, NativeTable table, CommandList tail=None):
+        """Encode every record (then ``tail``'s) into one command buffer *without* submitting it, with the GIL
+        released; returns its address (0: encoding failed) for :meth:`NativeTable.submit_encoded` or
+        :meth:`NativeTable.release_encoded`, exactly one of which the caller must call.
+
+        A command buffer holds references, not data: submitted later, it runs on the buffers' contents at that
+        point in the queue (after every ``wgpuQueueWriteBuffer`` issued before the submit), so a captured graph's
+        next replay can be encoded ahead, while the GPU runs the current one."""
+        cdef void* command_buffer
+        cdef CommandRecord* tail_records = NULL
+        cdef Py_ssize_t tail_count = 0
+        if tail is not None:
+            tail_records = tail._records
+            tail_count = tail._count
+        with nogil:
+            command_buffer = self.encode(table, tail_records, tail_count)
+        return <uintptr_t>command_buffer
 
     def encode_submit_native(self, NativeTable table):
         """Encode every record and submit one command buffer, with the GIL released.

@@ -40,6 +40,10 @@ __all__ = ["WgpuBackend", "WgpuDevice", "load_native", "feature_name", "choose_d
 
 _LIBRARY_NAME = "libwgpu_native-release.so"
 
+# What a submission appends to a command list, as a dictionary key: the copies of submit_and_read's reads into
+# the staging buffer, (source, source offset, staging buffer, staging offset, size) each; () for none.
+_TailKey = tuple[tuple[int, int, int, int, int], ...]
+
 # WebGPU's spelling of the standard features whose C enum names do not convert
 # mechanically (CamelCase -> kebab-case) to it.
 _FEATURE_NAME_OVERRIDES = {
@@ -245,7 +249,9 @@ class WgpuBackend:
 
     name = "wgpu"
 
-    def __init__(self, *, include_opengl: bool = False, spin_wait_us: float | None = None) -> None:
+    def __init__(
+        self, *, include_opengl: bool = False, spin_wait_us: float | None = None, encode_ahead: bool = True
+    ) -> None:
         """``include_opengl``: also list OpenGL(ES) adapters.  Off by default: every GPU ortgpu targets has a
         Vulkan, Metal or D3D12 adapter, and initialising EGL prints warnings on machines without a display.
 
@@ -254,6 +260,10 @@ class WgpuBackend:
         submit + wait of 16 small dispatches: 95.6 us spinning, 123.5 us blocking); spinning costs a core while
         the GPU works.  ``None`` (default):
         :data:`DEFAULT_SPIN_WAIT_US` on GPU adapters, 0 on CPU adapters (software drivers need the cores).
+
+        ``encode_ahead``: after submitting a captured graph (a frozen command list), encode its next submission
+        right away, while the GPU runs this one, so the next replay only submits (``WgpuDevice.encode_ahead``
+        says more).  The host work per replay is the same; it moves off the replay's critical path.
         """
         if spin_wait_us is not None and (
             isinstance(spin_wait_us, bool) or not isinstance(spin_wait_us, (int, float)) or not 0 <= spin_wait_us < float("inf")
@@ -261,7 +271,10 @@ class WgpuBackend:
             raise InvalidArgumentError(
                 f"spin_wait_us must be a finite number of microseconds >= 0 (0 = always block), not {spin_wait_us!r}"
             )
+        if not isinstance(encode_ahead, bool):
+            raise InvalidArgumentError(f"encode_ahead must be True or False, not {encode_ahead!r}")
         self.spin_wait_us = spin_wait_us
+        self.encode_ahead = encode_ahead
         ffi, lib = load_native()
         self._ffi = ffi
         self._lib = lib
@@ -401,11 +414,19 @@ class WgpuDevice:
     """An open wgpu-native device and its queue (implements ``BackendDevice``).
 
     Made only by :meth:`WgpuBackend.open_device`.
+
+    ``encode_ahead`` (from the backend; may be switched per device): submitting a captured graph's frozen command
+    list encodes its *next* command buffer right after the submit, while the GPU works, so the next replay only
+    submits: wgpu-native's ``wgpuCommandEncoderFinish`` (about 1-2 us per dispatch on the H200) leaves the replay's
+    critical path.  One command buffer per graph (and per set of output reads) is held between replays; it is
+    released with the graph, with any handle it uses, when the staging buffer it copies into is replaced, and by
+    :meth:`destroy`; :meth:`live_handles` counts it.
     """
 
     info: AdapterInfo
     limits: DeviceLimits
     features: frozenset[str]
+    encode_ahead: bool
 
     def __init__(self) -> None:
         raise TypeError("WgpuDevice objects are made by WgpuBackend.open_device()")
@@ -429,6 +450,11 @@ class WgpuDevice:
         # Releasing any of those handles forgets the validation, so the next submit checks again.
         self._validated: dict[int, tuple[weakref.ref[CommandList], frozenset[int]]] = {}
         self._validated_by_handle: dict[int, set[int]] = {}
+        # Command buffers encoded ahead for validated frozen lists: (list id, tail key) -> command buffer address.
+        # An entry lives only as long as the list's validation: releasing a handle the list uses, the list dying,
+        # the staging buffer being replaced (tails copy into it) or the device being destroyed releases it.
+        self._ahead: dict[tuple[int, _TailKey], int] = {}
+        self.encode_ahead = backend.encode_ahead
         self._staging: Any = None
         self._staging_size = 0
         self._sink = sink = _ErrorSink()
@@ -706,6 +732,7 @@ class WgpuDevice:
         capacity = max(_STAGING_MINIMUM, 1 << (size - 1).bit_length())
         capacity = min(capacity, max(size, self.limits.max_buffer_size - self.limits.max_buffer_size % 4))
         if self._staging is not None:
+            self._release_ahead(lambda key: bool(key[1]))  # their copies target the old staging buffer
             staging, self._staging, self._staging_size = self._staging, None, 0
             self._free_buffer(staging)
         lib = self._lib
@@ -767,12 +794,15 @@ class WgpuDevice:
         action = f"submit_and_read ({len(commands)} commands, {len(regions)} reads)"
         self._ensure_staging(max(total, BUFFER_ALIGNMENT))
         tail = CommandList()
+        staging = _address(self._staging)
+        copies: list[tuple[int, int, int, int, int]] = []
         cursor = 0
         for buffer, offset, padded, _ in regions:
             if padded:
-                tail.add_copy(buffer, offset, _address(self._staging), cursor, padded)
+                tail.add_copy(buffer, offset, staging, cursor, padded)
+                copies.append((buffer, offset, staging, cursor, padded))
             cursor += padded
-        submitted = commands.encode_submit_with_tail_native(self._native_table, tail)
+        submitted = self._encode_and_submit(commands, tail, tuple(copies))
         self._raise_pending(action)
         if not submitted:
             raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
@@ -1014,7 +1044,7 @@ class WgpuDevice:
 
     def _forget_validation(self, handle: int) -> None:
         for list_id in self._validated_by_handle.pop(handle, ()):
-            self._validated.pop(list_id, None)
+            self._forget_list(list_id)
 
     def _validated_once(self, commands: CommandList) -> bool:
         entry = self._validated.get(id(commands))
@@ -1031,7 +1061,7 @@ class WgpuDevice:
             else:
                 used.add(record[1])
         list_id = id(commands)
-        self._validated[list_id] = (weakref.ref(commands, lambda _: self._validated.pop(list_id, None)), frozenset(used))
+        self._validated[list_id] = (weakref.ref(commands, lambda _: self._forget_list(list_id)), frozenset(used))
         for handle in used:
             self._validated_by_handle.setdefault(handle, set()).add(list_id)
 
@@ -1045,11 +1075,51 @@ class WgpuDevice:
         """
         self._check_open()
         self._validate_for_submit(commands)
-        submitted = commands.encode_submit_native(self._native_table)
+        submitted = self._encode_and_submit(commands, None, ())
         action = f"submit ({len(commands)} commands)"
         self._raise_pending(action)
         if not submitted:
             raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+
+    def _encode_and_submit(self, commands: CommandList, tail: CommandList | None, tail_key: _TailKey) -> bool:
+        """Submit ``commands`` then ``tail`` as one submission; False when wgpu-native could not encode them.
+
+        A validated frozen list (a captured graph's) is submitted from the command buffer encoded ahead for it
+        (and this tail), when there is one; either way, with :attr:`encode_ahead` on, its next command buffer is
+        encoded right after this submit, while the GPU works.  The work and its order are the same as encoding
+        now: a command buffer names buffers, and reads their contents when it runs in the queue.
+        """
+        table = self._native_table
+        list_id = id(commands)
+        if not (commands.frozen and self.encode_ahead and list_id in self._validated):
+            if self._ahead:
+                self._release_ahead(lambda key: key[0] == list_id)  # encode_ahead was switched off
+            if tail is None:
+                return bool(commands.encode_submit_native(table))
+            return bool(commands.encode_submit_with_tail_native(table, tail))
+        ready = self._ahead.pop((list_id, tail_key), 0)
+        if ready:
+            table.submit_encoded(ready)
+        elif not (commands.encode_submit_native(table) if tail is None else commands.encode_submit_with_tail_native(table, tail)):
+            return False
+        ahead = commands.encode_native(table, tail)
+        if ahead:
+            self._ahead[(list_id, tail_key)] = ahead
+        return True
+
+    def _release_ahead(self, which: Callable[[tuple[int, _TailKey]], bool]) -> None:
+        """Release the command buffers encoded ahead whose (list id, tail key) ``which`` selects.  Each entry is
+        popped before it is released, so a list's weak-reference callback racing this releases nothing twice."""
+        for key in [key for key in list(self._ahead) if which(key)]:
+            command_buffer = self._ahead.pop(key, 0)
+            if command_buffer:
+                self._native_table.release_encoded(command_buffer)
+
+    def _forget_list(self, list_id: int) -> None:
+        """A validated frozen list died: forget its validation and release what was encoded ahead for it."""
+        self._validated.pop(list_id, None)
+        if self._ahead and self._device is not None:
+            self._release_ahead(lambda key: key[0] == list_id)
 
     def _validate_for_submit(self, commands: CommandList) -> None:
         """:meth:`validate_commands`, once per frozen list (until a handle it uses is released)."""
@@ -1101,12 +1171,17 @@ class WgpuDevice:
 
     # -- lifetime -------------------------------------------------------------------------
     def live_handles(self) -> int:
-        """Live buffers, pipelines and bind groups created through this device (the staging buffer excluded)."""
-        return len(self._handles)
+        """Live buffers, pipelines and bind groups created through this device, and command buffers encoded
+        ahead for captured graphs (the staging buffer excluded)."""
+        return len(self._handles) + len(self._ahead)
 
     def describe_live_handles(self) -> list[str]:
         """One line per live native object of this device (kind, handle, label)."""
-        return [f"{self.info.name}: {record.kind} {handle:#x} ({record.label!r})" for handle, record in self._handles.items()]
+        return [f"{self.info.name}: {record.kind} {handle:#x} ({record.label!r})" for handle, record in self._handles.items()] + [
+            f"{self.info.name}: command buffer {address:#x} (encoded ahead for command list {list_id:#x}"
+            f"{', with output copies' if tail else ''})"
+            for (list_id, tail), address in list(self._ahead.items())
+        ]
 
     @property
     def destroyed(self) -> bool:
@@ -1120,6 +1195,7 @@ class WgpuDevice:
             return
         lib = self._lib
         self._sink.ignore_lost = True
+        self._release_ahead(lambda key: True)
         self._device = None
         handles, self._handles = self._handles, {}
         order = {"bind_group": 0, "pipeline": 1, "buffer": 2}
