@@ -245,7 +245,11 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                     report.setdefault("peer_errors", {})[f"capture {'on' if capture else 'off'}"] = str(error)
                     continue
                 label = f"onnxruntime {peer.provider} capture {'on' if capture else 'off'}"
-                report.setdefault("peer", {})[label] = {"provider": peer.provider, "io_placement": peer.io_placement}
+                report.setdefault("peer", {})[label] = {"provider": peer.provider, "io_placement": peer.io_placement,
+                                                        "run_only_waits_for_device": peer.run_only_waits_for_device}
+                if not peer.run_only_waits_for_device:
+                    print(f"note: {label} run_only does not wait for its GPU work (onnxruntime has no wait for this "
+                          f"EP; synchronize_outputs() returns early): it times the host call; compare end_to_end")
                 outputs = peer.end_to_end()
                 report.setdefault("peer_vs_ortgpu_rel_error", {})[label] = _check_equal(label, outputs, reference, 1e-3)
                 for boundary, step in (("end_to_end", peer.end_to_end), ("run_only", peer.run_only)):

@@ -128,6 +128,9 @@ def test_bench_both_arms_vs_onnxruntime_json(
     peers = {f"onnxruntime {provider} capture {mode}" for mode in modes}
     assert set(report["peer"]) == peers
     assert all(report["peer"][label]["provider"] == provider for label in peers)
+    waits = provider == "CPUExecutionProvider"  # the WebGPU EP's run_only cannot wait for its GPU work
+    assert all(report["peer"][label]["run_only_waits_for_device"] is waits for label in peers)
+    assert ("run_only does not wait for its GPU work" in out) is not waits
     if provider == "WebGpuExecutionProvider":
         assert "peer_errors" not in report
     else:
