@@ -149,7 +149,10 @@ cdef class CapturedGraph:
         """:meth:`replay`, then host copies of the bound outputs in the model's output order (what
         ``graph.binding.copy_outputs_to_cpu()`` returns), with the output copies recorded into the replay's own
         submission: one submit and one wait for the whole step, where replay + ``to_numpy()`` per output submits
-        again for each read.  Synchronous.  In verify mode it is ``replay(verify=True)`` then the reads."""
+        again for each read.  Synchronous.  In verify mode it is ``replay(verify=True)`` then the reads.
+
+        A convenience, not a speed-up: on the H200 (16-layer MLP, one output) it measured 5-11% *slower* than
+        ``replay()`` + ``to_numpy()`` (bench/RESULTS.md, runs 33-34)."""
         self._check_not_released()
         if self._session.verify_replays:
             self.replay(verify=True)
