@@ -22,6 +22,8 @@ import numpy as np
 
 from ortgpu_core._errors import DtypeError, ModelError, ShapeError, UnsupportedOpError
 
+import dataclasses
+
 from ._model import GraphNode, LoadedModel, Shape, is_concrete, propagate, public_attrs
 from .ops import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, get_operator
 from .ops._runner import padded_size
@@ -357,14 +359,36 @@ class _Planner:
         # A fused step runs where its last node was: an epilogue's extra input (a residual) may be
         # produced after the producer node, never after the last node of the group.
         delayed: dict[str, PlannedStep] = {}
+        # Transposes read only by a MatMul are folded into it (its loads follow the permuted strides); each one is
+        # planned after all, at the MatMul, if the MatMul cannot take it.
+        folds = self._foldable_transposes(nodes, consumers, graph_outputs) if self.fuse else {}
+        folded = {t.name for pending in folds.values() for t in pending.values()}
         for node in nodes:
             if node.name in absorbed:
                 if node.name in delayed:
                     steps.append(delayed.pop(node.name))
                 continue
+            if node.name in folded:
+                continue  # planned with (or, failing that, just before) the MatMul that reads it
             operator = get_operator(node.op_type, node.opset, node.domain)
             attrs = public_attrs(node.attrs)
             step = None
+            if node.name in folds:
+                step = self._fold_transposes(node, folds[node.name], operator, attrs, consumers, graph_outputs, absorbed)
+                if step is None:  # the MatMul could not take them: the transposes run as their own steps
+                    for transpose in folds[node.name].values():
+                        own = self._plan_node(transpose, get_operator(transpose.op_type, transpose.opset, ""),
+                                              public_attrs(transpose.attrs))
+                        if own.placement == "cpu":
+                            cpu_problems.append(f"{transpose.describe()}: {own.reason}")
+                        steps.append(own)
+                elif len(step.node_names) > 1 and step.node_names[-1] not in {t.name for t in folds[node.name].values()}:
+                    absorbed.update(step.node_names[1:])
+                    delayed[step.node_names[-1]] = step
+                    continue
+                else:
+                    steps.append(step)
+                    continue
             if self.fuse and node.op_type in FUSABLE_PRODUCERS and node.domain == "":
                 step = self._try_fuse(node, operator, attrs, consumers, graph_outputs, absorbed)
                 if step is not None:
@@ -381,6 +405,68 @@ class _Planner:
                 "these nodes cannot run on the WebGPU device (allow_cpu=False): " + "; ".join(cpu_problems)
             )
         return steps
+
+    def _foldable_transposes(
+        self, nodes: list[GraphNode], consumers: Mapping[str, list[GraphNode]], graph_outputs: set[str]
+    ) -> dict[str, dict[int, GraphNode]]:
+        """MatMul node name -> {input index: the Transpose feeding it} for every Transpose whose output only that
+        MatMul reads, once, as a float32 operand of rank >= 2 (not a graph output, not a constant)."""
+        folds: dict[str, dict[int, GraphNode]] = {}
+        for node in nodes:
+            if node.op_type != "Transpose" or node.domain != "" or not node.outputs or not node.inputs:
+                continue
+            out, source = node.outputs[0], node.inputs[0]
+            users = consumers.get(out, [])
+            if out in graph_outputs or len(users) != 1 or source in self.constants:
+                continue
+            user = users[0]
+            if user.op_type != "MatMul" or user.domain != "" or list(user.inputs[:2]).count(out) != 1:
+                continue
+            info = self.infos.get(source)
+            if info is None or info.dtype != np.float32 or len(info.shape) < 2:
+                continue
+            perm = node.attrs.get("perm")
+            rank = len(info.shape)
+            perm = tuple(range(rank - 1, -1, -1)) if perm is None else tuple(int(p) % rank for p in perm)
+            if sorted(perm) != list(range(rank)) or perm == tuple(range(rank)):
+                continue
+            folds.setdefault(user.name, {})[list(user.inputs[:2]).index(out)] = node
+        return folds
+
+    def _fold_transposes(
+        self,
+        node: GraphNode,
+        transposes: Mapping[int, GraphNode],
+        operator: Operator,
+        attrs: Mapping[str, Any],
+        consumers: Mapping[str, list[GraphNode]],
+        graph_outputs: set[str],
+        absorbed: set[str],
+    ) -> PlannedStep | None:
+        """MatMul ``node`` reading the sources of ``transposes`` through ``_input_perms`` (with its epilogue, if
+        any); None if it cannot run so on the device."""
+        inputs = list(node.inputs)
+        perms: list[tuple[int, ...] | None] = [None, None]
+        for index, transpose in transposes.items():
+            rank = len(self.infos[transpose.inputs[0]].shape)
+            perm = transpose.attrs.get("perm")
+            perms[index] = tuple(range(rank - 1, -1, -1)) if perm is None else tuple(int(p) % rank for p in perm)
+            inputs[index] = transpose.inputs[0]
+        folded_node = dataclasses.replace(node, inputs=tuple(inputs))
+        folded_attrs = dict(attrs)
+        folded_attrs["_input_perms"] = tuple(perms)
+        step = self._try_fuse(folded_node, operator, folded_attrs, consumers, graph_outputs, absorbed)
+        if step is None:
+            step = self._plan_node(folded_node, operator, folded_attrs)
+            if step.placement != "webgpu":
+                return None
+        names = tuple(t.name for t in transposes.values())
+        return dataclasses.replace(
+            step,
+            node_names=step.node_names[:1] + names + step.node_names[1:],
+            op_types=step.op_types[:1] + ("Transpose",) * len(names) + step.op_types[1:],
+            reason=f"{step.reason}, folded input transpose{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}",
+        )
 
     def _infos_of(self, names: Sequence[str]) -> tuple[TensorInfo | None, ...]:
         return tuple(self.infos[name] if name else None for name in names)

@@ -281,7 +281,10 @@ def test_transformer_fuses_attention_scale_and_gelu(device: Any) -> None:
     model = load_model(proto)
     plan = plan_model(model, {"ids": (2, 12)}, device_caps(device))
     kinds = [s.op_types for s in plan.steps]
-    assert kinds.count(("MatMul", "Mul")) == 2  # Q K^T * 1/sqrt(d), one per layer
+    # Q K^T * 1/sqrt(d), one per layer, reading Q and K through their head-split transposes (folded: no step)
+    assert kinds.count(("MatMul", "Transpose", "Transpose", "Mul")) == 2, plan.describe()
+    assert kinds.count(("MatMul", "Transpose")) == 2  # probs V, V's transpose folded
+    assert kinds.count(("Transpose",)) == 2  # the heads' merge after probs V writes a new layout: still a step
     gelu = ("MatMul", "Add", "Div", "Erf", "Add", "Mul", "Mul")
     assert kinds.count(gelu) == 2, plan.describe()
     assert not any(op in ("Erf", "Div") for kind in kinds for op in kind[:1])
@@ -417,3 +420,108 @@ def test_long_recordings_submit_their_first_dispatches_early(device: Any, layers
         cache.release()
         for buffer in [*inputs.values(), *outputs.values()]:
             device.destroy_buffer(buffer)
+
+
+# -- Transposes folded into the MatMul that reads them ---------------------------------------------------------
+
+
+def _transpose_matmul_model(
+    a_shape: tuple[int, ...], a_perm: list[int] | None, b_shape: tuple[int, ...], b_perm: list[int] | None,
+    *, bias: int | None = None, also_output: bool = False, default_perm: bool = False,
+) -> onnx.ModelProto:
+    """Y = MatMul(Transpose(A, a_perm) or A, Transpose(B, b_perm) or B) [+ bias]; A and B are graph inputs."""
+    nodes = []
+    operands = []
+    for name, perm in (("A", a_perm), ("B", b_perm)):
+        if perm is None:
+            operands.append(name)
+            continue
+        attrs = {} if default_perm else {"perm": perm}
+        nodes.append(helper.make_node("Transpose", [name], [f"{name}t"], name=f"t{name}", **attrs))
+        operands.append(f"{name}t")
+    nodes.append(helper.make_node("MatMul", operands, ["P" if bias else "Y"], name="mm"))
+    inits = []
+    if bias:
+        inits.append(onnx.numpy_helper.from_array(np.linspace(-1, 1, bias, dtype=np.float32), "bias"))
+        nodes.append(helper.make_node("Add", ["P", "bias"], ["Y"], name="add"))
+    a_op = a_shape if a_perm is None else tuple(a_shape[p] for p in a_perm)
+    b_op = b_shape if b_perm is None else tuple(b_shape[p] for p in b_perm)
+    y_shape = np.matmul(np.zeros(a_op, np.float32), np.zeros(b_op, np.float32)).shape
+    outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, list(y_shape))]
+    if also_output:
+        outputs.append(helper.make_tensor_value_info("At", TensorProto.FLOAT, list(a_op)))
+    graph = helper.make_graph(
+        nodes, "transpose_matmul",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, list(a_shape)),
+         helper.make_tensor_value_info("B", TensorProto.FLOAT, list(b_shape))],
+        outputs, inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+_FOLD_CASES = {
+    # name: (A shape, A perm, B shape, B perm, bias, folded transposes)
+    "attention_scores": ((2, 6, 3, 4), [0, 2, 1, 3], (2, 6, 3, 4), [0, 2, 3, 1], None, 2),
+    "attention_values": ((2, 3, 6, 6), None, (2, 6, 3, 5), [0, 2, 1, 3], None, 1),
+    "scores_with_bias": ((1, 8, 2, 4), [0, 2, 1, 3], (1, 8, 2, 4), [0, 2, 3, 1], 8, 2),
+    "weight_transposed": ((7, 8), None, (5, 8), [1, 0], None, 1),
+    "rows_do_not_merge": ((4, 3, 8), [1, 0, 2], (8, 6), None, None, 1),
+    "odd_sizes": ((3, 5, 7), [0, 2, 1], (5, 3), None, None, 1),
+    "broadcast_batch": ((1, 5, 6), [0, 2, 1], (3, 5, 4), None, None, 1),  # A's batch of 1 broadcast to B's 3
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FOLD_CASES))
+def test_transposes_fold_into_the_matmul(device: Any, case: str) -> None:
+    a_shape, a_perm, b_shape, b_perm, bias, folded = _FOLD_CASES[case]
+    proto = _transpose_matmul_model(a_shape, a_perm, b_shape, b_perm, bias=bias)
+    model = load_model(proto)
+    plan = plan_model(model, {"A": a_shape, "B": b_shape}, device_caps(device))
+    kinds = [s.op_types for s in plan.steps]
+    assert kinds == [("MatMul",) + ("Transpose",) * folded + (("Add",) if bias else ())], plan.describe()
+    step = plan.steps[0]
+    assert step.attrs["_input_perms"] == (None if a_perm is None else tuple(a_perm), None if b_perm is None else tuple(b_perm))
+    assert "folded input transpose" in step.reason
+    assert "At" not in plan.tensors and "Bt" not in plan.tensors  # no buffer for the transposed copies
+    rng = np.random.default_rng(7)
+    feeds = {"A": rng.standard_normal(a_shape).astype(np.float32), "B": rng.standard_normal(b_shape).astype(np.float32)}
+    outputs, _ = run_model(model, feeds, device)
+    a = np.transpose(feeds["A"], a_perm) if a_perm is not None else feeds["A"]
+    b = np.transpose(feeds["B"], b_perm) if b_perm is not None else feeds["B"]
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64)) + (np.linspace(-1, 1, bias) if bias else 0.0)
+    assert outputs[0].shape == want.shape
+    assert _rel_err(outputs[0], want) < 1e-5
+
+
+@pytest.mark.parametrize("case", ["graph_output", "one_row", "same_operand_twice", "default_perm"])
+def test_transposes_that_stay_steps(device: Any, case: str) -> None:
+    """A Transpose is folded only where the MatMul is its one reader and can take it; else it stays a step (and
+    the default perm, reversing the axes, folds like any other)."""
+    shapes = {"A": (4, 6), "B": (4, 5)}
+    if case == "graph_output":  # the transposed tensor is also a model output: it must be written
+        proto = _transpose_matmul_model((4, 6), [1, 0], (4, 5), None, also_output=True)
+        # Y = At @ B ([6, 4] x [4, 5]); At is an output too
+        expect_steps = [("Transpose",), ("MatMul",)]
+    elif case == "one_row":  # [1, 4] x [4, 5]: the one-row GEMV kernel reads A contiguously
+        proto = _transpose_matmul_model((4, 1), [1, 0], (4, 5), None)
+        shapes = {"A": (4, 1), "B": (4, 5)}
+        expect_steps = [("Transpose",), ("MatMul",)]
+    elif case == "same_operand_twice":  # At @ At: the transposed tensor feeds both operands
+        nodes = [helper.make_node("Transpose", ["A"], ["At"], perm=[1, 0], name="t"),
+                 helper.make_node("MatMul", ["At", "At"], ["Y"], name="mm")]
+        graph = helper.make_graph(nodes, "twice", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [4, 4])],
+                                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 4])])
+        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        shapes = {"A": (4, 4)}
+        expect_steps = [("Transpose",), ("MatMul",)]
+    else:  # no perm attribute: the axes reversed
+        proto = _transpose_matmul_model((4, 6), [1, 0], (4, 5), None, default_perm=True)
+        expect_steps = [("MatMul", "Transpose")]
+    model = load_model(proto)
+    plan = plan_model(model, shapes, device_caps(device))
+    assert [s.op_types for s in plan.steps] == expect_steps, plan.describe()
+    rng = np.random.default_rng(8)
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    outputs, _ = run_model(model, feeds, device)
+    for got, want in zip(outputs, _ort(proto, feeds)):
+        assert got.shape == want.shape and _rel_err(got, want) < 1e-5

@@ -30,6 +30,15 @@ and ``beta * C`` and Conv its bias before the epilogue steps; all of it happens 
 Both ``reference`` and the WebGPU kernels honour the attribute, so a fused node placed on the CPU computes the
 same thing.  Outputs are the op's own (one tensor).
 
+Folded input transposes (MatMul only)
+-------------------------------------
+The planner may also fold a ``Transpose`` whose only consumer is a MatMul into it, with the special attribute
+``"_input_perms"``: ``(perm_a, perm_b)``, each ``None`` or a permutation of that input's axes (rank >= 2).  Input
+``i`` then holds the tensor *before* the transpose and the operand is ``numpy.transpose(input_i, perm_i)``; the
+kernel reads it through the permuted strides (attention's head split, ``[B, S, H, D] -> [B, H, S, D]`` and
+``-> [B, H, D, S]``, costs no dispatch and no copy).  The GEMV path (one output row) takes no folded input: such a
+plan raises :class:`NotOnDevice` and the planner keeps the Transpose.
+
 Kernels
 -------
 * M = 1 (one row, no batch; also after folding, see below): a GEMV kernel that streams B with vec4 loads,
@@ -49,12 +58,13 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 from ._tiling import (
     EpilogueStep,
     apply_epilogue,
     broadcast_strides,
+    c_strides,
     index_function,
     parse_epilogue,
     require_float32,
@@ -62,7 +72,62 @@ from ._tiling import (
 from ._gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
 from ._gemv import plan_gemv
 
-__all__ = ["MatMul", "plan_gemm", "matmul_output_shape"]
+__all__ = ["MatMul", "plan_gemm", "matmul_output_shape", "input_perms"]
+
+Perm = tuple[int, ...]
+
+
+def input_perms(attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]]) -> tuple[Perm | None, Perm | None]:
+    """The ``_input_perms`` attribute, checked against the two inputs' shapes (see the module docstring)."""
+    raw = attrs.get("_input_perms")
+    if raw is None:
+        return None, None
+    if not isinstance(raw, (tuple, list)) or len(raw) != 2:
+        raise UnsupportedOpError(f"MatMul: _input_perms must be (perm_a, perm_b), got {raw!r}")
+    perms: list[Perm | None] = []
+    for index, (perm, shape) in enumerate(zip(raw, shapes)):
+        if perm is None:
+            perms.append(None)
+            continue
+        perm = tuple(int(p) for p in perm)
+        if len(shape) < 2 or sorted(perm) != list(range(len(shape))):
+            raise UnsupportedOpError(f"MatMul: _input_perms[{index}] = {perm} is not a permutation of input "
+                                     f"{index}'s {len(shape)} axes (rank >= 2)")
+        perms.append(perm)
+    return perms[0], perms[1]
+
+
+def _permuted(shape: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
+    return shape if perm is None else tuple(shape[p] for p in perm)
+
+
+def _view(array: np.ndarray, perm: Perm | None) -> np.ndarray:
+    return array if perm is None else np.transpose(array, perm)
+
+
+def _operand_strides(logical: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
+    """Element strides of the operand ``numpy.transpose(source, perm)`` of shape ``logical``, per logical axis."""
+    if perm is None:
+        return c_strides(logical)
+    source = [0] * len(perm)
+    for axis, p in enumerate(perm):
+        source[p] = logical[axis]
+    source_strides = c_strides(source)
+    return tuple(source_strides[p] for p in perm)
+
+
+def _rows_merge(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Do the batch axes and the rows of an operand (all but its last axis) form one evenly strided run?"""
+    expected = strides[-2] * shape[-2]
+    for size, stride in zip(reversed(shape[:-2]), reversed(strides[:-2])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _scaled(name: str, stride: int) -> str:
+    return name if stride == 1 else f"{name} * {stride}u"
 
 
 def matmul_output_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -95,14 +160,23 @@ def plan_gemm(
     inputs: Sequence[TensorInfo | None],
     outputs: Sequence[TensorInfo],
     caps: DeviceCaps,
+    a_perm: Perm | None = None,
+    b_perm: Perm | None = None,
 ) -> OpPlan:
     """The plan of ``out = epilogue(op(A) @ op(B))`` with A = input 0, B = input 1.
 
     ``a_shape``/``b_shape`` are at least 2-D (1-D operands already lifted); transposes apply to 2-D operands
-    only (Gemm).  ``compute`` is the twin's whole-node function.
+    only (Gemm).  ``compute`` is the twin's whole-node function.  ``a_perm``/``b_perm`` (MatMul's folded
+    transposes, not with ``trans_a``/``trans_b``): input ``i`` holds the source and the operand, of shape
+    ``a_shape``/``b_shape``, is ``numpy.transpose(source, perm)``.
     """
     if int(np.prod(out_shape, dtype=np.int64)) == 0:
         return OpPlan()
+    if a_perm is not None or b_perm is not None:
+        if trans_a or trans_b:
+            raise ValueError("plan_gemm: folded transposes (a_perm/b_perm) do not combine with trans_a/trans_b")
+        return _plan_strided_gemm(op_type, a_shape, b_shape, a_perm, b_perm, steps, out_shape, compute, inputs,
+                                  outputs, caps)
     m = a_shape[-1] if trans_a else a_shape[-2]
     k = a_shape[-2] if trans_a else a_shape[-1]
     n = b_shape[-2] if trans_b else b_shape[-1]
@@ -163,6 +237,78 @@ def plan_gemm(
     )
 
 
+def _plan_strided_gemm(
+    op_type: str,
+    a_shape: tuple[int, ...],
+    b_shape: tuple[int, ...],
+    a_perm: Perm | None,
+    b_perm: Perm | None,
+    steps: Sequence[EpilogueStep],
+    out_shape: tuple[int, ...],
+    compute: Any,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    caps: DeviceCaps,
+) -> OpPlan:
+    """:func:`plan_gemm` with operands read through folded transposes: every load goes through the operand's
+    element strides, vec4 loads only where the strides keep four neighbours together and aligned."""
+    sa, sb = _operand_strides(a_shape, a_perm), _operand_strides(b_shape, b_perm)
+    m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
+    a_batch, b_batch = a_shape[:-2], b_shape[:-2]
+    batch_shape = tuple(np.broadcast_shapes(a_batch, b_batch))
+    batch = int(np.prod(batch_shape, dtype=np.int64))
+    if int(np.prod(b_batch, dtype=np.int64)) == 1 and _rows_merge(a_shape, sa):
+        m, batch = m * int(np.prod(a_batch, dtype=np.int64)), 1  # A's batch folds into its rows
+    if batch == 1 and m == 1:
+        raise NotOnDevice(f"{op_type}: a one-row product (GEMV) reads its operands contiguously; keep the Transpose")
+
+    def batch_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
+        pad = len(batch_shape) - (len(shape) - 2)
+        own = [0 if size == 1 else stride for size, stride in zip(shape[:-2], strides[:-2])]
+        return [0] * pad + [0 if size != out else stride for size, out, stride in zip(shape[:-2], batch_shape[pad:], own)]
+
+    prelude = ""
+    a_base = b_base = ""
+    a_offsets = b_offsets = [0]
+    if batch > 1:
+        a_offsets, b_offsets = batch_strides(a_shape, sa), batch_strides(b_shape, sb)
+        prelude += index_function("a_batch", batch_shape, a_offsets) + index_function("b_batch", batch_shape, b_offsets)
+        a_base, b_base = "a_batch(b) + ", "b_batch(b) + "
+    a_in, b_in = Binding("input", 0), Binding("input", 1)
+    a_s, b_s = binding_name(a_in), binding_name(b_in)
+    a_v, b_v = binding_name(a_in, "vec4<f32>"), binding_name(b_in, "vec4<f32>")
+    a_index = f"{_scaled('m', sa[-2])} + {_scaled('k', sa[-1])}"
+    b_index = f"{_scaled('k', sb[-2])} + {_scaled('n', sb[-1])}"
+    a_vector = GemmLoad(f"    return {a_v}[({a_base}{a_index}) / 4u];", ((a_in, "vec4<f32>"),))
+    b_vector = GemmLoad(f"    return {b_v}[({b_base}{b_index}) / 4u];", ((b_in, "vec4<f32>"),))
+
+    def aligned(*strides: int) -> bool:
+        return all(s % 4 == 0 for s in strides)
+
+    def operands(full: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+        a, b = full[0], full[1]
+        assert a is not None and b is not None
+        a, b = _view(a, a_perm), _view(b, b_perm)
+        a_full = np.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(batch, m, k)
+        b_full = np.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(batch, k, n)
+        return a_full, b_full
+
+    problem = GemmProblem(
+        batch=batch, m=m, n=n, k=k,
+        load_a=GemmLoad(f"    return {a_s}[{a_base}{a_index}];", ((a_in, "f32"),)),
+        load_b=GemmLoad(f"    return {b_s}[{b_base}{b_index}];", ((b_in, "f32"),)),
+        load_a4k=a_vector if sa[-1] == 1 and k % 4 == 0 and aligned(sa[-2], *a_offsets) else None,
+        load_a4m=a_vector if sa[-2] == 1 and m % 4 == 0 and aligned(sa[-1], *a_offsets) else None,
+        load_b4n=b_vector if sb[-1] == 1 and n % 4 == 0 and aligned(sb[-2], *b_offsets) else None,
+        load_b4k=b_vector if sb[-2] == 1 and k % 4 == 0 and aligned(sb[-1], *b_offsets) else None,
+        prelude=prelude,
+        operands=operands,
+    )
+    return plan_tiled_gemm(
+        op_type, problem, steps=steps, out_shape=out_shape, compute=compute, inputs=inputs, outputs=outputs, caps=caps,
+    )
+
+
 @register
 class MatMul(Operator):
     """MatMul-1/9/13 (numpy.matmul)."""
@@ -180,7 +326,8 @@ class MatMul(Operator):
         assert a is not None and b is not None
         if a.dtype != b.dtype:
             raise UnsupportedOpError(f"MatMul: operand dtypes differ ({a.dtype}, {b.dtype}) at opset {self.opset}")
-        y = np.matmul(a, b)
+        a_perm, b_perm = input_perms(attrs, [tuple(a.shape), tuple(b.shape)])
+        y = np.matmul(_view(a, a_perm), _view(b, b_perm))
         shapes = [None if x is None else tuple(x.shape) for x in inputs]
         steps = parse_epilogue("MatMul", attrs, 2, shapes, tuple(y.shape))
         return [apply_epilogue(np.asarray(y, dtype=a.dtype), steps, inputs)]
@@ -196,12 +343,15 @@ class MatMul(Operator):
         a, b = inputs[0], inputs[1]
         assert a is not None and b is not None
         require_float32("MatMul", list(inputs) + list(outputs))
-        out_shape = matmul_output_shape(a.shape, b.shape)
-        steps = parse_epilogue("MatMul", attrs, 2, [None if x is None else x.shape for x in inputs], out_shape)
-        a_shape = (1,) + a.shape if len(a.shape) == 1 else a.shape
-        b_shape = b.shape + (1,) if len(b.shape) == 1 else b.shape
+        a_perm, b_perm = input_perms(attrs, [a.shape, b.shape])
+        a_logical, b_logical = _permuted(a.shape, a_perm), _permuted(b.shape, b_perm)
+        out_shape = matmul_output_shape(a_logical, b_logical)
+        shapes = [a_logical, b_logical] + [None if x is None else x.shape for x in inputs[2:]]
+        steps = parse_epilogue("MatMul", attrs, 2, shapes, out_shape)
+        a_shape = (1,) + a_logical if len(a_logical) == 1 else a_logical
+        b_shape = b_logical + (1,) if len(b_logical) == 1 else b_logical
         return plan_gemm(
             "MatMul", a_shape=a_shape, b_shape=b_shape, trans_a=False, trans_b=False, steps=steps,
             out_shape=out_shape, compute=lambda full: self.reference(full, attrs, outputs),
-            inputs=inputs, outputs=outputs, caps=caps,
+            inputs=inputs, outputs=outputs, caps=caps, a_perm=a_perm, b_perm=b_perm,
         )
