@@ -198,13 +198,8 @@ def plan_gemm(
         prelude += index_function("b_batch", batch_shape, broadcast_strides(b_batch, batch_shape))
         a_base = f"a_batch(b) * {m * k}u + "
         b_base = f"b_batch(b) * {k * n}u + "
-    a_in, b_in = Binding("input", 0), Binding("input", 1)
-    a_s, b_s = binding_name(a_in), binding_name(b_in)
-    a_v, b_v = binding_name(a_in, "vec4<f32>"), binding_name(b_in, "vec4<f32>")
     a_index = f"k * {m}u + m" if trans_a else f"m * {k}u + k"
     b_index = f"n * {k}u + k" if trans_b else f"k * {n}u + n"
-    a_vector = GemmLoad(f"    return {a_v}[({a_base}{a_index}) / 4u];", ((a_in, "vec4<f32>"),))
-    b_vector = GemmLoad(f"    return {b_v}[({b_base}{b_index}) / 4u];", ((b_in, "vec4<f32>"),))
     a_lifted, b_lifted = a_shape, b_shape
 
     def operands(full: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
@@ -221,14 +216,45 @@ def plan_gemm(
         b_full = np.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(batch, k, n)
         return a_full, b_full
 
+    vectors = (not trans_a and k % 4 == 0, trans_a and m % 4 == 0, not trans_b and n % 4 == 0, trans_b and k % 4 == 0)
+    return _loaded_gemm(
+        op_type, batch=batch, m=m, n=n, k=k, a_base=a_base, b_base=b_base, a_index=a_index, b_index=b_index,
+        vectors=vectors, prelude=prelude, operands=operands, steps=steps, out_shape=out_shape, compute=compute,
+        inputs=inputs, outputs=outputs, caps=caps,
+    )
+
+
+def _loaded_gemm(
+    op_type: str,
+    *,
+    batch: int, m: int, n: int, k: int,
+    a_base: str, b_base: str, a_index: str, b_index: str,
+    vectors: tuple[bool, bool, bool, bool],
+    prelude: str,
+    operands: Any,
+    steps: Sequence[EpilogueStep],
+    out_shape: tuple[int, ...],
+    compute: Any,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    caps: DeviceCaps,
+) -> OpPlan:
+    """The tiled GEMM over inputs 0 (A) and 1 (B) read at ``base + index`` (WGSL expressions in ``b``, ``m``,
+    ``k``, ``n``); ``vectors`` says which vec4 loaders are valid: (A along k, A along m, B along n, B along k)."""
+    a_in, b_in = Binding("input", 0), Binding("input", 1)
+    a_s, b_s = binding_name(a_in), binding_name(b_in)
+    a_v, b_v = binding_name(a_in, "vec4<f32>"), binding_name(b_in, "vec4<f32>")
+    a_vector = GemmLoad(f"    return {a_v}[({a_base}{a_index}) / 4u];", ((a_in, "vec4<f32>"),))
+    b_vector = GemmLoad(f"    return {b_v}[({b_base}{b_index}) / 4u];", ((b_in, "vec4<f32>"),))
+    a4k, a4m, b4n, b4k = vectors
     problem = GemmProblem(
         batch=batch, m=m, n=n, k=k,
         load_a=GemmLoad(f"    return {a_s}[{a_base}{a_index}];", ((a_in, "f32"),)),
         load_b=GemmLoad(f"    return {b_s}[{b_base}{b_index}];", ((b_in, "f32"),)),
-        load_a4k=None if trans_a or k % 4 else a_vector,
-        load_a4m=a_vector if trans_a and m % 4 == 0 else None,
-        load_b4n=None if trans_b or n % 4 else b_vector,
-        load_b4k=b_vector if trans_b and k % 4 == 0 else None,
+        load_a4k=a_vector if a4k else None,
+        load_a4m=a_vector if a4m else None,
+        load_b4n=b_vector if b4n else None,
+        load_b4k=b_vector if b4k else None,
         prelude=prelude,
         operands=operands,
     )
@@ -274,13 +300,8 @@ def _plan_strided_gemm(
         a_offsets, b_offsets = batch_strides(a_shape, sa), batch_strides(b_shape, sb)
         prelude += index_function("a_batch", batch_shape, a_offsets) + index_function("b_batch", batch_shape, b_offsets)
         a_base, b_base = "a_batch(b) + ", "b_batch(b) + "
-    a_in, b_in = Binding("input", 0), Binding("input", 1)
-    a_s, b_s = binding_name(a_in), binding_name(b_in)
-    a_v, b_v = binding_name(a_in, "vec4<f32>"), binding_name(b_in, "vec4<f32>")
     a_index = f"{_scaled('m', sa[-2])} + {_scaled('k', sa[-1])}"
     b_index = f"{_scaled('k', sb[-2])} + {_scaled('n', sb[-1])}"
-    a_vector = GemmLoad(f"    return {a_v}[({a_base}{a_index}) / 4u];", ((a_in, "vec4<f32>"),))
-    b_vector = GemmLoad(f"    return {b_v}[({b_base}{b_index}) / 4u];", ((b_in, "vec4<f32>"),))
 
     def aligned(*strides: int) -> bool:
         return all(s % 4 == 0 for s in strides)
@@ -293,19 +314,16 @@ def _plan_strided_gemm(
         b_full = np.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(batch, k, n)
         return a_full, b_full
 
-    problem = GemmProblem(
-        batch=batch, m=m, n=n, k=k,
-        load_a=GemmLoad(f"    return {a_s}[{a_base}{a_index}];", ((a_in, "f32"),)),
-        load_b=GemmLoad(f"    return {b_s}[{b_base}{b_index}];", ((b_in, "f32"),)),
-        load_a4k=a_vector if sa[-1] == 1 and k % 4 == 0 and aligned(sa[-2], *a_offsets) else None,
-        load_a4m=a_vector if sa[-2] == 1 and m % 4 == 0 and aligned(sa[-1], *a_offsets) else None,
-        load_b4n=b_vector if sb[-1] == 1 and n % 4 == 0 and aligned(sb[-2], *b_offsets) else None,
-        load_b4k=b_vector if sb[-2] == 1 and k % 4 == 0 and aligned(sb[-1], *b_offsets) else None,
-        prelude=prelude,
-        operands=operands,
+    vectors = (
+        sa[-1] == 1 and k % 4 == 0 and aligned(sa[-2], *a_offsets),
+        sa[-2] == 1 and m % 4 == 0 and aligned(sa[-1], *a_offsets),
+        sb[-1] == 1 and n % 4 == 0 and aligned(sb[-2], *b_offsets),
+        sb[-2] == 1 and k % 4 == 0 and aligned(sb[-1], *b_offsets),
     )
-    return plan_tiled_gemm(
-        op_type, problem, steps=steps, out_shape=out_shape, compute=compute, inputs=inputs, outputs=outputs, caps=caps,
+    return _loaded_gemm(
+        op_type, batch=batch, m=m, n=n, k=k, a_base=a_base, b_base=b_base, a_index=a_index, b_index=b_index,
+        vectors=vectors, prelude=prelude, operands=operands, steps=steps, out_shape=out_shape, compute=compute,
+        inputs=inputs, outputs=outputs, caps=caps,
     )
 
 
