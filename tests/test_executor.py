@@ -450,13 +450,9 @@ def _transpose_matmul_model(
     outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, list(y_shape))]
     if also_output:
         outputs.append(helper.make_tensor_value_info("At", TensorProto.FLOAT, list(a_op)))
-    graph = helper.make_graph(
-        nodes, "transpose_matmul",
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, list(a_shape)),
-         helper.make_tensor_value_info("B", TensorProto.FLOAT, list(b_shape))],
-        outputs, inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    inputs = [helper.make_tensor_value_info("A", TensorProto.FLOAT, list(a_shape)),
+              helper.make_tensor_value_info("B", TensorProto.FLOAT, list(b_shape))]
+    return _model(nodes, inputs, outputs, inits)
 
 
 _FOLD_CASES = {
@@ -509,9 +505,8 @@ def test_transposes_that_stay_steps(device: Any, case: str) -> None:
     elif case == "same_operand_twice":  # At @ At: the transposed tensor feeds both operands
         nodes = [helper.make_node("Transpose", ["A"], ["At"], perm=[1, 0], name="t"),
                  helper.make_node("MatMul", ["At", "At"], ["Y"], name="mm")]
-        graph = helper.make_graph(nodes, "twice", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [4, 4])],
-                                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 4])])
-        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        proto = _model(nodes, [helper.make_tensor_value_info("A", TensorProto.FLOAT, [4, 4])],
+                       [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 4])])
         shapes = {"A": (4, 4)}
         expect_steps = [("Transpose",), ("MatMul",)]
     else:  # no perm attribute: the axes reversed
