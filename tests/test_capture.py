@@ -214,6 +214,35 @@ def test_replay_and_read_is_replay_then_copy_outputs_in_one_submission(session: 
         graph.replay_and_read()
 
 
+def test_alternating_replays_stay_fresh_and_release_frees_everything(session: InferenceSession, env: Env) -> None:
+    """replay() and replay_and_read() alternating, inputs changed before each: every result is the current input's.
+    On wgpu each path keeps one command buffer encoded ahead (encode_ahead), which the graph's release frees with
+    the rest of its native objects, while the session stays open."""
+    binding, x, y = bound(session)
+    session.capture(binding, graph_id=1).release()  # the session's own state (its uploaded weights) exists now
+    before = owned_handles(env)
+    device = env.default_device.backend_device()
+
+    def encoded_ahead() -> int:
+        describe = getattr(device, "describe_live_handles", None)
+        return 0 if describe is None else sum("encoded ahead" in line for line in describe())
+
+    graph = session.capture(binding, graph_id=0)
+    for step in range(6):
+        batch = image()
+        x.update_inplace(batch)
+        if step % 2:
+            (out,) = graph.replay_and_read()
+        else:
+            graph.replay()
+            out = y.to_numpy()
+        assert_reference(out, batch)
+    assert encoded_ahead() == (2 if env.backend.name == "wgpu" else 0)
+    graph.release()
+    assert encoded_ahead() == 0
+    assert owned_handles(env) == before
+
+
 def test_replay_and_read_in_verify_mode_still_verifies(env: Env) -> None:
     with InferenceSession(MODEL, env=env, graph_capture=True, verify_replays=True) as sess:
         binding, x, y = bound(sess)
