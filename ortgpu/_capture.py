@@ -104,7 +104,9 @@ class GraphRegistry:
                 {n: v.buffer.handle for n, v in inputs.items() if v.buffer is not None},
                 {n: v.buffer.handle for n, v in outputs.items() if v.buffer is not None},
             )
-            session._submit(commands)  # the capture run itself
+            # The capture run itself, of the list frozen as the graph will hold it: a backend that encodes a frozen
+            # list's next submission ahead (wgpu) has the first replay's command buffer ready when capture returns.
+            session._submit(commands.freeze())
             graph = CapturedGraph._create(session, graph_id, frozen, commands, session._submit, pinned, program)
         except BaseException:
             for buffer in pinned:

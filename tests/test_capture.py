@@ -216,8 +216,9 @@ def test_replay_and_read_is_replay_then_copy_outputs_in_one_submission(session: 
 
 def test_alternating_replays_stay_fresh_and_release_frees_everything(session: InferenceSession, env: Env) -> None:
     """replay() and replay_and_read() alternating, inputs changed before each: every result is the current input's.
-    On wgpu each path keeps one command buffer encoded ahead (encode_ahead), which the graph's release frees with
-    the rest of its native objects, while the session stays open."""
+    On wgpu the capture run encodes the first replay's command buffer, and each path then keeps one encoded ahead
+    (encode_ahead), which the graph's release frees with the rest of its native objects, while the session stays
+    open."""
     binding, x, y = bound(session)
     session.capture(binding, graph_id=1).release()  # the session's own state (its uploaded weights) exists now
     before = owned_handles(env)
@@ -228,6 +229,7 @@ def test_alternating_replays_stay_fresh_and_release_frees_everything(session: In
         return 0 if describe is None else sum("encoded ahead" in line for line in describe())
 
     graph = session.capture(binding, graph_id=0)
+    assert encoded_ahead() == (1 if env.backend.name == "wgpu" else 0)  # the capture run left the first replay's
     for step in range(6):
         batch = image()
         x.update_inplace(batch)
