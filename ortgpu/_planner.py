@@ -374,15 +374,16 @@ class _Planner:
             attrs = public_attrs(node.attrs)
             step = None
             if node.name in folds:
-                step = self._fold_transposes(node, folds[node.name], operator, attrs, consumers, graph_outputs, absorbed)
+                transposes = folds[node.name]
+                step = self._fold_transposes(node, transposes, operator, attrs, consumers, graph_outputs, absorbed)
                 if step is None:  # the MatMul could not take them: the transposes run as their own steps
-                    for transpose in folds[node.name].values():
+                    for transpose in transposes.values():
                         own = self._plan_node(transpose, get_operator(transpose.op_type, transpose.opset, ""),
                                               public_attrs(transpose.attrs))
                         if own.placement == "cpu":
                             cpu_problems.append(f"{transpose.describe()}: {own.reason}")
                         steps.append(own)
-                elif len(step.node_names) > 1 and step.node_names[-1] not in {t.name for t in folds[node.name].values()}:
+                elif len(step.node_names) > 1 + len(transposes):  # (MatMul, *transposes, *epilogue nodes)
                     absorbed.update(step.node_names[1:])
                     delayed[step.node_names[-1]] = step
                     continue
