@@ -1092,7 +1092,7 @@ class WgpuDevice:
         table = self._native_table
         list_id = id(commands)
         if not (commands.frozen and self.encode_ahead and list_id in self._validated):
-            if self._ahead:
+            if commands.frozen and self._ahead:
                 self._release_ahead(lambda key: key[0] == list_id)  # encode_ahead was switched off
             if tail is None:
                 return bool(commands.encode_submit_native(table))
