@@ -464,6 +464,7 @@ _FOLD_CASES = {
     "rows_do_not_merge": ((4, 3, 8), [1, 0, 2], (8, 6), None, None, 1),
     "odd_sizes": ((3, 5, 7), [0, 2, 1], (5, 3), None, None, 1),
     "broadcast_batch": ((1, 5, 6), [0, 2, 1], (3, 5, 4), None, None, 1),  # A's batch of 1 broadcast to B's 3
+    "activations_times_weight_t": ((2, 3, 8), None, (12, 8), [1, 0], 12, 1),  # A's batch folds into its rows
 }
 
 
