@@ -309,6 +309,43 @@ GEMM_VARIANT_CASES: list[tuple[str, int, list[tuple[int, ...] | None], dict[str,
 ]
 
 
+# MatMul reading folded transposes (``_input_perms``): input shapes are the sources, before the transpose.
+FOLDED_CASES: list[tuple[list[tuple[int, ...]], dict[str, Any]]] = [
+    # attention scores: Q [B,S,H,D] -> [B,H,S,D], K -> [B,H,D,S]; A vec4 along k, B vec4 along k; scale epilogue
+    ([(2, 20, 3, 96), (2, 20, 3, 96)], {"_input_perms": ((0, 2, 1, 3), (0, 2, 3, 1)), "_epilogue": (("scale", 0.5),)}),
+    # attention values: V [B,S,H,D] -> [B,H,S,D] (B vec4 along n), probs plain
+    ([(2, 3, 20, 96), (2, 96, 3, 12)], {"_input_perms": (None, (0, 2, 1, 3))}),
+    # a transposed weight under batched activations (A's batch folds into its rows), bias epilogue; odd N: scalar B
+    ([(2, 9, 96), (13, 96), (13,)], {"_input_perms": (None, (1, 0)), "_epilogue": (("add", 2),)}),
+]
+
+
+@pytest.mark.parametrize("variant", range(5))
+@pytest.mark.parametrize("case", range(len(FOLDED_CASES)))
+def test_gemm_variants_read_folded_transposes(device: Any, variant: int, case: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel variant, split-K included, reads operands through folded transposes as numpy.transpose would."""
+    from ortgpu.ops import _gemm
+
+    config = _gemm_variants()[variant]
+    monkeypatch.setattr(_gemm, "GEMM_OVERRIDE", config)
+    shapes, attrs = FOLDED_CASES[case]
+    inputs = [rand(*shape) for shape in shapes]
+    operator = get_operator("MatMul", 13)
+    a_perm, b_perm = attrs["_input_perms"]
+    a = np.transpose(inputs[0], a_perm) if a_perm else inputs[0]
+    b = np.transpose(inputs[1], b_perm) if b_perm else inputs[1]
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    for step in attrs.get("_epilogue", ()):
+        want = want * step[1] if step[0] == "scale" else want + inputs[step[1]]
+    outputs = [TensorInfo(want.shape, np.dtype(np.float32))]
+    caps = DeviceCaps(frozenset(device.features), device.limits)
+    plan = operator.plan([TensorInfo(x.shape, x.dtype) for x in inputs], outputs, attrs, caps, {})
+    assert len(plan.kernels) == (2 if config.split_k > 1 else 1)  # K = 96: every variant's split applies
+    got = run_plan(device, plan, inputs, outputs)
+    assert_close(got[0], want.astype(np.float32))
+    np.testing.assert_allclose(operator.reference(inputs, attrs, outputs)[0], want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("variant", range(5))
 @pytest.mark.parametrize("op,opset,shapes,attrs,own", GEMM_VARIANT_CASES)
 def test_gemm_variants_match_onnxruntime(device: Any, variant: int, op: str, opset: int,

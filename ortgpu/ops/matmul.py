@@ -310,6 +310,8 @@ def _plan_strided_gemm(
         a, b = full[0], full[1]
         assert a is not None and b is not None
         a, b = _view(a, a_perm), _view(b, b_perm)
+        if batch == 1:  # no batch, or A's batch folded into its rows
+            return a.reshape(1, m, k), b.reshape(1, k, n)
         a_full = np.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(batch, m, k)
         b_full = np.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(batch, k, n)
         return a_full, b_full
