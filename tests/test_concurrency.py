@@ -46,6 +46,8 @@ def test_two_sessions_replay_and_run_from_two_threads(backend_name: str, executi
                         x.update_inplace(inputs[index][step])
                         if step % 3 == 2:  # an ordinary run with transient feeds, interleaved with replays
                             (out,) = sess.run(None, {"X": inputs[index][step]}, ortgpu.RunOptions(gpu_graph_id=-1))
+                        elif step % 4 == 1:  # the output copies in the replay's submission, through the device's
+                            (out,) = graph.replay_and_read()  # one staging buffer, which both threads' reads share
                         else:
                             graph.replay()
                             out = y.to_numpy()
