@@ -2,7 +2,8 @@
 
 Prints the device, the result's error against a numpy reference, and
 median timings of an ordinary run and of a captured replay (end to end:
-upload, run or replay, readback).
+upload, run or replay, readback), timed alternately so that both see the
+same machine state.
 """
 
 from __future__ import annotations
@@ -59,14 +60,16 @@ def relative_error(actual: npt.NDArray[np.float32], expected: npt.NDArray[np.flo
     return float(np.linalg.norm(actual - expected)) / max(float(np.linalg.norm(expected)), 1e-30)
 
 
-def median_ms(step: Callable[[], object], repeats: int) -> float:
-    step()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def alternating_median_ms(steps: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median milliseconds of each step, the steps called in turn ``repeats`` times (after one warm-up round)."""
+    times: list[list[float]] = [[] for _ in steps]
+    for round_index in range(repeats + 1):
+        for step, samples in zip(steps, times):
+            start = time.perf_counter()
+            step()
+            if round_index:
+                samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) * 1e3 for samples in times]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 graph.replay()
                 return y.to_numpy()
 
-            run_ms = median_ms(uncaptured, args.repeats)
-            replay_ms = median_ms(captured, args.repeats)
+            run_ms, replay_ms = alternating_median_ms([uncaptured, captured], args.repeats)
         print(f"end to end, median of {args.repeats}: run() {run_ms:.3f} ms, update_inplace + replay + to_numpy "
               f"{replay_ms:.3f} ms (ratio {run_ms / replay_ms:.2f}x)")
         ok = error < 1e-4 and replay_error < 1e-4
