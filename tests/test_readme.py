@@ -57,3 +57,16 @@ def test_fake_backend_example_runs() -> None:
     namespace: dict[str, object] = {}
     exec(compile("import ortgpu\n" + _python_blocks()[1], str(README) + " (fake backend)", "exec"), namespace)
     namespace["env"].close()  # type: ignore[attr-defined]
+
+
+def test_demo_runs_and_checks_its_results(backend_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``./run.sh demo`` (``python -m ortgpu.demo``): the README's first command."""
+    from ortgpu import demo
+
+    assert demo.main(["--backend", backend_name, "--layers", "3", "--width", "64", "--repeats", "3"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"model: 3 x \[MatMul 64x64 \+ Add \+ Relu\], batch 1; 9/9 nodes placed on WebGPU", out), out
+    assert re.search(r"run\(\): output \[1, 64\], relative error vs numpy \d\.\d\de[+-]\d\d", out), out
+    assert re.search(r"captured graph: 3 dispatches; replay on new input", out), out
+    assert re.search(r"end to end, median of 3: run\(\) [\d.]+ ms, update_inplace \+ replay \+ to_numpy [\d.]+ ms", out)
+    assert out.rstrip().endswith("OK")
