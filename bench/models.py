@@ -58,6 +58,15 @@ class _Builder:
         onnx.checker.check_model(model)
         return model
 
+    def model_xy(self, name: str, x_dims: list[int | str], y_dims: list[int | str], opset: int) -> onnx.ModelProto:
+        """:meth:`model` with one float input ``X`` and one float output ``Y`` of those dimensions."""
+        return self.model(
+            name,
+            [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_dims)],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, y_dims)],
+            opset,
+        )
+
 
 def _rename_output(builder: _Builder, last: str, new: str) -> None:
     for node in builder.nodes:
@@ -81,12 +90,7 @@ def mlp(layers: int = 16, width: int = 1024, batch: int = 1, *, seed: int = 0, o
         if layer + 1 < layers:
             x = b.one("Relu", [x])
     _rename_output(b, x, "Y")
-    return b.model(
-        "mlp",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", width])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", width])],
-        opset,
-    )
+    return b.model_xy("mlp", ["batch", width], ["batch", width], opset)
 
 
 def _conv_bn(b: _Builder, x: str, c_in: int, c_out: int, kernel: int, stride: int, group: int = 1) -> str:
@@ -123,12 +127,7 @@ def resnet(
     bias = b.normal("fc_b", (classes,), 0.1)
     logits = b.one("Gemm", [flat, w, bias], transB=1)
     _rename_output(b, logits, "Y")
-    return b.model(
-        "resnet",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 3, size, size])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", classes])],
-        opset,
-    )
+    return b.model_xy("resnet", ["batch", 3, size, size], ["batch", classes], opset)
 
 
 def depthwise_separable(
@@ -142,12 +141,7 @@ def depthwise_separable(
     y = b.one("Clip", [y, low, high])
     y = b.one("Relu", [_conv_bn(b, y, channels, out_channels, 1, 1)])
     _rename_output(b, y, "Y")
-    return b.model(
-        "depthwise_separable",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", channels, size, size])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", out_channels, size, size])],
-        opset,
-    )
+    return b.model_xy("depthwise_separable", ["batch", channels, size, size], ["batch", out_channels, size, size], opset)
 
 
 def transformer_encoder(
@@ -233,12 +227,7 @@ def matmul_chain(k: int, layers: int = 8, *, seed: int = 0, opset: int = 17) -> 
     for _ in range(layers):
         x = b.one("MatMul", [x, b.normal("W", (k, k), 1.0 / np.sqrt(k))])
     _rename_output(b, x, "Y")
-    return b.model(
-        "matmul_chain",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", k])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", k])],
-        opset,
-    )
+    return b.model_xy("matmul_chain", ["batch", k], ["batch", k], opset)
 
 
 def conv_chain(channels: int, size: int, layers: int = 8, *, seed: int = 0, opset: int = 17) -> onnx.ModelProto:
@@ -251,12 +240,7 @@ def conv_chain(channels: int, size: int, layers: int = 8, *, seed: int = 0, opse
         bias = b.normal("conv_b", (channels,), 0.1)
         x = b.one("Relu", [b.one("Conv", [x, w, bias], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])])
     _rename_output(b, x, "Y")
-    return b.model(
-        "conv_chain",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", channels, size, size])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", channels, size, size])],
-        opset,
-    )
+    return b.model_xy("conv_chain", ["batch", channels, size, size], ["batch", channels, size, size], opset)
 
 
 def random_feeds(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], *, seed: int | None = 1, high: int = 10) -> dict[str, np.ndarray]:

@@ -27,6 +27,7 @@ import dataclasses
 from ._model import GraphNode, LoadedModel, Shape, is_concrete, propagate, public_attrs
 from .ops import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, get_operator
 from .ops._runner import padded_size
+from .ops.transpose import permutation
 
 __all__ = [
     "Placement",
@@ -362,7 +363,7 @@ class _Planner:
         # Transposes read only by a MatMul are folded into it (its loads follow the permuted strides); each one is
         # planned after all, at the MatMul, if the MatMul cannot take it.
         folds = self._foldable_transposes(nodes, consumers, graph_outputs) if self.fuse else {}
-        folded = {t.name for pending in folds.values() for t in pending.values()}
+        folded = {t.name for pending in folds.values() for t, _ in pending.values()}
         for node in nodes:
             if node.name in absorbed:
                 if node.name in delayed:
@@ -377,7 +378,7 @@ class _Planner:
                 transposes = folds[node.name]
                 step = self._fold_transposes(node, transposes, operator, attrs, consumers, graph_outputs, absorbed)
                 if step is None:  # the MatMul could not take them: the transposes run as their own steps
-                    for transpose in transposes.values():
+                    for transpose, _ in transposes.values():
                         own = self._plan_node(transpose, get_operator(transpose.op_type, transpose.opset, ""),
                                               public_attrs(transpose.attrs))
                         if own.placement == "cpu":
@@ -409,10 +410,10 @@ class _Planner:
 
     def _foldable_transposes(
         self, nodes: list[GraphNode], consumers: Mapping[str, list[GraphNode]], graph_outputs: set[str]
-    ) -> dict[str, dict[int, GraphNode]]:
-        """MatMul node name -> {input index: the Transpose feeding it} for every Transpose whose output only that
-        MatMul reads, once, as a float32 operand of rank >= 2 (not a graph output, not a constant)."""
-        folds: dict[str, dict[int, GraphNode]] = {}
+    ) -> dict[str, dict[int, tuple[GraphNode, tuple[int, ...]]]]:
+        """MatMul node name -> {input index: (the Transpose feeding it, its perm)} for every Transpose whose output
+        only that MatMul reads, once, as a float32 operand of rank >= 2 (not a graph output, not a constant)."""
+        folds: dict[str, dict[int, tuple[GraphNode, tuple[int, ...]]]] = {}
         for node in nodes:
             if node.op_type != "Transpose" or node.domain != "" or not node.outputs or not node.inputs:
                 continue
@@ -426,18 +427,19 @@ class _Planner:
             info = self.infos.get(source)
             if info is None or info.dtype != np.float32 or len(info.shape) < 2:
                 continue
-            perm = node.attrs.get("perm")
-            rank = len(info.shape)
-            perm = tuple(range(rank - 1, -1, -1)) if perm is None else tuple(int(p) % rank for p in perm)
-            if sorted(perm) != list(range(rank)) or perm == tuple(range(rank)):
+            try:
+                perm = tuple(permutation(node.attrs, len(info.shape)))
+            except UnsupportedOpError:
+                continue  # planned as its own step, which reports the bad perm
+            if perm == tuple(range(len(perm))):
                 continue
-            folds.setdefault(user.name, {})[list(user.inputs[:2]).index(out)] = node
+            folds.setdefault(user.name, {})[list(user.inputs[:2]).index(out)] = (node, perm)
         return folds
 
     def _fold_transposes(
         self,
         node: GraphNode,
-        transposes: Mapping[int, GraphNode],
+        transposes: Mapping[int, tuple[GraphNode, tuple[int, ...]]],
         operator: Operator,
         attrs: Mapping[str, Any],
         consumers: Mapping[str, list[GraphNode]],
@@ -448,10 +450,8 @@ class _Planner:
         any); None if it cannot run so on the device."""
         inputs = list(node.inputs)
         perms: list[tuple[int, ...] | None] = [None, None]
-        for index, transpose in transposes.items():
-            rank = len(self.infos[transpose.inputs[0]].shape)
-            perm = transpose.attrs.get("perm")
-            perms[index] = tuple(range(rank - 1, -1, -1)) if perm is None else tuple(int(p) % rank for p in perm)
+        for index, (transpose, perm) in transposes.items():
+            perms[index] = perm
             inputs[index] = transpose.inputs[0]
         folded_node = dataclasses.replace(node, inputs=tuple(inputs))
         folded_attrs = dict(attrs)
@@ -461,7 +461,7 @@ class _Planner:
             step = self._plan_node(folded_node, operator, folded_attrs)
             if step.placement != "webgpu":
                 return None
-        names = tuple(t.name for t in transposes.values())
+        names = tuple(t.name for t, _ in transposes.values())
         return dataclasses.replace(
             step,
             node_names=step.node_names[:1] + names + step.node_names[1:],

@@ -318,6 +318,31 @@ def _units(count: int, threads: int) -> list[tuple[int, bool]]:
     return [(r, count % threads != 0 and (r + 1) * threads > count) for r in range(rounds)]
 
 
+def _k4_unit(
+    decls: list[str], fetch: list[str], store: list[str], side: str, coord: str, load: Callable[[int], str],
+    r: int, u: str, guarded: bool, count: int, tk: int, width4: int,
+) -> None:
+    """One fetch round of an operand read as vec4s along k (``side`` ``"a"``: rows ``m``; ``"b"``: columns ``n``):
+    four vec4 registers of four neighbouring ``coord`` values, stored transposed into the shared tile."""
+    reg, limit, valid = f"r{side}{r}", coord.upper(), f"u < {count}u && " if guarded else ""
+    decls += [f"var {reg}_{j} = vec4<f32>(0.0);" for j in range(4)]
+    loads = "".join(
+        f"        {reg}_{j} = vec4<f32>(0.0); if ({valid}kv && {coord} + {j}u < {limit}) {{ {reg}_{j} = {load(j)}; }}\n"
+        for j in range(4)
+    )
+    fetch.append(
+        f"    {{\n        let u = {u};\n        let k = kt + 4u * (u % {tk // 4}u);\n        let {coord} = {coord}0 + 4u * (u / {tk // 4}u);\n"
+        f"        let kv = k < K;\n{loads}    }}\n"
+    )
+    stores = "".join(
+        f"        tile_{side}[o{side} + (4u * (u % {tk // 4}u) + {i}u) * {width4}u + u / {tk // 4}u] = "
+        f"vec4<f32>({reg}_0[{i}], {reg}_1[{i}], {reg}_2[{i}], {reg}_3[{i}]);\n"
+        for i in range(4)
+    )
+    store.append(f"    {{\n        let u = {u};\n" + (f"        if (u < {count}u) {{\n" if guarded else "") + stores
+                 + ("        }\n" if guarded else "") + "    }\n")
+
+
 def _fetch_store(config: GemmConfig, mode_a: str, mode_b: str) -> tuple[list[str], str, str]:
     """Register declarations, the fetch code (global -> registers, at ``kt``) and the store code (registers ->
     shared tiles at offsets ``oa``/``ob``)."""
@@ -331,22 +356,7 @@ def _fetch_store(config: GemmConfig, mode_a: str, mode_b: str) -> tuple[list[str
         u = f"li + {r * threads}u"
         valid = f"u < {count_a}u && " if guarded else ""
         if mode_a == "k4":
-            decls += [f"var ra{r}_{j} = vec4<f32>(0.0);" for j in range(4)]
-            loads = "".join(
-                f"        ra{r}_{j} = vec4<f32>(0.0); if ({valid}kv && m + {j}u < M) {{ ra{r}_{j} = load_a4k(b, m + {j}u, k); }}\n"
-                for j in range(4)
-            )
-            fetch.append(
-                f"    {{\n        let u = {u};\n        let k = kt + 4u * (u % {tk // 4}u);\n        let m = m0 + 4u * (u / {tk // 4}u);\n"
-                f"        let kv = k < K;\n{loads}    }}\n"
-            )
-            stores = "".join(
-                f"        tile_a[oa + (4u * (u % {tk // 4}u) + {i}u) * {tm4}u + u / {tk // 4}u] = "
-                f"vec4<f32>(ra{r}_0[{i}], ra{r}_1[{i}], ra{r}_2[{i}], ra{r}_3[{i}]);\n"
-                for i in range(4)
-            )
-            store.append(f"    {{\n        let u = {u};\n" + (f"        if (u < {count_a}u) {{\n" if guarded else "") + stores
-                         + ("        }\n" if guarded else "") + "    }\n")
+            _k4_unit(decls, fetch, store, "a", "m", lambda j: f"load_a4k(b, m + {j}u, k)", r, u, guarded, count_a, tk, tm4)
         else:
             decls.append(f"var ra{r} = vec4<f32>(0.0);")
             if mode_a == "m4":
@@ -372,22 +382,7 @@ def _fetch_store(config: GemmConfig, mode_a: str, mode_b: str) -> tuple[list[str
         u = f"li + {r * threads}u"
         valid = f"u < {count_b}u && " if guarded else ""
         if mode_b == "k4":
-            decls += [f"var rb{r}_{j} = vec4<f32>(0.0);" for j in range(4)]
-            loads = "".join(
-                f"        rb{r}_{j} = vec4<f32>(0.0); if ({valid}kv && n + {j}u < N) {{ rb{r}_{j} = load_b4k(b, k, n + {j}u); }}\n"
-                for j in range(4)
-            )
-            fetch.append(
-                f"    {{\n        let u = {u};\n        let k = kt + 4u * (u % {tk // 4}u);\n        let n = n0 + 4u * (u / {tk // 4}u);\n"
-                f"        let kv = k < K;\n{loads}    }}\n"
-            )
-            stores = "".join(
-                f"        tile_b[ob + (4u * (u % {tk // 4}u) + {i}u) * {tn4}u + u / {tk // 4}u] = "
-                f"vec4<f32>(rb{r}_0[{i}], rb{r}_1[{i}], rb{r}_2[{i}], rb{r}_3[{i}]);\n"
-                for i in range(4)
-            )
-            store.append(f"    {{\n        let u = {u};\n" + (f"        if (u < {count_b}u) {{\n" if guarded else "") + stores
-                         + ("        }\n" if guarded else "") + "    }\n")
+            _k4_unit(decls, fetch, store, "b", "n", lambda j: f"load_b4k(b, k, n + {j}u)", r, u, guarded, count_b, tk, tn4)
         else:
             decls.append(f"var rb{r} = vec4<f32>(0.0);")
             if mode_b == "n4":
@@ -522,10 +517,9 @@ def _indent(text: str, spaces: int) -> str:
 
 
 def _reduce_kernel(
-    problem: GemmProblem, slices: int, declarations: str, epilogue: str, scratch: str, output: str,
-    vector: bool, caps: DeviceCaps,
+    total: int, slices: int, declarations: str, epilogue: str, scratch: str, output: str, vector: bool, caps: DeviceCaps,
 ) -> tuple[str, tuple[int, int, int]]:
-    total = problem.batch * problem.m * problem.n
+    """Sum ``slices`` partial results of ``total`` outputs each (vec4 at a time with ``vector``), then the epilogue."""
     width = 4 if vector else 1
     items = total // width
     groups = -(-items // THREADS)
@@ -549,6 +543,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {store}}}
 """
     return wgsl, grid
+
+
+def split_k_plan(
+    name: str,
+    partial: KernelSpec,
+    slices: int,
+    total: int,
+    vector: bool,
+    steps: Sequence[EpilogueStep],
+    out_shape: tuple[int, ...],
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    caps: DeviceCaps,
+) -> OpPlan:
+    """A split-K plan (tiled GEMM and GEMV): ``partial`` writes ``slices`` partial results of ``total`` outputs
+    into the scratch buffer (``vec4`` elements with ``vector``); a second kernel sums them and applies the epilogue."""
+    reduce_table = BindingTable()
+    scratch_in = reduce_table.add(Binding("scratch", 0), "vec4<f32>" if vector else "f32")
+    output = reduce_table.add(Binding("output", 0), writable=True)
+    epilogue = epilogue_function(steps, out_shape, reduce_table)
+    reduce_wgsl, reduce_grid = _reduce_kernel(
+        total, slices, reduce_table.declarations(), epilogue, scratch_in, output, vector, caps
+    )
+    reduce_twin = _reduce_twin(steps, reduce_table.bindings, inputs, outputs, slices, total)
+    check_device_fits(name, list(inputs) + list(outputs), max(len(partial.bindings), len(reduce_table.bindings)), caps)
+    scratch_bytes = slices * total * 4
+    if scratch_bytes > caps.limits.max_storage_buffer_binding_size:
+        raise NotOnDevice(f"{name}: split-K scratch of {scratch_bytes} bytes exceeds the storage binding limit")
+    return OpPlan(
+        kernels=(partial, KernelSpec(name, reduce_wgsl, reduce_grid, tuple(reduce_table.bindings), reduce_twin)),
+        scratch_sizes=(scratch_bytes,),
+    )
 
 
 def plan_tiled_gemm(
@@ -612,25 +638,8 @@ def plan_tiled_gemm(
         operands = problem.operands
         assert operands is not None
         partial_twin = _partial_twin(operands, table.bindings, inputs, slices, per_slice, problem)
-        reduce_table = BindingTable()
-        scratch_in = reduce_table.add(Binding("scratch", 0), element)
-        output = reduce_table.add(Binding("output", 0), writable=True)
-        epilogue = epilogue_function(steps, out_shape, reduce_table)
-        reduce_wgsl, reduce_grid = _reduce_kernel(
-            problem, slices, reduce_table.declarations(), epilogue, scratch_in, output, vector, caps
-        )
-        reduce_twin = _reduce_twin(steps, reduce_table.bindings, inputs, outputs, slices, total_out)
-        check_device_fits(name, list(inputs) + list(outputs), max(len(table.bindings), len(reduce_table.bindings)), caps)
-        scratch_bytes = slices * total_out * 4
-        if scratch_bytes > caps.limits.max_storage_buffer_binding_size:
-            raise NotOnDevice(f"{name}: split-K scratch of {scratch_bytes} bytes exceeds the storage binding limit")
-        return OpPlan(
-            kernels=(
-                KernelSpec(name, wgsl, grid, tuple(table.bindings), partial_twin),
-                KernelSpec(name, reduce_wgsl, reduce_grid, tuple(reduce_table.bindings), reduce_twin),
-            ),
-            scratch_sizes=(scratch_bytes,),
-        )
+        partial = KernelSpec(name, wgsl, grid, tuple(table.bindings), partial_twin)
+        return split_k_plan(name, partial, slices, total_out, vector, steps, out_shape, inputs, outputs, caps)
     config = dataclasses.replace(config, split_k=1)
     table = BindingTable()
     loaders = _loader_functions(problem, mode_a, mode_b, table)

@@ -46,10 +46,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ._gemm import _bound_inputs, _reduce_twin  # shared with the tiled GEMM's split-K (same semantics)
+from ._gemm import _bound_inputs, split_k_plan  # shared with the tiled GEMM's split-K (same semantics)
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget
 from ._tiling import (
-    THREADS,
     BindingTable,
     EpilogueStep,
     check_device_fits,
@@ -479,27 +478,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     return wgsl, grid
 
 
-def _reduce_kernel(
-    n: int, slices: int, declarations: str, epilogue: str, scratch: str, output: str, caps: DeviceCaps
-) -> tuple[str, tuple[int, int, int]]:
-    grid = grid_for_groups(-(-n // THREADS), caps)
-    wgsl = f"""{declarations}
-const N: u32 = {n}u;
-{epilogue}
-@compute @workgroup_size({THREADS})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
-    let o = {workgroup_index(grid)} * {THREADS}u + li;
-    if (o >= N) {{ return; }}
-    var sum = {scratch}[o];
-    for (var s = 1u; s < {slices}u; s = s + 1u) {{
-        sum = sum + {scratch}[s * N + o];
-    }}
-    {output}[o] = epilogue(sum, o);
-}}
-"""
-    return wgsl, grid
-
-
 # -- the plan ------------------------------------------------------------------------------------------------------
 
 
@@ -578,20 +556,5 @@ def plan_gemv(
         epilogue="", store=lambda o, value: f"{scratch}[slice * N + {o}] = {value};", caps=caps,
     )
     partial_twin = _partial_twin(layout, n, k, slices, per_slice, table.bindings, inputs)
-    reduce_table = BindingTable()
-    scratch_in = reduce_table.add(Binding("scratch", 0))
-    output = reduce_table.add(Binding("output", 0), writable=True)
-    epilogue = epilogue_function(steps, out_shape, reduce_table)
-    reduce_wgsl, reduce_grid = _reduce_kernel(n, slices, reduce_table.declarations(), epilogue, scratch_in, output, caps)
-    reduce_twin = _reduce_twin(steps, reduce_table.bindings, inputs, outputs, slices, n)
-    check_device_fits(name, list(inputs) + list(outputs), max(len(table.bindings), len(reduce_table.bindings)), caps)
-    scratch_bytes = slices * n * 4
-    if scratch_bytes > caps.limits.max_storage_buffer_binding_size:
-        raise NotOnDevice(f"{name}: GEMV split-K scratch of {scratch_bytes} bytes exceeds the storage binding limit")
-    return OpPlan(
-        kernels=(
-            KernelSpec(name, wgsl, grid, tuple(table.bindings), partial_twin),
-            KernelSpec(name, reduce_wgsl, reduce_grid, tuple(reduce_table.bindings), reduce_twin),
-        ),
-        scratch_sizes=(scratch_bytes,),
-    )
+    partial = KernelSpec(name, wgsl, grid, tuple(table.bindings), partial_twin)
+    return split_k_plan(name, partial, slices, n, False, steps, out_shape, inputs, outputs, caps)

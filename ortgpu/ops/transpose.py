@@ -12,10 +12,12 @@ from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo, referenc
 from ._registry import register
 from ._wgsl import affine_index_function, contiguous_strides, gather_kernel
 
-__all__ = ["Transpose"]
+__all__ = ["Transpose", "permutation"]
 
 
-def _permutation(attrs: Mapping[str, Any], rank: int) -> list[int]:
+def permutation(attrs: Mapping[str, Any], rank: int) -> list[int]:
+    """A Transpose node's ``perm`` over ``rank`` axes (default: reversed; negative axes counted from the end);
+    ``UnsupportedOpError`` if it is not a permutation."""
     perm = attrs.get("perm")
     if perm is None:
         return list(range(rank - 1, -1, -1))
@@ -38,7 +40,7 @@ class Transpose(Operator):
     ) -> list[np.ndarray]:
         data = inputs[0]
         assert data is not None
-        return [np.array(np.transpose(data, _permutation(attrs, data.ndim)), order="C")]
+        return [np.array(np.transpose(data, permutation(attrs, data.ndim)), order="C")]
 
     def plan(
         self,
@@ -53,7 +55,7 @@ class Transpose(Operator):
         out = outputs[0]
         if out.size == 0:
             return OpPlan()
-        perm = _permutation(attrs, len(data.shape))
+        perm = permutation(attrs, len(data.shape))
         if [p for p in perm if data.shape[p] != 1] == sorted(p for p in perm if data.shape[p] != 1):
             return OpPlan(alias={0: 0})  # only size-1 axes move: the bytes are already in output order
         strides = contiguous_strides(data.shape)

@@ -274,26 +274,32 @@ cdef class CommandList:
                 out.append(("clear", r.a, r.offset_a, r.size))
         return out
 
-    cdef int _finish_submit(self, NativeTable table, void* encoder, uint32_t errors_before, double* phases) noexcept nogil:
-        # Finish ``encoder`` (released here) and submit its command buffer unless wgpu-native reported an error
-        # since ``errors_before``: it reports an invalid encoder at Finish (through the error callback) but aborts
-        # the process when such a buffer is submitted.  Adds the seconds spent to phases[1] and phases[2].
-        cdef double started = _monotonic_seconds() if phases != NULL else 0.0
-        cdef double finished = 0.0
-        cdef int submitted = 0
+    cdef void* _finish(self, NativeTable table, void* encoder, uint32_t errors_before) noexcept nogil:
+        # Finish ``encoder`` (released here) into a command buffer; NULL when wgpu-native reported an error since
+        # ``errors_before`` (the buffer is released then): it reports an invalid encoder at Finish (through the
+        # error callback) but aborts the process when such a buffer is submitted.
         cdef void* command_buffer = (<finish_fn>table.fn_finish)(encoder, NULL)
         (<handle_fn>table.fn_release_encoder)(encoder)
+        if command_buffer != NULL and table.error_count != NULL and table.error_count[0] != errors_before:
+            (<handle_fn>table.fn_release_command_buffer)(command_buffer)
+            command_buffer = NULL
+        return command_buffer
+
+    cdef int _finish_submit(self, NativeTable table, void* encoder, uint32_t errors_before, double* phases) noexcept nogil:
+        # :meth:`_finish`, then submit and release the command buffer; adds the seconds spent to phases[1] and
+        # phases[2].  Returns whether it was submitted.
+        cdef double started = _monotonic_seconds() if phases != NULL else 0.0
+        cdef double finished = 0.0
+        cdef void* command_buffer = self._finish(table, encoder, errors_before)
         if phases != NULL:
             finished = _monotonic_seconds()
         if command_buffer != NULL:
-            if table.error_count == NULL or table.error_count[0] == errors_before:
-                (<submit_fn>table.fn_submit)(<void*>table.queue, 1, &command_buffer)
-                submitted = 1
+            (<submit_fn>table.fn_submit)(<void*>table.queue, 1, &command_buffer)
             (<handle_fn>table.fn_release_command_buffer)(command_buffer)
         if phases != NULL:
             phases[1] += finished - started
             phases[2] += _monotonic_seconds() - finished
-        return submitted
+        return command_buffer != NULL
 
     cdef int encode_submit(self, NativeTable table, double* phases, CommandRecord* tail, Py_ssize_t tail_count) except -1 nogil:
         # One encoder, compute passes spanning runs of consecutive dispatches, one submit; or, with
@@ -349,7 +355,6 @@ cdef class CommandList:
         cdef void* encoder = (<create_encoder_fn>table.fn_create_encoder)(<void*>table.device, NULL)
         cdef void* compute_pass = NULL
         cdef void* last_pipeline = NULL
-        cdef void* command_buffer
         cdef Py_ssize_t i
         cdef Py_ssize_t total = self._count + tail_count
         cdef uint32_t errors_before = table.error_count[0] if table.error_count != NULL else 0
@@ -359,12 +364,7 @@ cdef class CommandList:
             _encode_record(table, encoder, &self._records[i] if i < self._count else &tail[i - self._count],
                            &compute_pass, &last_pipeline)
         _end_pass(table, &compute_pass)
-        command_buffer = (<finish_fn>table.fn_finish)(encoder, NULL)
-        (<handle_fn>table.fn_release_encoder)(encoder)
-        if command_buffer != NULL and table.error_count != NULL and table.error_count[0] != errors_before:
-            (<handle_fn>table.fn_release_command_buffer)(command_buffer)
-            command_buffer = NULL
-        return command_buffer
+        return self._finish(table, encoder, errors_before)
 
     def encode_native(self, NativeTable table, CommandList tail=None):
         """Encode every record (then ``tail``'s) into one command buffer *without* submitting it, with the GIL

@@ -40,9 +40,9 @@ __all__ = ["WgpuBackend", "WgpuDevice", "load_native", "feature_name", "choose_d
 
 _LIBRARY_NAME = "libwgpu_native-release.so"
 
-# What a submission appends to a command list, as a dictionary key: the copies of submit_and_read's reads into
-# the staging buffer, (source, source offset, staging buffer, staging offset, size) each; () for none.
-_TailKey = tuple[tuple[int, int, int, int, int], ...]
+# What a submission appends to a command list, as a dictionary key: the records of its tail (submit_and_read's
+# copies into the staging buffer); () for none.
+_TailKey = tuple[tuple[Any, ...], ...]
 
 # WebGPU's spelling of the standard features whose C enum names do not convert
 # mechanically (CamelCase -> kebab-case) to it.
@@ -795,14 +795,12 @@ class WgpuDevice:
         self._ensure_staging(max(total, BUFFER_ALIGNMENT))
         tail = CommandList()
         staging = _address(self._staging)
-        copies: list[tuple[int, int, int, int, int]] = []
         cursor = 0
         for buffer, offset, padded, _ in regions:
             if padded:
                 tail.add_copy(buffer, offset, staging, cursor, padded)
-                copies.append((buffer, offset, staging, cursor, padded))
             cursor += padded
-        submitted = self._encode_and_submit(commands, tail, tuple(copies))
+        submitted = self._encode_and_submit(commands, tail)
         self._raise_pending(action)
         if not submitted:
             raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
@@ -1075,13 +1073,13 @@ class WgpuDevice:
         """
         self._check_open()
         self._validate_for_submit(commands)
-        submitted = self._encode_and_submit(commands, None, ())
+        submitted = self._encode_and_submit(commands, None)
         action = f"submit ({len(commands)} commands)"
         self._raise_pending(action)
         if not submitted:
             raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
 
-    def _encode_and_submit(self, commands: CommandList, tail: CommandList | None, tail_key: _TailKey) -> bool:
+    def _encode_and_submit(self, commands: CommandList, tail: CommandList | None) -> bool:
         """Submit ``commands`` then ``tail`` as one submission; False when wgpu-native could not encode them.
 
         A validated frozen list (a captured graph's) is submitted from the command buffer encoded ahead for it
@@ -1091,20 +1089,21 @@ class WgpuDevice:
         """
         table = self._native_table
         list_id = id(commands)
-        if not (commands.frozen and self.encode_ahead and list_id in self._validated):
-            if commands.frozen and self._ahead:
-                self._release_ahead(lambda key: key[0] == list_id)  # encode_ahead was switched off
-            if tail is None:
-                return bool(commands.encode_submit_native(table))
-            return bool(commands.encode_submit_with_tail_native(table, tail))
-        ready = self._ahead.pop((list_id, tail_key), 0)
+        ahead = commands.frozen and self.encode_ahead and list_id in self._validated
+        if not ahead and commands.frozen and self._ahead:
+            self._release_ahead(lambda key: key[0] == list_id)  # encode_ahead was switched off
+        ready = 0
+        if ahead:
+            key = (list_id, () if tail is None else tuple(tail.records()))
+            ready = self._ahead.pop(key, 0)
         if ready:
             table.submit_encoded(ready)
         elif not (commands.encode_submit_native(table) if tail is None else commands.encode_submit_with_tail_native(table, tail)):
             return False
-        ahead = commands.encode_native(table, tail)
         if ahead:
-            self._ahead[(list_id, tail_key)] = ahead
+            encoded = commands.encode_native(table, tail)
+            if encoded:
+                self._ahead[key] = encoded
         return True
 
     def _release_ahead(self, which: Callable[[tuple[int, _TailKey]], bool]) -> None:
