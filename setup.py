@@ -47,6 +47,8 @@ setup(
     },
     ext_modules=cythonize(
         extensions(),
-        compiler_directives={"language_level": "3", "embedsignature": True},
+        # auto_pickle off: Cython would otherwise make every core class copyable and picklable, and a copy of an
+        # object that owns a native buffer frees it twice.  Classes that mean something when copied say so.
+        compiler_directives={"language_level": "3", "embedsignature": True, "auto_pickle": False},
     ),
 )

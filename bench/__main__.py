@@ -221,7 +221,7 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                 seconds = time_loop(arms.captured_read_end_to_end, args.warmup, args.iterations,
                                     _progress("ortgpu capture on, replay_and_read end_to_end", args.iterations))
                 results.append(ArmResult(READ_ARM, "end_to_end", seconds))
-                backend_device = arms.device.backend_device()
+                backend_device = arms.device._native_device()
                 if getattr(backend_device, "encode_ahead", False):  # a wgpu device encoding ahead: time it without
                     setattr(backend_device, "encode_ahead", False)
                     try:
@@ -290,7 +290,7 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
     if args.overhead or args.overhead_only:
         from .overhead import measure_overhead, measure_wait_latency
 
-        overhead = measure_overhead(device.backend_device())
+        overhead = measure_overhead(device._native_device())
         report["overhead"] = overhead
         print(f"\nhost cost per replayed dispatch: ortgpu {overhead['ortgpu_replay_us_per_dispatch']:.3f} us", end="")
         phases = overhead.get("ortgpu_phases_us_per_dispatch")
@@ -303,7 +303,7 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         if "ortgpu_encoded_ahead_submit_us_per_dispatch" in overhead:
             print(f"  submitting a command buffer encoded ahead (a replay's critical path with encode_ahead): "
                   f"{overhead['ortgpu_encoded_ahead_submit_us_per_dispatch']:.3f} us per dispatch")
-        waits = measure_wait_latency(device.backend_device())
+        waits = measure_wait_latency(device._native_device())
         if waits is not None:
             report["wait_latency"] = waits
             print(f"submit + wait_idle, median us (waits spin for up to {waits['spin_wait_us']:.0f} us, or block): " + "; ".join(

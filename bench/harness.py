@@ -92,7 +92,7 @@ class OrtgpuArms:
         for name, value in self.outputs.items():
             self.binding.bind_output(name, value)
         self._ordinary = ortgpu.RunOptions(gpu_graph_id=-1)
-        self._backend_device = self.device.backend_device()
+        self._backend_device = self.device._native_device()
         self.graph: ortgpu.CapturedGraph | None = None
 
     # -- the steps ---------------------------------------------------------------------------

@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             binding.bind_output(name, value)
         plan = sess._bound_plan(binding, for_capture=True)
         program = sess._new_program(plan)
-        device = sess.device.backend_device()
+        device = sess.device._native_device()
         try:
-            handles_in = {n: v.buffer.handle for n, v in inputs.items() if v.buffer is not None}
-            handles_out = {n: v.buffer.handle for n, v in outputs.items() if v.buffer is not None}
+            handles_in = {n: v._device_buffer.handle for n, v in inputs.items() if v._device_buffer is not None}
+            handles_out = {n: v._device_buffer.handle for n, v in outputs.items() if v._device_buffer is not None}
             per_step = program.record_per_step(handles_in, handles_out)
             whole = program.record(handles_in, handles_out)
             baseline = _median_seconds(device.submit, CommandList(), device.wait_idle, args.repeats)

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
-from ortgpu_core import CaptureStateError, InvalidArgumentError
+from ortgpu_core import CPU, CaptureStateError, InvalidArgumentError, OrtValue, WebGPU
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
-from ortgpu_core._graph import CapturedGraph
-from ortgpu_core._value import DeviceBuffer
+from ortgpu_core._graph import CapturedGraph, GraphLabel, PinSet
 
 from ._executor import DeviceProgram
 
@@ -72,7 +71,13 @@ class GraphRegistry:
         graph.replay()
 
     def capture_locked(self, session: InferenceSession, binding: AnyBinding, graph_id: int) -> CapturedGraph:
-        """Capture ``binding`` as graph ``graph_id`` of ``session``; the caller holds ``capture_lock``."""
+        """Capture ``binding`` as graph ``graph_id`` of ``session``; the caller holds ``capture_lock``.
+
+        The binding is locked for the graph in the same step as its snapshot is taken (under the binding's own
+        lock), before anything else: a bind on another thread lands either before (and is captured) or after
+        (and raises), so the locked binding always names exactly what the graph replays.  Planning, recording
+        and the capture run hold the session's run lock, so a concurrent run never builds the same state twice.
+        """
         session._check_open("capture")  # again, under the capture lock: close() may have run since the caller checked
         if graph_id in self._graphs:
             existing = self._graphs[graph_id]
@@ -81,36 +86,36 @@ class GraphRegistry:
                 + (f" ({existing!r})" if existing is not None else "")
                 + f"; release it first (graph.release() or session.release_captured_graph({graph_id})) or use another graph_id"
             )
-        frozen = binding.freeze() if isinstance(binding, IOBinding) else binding
-        plan = session._bound_plan(frozen, for_capture=True)
-        origin = frozen.origin
-        buffers = frozen.pinned_buffers()
-        from ortgpu_core._graph import GraphLabel
-
         label = GraphLabel(session.session_id, graph_id)
+        if isinstance(binding, IOBinding):
+            frozen = binding._freeze_and_lock(label)
+        else:
+            frozen = binding
+            if frozen.origin is not None:
+                frozen.origin._lock_matching(label, frozen)
+        origin = frozen.origin
         self._graphs[graph_id] = None  # reserved: a second capture of this id fails from here on
-        pinned: list[DeviceBuffer] = []
+        pins: PinSet | None = None
         program: DeviceProgram | None = None
         try:
-            for buffer in buffers:
-                buffer.pin(label)
-                pinned.append(buffer)
-            if origin is not None:
-                origin._lock_for(label)
-            program = session._new_program(plan)
-            inputs = frozen.inputs()
-            outputs = frozen.outputs()
-            commands = program.record(
-                {n: v.buffer.handle for n, v in inputs.items() if v.buffer is not None},
-                {n: v.buffer.handle for n, v in outputs.items() if v.buffer is not None},
-            )
-            # The capture run itself, of the list frozen as the graph will hold it: a backend that encodes a frozen
-            # list's next submission ahead (wgpu) has the first replay's command buffer ready when capture returns.
-            session._submit(commands.freeze())
-            graph = CapturedGraph._create(session, graph_id, frozen, commands, session._submit, pinned, program)
+            with session._lock:
+                plan = session._bound_plan(frozen, for_capture=True)
+                pins = PinSet._create(label, frozen._pinned_buffers())
+                program = session._new_program(plan)
+                inputs = frozen.inputs()
+                outputs = frozen.outputs()
+                commands = program.record(
+                    {n: _handle(v) for n, v in inputs.items()},
+                    {n: _handle(v) for n, v in outputs.items()},
+                )
+                # The capture run itself, of the list frozen as the graph will hold it: a backend that encodes a
+                # frozen list's next submission ahead (wgpu) has the first replay's command buffer ready when
+                # capture returns.
+                session._submit(commands.freeze())
+                graph = CapturedGraph._create(session, label, frozen, commands, session._submit, pins, program)
         except BaseException:
-            for buffer in pinned:
-                buffer.unpin(label)
+            if pins is not None:
+                pins.release()
             if origin is not None:
                 origin._unlock_for(label)
             if program is not None:
@@ -119,6 +124,12 @@ class GraphRegistry:
             raise
         self._graphs[graph_id] = graph
         return graph
+
+
+def _handle(value: OrtValue[CPU] | OrtValue[WebGPU]) -> int:
+    buffer = value._device_buffer
+    assert buffer is not None  # capture refuses host values
+    return int(buffer.handle)
 
 
 def check_graph_id(session: InferenceSession, graph_id: object) -> None:
@@ -166,9 +177,10 @@ def verify_replay(session: InferenceSession, graph: CapturedGraph) -> None:
     frozen = graph.binding
     outputs = frozen.outputs()
     for value in outputs.values():
-        assert value.buffer is not None
+        buffer = value._device_buffer
+        assert buffer is not None
         if value.nbytes:
-            session._backend_device.write_buffer(value.buffer.handle, 0, b"\xff" * value.buffer.nbytes)
+            session._backend_device.write_buffer(buffer.handle, 0, b"\xff" * buffer.nbytes)
     graph._replay_unchecked()
     replayed = {name: value.to_numpy() for name, value in outputs.items()}
     plan = session._bound_plan(frozen, for_capture=True)

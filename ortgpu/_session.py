@@ -31,9 +31,10 @@ import contextlib
 import itertools
 import os
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, ContextManager, Mapping, Sequence, Union
+from typing import Any, Callable, ContextManager, Mapping, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +43,7 @@ from ortgpu_core import (
     CPU,
     CaptureStateError,
     Device,
+    DeviceLostError,
     DtypeError,
     Env,
     InvalidArgumentError,
@@ -54,6 +56,7 @@ from ortgpu_core import (
     get_env,
 )
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
+from ortgpu_core._errors import NotCopyable
 from ortgpu_core._graph import CapturedGraph
 from ortgpu_core._value import DeviceBuffer, padded_size
 from ortgpu_core.backends._commands import CommandList
@@ -83,8 +86,12 @@ class _StagedRun:
     outputs: dict[str, DeviceBuffer]
 
 
-class InferenceSession:
+class InferenceSession(NotCopyable):
     """Runs one ONNX model on one WebGPU device.
+
+    A session that is dropped without :meth:`close` is closed when it is garbage-collected (its graphs
+    released, their pins and binding locks dropped, its buffers freed).  Sessions cannot be copied or
+    pickled (``UnsafeAccessError``): create another from the same model.
 
     Parameters
     ----------
@@ -123,7 +130,7 @@ class InferenceSession:
         self.verify_replays = bool(verify_replays)
         self._fuse = bool(fuse)
         self._model: LoadedModel = load_model(path_or_bytes)
-        self._backend_device: BackendDevice = self.device.backend_device()
+        self._backend_device: BackendDevice = self.device._native_device()
         self._caps = device_caps(self._backend_device)
         self.allocator = SessionAllocator(self.env, self.device, self.session_id)
         self._weights = WeightStore(self._backend_device)
@@ -213,18 +220,29 @@ class InferenceSession:
             if self._closed:
                 return
             self._closed = True
+            # Closing always completes: graph release never raises, and native frees on a closed or lost device
+            # are skipped (the device freed everything it had).
             self._graphs.release_all()
-            for staged in self._staged.values():
-                staged.program.release()
-            for program in self._programs.values():
-                program.release()
+            for program in [staged.program for staged in self._staged.values()] + list(self._programs.values()):
+                _free_native(program.release)
             self._staged.clear()
             self._programs.clear()
             self._plans.clear()
-            if not self.device.closed:
-                self._weights.release()
+            _free_native(self._weights.release)
             self.allocator.close(f"session {self.session_id} was closed")
             self._intermediates.clear()
+
+    _copy_hint = "Create another InferenceSession from the same model."
+
+    def __del__(self) -> None:
+        # onnxruntime-style code never calls close(): free what the session owns when it is collected.  Safe here:
+        # a collected session's own locks, bindings and graphs are unreachable, so no other thread holds them.
+        if getattr(self, "_closed", True):
+            return
+        try:
+            self.close()
+        except Exception as error:  # a finalizer never raises; the device frees the rest when it closes
+            warnings.warn(f"closing {self!r} at garbage collection failed: {error}", ResourceWarning, stacklevel=1)
 
     def __enter__(self) -> InferenceSession:
         return self
@@ -523,8 +541,8 @@ class InferenceSession:
             for name, info in plan.input_infos.items():
                 value = inputs.get(name)
                 if value is not None and value.provenance.placement == "webgpu":
-                    assert value.buffer is not None
-                    input_handles[name] = value.buffer.handle
+                    assert value._device_buffer is not None
+                    input_handles[name] = value._device_buffer.handle
                     continue
                 host = cpu_inputs[name] if value is None else value.numpy()  # type: ignore[misc]
                 buffer = self.allocator._allocate(padded_size(info.nbytes))
@@ -537,8 +555,8 @@ class InferenceSession:
             for name, info in plan.output_infos.items():
                 target = outputs.get(name)
                 if target is not None and target.provenance.placement == "webgpu":
-                    assert target.buffer is not None
-                    output_handles[name] = target.buffer.handle
+                    assert target._device_buffer is not None
+                    output_handles[name] = target._device_buffer.handle
                     continue
                 buffer = self.allocator._allocate(padded_size(info.nbytes))
                 staged.append(buffer)
@@ -546,7 +564,7 @@ class InferenceSession:
                 if target is not None:
                     host_outputs[name] = (target, buffer)  # type: ignore[assignment]
             self._forget_stale_bind_groups(
-                [v.buffer for v in list(inputs.values()) + list(outputs.values()) if v.buffer is not None]
+                [v._device_buffer for v in list(inputs.values()) + list(outputs.values()) if v._device_buffer is not None]
             )
             program.run(input_handles, output_handles, self._submit)
             for name, (target, buffer) in host_outputs.items():
@@ -611,11 +629,11 @@ class InferenceSession:
                     f"cannot capture with host values bound ({sorted(host + host_out)}): a captured graph replays device "
                     f"buffers only; bind device values and update them with value.update_inplace(array)"
                 )
-            buffers = [v.buffer for v in outputs.values()]
+            buffers = [v._device_buffer for v in outputs.values()]
             identities = [b.identity for b in buffers if b is not None]
             if len(set(identities)) != len(identities):
                 raise CaptureStateError("two outputs are bound to the same value; bind a distinct value to each output")
-            input_ids = {v.buffer.identity for v in inputs.values() if v.buffer is not None}
+            input_ids = {v._device_buffer.identity for v in inputs.values() if v._device_buffer is not None}
             if input_ids & set(identities):
                 raise CaptureStateError("a value is bound both as an input and as an output; bind distinct values")
         shapes = {n: tuple(v.shape()) for n, v in inputs.items()}
@@ -690,6 +708,14 @@ class InferenceSession:
     def _verify_replay(self, graph: CapturedGraph) -> None:
         """Called by ``replay()`` in verify mode: see :func:`ortgpu._capture.verify_replay`."""
         verify_replay(self, graph)
+
+
+def _free_native(release: Callable[[], object]) -> None:
+    """Run ``release``; on a closed or lost device there is nothing left to free."""
+    try:
+        release()
+    except (DeviceLostError, ReleasedValueError):
+        pass
 
 
 def _write(device: BackendDevice, buffer: DeviceBuffer, array: np.ndarray) -> None:

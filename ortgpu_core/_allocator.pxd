@@ -14,3 +14,4 @@ cdef class DeviceAllocator:
     cdef object __weakref__
     cdef void _setup(self, Env env, Device device, str kind, object session_id)
     cpdef check_open(self)
+    cdef _close_buffers(self, list buffers, object reason, bint force)

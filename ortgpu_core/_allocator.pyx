@@ -23,7 +23,7 @@ from ._env cimport Device, Env
 from ._value cimport DeviceBuffer, OrtValue, Provenance, make_device_value
 from ._value import check_shape, padded_size
 from ._dtypes import as_dtype, check_device_dtype
-from ._errors import ReleasedValueError, ShapeError, OutOfMemoryError
+from ._errors import NotCopyable, OutOfMemoryError, ReleasedValueError, ShapeError
 
 _CREATE = object()
 
@@ -33,6 +33,11 @@ cdef class DeviceAllocator:
 
     def __init__(self, *args, **kwargs):
         raise TypeError("use env.shared_allocator(device), or SessionAllocator(env, device, session_id)")
+
+    _copy_hint = "Use env.shared_allocator(device) or session.allocator itself."
+    __copy__ = NotCopyable.__copy__
+    __deepcopy__ = NotCopyable.__deepcopy__
+    __reduce_ex__ = NotCopyable.__reduce_ex__
 
     cdef void _setup(self, Env env, Device device, str kind, object session_id):
         env.check_device(device)
@@ -72,7 +77,7 @@ cdef class DeviceAllocator:
         self.check_open()
         dims = check_shape(shape)
         dtype = as_dtype(dtype)
-        backend_device = self.device.backend_device()
+        backend_device = self.device._native_device()
         check_device_dtype(dtype, backend_device.features, self.device.name)
         count = 1
         for dim in dims:
@@ -107,7 +112,7 @@ cdef class DeviceAllocator:
     def _allocate(self, Py_ssize_t nbytes):
         """A new :class:`DeviceBuffer` of ``nbytes`` (already padded).  Internal: used by sessions too."""
         self.check_open()
-        backend_device = self.device.backend_device()
+        backend_device = self.device._native_device()
         handle = backend_device.create_buffer(nbytes, label=self.kind)
         buffer = DeviceBuffer._create(self.device, handle, nbytes, self._describe_owner())
         with self._lock:
@@ -128,11 +133,27 @@ cdef class DeviceAllocator:
         for buffer in buffers:
             if (<DeviceBuffer>buffer)._pins:
                 (<DeviceBuffer>buffer).release()  # raises CaptureStateError naming the graph
+        self._close_buffers(buffers, reason, False)
+
+    def _close_for_env(self, reason):
+        """Close when the Env closes: every session is closed by then, so no graph can replay and pins left by
+        a graph nobody released do not hold.  Never raises."""
+        with self._lock:
+            if self._closed:
+                return
+            buffers = list(self._buffers)
+        self._close_buffers(buffers, reason, True)
+
+    cdef _close_buffers(self, list buffers, object reason, bint force):
         with self._lock:
             self._closed = True
             self._closed_reason = reason or "closed"
+        why = f"{self._describe_owner()} was closed ({self._closed_reason})"
         for buffer in buffers:
-            (<DeviceBuffer>buffer).release(f"{self._describe_owner()} was closed ({self._closed_reason})")
+            if force:
+                (<DeviceBuffer>buffer).force_release(why)
+            else:
+                (<DeviceBuffer>buffer).release(why)
 
     def __enter__(self):
         return self

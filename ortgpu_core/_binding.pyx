@@ -22,7 +22,7 @@ import threading
 import numpy as np
 
 from ._value cimport OrtValue, DeviceBuffer
-from ._errors import CaptureStateError, UnsafeAccessError, ReleasedValueError
+from ._errors import CaptureStateError, NotCopyable, UnsafeAccessError, ReleasedValueError
 
 
 def _raw_pointer_refused(str kind, str name):
@@ -35,20 +35,28 @@ def _raw_pointer_refused(str kind, str name):
 
 
 cdef tuple _signature_of(dict inputs, dict outputs, dict cpu_inputs):
+    # A device buffer is named by its generation (unique in the process, never a native address); a host value
+    # by the identity of the Python object bound.
     cdef list parts = []
     for name in sorted(inputs):
         buffer = (<OrtValue>inputs[name]).device_buffer()
-        parts.append(("input", name, buffer.handle, buffer.generation) if buffer is not None else ("input", name, "cpu", id(inputs[name])))
+        parts.append(("input", name, "webgpu", buffer.generation) if buffer is not None else ("input", name, "cpu", id(inputs[name])))
     for name in sorted(cpu_inputs):
         parts.append(("cpu-input", name, "cpu", id(cpu_inputs[name])))
     for name in sorted(outputs):
         buffer = (<OrtValue>outputs[name]).device_buffer()
-        parts.append(("output", name, buffer.handle, buffer.generation) if buffer is not None else ("output", name, "cpu", id(outputs[name])))
+        parts.append(("output", name, "webgpu", buffer.generation) if buffer is not None else ("output", name, "cpu", id(outputs[name])))
     return tuple(parts)
 
 
 cdef class _BindingView:
     """Read-only accessors shared by both binding states."""
+
+    # A copy would share (or, for a captured binding, escape) the capture lock: bind into a new binding instead.
+    _copy_hint = "Make a new binding with session.io_binding() and bind the same values."
+    __copy__ = NotCopyable.__copy__
+    __deepcopy__ = NotCopyable.__deepcopy__
+    __reduce_ex__ = NotCopyable.__reduce_ex__
 
     @property
     def session(self):
@@ -81,11 +89,12 @@ cdef class _BindingView:
 
     @property
     def signature(self):
-        """Native identities of the bound buffers: ``(role, name, handle, generation)`` tuples."""
+        """What the binding names, as a captured graph compares it: ``(role, name, placement, identity)`` tuples,
+        where a device value's identity is its buffer's generation (opaque, never reused)."""
         return _signature_of(self._inputs, self._outputs, self._cpu_inputs)
 
-    def pinned_buffers(self):
-        """The device buffers this binding refers to (what a captured graph pins)."""
+    def _pinned_buffers(self):
+        """The device buffers this binding refers to (what a captured graph pins).  Internal."""
         cdef list buffers = []
         for value in list(self._inputs.values()) + list(self._outputs.values()):
             buffer = (<OrtValue>value).device_buffer()
@@ -197,8 +206,25 @@ cdef class IOBinding(_BindingView):
         with self._lock:
             return FrozenIOBinding._create(self._session, self._inputs, self._outputs, self._cpu_inputs, self)
 
-    def _lock_for(self, label):
+    def _freeze_and_lock(self, label):
+        """Capture's first step: under this binding's lock, lock it for graph ``label`` and return the snapshot
+        the graph will replay.  One step, so no bind on another thread can land between the two."""
         with self._lock:
+            self._captured_by.append(label)
+            return FrozenIOBinding._create(self._session, self._inputs, self._outputs, self._cpu_inputs, self)
+
+    def _lock_matching(self, label, FrozenIOBinding snapshot):
+        """Lock this binding for graph ``label``, which captures ``snapshot`` (frozen from it earlier), if it
+        still names what the snapshot names; else ``CaptureStateError`` and nothing locked: a locked binding
+        must name exactly the buffers its graph replays."""
+        with self._lock:
+            now = _signature_of(self._inputs, self._outputs, self._cpu_inputs)
+            if now != snapshot.signature:
+                raise CaptureStateError(
+                    f"cannot capture this FrozenIOBinding as graph {label.graph_id}: the IOBinding it was frozen "
+                    f"from was rebound since, and a captured binding stays locked naming what the graph replays. "
+                    f"Capture the IOBinding itself, or freeze it again"
+                )
             self._captured_by.append(label)
 
     def _unlock_for(self, label):

@@ -20,7 +20,7 @@ cdef class Device:
     cdef object __weakref__
     @staticmethod
     cdef Device _create(Env env, object backend, object info, int index)
-    cpdef object backend_device(self)
+    cpdef object _native_device(self)
     cdef void _close(self)
 
 cdef class Env:

@@ -14,9 +14,10 @@ one GPU, are different devices even when their numbers match.
 import itertools
 import os
 import threading
+import warnings
 import weakref
 
-from ._errors import ProvenanceError, ReleasedValueError, InvalidArgumentError
+from ._errors import InvalidArgumentError, NotCopyable, ProvenanceError, ReleasedValueError
 
 _env_ids = itertools.count(1)
 
@@ -57,6 +58,11 @@ cdef class Device:
     def __init__(self, *args, **kwargs):
         raise TypeError("Device objects are created by an Env: use env.devices or env.default_device")
 
+    _copy_hint = "A Device is its Env's; use env.devices or env.default_device."
+    __copy__ = NotCopyable.__copy__
+    __deepcopy__ = NotCopyable.__deepcopy__
+    __reduce_ex__ = NotCopyable.__reduce_ex__
+
     @staticmethod
     cdef Device _create(Env env, object backend, object info, int index):
         cdef Device device = Device.__new__(Device)
@@ -76,8 +82,9 @@ cdef class Device:
         device._closed = False
         return device
 
-    cpdef object backend_device(self):
-        """The opened backend device (opened on first call).  Internal."""
+    cpdef object _native_device(self):
+        """The opened backend device (opened on first call).  Internal: it reads and writes any native buffer
+        with no pin or provenance check, so only the core and the session use it."""
         if self._closed:
             raise ReleasedValueError(f"{self!r} is closed (its Env was closed); create a new Env")
         if self._backend_device is None:
@@ -110,12 +117,12 @@ cdef class Device:
     @property
     def features(self):
         """Adapter features the device was opened with, e.g. ``{"shader-f16"}``."""
-        return self.backend_device().features
+        return self._native_device().features
 
     @property
     def limits(self):
         """The device's limits (:class:`~ortgpu_core.backends.protocol.DeviceLimits`)."""
-        return self.backend_device().limits
+        return self._native_device().limits
 
     def __repr__(self):
         state = " closed" if self._closed else ""
@@ -132,6 +139,11 @@ cdef class Env:
     One default Env per process is returned by :func:`get_env`; more can be
     made.  Close with ``close()`` or a ``with`` block.
     """
+
+    _copy_hint = "Create another Env with ortgpu.Env(...) (or use ortgpu.get_env())."
+    __copy__ = NotCopyable.__copy__
+    __deepcopy__ = NotCopyable.__deepcopy__
+    __reduce_ex__ = NotCopyable.__reduce_ex__
 
     def __init__(self, backend="wgpu", execution_mode="concurrent"):
         if execution_mode not in EXECUTION_MODES:
@@ -226,14 +238,21 @@ cdef class Env:
             if self._closed:
                 return
             sessions = list(self._sessions)
+        # Closing is always allowed and always completes: a session that fails to close (its device lost) still
+        # has its device destroyed below, which frees everything the session had.
         for session in sessions:
-            session.close()
+            try:
+                session.close()
+            except Exception as error:
+                warnings.warn(f"Env {self.id}: closing {session!r} failed ({error}); its device is closed anyway",
+                              ResourceWarning, stacklevel=2)
         with self._lock:
             self._closed = True
             allocators = list(self._shared_allocators.values())
             self._shared_allocators.clear()
         for allocator in allocators:
-            allocator.close()
+            # Every session is closed, so no graph can replay: pins left (by a graph never released) do not hold.
+            allocator._close_for_env(f"its Env {self.id} was closed")
         for device in self._devices:
             (<Device>device)._close()
 

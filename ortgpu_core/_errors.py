@@ -11,6 +11,8 @@ by its id) and what to do instead.
 
 from __future__ import annotations
 
+from typing import NoReturn, SupportsIndex
+
 __all__ = [
     "OrtGpuError",
     "ProvenanceError",
@@ -93,3 +95,29 @@ class UnsupportedOpError(ModelError):
 
 class InvalidModelError(ModelError):
     """The model file is malformed or fails ONNX's checker."""
+
+
+def refuse_copy(obj: object, instead: str) -> UnsafeAccessError:
+    """The error for ``copy.copy``, ``copy.deepcopy`` or ``pickle`` of an object that owns or locks native
+    resources: a copy would share them (one copy's release would free or unlock what the other still uses)."""
+    return UnsafeAccessError(
+        f"{type(obj).__name__} objects cannot be copied or pickled: a copy would share the native resources, "
+        f"pins and locks of the original, and releasing one would free them under the other. {instead}"
+    )
+
+
+class NotCopyable:
+    """Mixin for Python classes that own native resources: ``copy``, ``deepcopy`` and ``pickle`` raise
+    :class:`UnsafeAccessError` (see :func:`refuse_copy`)."""
+
+    __slots__ = ()
+    _copy_hint = "Create a new object instead."
+
+    def __copy__(self) -> NoReturn:
+        raise refuse_copy(self, self._copy_hint)
+
+    def __deepcopy__(self, memo: object) -> NoReturn:
+        raise refuse_copy(self, self._copy_hint)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise refuse_copy(self, self._copy_hint)

@@ -21,14 +21,18 @@ frees the graph's own state and unlocks the binding it was captured from
 (returning it).  The session registers graphs by id under a lock.
 """
 
+import threading
+import warnings
 import weakref
+
+cimport cython
 
 from ._binding cimport FrozenIOBinding, IOBinding
 import numpy as np
 
 from ._value cimport DeviceBuffer, OrtValue
 from .backends._commands cimport CommandList
-from ._errors import CaptureStateError
+from ._errors import CaptureStateError, DeviceLostError, NotCopyable, ReleasedValueError
 
 
 class GraphLabel:
@@ -53,6 +57,54 @@ class GraphLabel:
         return f"GraphLabel(session_id={self.session_id!r}, graph_id={self.graph_id!r})"
 
 
+# no_gc_clear: a PinSet reached only from garbage must still hold its list in __dealloc__ to unpin.
+@cython.no_gc_clear
+cdef class PinSet:
+    """The pins one captured graph holds on its buffers.  Internal: made by capture, owned by the graph.
+
+    Pins are dropped by :meth:`release` or, if the owner is garbage-collected without releasing, when the
+    PinSet dies; only the PinSet that took a pin can drop it (``DeviceBuffer`` has no Python unpin).
+    """
+
+    cdef object _label
+    cdef list _buffers
+
+    _copy_hint = "Pins belong to the graph that took them."
+    __copy__ = NotCopyable.__copy__
+    __deepcopy__ = NotCopyable.__deepcopy__
+    __reduce_ex__ = NotCopyable.__reduce_ex__
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("PinSet objects are made by capture")
+
+    @staticmethod
+    def _create(label, buffers):
+        """Pin every buffer for ``label``; a released one raises ``ReleasedValueError`` and pins nothing."""
+        cdef PinSet pins = PinSet.__new__(PinSet)
+        pins._label = label
+        pins._buffers = []
+        try:
+            for buffer in buffers:
+                (<DeviceBuffer?>buffer).pin(label)
+                pins._buffers.append(buffer)
+        except BaseException:
+            pins.release()
+            raise
+        return pins
+
+    def release(self):
+        """Drop the pins (idempotent)."""
+        buffers, self._buffers = self._buffers, []
+        for buffer in buffers:
+            (<DeviceBuffer>buffer).unpin(self._label)
+
+    def __dealloc__(self):
+        if self._buffers:
+            for buffer in self._buffers:
+                (<DeviceBuffer>buffer).unpin(self._label)
+
+
+@cython.no_gc_clear
 cdef class CapturedGraph:
     """A captured graph of a session: ``replay()`` it, ``release()`` it (or use ``with``).
 
@@ -67,28 +119,37 @@ cdef class CapturedGraph:
     cdef object _origin_ref  # weak reference to the origin IOBinding, once released
     cdef CommandList _commands
     cdef object _submit
-    cdef list _pinned
+    cdef PinSet _pins
     cdef object _program
     cdef bint _released
+    cdef object _lock  # serializes replay with release, so a replay never submits freed bind groups
     cdef readonly unsigned long long replays
+
+    # A copy would be a second owner of the pins, the lock on the binding and the recorded work: releasing it
+    # would unpin and unlock while this graph still replays.
+    _copy_hint = "Replay this graph, or capture another one with session.capture(binding, graph_id)."
+    __copy__ = NotCopyable.__copy__
+    __deepcopy__ = NotCopyable.__deepcopy__
+    __reduce_ex__ = NotCopyable.__reduce_ex__
 
     def __init__(self, *args, **kwargs):
         raise TypeError("CapturedGraph objects are made by session.capture(binding, graph_id)")
 
     @staticmethod
-    def _create(session, graph_id, FrozenIOBinding binding, CommandList commands, submit, list pinned, program):
-        """Internal: the session has pinned ``pinned`` and locked the origin binding already."""
+    def _create(session, label, FrozenIOBinding binding, CommandList commands, submit, PinSet pins, program):
+        """Internal: capture has locked the origin binding for ``label`` and pinned the buffers (``pins``)."""
         cdef CapturedGraph graph = CapturedGraph.__new__(CapturedGraph)
-        graph.graph_id = graph_id
-        graph.label = GraphLabel(session.session_id, graph_id)
+        graph.graph_id = label.graph_id
+        graph.label = label
         graph._session = session
         graph._binding = binding
         graph._origin_ref = None
         graph._commands = commands.freeze()
         graph._submit = submit
-        graph._pinned = pinned
+        graph._pins = pins
         graph._program = program
         graph._released = False
+        graph._lock = threading.Lock()
         graph.replays = 0
         return graph
 
@@ -137,13 +198,15 @@ cdef class CapturedGraph:
         results with an uncaptured run on the same inputs (slow; for tests):
         a mismatch raises ``CaptureStateError`` naming the outputs.
         """
-        self._check_not_released()
         if verify or self._session.verify_replays:
+            self._check_not_released()
             self._session._verify_replay(self)
             return
-        self._session._check_open("replay a captured graph")
-        self._submit(self._commands)
-        self.replays += 1
+        with self._lock:
+            self._check_not_released()
+            self._session._check_open("replay a captured graph")
+            self._submit(self._commands)
+            self.replays += 1
 
     def replay_and_read(self):
         """:meth:`replay`, then host copies of the bound outputs in the model's output order (what
@@ -153,31 +216,35 @@ cdef class CapturedGraph:
 
         A convenience, not a speed-up: on the H200 (16-layer MLP, one output) it measured 5-11% *slower* than
         ``replay()`` + ``to_numpy()`` (bench/RESULTS.md, runs 33-34)."""
-        self._check_not_released()
-        if self._session.verify_replays:
-            self.replay(verify=True)
-            return self._binding.copy_outputs_to_cpu()
-        self._session._check_open("replay a captured graph")
         cdef list arrays = []
         cdef list reads = []
         cdef OrtValue value
-        for item in self._binding.get_outputs():  # device values: capture refuses host-bound outputs
-            value = <OrtValue>item
-            value._check_usable("read the value")
-            array = np.empty(value._shape, dtype=value._dtype)
-            arrays.append(array)
-            if value._nbytes:
-                reads.append((value._buffer.handle, 0, array.reshape(-1).view(np.uint8)))
-        self._session._submit_and_read(self._commands, reads)
-        self.replays += 1
+        if self._session.verify_replays:
+            self.replay(verify=True)
+            with self._lock:
+                self._check_not_released()
+                return self._binding.copy_outputs_to_cpu()
+        with self._lock:
+            self._check_not_released()
+            self._session._check_open("replay a captured graph")
+            for item in self._binding.get_outputs():  # device values: capture refuses host-bound outputs
+                value = <OrtValue>item
+                value._check_usable("read the value")
+                array = np.empty(value._shape, dtype=value._dtype)
+                arrays.append(array)
+                if value._nbytes:
+                    reads.append((value._buffer.handle, 0, array.reshape(-1).view(np.uint8)))
+            self._session._submit_and_read(self._commands, reads)
+            self.replays += 1
         return arrays
 
     def _replay_unchecked(self):
         """Internal: submit without the verify indirection (used by verification itself)."""
-        if self._released:
-            raise CaptureStateError(f"graph {self.label} was released and can no longer be replayed")
-        self._submit(self._commands)
-        self.replays += 1
+        with self._lock:
+            if self._released:
+                raise CaptureStateError(f"graph {self.label} was released and can no longer be replayed")
+            self._submit(self._commands)
+            self.replays += 1
 
     def release(self):
         """Unpin the buffers, free the graph's own state and unlock its binding.
@@ -186,23 +253,39 @@ cdef class CapturedGraph:
         again), or None.  Idempotent (a repeated call returns that binding
         while something else keeps it alive, else None).
         """
-        if self._released:
-            return self._origin_ref() if self._origin_ref is not None else None
-        self._released = True
-        for buffer in self._pinned:
-            (<DeviceBuffer>buffer).unpin(self.label)
-        self._pinned = []
-        program, self._program = self._program, None
-        if program is not None:
-            program.release()
-        origin = self._binding.origin
-        if origin is not None:
-            (<IOBinding>origin)._unlock_for(self.label)
-            self._origin_ref = weakref.ref(origin)
-        # The values are the user's again: a released graph must not keep them (or their buffers) alive.
-        self._binding = None
+        with self._lock:  # waits for a replay in flight on another thread
+            if self._released:
+                return self._origin_ref() if self._origin_ref is not None else None
+            # Releasing always completes: each step below either cannot fail or only frees native objects, which
+            # a closed or lost device has freed already.
+            self._released = True
+            self._pins.release()
+            program, self._program = self._program, None
+            if program is not None:
+                try:
+                    program.release()
+                except (DeviceLostError, ReleasedValueError):
+                    pass  # the device is gone, and with it everything the program held
+            origin = self._binding.origin
+            if origin is not None:
+                (<IOBinding>origin)._unlock_for(self.label)
+                self._origin_ref = weakref.ref(origin)
+            # The values are the user's again: a released graph must not keep them (or their buffers) alive.
+            self._binding = None
         self._session._forget_graph(self)
         return origin
+
+    def __dealloc__(self):
+        # Reached without release() only when the graph's session was dropped unclosed and both were collected
+        # (the session's finalizer normally releases its graphs first).  No locks, no native calls here: drop
+        # the binding's lock on this graph (a list removal); the PinSet unpins when it dies with this graph.
+        if self._released or self._binding is None:
+            return
+        origin = self._binding._origin
+        if origin is not None:
+            captured_by = (<IOBinding>origin)._captured_by
+            if self.label in captured_by:
+                captured_by.remove(self.label)
 
     def __enter__(self):
         return self

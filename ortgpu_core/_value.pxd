@@ -13,8 +13,10 @@ cdef class DeviceBuffer:
     cdef object __weakref__
     cdef int check_alive(self, str what) except -1
     cpdef release(self, str reason=*)
-    cpdef pin(self, object label)
-    cpdef unpin(self, object label)
+    # Pins are taken and dropped only by the core (a graph's PinSet), never from Python.
+    cdef int pin(self, object label) except -1
+    cdef void unpin(self, object label)
+    cdef void force_release(self, str reason)
 
 cdef class Provenance:
     cdef readonly str placement
@@ -36,6 +38,7 @@ cdef class OrtValue:
     cdef object __weakref__
     cdef int _check_usable(self, str what) except -1
     cdef DeviceBuffer device_buffer(self)
+    cdef OrtValue _host_copy(self, str what)
 
 cdef OrtValue make_device_value(DeviceBuffer buffer, tuple shape, object dtype, Provenance provenance)
 cdef OrtValue make_cpu_value(object array)

@@ -15,6 +15,7 @@ no DLPack, no ``__array__``; reading is the explicit, synchronous
 ``to_numpy()``.
 """
 
+import gc
 import itertools
 import types
 
@@ -25,10 +26,13 @@ import numpy as np
 from ._env cimport Device
 from ._errors import (
     CaptureStateError,
+    DeviceLostError,
     DtypeError,
+    NotCopyable,
     ReleasedValueError,
     ShapeError,
     UnsafeAccessError,
+    refuse_copy,
 )
 from ._dtypes import as_dtype, onnx_element_type, onnx_type_name
 
@@ -53,7 +57,15 @@ def padded_size(Py_ssize_t nbytes):
 # or the native buffer could not be freed.  A DeviceBuffer refers to nothing that refers back to it.
 @cython.no_gc_clear
 cdef class DeviceBuffer:
-    """A native buffer and its lifetime state.  Created by allocators; internal."""
+    """A native buffer and its lifetime state.  Created by allocators; internal.
+
+    Not copyable: a copy would free the native buffer a second time when it died.
+    """
+
+    _copy_hint = "Copy the data instead: value.to_numpy(), or allocator.empty(...) and dst.copy_from(value)."
+    __copy__ = NotCopyable.__copy__
+    __deepcopy__ = NotCopyable.__deepcopy__
+    __reduce_ex__ = NotCopyable.__reduce_ex__
 
     def __init__(self, *args, **kwargs):
         raise TypeError("DeviceBuffer is internal: allocate values with an allocator's empty() or from_numpy()")
@@ -82,8 +94,8 @@ cdef class DeviceBuffer:
 
     @property
     def identity(self):
-        """``(handle, generation)``: what capture signatures compare."""
-        return (self.handle, self.generation)
+        """The buffer's generation: unique in the process (never reused, unlike a native address)."""
+        return self.generation
 
     cdef int check_alive(self, str what) except -1:
         if self._released:
@@ -92,17 +104,28 @@ cdef class DeviceBuffer:
             raise ReleasedValueError(f"cannot {what}: its device {self.device!r} was closed with its Env")
         return 0
 
-    cpdef pin(self, object label):
+    cdef int pin(self, object label) except -1:
+        # Under the GIL the check and the append are one step for every other thread: no Python code runs
+        # between them, so a concurrent release() sees either no pin (and frees first: this raises) or the pin.
         self.check_alive("pin the buffer")
         self._pins.append(label)
+        return 0
 
-    cpdef unpin(self, object label):
-        self._pins.remove(label)
+    cdef void unpin(self, object label):
+        # Tolerant: unpinning twice (a release racing a finalizer) is not an error.
+        try:
+            self._pins.remove(label)
+        except ValueError:
+            pass
 
     cpdef release(self, str reason="released by its owner"):
         """Free the native buffer now.  Raises ``CaptureStateError`` while pinned; idempotent otherwise."""
         if self._released:
             return
+        if self._pins:
+            # A graph that nobody can reach any more (its session dropped without close()) still pins until the
+            # collector finalizes it: collect once, so whether this succeeds does not depend on GC timing.
+            gc.collect()
         if self._pins:
             raise CaptureStateError(
                 f"cannot release a buffer bound to captured graph {self._pins[0]}: release the graph first "
@@ -110,8 +133,12 @@ cdef class DeviceBuffer:
             )
         self._released = True
         self._release_reason = reason
-        if not self.device._closed and self.device._backend_device is not None:
-            self.device._backend_device.destroy_buffer(self.handle)
+        _destroy_native(self.device, self.handle)
+
+    cdef void force_release(self, str reason):
+        """Free the buffer whatever pins it (its device is closing: no graph can replay any more)."""
+        del self._pins[:]
+        self.release(reason)
 
     def __dealloc__(self):
         # Never raises: a failure to free at teardown is dropped (the device
@@ -120,14 +147,24 @@ cdef class DeviceBuffer:
             return
         self._released = True
         try:
-            if not self.device._closed and self.device._backend_device is not None:
-                self.device._backend_device.destroy_buffer(self.handle)
+            _destroy_native(self.device, self.handle)
         except BaseException:
             pass
 
     def __repr__(self):
         state = f" released ({self._release_reason})" if self._released else ""
         return f"<DeviceBuffer {self.nbytes} bytes gen={self.generation} of {self.owner_description}{state}>"
+
+
+cdef void _destroy_native(Device device, object handle) except *:
+    """Free a native buffer; nothing to do once its device is closed or lost (the device frees all it had)."""
+    backend_device = device._backend_device
+    if device._closed or backend_device is None:
+        return
+    try:
+        backend_device.destroy_buffer(handle)
+    except (DeviceLostError, ReleasedValueError):
+        pass
 
 
 cdef class Provenance:
@@ -141,6 +178,16 @@ cdef class Provenance:
 
     def __init__(self, *args, **kwargs):
         raise TypeError("Provenance is attached by ortgpu to every value it creates; read value.provenance")
+
+    # Immutable: a copy is the object itself.  Not picklable: it names a live Device of this process.
+    _copy_hint = "A provenance names a device of this process; compare or describe it instead."
+    __reduce_ex__ = NotCopyable.__reduce_ex__
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
     @staticmethod
     def _create(str placement, object device, str allocator_kind, object session_id, object env_id):
@@ -213,6 +260,11 @@ cdef OrtValue make_cpu_value(object array):
     return value
 
 
+def make_cpu_value_from(array):
+    """A CPU value holding ``array`` (what unpickling a CPU OrtValue calls)."""
+    return make_cpu_value(np.ascontiguousarray(array))
+
+
 cdef Py_ssize_t _element_count(tuple shape):
     cdef Py_ssize_t count = 1
     for dim in shape:
@@ -251,6 +303,26 @@ cdef class OrtValue:
     def __class_getitem__(cls, item):
         return types.GenericAlias(cls, item)
 
+    # -- copying: a CPU value copies its data; a device value refuses (see refuse_copy) -------------
+    def __copy__(self):
+        return self._host_copy("copy")
+
+    def __deepcopy__(self, memo):
+        return self._host_copy("copy")
+
+    def __reduce_ex__(self, protocol):
+        return (make_cpu_value_from, (self._host_copy("pickle").numpy(),))
+
+    cdef OrtValue _host_copy(self, str what):
+        if self._buffer is not None:
+            raise refuse_copy(
+                self,
+                f"To {what} a device value's data, read it with value.to_numpy() and make a new value from the array "
+                f"(allocator.from_numpy(array)), or allocate one and copy device to device with dst.copy_from(value).",
+            )
+        self._check_usable(f"{what} the value")
+        return make_cpu_value(self._array.copy())
+
     # -- factories (onnxruntime's names) ----------------------------------
     @staticmethod
     def ortvalue_from_numpy(array, device_type="cpu", int device_id=0):
@@ -270,7 +342,17 @@ cdef class OrtValue:
         dtype = as_dtype(element_type)
         if device_type == "cpu":
             dims = check_shape(shape)
-            return make_cpu_value(np.zeros(dims, dtype=dtype))
+            try:
+                array = np.zeros(dims, dtype=dtype)
+            except (MemoryError, ValueError):
+                count = 1
+                for dim in dims:
+                    count *= dim
+                raise ShapeError(
+                    f"shape {list(dims)} of {dtype} needs {count * dtype.itemsize} bytes of host memory, which could "
+                    f"not be allocated; use a smaller shape"
+                ) from None
+            return make_cpu_value(array)
         return _default_allocator(device_type, device_id).empty(shape, dtype)
 
     # -- common ------------------------------------------------------------
@@ -285,8 +367,9 @@ cdef class OrtValue:
         return self._buffer
 
     @property
-    def buffer(self):
-        """The :class:`DeviceBuffer` of a device value (None for CPU values).  Internal."""
+    def _device_buffer(self):
+        """The :class:`DeviceBuffer` of a device value (None for CPU values).  Internal: code above the core
+        passes it to the executor; users never need it (device memory is not exposed)."""
         return self._buffer
 
     def shape(self):

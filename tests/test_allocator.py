@@ -98,7 +98,7 @@ def test_values_in_garbage_cycles_are_freed(env: core.Env) -> None:
         holder = Holder()
         holder.me = holder  # type: ignore[attr-defined]
         holder.value = env.shared_allocator().empty((4,), "float32")  # type: ignore[attr-defined]
-        holder.buffer = holder.value.buffer  # type: ignore[attr-defined]
+        holder.buffer = holder.value._device_buffer  # type: ignore[attr-defined]
         del holder
     gc.collect()
     assert env.live_handles() == before

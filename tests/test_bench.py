@@ -164,7 +164,7 @@ def test_bench_both_arms_vs_onnxruntime_json(
     if backend_name == "wgpu":
         on = float(np.median(results["ortgpu capture on/end_to_end"]["raw_s"]))
         assert ratios[AHEAD_RATIO] == pytest.approx(float(np.median(results[NO_AHEAD_ARM]["raw_s"])) / on)
-        assert device.backend_device().encode_ahead is True  # switched back on after its arm
+        assert device._native_device().encode_ahead is True  # switched back on after its arm
     assert set(report["breakdown_ms"]) == {"capture off", "capture on"}
     for parts in report["breakdown_ms"].values():
         assert set(parts) == {"update_inplace", "run_or_replay_call", "readback"}
@@ -383,7 +383,7 @@ def test_bench_overhead_only(
 
 def test_overhead_without_wgpu_py(backend_name: str, device: ortgpu.Device, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wgpu", None)  # import wgpu raises ImportError
-    overhead = bench_overhead.measure_overhead(device.backend_device(), dispatches=DISPATCHES, iterations=3)
+    overhead = bench_overhead.measure_overhead(device._native_device(), dispatches=DISPATCHES, iterations=3)
     assert overhead["ortgpu_replay_submit_us"]["n=1"] > 0
     assert "wgpu_py_us_per_dispatch" not in overhead and "ratio" not in overhead
     expected = "wgpu-py not importable" if backend_name == "wgpu" else "device not wgpu-native"

@@ -19,12 +19,12 @@ from ortgpu.ops import DeviceCaps
 
 
 def _caps(device: ortgpu_core.Device) -> DeviceCaps:
-    backend_device = device.backend_device()
+    backend_device = device._native_device()
     return DeviceCaps(frozenset(backend_device.features), backend_device.limits)
 
 
 def test_bandwidth_probes_copy_and_sum(device: ortgpu_core.Device) -> None:
-    backend_device = device.backend_device()
+    backend_device = device._native_device()
     copy, read = bandwidth_probes(backend_device, _caps(device), megabytes=1, repeats=2)
     try:
         src, dst = copy.bound
@@ -55,7 +55,7 @@ def test_bandwidth_probes_copy_and_sum(device: ortgpu_core.Device) -> None:
 
 
 def test_dispatch_floor_probe_runs_every_dispatch(device: ortgpu_core.Device) -> None:
-    backend_device = device.backend_device()
+    backend_device = device._native_device()
     probe = dispatch_floor_probe(backend_device, repeats=37)
     try:
         (word,) = probe.bound
@@ -98,8 +98,8 @@ def test_wait_latency_compares_spinning_and_blocking_waits(device: ortgpu_core.D
     from bench.overhead import measure_wait_latency
     from ortgpu_core.backends.wgpu_native import WgpuBackend
 
-    default = measure_wait_latency(device.backend_device(), dispatch_counts=(0,), iterations=2)
-    if getattr(device.backend_device(), "spin_wait_us", 0):  # a GPU adapter: its waits spin by default
+    default = measure_wait_latency(device._native_device(), dispatch_counts=(0,), iterations=2)
+    if getattr(device._native_device(), "spin_wait_us", 0):  # a GPU adapter: its waits spin by default
         assert default is not None and set(default["spinning_us"]) == {"0 dispatches"}
     else:  # lavapipe (a CPU adapter) or the fake backend: nothing to compare
         assert default is None
@@ -125,4 +125,4 @@ def test_overhead_arguments_are_checked(device: ortgpu_core.Device) -> None:
 
     for dispatches, iterations in ((1, 5), (0, 5), (10, 0)):
         with pytest.raises(ValueError, match="measure_overhead needs dispatches >= 2"):
-            measure_overhead(device.backend_device(), dispatches=dispatches, iterations=iterations)
+            measure_overhead(device._native_device(), dispatches=dispatches, iterations=iterations)

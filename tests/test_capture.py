@@ -120,13 +120,13 @@ def bound(sess: InferenceSession, *, shared: bool = False, x: np.ndarray | None 
 
 def buffer(value: OrtValue[Any]) -> DeviceBuffer:
     """The device buffer behind a device value."""
-    assert value.buffer is not None, "a device value has a buffer"
-    return value.buffer
+    assert value._device_buffer is not None, "a device value has a buffer"
+    return value._device_buffer
 
 
 def submits(env: Env) -> int | None:
     """Submits executed by the fake device (None on wgpu, which does not count them)."""
-    device = env.default_device.backend_device()
+    device = env.default_device._native_device()
     stats = getattr(device, "stats", None)
     return None if stats is None else int(stats.submits)
 
@@ -134,7 +134,7 @@ def submits(env: Env) -> int | None:
 @contextlib.contextmanager
 def wrapped_submit(env: Env, wrapper: Callable[[Callable[[Any], None], Any], None]) -> Iterator[None]:
     """Route every submit of the env's default backend device through ``wrapper(original, commands)``."""
-    device = env.default_device.backend_device()
+    device = env.default_device._native_device()
     original = device.submit
     device.submit = lambda commands: wrapper(original, commands)  # type: ignore[method-assign]
     try:
@@ -222,7 +222,7 @@ def test_alternating_replays_stay_fresh_and_release_frees_everything(session: In
     binding, x, y = bound(session)
     session.capture(binding, graph_id=1).release()  # the session's own state (its uploaded weights) exists now
     before = owned_handles(env)
-    device = env.default_device.backend_device()
+    device = env.default_device._native_device()
 
     def encoded_ahead() -> int:
         describe = getattr(device, "describe_live_handles", None)
@@ -388,41 +388,42 @@ def test_captured_id_rejects_a_different_binding(session: InferenceSession) -> N
     session.release_captured_graph(0)
 
 
-def test_snapshot_frozen_before_a_rebind_is_not_the_binding(session: InferenceSession) -> None:
-    """Freeze, rebind the origin, capture the snapshot: the origin's current buffers are not the graph's,
-    so replaying "the origin" must be refused, not silently computed on the snapshot's input."""
+def test_snapshot_frozen_before_a_rebind_cannot_be_captured(session: InferenceSession) -> None:
+    """Freeze, rebind the origin, capture the snapshot: the locked origin would name another buffer than the
+    graph replays (``b.inputs()["X"].update_inplace(...)`` then ``replay()`` would compute on the old input), so
+    the capture is refused, naming the fix, and nothing is locked or pinned."""
     binding, x, y = bound(session)
     snapshot = binding.freeze()
     new_input = session.allocator.from_numpy(image())
     binding.bind_input("X", new_input)
-    graph = session.capture(snapshot, graph_id=0)
-    assert binding.captured_by == (graph.label,)  # the origin is locked too
-    assert binding.signature != snapshot.signature
-    with raises(CaptureStateError, "graph 0 of session", "input 'X'", "release_captured_graph(0)"):
-        session.run_with_iobinding(binding, RunOptions(gpu_graph_id=0))
-    assert graph.replays == 0
-    # The snapshot itself, and a fresh snapshot of the same buffers, replay.
-    session.run_with_iobinding(snapshot, RunOptions(gpu_graph_id=0))
-    assert graph.replays == 1
-    graph.release()
-    refrozen_graph = session.capture(binding, graph_id=0)
+    with raises(CaptureStateError, "rebound since", "Capture the IOBinding itself, or freeze it again"):
+        session.capture(snapshot, graph_id=0)
+    assert binding.captured_by == () and session.captured_graph_ids == []
+    assert all(b.pins == () for b in snapshot._pinned_buffers())
+    binding.bind_input("X", x)  # still mutable
+    # A snapshot that matches its origin captures, and locks the origin naming what the graph replays.
     fresh = binding.freeze()
-    assert fresh is not refrozen_graph.binding and fresh.signature == refrozen_graph.binding.signature
+    graph = session.capture(fresh, graph_id=0)
+    assert binding.captured_by == (graph.label,)
+    assert binding.signature == graph.binding.signature
     new_batch = image()
-    new_input.update_inplace(new_batch)
-    session.run_with_iobinding(fresh, RunOptions(gpu_graph_id=0))
-    assert refrozen_graph.replays == 1
+    binding.inputs()["X"].update_inplace(new_batch)
+    graph.replay()
     assert_reference(y.to_numpy(), new_batch)
-    refrozen_graph.release()
+    session.run_with_iobinding(binding, RunOptions(gpu_graph_id=0))
+    assert graph.replays == 2
+    graph.release()
+    new_input.release()
 
 
-def test_signatures_are_native_buffer_identity_and_generation(session: InferenceSession) -> None:
+def test_signatures_are_buffer_generations_never_native_addresses(session: InferenceSession) -> None:
     binding, x, y = bound(session)
-    assert buffer(x).identity == (buffer(x).handle, buffer(x).generation)
+    assert buffer(x).identity == buffer(x).generation
     assert binding.signature == (
-        ("input", "X", buffer(x).handle, buffer(x).generation),
-        ("output", "Y", buffer(y).handle, buffer(y).generation),
+        ("input", "X", "webgpu", buffer(x).generation),
+        ("output", "Y", "webgpu", buffer(y).generation),
     )
+    assert not any(buffer(v).handle in row for v in (x, y) for row in binding.signature)
     assert binding.freeze().signature == binding.signature
     generations = [session.allocator.empty((1,), "float32") for _ in range(3)]
     numbers = [buffer(v).generation for v in generations]
@@ -438,7 +439,7 @@ def test_signatures_are_native_buffer_identity_and_generation(session: Inference
     binding.bind_input("X", x)
     assert binding.signature == before
     # A snapshot pins exactly the signature's buffers.
-    assert [(b.handle, b.generation) for b in binding.freeze().pinned_buffers()] == [row[2:] for row in before]
+    assert [b.generation for b in binding.freeze()._pinned_buffers()] == [row[3] for row in before]
     twin.release()
 
 
@@ -482,8 +483,8 @@ def test_two_threads_capturing_one_id_exactly_one_succeeds(session: InferenceSes
     assert winner.captured_by == (graphs[0].label,)
     assert session.captured_graph_ids == [0]
     assert_mutable(loser, session)
-    assert all(b.pins == () for b in loser.pinned_buffers())
-    assert all(b.pins == (graphs[0].label,) for b in winner.pinned_buffers())
+    assert all(b.pins == () for b in loser._pinned_buffers())
+    assert all(b.pins == (graphs[0].label,) for b in winner._pinned_buffers())
     graphs[0].replay()
     assert_reference(winner.outputs()["Y"].to_numpy(), winner.inputs()["X"].to_numpy())
     graphs[0].release()
@@ -846,7 +847,7 @@ def _nothing_recorded(sess: InferenceSession, env: Env, binding: IOBinding | Non
     assert submits(env) == submitted
     if binding is not None:
         assert binding.captured_by == ()
-        assert all(b.pins == () for b in binding.pinned_buffers())
+        assert all(b.pins == () for b in binding._pinned_buffers())
 
 
 @contextlib.contextmanager

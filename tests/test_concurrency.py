@@ -66,5 +66,5 @@ def test_two_sessions_replay_and_run_from_two_threads(backend_name: str, executi
         if failures:
             raise failures[0]
         assert env.live_handles() == sum(
-            len(cache) for d, cache in list(ortgpu._device_caches._pipeline_caches.items()) if d is device.backend_device()
+            len(cache) for d, cache in list(ortgpu._device_caches._pipeline_caches.items()) if d is device._native_device()
         )

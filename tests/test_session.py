@@ -86,7 +86,7 @@ def test_bad_feeds_are_refused_and_nothing_runs(env: ortgpu.Env) -> None:
     good = np.ones((2, 8), np.float32)
     with ortgpu.InferenceSession(model.SerializeToString(), env=env) as sess:
         sess.run(None, {"X": good})
-        backend_device = sess.device.backend_device()
+        backend_device = sess.device._native_device()
         stats_before = getattr(backend_device, "stats", None)
         with pytest.raises(ortgpu.InvalidArgumentError, match=r"missing inputs \['X'\]"):
             sess.run(None, {})
@@ -163,7 +163,7 @@ def test_model_strings_never_reach_wgsl(env: ortgpu.Env) -> None:
     with ortgpu.InferenceSession(model.SerializeToString(), env=env) as sess:
         x = np.arange(4, dtype=np.float32).reshape(1, 4)
         np.testing.assert_array_equal(sess.run(None, {evil: x})[0], x)
-        cache = _device_caches._pipeline_caches[sess.device.backend_device()]
+        cache = _device_caches._pipeline_caches[sess.device._native_device()]
         texts = [key if isinstance(key, str) else key[0] for key in cache._pipelines]
         assert texts and not any("evil" in text for text in texts)
 

@@ -2,7 +2,7 @@
 
 from typing_extensions import Never, disjoint_base
 from types import TracebackType
-from typing import Any, Literal, final
+from typing import SupportsIndex, Any, Literal, final
 
 import numpy.typing as npt
 
@@ -12,6 +12,10 @@ from ._value import DeviceBuffer, OrtValue, Provenance, WebGPU
 @disjoint_base
 class DeviceAllocator:
     def __init__(self, *args: Never, **kwargs: Never) -> None: ...
+    def __copy__(self) -> Never: ...
+    def __deepcopy__(self, memo: object) -> Never: ...
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Never: ...
+    def _close_for_env(self, reason: str) -> None: ...
     @property
     def device(self) -> Device: ...
     @property
