@@ -1,6 +1,6 @@
 # The internal contract of the command list: a flat C array of records that the
 # wgpu backend encodes with the GIL released.
-from libc.stdint cimport uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 
 cdef enum CommandKind:
     COMMAND_DISPATCH = 0
@@ -26,6 +26,10 @@ cdef class NativeTable:
     # while encoding, the command buffer is invalid and is not submitted
     # (wgpu-native aborts the process on submitting one).  NULL: no check.
     cdef uint32_t* error_count
+    # Optional: the offset, in wgpu-native's command buffer object, of the flag its wgpuQueueSubmit sets and its
+    # release reads to free the buffer (-1: unknown).  A command buffer released unsubmitted gets the flag set
+    # first, or wgpu-native never frees it (see NativeTable.submitted_flag_offset).
+    cdef Py_ssize_t submitted_flag
     cdef void* fn_create_encoder
     cdef void* fn_begin_compute_pass
     cdef void* fn_set_pipeline

@@ -13,7 +13,7 @@ command list neither owns nor checks them: whoever records keeps the objects
 alive until the list is submitted or dropped.
 """
 
-from libc.stdint cimport uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memset
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
@@ -59,6 +59,18 @@ cdef inline void _end_pass(NativeTable table, void** compute_pass) noexcept nogi
         compute_pass[0] = NULL
 
 
+cdef inline void _release_unsubmitted(NativeTable table, void* command_buffer) noexcept nogil:
+    # Release a finished command buffer that was never submitted.  wgpu-native 29 frees a command buffer's
+    # wgpu-core side (its encoder, the driver's command buffers, its resource trackers: ~90 KB on lavapipe) on
+    # release only when the flag its wgpuQueueSubmit sets is set; released unsubmitted, the buffer would stay in
+    # wgpu-core's registry for the life of the instance.  Setting the flag first makes the release free it, as
+    # wgpu-core does for any dropped command buffer.  The flag's offset is probed by the wgpu backend
+    # (-1: not known, released as is).
+    if table.submitted_flag >= 0:
+        (<uint8_t*>command_buffer)[table.submitted_flag] = 1
+    (<handle_fn>table.fn_release_command_buffer)(command_buffer)
+
+
 cdef inline void _encode_record(NativeTable table, void* encoder, CommandRecord* r, void** compute_pass,
                                 void** last_pipeline) noexcept nogil:
     # One record into ``encoder``: dispatches share the open compute pass (one is begun when none is open; the
@@ -98,6 +110,7 @@ cdef class NativeTable:
         # The address of a uint32 counter of device errors (0: none); whoever
         # passes it keeps that memory alive as long as the table.
         self.error_count = <uint32_t*>error_count
+        self.submitted_flag = -1
         self.fn_create_encoder = <void*><uintptr_t>fn("DeviceCreateCommandEncoder")
         self.fn_begin_compute_pass = <void*><uintptr_t>fn("CommandEncoderBeginComputePass")
         self.fn_set_pipeline = <void*><uintptr_t>fn("ComputePassEncoderSetPipeline")
@@ -122,10 +135,27 @@ cdef class NativeTable:
             (<handle_fn>self.fn_release_command_buffer)(pointer)
 
     def release_encoded(self, uintptr_t command_buffer):
-        """Release a command buffer from :meth:`CommandList.encode_native` without submitting it."""
+        """Release a command buffer from :meth:`CommandList.encode_native` without submitting it (freed by
+        wgpu-native only when :attr:`submitted_flag_offset` is known)."""
         if command_buffer == 0:
             raise ValueError("release_encoded needs a command buffer address, not 0")
-        (<handle_fn>self.fn_release_command_buffer)(<void*>command_buffer)
+        _release_unsubmitted(self, <void*>command_buffer)
+
+    @property
+    def submitted_flag_offset(self):
+        """Where, in wgpu-native's command buffer object (at the address a command buffer handle holds), the
+        byte lies that its ``wgpuQueueSubmit`` sets to 1 and its ``wgpuCommandBufferRelease`` reads: only a
+        command buffer with the flag set is removed from wgpu-core's registry when released, so one released
+        unsubmitted is never freed (wgpu-native 29).  When this is set (>= 0), command buffers released
+        unsubmitted (:meth:`release_encoded`, and those Finish reported invalid) get the flag first, and are
+        freed.  -1 (the default): unknown, released as they are.  The wgpu backend probes it per process."""
+        return self.submitted_flag
+
+    @submitted_flag_offset.setter
+    def submitted_flag_offset(self, Py_ssize_t offset):
+        if offset < -1 or offset > 256:
+            raise ValueError(f"submitted_flag_offset must be -1 (unknown) or a byte offset in 0..256, not {offset}")
+        self.submitted_flag = offset
 
     @staticmethod
     def entry_point_names():
@@ -281,7 +311,7 @@ cdef class CommandList:
         cdef void* command_buffer = (<finish_fn>table.fn_finish)(encoder, NULL)
         (<handle_fn>table.fn_release_encoder)(encoder)
         if command_buffer != NULL and table.error_count != NULL and table.error_count[0] != errors_before:
-            (<handle_fn>table.fn_release_command_buffer)(command_buffer)
+            _release_unsubmitted(table, command_buffer)
             command_buffer = NULL
         return command_buffer
 

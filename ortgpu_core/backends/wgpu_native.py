@@ -74,6 +74,16 @@ _STAGING_MINIMUM = 1 << 16
 _LOST_MESSAGE = re.compile(r"device is lost", re.IGNORECASE)
 # read_buffer polls at most this many times for the map callback before giving up.
 _MAP_POLL_ATTEMPTS = 10_000
+# wgpu-native 29's command buffer object (the address a WGPUCommandBuffer holds is Rust's Arc data pointer):
+# {context: Arc<Global>, id: CommandBufferId, open: AtomicBool}, with the Arc's strong and weak counts in the 16
+# bytes before it.  Its wgpuQueueSubmit sets `open` (byte 16) and its release drops the command buffer from
+# wgpu-core's registry only when `open` is set, so a command buffer released unsubmitted is never freed (about
+# 90 KB each on lavapipe, +100 MB per 1000 graphs released with encode-ahead on).  The wgpu backend checks this
+# layout once per process (_probe_submitted_flag) before the command loop writes that byte (see
+# NativeTable.submitted_flag_offset).
+_SUBMITTED_FLAG_OFFSET = 16
+_submitted_flag: int | None = None  # the probed offset (-1: the layout is not the one above); None: not probed
+_submitted_flag_lock = threading.Lock()
 # Default spin before a blocking wait, on GPU adapters (0 on CPU adapters: there the spinning thread would take
 # a core from the driver's own threads).  On the H200 (run 29 of bench/RESULTS.md, `python -m bench --overhead`),
 # submit + wait_idle of 16 small dispatches took 95.6 us spinning and 123.5 us blocking; an empty submit 34.2 and
@@ -420,7 +430,10 @@ class WgpuDevice:
     submits: wgpu-native's ``wgpuCommandEncoderFinish`` (about 1-2 us per dispatch on the H200) leaves the replay's
     critical path.  One command buffer per graph (and per set of output reads) is held between replays; it is
     released with the graph, with any handle it uses, when the staging buffer it copies into is replaced, and by
-    :meth:`destroy`; :meth:`live_handles` counts it.
+    :meth:`destroy`; :meth:`live_handles` counts it.  Released unsubmitted, wgpu-native 29 would never free it
+    (about 90 KB of host memory each on lavapipe): the release first sets the flag wgpu-native's submit sets
+    (``NativeTable.submitted_flag_offset``, probed once per process), so it is freed like a submitted one.  Where
+    the probe does not recognise wgpu-native's command buffers, ``encode_ahead`` starts off on the device.
     """
 
     info: AdapterInfo
@@ -594,6 +607,53 @@ class WgpuDevice:
             _address(self._error_count),
         )
         self._raise_pending("opening the device")
+        self._native_table.submitted_flag_offset = self._submitted_flag_offset()
+        if self._native_table.submitted_flag_offset < 0:
+            # Each graph released with a command buffer encoded ahead would leak it (see _SUBMITTED_FLAG_OFFSET):
+            # off by default on a wgpu-native whose command buffers do not have the layout checked for.
+            self.encode_ahead = False
+
+    def _submitted_flag_offset(self) -> int:
+        """The offset of wgpu-native's "submitted" flag in its command buffer object, probed on the first device
+        opened in the process; -1 when the object does not have the expected layout."""
+        global _submitted_flag
+        with _submitted_flag_lock:
+            if _submitted_flag is None:
+                _submitted_flag = self._probe_submitted_flag()
+            return _submitted_flag
+
+    def _probe_submitted_flag(self) -> int:
+        """Submit one empty command buffer (kept alive by an extra reference) and check that the submit changed
+        exactly the expected byte, from 0 to 1, and that the object is an Arc's data (its strong count, in the 8
+        bytes 16 before it, goes from 2 to 1 as submit_encoded releases one reference)."""
+        ffi, lib = self._ffi, self._lib
+        address = CommandList().encode_native(self._native_table)
+        self._raise_pending("opening the device (probing wgpu-native's command buffers)")
+        if not address:
+            return -1
+        pointer = ffi.cast("WGPUCommandBuffer", address)
+        data = ffi.cast("uint8_t *", address)
+        strong = ffi.cast("uint64_t *", address - 16)
+        size = _SUBMITTED_FLAG_OFFSET + 8
+        # void wgpuCommandBufferAddRef(WGPUCommandBuffer commandBuffer)
+        lib.wgpuCommandBufferAddRef(pointer)
+        try:
+            counts_before = int(strong[0])
+            before = bytes(ffi.buffer(data, size))
+            self._native_table.submit_encoded(address)  # submits, then releases one reference
+            after = bytes(ffi.buffer(data, size))
+            counts_after = int(strong[0])
+        finally:
+            lib.wgpuCommandBufferRelease(pointer)
+        self._raise_pending("opening the device (probing wgpu-native's command buffers)")
+        changed = [i for i in range(size) if before[i] != after[i]]
+        expected = (
+            changed == [_SUBMITTED_FLAG_OFFSET]
+            and before[_SUBMITTED_FLAG_OFFSET] == 0
+            and after[_SUBMITTED_FLAG_OFFSET] == 1
+            and (counts_before, counts_after) == (2, 1)
+        )
+        return _SUBMITTED_FLAG_OFFSET if expected else -1
 
     # -- errors -------------------------------------------------------------------
     def _check_open(self) -> None:

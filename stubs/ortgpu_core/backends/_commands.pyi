@@ -27,6 +27,11 @@ class NativeTable:
         """Submit a command buffer from CommandList.encode_native and release it."""
     def release_encoded(self, command_buffer: int) -> None:
         """Release a command buffer from CommandList.encode_native without submitting it."""
+    @property
+    def submitted_flag_offset(self) -> int:
+        """The offset of wgpu-native's "submitted" flag in its command buffer object (-1: unknown)."""
+    @submitted_flag_offset.setter
+    def submitted_flag_offset(self, offset: int) -> None: ...
 
 @final
 class CommandList:
