@@ -242,7 +242,10 @@ class InferenceSession(NotCopyable):
         try:
             self.close()
         except Exception as error:  # a finalizer never raises; the device frees the rest when it closes
-            warnings.warn(f"closing {self!r} at garbage collection failed: {error}", ResourceWarning, stacklevel=1)
+            try:
+                warnings.warn(f"closing {self!r} at garbage collection failed: {error}", ResourceWarning, stacklevel=1)
+            except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to warn with
+                pass
 
     def __enter__(self) -> InferenceSession:
         return self
