@@ -2,6 +2,7 @@
 # ortgpu's one entry point for a fresh Debian/Ubuntu machine:
 #   ./run.sh demo    set everything up, then build a small model, run it on the default device, print results and timings
 #   ./run.sh test    set everything up, then run the test suite (both backends: wgpu-native and fake)
+#   ./run.sh doctor  only say which system packages are missing (exit 1 if any)
 # Set-up (idempotent): system packages when missing (python3-venv, a C compiler, and mesa-vulkan-drivers when no
 # Vulkan driver is installed; installed when running as root, else the command to run is printed), a virtualenv in
 # .venv, and the package with its test extras built from this checkout (pip install -e ".[test]").
@@ -12,6 +13,9 @@ PYTHON=${PYTHON:-python3}
 
 say() { printf '[run.sh] %s\n' "$*" >&2; }
 
+# What is missing, as apt package names (no pipelines into `grep -q`: under pipefail, grep quitting early makes the
+# producer die of SIGPIPE and the check fail although the thing is there).
+missing_system_packages() {
 need_apt=()
 command -v "$PYTHON" >/dev/null 2>&1 || need_apt+=(python3)
 "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
@@ -21,9 +25,20 @@ command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 if ! compgen -G "/usr/share/vulkan/icd.d/*.json" >/dev/null && ! compgen -G "/etc/vulkan/icd.d/*.json" >/dev/null; then
   need_apt+=(mesa-vulkan-drivers)
 fi
-if ! { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } | grep -q 'libvulkan\.so\.1'; then
+libraries=$(ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true)
+if [[ "$libraries" != *libvulkan.so.1* ]]; then
   need_apt+=(libvulkan1)
 fi
+}
+
+if [ "${1:-}" = doctor ]; then
+  missing_system_packages
+  if [ ${#need_apt[@]} -gt 0 ]; then echo "missing: ${need_apt[*]}"; exit 1; fi
+  echo "system packages: ok"
+  exit 0
+fi
+
+missing_system_packages
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     say "installing system packages: ${need_apt[*]}"
@@ -60,7 +75,7 @@ case "${1:-}" in
     exec "$VENV/bin/python" -m pytest -q "$@"
     ;;
   *)
-    echo "usage: ./run.sh demo [--backend wgpu|fake] | ./run.sh test [pytest args]" >&2
+    echo "usage: ./run.sh demo [--backend wgpu|fake] | ./run.sh test [pytest args] | ./run.sh doctor" >&2
     exit 2
     ;;
 esac
