@@ -19,7 +19,9 @@ weights to the store, input/output buffers to the caller.
 
 from __future__ import annotations
 
+import functools
 import threading
+import weakref
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
@@ -67,14 +69,27 @@ def _runs_twins(device: BackendDevice) -> bool:
 class PipelineCache:
     """Compute pipelines of one device, keyed by WGSL text; shared by sessions.
 
-    The cache owns its pipelines until :meth:`release`.
+    The cache owns its pipelines until :meth:`release` (or until its device is destroyed, which frees them).  It
+    holds its device weakly, so a registry keyed by the device (:mod:`ortgpu._device_caches`) does not keep
+    the device, or itself, alive.
+
+    On devices that run numpy twins (the fake backend), a pipeline is specific to its twin, which is specific to
+    one node of one plan: the key is the WGSL text and the twin, and the entry (and its pipeline) goes when the
+    last :class:`KernelSpec` that asked for it is garbage, i.e. when no plan uses it any more (the pipeline
+    itself holds the twin, so the kernel, not the twin, is what tells).  Otherwise every session would add
+    pipelines that no later session can hit.  The pipeline is released at once when the cache's lock is free,
+    else at the next :meth:`get`, :meth:`collect` or :meth:`release`.
     """
 
     def __init__(self, device: BackendDevice) -> None:
-        self.device = device
+        self._device = weakref.ref(device)
+        self._twins_key = _runs_twins(device)
         self._pipelines: dict[Hashable, int] = {}
-        # Twins stay referenced while their pipeline lives (their id is part of the key).
-        self._twins: list[object] = []
+        # Twin-keyed caches: per key, weak references to the kernels that use its pipeline, by id (each one's
+        # callback queues (key, id) in _dead; the entry goes with its last kernel).  The twin's id is part of
+        # the key: a pipeline holds its twin, so the id is not reused while the entry lives.
+        self._users: dict[Hashable, dict[int, weakref.ref[Any]]] = {}
+        self._dead: list[tuple[Hashable, int]] = []
         self._released = False
         self.hits = 0
         self.misses = 0
@@ -82,34 +97,99 @@ class PipelineCache:
         # threads never both compile a kernel and orphan one of the pipelines.
         self._lock = threading.Lock()
 
+    @property
+    def device(self) -> BackendDevice:
+        device = self._device()
+        if device is None:
+            raise ReleasedValueError("the device of this PipelineCache is gone")
+        return device
+
     def get(self, kernel: KernelSpec) -> int:
         """The pipeline for ``kernel``, compiling it on first use."""
-        key: Hashable = (kernel.wgsl, id(kernel.twin)) if _runs_twins(self.device) else kernel.wgsl
+        key: Hashable = (kernel.wgsl, id(kernel.twin)) if self._twins_key else kernel.wgsl
         with self._lock:
             if self._released:
                 raise ReleasedValueError("this PipelineCache was released; create a new one for the device")
+            self._release_dead()
             pipeline = self._pipelines.get(key)
             if pipeline is not None:
                 self.hits += 1
-                return pipeline
-            self.misses += 1
-            pipeline = self.device.create_compute_pipeline(kernel.wgsl, twin=kernel.twin, label=kernel.name)
-            self._pipelines[key] = pipeline
-            if _runs_twins(self.device):
-                self._twins.append(kernel.twin)
+            else:
+                self.misses += 1
+                pipeline = self.device.create_compute_pipeline(kernel.wgsl, twin=kernel.twin, label=kernel.name)
+                self._pipelines[key] = pipeline
+            if self._twins_key:
+                users = self._users.setdefault(key, {})
+                known = users.get(id(kernel))
+                if known is None or known() is not kernel:
+                    users[id(kernel)] = weakref.ref(kernel, functools.partial(_kernel_died, weakref.ref(self), key, id(kernel)))
             return pipeline
 
     def __len__(self) -> int:
         return len(self._pipelines)
 
+    def collect(self) -> None:
+        """Release the pipelines no live kernel uses (twin-keyed caches; see the class)."""
+        with self._lock:
+            self._release_dead()
+
+    def _release_dead(self) -> None:
+        # Under self._lock.  Pops each entry before releasing its pipeline, so nothing is released twice.
+        while self._dead:
+            key, kernel_id = self._dead.pop()
+            users = self._users.get(key)
+            if users is None:
+                continue
+            ref = users.get(kernel_id)
+            if ref is not None and ref() is None:
+                del users[kernel_id]
+            if users:
+                continue
+            del self._users[key]
+            pipeline = self._pipelines.pop(key, None)
+            device = self._device()
+            if pipeline is not None and device is not None and not getattr(device, "destroyed", False):
+                device.release_pipeline(pipeline)
+
     def release(self) -> None:
         """Release every pipeline.  Idempotent; programs using them must be released first."""
         with self._lock:
             pipelines, self._pipelines = self._pipelines, {}
-            self._twins = []
+            self._users = {}
+            self._dead = []
             self._released = True
+        device = self._device()
+        if device is None or getattr(device, "destroyed", False):
+            return  # the device freed them
         for pipeline in pipelines.values():
-            self.device.release_pipeline(pipeline)
+            device.release_pipeline(pipeline)
+
+    def forget(self) -> None:
+        """The device was destroyed (which freed every pipeline): drop the entries without releasing them."""
+        with self._lock:
+            self._pipelines = {}
+            self._users = {}
+            self._dead = []
+            self._released = True
+
+
+def _kernel_died(cache_ref: "weakref.ref[PipelineCache]", key: Hashable, kernel_id: int, _ref: object) -> None:
+    """A kernel that used a twin-keyed entry is garbage: queue it, and release the entry's pipeline now if that
+    was its last kernel and the cache is free.
+
+    Called by the garbage collector or when the last reference goes, maybe while this thread holds the cache's
+    lock (then the release waits for the next get/collect/release)."""
+    cache = cache_ref()
+    if cache is None:
+        return
+    cache._dead.append((key, kernel_id))
+    if cache._lock.acquire(blocking=False):
+        try:
+            cache._release_dead()
+        except Exception:  # noqa: BLE001 - never raise into the collector; the device frees it at the latest
+            pass
+        finally:
+            cache._lock.release()
 
 
 class WeightStore:

@@ -28,7 +28,10 @@ visible:
   the n-th submit or at once, a validation error on the n-th submit
   (:class:`FakeFaults`, :meth:`FakeDevice.lose`).
 * **Accounting** for tests: :meth:`FakeDevice.live_handles`,
-  :meth:`FakeBackend.live_handles`, :attr:`FakeDevice.stats`.
+  :meth:`FakeBackend.live_handles`, :attr:`FakeDevice.stats`.  Nothing grows
+  with the number of handles ever created: the backend keeps a record of each
+  live handle, and of the last :data:`FREED_RECORDS_KEPT` freed ones (to name
+  a stale handle); destroyed devices are held only while referenced.
 
 The default backend has one adapter, :data:`DEFAULT_FAKE_DEVICE`: vendor
 ``0xFA4E``, device ``0x0001``, ``"Fake WebGPU device"``, adapter type
@@ -41,12 +44,14 @@ fault schedule; twins run under it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import re
 import threading
+import weakref
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Sequence
+from typing import Any, Callable, Final, Literal, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -67,7 +72,12 @@ __all__ = [
     "FakeFaults",
     "FakeDevice",
     "FakeBackend",
+    "FREED_RECORDS_KEPT",
 ]
+
+#: How many freed handles the backend still describes by kind and label when one is used again (older stale
+#: handles are still rejected, and named as freed, without their kind and label).
+FREED_RECORDS_KEPT: Final = 1024
 
 #: PCI-style vendor id of fake adapters (no real vendor uses it).
 FAKE_VENDOR_ID: Final = 0xFA4E
@@ -314,11 +324,14 @@ class _BindGroup:
 
 @dataclass
 class _HandleRecord:
-    """What the backend remembers of every handle it ever gave out, to name stale ones."""
+    """What the backend remembers of a live or recently freed handle, to name stale ones.
+
+    Names its device (not a reference to it), so records of freed handles keep no device alive."""
 
     kind: HandleKind
     label: str
-    device: FakeDevice
+    device: int  # the device's ordinal
+    device_name: str
     state: Literal["live", "released", "orphaned"]  # orphaned: freed by device.destroy()
 
 
@@ -353,6 +366,7 @@ class FakeDevice:
         self.features: frozenset[str] = spec.features
         self._backend = backend
         self._lock = backend._lock
+        self._ordinal = ordinal
         self._name = f"fake device #{ordinal} ({info.name})"
         self._memory_size = spec.memory_size
         # Every field below is guarded by the backend's lock.
@@ -362,6 +376,10 @@ class FakeDevice:
         self._stats = FakeDeviceStats()
         self._lost_reason: str | None = None
         self._destroyed = False
+        # The handles destroy() freed: freeing one afterwards is harmless (set by destroy; as large as what was
+        # live then, and gone with the device).
+        self._orphaned: frozenset[int] = frozenset()
+        self._destroy_callbacks: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         state = "destroyed" if self._destroyed else "lost" if self._lost_reason is not None else "open"
@@ -412,19 +430,28 @@ class FakeDevice:
 
     # -- handles ---------------------------------------------------------------
     def _new_handle(self, kind: HandleKind, label: str) -> int:
-        handle = next(self._backend._handles)
-        self._backend._records[handle] = _HandleRecord(kind, label, self, "live")
+        self._backend._last_handle += 1
+        handle = self._backend._last_handle
+        self._backend._records[handle] = _HandleRecord(kind, label, self._ordinal, self._name, "live")
         return handle
 
     def _stale(self, handle: object, kind: HandleKind, role: str) -> ValidationError:
-        record = self._backend._records.get(handle) if isinstance(handle, int) else None
+        backend = self._backend
+        record = None
+        if isinstance(handle, int):
+            record = backend._records.get(handle) or backend._freed.get(handle)
         if record is None:
+            if isinstance(handle, int) and not isinstance(handle, bool) and 0 < handle < backend._next_handle():
+                return ValidationError(
+                    f"{role}: handle {handle} was already freed (a stale handle; freed more than "
+                    f"{FREED_RECORDS_KEPT} frees ago, so its kind and label are no longer known)"
+                )
             return ValidationError(f"{role}: {handle!r} is not a handle of the fake backend (expected a {kind})")
         described = _describe(handle, record)  # type: ignore[arg-type]
         if record.kind != kind:
             return ValidationError(f"{role}: {described} is a {record.kind}, not a {kind}")
-        if record.device is not self:
-            return ValidationError(f"{role}: {described} belongs to {record.device._name}, not to {self._name}")
+        if record.device != self._ordinal:
+            return ValidationError(f"{role}: {described} belongs to {record.device_name}, not to {self._name}")
         if record.state == "orphaned":
             return ValidationError(f"{role}: {described} was freed when its device was destroyed")
         return ValidationError(f"{role}: {described} was already freed (a stale handle)")
@@ -450,10 +477,9 @@ class FakeDevice:
     def _free(self, handle: int, kind: HandleKind, table: dict[int, _Buffer] | dict[int, _Pipeline] | dict[int, _BindGroup]) -> None:
         if handle in table:
             del table[handle]
-            self._backend._records[handle].state = "released"
+            self._backend._retire(handle, "released")
             return
-        record = self._backend._records.get(handle)
-        if record is not None and record.device is self and record.kind == kind and record.state == "orphaned":
+        if handle in self._orphaned:
             return  # freed by destroy(): releasing it afterwards is harmless, as in WebGPU
         raise self._stale(handle, kind, f"freeing a {kind}")
 
@@ -804,17 +830,34 @@ class FakeDevice:
             self._check_usable()
 
     # -- lifetime ----------------------------------------------------------------
+    def add_destroy_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once, right after the device is destroyed (at once if it already is): for state
+        that layers above keep per device, such as the pipeline cache, to go with it."""
+        with self._lock:
+            if not self._destroyed:
+                self._destroy_callbacks.append(callback)
+                return
+        callback()
+
     def destroy(self) -> None:
-        """Free everything the device still owns and make it unusable.  Idempotent; works when lost."""
+        """Free everything the device still owns and make it unusable, then call the destroy callbacks (outside
+        the backend's lock).  Idempotent; works when lost."""
         with self._lock:
             if self._destroyed:
                 return
             self._destroyed = True
+            orphaned: list[int] = []
             for table in (self._buffers, self._pipelines, self._bind_groups):
-                for handle in table:
-                    self._backend._records[handle].state = "orphaned"
+                orphaned.extend(table)
                 table.clear()
+            self._orphaned = frozenset(orphaned)
+            for handle in orphaned:
+                self._backend._retire(handle, "orphaned")
             self._stats.live_buffer_bytes = 0
+            self._backend._device_destroyed(self)
+            callbacks, self._destroy_callbacks = self._destroy_callbacks, []
+        for callback in callbacks:
+            callback()
 
 
 def _writable_aliasing(ranges: Sequence[_BoundRange], declared: dict[int, _DeclaredBinding]) -> str | None:
@@ -855,13 +898,43 @@ class FakeBackend:
                 raise InvalidArgumentError(f"devices must be FakeDeviceSpec, got {type(spec).__name__}")
         self._specs = specs
         self._lock = threading.RLock()
-        self._handles = itertools.count(1)  # 0 stays the null handle
-        self._records: dict[int, _HandleRecord] = {}  # every handle ever given out; guarded by _lock
-        self._devices: list[FakeDevice] = []  # guarded by _lock
+        self._last_handle = 0  # handles count up from 1 and are never reused (0 stays the null handle)
+        # Guarded by _lock: the record of every live handle, and of the last FREED_RECORDS_KEPT freed ones.
+        self._records: dict[int, _HandleRecord] = {}
+        self._freed: collections.OrderedDict[int, _HandleRecord] = collections.OrderedDict()
+        # Guarded by _lock: open devices by ordinal, and destroyed ones while something else references them.
+        self._ordinals = itertools.count()
+        self._devices: dict[int, FakeDevice] = {}
+        self._destroyed_devices: weakref.WeakValueDictionary[int, FakeDevice] = weakref.WeakValueDictionary()
         self.faults: FakeFaults = FakeFaults(self._lock)
 
     def __repr__(self) -> str:
-        return f"<FakeBackend {len(self._specs)} adapter(s), {len(self._devices)} device(s) opened>"
+        opened = len(self._devices) + len(self._destroyed_devices)
+        return f"<FakeBackend {len(self._specs)} adapter(s), {opened} device(s) opened>"
+
+    def _next_handle(self) -> int:
+        """The handle the next object will get (every smaller positive handle was given out)."""
+        return self._last_handle + 1
+
+    def _retire(self, handle: int, state: Literal["released", "orphaned"]) -> None:
+        """Move a freed handle's record to the bounded list of recently freed ones (under _lock)."""
+        record = self._records.pop(handle)
+        record.state = state
+        self._freed[handle] = record
+        while len(self._freed) > FREED_RECORDS_KEPT:
+            self._freed.popitem(last=False)
+
+    def _device_destroyed(self, device: FakeDevice) -> None:
+        """Hold a destroyed device only while something else references it (under _lock)."""
+        if self._devices.pop(device._ordinal, None) is device:
+            self._destroyed_devices[device._ordinal] = device
+
+    @property
+    def handle_records(self) -> int:
+        """How many handle records the backend keeps: one per live handle, plus up to
+        :data:`FREED_RECORDS_KEPT` freed ones."""
+        with self._lock:
+            return len(self._records) + len(self._freed)
 
     def enumerate_adapters(self) -> list[AdapterInfo]:
         """One :class:`AdapterInfo` per spec, ``index`` being its position."""
@@ -880,31 +953,36 @@ class FakeBackend:
             )
         spec = self._specs[adapter_index]
         with self._lock:
-            device = FakeDevice(self, len(self._devices), self._info(adapter_index, spec), spec)
-            self._devices.append(device)
+            ordinal = next(self._ordinals)
+            device = FakeDevice(self, ordinal, self._info(adapter_index, spec), spec)
+            self._devices[ordinal] = device
             return device
 
     @property
     def devices(self) -> tuple[FakeDevice, ...]:
-        """Every device opened so far, destroyed ones included, in opening order."""
+        """Every device opened so far, in opening order: the open ones, and the destroyed ones that are still
+        referenced elsewhere (the backend does not keep destroyed devices alive)."""
         with self._lock:
-            return tuple(self._devices)
+            opened = dict(self._destroyed_devices.items())
+            opened.update(self._devices)
+            return tuple(opened[ordinal] for ordinal in sorted(opened))
 
     def live_handles(self) -> int:
         """Live buffers, pipelines and bind groups over every device this backend opened."""
         with self._lock:
-            return sum(device.live_handles() for device in self._devices)
+            return sum(device.live_handles() for device in self._devices.values())
 
     def describe_live_handles(self) -> list[str]:
         """One line per live handle over every device: for leak-check failure messages."""
         with self._lock:
-            return [line for device in self._devices for line in device.describe_live_handles()]
+            return [line for device in self._devices.values() for line in device.describe_live_handles()]
 
     def close(self) -> None:
         """Destroy every device this backend opened.  Idempotent; the backend can still open new devices."""
         with self._lock:
-            for device in self._devices:
-                device.destroy()
+            devices = list(self._devices.values())
+        for device in devices:
+            device.destroy()
 
     @staticmethod
     def _info(index: int, spec: FakeDeviceSpec) -> AdapterInfo:

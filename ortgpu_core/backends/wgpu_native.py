@@ -458,6 +458,7 @@ class WgpuDevice:
         self._device: Any = None
         self._queue: Any = None
         self._lock = threading.RLock()  # see _serialized
+        self._destroy_callbacks: list[Callable[[], None]] = []
         self._handles: dict[int, _Handle] = {}
         # Frozen command lists (captured graphs) validated once: id -> (weak reference, handles they use).
         # Releasing any of those handles forgets the validation, so the next submit checks again.
@@ -1246,9 +1247,25 @@ class WgpuDevice:
     def destroyed(self) -> bool:
         return self._device is None
 
-    @_serialized
+    def add_destroy_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once, right after the device is destroyed (at once if it already is): for state
+        that layers above keep per device, such as the pipeline cache, to go with it."""
+        with self._lock:
+            if self._device is not None:
+                self._destroy_callbacks.append(callback)
+                return
+        callback()
+
     def destroy(self) -> None:
-        """Release the staging buffer, every live handle, the queue and the device.  Idempotent."""
+        """Release the staging buffer, every live handle, the queue and the device, then call the destroy
+        callbacks (outside the device's lock).  Idempotent."""
+        self._destroy_native()
+        callbacks, self._destroy_callbacks = getattr(self, "_destroy_callbacks", []), []
+        for callback in callbacks:
+            callback()
+
+    @_serialized
+    def _destroy_native(self) -> None:
         device = getattr(self, "_device", None)
         if device is None:
             return
