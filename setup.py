@@ -8,8 +8,18 @@ rejects.
 
 from pathlib import Path
 
+import Cython
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+
+# Cython 3.3.0 builds the subclassed cdef class DeviceAllocator with an undefined symbol
+# (__pyx_tp_new_vectorcall_...), so _allocator fails to import; pyproject.toml excludes it for isolated builds, and
+# this check covers `setup.py build_ext --inplace` with whatever Cython is installed.
+if Cython.__version__ == "3.3.0":
+    raise SystemExit(
+        "Cython 3.3.0 builds a broken ortgpu_core._allocator (undefined __pyx_tp_new_vectorcall_ symbol); "
+        "install another version first: pip install 'Cython>=3.0,!=3.3.0,<4' (3.2.4 and 3.3.1 work)"
+    )
 
 HERE = Path(__file__).parent
 

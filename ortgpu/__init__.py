@@ -20,6 +20,7 @@ from ortgpu_core import (
     DeviceLostError,
     DtypeError,
     Env,
+    ArgumentTypeError,
     InvalidArgumentError,
     InvalidModelError,
     ModelError,
@@ -82,6 +83,7 @@ __all__ = [
     "UnsupportedOpError",
     "InvalidModelError",
     "InvalidArgumentError",
+    "ArgumentTypeError",
     "ShapeError",
     "DtypeError",
 ]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
-from ortgpu_core import CPU, CaptureStateError, InvalidArgumentError, OrtValue, WebGPU
+from ortgpu_core import CPU, ArgumentTypeError, CaptureStateError, InvalidArgumentError, OrtValue, WebGPU
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
 from ortgpu_core._graph import CapturedGraph, GraphLabel, PinSet
 
@@ -134,7 +134,7 @@ def _handle(value: OrtValue[CPU] | OrtValue[WebGPU]) -> int:
 
 def check_graph_id(session: InferenceSession, graph_id: object) -> None:
     if isinstance(graph_id, bool) or not isinstance(graph_id, int):
-        raise TypeError(f"graph_id must be an int, got {graph_id!r}")
+        raise ArgumentTypeError(f"graph_id must be an int, got {graph_id!r}")
     if graph_id < 0:
         raise InvalidArgumentError(f"graph_id must be >= 0 (gpu_graph_id=-1 means an ordinary run), got {graph_id}")
     if not session.graph_capture:

@@ -40,6 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ortgpu_core import (
+    ArgumentTypeError,
     CPU,
     CaptureStateError,
     Device,
@@ -284,7 +285,7 @@ class InferenceSession(NotCopyable):
         """Provenance check: may this session use ``value``?"""
         if not isinstance(value, OrtValue):
             hint = " (bind host arrays with bind_cpu_input)" if isinstance(value, np.ndarray) else ""
-            raise TypeError(f"{what} needs an OrtValue, got {type(value).__name__}{hint}")
+            raise ArgumentTypeError(f"{what} needs an OrtValue, got {type(value).__name__}{hint}")
         if value.released:
             raise ReleasedValueError(f"cannot use {value.provenance.describe()} for {what}: it was released")
         provenance = value.provenance
@@ -412,7 +413,7 @@ class InferenceSession(NotCopyable):
     # -- ordinary runs ---------------------------------------------------------------------
     def _check_feeds(self, feeds: Mapping[str, object]) -> None:
         if not isinstance(feeds, Mapping):
-            raise TypeError(f"feeds must be a dict of input name -> value, got {type(feeds).__name__}")
+            raise ArgumentTypeError(f"feeds must be a dict of input name -> value, got {type(feeds).__name__}")
         missing = [name for name in self.input_names if name not in feeds]
         extra = [name for name in feeds if name not in self._input_infos]
         if missing or extra:
@@ -436,7 +437,7 @@ class InferenceSession(NotCopyable):
         if run_options is None:
             return None
         if not isinstance(run_options, RunOptions):
-            raise TypeError(f"run_options must be ortgpu.RunOptions, got {type(run_options).__name__}")
+            raise ArgumentTypeError(f"run_options must be ortgpu.RunOptions, got {type(run_options).__name__}")
         return run_options.gpu_graph_id
 
     def _refuse_graph_id(self, run_options: RunOptions | None, method: str) -> None:
@@ -461,7 +462,7 @@ class InferenceSession(NotCopyable):
         arrays: dict[str, np.ndarray] = {}
         for name, array in input_feed.items():
             if not isinstance(array, np.ndarray):
-                raise TypeError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
+                raise ArgumentTypeError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
             self._check_info(name, self._input_infos[name], array.dtype, tuple(array.shape), "input")
             arrays[name] = array
         with self._lock:
@@ -603,7 +604,7 @@ class InferenceSession(NotCopyable):
     # -- bindings, capture and replay ----------------------------------------------------------
     def _check_binding(self, binding: object) -> AnyBinding:
         if not isinstance(binding, (IOBinding, FrozenIOBinding)):
-            raise TypeError(f"expected an IOBinding or FrozenIOBinding from session.io_binding(), got {type(binding).__name__}")
+            raise ArgumentTypeError(f"expected an IOBinding or FrozenIOBinding from session.io_binding(), got {type(binding).__name__}")
         if binding.session is not self:
             raise ProvenanceError(
                 f"this binding belongs to session {binding.session_id}, not session {self.session_id}; "

@@ -23,7 +23,7 @@ from ._env cimport Device, Env
 from ._value cimport DeviceBuffer, OrtValue, Provenance, make_device_value
 from ._value import check_shape, padded_size
 from ._dtypes import as_dtype, check_device_dtype
-from ._errors import NotCopyable, OutOfMemoryError, ReleasedValueError, ShapeError
+from ._errors import ArgumentTypeError, NotCopyable, OutOfMemoryError, ReleasedValueError, ShapeError
 
 _CREATE = object()
 
@@ -32,7 +32,7 @@ cdef class DeviceAllocator:
     """Common base of :class:`SharedAllocator` and :class:`SessionAllocator`."""
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("use env.shared_allocator(device), or SessionAllocator(env, device, session_id)")
+        raise ArgumentTypeError("use env.shared_allocator(device), or SessionAllocator(env, device, session_id)")
 
     _copy_hint = "Use env.shared_allocator(device) or session.allocator itself."
     __copy__ = NotCopyable.__copy__
@@ -96,7 +96,7 @@ cdef class DeviceAllocator:
     def from_numpy(self, array):
         """A device value holding a copy of ``array`` (its dtype and shape kept exactly)."""
         if not isinstance(array, np.ndarray):
-            raise TypeError(f"from_numpy needs a numpy array, got {type(array).__name__}; wrap it with np.asarray(...)")
+            raise ArgumentTypeError(f"from_numpy needs a numpy array, got {type(array).__name__}; wrap it with np.asarray(...)")
         value = self.empty(array.shape, array.dtype)
         try:
             value.update_inplace(array)
@@ -172,7 +172,7 @@ cdef class SharedAllocator(DeviceAllocator):
         return allocator
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("SharedAllocator is created by its Env: use env.shared_allocator(device)")
+        raise ArgumentTypeError("SharedAllocator is created by its Env: use env.shared_allocator(device)")
 
     def __repr__(self):
         return f"<SharedAllocator device={self.device.index} ({self.device.name}) env={self.env_id}>"
@@ -187,7 +187,7 @@ cdef class SessionAllocator(DeviceAllocator):
 
     def __init__(self, Env env, Device device, session_id):
         if isinstance(session_id, bool) or not isinstance(session_id, int):
-            raise TypeError(f"session_id must be an int, got {session_id!r}")
+            raise ArgumentTypeError(f"session_id must be an int, got {session_id!r}")
         self._setup(env, device, "session", session_id)
 
     def __repr__(self):

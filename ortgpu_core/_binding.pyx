@@ -22,7 +22,7 @@ import threading
 import numpy as np
 
 from ._value cimport OrtValue, DeviceBuffer
-from ._errors import CaptureStateError, NotCopyable, UnsafeAccessError, ReleasedValueError
+from ._errors import ArgumentTypeError, CaptureStateError, NotCopyable, UnsafeAccessError, ReleasedValueError
 
 
 def _raw_pointer_refused(str kind, str name):
@@ -119,7 +119,7 @@ cdef class IOBinding(_BindingView):
     """
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("IOBinding objects are created by a session: use session.io_binding()")
+        raise ArgumentTypeError("IOBinding objects are created by a session: use session.io_binding()")
 
     @staticmethod
     def _create(session):
@@ -163,7 +163,7 @@ cdef class IOBinding(_BindingView):
         if raw_pointer_form or isinstance(value, str):
             raise _raw_pointer_refused("output", name)
         if value is None:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"bind_output({name!r}, None): give a value to write into, e.g. "
                 f"bind_output({name!r}, session.allocator.empty(shape, dtype))"
             )
@@ -183,7 +183,7 @@ cdef class IOBinding(_BindingView):
     def bind_cpu_input(self, name, array):
         """Bind input ``name`` to a host array, for ordinary (uncaptured) runs only."""
         if not isinstance(array, np.ndarray):
-            raise TypeError(f"bind_cpu_input({name!r}, ...) needs a numpy array, got {type(array).__name__}")
+            raise ArgumentTypeError(f"bind_cpu_input({name!r}, ...) needs a numpy array, got {type(array).__name__}")
         with self._lock:
             self._check_mutable(f"bind input {name!r}")
             self._session._check_bind(name, array, "cpu-input")
@@ -244,7 +244,7 @@ cdef class FrozenIOBinding(_BindingView):
     """An immutable binding: what a captured graph replays.  No bind or clear methods."""
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("FrozenIOBinding objects are made by IOBinding.freeze()")
+        raise ArgumentTypeError("FrozenIOBinding objects are made by IOBinding.freeze()")
 
     @staticmethod
     def _create(session, dict inputs, dict outputs, dict cpu_inputs, origin):

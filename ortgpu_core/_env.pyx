@@ -17,7 +17,7 @@ import threading
 import warnings
 import weakref
 
-from ._errors import InvalidArgumentError, NotCopyable, ProvenanceError, ReleasedValueError
+from ._errors import ArgumentTypeError, InvalidArgumentError, NotCopyable, ProvenanceError, ReleasedValueError
 
 _env_ids = itertools.count(1)
 
@@ -56,7 +56,7 @@ cdef class Device:
     """
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("Device objects are created by an Env: use env.devices or env.default_device")
+        raise ArgumentTypeError("Device objects are created by an Env: use env.devices or env.default_device")
 
     _copy_hint = "A Device is its Env's; use env.devices or env.default_device."
     __copy__ = NotCopyable.__copy__
@@ -196,7 +196,7 @@ cdef class Env:
         """Raise ``ProvenanceError`` unless ``device`` is one of this Env's open devices."""
         self.check_open()
         if not isinstance(device, Device):
-            raise TypeError(f"expected an ortgpu Device, got {type(device).__name__}: use env.devices or env.default_device")
+            raise ArgumentTypeError(f"expected an ortgpu Device, got {type(device).__name__}: use env.devices or env.default_device")
         if (<Device>device).env_id != self.id:
             raise ProvenanceError(
                 f"{device!r} belongs to Env {(<Device>device).env_id}, not Env {self.id}; "

@@ -28,6 +28,7 @@ __all__ = [
     "UnsupportedOpError",
     "InvalidModelError",
     "InvalidArgumentError",
+    "ArgumentTypeError",
     "ShapeError",
     "DtypeError",
 ]
@@ -39,6 +40,11 @@ class OrtGpuError(Exception):
 
 class InvalidArgumentError(OrtGpuError, ValueError):
     """An argument has the right type but an unusable value."""
+
+
+class ArgumentTypeError(OrtGpuError, TypeError):
+    """An argument has the wrong type (a numpy array where an ``OrtValue`` is needed, a float graph id, an object
+    constructed directly that ortgpu's factories make)."""
 
 
 class ShapeError(InvalidArgumentError):

@@ -32,7 +32,7 @@ import numpy as np
 
 from ._value cimport DeviceBuffer, OrtValue
 from .backends._commands cimport CommandList
-from ._errors import CaptureStateError, DeviceLostError, NotCopyable, ReleasedValueError
+from ._errors import ArgumentTypeError, CaptureStateError, DeviceLostError, NotCopyable, ReleasedValueError
 
 
 class GraphLabel:
@@ -75,7 +75,7 @@ cdef class PinSet:
     __reduce_ex__ = NotCopyable.__reduce_ex__
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("PinSet objects are made by capture")
+        raise ArgumentTypeError("PinSet objects are made by capture")
 
     @staticmethod
     def _create(label, buffers):
@@ -133,7 +133,7 @@ cdef class CapturedGraph:
     __reduce_ex__ = NotCopyable.__reduce_ex__
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("CapturedGraph objects are made by session.capture(binding, graph_id)")
+        raise ArgumentTypeError("CapturedGraph objects are made by session.capture(binding, graph_id)")
 
     @staticmethod
     def _create(session, label, FrozenIOBinding binding, CommandList commands, submit, PinSet pins, program):
@@ -183,10 +183,14 @@ cdef class CapturedGraph:
 
     cdef int _check_not_released(self) except -1:
         if self._released:
-            raise CaptureStateError(
-                f"graph {self.label} was released and can no longer be replayed; capture it again with "
-                f"session.capture(binding, graph_id={self.graph_id!r})"
-            )
+            session = self._session
+            if session.env.closed:
+                why = f"its Env {session.env.id} was closed; create a new Env and session, and capture again"
+            elif session.closed:
+                why = f"its session {session.session_id} was closed; create a new session and capture again"
+            else:
+                why = f"capture it again with session.capture(binding, graph_id={self.graph_id!r})"
+            raise CaptureStateError(f"graph {self.label} was released and can no longer be replayed: {why}")
         return 0
 
     def replay(self, verify=False):

@@ -25,7 +25,7 @@ run) and before later work on the device's queue.
 import numpy as np
 
 from ._value cimport OrtValue, DeviceBuffer
-from ._errors import DtypeError, ProvenanceError, ShapeError, TransferRoutingError
+from ._errors import ArgumentTypeError, DtypeError, ProvenanceError, ShapeError, TransferRoutingError
 from .backends._commands import CommandList
 from ._value import padded_size
 
@@ -33,7 +33,7 @@ from ._value import padded_size
 def transfer_route(source, destination):
     """The name of the route :func:`transfer` would take (see the module table), or raise."""
     if not isinstance(source, OrtValue) or not isinstance(destination, OrtValue):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"transfers are between OrtValues, got {type(source).__name__} -> {type(destination).__name__}; "
             f"wrap arrays with OrtValue.ortvalue_from_numpy(array)"
         )

@@ -25,6 +25,7 @@ import numpy as np
 
 from ._env cimport Device
 from ._errors import (
+    ArgumentTypeError,
     CaptureStateError,
     DeviceLostError,
     DtypeError,
@@ -68,7 +69,7 @@ cdef class DeviceBuffer:
     __reduce_ex__ = NotCopyable.__reduce_ex__
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("DeviceBuffer is internal: allocate values with an allocator's empty() or from_numpy()")
+        raise ArgumentTypeError("DeviceBuffer is internal: allocate values with an allocator's empty() or from_numpy()")
 
     @staticmethod
     def _create(Device device, object handle, Py_ssize_t nbytes, object owner_description):
@@ -177,7 +178,7 @@ cdef class Provenance:
     """
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("Provenance is attached by ortgpu to every value it creates; read value.provenance")
+        raise ArgumentTypeError("Provenance is attached by ortgpu to every value it creates; read value.provenance")
 
     # Immutable: a copy is the object itself.  Not picklable: it names a live Device of this process.
     _copy_hint = "A provenance names a device of this process; compare or describe it instead."
@@ -294,7 +295,7 @@ cdef class OrtValue:
     """
 
     def __init__(self, *args, **kwargs):
-        raise TypeError(
+        raise ArgumentTypeError(
             "OrtValue cannot be constructed directly: use OrtValue.ortvalue_from_numpy(array[, 'webgpu']), "
             "OrtValue.ortvalue_from_shape_and_type(...), or an allocator's empty()/from_numpy()"
         )
@@ -330,7 +331,7 @@ cdef class OrtValue:
         onnxruntime does), or uploaded to ``env.devices[device_id]`` of the
         default Env through its shared allocator (``device_type="webgpu"``)."""
         if not isinstance(array, np.ndarray):
-            raise TypeError(f"ortvalue_from_numpy needs a numpy array, got {type(array).__name__}; wrap it with np.asarray(...)")
+            raise ArgumentTypeError(f"ortvalue_from_numpy needs a numpy array, got {type(array).__name__}; wrap it with np.asarray(...)")
         if device_type == "cpu":
             as_dtype(array.dtype)
             return make_cpu_value(np.ascontiguousarray(array))
@@ -457,7 +458,7 @@ cdef class OrtValue:
         """
         self._check_usable("update the value")
         if not isinstance(array, np.ndarray):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"update_inplace needs a numpy array of dtype {self._dtype} and shape {list(self._shape)}, "
                 f"got {type(array).__name__}"
             )

@@ -392,6 +392,8 @@ def test_releases_after_env_close_always_succeed(backend: str) -> None:
     graph = sess.capture(binding, graph_id=0)
     environment.close()
     assert graph.released  # the session was closed with the Env, its graphs first
+    with pytest.raises(CaptureStateError, match=f"its Env {environment.id} was closed; create a new Env"):
+        graph.replay()
     assert graph.release() is binding
     sess.close()
     for value in (x, y, shared):
@@ -446,3 +448,29 @@ def test_operations_cut_off_by_env_close_say_released(backend_name: str) -> None
     assert not errors, [f"{type(e).__name__}: {e}" for e in errors]
     assert seen
 
+
+
+def test_replay_after_session_close_says_the_session_is_closed(session: InferenceSession) -> None:
+    binding, x, y = bound(session)
+    graph = session.capture(binding, graph_id=0)
+    session.close()
+    with pytest.raises(CaptureStateError, match=f"its session {session.session_id} was closed; create a new session"):
+        graph.replay()
+    with pytest.raises(CaptureStateError, match="was closed"):
+        graph.replay_and_read()
+
+
+def test_a_numpy_array_where_a_value_is_needed_is_an_ortgpu_error(session: InferenceSession) -> None:
+    from ortgpu import ArgumentTypeError, OrtGpuError
+
+    binding = session.io_binding()
+    for call in (
+        lambda: binding.bind_input("X", batch()),
+        lambda: binding.bind_output("Y", batch()),
+        lambda: session.run_with_ort_values(None, {"X": batch()}),  # type: ignore[dict-item]
+        lambda: session.run(None, {"X": [1.0]}),  # type: ignore[dict-item]
+        lambda: session.capture(binding, graph_id=1.5),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ArgumentTypeError) as info:
+            call()
+        assert isinstance(info.value, OrtGpuError) and isinstance(info.value, TypeError)

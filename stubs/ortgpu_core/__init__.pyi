@@ -18,6 +18,7 @@ from ._errors import ModelError as ModelError
 from ._errors import UnsupportedOpError as UnsupportedOpError
 from ._errors import InvalidModelError as InvalidModelError
 from ._errors import InvalidArgumentError as InvalidArgumentError
+from ._errors import ArgumentTypeError as ArgumentTypeError
 from ._errors import ShapeError as ShapeError
 from ._errors import DtypeError as DtypeError
 from ._transfer import transfer as transfer
@@ -43,6 +44,7 @@ __all__ = [
     "UnsupportedOpError",
     "InvalidModelError",
     "InvalidArgumentError",
+    "ArgumentTypeError",
     "ShapeError",
     "DtypeError",
     "Env",
