@@ -55,14 +55,20 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 stamp="$VENV/.ortgpu-installed"
-if [ ! -f "$stamp" ] || [ -n "$(find setup.py pyproject.toml ortgpu_core -newer "$stamp" \( -name '*.pyx' -o -name '*.pxd' -o -name 'setup.py' -o -name 'pyproject.toml' \) 2>/dev/null | head -1)" ]; then
+# The editable install is "strict": a tree of links to this checkout's files (stub package included), which type
+# checkers follow, unlike the default import hook. Edits show at once; added or removed files need a reinstall, so
+# the stamp records the file list as well as the build inputs' times.
+package_files=$(find ortgpu ortgpu_core stubs bench -type f \( -name '*.py' -o -name '*.pyi' -o -name '*.pyx' -o -name '*.pxd' -o -name 'py.typed' \) 2>/dev/null | LC_ALL=C sort | cksum)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$package_files" ] \
+   || [ -n "$(find setup.py pyproject.toml ortgpu_core -newer "$stamp" \( -name '*.pyx' -o -name '*.pxd' -o -name 'setup.py' -o -name 'pyproject.toml' \) 2>/dev/null)" ]; then
   say "installing ortgpu and its test dependencies into $VENV (log: $VENV/install.log)"
-  if ! { "$VENV/bin/python" -m pip install -q --upgrade pip && "$VENV/bin/python" -m pip install -q -e ".[test]"; } > "$VENV/install.log" 2>&1; then
+  if ! { "$VENV/bin/python" -m pip install -q --upgrade pip \
+         && "$VENV/bin/python" -m pip install -q -e ".[test]" --config-settings editable_mode=strict; } > "$VENV/install.log" 2>&1; then
     tail -40 "$VENV/install.log" >&2
     say "installation failed; the whole log is $VENV/install.log"
     exit 1
   fi
-  touch "$stamp"
+  printf '%s\n' "$package_files" > "$stamp"
 fi
 
 case "${1:-}" in

@@ -4,6 +4,7 @@ of 40 runs, because ``ldconfig -p | grep -q`` fails under ``pipefail`` when grep
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,3 +24,25 @@ def test_doctor_finds_the_installed_system_packages_every_time() -> None:
 def test_run_script_pipes_nothing_into_grep_q() -> None:
     script = (ROOT / "run.sh").read_text()
     assert "| grep -q" not in script
+
+
+def test_user_scripts_outside_the_checkout_see_ortgpus_types(tmp_path: Path) -> None:
+    """After run.sh's editable install, mypy on a script in another folder resolves ortgpu and its stubs (the
+    default editable mode's import hook left it at import-not-found)."""
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import ortgpu\n"
+        "env = ortgpu.Env(backend='fake')\n"
+        "x = env.shared_allocator().from_numpy(np.zeros((2, 2), np.float32))\n"
+        "reveal_type(x)\n"
+        "x.numpy()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(script)],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    output = result.stdout + result.stderr
+    assert "import-not-found" not in output, output
+    assert 'Revealed type is "ortgpu_core._value.OrtValue[ortgpu_core._value.WebGPU]"' in output, output
+    assert 'Invalid self argument "OrtValue[WebGPU]"' in output, output  # numpy() on a device value is a type error
