@@ -25,14 +25,14 @@ from ._executor import PipelineCache
 _serial_locks: "weakref.WeakKeyDictionary[Env, threading.RLock]" = weakref.WeakKeyDictionary()
 _serial_locks_guard = threading.Lock()
 _pipeline_caches: "weakref.WeakKeyDictionary[Any, PipelineCache]" = weakref.WeakKeyDictionary()
-# Reentrant: a device destroyed while the guard is held (a callback of add_destroy_callback) takes it again.
+# Reentrant: a device destroyed while this thread holds the guard (say, collected) runs its callback here.
 _pipeline_caches_guard = threading.RLock()
 
 
 def _pipeline_cache(device: BackendDevice) -> PipelineCache:
     """The pipeline cache of a backend device, shared by every session on it."""
     with _pipeline_caches_guard:
-        _forget_destroyed()
+        dropped = _drop_destroyed()
         cache = _pipeline_caches.get(device)
         if cache is None:
             cache = _pipeline_caches[device] = PipelineCache(device)
@@ -41,7 +41,9 @@ def _pipeline_cache(device: BackendDevice) -> PipelineCache:
             at_destroy = getattr(device, "add_destroy_callback", None)
             if at_destroy is not None:
                 at_destroy(functools.partial(_forget_device, weakref.ref(device)))
-        return cache
+    for stale in dropped:  # outside the guard: forget() takes the cache's own lock
+        stale.forget()
+    return cache
 
 
 def _forget_device(device_ref: "weakref.ref[Any]") -> None:
@@ -55,12 +57,14 @@ def _forget_device(device_ref: "weakref.ref[Any]") -> None:
         cache.forget()
 
 
-def _forget_destroyed() -> None:
-    """Drop the entries of devices that are destroyed but still referenced (under the guard)."""
+def _drop_destroyed() -> list[PipelineCache]:
+    """Drop the entries of devices that are destroyed but still referenced (under the guard); their caches."""
+    dropped = []
     for device in [device for device in list(_pipeline_caches.keys()) if getattr(device, "destroyed", False)]:
         cache = _pipeline_caches.pop(device, None)
         if cache is not None:
-            cache.forget()
+            dropped.append(cache)
+    return dropped
 
 
 def _serial_lock(env: Env) -> threading.RLock:

@@ -380,6 +380,8 @@ class FakeDevice:
         # live then, and gone with the device).
         self._orphaned: frozenset[int] = frozenset()
         self._destroy_callbacks: list[Callable[[], None]] = []
+        self._callbacks_lock = threading.Lock()
+        self._callbacks_done = False
 
     def __repr__(self) -> str:
         state = "destroyed" if self._destroyed else "lost" if self._lost_reason is not None else "open"
@@ -833,8 +835,9 @@ class FakeDevice:
     def add_destroy_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once, right after the device is destroyed (at once if it already is): for state
         that layers above keep per device, such as the pipeline cache, to go with it."""
-        with self._lock:
-            if not self._destroyed:
+        # A lock of their own, never held while calling out: registering never waits for the backend's lock.
+        with self._callbacks_lock:
+            if not self._callbacks_done:
                 self._destroy_callbacks.append(callback)
                 return
         callback()
@@ -855,7 +858,9 @@ class FakeDevice:
                 self._backend._retire(handle, "orphaned")
             self._stats.live_buffer_bytes = 0
             self._backend._device_destroyed(self)
+        with self._callbacks_lock:
             callbacks, self._destroy_callbacks = self._destroy_callbacks, []
+            self._callbacks_done = True
         for callback in callbacks:
             callback()
 

@@ -459,6 +459,8 @@ class WgpuDevice:
         self._queue: Any = None
         self._lock = threading.RLock()  # see _serialized
         self._destroy_callbacks: list[Callable[[], None]] = []
+        self._callbacks_lock = threading.Lock()
+        self._callbacks_done = False
         self._handles: dict[int, _Handle] = {}
         # Frozen command lists (captured graphs) validated once: id -> (weak reference, handles they use).
         # Releasing any of those handles forgets the validation, so the next submit checks again.
@@ -1250,8 +1252,9 @@ class WgpuDevice:
     def add_destroy_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once, right after the device is destroyed (at once if it already is): for state
         that layers above keep per device, such as the pipeline cache, to go with it."""
-        with self._lock:
-            if self._device is not None:
+        # A lock of their own, never held while calling out: registering never waits for the device's work.
+        with self._callbacks_lock:
+            if not self._callbacks_done:
                 self._destroy_callbacks.append(callback)
                 return
         callback()
@@ -1260,7 +1263,12 @@ class WgpuDevice:
         """Release the staging buffer, every live handle, the queue and the device, then call the destroy
         callbacks (outside the device's lock).  Idempotent."""
         self._destroy_native()
-        callbacks, self._destroy_callbacks = getattr(self, "_destroy_callbacks", []), []
+        lock = getattr(self, "_callbacks_lock", None)
+        if lock is None:
+            return  # never fully opened
+        with lock:
+            callbacks, self._destroy_callbacks = self._destroy_callbacks, []
+            self._callbacks_done = True
         for callback in callbacks:
             callback()
 
