@@ -47,6 +47,14 @@ def pytest_configure(config: pytest.Config) -> None:
     backends = selected_backends(config)
     if len(backends) == 1:
         os.environ["ORTGPU_BACKEND"] = backends[0]
+    if "wgpu" not in backends:
+        # --backend=fake runs no wgpu test: a test that opens wgpu-native anyway fails, naming itself.
+        from ortgpu_core.backends import wgpu_native
+
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise AssertionError("this test uses wgpu-native under --backend=fake; mark it wgpu_only or use backend_name")
+
+        wgpu_native.WgpuBackend.__init__ = refuse  # type: ignore[method-assign,assignment]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -139,9 +139,15 @@ def check_reference(
 
 
 @pytest.fixture(scope="module", params=["fake", "wgpu"])
-def device(request: pytest.FixtureRequest) -> Iterator[Any]:
+def backend_name(request: pytest.FixtureRequest) -> str:
+    """Module-scoped (one device per backend for the module); named as conftest's, so --backend selects it."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def device(backend_name: str) -> Iterator[Any]:
     dev: Any
-    if request.param == "fake":
+    if backend_name == "fake":
         from ortgpu_core.backends.fake import FakeBackend
 
         dev = FakeBackend().open_device(0)
