@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ortgpu_core._errors import DeviceLostError, InvalidArgumentError, OutOfMemoryError, ValidationError
+from ortgpu_core._errors import DeviceLostError, InvalidArgumentError, OutOfMemoryError, ReleasedValueError, ValidationError
 from ortgpu_core.backends.fake import (
     DEFAULT_FAKE_LIMITS,
     FAKE_DEVICE_ID,
@@ -560,7 +560,7 @@ def test_lost_device_raises_everywhere_but_frees(device: FakeDevice, backend: Fa
     device.destroy()  # idempotent
     assert device.destroyed and backend.live_handles() == 0
     for call in calls:
-        with pytest.raises(DeviceLostError, match="destroyed"):
+        with pytest.raises(ReleasedValueError, match="destroyed"):
             call()
     frees[1]()  # freed by destroy(): releasing afterwards does nothing
     frees[2]()

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pytest
 
-from ortgpu_core._errors import DeviceLostError, ValidationError
+from ortgpu_core._errors import DeviceLostError, ReleasedValueError, ValidationError
 from ortgpu_core.backends.protocol import (
     AdapterInfo,
     Backend,
@@ -369,7 +369,8 @@ def test_bad_adapter_index(backend: Backend) -> None:
         backend.open_device(len(backend.enumerate_adapters()))
 
 
-def test_destroyed_device_raises_device_lost(backend: Backend) -> None:
+def test_destroyed_device_raises_released(backend: Backend) -> None:
+    """A device destroyed by its owner (its Env closed) was released, not lost: ReleasedValueError; frees succeed."""
     device = backend.open_device(default_index(backend))
     buffer = device.create_buffer(16)
     device.destroy()
@@ -380,8 +381,9 @@ def test_destroyed_device_raises_device_lost(backend: Backend) -> None:
         lambda: device.submit(CommandList()),
         device.wait_idle,
     ):
-        with pytest.raises(DeviceLostError):
+        with pytest.raises(ReleasedValueError, match="destroyed"):
             call()
+    device.destroy_buffer(buffer)  # releasing is always allowed: nothing left to free
     assert device.live_handles() == 0
 
 

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from ortgpu_core._errors import DeviceLostError, InvalidArgumentError, OutOfMemoryError, ValidationError
+from ortgpu_core._errors import DeviceLostError, InvalidArgumentError, OutOfMemoryError, ReleasedValueError, ValidationError
 from ortgpu_core.backends import _cdef
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import AdapterInfo, Backend, BackendDevice, BindingEntry
@@ -460,7 +460,7 @@ def test_device_destroy_and_loss(backend: WgpuBackend) -> None:
     device.destroy()
     device.destroy()  # idempotent
     assert device.live_handles() == 0 and device.destroyed
-    with pytest.raises(DeviceLostError):
+    with pytest.raises(ReleasedValueError, match="destroyed"):
         device.create_buffer(64)
 
     lost = backend.open_device(backend.default_adapter_index())

@@ -472,3 +472,29 @@ def test_a_numpy_array_where_a_value_is_needed_is_an_ortgpu_error(session: Infer
         with pytest.raises(ArgumentTypeError) as info:
             call()
         assert isinstance(info.value, OrtGpuError) and isinstance(info.value, TypeError)
+
+
+def test_a_release_from_a_finalizer_inside_a_device_call_waits_for_that_call(env: Env) -> None:
+    """The collector may run a finalizer (a DeviceBuffer dying, a session collected unclosed) in the middle of one
+    of the device's own calls on the same thread; its free must not change the device's tables under that call.
+    Simulated by holding the device's lock (as a call in progress does) while freeing."""
+    device = env.default_device._native_device()
+    before = device.live_handles()
+    buffer = device.create_buffer(64)
+    with device._lock:  # a call of this device in progress on this thread
+        device.destroy_buffer(buffer)  # what a finalizer would do
+        assert device.live_handles() == before + 1, "freed under the call in progress"
+        assert device._lock.deferred == 1
+    assert device.live_handles() == before and device._lock.deferred == 0
+
+
+def test_a_value_collected_inside_a_device_call_is_freed_after_it(env: Env) -> None:
+    """The same through the core: the last reference to a device value dies while a device call is in progress."""
+    device = env.default_device._native_device()
+    before = owned_handles(env)
+    value = env.shared_allocator(env.default_device).from_numpy(batch())
+    with device._lock:
+        del value
+        gc.collect()
+        assert owned_handles(env) == before + 1
+    assert owned_handles(env) == before

@@ -56,7 +56,8 @@ from typing import Any, Callable, Final, Literal, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import DeviceLostError, InvalidArgumentError, OutOfMemoryError, ValidationError
+from .._errors import DeviceLostError, InvalidArgumentError, OutOfMemoryError, ReleasedValueError, ValidationError
+from ._device_lock import DeviceLock
 from ._commands import CommandList
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin, host_read_target
 
@@ -177,7 +178,7 @@ class FakeFaults:
     1-based and counts from the call that schedules it (``n=1``: the next one).
     """
 
-    def __init__(self, lock: threading.RLock) -> None:
+    def __init__(self, lock: DeviceLock) -> None:
         self._lock = lock
         self._scheduled: list[InjectedFault] = []
         self._allocations = 0  # guarded by _lock
@@ -426,7 +427,7 @@ class FakeDevice:
 
     def _check_usable(self) -> None:
         if self._destroyed:
-            raise DeviceLostError(f"{self._name} was destroyed; open a new device")
+            raise ReleasedValueError(f"{self._name} was destroyed (closed with its Env); open a new device")
         if self._lost_reason is not None:
             raise DeviceLostError(f"{self._name} is lost: {self._lost_reason}; every value on it is gone")
 
@@ -553,6 +554,8 @@ class FakeDevice:
         raises :class:`ValidationError`.
         """
         with self._lock:
+            if self._lock.defer_if_nested(lambda: self.destroy_buffer(buffer)):
+                return  # a finalizer run inside another call of this device: freed when that call returns
             freed = self._buffers.get(buffer)
             self._free(buffer, "buffer", self._buffers)
             if freed is not None:
@@ -659,7 +662,8 @@ class FakeDevice:
     def release_pipeline(self, pipeline: int) -> None:
         """Free the pipeline (its bind groups stay valid objects, but dispatching needs a live pipeline)."""
         with self._lock:
-            self._free(pipeline, "pipeline", self._pipelines)
+            if not self._lock.defer_if_nested(lambda: self.release_pipeline(pipeline)):
+                self._free(pipeline, "pipeline", self._pipelines)
 
     def create_bind_group(self, pipeline: int, entries: Sequence[BindingEntry]) -> int:
         """A bind group for group 0 of ``pipeline``.
@@ -722,7 +726,8 @@ class FakeDevice:
     def release_bind_group(self, bind_group: int) -> None:
         """Free the bind group."""
         with self._lock:
-            self._free(bind_group, "bind group", self._bind_groups)
+            if not self._lock.defer_if_nested(lambda: self.release_bind_group(bind_group)):
+                self._free(bind_group, "bind group", self._bind_groups)
 
     # -- submission ------------------------------------------------------------
     def validate_commands(self, commands: CommandList) -> None:
@@ -902,7 +907,7 @@ class FakeBackend:
             if not isinstance(spec, FakeDeviceSpec):
                 raise InvalidArgumentError(f"devices must be FakeDeviceSpec, got {type(spec).__name__}")
         self._specs = specs
-        self._lock = threading.RLock()
+        self._lock = DeviceLock()  # one for the backend, its devices and its faults
         self._last_handle = 0  # handles count up from 1 and are never reused (0 stays the null handle)
         # Guarded by _lock: the record of every live handle, and of the last FREED_RECORDS_KEPT freed ones.
         self._records: dict[int, _HandleRecord] = {}

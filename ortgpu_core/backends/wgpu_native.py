@@ -31,7 +31,15 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
-from .._errors import DeviceError, DeviceLostError, InvalidArgumentError, OutOfMemoryError, ValidationError
+from .._errors import (
+    DeviceError,
+    DeviceLostError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    ReleasedValueError,
+    ValidationError,
+)
+from ._device_lock import DeviceLock
 from . import _cdef
 from ._commands import CommandList, NativeTable
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin, host_read_target
@@ -457,7 +465,7 @@ class WgpuDevice:
         self._backend = backend
         self._device: Any = None
         self._queue: Any = None
-        self._lock = threading.RLock()  # see _serialized
+        self._lock = DeviceLock()  # see _serialized; releases from finalizers mid-call are deferred
         self._destroy_callbacks: list[Callable[[], None]] = []
         self._callbacks_lock = threading.Lock()
         self._callbacks_done = False
@@ -661,12 +669,22 @@ class WgpuDevice:
     # -- errors -------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._device is None:
-            raise DeviceLostError(f"the wgpu device on adapter {self.info.index} ({self.info.name}) was destroyed")
+            raise ReleasedValueError(
+                f"the wgpu device on adapter {self.info.index} ({self.info.name}) was destroyed (closed with its Env); "
+                f"open a new one"
+            )
         if self._sink.lost is not None:
             raise DeviceLostError(
                 f"the wgpu device on adapter {self.info.index} ({self.info.name}) was lost ({self._sink.lost}); "
                 "every value on it is gone: recreate the Env"
             )
+
+    def _raise_pending_unless_lost(self, action: str) -> None:
+        """For frees: errors they caused are raised, but a device loss is not theirs to report."""
+        if self._sink.lost is None:
+            self._raise_pending(action)
+        else:
+            self._sink.errors = []
 
     def _raise_pending(self, action: str) -> None:
         """Raise what the callbacks collected during ``action`` as a typed exception."""
@@ -758,13 +776,18 @@ class WgpuDevice:
 
     @_serialized
     def destroy_buffer(self, buffer: int) -> None:
-        """Free the buffer now (bind groups that use it become unusable)."""
-        self._check_open()
+        """Free the buffer now (bind groups that use it become unusable).
+
+        Releasing is always allowed: on a lost device it frees as usual, after ``destroy()`` it does nothing (the
+        device freed everything), and from a finalizer run inside another call of this device it is done when
+        that call returns."""
+        if self._lock.defer_if_nested(lambda: self.destroy_buffer(buffer)) or self._device is None:
+            return
         record = self._lookup(buffer, "buffer", "destroy_buffer")
         del self._handles[buffer]
         self._forget_validation(buffer)
         self._free_buffer(record.pointer)
-        self._raise_pending(f"destroy_buffer({buffer:#x})")
+        self._raise_pending_unless_lost(f"destroy_buffer({buffer:#x})")
 
     def buffer_size(self, buffer: int) -> int:
         """The size in bytes of a live buffer."""
@@ -958,7 +981,9 @@ class WgpuDevice:
 
     @_serialized
     def release_pipeline(self, pipeline: int) -> None:
-        self._check_open()
+        """Free the pipeline (always allowed, as :meth:`destroy_buffer`)."""
+        if self._lock.defer_if_nested(lambda: self.release_pipeline(pipeline)) or self._device is None:
+            return
         record = self._lookup(pipeline, "pipeline", "release_pipeline")
         del self._handles[pipeline]
         self._forget_validation(pipeline)
@@ -1039,7 +1064,9 @@ class WgpuDevice:
 
     @_serialized
     def release_bind_group(self, bind_group: int) -> None:
-        self._check_open()
+        """Free the bind group (always allowed, as :meth:`destroy_buffer`)."""
+        if self._lock.defer_if_nested(lambda: self.release_bind_group(bind_group)) or self._device is None:
+            return
         record = self._lookup(bind_group, "bind_group", "release_bind_group")
         del self._handles[bind_group]
         self._forget_validation(bind_group)
@@ -1122,7 +1149,7 @@ class WgpuDevice:
             else:
                 used.add(record[1])
         list_id = id(commands)
-        self._validated[list_id] = (weakref.ref(commands, lambda _: self._forget_list(list_id)), frozenset(used))
+        self._validated[list_id] = (weakref.ref(commands, lambda _: self._list_died(list_id)), frozenset(used))
         for handle in used:
             self._validated_by_handle.setdefault(handle, set()).add(list_id)
 
@@ -1176,6 +1203,12 @@ class WgpuDevice:
             command_buffer = self._ahead.pop(key, 0)
             if command_buffer:
                 self._native_table.release_encoded(command_buffer)
+
+    def _list_died(self, list_id: int) -> None:
+        """A validated frozen list was collected (a weak-reference callback: any thread, maybe mid-call)."""
+        with self._lock:
+            if not self._lock.defer_if_nested(lambda: self._list_died(list_id)):
+                self._forget_list(list_id)
 
     def _forget_list(self, list_id: int) -> None:
         """A validated frozen list died: forget its validation and release what was encoded ahead for it."""

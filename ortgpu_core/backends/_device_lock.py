@@ -1,0 +1,70 @@
+"""The lock a backend device holds around its calls, and releases deferred out of re-entrant calls.
+
+Finalizers free native objects: a ``DeviceBuffer`` dying frees its buffer, a session collected without
+``close()`` closes itself.  The collector runs finalizers wherever Python allocates, which may be *inside* one of
+the device's own calls on the same thread (the device's lock is re-entrant, so the finalizer's call would run
+in the middle of the outer one, changing tables the outer call is reading).  A release that arrives that way is
+queued instead and done when the outermost call leaves the lock, so device code never sees its state change under
+it, and the release still happens before the thread does anything else with the device.
+
+Releases only: a finalizer never creates or submits anything.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from types import TracebackType
+from typing import Callable
+
+
+class DeviceLock:
+    """A re-entrant lock that knows how deep the holding thread is, with a queue of deferred releases."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0  # guarded by _lock: nesting of the holding thread
+        self._deferred: list[Callable[[], object]] = []  # guarded by _lock
+
+    def __enter__(self) -> DeviceLock:
+        self._lock.acquire()
+        self._depth += 1
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self._depth == 1 and self._deferred:
+                # The outermost call is done: run the queued releases as outermost calls themselves (a release
+                # that a finalizer queues meanwhile joins the queue and runs in this loop too).
+                self._depth = 0
+                try:
+                    self._run_deferred()
+                finally:
+                    self._depth = 1
+        finally:
+            self._depth -= 1
+            self._lock.release()
+
+    def defer_if_nested(self, release: Callable[[], object]) -> bool:
+        """Called by a release method that holds the lock: if the thread was already inside the device when it
+        entered (a finalizer run mid-call), queue ``release`` for when the outermost call leaves, and return True;
+        else return False and let the caller release now."""
+        if self._depth <= 1:
+            return False
+        self._deferred.append(release)
+        return True
+
+    @property
+    def deferred(self) -> int:
+        """Releases waiting for the outermost call to leave (0 whenever no call is in progress)."""
+        return len(self._deferred)
+
+    def _run_deferred(self) -> None:
+        while self._deferred:
+            release = self._deferred.pop(0)
+            try:
+                release()
+            except Exception as error:  # noqa: BLE001 - the caller's own call succeeded; a finalizer's free did not
+                warnings.warn(f"a deferred release failed: {error}", ResourceWarning, stacklevel=3)
