@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -46,3 +48,15 @@ def test_user_scripts_outside_the_checkout_see_ortgpus_types(tmp_path: Path) -> 
     assert "import-not-found" not in output, output
     assert 'Revealed type is "ortgpu_core._value.OrtValue[ortgpu_core._value.WebGPU]"' in output, output
     assert 'Invalid self argument "OrtValue[WebGPU]"' in output, output  # numpy() on a device value is a type error
+
+
+@pytest.mark.wgpu_only
+def test_opening_a_wgpu_device_prints_no_runtime_dir_warning(tmp_path: Path) -> None:
+    """Mesa printed "XDG_RUNTIME_DIR is invalid or not set" four times per process when it was unset."""
+    import os
+
+    environment = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    code = "import ortgpu; env = ortgpu.Env(backend='wgpu'); env.default_device.features; env.close(); print('opened')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=environment)
+    assert result.returncode == 0 and "opened" in result.stdout, result.stderr
+    assert "XDG_RUNTIME_DIR" not in result.stderr, result.stderr

@@ -23,8 +23,12 @@ call.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 import weakref
@@ -114,8 +118,21 @@ def load_native() -> tuple[Any, Any]:
 
     ffi = cffi.FFI()
     ffi.cdef(_cdef.generated_cdef_path().read_text(encoding="utf-8"))
+    _give_the_driver_a_runtime_dir()
     lib = ffi.dlopen(str(_cdef.wgpu_resources_dir() / _LIBRARY_NAME))
     return ffi, lib
+
+
+def _give_the_driver_a_runtime_dir() -> None:
+    """Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid or not set" (on stderr, several times per process)
+    when the variable is unset, as in containers, CI and cron jobs.  Compute needs no display, so when it is unset or
+    not a directory, point it at a private (0700) folder of ours; a valid setting is left alone."""
+    current = os.environ.get("XDG_RUNTIME_DIR", "")
+    if current and os.path.isdir(current):
+        return
+    folder = tempfile.mkdtemp(prefix="ortgpu-runtime-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["XDG_RUNTIME_DIR"] = folder
 
 
 def feature_name(enum_name: str) -> str:
