@@ -31,6 +31,15 @@ from onnx import external_data_helper
 
 from ortgpu_core._errors import InvalidModelError, ModelError, UnsupportedOpError
 
+from ._limits import (
+    FoldBudget,
+    LoadLimits,
+    check_node_count,
+    check_shape_probe,
+    keep_folded,
+    may_fold,
+)
+from ._limits import check_external_data as _check_external_data
 from .ops import TensorInfo, get_operator
 
 __all__ = [
@@ -57,8 +66,7 @@ Shape = tuple[Dim, ...]
 
 #: Constants up to this many elements are passed to onnx's shape inference as data.
 _DATA_PROPAGATION_LIMIT = 4096
-#: Folding stops producing constants bigger than this (bytes): they would be weights nobody asked for.
-_FOLD_LIMIT_BYTES = 64 << 20
+# How much folding may create (per constant, per model) and the node-count limit: ortgpu._limits.
 
 _NUMPY_DTYPES = frozenset(
     np.dtype(name)
@@ -120,6 +128,10 @@ class LoadedModel:
     model_dir: str | None = None
     producer: str = ""
     folded_nodes: list[str] = field(default_factory=list)
+    #: The limits it was loaded under, and the bytes of constants folding created at load (counted against
+    #: ``limits.max_fold_bytes`` together with what each plan folds).
+    limits: LoadLimits = field(default_factory=LoadLimits)
+    folded_bytes: int = 0
     #: Graph inputs whose *values* decide tensor shapes (a Reshape's shape, Slice bounds,
     #: reduction axes...): a plan is made for their values, not only their shapes.
     value_dependent_inputs: frozenset[str] = frozenset()
@@ -157,9 +169,9 @@ def _attribute_value(attribute: onnx.AttributeProto, node_text: str) -> Any:
     if kind in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
         raise UnsupportedOpError(f"{node_text} has a subgraph attribute {attribute.name!r}; ortgpu runs no control flow")
     if kind == onnx.AttributeProto.TENSOR:
-        return onnx.numpy_helper.to_array(attribute.t)
+        return _to_array(attribute.t, f"tensor attribute {attribute.name!r} of {node_text}")
     if kind == onnx.AttributeProto.TENSORS:
-        return [onnx.numpy_helper.to_array(t) for t in attribute.tensors]
+        return [_to_array(t, f"tensor attribute {attribute.name!r} of {node_text}") for t in attribute.tensors]
     if kind == onnx.AttributeProto.SPARSE_TENSOR:
         raise UnsupportedOpError(f"{node_text} has a sparse tensor attribute {attribute.name!r}")
     value = onnx.helper.get_attribute_value(attribute)
@@ -168,6 +180,17 @@ def _attribute_value(attribute: onnx.AttributeProto, node_text: str) -> Any:
     if isinstance(value, list):
         return [v.decode("utf-8") if isinstance(v, bytes) else v for v in value]
     return value
+
+
+def _to_array(tensor: onnx.TensorProto, what: str) -> np.ndarray:
+    """``tensor``'s data as a C-contiguous array; its data disagreeing with its shape is an ``InvalidModelError``."""
+    try:
+        return np.asarray(onnx.numpy_helper.to_array(tensor), order="C")
+    except (ValueError, TypeError, OverflowError, MemoryError) as error:
+        raise InvalidModelError(
+            f"{what} (shape {list(tensor.dims)}) cannot be read: {str(error)[:200]}; its data does not match its "
+            "shape and type, the model is corrupt"
+        ) from None
 
 
 def _constant_node_value(node: GraphNode) -> np.ndarray:
@@ -223,6 +246,43 @@ def is_concrete(shape: Shape) -> bool:
 
 def _concrete(shape: Shape) -> tuple[int, ...]:
     return tuple(int(d) for d in shape if isinstance(d, int))
+
+
+def _inference_key(
+    node: GraphNode, types: Mapping[str, tuple[Shape, np.dtype[Any]]], constants: Mapping[str, np.ndarray]
+) -> tuple[Any, ...] | None:
+    """What onnx's inference of ``node`` depends on (None: not worth caching): repeated layers infer once."""
+    key: list[Any] = [node.op_type, node.domain, node.opset, tuple(_attribute_bytes(node))]
+    data_bytes = 0
+    for name in node.inputs:
+        value = constants.get(name) if name else None
+        data = None
+        if value is not None and value.size <= _DATA_PROPAGATION_LIMIT:
+            data = (value.dtype.str, value.shape, value.tobytes())
+            data_bytes += value.nbytes
+        key.append(None if not name else (types.get(name), data))
+    return tuple(key) if data_bytes <= 256 and sum(map(len, key[3])) <= 4096 else None
+
+
+def _attribute_bytes(node: GraphNode) -> list[bytes]:
+    return [attribute.SerializeToString() for attribute in _proto_attributes(node)]
+
+
+def _infer_cached(
+    node: GraphNode,
+    types: Mapping[str, tuple[Shape, np.dtype[Any]]],
+    constants: Mapping[str, np.ndarray],
+    opsets: Mapping[str, int],
+    cache: dict[tuple[Any, ...], list[tuple[Shape, np.dtype[Any]] | None]],
+) -> dict[str, tuple[Shape, np.dtype[Any]]]:
+    """:func:`_infer_with_onnx` through ``cache`` (one per propagation: the opsets are fixed), by output position."""
+    key = _inference_key(node, types, constants)
+    if key is None:
+        return _infer_with_onnx(node, types, constants, opsets)
+    if key not in cache:
+        inferred = _infer_with_onnx(node, types, constants, opsets)
+        cache[key] = [inferred.get(name) if name else None for name in node.outputs]
+    return {name: found for name, found in zip(node.outputs, cache[key]) if name and found is not None}
 
 
 def _infer_with_onnx(
@@ -289,16 +349,21 @@ def propagate(
     opsets: Mapping[str, int],
     *,
     concrete: bool,
+    budget: FoldBudget | None = None,
 ) -> tuple[list[GraphNode], list[str]]:
     """Infer every tensor's type and fold what is computable; updates ``types`` and ``constants``.
 
     Returns the nodes that remain (in order) and the names of the folded ones.
     With ``concrete`` every graph input shape is known: a dim onnx cannot infer
     is found by running the node's reference on zeros, and an unresolvable one
-    is an error.
+    is an error.  Folding creates at most ``budget``'s bytes of constants (default:
+    :data:`ortgpu._limits.DEFAULT_MAX_FOLD_BYTES`); nodes it cannot afford stay.
     """
+    if budget is None:
+        budget = FoldBudget(LoadLimits().max_fold_bytes)
     remaining: list[GraphNode] = []
     folded: list[str] = []
+    inference_cache: dict[tuple[Any, ...], list[tuple[Shape, np.dtype[Any]] | None]] = {}
     for node in nodes:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             value = _constant_node_value(node)
@@ -306,7 +371,7 @@ def propagate(
             types[node.outputs[0]] = (tuple(value.shape), value.dtype)
             folded.append(node.name)
             continue
-        inferred = _infer_with_onnx(node, types, constants, opsets)
+        inferred = _infer_cached(node, types, constants, opsets, inference_cache)
         for name in node.outputs:
             if name and name in inferred:
                 types[name] = inferred[name]
@@ -328,9 +393,9 @@ def propagate(
             types[node.outputs[0]] = (tuple(value.shape), value.dtype)
             folded.append(node.name)
             continue
-        if present_inputs and all(name in constants for name in present_inputs) and _foldable(node, types):
-            values = _fold(node, types, constants)
-            if values is not None:
+        if present_inputs and all(name in constants for name in present_inputs):
+            values = _fold(node, types, constants) if may_fold(node, types, constants, budget) else None
+            if values is not None and keep_folded(node, values, budget):
                 for name, value in zip(node.outputs, values):
                     if name:
                         constants[name] = value
@@ -338,19 +403,9 @@ def propagate(
                 folded.append(node.name)
                 continue
         if concrete:
-            _resolve_unknown_dims(node, types, constants)
+            _resolve_unknown_dims(node, types, constants, budget)
         remaining.append(node)
     return remaining, folded
-
-
-def _foldable(node: GraphNode, types: Mapping[str, tuple[Shape, np.dtype[Any]]]) -> bool:
-    # Big outputs are not worth turning into weights at load.
-    for name in node.outputs:
-        if name in types:
-            shape, dtype = types[name]
-            if is_concrete(shape) and int(np.prod(_concrete(shape), dtype=np.int64)) * dtype.itemsize > _FOLD_LIMIT_BYTES:
-                return False
-    return True
 
 
 def _output_infos_guess(node: GraphNode, types: Mapping[str, tuple[Shape, np.dtype[Any]]]) -> list[TensorInfo]:
@@ -394,13 +449,21 @@ def _resolve_unknown_dims(
     node: GraphNode,
     types: dict[str, tuple[Shape, np.dtype[Any]]],
     constants: Mapping[str, np.ndarray],
+    budget: FoldBudget,
 ) -> None:
+    """Find the output shapes onnx left unknown by running the node's reference on its constants and zeros
+    (when :func:`ortgpu._limits.check_shape_probe` allows it)."""
     if all(name in types and is_concrete(types[name][0]) for name in node.outputs if name):
         return
     if not all(name in types and is_concrete(types[name][0]) for name in node.inputs if name):
         raise ModelError(
-            f"cannot infer the shapes of {node.describe()}: the shapes of its inputs are unknown"
+            f"cannot infer the shapes of {node.describe()}: the shapes of its inputs are unknown{budget.note()}"
         )
+    positions = SHAPE_INPUT_POSITIONS.get(node.op_type, ()) if node.domain == "" else ()
+    computed = check_shape_probe(node, types, constants, budget, positions)
+    if computed is not None:  # a growing op (Range, Tile...): its shape without computing it
+        types[node.outputs[0]] = computed
+        return
     inputs: list[np.ndarray | None] = []
     for name in node.inputs:
         if not name:
@@ -560,47 +623,6 @@ def _parse(path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto) -> t
     return model, model_dir
 
 
-def _check_external_data(model: onnx.ModelProto, model_dir: str | None) -> bool:
-    """Validate every external-data location *before* anything is read; True if there is any."""
-    found = False
-    for tensor in external_data_helper._get_all_tensors(model):  # noqa: SLF001 - the documented walker
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        found = True
-        info = {entry.key: entry.value for entry in tensor.external_data}
-        location = info.get("location", "")
-        if model_dir is None:
-            raise InvalidModelError(
-                f"initializer {tensor.name!r} keeps its data in an external file ({location!r}); "
-                "load the model from its path so the file can be found"
-            )
-        if not location or os.path.isabs(location) or os.path.splitdrive(location)[0]:
-            raise InvalidModelError(
-                f"initializer {tensor.name!r} names external data {location!r}: only relative paths inside "
-                "the model's folder are allowed"
-            )
-        root = os.path.realpath(model_dir)
-        target = os.path.realpath(os.path.join(root, location))
-        if os.path.commonpath([root, target]) != root:
-            raise InvalidModelError(
-                f"initializer {tensor.name!r} names external data {location!r}, which leaves the model's "
-                f"folder {model_dir!r}; move the data file next to the model"
-            )
-        if not os.path.isfile(target):
-            raise InvalidModelError(
-                f"initializer {tensor.name!r}: external data file {location!r} is missing from {model_dir!r}"
-            )
-        offset = int(info.get("offset", "0") or 0)
-        length = info.get("length")
-        size = os.path.getsize(target)
-        if offset < 0 or offset > size or (length is not None and offset + int(length) > size):
-            raise InvalidModelError(
-                f"initializer {tensor.name!r}: external data range (offset {offset}, length {length}) lies "
-                f"outside {location!r} ({size} bytes); the file is truncated or the model is corrupt"
-            )
-    return found
-
-
 def _check_versions(model: onnx.ModelProto) -> dict[str, int]:
     if model.ir_version > MAX_IR_VERSION:
         raise InvalidModelError(
@@ -703,14 +725,27 @@ def _check_supported(nodes: Sequence[GraphNode]) -> None:
         raise UnsupportedOpError("the model uses operators ortgpu does not implement: " + "; ".join(problems[:5]) + more)
 
 
-def load_model(path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto) -> LoadedModel:
+def load_model(
+    path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto,
+    *,
+    max_fold_bytes: int | None = None,
+    max_nodes: int | None = None,
+) -> LoadedModel:
     """Load, check and pre-process an ONNX model.
 
     Raises :class:`InvalidModelError` for malformed files (truncated,
     failing onnx's checker, external data outside the model's folder) and
     :class:`UnsupportedOpError` for opsets, operators or dtypes ortgpu lacks.
+
+    ``max_nodes``: a model with more nodes is a :class:`ModelError`.  ``max_fold_bytes``: the most bytes of
+    constants that constant folding creates for this model (at load and in each plan together); once spent,
+    larger foldable nodes stay and run.  When not given: the environment variables ``ORTGPU_MAX_NODES`` and
+    ``ORTGPU_MAX_FOLD_BYTES``, else :data:`ortgpu._limits.DEFAULT_MAX_NODES` (100000) and
+    :data:`~ortgpu._limits.DEFAULT_MAX_FOLD_BYTES` (256 MiB).
     """
+    limits = LoadLimits.resolve(max_fold_bytes=max_fold_bytes, max_nodes=max_nodes)
     model, model_dir = _parse(path_or_bytes)
+    check_node_count(len(model.graph.node), limits)
     opsets = _check_versions(model)
     if _check_external_data(model, model_dir):
         assert model_dir is not None
@@ -730,7 +765,7 @@ def load_model(path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto) 
     initializers: dict[str, np.ndarray] = {}
     for tensor in graph.initializer:
         onnx_dtype_to_numpy(tensor.data_type, f"initializer {tensor.name!r}")
-        initializers[tensor.name] = np.asarray(onnx.numpy_helper.to_array(tensor), order="C")
+        initializers[tensor.name] = _to_array(tensor, f"initializer {tensor.name!r}")
     if graph.sparse_initializer:
         raise UnsupportedOpError("the model has sparse initializers, which ortgpu does not support")
     nodes = _graph_nodes(graph, opsets)
@@ -743,7 +778,8 @@ def load_model(path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto) 
     for name, array in initializers.items():
         types[name] = (tuple(array.shape), array.dtype)
     constants = dict(initializers)
-    remaining, folded = propagate(nodes, types, constants, opsets, concrete=False)
+    budget = FoldBudget(limits.max_fold_bytes)
+    remaining, folded = propagate(nodes, types, constants, opsets, concrete=False, budget=budget)
     remaining, folded_norms = fold_batch_norms(remaining, constants, types, [v.name for v in outputs])
     folded += folded_norms
     outputs = [_refine_output(value, types) for value in outputs]
@@ -759,6 +795,8 @@ def load_model(path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto) 
         model_dir=model_dir,
         producer=model.producer_name,
         folded_nodes=folded,
+        limits=limits,
+        folded_bytes=budget.spent,
         value_dependent_inputs=value_dependent_inputs(remaining, [v.name for v in inputs]),
     )
 

@@ -24,6 +24,7 @@ from ortgpu_core._errors import DtypeError, ModelError, ShapeError, UnsupportedO
 
 import dataclasses
 
+from ._limits import FoldBudget
 from ._model import GraphNode, LoadedModel, Shape, is_concrete, propagate, public_attrs
 from .ops import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, get_operator
 from .ops._runner import padded_size
@@ -147,6 +148,9 @@ def _tensor_info(name: str, types: Mapping[str, tuple[Shape, np.dtype[Any]]], no
     if not is_concrete(shape):
         where = f" produced by {node.describe()}" if node is not None else ""
         raise ModelError(f"cannot infer a concrete shape for tensor {name!r}{where}: got {shape}")
+    if any(d < 0 for d in shape if isinstance(d, int)):
+        where = f" produced by {node.describe()}" if node is not None else ""
+        raise ShapeError(f"tensor {name!r}{where} has a negative dimension in its shape {shape}; the model is invalid")
     return TensorInfo(tuple(int(d) for d in shape if isinstance(d, int)), dtype)
 
 
@@ -296,6 +300,8 @@ class _Planner:
         for name, info in input_infos.items():
             types[name] = (info.shape, info.dtype)
         constants = dict(model.constants)
+        for name, info in input_infos.items():  # before folding: nothing is computed for inputs that cannot fit
+            _check_size(name, info, self.caps, "model input")
         for name in model.value_dependent_inputs:
             if name not in input_values:
                 raise ModelError(
@@ -306,7 +312,9 @@ class _Planner:
             if value.shape != input_infos[name].shape:
                 raise ShapeError(f"the value of input {name!r} has shape {value.shape}, not {input_infos[name].shape}")
             constants[name] = value
-        nodes, folded = propagate(model.nodes, types, constants, model.opsets, concrete=True)
+        # Folding shares the model's budget with the load (what the load folded is still held).
+        budget = FoldBudget(model.limits.max_fold_bytes, spent=model.folded_bytes)
+        nodes, folded = propagate(model.nodes, types, constants, model.opsets, concrete=True, budget=budget)
         self.types = types
         self.constants = constants
         producer_of = {out: node for node in nodes for out in node.outputs if out}
@@ -322,8 +330,6 @@ class _Planner:
 
         # Every tensor's info, checked against the device limits before anything is allocated.
         infos: dict[str, TensorInfo] = dict(input_infos)
-        for name, info in input_infos.items():
-            _check_size(name, info, self.caps, "model input")
         for node in nodes:
             for index, name in enumerate(node.outputs):
                 if name:

@@ -33,6 +33,8 @@ import numpy as np
 
 from ortgpu_core.backends.protocol import DeviceLimits, KernelTwin
 
+from .._limits import element_count
+
 __all__ = [
     "TensorInfo",
     "DeviceCaps",
@@ -58,7 +60,8 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        """Elements, exact (Python ints: a shape whose element count overflows int64 stays huge, not wrapped)."""
+        return element_count(self.shape)
 
     @property
     def nbytes(self) -> int:

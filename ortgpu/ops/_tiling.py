@@ -23,6 +23,7 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ortgpu_core.backends.protocol import KernelTwin
 
+from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget
 
 __all__ = [
@@ -590,8 +591,8 @@ def row_layout(shape: tuple[int, ...], axes: Sequence[int]) -> RowLayout:
     kept = [a for a in range(len(shape)) if a not in reduced]
     kept_shape = tuple(shape[a] for a in kept)
     reduced_shape = tuple(shape[a] for a in reduced)
-    rows = int(np.prod(kept_shape, dtype=np.int64)) if kept_shape else 1
-    length = int(np.prod(reduced_shape, dtype=np.int64)) if reduced_shape else 1
+    rows = element_count(kept_shape) if kept_shape else 1
+    length = element_count(reduced_shape) if reduced_shape else 1
     base = index_function("row_base", kept_shape, tuple(strides[a] for a in kept)) if kept else "fn row_base(i: u32) -> u32 { return 0u; }\n"
     offset = (
         index_function("row_offset", reduced_shape, tuple(strides[a] for a in reduced))

@@ -61,6 +61,7 @@ import numpy as np
 
 from ortgpu_core.backends.protocol import DeviceLimits, KernelTwin
 
+from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, reference_twin
 
 __all__ = [
@@ -456,7 +457,7 @@ def broadcast_index_function(function: str, in_shape: Sequence[int], out_shape: 
     out_shape = [int(d) for d in out_shape]
     if in_shape == out_shape:
         return f"fn {function}(j: u32) -> u32 {{ return j; }}\n"
-    if int(np.prod(in_shape, dtype=np.int64)) == 1:
+    if element_count(in_shape) == 1:
         return f"fn {function}(j: u32) -> u32 {{ return 0u; }}\n"
     aligned = [1] * (len(out_shape) - len(in_shape)) + in_shape
     strides = contiguous_strides(aligned)

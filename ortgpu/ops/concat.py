@@ -13,6 +13,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
 from ._wgsl import gather_kernel
@@ -60,7 +61,7 @@ class Concat(Operator):
         if out.size == 0:
             return OpPlan()
         axis = _axis(attrs, len(out.shape), self.opset)
-        post = int(np.prod(out.shape[axis + 1 :], dtype=np.int64))
+        post = element_count(out.shape[axis + 1 :])
         block = out.shape[axis] * post  # output elements per outer index
         sources: list[tuple[Binding, TensorInfo]] = []
         lines = [

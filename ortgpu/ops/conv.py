@@ -19,6 +19,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
 from ._tiling import (
@@ -204,7 +205,7 @@ class Conv(Operator):
         geometry, group = _conv_setup(x.shape, w.shape, attrs)
         out_shape = (x.shape[0], w.shape[0]) + geometry.out
         steps = _conv_steps(attrs, [None if a is None else a.shape for a in inputs], out_shape)
-        if int(np.prod(out_shape, dtype=np.int64)) == 0:
+        if element_count(out_shape) == 0:
             return OpPlan()
         if len(x.shape) == 3:  # 1-D: a 2-D convolution of height 1
             geometry = SpatialGeometry(
@@ -293,7 +294,7 @@ const OW: u32 = {ow}u;
                 caps=caps,
             )
         check_loop_budget("Conv", cin_g * (kh + 1) * (kw + 1), caps)  # the direct kernel's ci / ky / kx loops
-        total = int(np.prod(out_shape, dtype=np.int64))
+        total = element_count(out_shape)
         grid = grid_for_groups(-(-total // THREADS), caps)
         wgsl = f"""{table.declarations()}
 {constants_wgsl}

@@ -15,6 +15,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
 from ._tiling import (
@@ -130,7 +131,7 @@ class ConvTranspose(Operator):
         group = int(attrs.get("group", 1))
         out_shape = (x.shape[0], w.shape[1] * group) + out
         steps = _conv_steps(attrs, [None if a is None else a.shape for a in inputs], out_shape, "ConvTranspose")
-        total = int(np.prod(out_shape, dtype=np.int64))
+        total = element_count(out_shape)
         if total == 0:
             return OpPlan()
         if len(x.shape) == 3:

@@ -15,6 +15,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
 from ._wgsl import gather_kernel, require_device_dtype
@@ -66,7 +67,7 @@ class Gather(Operator):
             return OpPlan()
         axis = _axis(attrs, len(data.shape))
         size = data.shape[axis]
-        post = int(np.prod(data.shape[axis + 1 :], dtype=np.int64))
+        post = element_count(data.shape[axis + 1 :])
         count = max(indices.size, 1)
         source = (
             "fn source(j: u32) -> vec2<u32> {\n"

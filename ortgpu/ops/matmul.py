@@ -58,6 +58,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 from ._tiling import (
@@ -170,7 +171,7 @@ def plan_gemm(
     transposes, not with ``trans_a``/``trans_b``): input ``i`` holds the source and the operand, of shape
     ``a_shape``/``b_shape``, is ``numpy.transpose(source, perm)``.
     """
-    if int(np.prod(out_shape, dtype=np.int64)) == 0:
+    if element_count(out_shape) == 0:
         return OpPlan()
     if a_perm is not None or b_perm is not None:
         if trans_a or trans_b:
@@ -182,9 +183,9 @@ def plan_gemm(
     n = b_shape[-2] if trans_b else b_shape[-1]
     a_batch, b_batch = a_shape[:-2], b_shape[:-2]
     batch_shape = tuple(np.broadcast_shapes(a_batch, b_batch))
-    batch = int(np.prod(batch_shape, dtype=np.int64))
-    if int(np.prod(b_batch, dtype=np.int64)) == 1 and not trans_a:
-        m, batch = m * int(np.prod(a_batch, dtype=np.int64)), 1  # A's batch folds into its rows
+    batch = element_count(batch_shape)
+    if element_count(b_batch) == 1 and not trans_a:
+        m, batch = m * element_count(a_batch), 1  # A's batch folds into its rows
     if batch == 1 and m == 1 and k > 0:
         return plan_gemv(
             op_type, n=n, k=k, layout="nk" if trans_b else "kn", steps=steps, out_shape=out_shape, compute=compute,
@@ -282,9 +283,9 @@ def _plan_strided_gemm(
     m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
     a_batch, b_batch = a_shape[:-2], b_shape[:-2]
     batch_shape = tuple(np.broadcast_shapes(a_batch, b_batch))
-    batch = int(np.prod(batch_shape, dtype=np.int64))
-    if int(np.prod(b_batch, dtype=np.int64)) == 1 and _rows_merge(a_shape, sa):
-        m, batch = m * int(np.prod(a_batch, dtype=np.int64)), 1  # A's batch folds into its rows
+    batch = element_count(batch_shape)
+    if element_count(b_batch) == 1 and _rows_merge(a_shape, sa):
+        m, batch = m * element_count(a_batch), 1  # A's batch folds into its rows
     if batch == 1 and m == 1:
         raise NotOnDevice(f"{op_type}: a one-row product (GEMV) reads its operands contiguously; keep the Transpose")
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
 from ._tiling import THREADS, BindingTable, grid_for_groups, require_float32, single_kernel_plan, workgroup_index
@@ -77,7 +78,7 @@ def _max_pool_reference(
         best = np.where(better, window, best)
     if not want_indices:
         return [best]
-    image_size = int(np.prod(spatial))
+    image_size = element_count(spatial)
     channel_base = np.arange(x.shape[0] * x.shape[1], dtype=np.int64).reshape(x.shape[:2] + (1,) * len(spatial))
     return [best, index + channel_base * image_size]
 
@@ -109,7 +110,7 @@ def _pool_kernel(
     """
     spatial = x.shape[2:]
     rank = len(spatial)
-    total = x.shape[0] * x.shape[1] * int(np.prod(geometry.out, dtype=np.int64))
+    total = x.shape[0] * x.shape[1] * element_count(geometry.out)
     if indices and x.size >= 2**31:
         raise NotOnDevice("MaxPool: Indices beyond int32 range are computed on the CPU")
     window = 1
@@ -122,7 +123,7 @@ def _pool_kernel(
     output = table.add(Binding("output", 0), writable=True)
     index_output = table.add(Binding("output", 1), "u32", writable=True) if indices else ""
     is_max = op_type == "MaxPool"
-    image = int(np.prod(spatial, dtype=np.int64))
+    image = element_count(spatial)
     lines = [
         f"    let index = {workgroup_index(grid)} * {THREADS}u + li;",
         f"    if (index >= {total}u) {{ return; }}",
@@ -150,7 +151,7 @@ def _pool_kernel(
     if not is_max and include_pad:
         lines.append(f"{indent}if ({inside_padded}) {{ count = count + 1u; }}")
     lines.append(f"{indent}if ({outside}) {{ continue; }}")
-    flat = " + ".join(f"u32(i{a}) * {int(np.prod(spatial[a + 1:], dtype=np.int64))}u" for a in range(rank))
+    flat = " + ".join(f"u32(i{a}) * {element_count(spatial[a + 1:])}u" for a in range(rank))
     lines.append(f"{indent}let v = {x_name}[plane + {flat}];")
     if is_max:
         if indices:

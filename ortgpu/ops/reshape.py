@@ -15,6 +15,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from .._limits import element_count
 from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
 
@@ -147,8 +148,8 @@ class Flatten(AliasOperator):
             axis += data.ndim
         if not 0 <= axis <= data.ndim:
             raise UnsupportedOpError(f"Flatten (opset {self.opset}): axis {attrs.get('axis')} is out of range for rank {data.ndim}")
-        outer = int(np.prod(data.shape[:axis], dtype=np.int64))
-        return [data.reshape(outer, -1 if outer else int(np.prod(data.shape[axis:], dtype=np.int64))).copy()]
+        outer = element_count(data.shape[:axis])
+        return [data.reshape(outer, -1 if outer else element_count(data.shape[axis:])).copy()]
 
 
 @register

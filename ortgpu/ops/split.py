@@ -14,6 +14,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, KernelSpec, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
 from ._wgsl import gather_kernel
@@ -71,7 +72,7 @@ class Split(Operator):
         rank = len(data.shape)
         axis = int(attrs.get("axis", 0))
         axis = axis + rank if axis < 0 else axis
-        post = int(np.prod(data.shape[axis + 1 :], dtype=np.int64))
+        post = element_count(data.shape[axis + 1 :])
         in_block = data.shape[axis] * post
         kernels: list[KernelSpec] = []
         offset = 0
