@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             binding.bind_input(name, value)
         for name, value in outputs.items():
             binding.bind_output(name, value)
-        plan = sess._bound_plan(binding, for_capture=True)
-        program = sess._new_program(plan)
+        plan = sess._runner.bound_plan(binding, for_capture=True)
+        program = sess._runner.new_program(plan)
         device = sess.device._native_device()
         try:
             handles_in = {n: v._device_buffer.handle for n, v in inputs.items() if v._device_buffer is not None}

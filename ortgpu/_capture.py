@@ -1,10 +1,12 @@
 """Capture, replay and verify: the captured graphs of one session.
 
 :class:`GraphRegistry` holds a session's graphs by id and the capture lock that makes
-registering one atomic; the session owns one and delegates ``capture``,
+registering one atomic; a session's runner owns one, and the session delegates ``capture``,
 ``captured_graph``, ``release_captured_graph`` and the capture/replay branch of
-``run_with_iobinding`` to it.  The registry keeps no reference to its session (the
-session is passed to the methods that need it), so it adds no reference cycle.
+``run_with_iobinding`` to it.  The registry keeps no reference to its runner (the
+:class:`CaptureHost` is passed to the methods that need it), so it adds no reference cycle.
+This module imports neither the session nor the runner: what capture needs from them is
+the :class:`CaptureHost` protocol.
 
 The checks that only concern capture live here too: which graph ids a session accepts,
 and which bindings may replay a graph; and the verify mode that compares a replay with
@@ -14,20 +16,37 @@ an uncaptured run.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Union
+from typing import Any, Protocol, Union
 
 import numpy as np
 
-from ortgpu_core import CPU, ArgumentTypeError, CaptureStateError, InvalidArgumentError, OrtValue, WebGPU
+from ortgpu_core import CPU, ArgumentTypeError, CaptureStateError, InvalidArgumentError, OrtValue, SessionAllocator, WebGPU
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
 from ortgpu_core._graph import CapturedGraph, GraphLabel, PinSet
+from ortgpu_core._owner import GraphOwner
+from ortgpu_core.backends.protocol import BackendDevice
 
 from ._executor import DeviceProgram
-
-if TYPE_CHECKING:
-    from ._session import InferenceSession
+from ._planner import ExecutionPlan
 
 AnyBinding = Union[IOBinding, FrozenIOBinding]
+AnyValue = Union[OrtValue[CPU], OrtValue[WebGPU]]
+
+
+class CaptureHost(GraphOwner, Protocol):
+    """What capture, replay checks and verify mode need from a session's runner (which the graphs it captures
+    also call, as their :class:`GraphOwner`)."""
+
+    graph_capture: bool
+    lock: Any  # the session's run lock (a threading.RLock)
+    allocator: SessionAllocator
+    backend_device: BackendDevice
+
+    def bound_plan(self, binding: AnyBinding, *, for_capture: bool) -> ExecutionPlan: ...
+    def new_program(self, plan: ExecutionPlan) -> DeviceProgram: ...
+    def run_bound(
+        self, plan: ExecutionPlan, inputs: dict[str, AnyValue], cpu_inputs: dict[str, Any], outputs: dict[str, AnyValue]
+    ) -> None: ...
 
 
 class GraphRegistry:
@@ -59,34 +78,35 @@ class GraphRegistry:
             graph.release()
         self._graphs.clear()
 
-    def capture_or_replay(self, session: InferenceSession, binding: AnyBinding, graph_id: int) -> None:
+    def capture_or_replay(self, host: CaptureHost, session: object, binding: AnyBinding, graph_id: int) -> None:
         """``run_with_iobinding`` with graph id N: capture graph N on first use, replay it afterwards."""
-        check_graph_id(session, graph_id)
+        check_graph_id(host, graph_id)
         with self.capture_lock:
             graph = self._graphs.get(graph_id)
             if graph is None:
-                self.capture_locked(session, binding, graph_id)
+                self.capture_locked(host, session, binding, graph_id)
                 return
         check_replay_binding(graph, binding)
         graph.replay()
 
-    def capture_locked(self, session: InferenceSession, binding: AnyBinding, graph_id: int) -> CapturedGraph:
-        """Capture ``binding`` as graph ``graph_id`` of ``session``; the caller holds ``capture_lock``.
+    def capture_locked(self, host: CaptureHost, session: object, binding: AnyBinding, graph_id: int) -> CapturedGraph:
+        """Capture ``binding`` as graph ``graph_id`` of ``session`` (run by ``host``); the caller holds
+        ``capture_lock``.
 
         The binding is locked for the graph in the same step as its snapshot is taken (under the binding's own
         lock), before anything else: a bind on another thread lands either before (and is captured) or after
         (and raises), so the locked binding always names exactly what the graph replays.  Planning, recording
         and the capture run hold the session's run lock, so a concurrent run never builds the same state twice.
         """
-        session._check_open("capture")  # again, under the capture lock: close() may have run since the caller checked
+        host.check_open("capture")  # again, under the capture lock: close() may have run since the caller checked
         if graph_id in self._graphs:
             existing = self._graphs[graph_id]
             raise CaptureStateError(
-                f"graph {graph_id} of session {session.session_id} is already captured"
+                f"graph {graph_id} of session {host.session_id} is already captured"
                 + (f" ({existing!r})" if existing is not None else "")
                 + f"; release it first (graph.release() or session.release_captured_graph({graph_id})) or use another graph_id"
             )
-        label = GraphLabel(session.session_id, graph_id)
+        label = GraphLabel(host.session_id, graph_id)
         if isinstance(binding, IOBinding):
             frozen = binding._freeze_and_lock(label)
         else:
@@ -98,10 +118,10 @@ class GraphRegistry:
         pins: PinSet | None = None
         program: DeviceProgram | None = None
         try:
-            with session._lock:
-                plan = session._bound_plan(frozen, for_capture=True)
+            with host.lock:
+                plan = host.bound_plan(frozen, for_capture=True)
                 pins = PinSet._create(label, frozen._pinned_buffers())
-                program = session._new_program(plan)
+                program = host.new_program(plan)
                 inputs = frozen.inputs()
                 outputs = frozen.outputs()
                 commands = program.record(
@@ -111,8 +131,8 @@ class GraphRegistry:
                 # The capture run itself, of the list frozen as the graph will hold it: a backend that encodes a
                 # frozen list's next submission ahead (wgpu) has the first replay's command buffer ready when
                 # capture returns.
-                session._submit(commands.freeze())
-                graph = CapturedGraph._create(session, label, frozen, commands, session._submit, pins, program)
+                host.submit(commands.freeze())
+                graph = CapturedGraph._create(session, host, label, frozen, commands, pins, program)
         except BaseException:
             if pins is not None:
                 pins.release()
@@ -132,14 +152,14 @@ def _handle(value: OrtValue[CPU] | OrtValue[WebGPU]) -> int:
     return int(buffer.handle)
 
 
-def check_graph_id(session: InferenceSession, graph_id: object) -> None:
+def check_graph_id(host: CaptureHost, graph_id: object) -> None:
     if isinstance(graph_id, bool) or not isinstance(graph_id, int):
         raise ArgumentTypeError(f"graph_id must be an int, got {graph_id!r}")
     if graph_id < 0:
         raise InvalidArgumentError(f"graph_id must be >= 0 (gpu_graph_id=-1 means an ordinary run), got {graph_id}")
-    if not session.graph_capture:
+    if not host.graph_capture:
         raise CaptureStateError(
-            f"session {session.session_id} was created with graph_capture=False; create it with "
+            f"session {host.session_id} was created with graph_capture=False; create it with "
             f"InferenceSession(..., graph_capture=True) to capture graph {graph_id}, or run with gpu_graph_id=-1"
         )
 
@@ -171,23 +191,23 @@ def check_replay_binding(graph: CapturedGraph, binding: AnyBinding) -> None:
         )
 
 
-def verify_replay(session: InferenceSession, graph: CapturedGraph) -> None:
+def verify_replay(host: CaptureHost, graph: CapturedGraph) -> None:
     """Poison the outputs, replay, and compare with an uncaptured run of the same inputs."""
-    session._check_open("replay a captured graph")
+    host.check_open("replay a captured graph")
     frozen = graph.binding
     outputs = frozen.outputs()
     for value in outputs.values():
         buffer = value._device_buffer
         assert buffer is not None
         if value.nbytes:
-            session._backend_device.write_buffer(buffer.handle, 0, b"\xff" * buffer.nbytes)
+            host.backend_device.write_buffer(buffer.handle, 0, b"\xff" * buffer.nbytes)
     graph._replay_unchecked()
     replayed = {name: value.to_numpy() for name, value in outputs.items()}
-    plan = session._bound_plan(frozen, for_capture=True)
-    scratch = {name: session.allocator.empty(value.shape(), value.dtype) for name, value in outputs.items()}
+    plan = host.bound_plan(frozen, for_capture=True)
+    scratch = {name: host.allocator.empty(value.shape(), value.dtype) for name, value in outputs.items()}
     try:
-        with session._lock:
-            session._run_bound(plan, frozen.inputs(), {}, dict(scratch))
+        with host.lock:
+            host.run_bound(plan, frozen.inputs(), {}, dict(scratch))
         for name, value in scratch.items():
             expected = value.to_numpy()
             same = np.array_equal(replayed[name], expected, equal_nan=expected.dtype.kind == "f")

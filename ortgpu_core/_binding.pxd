@@ -1,5 +1,6 @@
 cdef class _BindingView:
-    cdef object _session
+    cdef object _session  # the InferenceSession (the public .session)
+    cdef object _owner  # its runner: a BindingOwner (ortgpu_core._owner), what this module calls
     cdef dict _inputs
     cdef dict _outputs
     cdef dict _cpu_inputs

@@ -9,9 +9,9 @@ which remembers the binding it came from (capturing it locks that binding too).
 
 Binding checks what can be checked at once: the name exists in the model,
 the value is an ``OrtValue`` that may be used by this session (provenance),
-not released, and of the model's dtype and (static) shape.  The session
-object supplies those checks (``_check_bind``); this module never imports
-:mod:`ortgpu`.
+not released, and of the model's dtype and (static) shape.  The session's
+runner supplies those checks through the :class:`~ortgpu_core._owner.BindingOwner`
+protocol (``check_bind``); this module never imports :mod:`ortgpu`.
 
 A binding's *signature* is what a captured graph compares: for each bound
 name, the native buffer's ``(handle, generation)``, never Python objects.
@@ -65,7 +65,7 @@ cdef class _BindingView:
 
     @property
     def session_id(self):
-        return self._session.session_id
+        return self._owner.session_id
 
     def inputs(self):
         """``{name: OrtValue}`` of the bound inputs (a copy)."""
@@ -81,7 +81,7 @@ cdef class _BindingView:
 
     def get_outputs(self):
         """The bound output values, in the model's output order."""
-        return [self._outputs[name] for name in self._session.output_names if name in self._outputs]
+        return [self._outputs[name] for name in self._owner.output_names if name in self._outputs]
 
     def copy_outputs_to_cpu(self):
         """Host copies of every bound output, in the model's output order (synchronous)."""
@@ -122,9 +122,11 @@ cdef class IOBinding(_BindingView):
         raise ArgumentTypeError("IOBinding objects are created by a session: use session.io_binding()")
 
     @staticmethod
-    def _create(session):
+    def _create(session, owner):
+        """Internal: a binding of ``session``, whose checks ``owner`` (a BindingOwner) makes."""
         cdef IOBinding binding = IOBinding.__new__(IOBinding)
         binding._session = session
+        binding._owner = owner
         binding._inputs = {}
         binding._outputs = {}
         binding._cpu_inputs = {}
@@ -154,7 +156,7 @@ cdef class IOBinding(_BindingView):
             raise _raw_pointer_refused("input", name)
         with self._lock:
             self._check_mutable(f"bind input {name!r}")
-            self._session._check_bind(name, value, "input")
+            self._owner.check_bind(name, value, "input")
             self._cpu_inputs.pop(name, None)
             self._inputs[name] = value
 
@@ -169,7 +171,7 @@ cdef class IOBinding(_BindingView):
             )
         with self._lock:
             self._check_mutable(f"bind output {name!r}")
-            self._session._check_bind(name, value, "output")
+            self._owner.check_bind(name, value, "output")
             self._outputs[name] = value
 
     def bind_ortvalue_input(self, name, value):
@@ -186,7 +188,7 @@ cdef class IOBinding(_BindingView):
             raise ArgumentTypeError(f"bind_cpu_input({name!r}, ...) needs a numpy array, got {type(array).__name__}")
         with self._lock:
             self._check_mutable(f"bind input {name!r}")
-            self._session._check_bind(name, array, "cpu-input")
+            self._owner.check_bind(name, array, "cpu-input")
             self._inputs.pop(name, None)
             self._cpu_inputs[name] = array
 
@@ -204,14 +206,14 @@ cdef class IOBinding(_BindingView):
     def freeze(self):
         """An immutable snapshot of this binding (it remembers this binding as its origin)."""
         with self._lock:
-            return FrozenIOBinding._create(self._session, self._inputs, self._outputs, self._cpu_inputs, self)
+            return FrozenIOBinding._create(self._session, self._owner, self._inputs, self._outputs, self._cpu_inputs, self)
 
     def _freeze_and_lock(self, label):
         """Capture's first step: under this binding's lock, lock it for graph ``label`` and return the snapshot
         the graph will replay.  One step, so no bind on another thread can land between the two."""
         with self._lock:
             self._captured_by.append(label)
-            return FrozenIOBinding._create(self._session, self._inputs, self._outputs, self._cpu_inputs, self)
+            return FrozenIOBinding._create(self._session, self._owner, self._inputs, self._outputs, self._cpu_inputs, self)
 
     def _lock_matching(self, label, FrozenIOBinding snapshot):
         """Lock this binding for graph ``label``, which captures ``snapshot`` (frozen from it earlier), if it
@@ -235,7 +237,7 @@ cdef class IOBinding(_BindingView):
     def __repr__(self):
         state = f" captured by graph {self._captured_by[0].graph_id}" if self._captured_by else ""
         return (
-            f"<IOBinding session={self._session.session_id} inputs={sorted(self._inputs) + sorted(self._cpu_inputs)} "
+            f"<IOBinding session={self._owner.session_id} inputs={sorted(self._inputs) + sorted(self._cpu_inputs)} "
             f"outputs={sorted(self._outputs)}{state}>"
         )
 
@@ -247,9 +249,10 @@ cdef class FrozenIOBinding(_BindingView):
         raise ArgumentTypeError("FrozenIOBinding objects are made by IOBinding.freeze()")
 
     @staticmethod
-    def _create(session, dict inputs, dict outputs, dict cpu_inputs, origin):
+    def _create(session, owner, dict inputs, dict outputs, dict cpu_inputs, origin):
         cdef FrozenIOBinding frozen = FrozenIOBinding.__new__(FrozenIOBinding)
         frozen._session = session
+        frozen._owner = owner
         frozen._inputs = dict(inputs)
         frozen._outputs = dict(outputs)
         frozen._cpu_inputs = dict(cpu_inputs)
@@ -263,6 +266,6 @@ cdef class FrozenIOBinding(_BindingView):
 
     def __repr__(self):
         return (
-            f"<FrozenIOBinding session={self._session.session_id} inputs={sorted(self._inputs) + sorted(self._cpu_inputs)} "
+            f"<FrozenIOBinding session={self._owner.session_id} inputs={sorted(self._inputs) + sorted(self._cpu_inputs)} "
             f"outputs={sorted(self._outputs)}>"
         )

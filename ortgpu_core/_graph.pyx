@@ -114,7 +114,8 @@ cdef class CapturedGraph:
 
     cdef readonly object graph_id
     cdef readonly object label
-    cdef object _session
+    cdef object _session  # the InferenceSession (the public .session)
+    cdef object _owner  # its runner: a GraphOwner (ortgpu_core._owner), what this class calls
     cdef FrozenIOBinding _binding  # None once released
     cdef object _origin_ref  # weak reference to the origin IOBinding, once released
     cdef CommandList _commands
@@ -136,16 +137,18 @@ cdef class CapturedGraph:
         raise ArgumentTypeError("CapturedGraph objects are made by session.capture(binding, graph_id)")
 
     @staticmethod
-    def _create(session, label, FrozenIOBinding binding, CommandList commands, submit, PinSet pins, program):
-        """Internal: capture has locked the origin binding for ``label`` and pinned the buffers (``pins``)."""
+    def _create(session, owner, label, FrozenIOBinding binding, CommandList commands, PinSet pins, program):
+        """Internal: capture has locked the origin binding for ``label`` and pinned the buffers (``pins``);
+        ``owner`` (a GraphOwner, the session's runner) submits, verifies and forgets the graph."""
         cdef CapturedGraph graph = CapturedGraph.__new__(CapturedGraph)
         graph.graph_id = label.graph_id
         graph.label = label
         graph._session = session
+        graph._owner = owner
         graph._binding = binding
         graph._origin_ref = None
         graph._commands = commands.freeze()
-        graph._submit = submit
+        graph._submit = owner.submit
         graph._pins = pins
         graph._program = program
         graph._released = False
@@ -183,13 +186,9 @@ cdef class CapturedGraph:
 
     cdef int _check_not_released(self) except -1:
         if self._released:
-            session = self._session
-            if session.env.closed:
-                why = f"its Env {session.env.id} was closed; create a new Env and session, and capture again"
-            elif session.closed:
-                why = f"its session {session.session_id} was closed; create a new session and capture again"
-            else:
-                why = f"capture it again with session.capture(binding, graph_id={self.graph_id!r})"
+            why = self._owner.closed_reason() or (
+                f"capture it again with session.capture(binding, graph_id={self.graph_id!r})"
+            )
             raise CaptureStateError(f"graph {self.label} was released and can no longer be replayed: {why}")
         return 0
 
@@ -202,13 +201,13 @@ cdef class CapturedGraph:
         results with an uncaptured run on the same inputs (slow; for tests):
         a mismatch raises ``CaptureStateError`` naming the outputs.
         """
-        if verify or self._session.verify_replays:
+        if verify or self._owner.verify_replays:
             self._check_not_released()
-            self._session._verify_replay(self)
+            self._owner.verify_replay(self)
             return
         with self._lock:
             self._check_not_released()
-            self._session._check_open("replay a captured graph")
+            self._owner.check_open("replay a captured graph")
             self._submit(self._commands)
             self.replays += 1
 
@@ -223,14 +222,14 @@ cdef class CapturedGraph:
         cdef list arrays = []
         cdef list reads = []
         cdef OrtValue value
-        if self._session.verify_replays:
+        if self._owner.verify_replays:
             self.replay(verify=True)
             with self._lock:
                 self._check_not_released()
                 return self._binding.copy_outputs_to_cpu()
         with self._lock:
             self._check_not_released()
-            self._session._check_open("replay a captured graph")
+            self._owner.check_open("replay a captured graph")
             for item in self._binding.get_outputs():  # device values: capture refuses host-bound outputs
                 value = <OrtValue>item
                 value._check_usable("read the value")
@@ -238,7 +237,7 @@ cdef class CapturedGraph:
                 arrays.append(array)
                 if value._nbytes:
                     reads.append((value._buffer.handle, 0, array.reshape(-1).view(np.uint8)))
-            self._session._submit_and_read(self._commands, reads)
+            self._owner.submit_and_read(self._commands, reads)
             self.replays += 1
         return arrays
 
@@ -276,7 +275,7 @@ cdef class CapturedGraph:
                 self._origin_ref = weakref.ref(origin)
             # The values are the user's again: a released graph must not keep them (or their buffers) alive.
             self._binding = None
-        self._session._forget_graph(self)
+        self._owner.forget_graph(self)
         return origin
 
     def __dealloc__(self):

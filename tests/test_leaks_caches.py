@@ -59,7 +59,7 @@ def test_closed_envs_leave_no_pipeline_cache(backend_name: str, keep: bool) -> N
     for _ in range(50):
         env = ortgpu.Env(backend=_backend(backend_name))
         sess = _run_tiny(env)
-        device = sess._backend_device  # the backend device the session's pipelines were cached for
+        device = sess._runner.backend_device  # the backend device the session's pipelines were cached for
         assert any(d is device for d in _cached_devices())
         env.close()
         assert device.destroyed

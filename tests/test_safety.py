@@ -348,7 +348,7 @@ def test_capture_racing_run_uploads_weights_once(session: InferenceSession) -> N
         thread.join(30)
         assert not errors, errors
         graph.release()
-    weights = session._weights
+    weights = session._runner.weights
     assert len(weights._buffers) == len(set(weights._buffers.values()))
     session.close()
 

@@ -68,7 +68,7 @@ def test_dynamic_batch_gets_a_plan_per_shape(env: ortgpu.Env) -> None:
             feeds = random_feeds(model, {"X": (batch, 16)}, seed=batch)
             (out,) = sess.run(None, feeds)
             assert relative_error(out, onnxruntime_outputs(model, feeds)[0]) < 1e-4
-        assert len(sess._plans) == 2
+        assert len(sess._runner.plans) == 2
 
 
 def test_metadata_follows_onnxruntime(env: ortgpu.Env) -> None:

@@ -5,17 +5,13 @@ has none, so binding into a frozen snapshot is a type error.
 """
 
 from typing_extensions import Never, disjoint_base
-from typing import SupportsIndex, Any, Protocol, final
+from typing import SupportsIndex, Any, final
 
 import numpy.typing as npt
 
+from ._owner import BindingOwner
 from ._value import CPU, DeviceBuffer, OrtValue, WebGPU
 
-class _Session(Protocol):
-    @property
-    def session_id(self) -> int: ...
-    @property
-    def output_names(self) -> list[str]: ...
 
 @disjoint_base
 class _BindingView:
@@ -41,7 +37,7 @@ class _BindingView:
 class IOBinding(_BindingView):
     def __init__(self, *args: Never, **kwargs: Never) -> None: ...
     @staticmethod
-    def _create(session: _Session) -> IOBinding: ...
+    def _create(session: object, owner: BindingOwner) -> IOBinding: ...
     @property
     def captured_by(self) -> tuple[object, ...]: ...
     def bind_input(self, name: str, value: OrtValue[CPU] | OrtValue[WebGPU], *raw_pointer_form: Never) -> None: ...
@@ -61,7 +57,8 @@ class FrozenIOBinding(_BindingView):
     def __init__(self, *args: Never, **kwargs: Never) -> None: ...
     @staticmethod
     def _create(
-        session: _Session,
+        session: object,
+        owner: BindingOwner,
         inputs: dict[str, Any],
         outputs: dict[str, Any],
         cpu_inputs: dict[str, Any],

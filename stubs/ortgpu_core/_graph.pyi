@@ -7,6 +7,7 @@ from typing import SupportsIndex, Any, Callable, final
 import numpy.typing as npt
 
 from ._binding import FrozenIOBinding, IOBinding
+from ._owner import GraphOwner
 from ._value import DeviceBuffer
 from .backends._commands import CommandList
 
@@ -31,11 +32,11 @@ class CapturedGraph:
     def __init__(self, *args: Never, **kwargs: Never) -> None: ...
     @staticmethod
     def _create(
-        session: Any,
+        session: object,
+        owner: GraphOwner,
         label: GraphLabel,
         binding: FrozenIOBinding,
         commands: CommandList,
-        submit: Callable[[CommandList], None],
         pins: PinSet,
         program: Any,
     ) -> CapturedGraph: ...

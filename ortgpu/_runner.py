@@ -1,0 +1,489 @@
+"""SessionRunner: the run machinery of one session (plans, staged runs, bound runs, programs, intermediates,
+submission), and the object the core's bindings and graphs talk to.
+
+:class:`~ortgpu.InferenceSession` keeps the public API and delegates here.  The runner implements the core's
+:class:`~ortgpu_core._owner.BindingOwner` and :class:`~ortgpu_core._owner.GraphOwner` protocols (``check_open``,
+``check_bind``, ``submit``, ``submit_and_read``, ``verify_replay``, ``forget_graph``), so the core never calls
+a session's private methods.  It holds no reference to the session object, so it adds no reference cycle.
+
+Ownership: the runner owns the session's :class:`SessionAllocator` (intermediates, staging buffers,
+``run_with_ort_values`` outputs), its uploaded weights and its captured graphs; ``close()`` releases the graphs
+first, then programs and buffers.  Pipelines live in a per-device cache shared by all sessions on the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence, Union
+
+import numpy as np
+
+from ortgpu_core import (
+    CPU,
+    ArgumentTypeError,
+    CaptureStateError,
+    Device,
+    DeviceLostError,
+    DtypeError,
+    Env,
+    InvalidArgumentError,
+    OrtValue,
+    ProvenanceError,
+    ReleasedValueError,
+    SessionAllocator,
+    ShapeError,
+    WebGPU,
+)
+from ortgpu_core._binding import FrozenIOBinding, IOBinding
+from ortgpu_core._value import DeviceBuffer, padded_size
+from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends.protocol import BackendDevice
+
+from ._capture import GraphRegistry, verify_replay
+from ._device_caches import _pipeline_cache, _serial_lock
+from ._executor import DeviceProgram, WeightStore, device_caps
+from ._model import LoadedModel, ValueInfo
+from ._planner import ExecutionPlan, plan_model
+
+if TYPE_CHECKING:
+    from ortgpu_core._graph import CapturedGraph
+
+__all__ = ["SessionRunner", "AnyValue", "AnyBinding"]
+
+AnyValue = Union[OrtValue[CPU], OrtValue[WebGPU]]
+AnyBinding = Union[IOBinding, FrozenIOBinding]
+
+
+@dataclass
+class _StagedRun:
+    """An ordinary-run program with its session-owned input and output staging buffers."""
+
+    plan: ExecutionPlan
+    program: DeviceProgram
+    inputs: dict[str, DeviceBuffer]
+    outputs: dict[str, DeviceBuffer]
+
+
+class SessionRunner:
+    """Runs one loaded model on one device for session ``session_id``; see the module docstring."""
+
+    def __init__(
+        self,
+        session_id: int,
+        env: Env,
+        device: Device,
+        model: LoadedModel,
+        *,
+        graph_capture: bool,
+        allow_cpu_fallback: bool,
+        verify_replays: bool,
+        fuse: bool,
+    ) -> None:
+        self.session_id = session_id
+        self.env = env
+        self.device = device
+        self.model = model
+        self.graph_capture = graph_capture
+        self.allow_cpu_fallback = allow_cpu_fallback
+        self.verify_replays = verify_replays
+        self.fuse = fuse
+        self.closed = True  # until fully constructed
+        self.backend_device: BackendDevice = device._native_device()
+        self.caps = device_caps(self.backend_device)
+        self.allocator = SessionAllocator(env, device, session_id)
+        self.weights = WeightStore(self.backend_device)
+        self.pipelines = _pipeline_cache(self.backend_device)
+        self.lock = threading.RLock()  # guards the caches below and serializes this session's runs
+        self.plans: dict[tuple[Any, ...], ExecutionPlan] = {}
+        self.staged: dict[tuple[Any, ...], _StagedRun] = {}
+        self.programs: dict[int, DeviceProgram] = {}  # by id() of a plan in self.plans (kept alive there)
+        # handle -> the user buffer that programs' cached bind groups were built with (see forget_stale_bind_groups)
+        self.bound_buffers: dict[int, weakref.ref[DeviceBuffer]] = {}
+        self.graphs = GraphRegistry()  # captured graphs by id, and the capture lock (see _capture)
+        self.intermediates: dict[int, DeviceBuffer] = {}
+        self.input_infos = {info.name: info for info in model.inputs}
+        self.output_infos = {info.name: info for info in model.outputs}
+        self.closed = False
+
+    @property
+    def input_names(self) -> list[str]:
+        return [info.name for info in self.model.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [info.name for info in self.model.outputs]
+
+    # -- lifetime (GraphOwner) ------------------------------------------------------------------
+    def check_open(self, what: str = "use the session") -> None:
+        if self.closed:
+            raise ReleasedValueError(f"cannot {what}: session {self.session_id} is closed; create a new InferenceSession")
+        self.env.check_open()
+
+    def closed_reason(self) -> str | None:
+        """Why this session can no longer replay (its Env or itself closed), or None while it is open."""
+        if self.env.closed:
+            return f"its Env {self.env.id} was closed; create a new Env and session, and capture again"
+        if self.closed:
+            return f"its session {self.session_id} was closed; create a new session and capture again"
+        return None
+
+    def close(self) -> None:
+        """Release captured graphs, then programs and buffers.  Idempotent; always completes.
+
+        Waits for a capture in flight on another thread (the capture lock is taken before the run lock,
+        as capture takes them), so no graph can be registered, or half rolled back, on a closed session.
+        """
+        with self.graphs.capture_lock, self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            # Closing always completes: graph release never raises, and native frees on a closed or lost device
+            # are skipped (the device freed everything it had).
+            self.graphs.release_all()
+            for program in [staged.program for staged in self.staged.values()] + list(self.programs.values()):
+                _free_native(program.release)
+            self.staged.clear()
+            self.programs.clear()
+            self.plans.clear()
+            _free_native(self.weights.release)
+            self.allocator.close(f"session {self.session_id} was closed")
+            self.intermediates.clear()
+
+    def forget_graph(self, graph: CapturedGraph) -> None:
+        """Called by :meth:`CapturedGraph.release`: drop the graph from this session's registry."""
+        self.graphs.forget(graph)
+
+    def verify_replay(self, graph: CapturedGraph) -> None:
+        """Called by ``replay()`` in verify mode: see :func:`ortgpu._capture.verify_replay`."""
+        verify_replay(self, graph)
+
+    # -- ordinary runs -------------------------------------------------------------------------
+    def run_arrays(self, arrays: Mapping[str, np.ndarray], order: Sequence[str]) -> list[np.ndarray]:
+        """``run()``: host arrays in, host arrays out (the feeds are checked by the session)."""
+        with self.lock:
+            staged = self.staged_run(
+                {n: a.shape for n, a in arrays.items()}, {n: a.dtype for n, a in arrays.items()}, arrays
+            )
+            for name, array in arrays.items():
+                if array.nbytes:
+                    _write(self.backend_device, staged.inputs[name], array)
+            staged.program.run(
+                {n: b.handle for n, b in staged.inputs.items()}, {n: b.handle for n, b in staged.outputs.items()}, self.submit
+            )
+            results = {}
+            for name in order:
+                info = staged.plan.output_infos[name]
+                results[name] = _read(self.backend_device, staged.outputs[name], info.shape, info.dtype)
+        return [results[name] for name in order]
+
+    def run_values(self, values: Mapping[str, AnyValue], order: Sequence[str]) -> list[OrtValue[WebGPU]]:
+        """``run_with_ort_values()``: OrtValues in, new session-owned device values out."""
+        with self.lock:
+            shapes = {n: tuple(v.shape()) for n, v in values.items()}
+            plan = self.plan_for(shapes, {n: v.dtype for n, v in values.items()}, self.values_deciding_shapes(values, {}))
+            outputs = {n: self.allocator.empty(info.shape, info.dtype) for n, info in plan.output_infos.items()}
+            self.run_bound(plan, dict(values), {}, dict(outputs))
+        return [outputs[name] for name in order]
+
+    # -- checks, plans, programs and submission ---------------------------------------------------
+    def check_value(self, value: object, what: str) -> None:
+        """Provenance check: may this session use ``value``?"""
+        if not isinstance(value, OrtValue):
+            hint = " (bind host arrays with bind_cpu_input)" if isinstance(value, np.ndarray) else ""
+            raise ArgumentTypeError(f"{what} needs an OrtValue, got {type(value).__name__}{hint}")
+        if value.released:
+            raise ReleasedValueError(f"cannot use {value.provenance.describe()} for {what}: it was released")
+        provenance = value.provenance
+        if provenance.placement == "cpu":
+            return
+        if provenance.env_id != self.env.id:
+            raise ProvenanceError(
+                f"{what}: {provenance.describe()} belongs to Env {provenance.env_id}, but session {self.session_id} "
+                f"runs in Env {self.env.id}; allocate the value from this session's Env"
+            )
+        if provenance.device is not self.device:
+            raise ProvenanceError(
+                f"{what}: {provenance.describe()} is on another device than session {self.session_id} "
+                f"(device {self.device.index}, {self.device.name}); allocate it on the session's device, "
+                f"e.g. env.shared_allocator(session.device).empty(...)"
+            )
+        if provenance.allocator_kind == "session" and provenance.session_id != self.session_id:
+            raise ProvenanceError(
+                f"{what}: {provenance.describe()} is owned by session {provenance.session_id} and cannot be used by "
+                f"session {self.session_id}; use session.allocator of this session, or share it through "
+                f"env.shared_allocator(device)"
+            )
+
+    def check_bind(self, name: str, value: object, kind: str) -> None:
+        """Called by :class:`IOBinding` before a bind: name, provenance, dtype and shape."""
+        self.check_open("bind a value")
+        infos = self.output_infos if kind == "output" else self.input_infos
+        if name not in infos:
+            role = "output" if kind == "output" else "input"
+            raise InvalidArgumentError(f"the model has no {role} {name!r}; its {role}s are {sorted(infos)}")
+        info = infos[name]
+        if kind == "cpu-input":
+            assert isinstance(value, np.ndarray)
+            dtype, shape = value.dtype, tuple(value.shape)
+        else:
+            self.check_value(value, f"binding {kind} {name!r}")
+            assert isinstance(value, OrtValue)
+            dtype, shape = value.dtype, tuple(value.shape())
+        self.check_info(name, info, dtype, shape, kind)
+
+    @staticmethod
+    def check_info(name: str, info: ValueInfo, dtype: np.dtype[Any], shape: tuple[int, ...], kind: str) -> None:
+        if dtype != info.dtype:
+            raise DtypeError(
+                f"{kind} {name!r} has dtype {info.dtype} in the model, got {dtype}; ortgpu never casts silently: "
+                f"provide {info.dtype} data"
+            )
+        if len(shape) != len(info.shape) or any(isinstance(d, int) and d != s for d, s in zip(info.shape, shape)):
+            raise ShapeError(f"{kind} {name!r} has shape {list(info.shape)} in the model, got {list(shape)}")
+
+    def plan_key(
+        self, shapes: Mapping[str, tuple[int, ...]], values: Mapping[str, np.ndarray] | None
+    ) -> tuple[Any, ...]:
+        """Plans are cached per input-shape signature, plus the values of inputs that decide shapes by value."""
+        key: tuple[Any, ...] = tuple(sorted((name, tuple(shape)) for name, shape in shapes.items()))
+        if self.model.value_dependent_inputs:
+            chosen = values or {}
+            key += tuple(
+                (name, str(chosen[name].dtype), chosen[name].tobytes()) if name in chosen else (name, None)
+                for name in sorted(self.model.value_dependent_inputs)
+            )
+        return key
+
+    def plan_for(
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        dtypes: Mapping[str, np.dtype[Any]],
+        values: Mapping[str, np.ndarray] | None = None,
+    ) -> ExecutionPlan:
+        key = self.plan_key(shapes, values)
+        with self.lock:
+            plan = self.plans.get(key)
+            if plan is None:
+                plan = plan_model(
+                    self.model,
+                    shapes,
+                    self.caps,
+                    input_dtypes=dtypes,
+                    input_values={n: v for n, v in (values or {}).items() if n in self.model.value_dependent_inputs},
+                    allow_cpu=self.allow_cpu_fallback,
+                    fuse=self.fuse,
+                )
+                self.plans[key] = plan
+            return plan
+
+    def values_deciding_shapes(self, values: Mapping[str, AnyValue], cpu_inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Host copies of the inputs whose values decide shapes (a synchronous read for device values)."""
+        chosen: dict[str, np.ndarray] = {}
+        for name in self.model.value_dependent_inputs:
+            if name in cpu_inputs:
+                chosen[name] = np.asarray(cpu_inputs[name])
+            elif name in values:
+                chosen[name] = values[name].to_numpy()
+        return chosen
+
+    def allocate_intermediate(self, nbytes: int) -> int:
+        buffer = self.allocator._allocate(nbytes)
+        self.intermediates[buffer.handle] = buffer
+        return buffer.handle
+
+    def free_intermediate(self, handle: int) -> None:
+        buffer = self.intermediates.pop(handle, None)
+        if buffer is not None:
+            buffer.release("its program was released")
+
+    def new_program(self, plan: ExecutionPlan) -> DeviceProgram:
+        return DeviceProgram(
+            plan, self.backend_device, self.pipelines, self.allocate_intermediate, self.free_intermediate, self.weights
+        )
+
+    def submission(self) -> ContextManager[object]:
+        """What a submission holds: the Env's serial lock in ``serialized`` mode, else nothing."""
+        return _serial_lock(self.env) if self.env.execution_mode == "serialized" else contextlib.nullcontext()
+
+    def submit(self, commands: CommandList) -> None:
+        with self.submission():
+            self.backend_device.submit(commands)
+
+    def submit_and_read(self, commands: CommandList, reads: list[tuple[int, int, Any]]) -> None:
+        """:meth:`_submit` ``commands`` and read ``(buffer, offset, out)`` regions in the same submission."""
+        with self.submission():
+            self.backend_device.submit_and_read(commands, reads)
+
+    def staged_run(
+        self, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, np.dtype[Any]], values: Mapping[str, np.ndarray]
+    ) -> _StagedRun:
+        key = self.plan_key(shapes, values)
+        staged = self.staged.get(key)
+        if staged is None:
+            plan = self.plan_for(shapes, dtypes, values)
+            program = self.new_program(plan)
+            try:
+                inputs = {n: self.allocator._allocate(padded_size(i.nbytes)) for n, i in plan.input_infos.items()}
+                outputs = {n: self.allocator._allocate(padded_size(i.nbytes)) for n, i in plan.output_infos.items()}
+            except BaseException:
+                program.release()
+                raise
+            staged = self.staged[key] = _StagedRun(plan, program, inputs, outputs)
+        return staged
+
+    def program_for(self, plan: ExecutionPlan) -> DeviceProgram:
+        """The program for ordinary runs over bound values, one per plan."""
+        program = self.programs.get(id(plan))
+        if program is None:
+            program = self.programs[id(plan)] = self.new_program(plan)
+        return program
+
+    def run_bound(
+        self,
+        plan: ExecutionPlan,
+        inputs: dict[str, AnyValue],
+        cpu_inputs: dict[str, np.ndarray],
+        outputs: dict[str, AnyValue],
+    ) -> None:
+        """An ordinary run over bound values (host values go through staging buffers)."""
+        program = self.program_for(plan)
+        staged: list[DeviceBuffer] = []
+        try:
+            input_handles: dict[str, int] = {}
+            for name, info in plan.input_infos.items():
+                value = inputs.get(name)
+                if value is not None and value.provenance.placement == "webgpu":
+                    assert value._device_buffer is not None
+                    input_handles[name] = value._device_buffer.handle
+                    continue
+                host = cpu_inputs[name] if value is None else value.numpy()  # type: ignore[misc]
+                buffer = self.allocator._allocate(padded_size(info.nbytes))
+                staged.append(buffer)
+                if info.nbytes:
+                    _write(self.backend_device, buffer, np.asarray(host))
+                input_handles[name] = buffer.handle
+            output_handles: dict[str, int] = {}
+            host_outputs: dict[str, tuple[OrtValue[CPU], DeviceBuffer]] = {}
+            for name, info in plan.output_infos.items():
+                target = outputs.get(name)
+                if target is not None and target.provenance.placement == "webgpu":
+                    assert target._device_buffer is not None
+                    output_handles[name] = target._device_buffer.handle
+                    continue
+                buffer = self.allocator._allocate(padded_size(info.nbytes))
+                staged.append(buffer)
+                output_handles[name] = buffer.handle
+                if target is not None:
+                    host_outputs[name] = (target, buffer)  # type: ignore[assignment]
+            self.forget_stale_bind_groups(
+                [v._device_buffer for v in list(inputs.values()) + list(outputs.values()) if v._device_buffer is not None]
+            )
+            program.run(input_handles, output_handles, self.submit)
+            for name, (target, buffer) in host_outputs.items():
+                info = plan.output_infos[name]
+                target.update_inplace(_read(self.backend_device, buffer, info.shape, info.dtype))
+        finally:
+            if staged:
+                # Bind groups built for transient buffers must not outlive them.
+                program.forget_buffers([b.handle for b in staged])
+                for buffer in staged:
+                    buffer.release("transient staging buffer")
+
+    def forget_stale_bind_groups(self, buffers: Sequence[DeviceBuffer]) -> None:
+        """Before a bound run over ``buffers``: drop the cached bind groups of every user buffer released since.
+
+        Programs cache bind groups by buffer handle, but a handle outlives its buffer: wgpu-native reuses
+        the address of a freed buffer, so a new value could pick up a bind group of a destroyed one (a
+        validation error that aborts the process).  Caching stays keyed by handle, checked against the
+        buffer object it was built for.
+        """
+        stale = []
+        for handle, known in list(self.bound_buffers.items()):
+            buffer = known()
+            if buffer is None or buffer.released:
+                stale.append(handle)
+                del self.bound_buffers[handle]
+        if stale:
+            for program in self.programs.values():
+                program.forget_buffers(stale)
+        for buffer in buffers:
+            self.bound_buffers[buffer.handle] = weakref.ref(buffer)
+
+    def bound_plan(self, binding: AnyBinding, *, for_capture: bool) -> ExecutionPlan:
+        inputs, outputs, cpu_inputs = binding.inputs(), binding.outputs(), binding.cpu_inputs()
+        missing = [n for n in self.input_names if n not in inputs and n not in cpu_inputs]
+        if missing:
+            raise CaptureStateError(
+                f"inputs {missing} are not bound; bind every input (binding.bind_input(name, value)) before running"
+            ) if for_capture else InvalidArgumentError(f"inputs {missing} are not bound; bind every input before running")
+        unbound = [n for n in self.output_names if n not in outputs]
+        if unbound:
+            message = f"outputs {unbound} are not bound; bind each to a device value (binding.bind_output(name, session.allocator.empty(shape, dtype)))"
+            raise CaptureStateError(message) if for_capture else InvalidArgumentError(message)
+        for name, value in list(inputs.items()) + list(outputs.items()):
+            self.check_value(value, f"bound value {name!r}")
+        if for_capture:
+            host = sorted(cpu_inputs) + [n for n, v in inputs.items() if v.provenance.placement == "cpu"]
+            host_out = [n for n, v in outputs.items() if v.provenance.placement == "cpu"]
+            if host or host_out:
+                raise CaptureStateError(
+                    f"cannot capture with host values bound ({sorted(host + host_out)}): a captured graph replays device "
+                    f"buffers only; bind device values and update them with value.update_inplace(array)"
+                )
+            buffers = [v._device_buffer for v in outputs.values()]
+            identities = [b.identity for b in buffers if b is not None]
+            if len(set(identities)) != len(identities):
+                raise CaptureStateError("two outputs are bound to the same value; bind a distinct value to each output")
+            input_ids = {v._device_buffer.identity for v in inputs.values() if v._device_buffer is not None}
+            if input_ids & set(identities):
+                raise CaptureStateError("a value is bound both as an input and as an output; bind distinct values")
+        shapes = {n: tuple(v.shape()) for n, v in inputs.items()}
+        shapes.update({n: tuple(a.shape) for n, a in cpu_inputs.items()})
+        dtypes = {n: v.dtype for n, v in inputs.items()}
+        dtypes.update({n: a.dtype for n, a in cpu_inputs.items()})
+        if for_capture and self.model.value_dependent_inputs:
+            raise CaptureStateError(
+                f"cannot capture: inputs {sorted(self.model.value_dependent_inputs)} decide tensor shapes by their values, "
+                f"which a captured graph cannot follow; run this model with gpu_graph_id=-1"
+            )
+        plan = self.plan_for(shapes, dtypes, self.values_deciding_shapes(inputs, cpu_inputs))
+        for name, info in plan.output_infos.items():
+            value = outputs[name]
+            if tuple(value.shape()) != info.shape or value.dtype != info.dtype:
+                raise ShapeError(
+                    f"output {name!r} is {info.dtype} of shape {list(info.shape)} for these inputs, but the bound value is "
+                    f"{value.dtype} of shape {value.shape()}; bind a value of that dtype and shape"
+                )
+        if for_capture and not plan.capturable:
+            raise CaptureStateError(
+                f"cannot capture: nodes {plan.cpu_nodes} run on the CPU (see session.get_node_placement()), and a "
+                f"captured graph can only replay device work; use a model whose nodes all run on WebGPU"
+            )
+        return plan
+
+
+def _free_native(release: Callable[[], object]) -> None:
+    """Run ``release``; on a closed or lost device there is nothing left to free."""
+    try:
+        release()
+    except (DeviceLostError, ReleasedValueError):
+        pass
+
+
+def _write(device: BackendDevice, buffer: DeviceBuffer, array: np.ndarray) -> None:
+    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    if data.nbytes % 4:
+        data = np.concatenate([data, np.zeros(padded_size(data.nbytes) - data.nbytes, np.uint8)])
+    device.write_buffer(buffer.handle, 0, data.data)
+
+
+def _read(device: BackendDevice, buffer: DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    result = np.empty(shape, dtype)
+    device.read_buffer_into(buffer.handle, 0, result.reshape(-1).view(np.uint8))
+    return result
