@@ -25,7 +25,8 @@ from ortgpu_core._errors import DtypeError, ModelError, ShapeError, UnsupportedO
 import dataclasses
 
 from ._limits import FoldBudget
-from ._model import GraphNode, LoadedModel, Shape, is_concrete, propagate, public_attrs
+from ._model import GraphNode, LoadedModel
+from ._propagate import Shape, is_concrete, propagate, public_attrs
 from .ops import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, get_operator
 from .ops._runner import padded_size
 from .ops.transpose import permutation

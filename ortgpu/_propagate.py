@@ -1,0 +1,368 @@
+"""Shape propagation and constant folding, shared by the loader (:mod:`ortgpu._model`) and the planner.
+
+Shape inference is onnx's, node by node (``onnx.shape_inference.infer_node_outputs``,
+given the constant inputs so shape-carrying tensors propagate; results are cached per
+propagation, so repeated layers infer once), plus our own fallback where onnx leaves a
+dim unknown although every input shape is concrete: the node's reference runs on zeros
+and its result's shape is taken (never for what would be big: :func:`ortgpu._limits.check_shape_probe`).
+A node whose inputs are all constants is folded into a constant, within the sizes and the
+budget of :mod:`ortgpu._limits`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+
+import numpy as np
+import onnx
+import onnx.defs
+import onnx.helper
+import onnx.numpy_helper
+import onnx.shape_inference
+
+from ortgpu_core._errors import ModelError, UnsupportedOpError
+
+from ._limits import FoldBudget, LoadLimits, check_shape_probe, keep_folded, may_fold
+from .ops import TensorInfo, get_operator
+
+if TYPE_CHECKING:
+    from ._model import GraphNode
+
+__all__ = [
+    "Dim",
+    "Shape",
+    "is_concrete",
+    "public_attrs",
+    "propagate",
+    "SHAPE_INPUT_POSITIONS",
+    "value_dependent_inputs",
+]
+
+#: A dimension: a concrete size, a symbolic name, or unknown.
+Dim = Union[int, str, None]
+Shape = tuple[Dim, ...]
+
+#: Constants up to this many elements are passed to onnx's shape inference as data.
+_DATA_PROPAGATION_LIMIT = 4096
+
+
+def _constant_node_value(node: GraphNode) -> np.ndarray:
+    attrs = node.attrs
+    if "value" in attrs:
+        return np.asarray(attrs["value"])
+    if "value_float" in attrs:
+        return np.array(attrs["value_float"], dtype=np.float32)
+    if "value_floats" in attrs:
+        return np.array(attrs["value_floats"], dtype=np.float32)
+    if "value_int" in attrs:
+        return np.array(attrs["value_int"], dtype=np.int64)
+    if "value_ints" in attrs:
+        return np.array(attrs["value_ints"], dtype=np.int64)
+    raise UnsupportedOpError(f"{node.describe()}: only numeric Constant values are supported (got {sorted(attrs)})")
+
+
+def _type_proto(shape: Shape, dtype: np.dtype[Any]) -> onnx.TypeProto:
+    elem_type = onnx.helper.np_dtype_to_tensor_dtype(dtype)
+    return onnx.helper.make_tensor_type_proto(elem_type, list(shape))
+
+
+def _from_type_proto(type_proto: onnx.TypeProto) -> tuple[Shape, np.dtype[Any]] | None:
+    if not type_proto.HasField("tensor_type"):
+        return None
+    tensor_type = type_proto.tensor_type
+    if tensor_type.elem_type == 0:
+        return None
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+    except Exception:  # noqa: BLE001
+        return None
+    if not tensor_type.HasField("shape"):
+        return None
+    dims: list[Dim] = []
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_value"):
+            dims.append(int(dim.dim_value))
+        elif dim.HasField("dim_param"):
+            dims.append(dim.dim_param)
+        else:
+            dims.append(None)
+    return tuple(dims), dtype
+
+
+def is_concrete(shape: Shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def _concrete(shape: Shape) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape if isinstance(d, int))
+
+
+def _inference_key(
+    node: GraphNode, types: Mapping[str, tuple[Shape, np.dtype[Any]]], constants: Mapping[str, np.ndarray]
+) -> tuple[Any, ...] | None:
+    """What onnx's inference of ``node`` depends on (None: not worth caching): repeated layers infer once."""
+    key: list[Any] = [node.op_type, node.domain, node.opset, tuple(_attribute_bytes(node))]
+    data_bytes = 0
+    for name in node.inputs:
+        value = constants.get(name) if name else None
+        data = None
+        if value is not None and value.size <= _DATA_PROPAGATION_LIMIT:
+            data = (value.dtype.str, value.shape, value.tobytes())
+            data_bytes += value.nbytes
+        key.append(None if not name else (types.get(name), data))
+    return tuple(key) if data_bytes <= 256 and sum(map(len, key[3])) <= 4096 else None
+
+
+def _attribute_bytes(node: GraphNode) -> list[bytes]:
+    return [attribute.SerializeToString() for attribute in _proto_attributes(node)]
+
+
+def _infer_cached(
+    node: GraphNode,
+    types: Mapping[str, tuple[Shape, np.dtype[Any]]],
+    constants: Mapping[str, np.ndarray],
+    opsets: Mapping[str, int],
+    cache: dict[tuple[Any, ...], list[tuple[Shape, np.dtype[Any]] | None]],
+) -> dict[str, tuple[Shape, np.dtype[Any]]]:
+    """:func:`_infer_with_onnx` through ``cache`` (one per propagation: the opsets are fixed), by output position."""
+    key = _inference_key(node, types, constants)
+    if key is None:
+        return _infer_with_onnx(node, types, constants, opsets)
+    if key not in cache:
+        inferred = _infer_with_onnx(node, types, constants, opsets)
+        cache[key] = [inferred.get(name) if name else None for name in node.outputs]
+    return {name: found for name, found in zip(node.outputs, cache[key]) if name and found is not None}
+
+
+def _infer_with_onnx(
+    node: GraphNode,
+    types: Mapping[str, tuple[Shape, np.dtype[Any]]],
+    constants: Mapping[str, np.ndarray],
+    opsets: Mapping[str, int],
+) -> dict[str, tuple[Shape, np.dtype[Any]]]:
+    try:
+        schema = onnx.defs.get_schema(node.op_type, node.opset, node.domain)
+    except Exception:  # noqa: BLE001 - unknown op: no inference
+        return {}
+    input_types: dict[str, onnx.TypeProto] = {}
+    input_data: dict[str, onnx.TensorProto] = {}
+    for name in node.inputs:
+        if not name or name in input_types:
+            continue
+        if name in types:
+            shape, dtype = types[name]
+            input_types[name] = _type_proto(shape, dtype)
+        value = constants.get(name)
+        if value is not None and value.size <= _DATA_PROPAGATION_LIMIT:
+            input_data[name] = onnx.numpy_helper.from_array(np.asarray(value, order="C"), name)
+    proto = onnx.helper.make_node(node.op_type, list(node.inputs), list(node.outputs), domain=node.domain or None)
+    proto.attribute.extend(_proto_attributes(node))
+    opset_imports = [onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items()]
+    try:
+        inferred = onnx.shape_inference.infer_node_outputs(schema, proto, input_types, input_data, None, opset_imports)
+    except Exception:  # noqa: BLE001 - onnx raises various errors for partial information
+        return {}
+    result: dict[str, tuple[Shape, np.dtype[Any]]] = {}
+    for name, type_proto in inferred.items():
+        converted = _from_type_proto(type_proto)
+        if converted is not None:
+            result[name] = converted
+    return result
+
+
+def _proto_attributes(node: GraphNode) -> list[onnx.AttributeProto]:
+    original = node.attrs.get("__proto_attributes__")
+    if isinstance(original, tuple):
+        return list(original)
+    return []
+
+
+def _reference(
+    node: GraphNode,
+    inputs: Sequence[np.ndarray | None],
+    output_infos: Sequence[TensorInfo],
+) -> list[np.ndarray]:
+    operator = get_operator(node.op_type, node.opset, node.domain)
+    return operator.reference(inputs, public_attrs(node.attrs), output_infos)
+
+
+def public_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes an operator sees (without the loader's private entries)."""
+    return {k: v for k, v in attrs.items() if not k.startswith("__")}
+
+
+def propagate(
+    nodes: Sequence[GraphNode],
+    types: dict[str, tuple[Shape, np.dtype[Any]]],
+    constants: dict[str, np.ndarray],
+    opsets: Mapping[str, int],
+    *,
+    concrete: bool,
+    budget: FoldBudget | None = None,
+) -> tuple[list[GraphNode], list[str]]:
+    """Infer every tensor's type and fold what is computable; updates ``types`` and ``constants``.
+
+    Returns the nodes that remain (in order) and the names of the folded ones.
+    With ``concrete`` every graph input shape is known: a dim onnx cannot infer
+    is found by running the node's reference on zeros, and an unresolvable one
+    is an error.  Folding creates at most ``budget``'s bytes of constants (default:
+    :data:`ortgpu._limits.DEFAULT_MAX_FOLD_BYTES`); nodes it cannot afford stay.
+    """
+    if budget is None:
+        budget = FoldBudget(LoadLimits().max_fold_bytes)
+    remaining: list[GraphNode] = []
+    folded: list[str] = []
+    inference_cache: dict[tuple[Any, ...], list[tuple[Shape, np.dtype[Any]] | None]] = {}
+    for node in nodes:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            value = _constant_node_value(node)
+            constants[node.outputs[0]] = value
+            types[node.outputs[0]] = (tuple(value.shape), value.dtype)
+            folded.append(node.name)
+            continue
+        inferred = _infer_cached(node, types, constants, opsets, inference_cache)
+        for name in node.outputs:
+            if name and name in inferred:
+                types[name] = inferred[name]
+        present_inputs = [name for name in node.inputs if name]
+        if (
+            node.op_type == "Shape"
+            and node.domain in ("", "ai.onnx")
+            and node.inputs[0] in types
+            and is_concrete(types[node.inputs[0]][0])
+        ):
+            full = np.array(_concrete(types[node.inputs[0]][0]), dtype=np.int64)
+            rank = len(full)
+            start = int(node.attrs.get("start", 0))
+            end = node.attrs.get("end")
+            start = min(max(start + rank if start < 0 else start, 0), rank)
+            stop = rank if end is None else min(max(int(end) + rank if int(end) < 0 else int(end), 0), rank)
+            value = full[start:stop].copy()
+            constants[node.outputs[0]] = value
+            types[node.outputs[0]] = (tuple(value.shape), value.dtype)
+            folded.append(node.name)
+            continue
+        if present_inputs and all(name in constants for name in present_inputs):
+            values = _fold(node, types, constants) if may_fold(node, types, constants, budget) else None
+            if values is not None and keep_folded(node, values, budget):
+                for name, value in zip(node.outputs, values):
+                    if name:
+                        constants[name] = value
+                        types[name] = (tuple(value.shape), value.dtype)
+                folded.append(node.name)
+                continue
+        if concrete:
+            _resolve_unknown_dims(node, types, constants, budget)
+        remaining.append(node)
+    return remaining, folded
+
+
+def _output_infos_guess(node: GraphNode, types: Mapping[str, tuple[Shape, np.dtype[Any]]]) -> list[TensorInfo]:
+    infos = []
+    first_dtype = np.dtype(np.float32)
+    for name in node.inputs:
+        if name and name in types:
+            first_dtype = types[name][1]
+            break
+    for name in node.outputs:
+        if name in types:
+            shape, dtype = types[name]
+            infos.append(TensorInfo(tuple(d if isinstance(d, int) else 0 for d in shape), dtype))
+        else:
+            infos.append(TensorInfo((), first_dtype))
+    return infos
+
+
+def _fold(
+    node: GraphNode,
+    types: Mapping[str, tuple[Shape, np.dtype[Any]]],
+    constants: Mapping[str, np.ndarray],
+) -> list[np.ndarray] | None:
+    inputs = [constants[name] if name else None for name in node.inputs]
+    try:
+        results = _reference(node, inputs, _output_infos_guess(node, types))
+    except ModelError:
+        raise
+    except Exception:  # noqa: BLE001 - leave the node to run normally, where errors are reported
+        return None
+    out = []
+    for name, value in zip(node.outputs, results):
+        array = np.asarray(value)
+        if name in types and types[name][1] != array.dtype:
+            array = array.astype(types[name][1])
+        out.append(np.asarray(array, order="C"))
+    return out
+
+
+def _resolve_unknown_dims(
+    node: GraphNode,
+    types: dict[str, tuple[Shape, np.dtype[Any]]],
+    constants: Mapping[str, np.ndarray],
+    budget: FoldBudget,
+) -> None:
+    """Find the output shapes onnx left unknown by running the node's reference on its constants and zeros
+    (when :func:`ortgpu._limits.check_shape_probe` allows it)."""
+    if all(name in types and is_concrete(types[name][0]) for name in node.outputs if name):
+        return
+    if not all(name in types and is_concrete(types[name][0]) for name in node.inputs if name):
+        raise ModelError(
+            f"cannot infer the shapes of {node.describe()}: the shapes of its inputs are unknown{budget.note()}"
+        )
+    positions = SHAPE_INPUT_POSITIONS.get(node.op_type, ()) if node.domain == "" else ()
+    computed = check_shape_probe(node, types, constants, budget, positions)
+    if computed is not None:  # a growing op (Range, Tile...): its shape without computing it
+        types[node.outputs[0]] = computed
+        return
+    inputs: list[np.ndarray | None] = []
+    for name in node.inputs:
+        if not name:
+            inputs.append(None)
+        elif name in constants:
+            inputs.append(constants[name])
+        else:
+            shape, dtype = types[name]
+            inputs.append(np.zeros(_concrete(shape), dtype=dtype))
+    try:
+        results = _reference(node, inputs, _output_infos_guess(node, types))
+    except ModelError:
+        raise
+    except Exception as error:
+        raise ModelError(f"cannot infer the output shapes of {node.describe()}: {error}") from error
+    for name, value in zip(node.outputs, results):
+        if name:
+            array = np.asarray(value)
+            dtype = types[name][1] if name in types else array.dtype
+            types[name] = (tuple(array.shape), dtype)
+
+
+#: Input positions whose values (not just shapes) decide an operator's output shape.
+SHAPE_INPUT_POSITIONS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Unsqueeze": (1,), "Squeeze": (1,), "Slice": (1, 2, 3, 4), "Expand": (1,),
+    "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2), "Split": (1,), "Pad": (1, 3),
+    "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
+    "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
+    "ReduceSumSquare": (1,), "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,),
+    "CenterCropPad": (1,), "Col2Im": (1, 2),
+}
+
+
+def value_dependent_inputs(nodes: Sequence[GraphNode], graph_inputs: Sequence[str]) -> frozenset[str]:
+    """Graph inputs that flow (through anything but ``Shape``) into a shape-deciding input position."""
+    producer = {name: node for node in nodes for name in node.outputs if name}
+    pending = [
+        node.inputs[position]
+        for node in nodes
+        if node.domain == ""
+        for position in SHAPE_INPUT_POSITIONS.get(node.op_type, ())
+        if position < len(node.inputs) and node.inputs[position]
+    ]
+    seen: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = producer.get(name)
+        if node is not None and node.op_type not in ("Shape", "Size"):
+            pending.extend(n for n in node.inputs if n)
+    return frozenset(seen.intersection(graph_inputs))
