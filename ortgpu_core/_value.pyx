@@ -17,6 +17,7 @@ no DLPack, no ``__array__``; reading is the explicit, synchronous
 
 import gc
 import itertools
+import os
 import types
 
 cimport cython
@@ -261,6 +262,14 @@ cdef OrtValue make_cpu_value(object array):
     return value
 
 
+def _host_memory_bytes():
+    """Physical memory of this machine in bytes (a very large number where the platform cannot tell)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return 1 << 62
+
+
 def make_cpu_value_from(array):
     """A CPU value holding ``array`` (what unpickling a CPU OrtValue calls)."""
     return make_cpu_value(np.ascontiguousarray(array))
@@ -343,15 +352,23 @@ cdef class OrtValue:
         dtype = as_dtype(element_type)
         if device_type == "cpu":
             dims = check_shape(shape)
+            count = 1
+            for dim in dims:
+                count *= dim
+            nbytes = count * dtype.itemsize
+            # Zero-filled host memory is mapped lazily, so an absurd shape could "succeed" as a huge virtual array on
+            # one machine and fail on another: refuse what cannot fit in this machine's memory, on every machine.
+            if nbytes > _host_memory_bytes():
+                raise ShapeError(
+                    f"shape {list(dims)} of {dtype} needs {nbytes} bytes of host memory, more than this machine has "
+                    f"({_host_memory_bytes()} bytes); use a smaller shape"
+                )
             try:
                 array = np.zeros(dims, dtype=dtype)
             except (MemoryError, ValueError):
-                count = 1
-                for dim in dims:
-                    count *= dim
                 raise ShapeError(
-                    f"shape {list(dims)} of {dtype} needs {count * dtype.itemsize} bytes of host memory, which could "
-                    f"not be allocated; use a smaller shape"
+                    f"shape {list(dims)} of {dtype} needs {nbytes} bytes of host memory, which could not be "
+                    f"allocated; use a smaller shape"
                 ) from None
             return make_cpu_value(array)
         return _default_allocator(device_type, device_id).empty(shape, dtype)
