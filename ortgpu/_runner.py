@@ -45,6 +45,7 @@ from ortgpu_core.backends.protocol import BackendDevice
 from ._capture import GraphRegistry, verify_replay
 from ._device_caches import _pipeline_cache, _serial_lock
 from ._executor import DeviceProgram, WeightStore, device_caps
+from ._limits import element_count
 from ._model import LoadedModel, ValueInfo
 from ._planner import ExecutionPlan, plan_model
 
@@ -481,7 +482,7 @@ def _write(device: BackendDevice, buffer: DeviceBuffer, array: np.ndarray) -> No
 
 
 def _read(device: BackendDevice, buffer: DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = element_count(shape) * dtype.itemsize
     if nbytes == 0:
         return np.zeros(shape, dtype)
     result = np.empty(shape, dtype)

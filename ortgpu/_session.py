@@ -78,6 +78,12 @@ class InferenceSession(NotCopyable):
         :meth:`get_node_placement`); False makes such a model an error.
     verify_replays:
         Every ``replay()`` checks its outputs against an uncaptured run (slow; for tests).
+    fuse:
+        Apply the planner's graph rewrites (epilogue fusion, Transpose folding); False plans node by node.
+    max_fold_bytes, max_nodes:
+        Limits for hostile or huge models: bytes of constants folding may create per model, and nodes per
+        model (default: ``$ORTGPU_MAX_FOLD_BYTES`` / ``$ORTGPU_MAX_NODES`` if set, else 256 MiB and 100000);
+        exceeding one is a ``ModelError`` that names it.
     """
 
     _copy_hint = "Create another InferenceSession from the same model."
@@ -92,6 +98,8 @@ class InferenceSession(NotCopyable):
         allow_cpu_fallback: bool = True,
         verify_replays: bool = False,
         fuse: bool = True,
+        max_fold_bytes: int | None = None,
+        max_nodes: int | None = None,
     ) -> None:
         self.session_id: int = next(_session_ids)
         self.env: Env = env if env is not None else get_env()
@@ -100,7 +108,7 @@ class InferenceSession(NotCopyable):
             self.session_id,
             self.env,
             self.device,
-            load_model(path_or_bytes),
+            load_model(path_or_bytes, max_fold_bytes=max_fold_bytes, max_nodes=max_nodes),
             graph_capture=bool(graph_capture),
             allow_cpu_fallback=bool(allow_cpu_fallback),
             verify_replays=bool(verify_replays),

@@ -408,3 +408,11 @@ def test_topological_order_of_an_unsorted_graph_and_a_cycle() -> None:
         _topological(cycle, graph)
     with pytest.raises(InvalidModelError, match="reads 'nowhere', which nothing produces"):
         _topological([GraphNode("c", "Relu", "", ("nowhere",), ("c_out",), {}, 17)], graph)
+
+
+def test_session_limits_are_passed_to_the_loader(env: ortgpu.Env) -> None:
+    """``InferenceSession(..., max_nodes=, max_fold_bytes=)``: the documented way to raise or lower the limits."""
+    with pytest.raises(ModelError, match="more than the limit of 3"):
+        ortgpu.InferenceSession(_relu_chain(4), env=env, max_nodes=3)
+    with ortgpu.InferenceSession(_relu_chain(4), env=env, max_nodes=4) as session:
+        assert session.run(None, {session.input_names[0]: np.ones(session.get_inputs()[0].shape, np.float32)})
