@@ -10,7 +10,9 @@ A plain-Python model predicts every step.  Invariants:
 * an illegal step raises the documented error class and changes nothing (a snapshot of sessions,
   bindings, locks, pins, value contents, graphs, live native objects and submits is compared);
 * every replay or run leaves outputs equal to a numpy reference on the *current* inputs (never stale);
-* the real objects agree with the model after every step (released flags, locks, pins, graph ids);
+* the real objects agree with the model after every step (released flags, locks, pins, graph ids), and a binding
+  locked by a live graph names exactly the values that graph replays (capturing a FrozenIOBinding whose IOBinding
+  was rebound since the freeze is refused: locked, that binding would name other buffers);
 * at teardown, after releasing graphs, closing sessions and releasing values, nothing leaked.
 """
 
@@ -62,6 +64,18 @@ def reference(x: np.ndarray) -> np.ndarray:
 
 def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=what)
+
+
+def device_buffer(value: OrtValue[Any]) -> Any:
+    """The core's buffer behind a device value: the one internal the machine reads (for its pins).  Users never need
+    it; ortgpu keeps it off the public API (``OrtValue._device_buffer``)."""
+    return value._device_buffer
+
+
+def pin_labels(value: OrtValue[Any]) -> tuple[str, ...]:
+    """The labels of the captured graphs pinning ``value``'s buffer, sorted."""
+    buffer = device_buffer(value)
+    return tuple(sorted(map(str, buffer.pins if buffer is not None else ())))
 
 
 # -- the model of the world ---------------------------------------------------------------------------------
@@ -159,7 +173,7 @@ class CaptureMachine(RuleBasedStateMachine):
 
     def snapshot(self) -> tuple[Any, ...]:
         """Everything an illegal step must leave unchanged."""
-        device = self.env.default_device.backend_device()
+        device = self.env.default_device._native_device()
         stats = getattr(device, "stats", None)
         return (
             tuple((s.session.closed, tuple(s.session.captured_graph_ids)) for s in self.sessions),
@@ -172,7 +186,7 @@ class CaptureMachine(RuleBasedStateMachine):
                 for b in self.bindings
             ),
             tuple(
-                (v.value.released, tuple(sorted(map(str, v.value.buffer.pins if v.value.buffer is not None else ()))), None if v.value.released else v.value.to_numpy().tobytes())
+                (v.value.released, pin_labels(v.value), None if v.value.released else v.value.to_numpy().tobytes())
                 for v in self.values
             ),
             tuple((g.graph.released, g.graph.replays) for g in self.graphs),
@@ -206,6 +220,8 @@ class CaptureMachine(RuleBasedStateMachine):
             return ProvenanceError
         if self.live_graph(session_index, graph_id) is not None:
             return CaptureStateError
+        if binding.frozen and self.bindings[binding.origin].bound != binding.bound:  # type: ignore[index]
+            return CaptureStateError  # its IOBinding was rebound since the freeze: locked, it would name other buffers
         if any(name not in binding.bound for name in NAMES):
             return CaptureStateError
         if any(self.values[binding.bound[name]].released for name in NAMES):
@@ -536,9 +552,9 @@ class CaptureMachine(RuleBasedStateMachine):
             assert graph.graph.released == graph.released
         for index, value in enumerate(self.values):
             assert value.value.released == value.released
-            labels = sorted(str(g.graph.label) for g in self.live_graphs() for v in g.snapshot.values() if v == index)
-            assert value.value.buffer is not None
-            assert sorted(map(str, value.value.buffer.pins)) == labels
+            labels = tuple(sorted(str(g.graph.label) for g in self.live_graphs() for v in g.snapshot.values() if v == index))
+            assert device_buffer(value.value) is not None
+            assert pin_labels(value.value) == labels
         for index, binding in enumerate(self.bindings):
             bound = {**binding.binding.inputs(), **binding.binding.outputs()}
             assert {n: self.value_index(v) for n, v in bound.items()} == binding.bound
@@ -546,6 +562,14 @@ class CaptureMachine(RuleBasedStateMachine):
                 assert isinstance(binding.binding, IOBinding)
                 lockers = sorted(str(g.graph.label) for g in self.live_graphs() if g.origin == index)
                 assert sorted(map(str, binding.binding.captured_by)) == lockers
+        for graph in self.live_graphs():
+            # A locked binding names exactly what its graph replays (the real objects, not the model's indices).
+            replayed = graph.graph.binding
+            origin = self.bindings[graph.origin].binding
+            assert replayed.origin is origin
+            for name, value in {**replayed.inputs(), **replayed.outputs()}.items():
+                assert {**origin.inputs(), **origin.outputs()}.get(name) is value, f"{name} of {graph.graph.label}"
+            assert len(origin.inputs()) + len(origin.outputs()) == len(replayed.inputs()) + len(replayed.outputs())
 
     def teardown(self) -> None:
         event(f"steps: {min(self.steps // 10 * 10, 40)}+, graphs captured: {min(len(self.graphs), 3)}+")
