@@ -62,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         program = sess._runner.new_program(plan)
         device = sess.device._native_device()
         try:
-            handles_in = {n: v._device_buffer.handle for n, v in inputs.items() if v._device_buffer is not None}
-            handles_out = {n: v._device_buffer.handle for n, v in outputs.items() if v._device_buffer is not None}
-            per_step = program.record_per_step(handles_in, handles_out)
-            whole = program.record(handles_in, handles_out)
+            buffers_in = {n: v._device_buffer for n, v in inputs.items() if v._device_buffer is not None}
+            buffers_out = {n: v._device_buffer for n, v in outputs.items() if v._device_buffer is not None}
+            per_step = program.record_per_step(buffers_in, buffers_out)
+            whole = program.record(buffers_in, buffers_out)
             baseline = _median_seconds(device.submit, CommandList(), device.wait_idle, args.repeats)
             total = _median_seconds(device.submit, whole, device.wait_idle, args.repeats) - baseline
             rows: list[dict[str, Any]] = []

@@ -24,7 +24,7 @@ from ortgpu_core import CPU, ArgumentTypeError, CaptureStateError, InvalidArgume
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
 from ortgpu_core._graph import CapturedGraph, GraphLabel, PinSet
 from ortgpu_core._owner import GraphOwner
-from ortgpu_core.backends.protocol import BackendDevice
+from ortgpu_core._value import DeviceBuffer
 
 from ._executor import DeviceProgram
 from ._planner import ExecutionPlan
@@ -40,10 +40,9 @@ class CaptureHost(GraphOwner, Protocol):
     graph_capture: bool
     lock: Any  # the session's run lock (a threading.RLock)
     allocator: SessionAllocator
-    backend_device: BackendDevice
 
     def bound_plan(self, binding: AnyBinding, *, for_capture: bool) -> ExecutionPlan: ...
-    def new_program(self, plan: ExecutionPlan) -> DeviceProgram: ...
+    def new_program(self, plan: ExecutionPlan) -> DeviceProgram[DeviceBuffer]: ...
     def run_bound(
         self, plan: ExecutionPlan, inputs: dict[str, AnyValue], cpu_inputs: dict[str, Any], outputs: dict[str, AnyValue]
     ) -> None: ...
@@ -116,7 +115,7 @@ class GraphRegistry:
         origin = frozen.origin
         self._graphs[graph_id] = None  # reserved: a second capture of this id fails from here on
         pins: PinSet | None = None
-        program: DeviceProgram | None = None
+        program: DeviceProgram[DeviceBuffer] | None = None
         try:
             with host.lock:
                 plan = host.bound_plan(frozen, for_capture=True)
@@ -125,8 +124,8 @@ class GraphRegistry:
                 inputs = frozen.inputs()
                 outputs = frozen.outputs()
                 commands = program.record(
-                    {n: _handle(v) for n, v in inputs.items()},
-                    {n: _handle(v) for n, v in outputs.items()},
+                    {n: _buffer(v) for n, v in inputs.items()},
+                    {n: _buffer(v) for n, v in outputs.items()},
                 )
                 # The capture run itself, of the list frozen as the graph will hold it: a backend that encodes a
                 # frozen list's next submission ahead (wgpu) has the first replay's command buffer ready when
@@ -146,10 +145,10 @@ class GraphRegistry:
         return graph
 
 
-def _handle(value: OrtValue[CPU] | OrtValue[WebGPU]) -> int:
+def _buffer(value: OrtValue[CPU] | OrtValue[WebGPU]) -> DeviceBuffer:
     buffer = value._device_buffer
     assert buffer is not None  # capture refuses host values
-    return int(buffer.handle)
+    return buffer
 
 
 def check_graph_id(host: CaptureHost, graph_id: object) -> None:
@@ -200,7 +199,7 @@ def verify_replay(host: CaptureHost, graph: CapturedGraph) -> None:
         buffer = value._device_buffer
         assert buffer is not None
         if value.nbytes:
-            host.backend_device.write_buffer(buffer.handle, 0, b"\xff" * buffer.nbytes)
+            buffer.write(b"\xff" * buffer.nbytes)
     graph._replay_unchecked()
     replayed = {name: value.to_numpy() for name, value in outputs.items()}
     plan = host.bound_plan(frozen, for_capture=True)

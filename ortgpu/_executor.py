@@ -20,13 +20,16 @@ weights to the store, input/output buffers to the caller.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 import weakref
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Hashable, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from ortgpu_core._errors import ModelError, ReleasedValueError
+from ortgpu_core._value import padded_payload
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
@@ -58,8 +61,26 @@ def device_caps(device: BackendDevice) -> DeviceCaps:
 
 def padded_bytes(array: np.ndarray) -> bytes:
     """``array``'s C-layout bytes, zero-padded to the buffer size (a multiple of 4)."""
-    raw = np.asarray(array, order="C").tobytes()
-    return raw + b"\0" * (padded_size(len(raw)) - len(raw))
+    return bytes(padded_payload(np.asarray(array)))
+
+
+class BufferRef(Protocol):
+    """A device buffer as programs take it: its native handle and its generation (unique in the process, never
+    reused), e.g. a :class:`~ortgpu_core.DeviceBuffer`.  Bind groups are cached by ``(handle, generation)``, so a
+    freed buffer whose native address is reused can never pick up a bind group made for it."""
+
+    @property
+    def handle(self) -> int: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def released(self) -> bool: ...
+
+
+_BufferMap = Mapping[str, BufferRef]
+_Buffer = TypeVar("_Buffer", bound=BufferRef)  # what a program's allocate() returns and free() takes
 
 
 def _runs_twins(device: BackendDevice) -> bool:
@@ -232,11 +253,11 @@ class WeightStore:
 _ParamsEntry = tuple[int, int]  # offset, size in the program's uniform buffer
 
 
-class DeviceProgram:
+class DeviceProgram(Generic[_Buffer]):
     """An :class:`ExecutionPlan` instantiated on one device.
 
     ``allocate(nbytes) -> buffer`` and ``free(buffer)`` provide the
-    intermediate buffers (the session's allocator); ``weights`` is the
+    intermediate buffers (:class:`BufferRef` objects; the session's allocator); ``weights`` is the
     session's :class:`WeightStore` for this device (a private one when
     omitted, released with the program).
     """
@@ -246,8 +267,8 @@ class DeviceProgram:
         plan: ExecutionPlan,
         device: BackendDevice,
         pipeline_cache: PipelineCache,
-        allocate: Callable[[int], int],
-        free: Callable[[int], None],
+        allocate: Callable[[int], _Buffer],
+        free: Callable[[_Buffer], None],
         weights: WeightStore | None = None,
     ) -> None:
         if pipeline_cache.device is not device:
@@ -257,9 +278,10 @@ class DeviceProgram:
         self._free = free
         self._own_weights = weights is None
         self.weights = weights if weights is not None else WeightStore(device)
-        self._slots: list[int] = []
+        self._slots: list[_Buffer] = []
         self._params_buffer: int | None = None
-        self._bind_groups: dict[tuple[int, ...], list[int]] = {}
+        # (handle, generation) of each input, then each output -> (the bind groups, weak references to the buffers)
+        self._bind_groups: dict[tuple[tuple[int, int], ...], tuple[list[int], list[weakref.ref[Any]]]] = {}
         self._released = False
         try:
             for size in plan.slot_sizes:
@@ -301,18 +323,18 @@ class DeviceProgram:
 
     # -- buffers --------------------------------------------------------------------
 
-    def _buffer_of(self, name: str, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> int:
+    def _buffer_of(self, name: str, inputs: _BufferMap, outputs: _BufferMap) -> int:
         plan = self.plan
         tensor = plan.tensors[plan.root(name)]
         if tensor.storage == "input":
-            return inputs[tensor.name]
+            return inputs[tensor.name].handle
         if tensor.storage == "output":
-            return outputs[tensor.name]
+            return outputs[tensor.name].handle
         if tensor.storage == "constant":
             return self._constant_buffers[tensor.name]
-        return self._slots[tensor.slot]
+        return self._slots[tensor.slot].handle
 
-    def _check_io(self, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> None:
+    def _check_io(self, inputs: _BufferMap, outputs: _BufferMap) -> None:
         if self._released:
             raise ReleasedValueError("this DeviceProgram was released")
         missing = [n for n in self.plan.input_infos if n not in inputs]
@@ -321,15 +343,16 @@ class DeviceProgram:
             raise ModelError(f"no buffer given for {missing}; the plan needs inputs {sorted(self.plan.input_infos)} "
                              f"and outputs {sorted(self.plan.output_infos)}")
 
-    def _bind_groups_for(self, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> list[int]:
-        key = tuple(inputs[n] for n in self.plan.input_infos) + tuple(
-            outputs[n] for n in self.plan.output_infos
-        )
+    def _bind_groups_for(self, inputs: _BufferMap, outputs: _BufferMap) -> list[int]:
+        buffers = [inputs[n] for n in self.plan.input_infos] + [outputs[n] for n in self.plan.output_infos]
+        key = tuple((b.handle, b.generation) for b in buffers)
         cached = self._bind_groups.get(key)
         if cached is not None:
-            return cached
+            return cached[0]
+        self._forget_dead_buffers()
         groups: list[int] = []
-        self._bind_groups[key] = groups  # filled in place so a failure still releases what was made
+        # filled in place so a failure still releases what was made
+        self._bind_groups[key] = (groups, [weakref.ref(b) for b in buffers])
         for step_index, step in enumerate(self.plan.steps):
             if not self._pipelines[step_index]:
                 continue
@@ -353,20 +376,33 @@ class DeviceProgram:
                     else:
                         assert step.op_plan is not None
                         size = padded_size(step.op_plan.scratch_sizes[binding.index])
-                        entries.append(BindingEntry(slot, self._slots[step.scratch_slots[binding.index]], 0, size))
+                        entries.append(BindingEntry(slot, self._slots[step.scratch_slots[binding.index]].handle, 0, size))
                 groups.append(self.device.create_bind_group(self._pipelines[step_index][kernel_index], entries))
         return groups
 
-    def forget_buffers(self, buffers: Sequence[int]) -> None:
-        """Release cached bind groups that use any of ``buffers`` (call before freeing them)."""
-        doomed = set(buffers)
-        for key in [k for k in self._bind_groups if doomed.intersection(k)]:
-            for group in self._bind_groups.pop(key):
+    def forget_buffers(self, buffers: Sequence[BufferRef]) -> None:
+        """Release cached bind groups that use any of ``buffers`` (call before freeing transient buffers, so their
+        bind groups go with them)."""
+        doomed = {(b.handle, b.generation) for b in buffers}
+        self._release_bind_groups([key for key in self._bind_groups if doomed.intersection(key)])
+
+    def _forget_dead_buffers(self) -> None:
+        """Release the cached bind groups of buffers that were released or collected since they were cached (they
+        can never be used again: a new buffer has a new generation, whatever its native address)."""
+        self._release_bind_groups([
+            key for key, (_, refs) in self._bind_groups.items()
+            if any((buffer := ref()) is None or buffer.released for ref in refs)
+        ])
+
+    def _release_bind_groups(self, keys: Sequence[tuple[tuple[int, int], ...]]) -> None:
+        for key in keys:
+            groups, _ = self._bind_groups.pop(key)
+            for group in groups:
                 self.device.release_bind_group(group)
 
     # -- recording --------------------------------------------------------------------
 
-    def _record_copies(self, commands: CommandList, after_step: int, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> None:
+    def _record_copies(self, commands: CommandList, after_step: int, inputs: _BufferMap, outputs: _BufferMap) -> None:
         for step_index, output, source in self.plan.output_copies:
             if step_index != after_step:
                 continue
@@ -374,13 +410,13 @@ class DeviceProgram:
             if nbytes == 0:
                 continue
             source_buffer = self._buffer_of(source, inputs, outputs)
-            target = outputs[output]
+            target = outputs[output].handle
             if source_buffer != target:
                 commands.add_copy(source_buffer, 0, target, 0, padded_size(nbytes))
 
     def _record_steps(
         self, commands: CommandList, first: int, stop: int, groups: list[int], group_start: int,
-        inputs: Mapping[str, int], outputs: Mapping[str, int],
+        inputs: _BufferMap, outputs: _BufferMap,
     ) -> int:
         """Record steps ``first..stop-1`` (all on the device); returns the next bind-group index."""
         g = group_start
@@ -397,7 +433,7 @@ class DeviceProgram:
             self._record_copies(commands, step_index, inputs, outputs)
         return g
 
-    def record(self, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> CommandList:
+    def record(self, inputs: _BufferMap, outputs: _BufferMap) -> CommandList:
         """Every dispatch and copy of a fully-on-device plan, for these input/output buffers.
 
         Bind groups are cached by buffer identity: recording again with the
@@ -418,7 +454,7 @@ class DeviceProgram:
             commands.early_submit = EARLY_SUBMIT_DISPATCHES
         return commands
 
-    def record_per_step(self, inputs: Mapping[str, int], outputs: Mapping[str, int]) -> list[tuple[PlannedStep, CommandList]]:
+    def record_per_step(self, inputs: _BufferMap, outputs: _BufferMap) -> list[tuple[PlannedStep, CommandList]]:
         """One command list per step of a fully-on-device plan, in order (for profiling: submit each alone)."""
         self._check_io(inputs, outputs)
         if not self.plan.capturable:
@@ -432,7 +468,7 @@ class DeviceProgram:
             lists.append((step, commands))
         return lists
 
-    def run(self, inputs: Mapping[str, int], outputs: Mapping[str, int], submit: Callable[[CommandList], None]) -> None:
+    def run(self, inputs: _BufferMap, outputs: _BufferMap, submit: Callable[[CommandList], None]) -> None:
         """Run the plan: device segments through ``submit``, CPU nodes on the host in between."""
         self._check_io(inputs, outputs)
         if self.plan.capturable:
@@ -459,7 +495,7 @@ class DeviceProgram:
         if len(commands):
             submit(commands)
 
-    def _read(self, name: str, info: TensorInfo, host: dict[str, np.ndarray], inputs: Mapping[str, int], outputs: Mapping[str, int]) -> np.ndarray:
+    def _read(self, name: str, info: TensorInfo, host: dict[str, np.ndarray], inputs: _BufferMap, outputs: _BufferMap) -> np.ndarray:
         root = self.plan.root(name)
         if root in self.plan.constants:
             value = self.plan.constants[root]
@@ -473,7 +509,7 @@ class DeviceProgram:
             host[root] = value
         return value.reshape(info.shape)
 
-    def _run_on_cpu(self, step: PlannedStep, host: dict[str, np.ndarray], inputs: Mapping[str, int], outputs: Mapping[str, int]) -> None:
+    def _run_on_cpu(self, step: PlannedStep, host: dict[str, np.ndarray], inputs: _BufferMap, outputs: _BufferMap) -> None:
         if all(info.size == 0 for name, info in zip(step.outputs, step.output_infos) if name):
             return
         values: list[np.ndarray | None] = [
@@ -507,7 +543,7 @@ class DeviceProgram:
             return
         self._released = True
         bind_groups, self._bind_groups = self._bind_groups, {}
-        for groups in bind_groups.values():
+        for groups, _ in bind_groups.values():
             for group in groups:
                 self.device.release_bind_group(group)
         if self._params_buffer is not None:
@@ -522,6 +558,18 @@ class DeviceProgram:
 
 def _empty_step(step: PlannedStep) -> bool:
     return all(info.size == 0 for name, info in zip(step.outputs, step.output_infos) if name)
+
+
+_raw_generations = itertools.count(1)
+
+
+@dataclass(eq=False)
+class _RawBuffer:
+    """A buffer :func:`run_model` made directly on a backend device (no allocator, no core Device)."""
+
+    handle: int
+    generation: int
+    released: bool = False
 
 
 def run_model(
@@ -553,30 +601,23 @@ def run_model(
         fuse=fuse,
     )
     cache = pipeline_cache if pipeline_cache is not None else PipelineCache(device)
-    owned: list[int] = []
+    owned: list[_RawBuffer] = []
 
-    def allocate(nbytes: int) -> int:
-        buffer = device.create_buffer(nbytes, label="intermediate")
+    def allocate(nbytes: int, label: str = "intermediate") -> _RawBuffer:
+        buffer = _RawBuffer(device.create_buffer(nbytes, label=label), next(_raw_generations))
+        owned.append(buffer)
         return buffer
-
-    def free(buffer: int) -> None:
-        device.destroy_buffer(buffer)
 
     program = None
     try:
-        program = DeviceProgram(plan, device, cache, allocate, free)
+        program = DeviceProgram(plan, device, cache, allocate, lambda buffer: None)  # all freed below
         input_buffers = {}
         for name, array in arrays.items():
-            buffer = device.create_buffer(padded_size(array.nbytes), label="input")
-            owned.append(buffer)
+            buffer = allocate(padded_size(array.nbytes), "input")
             if array.nbytes:
-                device.write_buffer(buffer, 0, padded_bytes(array))
+                device.write_buffer(buffer.handle, 0, padded_bytes(array))
             input_buffers[name] = buffer
-        output_buffers = {}
-        for name, info in plan.output_infos.items():
-            buffer = device.create_buffer(padded_size(info.nbytes), label="output")
-            owned.append(buffer)
-            output_buffers[name] = buffer
+        output_buffers = {name: allocate(padded_size(info.nbytes), "output") for name, info in plan.output_infos.items()}
         program.run(input_buffers, output_buffers, device.submit)
         results = []
         for name in loaded.output_names:
@@ -584,13 +625,13 @@ def run_model(
             if info.nbytes == 0:
                 results.append(np.zeros(info.shape, dtype=info.dtype))
                 continue
-            raw = device.read_buffer(output_buffers[name], 0, padded_size(info.nbytes))
+            raw = device.read_buffer(output_buffers[name].handle, 0, padded_size(info.nbytes))
             results.append(np.frombuffer(raw, dtype=np.uint8, count=info.nbytes).view(info.dtype).reshape(info.shape).copy())
         return results, plan
     finally:
         if program is not None:
             program.release()
         for buffer in owned:
-            device.destroy_buffer(buffer)
+            device.destroy_buffer(buffer.handle)
         if pipeline_cache is None:
             cache.release()

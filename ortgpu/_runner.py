@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence, Union
 
@@ -45,7 +44,6 @@ from ortgpu_core.backends.protocol import BackendDevice
 from ._capture import GraphRegistry, verify_replay
 from ._device_caches import _pipeline_cache, _serial_lock
 from ._executor import DeviceProgram, WeightStore, device_caps
-from ._limits import element_count
 from ._model import LoadedModel, ValueInfo
 from ._planner import ExecutionPlan, plan_model
 
@@ -63,7 +61,7 @@ class _StagedRun:
     """An ordinary-run program with its session-owned input and output staging buffers."""
 
     plan: ExecutionPlan
-    program: DeviceProgram
+    program: DeviceProgram[DeviceBuffer]
     inputs: dict[str, DeviceBuffer]
     outputs: dict[str, DeviceBuffer]
 
@@ -100,11 +98,8 @@ class SessionRunner:
         self.lock = threading.RLock()  # guards the caches below and serializes this session's runs
         self.plans: dict[tuple[Any, ...], ExecutionPlan] = {}
         self.staged: dict[tuple[Any, ...], _StagedRun] = {}
-        self.programs: dict[int, DeviceProgram] = {}  # by id() of a plan in self.plans (kept alive there)
-        # handle -> the user buffer that programs' cached bind groups were built with (see forget_stale_bind_groups)
-        self.bound_buffers: dict[int, weakref.ref[DeviceBuffer]] = {}
+        self.programs: dict[int, DeviceProgram[DeviceBuffer]] = {}  # by id() of a plan in self.plans (kept alive there)
         self.graphs = GraphRegistry()  # captured graphs by id, and the capture lock (see _capture)
-        self.intermediates: dict[int, DeviceBuffer] = {}
         self.input_infos = {info.name: info for info in model.inputs}
         self.output_infos = {info.name: info for info in model.outputs}
         self.closed = False
@@ -151,7 +146,6 @@ class SessionRunner:
             self.plans.clear()
             _free_native(self.weights.release)
             self.allocator.close(f"session {self.session_id} was closed")
-            self.intermediates.clear()
 
     def forget_graph(self, graph: CapturedGraph) -> None:
         """Called by :meth:`CapturedGraph.release`: drop the graph from this session's registry."""
@@ -170,14 +164,12 @@ class SessionRunner:
             )
             for name, array in arrays.items():
                 if array.nbytes:
-                    _write(self.backend_device, staged.inputs[name], array)
-            staged.program.run(
-                {n: b.handle for n, b in staged.inputs.items()}, {n: b.handle for n, b in staged.outputs.items()}, self.submit
-            )
+                    staged.inputs[name].write(array)
+            staged.program.run(staged.inputs, staged.outputs, self.submit)
             results = {}
             for name in order:
                 info = staged.plan.output_infos[name]
-                results[name] = _read(self.backend_device, staged.outputs[name], info.shape, info.dtype)
+                results[name] = staged.outputs[name].read(info.shape, info.dtype)
         return [results[name] for name in order]
 
     def run_values(self, values: Mapping[str, AnyValue], order: Sequence[str]) -> list[OrtValue[WebGPU]]:
@@ -290,20 +282,9 @@ class SessionRunner:
                 chosen[name] = values[name].to_numpy()
         return chosen
 
-    def allocate_intermediate(self, nbytes: int) -> int:
-        buffer = self.allocator._allocate(nbytes)
-        self.intermediates[buffer.handle] = buffer
-        return buffer.handle
-
-    def free_intermediate(self, handle: int) -> None:
-        buffer = self.intermediates.pop(handle, None)
-        if buffer is not None:
-            buffer.release("its program was released")
-
-    def new_program(self, plan: ExecutionPlan) -> DeviceProgram:
-        return DeviceProgram(
-            plan, self.backend_device, self.pipelines, self.allocate_intermediate, self.free_intermediate, self.weights
-        )
+    def new_program(self, plan: ExecutionPlan) -> DeviceProgram[DeviceBuffer]:
+        """A program for ``plan``: its intermediates come from this session's allocator and die with it."""
+        return DeviceProgram(plan, self.backend_device, self.pipelines, self.allocator._allocate, _release_intermediate, self.weights)
 
     def submission(self) -> ContextManager[object]:
         """What a submission holds: the Env's serial lock in ``serialized`` mode, else nothing."""
@@ -335,7 +316,7 @@ class SessionRunner:
             staged = self.staged[key] = _StagedRun(plan, program, inputs, outputs)
         return staged
 
-    def program_for(self, plan: ExecutionPlan) -> DeviceProgram:
+    def program_for(self, plan: ExecutionPlan) -> DeviceProgram[DeviceBuffer]:
         """The program for ordinary runs over bound values, one per plan."""
         program = self.programs.get(id(plan))
         if program is None:
@@ -353,65 +334,40 @@ class SessionRunner:
         program = self.program_for(plan)
         staged: list[DeviceBuffer] = []
         try:
-            input_handles: dict[str, int] = {}
+            input_buffers: dict[str, DeviceBuffer] = {}
             for name, info in plan.input_infos.items():
                 value = inputs.get(name)
-                if value is not None and value.provenance.placement == "webgpu":
-                    assert value._device_buffer is not None
-                    input_handles[name] = value._device_buffer.handle
+                if value is not None and value._device_buffer is not None:
+                    input_buffers[name] = value._device_buffer
                     continue
                 host = cpu_inputs[name] if value is None else value.numpy()  # type: ignore[misc]
                 buffer = self.allocator._allocate(padded_size(info.nbytes))
                 staged.append(buffer)
                 if info.nbytes:
-                    _write(self.backend_device, buffer, np.asarray(host))
-                input_handles[name] = buffer.handle
-            output_handles: dict[str, int] = {}
+                    buffer.write(np.asarray(host))
+                input_buffers[name] = buffer
+            output_buffers: dict[str, DeviceBuffer] = {}
             host_outputs: dict[str, tuple[OrtValue[CPU], DeviceBuffer]] = {}
             for name, info in plan.output_infos.items():
                 target = outputs.get(name)
-                if target is not None and target.provenance.placement == "webgpu":
-                    assert target._device_buffer is not None
-                    output_handles[name] = target._device_buffer.handle
+                if target is not None and target._device_buffer is not None:
+                    output_buffers[name] = target._device_buffer
                     continue
                 buffer = self.allocator._allocate(padded_size(info.nbytes))
                 staged.append(buffer)
-                output_handles[name] = buffer.handle
+                output_buffers[name] = buffer
                 if target is not None:
                     host_outputs[name] = (target, buffer)  # type: ignore[assignment]
-            self.forget_stale_bind_groups(
-                [v._device_buffer for v in list(inputs.values()) + list(outputs.values()) if v._device_buffer is not None]
-            )
-            program.run(input_handles, output_handles, self.submit)
+            program.run(input_buffers, output_buffers, self.submit)
             for name, (target, buffer) in host_outputs.items():
                 info = plan.output_infos[name]
-                target.update_inplace(_read(self.backend_device, buffer, info.shape, info.dtype))
+                target.update_inplace(buffer.read(info.shape, info.dtype))
         finally:
             if staged:
                 # Bind groups built for transient buffers must not outlive them.
-                program.forget_buffers([b.handle for b in staged])
+                program.forget_buffers(staged)
                 for buffer in staged:
                     buffer.release("transient staging buffer")
-
-    def forget_stale_bind_groups(self, buffers: Sequence[DeviceBuffer]) -> None:
-        """Before a bound run over ``buffers``: drop the cached bind groups of every user buffer released since.
-
-        Programs cache bind groups by buffer handle, but a handle outlives its buffer: wgpu-native reuses
-        the address of a freed buffer, so a new value could pick up a bind group of a destroyed one (a
-        validation error that aborts the process).  Caching stays keyed by handle, checked against the
-        buffer object it was built for.
-        """
-        stale = []
-        for handle, known in list(self.bound_buffers.items()):
-            buffer = known()
-            if buffer is None or buffer.released:
-                stale.append(handle)
-                del self.bound_buffers[handle]
-        if stale:
-            for program in self.programs.values():
-                program.forget_buffers(stale)
-        for buffer in buffers:
-            self.bound_buffers[buffer.handle] = weakref.ref(buffer)
 
     def bound_plan(self, binding: AnyBinding, *, for_capture: bool) -> ExecutionPlan:
         inputs, outputs, cpu_inputs = binding.inputs(), binding.outputs(), binding.cpu_inputs()
@@ -474,17 +430,5 @@ def _free_native(release: Callable[[], object]) -> None:
         pass
 
 
-def _write(device: BackendDevice, buffer: DeviceBuffer, array: np.ndarray) -> None:
-    data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    if data.nbytes % 4:
-        data = np.concatenate([data, np.zeros(padded_size(data.nbytes) - data.nbytes, np.uint8)])
-    device.write_buffer(buffer.handle, 0, data.data)
-
-
-def _read(device: BackendDevice, buffer: DeviceBuffer, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    nbytes = element_count(shape) * dtype.itemsize
-    if nbytes == 0:
-        return np.zeros(shape, dtype)
-    result = np.empty(shape, dtype)
-    device.read_buffer_into(buffer.handle, 0, result.reshape(-1).view(np.uint8))
-    return result
+def _release_intermediate(buffer: DeviceBuffer) -> None:
+    buffer.release("its program was released")

@@ -54,6 +54,17 @@ def padded_size(Py_ssize_t nbytes):
     return max(4, (nbytes + 3) // 4 * 4)
 
 
+def padded_payload(data):
+    """``data`` (an array in C order, or bytes) as bytes zero-padded to a multiple of 4 (WebGPU writes whole words)."""
+    if isinstance(data, np.ndarray):
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    else:
+        raw = np.frombuffer(data, dtype=np.uint8)
+    if raw.nbytes % 4:
+        raw = np.concatenate([raw, np.zeros(padded_size(raw.nbytes) - raw.nbytes, np.uint8)])
+    return memoryview(raw)
+
+
 # no_gc_clear: when a buffer is reached only from a garbage reference cycle (a value kept in an exception's
 # traceback, an object that refers to itself), the collector must not clear ``device`` before __dealloc__ runs,
 # or the native buffer could not be freed.  A DeviceBuffer refers to nothing that refers back to it.
@@ -98,6 +109,26 @@ cdef class DeviceBuffer:
     def identity(self):
         """The buffer's generation: unique in the process (never reused, unlike a native address)."""
         return self.generation
+
+    def write(self, data):
+        """Queue a write of ``data`` (an array, written in C order, or bytes) at the start of the buffer, zero-padded
+        to a multiple of 4 bytes; ordered after work submitted before it.  Internal: the one place ortgpu writes a
+        buffer from the host."""
+        self.check_alive("write the buffer")
+        self.device._backend_device.write_buffer(self.handle, 0, padded_payload(data))
+
+    def read_into(self, out):
+        """Copy the buffer's first ``len(out)`` bytes into the writable uint8 buffer ``out`` (synchronous: waits
+        for submitted work that writes it).  Internal: the one place ortgpu reads a buffer to the host."""
+        self.check_alive("read the buffer")
+        self.device._backend_device.read_buffer_into(self.handle, 0, out)
+
+    def read(self, shape, dtype):
+        """A new host array of ``shape`` and ``dtype`` from the buffer's first bytes (see :meth:`read_into`)."""
+        result = np.empty(shape, dtype=dtype)
+        if result.nbytes:
+            self.read_into(result.reshape(-1).view(np.uint8))
+        return result
 
     cdef int check_alive(self, str what) except -1:
         if self._released:
@@ -494,22 +525,14 @@ cdef class OrtValue:
             return
         if self._nbytes == 0:
             return
-        data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
-        payload = data.reshape(-1).view(np.uint8)
-        if self._nbytes % 4:
-            payload = np.concatenate([payload, np.zeros(padded_size(self._nbytes) - self._nbytes, np.uint8)])
-        self._buffer.device._backend_device.write_buffer(self._buffer.handle, 0, memoryview(payload))
+        self._buffer.write(array)
 
     def to_numpy(self):
         """A host copy of the value (synchronous: waits for submitted work that writes it)."""
         self._check_usable("read the value")
         if self._buffer is None:
             return self._array.copy()
-        if self._nbytes == 0:
-            return np.zeros(self._shape, dtype=self._dtype)
-        result = np.empty(self._shape, dtype=self._dtype)
-        self._buffer.device._backend_device.read_buffer_into(self._buffer.handle, 0, result.reshape(-1).view(np.uint8))
-        return result
+        return self._buffer.read(self._shape, self._dtype)
 
     def copy_from(self, source):
         """Copy ``source`` (same dtype and shape) into this value, routed by placement and device identity."""

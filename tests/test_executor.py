@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import onnx
@@ -95,18 +97,46 @@ def test_mlp_fuses_epilogues_and_reuses_buffers(device: Any) -> None:
     assert len(unfused.steps) == 8 * 3 - 1
 
 
-def _buffers(device: Any, arrays: dict[str, np.ndarray], infos: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+_generations = itertools.count(1)
+
+
+@dataclass(eq=False)
+class Raw:
+    """A buffer made directly on a backend device, as programs take buffers (handle and generation)."""
+
+    handle: int
+    generation: int = field(default_factory=lambda: next(_generations))
+    released: bool = False
+
+
+def _raw_allocator(device: Any, allocated: list[Raw] | None = None) -> tuple[Callable[[int], Raw], Callable[[Raw], None]]:
+    """``allocate`` and ``free`` for a program's intermediates, straight on ``device``."""
+
+    def allocate(nbytes: int) -> Raw:
+        buffer = Raw(device.create_buffer(nbytes))
+        if allocated is not None:
+            allocated.append(buffer)
+        return buffer
+
+    def free(buffer: Raw) -> None:
+        buffer.released = True
+        device.destroy_buffer(buffer.handle)
+
+    return allocate, free
+
+
+def _buffers(device: Any, arrays: dict[str, np.ndarray], infos: dict[str, Any]) -> tuple[dict[str, Raw], dict[str, Raw]]:
     inputs = {}
     for name, array in arrays.items():
-        inputs[name] = device.create_buffer(padded_size(array.nbytes))
+        inputs[name] = Raw(device.create_buffer(padded_size(array.nbytes)))
         if array.nbytes:
-            device.write_buffer(inputs[name], 0, padded_bytes(array))
-    outputs = {name: device.create_buffer(padded_size(info.nbytes)) for name, info in infos.items()}
+            device.write_buffer(inputs[name].handle, 0, padded_bytes(array))
+    outputs = {name: Raw(device.create_buffer(padded_size(info.nbytes))) for name, info in infos.items()}
     return inputs, outputs
 
 
-def _read(device: Any, buffer: int, info: Any) -> np.ndarray:
-    raw = device.read_buffer(buffer, 0, padded_size(info.nbytes))
+def _read(device: Any, buffer: Raw, info: Any) -> np.ndarray:
+    raw = device.read_buffer(buffer.handle, 0, padded_size(info.nbytes))
     return np.frombuffer(raw, np.uint8, count=info.nbytes).view(info.dtype).reshape(info.shape)
 
 
@@ -116,13 +146,10 @@ def test_record_replays_with_new_input_data(device: Any) -> None:
     plan = plan_model(model, {"X": (2, 32)}, device_caps(device))
     cache = PipelineCache(device)
     weights = WeightStore(device)
-    allocated: list[int] = []
+    allocated: list[Raw] = []
+    allocate, free = _raw_allocator(device, allocated)
 
-    def allocate(nbytes: int) -> int:
-        allocated.append(device.create_buffer(nbytes))
-        return allocated[-1]
-
-    program = DeviceProgram(plan, device, cache, allocate, device.destroy_buffer, weights)
+    program = DeviceProgram(plan, device, cache, allocate, free, weights)
     x = np.random.default_rng(0).standard_normal((2, 32)).astype(np.float32)
     inputs, outputs = _buffers(device, {"X": x}, plan.output_infos)
     try:
@@ -132,14 +159,14 @@ def test_record_replays_with_new_input_data(device: Any) -> None:
         assert len(commands) == len(again) == 3
         for seed in range(2):
             x = np.random.default_rng(seed).standard_normal((2, 32)).astype(np.float32)
-            device.write_buffer(inputs["X"], 0, padded_bytes(x))
+            device.write_buffer(inputs["X"].handle, 0, padded_bytes(x))
             device.submit(commands)
             got = _read(device, outputs["Y"], plan.output_infos["Y"])
             np.testing.assert_allclose(got, _ort(proto, {"X": x})[0], rtol=1e-4, atol=1e-5)
         # A second plan (another batch) shares the weights already uploaded.
         count = len(weights)
         plan4 = plan_model(model, {"X": (4, 32)}, device_caps(device))
-        program4 = DeviceProgram(plan4, device, cache, allocate, device.destroy_buffer, weights)
+        program4 = DeviceProgram(plan4, device, cache, allocate, free, weights)
         assert len(weights) == count
         program4.release()
     finally:
@@ -148,7 +175,7 @@ def test_record_replays_with_new_input_data(device: Any) -> None:
         weights.release()
         cache.release()
         for buffer in list(inputs.values()) + list(outputs.values()):
-            device.destroy_buffer(buffer)
+            device.destroy_buffer(buffer.handle)
     assert len(allocated) == len(plan.slot_sizes) + len(plan4.slot_sizes)
 
 
@@ -182,10 +209,10 @@ def test_cpu_fallback_is_reported_and_runs(device: Any) -> None:
     outputs, _ = run_model(model, {"X": x}, device)
     np.testing.assert_array_equal(outputs[0], np.maximum(2 * x, 0))
     cache = PipelineCache(device)
-    program = DeviceProgram(plan, device, cache, device.create_buffer, device.destroy_buffer)
+    program = DeviceProgram(plan, device, cache, *_raw_allocator(device))
     try:
         with pytest.raises(ModelError, match="add_float64"):
-            program.record({"X": 0}, {"Y": 0})
+            program.record({"X": Raw(0)}, {"Y": Raw(0)})
     finally:
         program.release()
         cache.release()
@@ -250,7 +277,7 @@ def test_release_frees_everything(device: Any) -> None:
     model = load_model(models.mlp(layers=2, width=16))
     plan = plan_model(model, {"X": (1, 16)}, device_caps(device))
     cache = PipelineCache(device)
-    program = DeviceProgram(plan, device, cache, device.create_buffer, device.destroy_buffer)
+    program = DeviceProgram(plan, device, cache, *_raw_allocator(device))
     inputs, outputs = _buffers(device, {"X": np.ones((1, 16), np.float32)}, plan.output_infos)
     program.run(inputs, outputs, device.submit)
     program.forget_buffers([inputs["X"]])
@@ -258,7 +285,7 @@ def test_release_frees_everything(device: Any) -> None:
     program.release()
     cache.release()
     for buffer in list(inputs.values()) + list(outputs.values()):
-        device.destroy_buffer(buffer)
+        device.destroy_buffer(buffer.handle)
     assert device.live_handles() == before
 
 
@@ -396,14 +423,11 @@ def test_long_recordings_submit_their_first_dispatches_early(device: Any, layers
     proto = models.mlp(layers=layers, width=32)
     model = load_model(proto)
     plan = plan_model(model, {"X": (1, 32)}, device_caps(device))
-    allocated: list[int] = []
-
-    def allocate(nbytes: int) -> int:
-        allocated.append(device.create_buffer(nbytes))
-        return allocated[-1]
+    allocated: list[Raw] = []
+    allocate, free = _raw_allocator(device, allocated)
 
     cache, weights = PipelineCache(device), WeightStore(device)
-    program = DeviceProgram(plan, device, cache, allocate, device.destroy_buffer, weights)
+    program = DeviceProgram(plan, device, cache, allocate, free, weights)
     x = np.random.default_rng(7).standard_normal((1, 32)).astype(np.float32)
     inputs, outputs = _buffers(device, {"X": x}, plan.output_infos)
     try:
@@ -419,7 +443,7 @@ def test_long_recordings_submit_their_first_dispatches_early(device: Any, layers
         weights.release()
         cache.release()
         for buffer in [*inputs.values(), *outputs.values()]:
-            device.destroy_buffer(buffer)
+            device.destroy_buffer(buffer.handle)
 
 
 # -- Transposes folded into the MatMul that reads them ---------------------------------------------------------
@@ -521,3 +545,36 @@ def test_transposes_that_stay_steps(device: Any, case: str) -> None:
     outputs, _ = run_model(model, feeds, device)
     for got, want in zip(outputs, _ort(proto, feeds)):
         assert got.shape == want.shape and _rel_err(got, want) < 1e-5
+
+
+def test_a_reused_native_address_never_picks_up_a_stale_bind_group(device: Any) -> None:
+    """Bind groups are cached by (handle, generation): a new buffer at a freed buffer's native address (wgpu-native
+    reuses them) gets its own bind group, and the freed buffer's is released at the next use of the program."""
+    proto = models.mlp(layers=1, width=8)
+    model = load_model(proto)
+    plan = plan_model(model, {"X": (1, 8)}, device_caps(device))
+    cache = PipelineCache(device)
+    program = DeviceProgram(plan, device, cache, *_raw_allocator(device))
+    x = np.arange(8, dtype=np.float32).reshape(1, 8)
+    inputs, outputs = _buffers(device, {"X": x}, plan.output_infos)
+    try:
+        program.run(inputs, outputs, device.submit)
+        first = next(iter(program._bind_groups.values()))[0]
+        old = inputs["X"]
+        old.released = True
+        device.destroy_buffer(old.handle)
+        # A new buffer that the allocator placed at the same address: same handle, new generation.
+        reused = Raw(device.create_buffer(padded_size(x.nbytes)))
+        twin = Raw(reused.handle)
+        assert twin.handle == reused.handle and twin.generation != old.generation
+        device.write_buffer(reused.handle, 0, padded_bytes(2 * x))
+        program.run({"X": twin}, outputs, device.submit)
+        assert len(program._bind_groups) == 1, "the released buffer's bind groups were not released"
+        assert next(iter(program._bind_groups.values()))[0] is not first
+        np.testing.assert_allclose(_read(device, outputs["Y"], plan.output_infos["Y"]), _ort(proto, {"X": 2 * x})[0], rtol=1e-5, atol=1e-5)
+        device.destroy_buffer(reused.handle)
+    finally:
+        program.release()
+        cache.release()
+        for buffer in outputs.values():
+            device.destroy_buffer(buffer.handle)
