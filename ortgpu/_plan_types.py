@@ -1,0 +1,122 @@
+"""The data types of an execution plan: where each tensor lives and what each step runs.
+
+:func:`~ortgpu._planner.plan_model` makes an :class:`ExecutionPlan`;
+:class:`~ortgpu._executor.DeviceProgram` instantiates one on a device.  These
+records hold no behaviour beyond describing themselves, so every module of the
+planner (rewrites, memory plan) and of the executor can import them without
+importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Literal, Mapping
+
+import numpy as np
+
+from .ops import DeviceCaps, Operator, OpPlan, TensorInfo
+
+__all__ = [
+    "Placement",
+    "Storage",
+    "PlannedStep",
+    "PlannedTensor",
+    "ExecutionPlan",
+    "root_of",
+]
+
+Placement = Literal["webgpu", "cpu"]
+Storage = Literal["input", "output", "constant", "intermediate", "alias"]
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """Where a tensor lives while a plan runs.
+
+    ``storage``: ``input``/``output`` (the caller's buffer of that name),
+    ``constant`` (an uploaded weight), ``intermediate`` (buffer slot ``slot``),
+    ``alias`` (the buffer of tensor ``alias_of``, unchanged: Reshape and the like).
+    """
+
+    name: str
+    info: TensorInfo
+    storage: Storage
+    slot: int = -1
+    alias_of: str = ""
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """One node, or a fused group whose first node is the producer."""
+
+    node_names: tuple[str, ...]
+    op_types: tuple[str, ...]
+    placement: Placement
+    reason: str
+    operator: Operator
+    attrs: Mapping[str, Any]
+    inputs: tuple[str, ...]  # "" for an absent optional input
+    outputs: tuple[str, ...]
+    input_infos: tuple[TensorInfo | None, ...]
+    output_infos: tuple[TensorInfo, ...]
+    op_plan: OpPlan | None  # None on the CPU
+    scratch_slots: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.node_names[0]
+
+    @property
+    def op_type(self) -> str:
+        return "+".join(self.op_types)
+
+
+def root_of(tensors: Mapping[str, PlannedTensor], name: str) -> str:
+    """The tensor whose buffer ``name`` lives in (following aliases)."""
+    tensor = tensors[name]
+    while tensor.storage == "alias":
+        tensor = tensors[tensor.alias_of]
+    return tensor.name
+
+
+@dataclass
+class ExecutionPlan:
+    """Everything needed to run a model for one input-shape signature.
+
+    ``constants`` holds every constant a step reads (CPU steps read them on the
+    host); ``constant_keys`` those to upload, with their :class:`WeightStore` keys.
+    ``output_copies`` lists ``(step index, graph output, source tensor)``: after
+    that step (index -1: before the first) the source's bytes are copied into
+    the output's buffer, because the output is an alias, an input, a constant
+    or another output's tensor.
+    """
+
+    caps: DeviceCaps
+    input_infos: dict[str, TensorInfo]
+    output_infos: dict[str, TensorInfo]
+    steps: list[PlannedStep]
+    tensors: dict[str, PlannedTensor]
+    slot_sizes: list[int]
+    constants: dict[str, np.ndarray]
+    constant_keys: dict[str, Hashable]
+    output_copies: list[tuple[int, str, str]]
+    placement: list[tuple[str, str, str, str]]
+    folded_nodes: list[str] = field(default_factory=list)
+
+    @property
+    def cpu_nodes(self) -> list[str]:
+        return [name for step in self.steps if step.placement == "cpu" for name in step.node_names]
+
+    @property
+    def capturable(self) -> bool:
+        return not any(step.placement == "cpu" for step in self.steps)
+
+    def root(self, name: str) -> str:
+        """The tensor whose buffer ``name`` lives in (following aliases)."""
+        return root_of(self.tensors, name)
+
+    def describe(self) -> str:
+        lines = [f"{len(self.steps)} steps, {len(self.slot_sizes)} buffer slots ({sum(self.slot_sizes)} bytes)"]
+        for name, op_type, where, reason in self.placement:
+            lines.append(f"  {name:30s} {op_type:24s} {where:7s} {reason}")
+        return "\n".join(lines)
