@@ -41,7 +41,8 @@ setup(
         "ortgpu_core.backends.resources",
         "ortgpu_core-stubs",
         "ortgpu_core-stubs.backends",
-        "bench",
+        # bench/ is not installed (a top-level package named "bench" would shadow users' own): run it from a
+        # checkout with `python -m bench`.
     ],
     package_dir={
         "ortgpu_core-stubs": "stubs/ortgpu_core",

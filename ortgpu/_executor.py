@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Hashable, Mapping, Protocol, Sequence, TypeVar
@@ -207,8 +208,11 @@ def _kernel_died(cache_ref: "weakref.ref[PipelineCache]", key: Hashable, kernel_
     if cache._lock.acquire(blocking=False):
         try:
             cache._release_dead()
-        except Exception:  # noqa: BLE001 - never raise into the collector; the device frees it at the latest
-            pass
+        except Exception as error:  # noqa: BLE001 - never raise into the collector; the device frees it at the latest
+            try:
+                warnings.warn(f"releasing a pipeline of a collected kernel failed: {error}", ResourceWarning, stacklevel=2)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
         finally:
             cache._lock.release()
 

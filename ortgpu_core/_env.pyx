@@ -102,8 +102,8 @@ cdef class Device:
         if opened is not None:
             try:
                 opened.destroy()
-            except Exception:
-                pass
+            except Exception as error:  # closing always completes; say what could not be freed
+                warnings.warn(f"destroying {self!r} failed: {error}", ResourceWarning, stacklevel=2)
 
     @property
     def env(self):

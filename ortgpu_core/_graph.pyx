@@ -217,8 +217,8 @@ cdef class CapturedGraph:
         submission: one submit and one wait for the whole step, where replay + ``to_numpy()`` per output submits
         again for each read.  Synchronous.  In verify mode it is ``replay(verify=True)`` then the reads.
 
-        A convenience, not a speed-up: on the H200 (16-layer MLP, one output) it measured 5-11% *slower* than
-        ``replay()`` + ``to_numpy()`` (bench/RESULTS.md, runs 33-34)."""
+        A convenience, not a speed-up: on the H200 (16-layer MLP, one output) it measured slower than
+        ``replay()`` + ``to_numpy()`` (bench/RESULTS.md has the figures)."""
         cdef list arrays = []
         cdef list reads = []
         cdef OrtValue value

@@ -19,6 +19,7 @@ import gc
 import itertools
 import os
 import types
+import warnings
 
 cimport cython
 
@@ -174,19 +175,27 @@ cdef class DeviceBuffer:
         self.release(reason)
 
     def __dealloc__(self):
-        # Never raises: a failure to free at teardown is dropped (the device
-        # frees everything it still owns when it is destroyed).
+        # Never raises: a failure to free becomes a ResourceWarning (the device frees everything it still owns when
+        # it is destroyed, so nothing is lost for good).
         if self._released or self.device is None:
             return
         self._released = True
         try:
             _destroy_native(self.device, self.handle)
-        except BaseException:
-            pass
+        except BaseException as error:
+            _warn_in_finalizer(f"freeing {self!r} when it was collected failed: {error}")
 
     def __repr__(self):
         state = f" released ({self._release_reason})" if self._released else ""
         return f"<DeviceBuffer {self.nbytes} bytes gen={self.generation} of {self.owner_description}{state}>"
+
+
+def _warn_in_finalizer(message):
+    """A ResourceWarning from a finalizer; silent only at interpreter shutdown, when warnings can no longer be made."""
+    try:
+        warnings.warn(message, ResourceWarning, stacklevel=2)
+    except BaseException:
+        pass
 
 
 cdef void _destroy_native(Device device, object handle) except *:
