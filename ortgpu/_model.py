@@ -7,6 +7,8 @@ computable at load time folded into a constant on the CPU with the operators'
 numpy ``reference``.  Planning for concrete input shapes
 (:mod:`ortgpu._planner`) runs the same propagation again with the shapes
 filled in, so ``Shape -> Gather -> Concat -> Reshape`` chains fold completely.
+Graph rewrites (BatchNormalization folded into Conv, fused epilogues) are the
+planner's (:mod:`ortgpu._rewrites`), so ``fuse=False`` plans the graph as loaded.
 
 Shape inference and folding live in :mod:`ortgpu._propagate` (shared with the
 planner); the limits a hostile model meets (node count, folding budget, external
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -135,6 +137,9 @@ class LoadedModel:
     #: Graph inputs whose *values* decide tensor shapes (a Reshape's shape, Slice bounds,
     #: reduction axes...): a plan is made for their values, not only their shapes.
     value_dependent_inputs: frozenset[str] = frozenset()
+    #: Tensors the planner's rewrites computed from this model's constants (BatchNormalization folded into Conv
+    #: weights), kept for its next plans (:class:`ortgpu._rewrites.FoldContext`).
+    rewrite_cache: dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def input_names(self) -> list[str]:
@@ -191,79 +196,6 @@ def _to_array(tensor: onnx.TensorProto, what: str) -> np.ndarray:
             f"{what} (shape {list(tensor.dims)}) cannot be read: {str(error)[:200]}; its data does not match its "
             "shape and type, the model is corrupt"
         ) from None
-
-
-# ---------------------------------------------------------------------------
-# the Conv + BatchNormalization fold
-
-
-def fold_batch_norms(
-    nodes: Sequence[GraphNode],
-    constants: dict[str, np.ndarray],
-    types: dict[str, tuple[Shape, np.dtype[Any]]],
-    graph_outputs: Sequence[str],
-) -> tuple[list[GraphNode], list[str]]:
-    """Fold inference BatchNormalization into the Conv that feeds it (weights scaled per channel).
-
-    Applies when the Conv's weight (and bias) and the BatchNormalization's
-    parameters are float32 constants and the Conv's output feeds only the
-    BatchNormalization.  Returns the new node list and the names of the removed nodes.
-    """
-    consumers: dict[str, int] = {}
-    for node in nodes:
-        for name in node.inputs:
-            if name:
-                consumers[name] = consumers.get(name, 0) + 1
-    producer = {name: node for node in nodes for name in node.outputs if name}
-    replaced: dict[str, GraphNode] = {}
-    removed: set[str] = set()
-    for node in nodes:
-        if node.op_type != "BatchNormalization" or node.domain != "" or len(node.inputs) != 5:
-            continue
-        if int(node.attrs.get("training_mode", 0)) or any(node.outputs[1:]):
-            continue
-        conv = producer.get(node.inputs[0])
-        if conv is None or conv.op_type != "Conv" or conv.domain != "" or conv.name in replaced:
-            continue
-        x_name = node.inputs[0]
-        if consumers.get(x_name, 0) != 1 or x_name in graph_outputs:
-            continue
-        params = [constants.get(name) for name in node.inputs[1:]]
-        weight = constants.get(conv.inputs[1]) if len(conv.inputs) > 1 else None
-        bias_name = conv.inputs[2] if len(conv.inputs) > 2 else ""
-        bias = constants.get(bias_name) if bias_name else None
-        if weight is None or any(p is None for p in params) or (bias_name and bias is None):
-            continue
-        if weight.dtype != np.float32 or any(p is not None and p.dtype != np.float32 for p in params):
-            continue
-        scale, beta, mean, var = (np.asarray(p, dtype=np.float64).reshape(-1) for p in params if p is not None)
-        channels = weight.shape[0]
-        if not all(v.shape == (channels,) for v in (scale, beta, mean, var)):
-            continue
-        factor = scale / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
-        conv_bias = np.zeros(channels) if bias is None else np.asarray(bias, dtype=np.float64).reshape(-1)
-        new_weight = (weight.astype(np.float64) * factor.reshape((-1,) + (1,) * (weight.ndim - 1))).astype(np.float32)
-        new_bias = ((conv_bias - mean) * factor + beta).astype(np.float32)
-        weight_name = _fresh_name(f"{conv.name}::bn_folded_weight", constants)
-        constants[weight_name] = new_weight
-        bias_out = _fresh_name(f"{conv.name}::bn_folded_bias", constants)
-        constants[bias_out] = new_bias
-        types[weight_name] = (tuple(new_weight.shape), new_weight.dtype)
-        types[bias_out] = (tuple(new_bias.shape), new_bias.dtype)
-        replaced[conv.name] = GraphNode(
-            conv.name, "Conv", "", (conv.inputs[0], weight_name, bias_out), (node.outputs[0],), conv.attrs, conv.opset
-        )
-        removed.add(node.name)
-    result = [replaced.get(node.name, node) for node in nodes if node.name not in removed]
-    return result, sorted(removed)
-
-
-def _fresh_name(base: str, taken: Mapping[str, object]) -> str:
-    name, index = base, 0
-    while name in taken:
-        index += 1
-        name = f"{base}_{index}"
-    return name
 
 
 # ---------------------------------------------------------------------------
@@ -472,8 +404,6 @@ def load_model(
     constants = dict(initializers)
     budget = FoldBudget(limits.max_fold_bytes)
     remaining, folded = propagate(nodes, types, constants, opsets, concrete=False, budget=budget)
-    remaining, folded_norms = fold_batch_norms(remaining, constants, types, [v.name for v in outputs])
-    folded += folded_norms
     outputs = [_refine_output(value, types) for value in outputs]
     return LoadedModel(
         inputs=inputs,

@@ -8,7 +8,8 @@ tensor against the device's limits before anything is allocated, one
 This module orchestrates; the jobs live in their own modules:
 
 * :mod:`ortgpu._plan_types`: the plan's records (:class:`ExecutionPlan`, :class:`PlannedStep`, :class:`PlannedTensor`);
-* :mod:`ortgpu._rewrites`: the graph rewrites applied when fusing (fused epilogues, GELU, folded Transposes);
+* :mod:`ortgpu._rewrites`: the graph rewrites applied when fusing (BatchNormalization folded into Conv, fused
+  epilogues, GELU, folded Transposes);
 * :mod:`ortgpu._memory_plan`: where each tensor lives, and buffer slots shared by liveness.
 
 The plan is device-independent apart from the :class:`DeviceCaps` it was made
@@ -32,7 +33,9 @@ from ._plan_types import ExecutionPlan, Placement, PlannedStep, PlannedTensor
 from ._propagate import Shape, is_concrete, propagate, public_attrs
 from ._rewrites import (
     FUSABLE_PRODUCERS,
+    FoldContext,
     RewriteContext,
+    fold_batch_norms,
     fold_transposes,
     foldable_transposes,
     fuse_epilogue,
@@ -143,15 +146,21 @@ def _plan(
         if value.shape != input_infos[name].shape:
             raise ShapeError(f"the value of input {name!r} has shape {value.shape}, not {input_infos[name].shape}")
         constants[name] = value
+    output_names = model.output_names
+    nodes, folded = list(model.nodes), list(model.folded_nodes)
+    if fuse:
+        fold = FoldContext(constants, types, frozenset(output_names), model.rewrite_cache)
+        nodes, folded_norms = fold_batch_norms(nodes, fold)
+        folded += folded_norms
     # Folding shares the model's budget with the load (what the load folded is still held).
     budget = FoldBudget(model.limits.max_fold_bytes, spent=model.folded_bytes)
-    nodes, folded = propagate(model.nodes, types, constants, model.opsets, concrete=True, budget=budget)
+    nodes, folded_here = propagate(nodes, types, constants, model.opsets, concrete=True, budget=budget)
+    folded += folded_here
     consumers: dict[str, list[GraphNode]] = {}
     for node in nodes:
         for name in node.inputs:
             if name:
                 consumers.setdefault(name, []).append(node)
-    output_names = model.output_names
     for name in output_names:
         if name not in types and name not in input_infos:
             raise ModelError(f"graph output {name!r} is produced by no node")
@@ -176,7 +185,7 @@ def _plan(
         constant_keys={name: _constant_key(name, used_constants[name], model) for name in sorted(uploaded)},
         output_copies=memory.output_copies,
         placement=placement,
-        folded_nodes=list(model.folded_nodes) + folded,
+        folded_nodes=folded,
     )
 
 
@@ -284,6 +293,8 @@ def plan_model(
     shape cannot be inferred.  ``input_values`` gives the values of
     ``model.value_dependent_inputs`` (required for those): the plan is valid
     only for those values, so callers key their plan cache by them too.
+    ``fuse``: apply the graph rewrites of :mod:`ortgpu._rewrites` (BatchNormalization folded into Conv, fused
+    epilogues, folded Transposes); False plans every node as its own step.
     """
     input_infos = _input_infos(model, input_shapes, input_dtypes)
     return _plan(model, caps, input_infos, input_values or {}, allow_cpu, fuse)

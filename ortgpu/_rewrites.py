@@ -1,8 +1,10 @@
 """The graph rewrites the planner applies when it fuses (``plan_model(..., fuse=True)``).
 
-Each rewrite is a function over an explicit :class:`RewriteContext`, never over planner state:
+Each rewrite is a function over an explicit context, never over planner state:
 
-* :func:`fuse_epilogue`: the elementwise nodes after a MatMul, Gemm
+* :func:`fold_batch_norms` (a :class:`FoldContext`, before shape propagation): inference BatchNormalization
+  folded into the Conv that feeds it (the Conv's weights and bias scaled per channel).
+* :func:`fuse_epilogue` (a :class:`RewriteContext`, like the rest): the elementwise nodes after a MatMul, Gemm
   or Conv (bias or residual Add, Relu, Clip, Sigmoid, scalar Mul/Div, Gelu) ride on it as its fused epilogue
   (``attrs["_epilogue"]``); :func:`match_gelu` recognises the erf GELU exporters write as six nodes.
 * :func:`foldable_transposes` and :func:`fold_transposes`: a Transpose read only by a MatMul is folded into it
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -29,7 +31,9 @@ from .ops.transpose import permutation
 
 __all__ = [
     "FUSABLE_PRODUCERS",
+    "FoldContext",
     "RewriteContext",
+    "fold_batch_norms",
     "fold_transposes",
     "foldable_transposes",
     "fuse_epilogue",
@@ -45,6 +49,21 @@ _EPILOGUE_UNARY = {"Relu": ("relu",), "Gelu": ("gelu",), "Sigmoid": ("sigmoid",)
 
 #: Transposes to fold: MatMul node name -> {input index: (the Transpose feeding it, its perm)}.
 TransposeFolds = dict[str, dict[int, tuple[GraphNode, tuple[int, ...]]]]
+
+
+@dataclass
+class FoldContext:
+    """What a rewrite before shape propagation reads and extends.
+
+    ``constants`` and ``types`` gain the tensors the rewrite computes; ``graph_outputs`` are never rewritten
+    away; ``cache`` keeps computed tensors for the next plan of the same model (the model's
+    :attr:`~ortgpu._model.LoadedModel.rewrite_cache`), so plans for other input shapes share them.
+    """
+
+    constants: dict[str, np.ndarray]
+    types: dict[str, tuple[Shape, np.dtype[Any]]]
+    graph_outputs: frozenset[str]
+    cache: dict[Hashable, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -88,6 +107,97 @@ def plan_node(ctx: RewriteContext, node: GraphNode, operator: Operator, attrs: M
         (node.name,), (node.op_type,), placement, reason, operator, attrs,
         tuple(node.inputs), tuple(node.outputs), input_infos, output_infos, op_plan,
     )
+
+
+# ---------------------------------------------------------------------------
+# BatchNormalization into Conv
+
+
+def fold_batch_norms(nodes: Sequence[GraphNode], ctx: FoldContext) -> tuple[list[GraphNode], list[str]]:
+    """Fold inference BatchNormalization into the Conv that feeds it (weights scaled per channel).
+
+    Applies when the Conv's weight (and bias) and the BatchNormalization's
+    parameters are float32 constants and the Conv's output feeds only the
+    BatchNormalization.  Returns the new node list and the names of the removed nodes.
+    """
+    constants, types = ctx.constants, ctx.types
+    consumers: dict[str, int] = {}
+    for node in nodes:
+        for name in node.inputs:
+            if name:
+                consumers[name] = consumers.get(name, 0) + 1
+    producer = {name: node for node in nodes for name in node.outputs if name}
+    replaced: dict[str, GraphNode] = {}
+    removed: set[str] = set()
+    for node in nodes:
+        if node.op_type != "BatchNormalization" or node.domain != "" or len(node.inputs) != 5:
+            continue
+        if int(node.attrs.get("training_mode", 0)) or any(node.outputs[1:]):
+            continue
+        conv = producer.get(node.inputs[0])
+        if conv is None or conv.op_type != "Conv" or conv.domain != "" or conv.name in replaced:
+            continue
+        x_name = node.inputs[0]
+        if consumers.get(x_name, 0) != 1 or x_name in ctx.graph_outputs:
+            continue
+        params = [constants.get(name) for name in node.inputs[1:]]
+        weight = constants.get(conv.inputs[1]) if len(conv.inputs) > 1 else None
+        bias_name = conv.inputs[2] if len(conv.inputs) > 2 else ""
+        bias = constants.get(bias_name) if bias_name else None
+        if weight is None or any(p is None for p in params) or (bias_name and bias is None):
+            continue
+        if weight.dtype != np.float32 or any(p is not None and p.dtype != np.float32 for p in params):
+            continue
+        folded = _folded_conv_bn(node, weight, bias, params, ctx.cache)
+        if folded is None:
+            continue
+        new_weight, new_bias = folded
+        weight_name = _fresh_name(f"{conv.name}::bn_folded_weight", constants)
+        constants[weight_name] = new_weight
+        bias_out = _fresh_name(f"{conv.name}::bn_folded_bias", constants)
+        constants[bias_out] = new_bias
+        types[weight_name] = (tuple(new_weight.shape), new_weight.dtype)
+        types[bias_out] = (tuple(new_bias.shape), new_bias.dtype)
+        replaced[conv.name] = GraphNode(
+            conv.name, "Conv", "", (conv.inputs[0], weight_name, bias_out), (node.outputs[0],), conv.attrs, conv.opset
+        )
+        removed.add(node.name)
+    result = [replaced.get(node.name, node) for node in nodes if node.name not in removed]
+    return result, sorted(removed)
+
+
+def _folded_conv_bn(
+    node: GraphNode,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    params: Sequence[np.ndarray | None],
+    cache: dict[Hashable, Any],
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The Conv weight and bias with BatchNormalization ``node`` (parameters ``params``) folded in, or None when
+    the parameters are not one value per output channel.  Kept in ``cache`` while its sources are the same arrays."""
+    sources = (weight, bias, *params)
+    key = ("batch_norm_fold", node.name)
+    cached = cache.get(key)
+    if cached is not None and len(cached[0]) == len(sources) and all(a is b for a, b in zip(cached[0], sources)):
+        return cached[1]  # type: ignore[no-any-return]
+    scale, beta, mean, var = (np.asarray(p, dtype=np.float64).reshape(-1) for p in params if p is not None)
+    channels = weight.shape[0]
+    if not all(v.shape == (channels,) for v in (scale, beta, mean, var)):
+        return None
+    factor = scale / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
+    conv_bias = np.zeros(channels) if bias is None else np.asarray(bias, dtype=np.float64).reshape(-1)
+    new_weight = (weight.astype(np.float64) * factor.reshape((-1,) + (1,) * (weight.ndim - 1))).astype(np.float32)
+    new_bias = ((conv_bias - mean) * factor + beta).astype(np.float32)
+    cache[key] = (sources, (new_weight, new_bias))
+    return new_weight, new_bias
+
+
+def _fresh_name(base: str, taken: Mapping[str, object]) -> str:
+    name, index = base, 0
+    while name in taken:
+        index += 1
+        name = f"{base}_{index}"
+    return name
 
 
 # ---------------------------------------------------------------------------
