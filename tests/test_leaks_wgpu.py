@@ -16,7 +16,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from ortgpu_core.backends import wgpu_native
+from ortgpu_core.backends import _wgpu_encode_ahead, wgpu_native
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BindingEntry
 from ortgpu_core.backends.wgpu_native import WgpuBackend, WgpuDevice
@@ -58,7 +58,7 @@ def test_the_submitted_flag_of_this_wgpu_native_is_known(device: WgpuDevice) -> 
     """The probe recognises the wgpu-native the package pins (29.x): encode-ahead stays on, and releases of
     unsubmitted command buffers set the flag."""
     assert wgpu_native.native_version().startswith("29.")
-    assert device.native_table.submitted_flag_offset == wgpu_native._SUBMITTED_FLAG_OFFSET == 16
+    assert device.native_table.submitted_flag_offset == _wgpu_encode_ahead._SUBMITTED_FLAG_OFFSET == 16
     assert device.encode_ahead
 
 
@@ -101,7 +101,7 @@ def test_unsubmitted_command_buffers_are_freed(device: WgpuDevice) -> None:
 def test_encode_ahead_starts_off_where_the_flag_is_unknown(backend: WgpuBackend, monkeypatch: pytest.MonkeyPatch) -> None:
     """A wgpu-native whose command buffers the probe does not recognise would leak one buffer per released
     graph: encode-ahead starts off on its devices (and can still be switched on by hand)."""
-    monkeypatch.setattr(wgpu_native, "_submitted_flag", -1)
+    monkeypatch.setattr(_wgpu_encode_ahead, "_submitted_flag", -1)
     device = backend.open_device(backend.default_adapter_index())
     try:
         assert device.native_table.submitted_flag_offset == -1

@@ -19,260 +19,49 @@ wgpu-native 29 calls synchronously inside the failing call (verified by
 that can fail, the collected errors are raised as typed exceptions in the
 caller's frame.  A lost device raises :class:`DeviceLostError` on every later
 call.
+
+The backend's parts, by job: :mod:`._wgpu_ffi` (loading the library, C strings, feature names),
+:mod:`._wgpu_adapters` (instance, adapters, limits and features, the default adapter, requesting a device),
+:mod:`._wgpu_device_base` (the device's lock, error sink, handle table and checks), :mod:`._wgpu_encode_ahead`
+(the validation memo and the command buffers encoded ahead for frozen command lists) and :mod:`._wgpu_readback`
+(the staging buffer, reads and waits).  This module wires them into :class:`WgpuBackend` and
+:class:`WgpuDevice`, which adds the device's set-up, buffers, kernels, submit and lifetime.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
-import os
-import re
-import shutil
-import tempfile
 import threading
-import time
 import weakref
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
-from .._errors import (
-    DeviceError,
-    DeviceLostError,
-    InvalidArgumentError,
-    OutOfMemoryError,
-    ReleasedValueError,
-    ValidationError,
-)
-from ._device_lock import DeviceLock
-from . import _cdef
+from .._errors import DeviceError, InvalidArgumentError, ValidationError
 from ._commands import CommandList, NativeTable
-from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin, host_read_target
-
-__all__ = ["WgpuBackend", "WgpuDevice", "load_native", "feature_name", "choose_default_adapter"]
-
-_LIBRARY_NAME = "libwgpu_native-release.so"
-
-# What a submission appends to a command list, as a dictionary key: the records of its tail (submit_and_read's
-# copies into the staging buffer); () for none.
-_TailKey = tuple[tuple[Any, ...], ...]
-
-# WebGPU's spelling of the standard features whose C enum names do not convert
-# mechanically (CamelCase -> kebab-case) to it.
-_FEATURE_NAME_OVERRIDES = {
-    "Depth32FloatStencil8": "depth32float-stencil8",
-    "TextureCompressionBCSliced3D": "texture-compression-bc-sliced-3d",
-    "TextureCompressionASTCSliced3D": "texture-compression-astc-sliced-3d",
-    "RG11B10UfloatRenderable": "rg11b10ufloat-renderable",
-    "BGRA8UnormStorage": "bgra8unorm-storage",
-}
-# Features requested at device creation whenever the adapter has them: the
-# ones compute kernels may use.  Everything else stays off.
-_REQUESTED_FEATURES = (
-    "shader-f16",
-    "timestamp-query",
-    "subgroups",
-    "subgroup",
-    "subgroup-barrier",
-    "shader-f64",
-    "shader-int64",
-    "timestamp-query-inside-encoders",
-    "timestamp-query-inside-passes",
+from ._wgpu_adapters import (
+    _limits_from_native,
+    adapter_info,
+    choose_default_adapter,
+    create_instance,
+    device_features,
+    device_limits,
+    enumerate_adapters,
+    native_adapter_limits,
+    request_device,
 )
-# default_adapter_index: lower is preferred.
-_ADAPTER_TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "CPU": 2, "Unknown": 3}
-_BACKEND_TYPE_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1, "OpenGLES": 1}
-_STAGING_MINIMUM = 1 << 16
-# How wgpu-core words the errors of a call on a lost device ("Parent device is lost").
-_LOST_MESSAGE = re.compile(r"device is lost", re.IGNORECASE)
-# read_buffer polls at most this many times for the map callback before giving up.
-_MAP_POLL_ATTEMPTS = 10_000
-# wgpu-native 29's command buffer object (the address a WGPUCommandBuffer holds is Rust's Arc data pointer):
-# {context: Arc<Global>, id: CommandBufferId, open: AtomicBool}, with the Arc's strong and weak counts in the 16
-# bytes before it.  Its wgpuQueueSubmit sets `open` (byte 16) and its release drops the command buffer from
-# wgpu-core's registry only when `open` is set, so a command buffer released unsubmitted is never freed (about
-# 90 KB each on lavapipe, +100 MB per 1000 graphs released with encode-ahead on).  The wgpu backend checks this
-# layout once per process (_probe_submitted_flag) before the command loop writes that byte (see
-# NativeTable.submitted_flag_offset).
-_SUBMITTED_FLAG_OFFSET = 16
-_submitted_flag: int | None = None  # the probed offset (-1: the layout is not the one above); None: not probed
-_submitted_flag_lock = threading.Lock()
-# Default spin before a blocking wait, on GPU adapters (0 on CPU adapters: there the spinning thread would take
-# a core from the driver's own threads).  On the H200 (run 29 of bench/RESULTS.md, `python -m bench --overhead`),
-# submit + wait_idle of 16 small dispatches took 95.6 us spinning and 123.5 us blocking; an empty submit 34.2 and
-# 29.9 us.
-DEFAULT_SPIN_WAIT_US = 2000.0
+from ._wgpu_device_base import _Handle, _serialized, _storage_bindings
+from ._wgpu_ffi import _address, _string_view, feature_name, load_native, native_version
+from ._wgpu_readback import DEFAULT_SPIN_WAIT_US, _Readback
+from .protocol import AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
 
-
-def native_version() -> str:
-    """wgpu-native's own version, e.g. ``"29.0.0.0"`` (from ``wgpuGetVersion``)."""
-    _, lib = load_native()
-    # uint32_t wgpuGetVersion(void): one byte per component, most significant first
-    packed = int(lib.wgpuGetVersion())
-    return ".".join(str((packed >> shift) & 0xFF) for shift in (24, 16, 8, 0))
-
-
-@functools.lru_cache(maxsize=1)
-def load_native() -> tuple[Any, Any]:
-    """``(ffi, lib)`` for wgpu-native, loaded once per process."""
-    import cffi
-
-    ffi = cffi.FFI()
-    ffi.cdef(_cdef.generated_cdef_path().read_text(encoding="utf-8"))
-    _give_the_driver_a_runtime_dir()
-    lib = ffi.dlopen(str(_cdef.wgpu_resources_dir() / _LIBRARY_NAME))
-    return ffi, lib
-
-
-def _give_the_driver_a_runtime_dir() -> None:
-    """Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid or not set" (on stderr, several times per process)
-    when the variable is unset, as in containers, CI and cron jobs.  Compute needs no display, so when it is unset or
-    not a directory, point it at a private (0700) folder of ours; a valid setting is left alone."""
-    current = os.environ.get("XDG_RUNTIME_DIR", "")
-    if current and os.path.isdir(current):
-        return
-    folder = tempfile.mkdtemp(prefix="ortgpu-runtime-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    os.environ["XDG_RUNTIME_DIR"] = folder
-
-
-def feature_name(enum_name: str) -> str:
-    """WebGPU's name of a feature, from its C enum name without the prefix (``ShaderF16`` -> ``shader-f16``)."""
-    if enum_name in _FEATURE_NAME_OVERRIDES:
-        return _FEATURE_NAME_OVERRIDES[enum_name]
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", enum_name).lower()
-
-
-@functools.lru_cache(maxsize=1)
-def _feature_tables() -> tuple[dict[int, str], dict[str, int]]:
-    """``({enum value: WebGPU name}, {WebGPU name: enum value})`` over standard and native features."""
-    ffi, _ = load_native()
-    by_value: dict[int, str] = {}
-    for type_name, prefix in (("WGPUFeatureName", "WGPUFeatureName_"), ("WGPUNativeFeature", "WGPUNativeFeature_")):
-        for value, name in ffi.typeof(type_name).elements.items():
-            short = name[len(prefix) :]
-            if short not in ("Force32",):
-                by_value[int(value)] = feature_name(short)
-    return by_value, {name: value for value, name in by_value.items()}
-
-
-def choose_default_adapter(adapters: Sequence[AdapterInfo]) -> int:
-    """The index of the preferred adapter.
-
-    Discrete GPU first, else integrated, else CPU (lavapipe), else anything;
-    at equal type Vulkan (or Metal/D3D12) before OpenGL; then the lowest index.
-    """
-    if not adapters:
-        raise DeviceError("wgpu-native found no adapter (is a Vulkan or OpenGL driver installed?)")
-
-    def rank(info: AdapterInfo) -> tuple[int, int, int]:
-        return (
-            _ADAPTER_TYPE_RANK.get(info.adapter_type, 3),
-            _BACKEND_TYPE_RANK.get(info.backend_type, 2),
-            info.index,
-        )
-
-    return min(adapters, key=rank).index
-
-
-def _enum_suffix(type_name: str, value: int) -> str:
-    ffi, _ = load_native()
-    name: str = ffi.typeof(type_name).elements.get(int(value), f"{type_name}_Unknown")
-    return name.split("_", 1)[1]
-
-
-def _string(view: Any) -> str:
-    """A ``WGPUStringView`` as ``str`` (it may be NULL, or lack a terminating NUL)."""
-    ffi, lib = load_native()
-    if view.data == ffi.NULL:
-        return ""
-    if view.length == lib.WGPU_STRLEN:
-        return bytes(ffi.string(view.data)).decode("utf-8", "replace")
-    return bytes(ffi.buffer(view.data, view.length)).decode("utf-8", "replace")
-
-
-def _string_view(text: str, keep: list[Any]) -> Any:
-    """A ``WGPUStringView`` over ``text``; the backing memory is appended to ``keep``."""
-    ffi, _ = load_native()
-    encoded = text.encode("utf-8")
-    data = ffi.new("char[]", encoded)
-    keep.append(data)
-    view = ffi.new("WGPUStringView *")
-    view.data = data
-    view.length = len(encoded)
-    return view[0]
-
-
-def _address(pointer: Any) -> int:
-    ffi, _ = load_native()
-    return int(ffi.cast("uintptr_t", pointer))
-
-
-class _ErrorSink:
-    """What the native callbacks report, collected until the backend call returns.
-
-    Holds no reference to the device, so the callbacks (which hold the sink)
-    make no reference cycle through it.
-    """
-
-    def __init__(self) -> None:
-        self.errors: list[tuple[str, str]] = []  # (error type suffix, message)
-        self.lost: str | None = None
-        self.ignore_lost = False
-        self.map_status: int | None = None
-        self.map_message = ""
-        # wait_idle: the token of the newest wgpuQueueOnSubmittedWorkDone callback that fired (tokens rise, and
-        # the callbacks fire in submission order), and the status of one that did not succeed
-        self.work_done_token = 0
-        self.work_done_failure: str | None = None
-
-
-@dataclass
-class _Handle:
-    """Bookkeeping for one native object this device created."""
-
-    kind: str  # "buffer", "pipeline", "bind_group"
-    pointer: Any  # the typed cdata pointer
-    size: int = 0  # buffers: bytes
-    uniform: bool = False
-    label: str = ""
-    buffers: tuple[int, ...] = field(default_factory=tuple)  # bind groups: the buffers bound
-    pipeline: int = 0  # bind groups: the pipeline whose layout they were made for
-    # pipelines: bindings of group 0 declared var<storage, read> / var<storage, read_write>
-    read_only_bindings: frozenset[int] = frozenset()
-    writable_bindings: frozenset[int] = frozenset()
-
-
-_STORAGE_DECLARATION = re.compile(r"((?:@\w+\s*\([^)]*\)\s*)+)var\s*<\s*storage\s*(?:,\s*(\w+)\s*)?>")
-_ATTRIBUTE = re.compile(r"@(group|binding)\s*\(\s*(\d+)\s*\)")
-
-
-def _storage_bindings(wgsl: str) -> tuple[frozenset[int], frozenset[int]]:
-    """The group-0 bindings ``wgsl`` declares as read-only and as writable storage buffers."""
-    read_only: set[int] = set()
-    writable: set[int] = set()
-    for match in _STORAGE_DECLARATION.finditer(wgsl):
-        attributes = {name: int(value) for name, value in _ATTRIBUTE.findall(match.group(1))}
-        if attributes.get("group") != 0 or "binding" not in attributes:
-            continue
-        (writable if match.group(2) == "read_write" else read_only).add(attributes["binding"])
-    return frozenset(read_only), frozenset(writable)
-
-
-def _limits_from_native(native: Any) -> DeviceLimits:
-    return DeviceLimits(
-        max_buffer_size=int(native.maxBufferSize),
-        max_storage_buffer_binding_size=int(native.maxStorageBufferBindingSize),
-        max_uniform_buffer_binding_size=int(native.maxUniformBufferBindingSize),
-        max_storage_buffers_per_shader_stage=int(native.maxStorageBuffersPerShaderStage),
-        max_compute_workgroups_per_dimension=int(native.maxComputeWorkgroupsPerDimension),
-        max_compute_invocations_per_workgroup=int(native.maxComputeInvocationsPerWorkgroup),
-        max_compute_workgroup_size_x=int(native.maxComputeWorkgroupSizeX),
-        max_compute_workgroup_size_y=int(native.maxComputeWorkgroupSizeY),
-        max_compute_workgroup_size_z=int(native.maxComputeWorkgroupSizeZ),
-        max_compute_workgroup_storage_size=int(native.maxComputeWorkgroupStorageSize),
-        min_storage_buffer_offset_alignment=int(native.minStorageBufferOffsetAlignment),
-        min_uniform_buffer_offset_alignment=int(native.minUniformBufferOffsetAlignment),
-    )
+__all__ = [
+    "WgpuBackend",
+    "WgpuDevice",
+    "load_native",
+    "feature_name",
+    "choose_default_adapter",
+    # defined in the backend's parts, imported from here
+    "native_version",
+    "DEFAULT_SPIN_WAIT_US",
+]
 
 
 class WgpuBackend:
@@ -313,45 +102,10 @@ class WgpuBackend:
         ffi, lib = load_native()
         self._ffi = ffi
         self._lib = lib
-        extras = ffi.new("WGPUInstanceExtras *")
-        extras.chain.sType = lib.WGPUSType_InstanceExtras
-        extras.backends = lib.WGPUInstanceBackend_All if include_opengl else lib.WGPUInstanceBackend_Primary
-        descriptor = ffi.new("WGPUInstanceDescriptor *")
-        descriptor.nextInChain = ffi.cast("WGPUChainedStruct *", extras)
-        # WGPUInstance wgpuCreateInstance(WGPUInstanceDescriptor const * descriptor)
-        instance = lib.wgpuCreateInstance(descriptor)
-        if instance == ffi.NULL:
-            raise DeviceError("wgpu-native could not create an instance")
-        self._instance: Any = instance
-        # size_t wgpuInstanceEnumerateAdapters(WGPUInstance, WGPUInstanceEnumerateAdapterOptions const *, WGPUAdapter *)
-        count = int(lib.wgpuInstanceEnumerateAdapters(instance, ffi.NULL, ffi.NULL))
-        adapters = ffi.new("WGPUAdapter[]", max(count, 1))
-        count = int(lib.wgpuInstanceEnumerateAdapters(instance, ffi.NULL, adapters))
-        self._adapters: list[Any] = [adapters[i] for i in range(count)]
-        self._infos = [self._adapter_info(i, adapter) for i, adapter in enumerate(self._adapters)]
+        self._instance: Any = create_instance(include_opengl)
+        self._adapters: list[Any] = enumerate_adapters(self._instance)
+        self._infos = [adapter_info(i, adapter) for i, adapter in enumerate(self._adapters)]
         self._devices: weakref.WeakSet[WgpuDevice] = weakref.WeakSet()
-
-    def _adapter_info(self, index: int, adapter: Any) -> AdapterInfo:
-        ffi, lib = self._ffi, self._lib
-        info = ffi.new("WGPUAdapterInfo *")
-        # WGPUStatus wgpuAdapterGetInfo(WGPUAdapter adapter, WGPUAdapterInfo * info)
-        if lib.wgpuAdapterGetInfo(adapter, info) != lib.WGPUStatus_Success:
-            raise DeviceError(f"wgpuAdapterGetInfo failed for adapter {index}")
-        try:
-            device_name = _string(info.device)
-            description = _string(info.description)
-            return AdapterInfo(
-                index=index,
-                vendor_id=int(info.vendorID),
-                device_id=int(info.deviceID),
-                name=device_name or _string(info.vendor),
-                driver=description,
-                backend_type=_enum_suffix("WGPUBackendType", info.backendType),
-                adapter_type=_enum_suffix("WGPUAdapterType", info.adapterType),
-            )
-        finally:
-            # void wgpuAdapterInfoFreeMembers(WGPUAdapterInfo adapterInfo)
-            lib.wgpuAdapterInfoFreeMembers(info[0])
 
     # -- Backend protocol -------------------------------------------------------
     def enumerate_adapters(self) -> list[AdapterInfo]:
@@ -366,11 +120,7 @@ class WgpuBackend:
         """The limits adapter ``adapter_index`` supports (a device opened on it gets exactly these)."""
         if not 0 <= adapter_index < len(self._adapters):
             raise ValidationError(f"adapter index {adapter_index} is out of range ({len(self._adapters)} adapters)")
-        native = self._ffi.new("WGPULimits *")
-        # WGPUStatus wgpuAdapterGetLimits(WGPUAdapter adapter, WGPULimits * limits)
-        if self._lib.wgpuAdapterGetLimits(self._adapters[adapter_index], native) != self._lib.WGPUStatus_Success:
-            raise DeviceError(f"wgpuAdapterGetLimits failed for adapter {adapter_index}")
-        return _limits_from_native(native)
+        return _limits_from_native(native_adapter_limits(self._adapters[adapter_index], str(adapter_index)))
 
     def open_device(self, adapter_index: int) -> WgpuDevice:
         """A device on adapter ``adapter_index``, with the adapter's own limits."""
@@ -424,28 +174,7 @@ class WgpuBackend:
             pass
 
 
-_Method = TypeVar("_Method", bound=Callable[..., Any])
-_T = TypeVar("_T")
-
-
-def _serialized(method: _Method) -> _Method:
-    """Run a device method under the device's lock.
-
-    wgpu-native reports errors through one callback per device; holding the
-    lock from the call until its errors are checked attributes each error to
-    the call (and thread) that caused it.  Encoding itself runs with the GIL
-    released, so other Python threads still run meanwhile.
-    """
-
-    @functools.wraps(method)
-    def locked(self: "WgpuDevice", *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return locked  # type: ignore[return-value]
-
-
-class WgpuDevice:
+class WgpuDevice(_Readback):
     """An open wgpu-native device and its queue (implements ``BackendDevice``).
 
     Made only by :meth:`WgpuBackend.open_device`.
@@ -459,6 +188,11 @@ class WgpuDevice:
     (about 90 KB of host memory each on lavapipe): the release first sets the flag wgpu-native's submit sets
     (``NativeTable.submitted_flag_offset``, probed once per process), so it is freed like a submitted one.  Where
     the probe does not recognise wgpu-native's command buffers, ``encode_ahead`` starts off on the device.
+
+    Built in layers, each owning some of the fields (their modules' docstrings say which, and that the device's
+    lock guards them all): ``_DeviceBase`` (lock, error sink, handle table, checks), ``_EncodeAhead`` (frozen
+    lists' validation and command buffers encoded ahead), ``_Readback`` (staging buffer, reads, waits), and this
+    class: set-up, buffers, kernels, submit and lifetime.
     """
 
     info: AdapterInfo
@@ -476,157 +210,22 @@ class WgpuDevice:
         return self
 
     def _init(self, backend: WgpuBackend, adapter: Any, info: AdapterInfo) -> None:
-        ffi, lib = load_native()
-        self._ffi = ffi
-        self._lib = lib
+        # Every field first (each layer sets its own), so a failure below leaves a device destroy() can clean up.
+        self._init_base()
         self._backend = backend
-        self._device: Any = None
-        self._queue: Any = None
-        self._lock = DeviceLock()  # see _serialized; releases from finalizers mid-call are deferred
         self._destroy_callbacks: list[Callable[[], None]] = []
         self._callbacks_lock = threading.Lock()
         self._callbacks_done = False
-        self._handles: dict[int, _Handle] = {}
-        # Frozen command lists (captured graphs) validated once: id -> (weak reference, handles they use).
-        # Releasing any of those handles forgets the validation, so the next submit checks again.
-        self._validated: dict[int, tuple[weakref.ref[CommandList], frozenset[int]]] = {}
-        self._validated_by_handle: dict[int, set[int]] = {}
-        # Command buffers encoded ahead for validated frozen lists: (list id, tail key) -> command buffer address.
-        # An entry lives only as long as the list's validation: releasing a handle the list uses, the list dying,
-        # the staging buffer being replaced (tails copy into it) or the device being destroyed releases it.
-        self._ahead: dict[tuple[int, _TailKey], int] = {}
-        self.encode_ahead = backend.encode_ahead
-        self._staging: Any = None
-        self._staging_size = 0
-        self._sink = sink = _ErrorSink()
+        self._init_encode_ahead(backend.encode_ahead)
         self.info = info
-        spin = backend.spin_wait_us
-        if spin is None:
-            spin = 0.0 if info.adapter_type == "CPU" else DEFAULT_SPIN_WAIT_US
-        self.spin_wait_us = float(spin)
+        self._init_readback(info, backend.spin_wait_us)
 
-        # Callbacks: never raise into native code (cffi's onerror would print).
-        # Counts every error; the command list's C loop reads it to avoid
-        # submitting a command buffer that Finish reported invalid.
-        self._error_count = error_count = ffi.new("uint32_t *")
-
-        def on_uncaptured_error(device: Any, error_type: int, message: Any, userdata1: Any, userdata2: Any) -> None:
-            error_count[0] += 1
-            try:
-                sink.errors.append((_enum_suffix("WGPUErrorType", error_type), _string(message)))
-            except Exception:  # noqa: BLE001
-                sink.errors.append(("Unknown", "(the error message could not be read)"))
-
-        def on_device_lost(device: Any, reason: int, message: Any, userdata1: Any, userdata2: Any) -> None:
-            try:
-                if not sink.ignore_lost:
-                    sink.lost = f"{_enum_suffix('WGPUDeviceLostReason', reason)}: {_string(message)}"
-            except Exception:  # noqa: BLE001
-                sink.lost = "(reason unreadable)"
-
-        def on_map(status: int, message: Any, userdata1: Any, userdata2: Any) -> None:
-            try:
-                sink.map_message = _string(message)
-            except Exception:  # noqa: BLE001
-                sink.map_message = ""
-            sink.map_status = int(status)
-
-        def on_work_done(status: int, message: Any, userdata1: Any, userdata2: Any) -> None:
-            token = int(ffi.cast("uintptr_t", userdata1))
-            if status != lib.WGPUQueueWorkDoneStatus_Success:
-                try:
-                    sink.work_done_failure = f"{_enum_suffix('WGPUQueueWorkDoneStatus', status)}: {_string(message)}"
-                except Exception:  # noqa: BLE001
-                    sink.work_done_failure = "(status unreadable)"
-            sink.work_done_token = max(sink.work_done_token, token)
-
-        # The cffi callbacks must outlive the device: kept on self.
-        self._on_uncaptured_error = ffi.callback("WGPUUncapturedErrorCallback", on_uncaptured_error)
-        self._on_device_lost = ffi.callback("WGPUDeviceLostCallback", on_device_lost)
-        self._on_map = ffi.callback("WGPUBufferMapCallback", on_map)
-        self._on_work_done = ffi.callback("WGPUQueueWorkDoneCallback", on_work_done)
-        self._work_done_tokens = 0
-        # The callback descriptors of every read and wait, filled once (a wait sets only its token).
-        self._map_info = ffi.new("WGPUBufferMapCallbackInfo *")
-        self._map_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
-        self._map_info.callback = self._on_map
-        self._work_done_info = ffi.new("WGPUQueueWorkDoneCallbackInfo *")
-        self._work_done_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
-        self._work_done_info.callback = self._on_work_done
-
-        adapter_limits = ffi.new("WGPULimits *")
-        # WGPUStatus wgpuAdapterGetLimits(WGPUAdapter adapter, WGPULimits * limits)
-        if lib.wgpuAdapterGetLimits(adapter, adapter_limits) != lib.WGPUStatus_Success:
-            raise DeviceError(f"wgpuAdapterGetLimits failed for adapter {info.index} ({info.name})")
-
-        _, feature_values = _feature_tables()
-        requested = [
-            feature_values[name]
-            for name in _REQUESTED_FEATURES
-            # WGPUBool wgpuAdapterHasFeature(WGPUAdapter adapter, WGPUFeatureName feature)
-            if name in feature_values and lib.wgpuAdapterHasFeature(adapter, feature_values[name])
-        ]
-        required_features = ffi.new("WGPUFeatureName[]", max(len(requested), 1))
-        for i, value in enumerate(requested):
-            required_features[i] = value
-
-        keep: list[Any] = []
-        descriptor = ffi.new("WGPUDeviceDescriptor *")
-        descriptor.label = _string_view(f"ortgpu device on adapter {info.index}", keep)
-        descriptor.requiredFeatureCount = len(requested)
-        descriptor.requiredFeatures = required_features
-        descriptor.requiredLimits = adapter_limits
-        descriptor.deviceLostCallbackInfo.mode = lib.WGPUCallbackMode_AllowSpontaneous
-        descriptor.deviceLostCallbackInfo.callback = self._on_device_lost
-        descriptor.uncapturedErrorCallbackInfo.callback = self._on_uncaptured_error
-
-        result: dict[str, Any] = {}
-
-        def on_device(status: int, device: Any, message: Any, userdata1: Any, userdata2: Any) -> None:
-            try:
-                result["status"] = int(status)
-                result["device"] = device
-                result["message"] = _string(message)
-            except Exception:  # noqa: BLE001
-                result.setdefault("status", -1)
-
-        on_device_callback = ffi.callback("WGPURequestDeviceCallback", on_device)
-        callback_info = ffi.new("WGPURequestDeviceCallbackInfo *")
-        callback_info.mode = lib.WGPUCallbackMode_AllowSpontaneous
-        callback_info.callback = on_device_callback
-        # WGPUFuture wgpuAdapterRequestDevice(WGPUAdapter, WGPUDeviceDescriptor const *, WGPURequestDeviceCallbackInfo)
-        lib.wgpuAdapterRequestDevice(adapter, descriptor, callback_info[0])
-        for _ in range(1000):
-            if "status" in result:
-                break
-            backend._process_events()
-        if result.get("status") != lib.WGPURequestDeviceStatus_Success or result.get("device") in (None, ffi.NULL):
-            raise DeviceError(
-                f"wgpu-native could not open a device on adapter {info.index} ({info.name}, "
-                f"{info.backend_type}): {result.get('message', 'the request never completed')}"
-            )
-        self._device = result["device"]
+        ffi, lib = self._ffi, self._lib
+        self._device = request_device(adapter, info, self._on_device_lost, self._on_uncaptured_error, backend._process_events)
         # WGPUQueue wgpuDeviceGetQueue(WGPUDevice device)
         self._queue = lib.wgpuDeviceGetQueue(self._device)
-
-        native_limits = ffi.new("WGPULimits *")
-        # WGPUStatus wgpuDeviceGetLimits(WGPUDevice device, WGPULimits * limits)
-        lib.wgpuDeviceGetLimits(self._device, native_limits)
-        self.limits = _limits_from_native(native_limits)
-
-        supported = ffi.new("WGPUSupportedFeatures *")
-        # void wgpuDeviceGetFeatures(WGPUDevice device, WGPUSupportedFeatures * features)
-        lib.wgpuDeviceGetFeatures(self._device, supported)
-        feature_names, _ = _feature_tables()
-        try:
-            self.features = frozenset(
-                feature_names[int(supported.features[i])]
-                for i in range(supported.featureCount)
-                if int(supported.features[i]) in feature_names
-            )
-        finally:
-            # void wgpuSupportedFeaturesFreeMembers(WGPUSupportedFeatures supportedFeatures)
-            lib.wgpuSupportedFeaturesFreeMembers(supported[0])
+        self.limits = device_limits(self._device)
+        self.features = device_features(self._device)
 
         self._native_table = NativeTable(
             _address(self._device),
@@ -635,108 +234,7 @@ class WgpuDevice:
             _address(self._error_count),
         )
         self._raise_pending("opening the device")
-        self._native_table.submitted_flag_offset = self._submitted_flag_offset()
-        if self._native_table.submitted_flag_offset < 0:
-            # Each graph released with a command buffer encoded ahead would leak it (see _SUBMITTED_FLAG_OFFSET):
-            # off by default on a wgpu-native whose command buffers do not have the layout checked for.
-            self.encode_ahead = False
-
-    def _submitted_flag_offset(self) -> int:
-        """The offset of wgpu-native's "submitted" flag in its command buffer object, probed on the first device
-        opened in the process; -1 when the object does not have the expected layout."""
-        global _submitted_flag
-        with _submitted_flag_lock:
-            if _submitted_flag is None:
-                _submitted_flag = self._probe_submitted_flag()
-            return _submitted_flag
-
-    def _probe_submitted_flag(self) -> int:
-        """Submit one empty command buffer (kept alive by an extra reference) and check that the submit changed
-        exactly the expected byte, from 0 to 1, and that the object is an Arc's data (its strong count, in the 8
-        bytes 16 before it, goes from 2 to 1 as submit_encoded releases one reference)."""
-        ffi, lib = self._ffi, self._lib
-        address = CommandList().encode_native(self._native_table)
-        self._raise_pending("opening the device (probing wgpu-native's command buffers)")
-        if not address:
-            return -1
-        pointer = ffi.cast("WGPUCommandBuffer", address)
-        data = ffi.cast("uint8_t *", address)
-        strong = ffi.cast("uint64_t *", address - 16)
-        size = _SUBMITTED_FLAG_OFFSET + 8
-        # void wgpuCommandBufferAddRef(WGPUCommandBuffer commandBuffer)
-        lib.wgpuCommandBufferAddRef(pointer)
-        try:
-            counts_before = int(strong[0])
-            before = bytes(ffi.buffer(data, size))
-            self._native_table.submit_encoded(address)  # submits, then releases one reference
-            after = bytes(ffi.buffer(data, size))
-            counts_after = int(strong[0])
-        finally:
-            lib.wgpuCommandBufferRelease(pointer)
-        self._raise_pending("opening the device (probing wgpu-native's command buffers)")
-        changed = [i for i in range(size) if before[i] != after[i]]
-        expected = (
-            changed == [_SUBMITTED_FLAG_OFFSET]
-            and before[_SUBMITTED_FLAG_OFFSET] == 0
-            and after[_SUBMITTED_FLAG_OFFSET] == 1
-            and (counts_before, counts_after) == (2, 1)
-        )
-        return _SUBMITTED_FLAG_OFFSET if expected else -1
-
-    # -- errors -------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._device is None:
-            raise ReleasedValueError(
-                f"the wgpu device on adapter {self.info.index} ({self.info.name}) was destroyed (closed with its Env); "
-                f"open a new one"
-            )
-        if self._sink.lost is not None:
-            raise DeviceLostError(
-                f"the wgpu device on adapter {self.info.index} ({self.info.name}) was lost ({self._sink.lost}); "
-                "every value on it is gone: recreate the Env"
-            )
-
-    def _raise_pending_unless_lost(self, action: str) -> None:
-        """For frees: errors they caused are raised, but a device loss is not theirs to report."""
-        if self._sink.lost is None:
-            self._raise_pending(action)
-        else:
-            self._sink.errors = []
-
-    def _raise_pending(self, action: str) -> None:
-        """Raise what the callbacks collected during ``action`` as a typed exception."""
-        sink = self._sink
-        if sink.errors:
-            errors, sink.errors = sink.errors, []
-            kinds = [kind for kind, _ in errors]
-            message = f"{action}: " + "\n".join(text for _, text in errors)
-            if any(_LOST_MESSAGE.search(text) for _, text in errors):
-                # wgpu-native 29 does not call the device-lost callback for every
-                # loss (not for wgpuDeviceDestroy); its errors say so instead.
-                sink.lost = message
-                self._check_open()
-            if "OutOfMemory" in kinds:
-                raise OutOfMemoryError(message)
-            if "Validation" in kinds:
-                raise ValidationError(message)
-            raise DeviceError(f"{message} (wgpu error type {', '.join(kinds)})")
-        if sink.lost is not None:
-            self._check_open()
-
-    def _lookup(self, handle: int, kind: str, action: str) -> _Handle:
-        record = self._handles.get(handle)
-        if record is None or record.kind != kind:
-            what = "was released or never existed" if record is None else f"is a {record.kind}"
-            raise ValidationError(f"{action}: handle {handle:#x} is not a live {kind} of this device (it {what})")
-        return record
-
-    @staticmethod
-    def _check_aligned(action: str, **values: int) -> None:
-        for name, value in values.items():
-            if value < 0 or value % BUFFER_ALIGNMENT:
-                raise ValidationError(
-                    f"{action}: {name} {value} must be a non-negative multiple of {BUFFER_ALIGNMENT} bytes"
-                )
+        self._check_submitted_flag()
 
     # -- buffers --------------------------------------------------------------------
     @_serialized
@@ -760,36 +258,6 @@ class WgpuDevice:
         handle = _address(pointer)
         self._handles[handle] = _Handle("buffer", pointer, size=size, uniform=uniform, label=label)
         return handle
-
-    def _native_buffer(self, size: int, usage: int, label: str, action: str) -> Any:
-        ffi, lib = self._ffi, self._lib
-        keep: list[Any] = []
-        descriptor = ffi.new("WGPUBufferDescriptor *")
-        descriptor.label = _string_view(label, keep)
-        descriptor.usage = usage
-        descriptor.size = size
-        descriptor.mappedAtCreation = 0
-        # WGPUBuffer wgpuDeviceCreateBuffer(WGPUDevice device, WGPUBufferDescriptor const * descriptor)
-        pointer = self._created(lib.wgpuDeviceCreateBuffer(self._device, descriptor), lib.wgpuBufferRelease, action)
-        if pointer == ffi.NULL:
-            raise OutOfMemoryError(f"{action}: wgpu-native returned no buffer")
-        return pointer
-
-    def _created(self, pointer: Any, release: Callable[[Any], None], action: str) -> Any:
-        """``pointer`` of an object a native call just created, once the call reported no error; on an error the
-        object (if any) is released and the error raised."""
-        try:
-            self._raise_pending(action)
-        except DeviceError:
-            if pointer != self._ffi.NULL:
-                release(pointer)
-            raise
-        return pointer
-
-    def _free_buffer(self, pointer: Any) -> None:
-        # void wgpuBufferDestroy(WGPUBuffer buffer); void wgpuBufferRelease(WGPUBuffer buffer)
-        self._lib.wgpuBufferDestroy(pointer)
-        self._lib.wgpuBufferRelease(pointer)
 
     @_serialized
     def destroy_buffer(self, buffer: int) -> None:
@@ -828,130 +296,6 @@ class WgpuDevice:
         # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
         self._lib.wgpuQueueWriteBuffer(self._queue, record.pointer, offset, self._ffi.from_buffer(view), size)
         self._raise_pending(action)
-
-    def _ensure_staging(self, size: int) -> None:
-        if self._staging is not None and self._staging_size >= size:
-            return
-        capacity = max(_STAGING_MINIMUM, 1 << (size - 1).bit_length())
-        capacity = min(capacity, max(size, self.limits.max_buffer_size - self.limits.max_buffer_size % 4))
-        if self._staging is not None:
-            self._release_ahead(lambda key: bool(key[1]))  # their copies target the old staging buffer
-            staging, self._staging, self._staging_size = self._staging, None, 0
-            self._free_buffer(staging)
-        lib = self._lib
-        self._staging = self._native_buffer(
-            capacity, lib.WGPUBufferUsage_MapRead | lib.WGPUBufferUsage_CopyDst, "ortgpu staging", "read_buffer staging"
-        )
-        self._staging_size = capacity
-
-    @_serialized
-    def read_buffer(self, buffer: int, offset: int, size: int) -> bytes:
-        """Wait for submitted work, then copy ``size`` bytes from ``offset`` out (through the staging buffer)."""
-        self._check_open()
-        action = f"read_buffer({buffer:#x}, offset={offset}, size={size})"
-        self._check_aligned(action, offset=offset, size=size)
-        if self._checked_read(buffer, offset, size, action) == 0:
-            return b""
-        ffi = self._ffi
-        return self._map_read(buffer, offset, size, action, lambda mapped: bytes(ffi.buffer(mapped, size)))
-
-    @_serialized
-    def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
-        """Like :meth:`read_buffer`, into ``out`` (a writable C-contiguous buffer of any size; the device-side copy
-        covers it rounded up to 4 bytes): one host copy, straight from the mapped staging buffer."""
-        self._check_open()
-        action = f"read_buffer_into({buffer:#x}, offset={offset})"
-        view, padded = self._read_target(buffer, offset, out, action)
-        if padded == 0:
-            return
-        ffi = self._ffi
-        target = ffi.from_buffer(view, require_writable=True)
-        self._map_read(buffer, offset, padded, action, lambda mapped: ffi.memmove(target, mapped, view.nbytes))
-
-    def _read_target(self, buffer: int, offset: int, out: Any, action: str) -> tuple[memoryview, int]:
-        """``out`` as a byte view and the device range of the read (checked against ``buffer``)."""
-        view, padded = host_read_target(out, action)
-        self._check_aligned(action, offset=offset)
-        self._checked_read(buffer, offset, padded, action)
-        return view, padded
-
-    def _checked_read(self, buffer: int, offset: int, size: int, action: str) -> int:
-        record = self._lookup(buffer, "buffer", action)
-        if offset + size > record.size:
-            raise ValidationError(f"{action}: the read ends at {offset + size}, past the buffer's {record.size} bytes")
-        if record.uniform:
-            raise ValidationError(f"{action}: uniform buffers are write-only (no COPY_SRC usage)")
-        return size
-
-    @_serialized
-    def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
-        """:meth:`submit` ``commands``, then :meth:`read_buffer_into` each ``(buffer, offset, out)``, as one
-        command buffer (the copies to the staging buffer follow the commands in it) and one wait."""
-        self._check_open()
-        regions: list[tuple[int, int, int, memoryview]] = []  # (buffer, offset, padded size, view)
-        for index, (buffer, offset, out) in enumerate(reads):
-            view, padded = self._read_target(buffer, offset, out, f"submit_and_read: read {index} ({buffer:#x}, offset={offset})")
-            regions.append((buffer, offset, padded, view))
-        self._validate_for_submit(commands)
-        total = sum(padded for _, _, padded, _ in regions)
-        action = f"submit_and_read ({len(commands)} commands, {len(regions)} reads)"
-        self._ensure_staging(max(total, BUFFER_ALIGNMENT))
-        tail = CommandList()
-        staging = _address(self._staging)
-        cursor = 0
-        for buffer, offset, padded, _ in regions:
-            if padded:
-                tail.add_copy(buffer, offset, staging, cursor, padded)
-            cursor += padded
-        submitted = self._encode_and_submit(commands, tail)
-        self._raise_pending(action)
-        if not submitted:
-            raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
-        if total == 0:
-            return
-        ffi = self._ffi
-
-        def consume(mapped: Any) -> None:
-            at = 0
-            for _, _, padded, view in regions:
-                if view.nbytes:
-                    ffi.memmove(ffi.from_buffer(view, require_writable=True), mapped + at, view.nbytes)
-                at += padded
-
-        self._map_staging(total, action, consume)
-
-    def _map_read(self, buffer: int, offset: int, size: int, action: str, consume: Callable[[Any], _T]) -> _T:
-        """Copy ``size`` bytes at ``offset`` into the staging buffer, map it, and return ``consume(mapped pointer)``."""
-        self._ensure_staging(size)
-        commands = CommandList()
-        commands.add_copy(buffer, offset, _address(self._staging), 0, size)
-        submitted = commands.encode_submit_native(self._native_table)
-        self._raise_pending(action)
-        if not submitted:
-            raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")
-        return self._map_staging(size, action, consume)
-
-    def _map_staging(self, size: int, action: str, consume: Callable[[Any], _T]) -> _T:
-        """Map the first ``size`` bytes of the staging buffer (waiting for the work that fills them) and return
-        ``consume(mapped pointer)``; unmaps after."""
-        ffi, lib, sink = self._ffi, self._lib, self._sink
-        sink.map_status = None
-        # WGPUFuture wgpuBufferMapAsync(WGPUBuffer, WGPUMapMode, size_t offset, size_t size, WGPUBufferMapCallbackInfo)
-        lib.wgpuBufferMapAsync(self._staging, lib.WGPUMapMode_Read, 0, size, self._map_info[0])
-        self._raise_pending(action)
-        self._poll_until(lambda: sink.map_status is not None, action)
-        if sink.map_status != lib.WGPUMapAsyncStatus_Success:
-            state = "never completed" if sink.map_status is None else f"failed: {sink.map_message}"
-            raise DeviceError(f"{action}: mapping the staging buffer {state}")
-        # void const * wgpuBufferGetConstMappedRange(WGPUBuffer buffer, size_t offset, size_t size)
-        mapped = lib.wgpuBufferGetConstMappedRange(self._staging, 0, size)
-        try:
-            if mapped == ffi.NULL:
-                raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
-            return consume(mapped)
-        finally:
-            # void wgpuBufferUnmap(WGPUBuffer buffer)
-            lib.wgpuBufferUnmap(self._staging)
 
     # -- kernels --------------------------------------------------------------------
     @_serialized
@@ -1097,78 +441,6 @@ class WgpuDevice:
         self._check_open()
         return self._native_table
 
-    def validate_commands(self, commands: CommandList) -> None:
-        """Reject, in Python, records whose handles are not live here, or whose sizes break the limits.
-
-        A dangling handle reaching wgpu-native would be a use-after-free, and
-        wgpu-native 29 aborts the process when a command buffer with a
-        validation error is submitted (``wgpuQueueSubmit`` treats errors as
-        fatal).  The C loop also refuses to submit when the device's error
-        counter moved during encoding, so anything these checks miss becomes
-        a ``ValidationError`` too; these checks give the better message.  The
-        replay code validates once at capture; :meth:`submit` every time.
-        """
-        max_groups = self.limits.max_compute_workgroups_per_dimension
-        for index, record in enumerate(commands.records()):
-            where = f"submit, command {index} ({record[0]})"
-            if record[0] == "dispatch":
-                _, pipeline, bind_group, grid = record
-                self._lookup(pipeline, "pipeline", where)
-                group = self._lookup(bind_group, "bind_group", where)
-                if group.pipeline != pipeline:
-                    raise ValidationError(
-                        f"{where}: bind group {bind_group:#x} was made for pipeline {group.pipeline:#x}, not "
-                        f"{pipeline:#x} (automatic layouts belong to one pipeline)"
-                    )
-                for buffer in group.buffers:
-                    self._lookup(buffer, "buffer", f"{where}, a buffer of bind group {bind_group:#x}")
-                if max(grid) > max_groups or min(grid) < 0:
-                    raise ValidationError(
-                        f"{where}: grid {grid} has more than the device's {max_groups} workgroups per dimension; "
-                        "use a 2-D or 3-D grid"
-                    )
-            elif record[0] == "copy":
-                _, source, source_offset, destination, destination_offset, size = record
-                source_record = self._lookup(source, "buffer", where)
-                destination_record = self._lookup(destination, "buffer", where)
-                self._check_aligned(
-                    where, source_offset=source_offset, destination_offset=destination_offset, size=size
-                )
-                if source_record.uniform:
-                    raise ValidationError(f"{where}: the source is a uniform buffer (no COPY_SRC usage)")
-                if source_offset + size > source_record.size or destination_offset + size > destination_record.size:
-                    raise ValidationError(f"{where}: the copy of {size} bytes runs past the end of a buffer")
-                if source == destination:
-                    raise ValidationError(f"{where}: source and destination are the same buffer")
-            else:
-                _, buffer, offset, size = record
-                buffer_record = self._lookup(buffer, "buffer", where)
-                self._check_aligned(where, offset=offset, size=size)
-                if offset + size > buffer_record.size:
-                    raise ValidationError(f"{where}: the clear of {size} bytes runs past the end of the buffer")
-
-    def _forget_validation(self, handle: int) -> None:
-        for list_id in self._validated_by_handle.pop(handle, ()):
-            self._forget_list(list_id)
-
-    def _validated_once(self, commands: CommandList) -> bool:
-        entry = self._validated.get(id(commands))
-        return entry is not None and entry[0]() is commands
-
-    def _remember_validation(self, commands: CommandList) -> None:
-        used: set[int] = set()
-        for record in commands.records():
-            if record[0] == "dispatch":
-                used.update((record[1], record[2]))
-                used.update(self._handles[record[2]].buffers)
-            elif record[0] == "copy":
-                used.update((record[1], record[3]))
-            else:
-                used.add(record[1])
-        list_id = id(commands)
-        self._validated[list_id] = (weakref.ref(commands, lambda _: self._list_died(list_id)), frozenset(used))
-        for handle in used:
-            self._validated_by_handle.setdefault(handle, set()).add(list_id)
 
     @_serialized
     def submit(self, commands: CommandList) -> None:
@@ -1186,100 +458,6 @@ class WgpuDevice:
         if not submitted:
             raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
 
-    def _encode_and_submit(self, commands: CommandList, tail: CommandList | None) -> bool:
-        """Submit ``commands`` then ``tail`` as one submission; False when wgpu-native could not encode them.
-
-        A validated frozen list (a captured graph's) is submitted from the command buffer encoded ahead for it
-        (and this tail), when there is one; either way, with :attr:`encode_ahead` on, its next command buffer is
-        encoded right after this submit, while the GPU works.  The work and its order are the same as encoding
-        now: a command buffer names buffers, and reads their contents when it runs in the queue.
-        """
-        table = self._native_table
-        list_id = id(commands)
-        ahead = commands.frozen and self.encode_ahead and list_id in self._validated
-        if not ahead and commands.frozen and self._ahead:
-            self._release_ahead(lambda key: key[0] == list_id)  # encode_ahead was switched off
-        ready = 0
-        if ahead:
-            key = (list_id, () if tail is None else tuple(tail.records()))
-            ready = self._ahead.pop(key, 0)
-        if ready:
-            table.submit_encoded(ready)
-        elif not (commands.encode_submit_native(table) if tail is None else commands.encode_submit_with_tail_native(table, tail)):
-            return False
-        if ahead:
-            encoded = commands.encode_native(table, tail)
-            if encoded:
-                self._ahead[key] = encoded
-        return True
-
-    def _release_ahead(self, which: Callable[[tuple[int, _TailKey]], bool]) -> None:
-        """Release the command buffers encoded ahead whose (list id, tail key) ``which`` selects.  Each entry is
-        popped before it is released, so a list's weak-reference callback racing this releases nothing twice."""
-        for key in [key for key in list(self._ahead) if which(key)]:
-            command_buffer = self._ahead.pop(key, 0)
-            if command_buffer:
-                self._native_table.release_encoded(command_buffer)
-
-    def _list_died(self, list_id: int) -> None:
-        """A validated frozen list was collected (a weak-reference callback: any thread, maybe mid-call)."""
-        with self._lock:
-            if not self._lock.defer_if_nested(lambda: self._list_died(list_id)):
-                self._forget_list(list_id)
-
-    def _forget_list(self, list_id: int) -> None:
-        """A validated frozen list died: forget its validation and release what was encoded ahead for it."""
-        self._validated.pop(list_id, None)
-        if self._ahead and self._device is not None:
-            self._release_ahead(lambda key: key[0] == list_id)
-
-    def _validate_for_submit(self, commands: CommandList) -> None:
-        """:meth:`validate_commands`, once per frozen list (until a handle it uses is released)."""
-        if not (commands.frozen and self._validated_once(commands)):
-            self.validate_commands(commands)
-            if commands.frozen:
-                self._remember_validation(commands)
-
-    @_serialized
-    def wait_idle(self) -> None:
-        """Block until all submitted work is done (spinning first for up to ``spin_wait_us``)."""
-        self._check_open()
-        ffi, lib, sink = self._ffi, self._lib, self._sink
-        # wgpuDevicePoll's "queue empty" answer can come before the GPU has finished (seen on the H200), so the
-        # wait is for a work-done callback registered after everything submitted so far.
-        self._work_done_tokens += 1
-        token = self._work_done_tokens
-        sink.work_done_failure = None
-        self._work_done_info.userdata1 = ffi.cast("void *", token)
-        # WGPUFuture wgpuQueueOnSubmittedWorkDone(WGPUQueue queue, WGPUQueueWorkDoneCallbackInfo callbackInfo)
-        lib.wgpuQueueOnSubmittedWorkDone(self._queue, self._work_done_info[0])
-        self._raise_pending("wait_idle")
-        self._poll_until(lambda: sink.work_done_token >= token, "wait_idle")
-        if sink.work_done_token < token or sink.work_done_failure is not None:
-            state = "never completed" if sink.work_done_token < token else f"failed: {sink.work_done_failure}"
-            raise DeviceError(f"wait_idle: waiting for the submitted work {state}")
-
-    def _poll_until(self, done: Callable[[], bool], action: str) -> None:
-        """Poll the device until ``done()`` (set by a callback that a poll fires): without blocking for up to
-        ``spin_wait_us``, then blocking (each blocking poll waits for every submission; at most
-        ``_MAP_POLL_ATTEMPTS`` of them)."""
-        lib, device, null = self._lib, self._device, self._ffi.NULL
-        if self.spin_wait_us > 0:
-            deadline = time.perf_counter() + self.spin_wait_us * 1e-6
-            while True:
-                # WGPUBool wgpuDevicePoll(WGPUDevice, WGPUBool wait, WGPUSubmissionIndex const *); its "queue
-                # empty" answer is not trusted (see wait_idle): done() reads what the fired callbacks set
-                lib.wgpuDevicePoll(device, 0, null)
-                self._raise_pending(action)
-                if done():
-                    return
-                if time.perf_counter() > deadline:
-                    break
-        for _ in range(_MAP_POLL_ATTEMPTS):
-            lib.wgpuDevicePoll(device, 1, null)
-            self._raise_pending(action)
-            if done():
-                return
 
     # -- lifetime -------------------------------------------------------------------------
     def live_handles(self) -> int:

@@ -1,0 +1,283 @@
+"""What every part of a :class:`~ortgpu_core.backends.wgpu_native.WgpuDevice` shares: its native pointers and
+lock, the error sink, the handle table, and the checks made around each native call.
+
+wgpu-native dereferences whatever pointer it is given, and some of its errors abort the process (Rust panics),
+so cheap checks (handle liveness, sizes, alignment, limits) are made here, in Python, before a call.  Errors
+wgpu-native reports go to the device's uncaptured-error callback, which wgpu-native 29 calls synchronously inside
+the failing call; the callback collects them in an :class:`_ErrorSink`, and :meth:`_DeviceBase._raise_pending`
+raises them as typed exceptions in the caller's frame once the call returns.
+
+The device is built in layers, each a class that owns some of its fields and sets them in its ``_init_*``
+method: :class:`_DeviceBase` (here), then ``_EncodeAhead`` (:mod:`._wgpu_encode_ahead`), ``_Readback``
+(:mod:`._wgpu_readback`), and ``WgpuDevice`` itself (:mod:`.wgpu_native`: set-up, buffers, kernels, submit,
+lifetime).  :class:`_DeviceBase` owns ``_ffi``/``_lib``, the ``_device`` and ``_queue`` pointers, ``_lock``,
+``_handles``, ``_sink``, ``_error_count`` and the error and device-lost callbacks.  Every field of every layer
+is read and changed under the device's lock (``_lock``, a :class:`DeviceLock` taken by :func:`_serialized`);
+the native callbacks write ``_sink`` and ``_error_count`` from inside the native calls the lock's holder makes
+(the device-lost callback may also fire on its own; it only sets ``_sink.lost``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+from .._errors import DeviceError, DeviceLostError, OutOfMemoryError, ReleasedValueError, ValidationError
+from ._commands import CommandList, NativeTable
+from ._device_lock import DeviceLock
+from ._wgpu_ffi import _enum_suffix, _string, _string_view, load_native
+from .protocol import BUFFER_ALIGNMENT, AdapterInfo, DeviceLimits
+
+# How wgpu-core words the errors of a call on a lost device ("Parent device is lost").
+_LOST_MESSAGE = re.compile(r"device is lost", re.IGNORECASE)
+
+
+class _ErrorSink:
+    """What the native callbacks report, collected until the backend call returns.
+
+    Holds no reference to the device, so the callbacks (which hold the sink)
+    make no reference cycle through it.
+    """
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, str]] = []  # (error type suffix, message)
+        self.lost: str | None = None
+        self.ignore_lost = False
+        self.map_status: int | None = None
+        self.map_message = ""
+        # wait_idle: the token of the newest wgpuQueueOnSubmittedWorkDone callback that fired (tokens rise, and
+        # the callbacks fire in submission order), and the status of one that did not succeed
+        self.work_done_token = 0
+        self.work_done_failure: str | None = None
+
+
+@dataclass
+class _Handle:
+    """Bookkeeping for one native object this device created."""
+
+    kind: str  # "buffer", "pipeline", "bind_group"
+    pointer: Any  # the typed cdata pointer
+    size: int = 0  # buffers: bytes
+    uniform: bool = False
+    label: str = ""
+    buffers: tuple[int, ...] = field(default_factory=tuple)  # bind groups: the buffers bound
+    pipeline: int = 0  # bind groups: the pipeline whose layout they were made for
+    # pipelines: bindings of group 0 declared var<storage, read> / var<storage, read_write>
+    read_only_bindings: frozenset[int] = frozenset()
+    writable_bindings: frozenset[int] = frozenset()
+
+
+_STORAGE_DECLARATION = re.compile(r"((?:@\w+\s*\([^)]*\)\s*)+)var\s*<\s*storage\s*(?:,\s*(\w+)\s*)?>")
+_ATTRIBUTE = re.compile(r"@(group|binding)\s*\(\s*(\d+)\s*\)")
+
+
+def _storage_bindings(wgsl: str) -> tuple[frozenset[int], frozenset[int]]:
+    """The group-0 bindings ``wgsl`` declares as read-only and as writable storage buffers."""
+    read_only: set[int] = set()
+    writable: set[int] = set()
+    for match in _STORAGE_DECLARATION.finditer(wgsl):
+        attributes = {name: int(value) for name, value in _ATTRIBUTE.findall(match.group(1))}
+        if attributes.get("group") != 0 or "binding" not in attributes:
+            continue
+        (writable if match.group(2) == "read_write" else read_only).add(attributes["binding"])
+    return frozenset(read_only), frozenset(writable)
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _serialized(method: _Method) -> _Method:
+    """Run a device method under the device's lock.
+
+    wgpu-native reports errors through one callback per device; holding the
+    lock from the call until its errors are checked attributes each error to
+    the call (and thread) that caused it.  Encoding itself runs with the GIL
+    released, so other Python threads still run meanwhile.
+    """
+
+    @functools.wraps(method)
+    def locked(self: "_DeviceBase", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
+
+
+class _DeviceBase:
+    """The device's native pointers, lock, error sink and handle table, and the checks on them (see the module's
+    docstring for the layers and the lock)."""
+
+    info: AdapterInfo
+    limits: DeviceLimits
+    _native_table: NativeTable  # set by WgpuDevice once the device is open
+
+    def _init_base(self) -> None:
+        """Set this layer's fields: no device yet, an empty handle table, and the error sink and its callbacks."""
+        ffi, lib = load_native()
+        self._ffi = ffi
+        self._lib = lib
+        self._device: Any = None
+        self._queue: Any = None
+        self._lock = DeviceLock()  # see _serialized; releases from finalizers mid-call are deferred
+        self._handles: dict[int, _Handle] = {}
+        self._sink = sink = _ErrorSink()
+
+        # Callbacks: never raise into native code (cffi's onerror would print).
+        # Counts every error; the command list's C loop reads it to avoid
+        # submitting a command buffer that Finish reported invalid.
+        self._error_count = error_count = ffi.new("uint32_t *")
+
+        def on_uncaptured_error(device: Any, error_type: int, message: Any, userdata1: Any, userdata2: Any) -> None:
+            error_count[0] += 1
+            try:
+                sink.errors.append((_enum_suffix("WGPUErrorType", error_type), _string(message)))
+            except Exception:  # noqa: BLE001
+                sink.errors.append(("Unknown", "(the error message could not be read)"))
+
+        def on_device_lost(device: Any, reason: int, message: Any, userdata1: Any, userdata2: Any) -> None:
+            try:
+                if not sink.ignore_lost:
+                    sink.lost = f"{_enum_suffix('WGPUDeviceLostReason', reason)}: {_string(message)}"
+            except Exception:  # noqa: BLE001
+                sink.lost = "(reason unreadable)"
+
+        # The cffi callbacks must outlive the device: kept on self.
+        self._on_uncaptured_error = ffi.callback("WGPUUncapturedErrorCallback", on_uncaptured_error)
+        self._on_device_lost = ffi.callback("WGPUDeviceLostCallback", on_device_lost)
+
+    # -- errors -------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._device is None:
+            raise ReleasedValueError(
+                f"the wgpu device on adapter {self.info.index} ({self.info.name}) was destroyed (closed with its Env); "
+                f"open a new one"
+            )
+        if self._sink.lost is not None:
+            raise DeviceLostError(
+                f"the wgpu device on adapter {self.info.index} ({self.info.name}) was lost ({self._sink.lost}); "
+                "every value on it is gone: recreate the Env"
+            )
+
+    def _raise_pending_unless_lost(self, action: str) -> None:
+        """For frees: errors they caused are raised, but a device loss is not theirs to report."""
+        if self._sink.lost is None:
+            self._raise_pending(action)
+        else:
+            self._sink.errors = []
+
+    def _raise_pending(self, action: str) -> None:
+        """Raise what the callbacks collected during ``action`` as a typed exception."""
+        sink = self._sink
+        if sink.errors:
+            errors, sink.errors = sink.errors, []
+            kinds = [kind for kind, _ in errors]
+            message = f"{action}: " + "\n".join(text for _, text in errors)
+            if any(_LOST_MESSAGE.search(text) for _, text in errors):
+                # wgpu-native 29 does not call the device-lost callback for every
+                # loss (not for wgpuDeviceDestroy); its errors say so instead.
+                sink.lost = message
+                self._check_open()
+            if "OutOfMemory" in kinds:
+                raise OutOfMemoryError(message)
+            if "Validation" in kinds:
+                raise ValidationError(message)
+            raise DeviceError(f"{message} (wgpu error type {', '.join(kinds)})")
+        if sink.lost is not None:
+            self._check_open()
+
+    def _lookup(self, handle: int, kind: str, action: str) -> _Handle:
+        record = self._handles.get(handle)
+        if record is None or record.kind != kind:
+            what = "was released or never existed" if record is None else f"is a {record.kind}"
+            raise ValidationError(f"{action}: handle {handle:#x} is not a live {kind} of this device (it {what})")
+        return record
+
+    @staticmethod
+    def _check_aligned(action: str, **values: int) -> None:
+        for name, value in values.items():
+            if value < 0 or value % BUFFER_ALIGNMENT:
+                raise ValidationError(
+                    f"{action}: {name} {value} must be a non-negative multiple of {BUFFER_ALIGNMENT} bytes"
+                )
+
+    def _native_buffer(self, size: int, usage: int, label: str, action: str) -> Any:
+        ffi, lib = self._ffi, self._lib
+        keep: list[Any] = []
+        descriptor = ffi.new("WGPUBufferDescriptor *")
+        descriptor.label = _string_view(label, keep)
+        descriptor.usage = usage
+        descriptor.size = size
+        descriptor.mappedAtCreation = 0
+        # WGPUBuffer wgpuDeviceCreateBuffer(WGPUDevice device, WGPUBufferDescriptor const * descriptor)
+        pointer = self._created(lib.wgpuDeviceCreateBuffer(self._device, descriptor), lib.wgpuBufferRelease, action)
+        if pointer == ffi.NULL:
+            raise OutOfMemoryError(f"{action}: wgpu-native returned no buffer")
+        return pointer
+
+    def _created(self, pointer: Any, release: Callable[[Any], None], action: str) -> Any:
+        """``pointer`` of an object a native call just created, once the call reported no error; on an error the
+        object (if any) is released and the error raised."""
+        try:
+            self._raise_pending(action)
+        except DeviceError:
+            if pointer != self._ffi.NULL:
+                release(pointer)
+            raise
+        return pointer
+
+    def _free_buffer(self, pointer: Any) -> None:
+        # void wgpuBufferDestroy(WGPUBuffer buffer); void wgpuBufferRelease(WGPUBuffer buffer)
+        self._lib.wgpuBufferDestroy(pointer)
+        self._lib.wgpuBufferRelease(pointer)
+
+    def validate_commands(self, commands: CommandList) -> None:
+        """Reject, in Python, records whose handles are not live here, or whose sizes break the limits.
+
+        A dangling handle reaching wgpu-native would be a use-after-free, and
+        wgpu-native 29 aborts the process when a command buffer with a
+        validation error is submitted (``wgpuQueueSubmit`` treats errors as
+        fatal).  The C loop also refuses to submit when the device's error
+        counter moved during encoding, so anything these checks miss becomes
+        a ``ValidationError`` too; these checks give the better message.  The
+        replay code validates once at capture; :meth:`submit` every time.
+        """
+        max_groups = self.limits.max_compute_workgroups_per_dimension
+        for index, record in enumerate(commands.records()):
+            where = f"submit, command {index} ({record[0]})"
+            if record[0] == "dispatch":
+                _, pipeline, bind_group, grid = record
+                self._lookup(pipeline, "pipeline", where)
+                group = self._lookup(bind_group, "bind_group", where)
+                if group.pipeline != pipeline:
+                    raise ValidationError(
+                        f"{where}: bind group {bind_group:#x} was made for pipeline {group.pipeline:#x}, not "
+                        f"{pipeline:#x} (automatic layouts belong to one pipeline)"
+                    )
+                for buffer in group.buffers:
+                    self._lookup(buffer, "buffer", f"{where}, a buffer of bind group {bind_group:#x}")
+                if max(grid) > max_groups or min(grid) < 0:
+                    raise ValidationError(
+                        f"{where}: grid {grid} has more than the device's {max_groups} workgroups per dimension; "
+                        "use a 2-D or 3-D grid"
+                    )
+            elif record[0] == "copy":
+                _, source, source_offset, destination, destination_offset, size = record
+                source_record = self._lookup(source, "buffer", where)
+                destination_record = self._lookup(destination, "buffer", where)
+                self._check_aligned(
+                    where, source_offset=source_offset, destination_offset=destination_offset, size=size
+                )
+                if source_record.uniform:
+                    raise ValidationError(f"{where}: the source is a uniform buffer (no COPY_SRC usage)")
+                if source_offset + size > source_record.size or destination_offset + size > destination_record.size:
+                    raise ValidationError(f"{where}: the copy of {size} bytes runs past the end of a buffer")
+                if source == destination:
+                    raise ValidationError(f"{where}: source and destination are the same buffer")
+            else:
+                _, buffer, offset, size = record
+                buffer_record = self._lookup(buffer, "buffer", where)
+                self._check_aligned(where, offset=offset, size=size)
+                if offset + size > buffer_record.size:
+                    raise ValidationError(f"{where}: the clear of {size} bytes runs past the end of the buffer")

@@ -1,0 +1,186 @@
+"""What a wgpu device keeps per frozen command list (a captured graph's): its validation, done once, and the
+command buffer encoded ahead for its next submit.
+
+A frozen list is validated on its first submit only; the validation is forgotten when one of the handles it
+uses is released or the list dies.  With ``encode_ahead`` on (``WgpuDevice``'s docstring says more), each submit
+of a validated frozen list encodes the list's next command buffer right after it, so the next replay only
+submits.  Such a command buffer may be released unsubmitted, which wgpu-native 29 frees only when its
+"submitted" flag is set first: the flag's offset is probed once per process (:meth:`_EncodeAhead._probe_submitted_flag`),
+and where the probe fails ``encode_ahead`` starts off.
+
+Ownership: :class:`_EncodeAhead` is a layer of ``WgpuDevice`` (after ``_DeviceBase``, whose docstring describes
+the layers).  It owns ``_validated``, ``_validated_by_handle``, ``_ahead`` and ``encode_ahead``, read and changed
+under the device's lock: a list's weak-reference callback (any thread, maybe during one of the device's own
+calls) takes the lock, and defers its work to the end of that call when it fires inside one.  The probed offset
+is per process: ``_submitted_flag``, guarded by ``_submitted_flag_lock``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable
+
+from ._commands import CommandList
+from ._wgpu_device_base import _DeviceBase
+
+# What a submission appends to a command list, as a dictionary key: the records of its tail (submit_and_read's
+# copies into the staging buffer); () for none.
+_TailKey = tuple[tuple[Any, ...], ...]
+
+# wgpu-native 29's command buffer object (the address a WGPUCommandBuffer holds is Rust's Arc data pointer):
+# {context: Arc<Global>, id: CommandBufferId, open: AtomicBool}, with the Arc's strong and weak counts in the 16
+# bytes before it.  Its wgpuQueueSubmit sets `open` (byte 16) and its release drops the command buffer from
+# wgpu-core's registry only when `open` is set, so a command buffer released unsubmitted is never freed (about
+# 90 KB each on lavapipe, +100 MB per 1000 graphs released with encode-ahead on).  The wgpu backend checks this
+# layout once per process (_probe_submitted_flag) before the command loop writes that byte (see
+# NativeTable.submitted_flag_offset).
+_SUBMITTED_FLAG_OFFSET = 16
+_submitted_flag: int | None = None  # the probed offset (-1: the layout is not the one above); None: not probed
+_submitted_flag_lock = threading.Lock()
+
+
+class _EncodeAhead(_DeviceBase):
+    """The validation memo and the encode-ahead cache of frozen command lists (see the module's docstring)."""
+
+    encode_ahead: bool
+
+    def _init_encode_ahead(self, encode_ahead: bool) -> None:
+        """Set this layer's fields: nothing validated or encoded ahead yet; ``encode_ahead`` from the backend."""
+        # Frozen command lists (captured graphs) validated once: id -> (weak reference, handles they use).
+        # Releasing any of those handles forgets the validation, so the next submit checks again.
+        self._validated: dict[int, tuple[weakref.ref[CommandList], frozenset[int]]] = {}
+        self._validated_by_handle: dict[int, set[int]] = {}
+        # Command buffers encoded ahead for validated frozen lists: (list id, tail key) -> command buffer address.
+        # An entry lives only as long as the list's validation: releasing a handle the list uses, the list dying,
+        # the staging buffer being replaced (tails copy into it) or the device being destroyed releases it.
+        self._ahead: dict[tuple[int, _TailKey], int] = {}
+        self.encode_ahead = encode_ahead
+
+    def _check_submitted_flag(self) -> None:
+        """Give the native table the offset of the "submitted" flag (probed once per process); where it is
+        unknown, start with ``encode_ahead`` off."""
+        self._native_table.submitted_flag_offset = self._submitted_flag_offset()
+        if self._native_table.submitted_flag_offset < 0:
+            # Each graph released with a command buffer encoded ahead would leak it (see _SUBMITTED_FLAG_OFFSET):
+            # off by default on a wgpu-native whose command buffers do not have the layout checked for.
+            self.encode_ahead = False
+
+    def _submitted_flag_offset(self) -> int:
+        """The offset of wgpu-native's "submitted" flag in its command buffer object, probed on the first device
+        opened in the process; -1 when the object does not have the expected layout."""
+        global _submitted_flag
+        with _submitted_flag_lock:
+            if _submitted_flag is None:
+                _submitted_flag = self._probe_submitted_flag()
+            return _submitted_flag
+
+    def _probe_submitted_flag(self) -> int:
+        """Submit one empty command buffer (kept alive by an extra reference) and check that the submit changed
+        exactly the expected byte, from 0 to 1, and that the object is an Arc's data (its strong count, in the 8
+        bytes 16 before it, goes from 2 to 1 as submit_encoded releases one reference)."""
+        ffi, lib = self._ffi, self._lib
+        address = CommandList().encode_native(self._native_table)
+        self._raise_pending("opening the device (probing wgpu-native's command buffers)")
+        if not address:
+            return -1
+        pointer = ffi.cast("WGPUCommandBuffer", address)
+        data = ffi.cast("uint8_t *", address)
+        strong = ffi.cast("uint64_t *", address - 16)
+        size = _SUBMITTED_FLAG_OFFSET + 8
+        # void wgpuCommandBufferAddRef(WGPUCommandBuffer commandBuffer)
+        lib.wgpuCommandBufferAddRef(pointer)
+        try:
+            counts_before = int(strong[0])
+            before = bytes(ffi.buffer(data, size))
+            self._native_table.submit_encoded(address)  # submits, then releases one reference
+            after = bytes(ffi.buffer(data, size))
+            counts_after = int(strong[0])
+        finally:
+            lib.wgpuCommandBufferRelease(pointer)
+        self._raise_pending("opening the device (probing wgpu-native's command buffers)")
+        changed = [i for i in range(size) if before[i] != after[i]]
+        expected = (
+            changed == [_SUBMITTED_FLAG_OFFSET]
+            and before[_SUBMITTED_FLAG_OFFSET] == 0
+            and after[_SUBMITTED_FLAG_OFFSET] == 1
+            and (counts_before, counts_after) == (2, 1)
+        )
+        return _SUBMITTED_FLAG_OFFSET if expected else -1
+
+    def _forget_validation(self, handle: int) -> None:
+        for list_id in self._validated_by_handle.pop(handle, ()):
+            self._forget_list(list_id)
+
+    def _validated_once(self, commands: CommandList) -> bool:
+        entry = self._validated.get(id(commands))
+        return entry is not None and entry[0]() is commands
+
+    def _remember_validation(self, commands: CommandList) -> None:
+        used: set[int] = set()
+        for record in commands.records():
+            if record[0] == "dispatch":
+                used.update((record[1], record[2]))
+                used.update(self._handles[record[2]].buffers)
+            elif record[0] == "copy":
+                used.update((record[1], record[3]))
+            else:
+                used.add(record[1])
+        list_id = id(commands)
+        self._validated[list_id] = (weakref.ref(commands, lambda _: self._list_died(list_id)), frozenset(used))
+        for handle in used:
+            self._validated_by_handle.setdefault(handle, set()).add(list_id)
+
+    def _validate_for_submit(self, commands: CommandList) -> None:
+        """:meth:`validate_commands`, once per frozen list (until a handle it uses is released)."""
+        if not (commands.frozen and self._validated_once(commands)):
+            self.validate_commands(commands)
+            if commands.frozen:
+                self._remember_validation(commands)
+
+    def _encode_and_submit(self, commands: CommandList, tail: CommandList | None) -> bool:
+        """Submit ``commands`` then ``tail`` as one submission; False when wgpu-native could not encode them.
+
+        A validated frozen list (a captured graph's) is submitted from the command buffer encoded ahead for it
+        (and this tail), when there is one; either way, with :attr:`encode_ahead` on, its next command buffer is
+        encoded right after this submit, while the GPU works.  The work and its order are the same as encoding
+        now: a command buffer names buffers, and reads their contents when it runs in the queue.
+        """
+        table = self._native_table
+        list_id = id(commands)
+        ahead = commands.frozen and self.encode_ahead and list_id in self._validated
+        if not ahead and commands.frozen and self._ahead:
+            self._release_ahead(lambda key: key[0] == list_id)  # encode_ahead was switched off
+        ready = 0
+        if ahead:
+            key = (list_id, () if tail is None else tuple(tail.records()))
+            ready = self._ahead.pop(key, 0)
+        if ready:
+            table.submit_encoded(ready)
+        elif not (commands.encode_submit_native(table) if tail is None else commands.encode_submit_with_tail_native(table, tail)):
+            return False
+        if ahead:
+            encoded = commands.encode_native(table, tail)
+            if encoded:
+                self._ahead[key] = encoded
+        return True
+
+    def _release_ahead(self, which: Callable[[tuple[int, _TailKey]], bool]) -> None:
+        """Release the command buffers encoded ahead whose (list id, tail key) ``which`` selects.  Each entry is
+        popped before it is released, so a list's weak-reference callback racing this releases nothing twice."""
+        for key in [key for key in list(self._ahead) if which(key)]:
+            command_buffer = self._ahead.pop(key, 0)
+            if command_buffer:
+                self._native_table.release_encoded(command_buffer)
+
+    def _list_died(self, list_id: int) -> None:
+        """A validated frozen list was collected (a weak-reference callback: any thread, maybe mid-call)."""
+        with self._lock:
+            if not self._lock.defer_if_nested(lambda: self._list_died(list_id)):
+                self._forget_list(list_id)
+
+    def _forget_list(self, list_id: int) -> None:
+        """A validated frozen list died: forget its validation and release what was encoded ahead for it."""
+        self._validated.pop(list_id, None)
+        if self._ahead and self._device is not None:
+            self._release_ahead(lambda key: key[0] == list_id)
