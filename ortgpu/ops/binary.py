@@ -18,7 +18,8 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._wgsl import INT64_WGSL, Operand, elementwise_plan, require_device_dtype
+from ._wgsl import INT64_WGSL, require_device_dtype
+from ._wgsl_kernels import Operand, elementwise_plan
 
 __all__ = ["BinaryOperator", "Add", "Sub", "Mul", "Div", "Pow", "integer_divide", "POW_WGSL", "IPOW_WGSL"]
 

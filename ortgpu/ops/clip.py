@@ -15,7 +15,8 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._wgsl import Operand, elementwise_plan, require_device_dtype, wgsl_float, wgsl_int, wgsl_uint
+from ._wgsl import require_device_dtype, wgsl_float, wgsl_int, wgsl_uint
+from ._wgsl_kernels import Operand, elementwise_plan
 
 __all__ = ["Clip"]
 

@@ -16,7 +16,8 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._wgsl import Operand, elementwise_plan, require_device_dtype
+from ._wgsl import require_device_dtype
+from ._wgsl_kernels import Operand, elementwise_plan
 
 __all__ = ["ComparisonOperator", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not"]
 

@@ -18,7 +18,8 @@ from ortgpu_core._errors import UnsupportedOpError
 from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
-from ._wgsl import gather_kernel, require_device_dtype
+from ._wgsl import require_device_dtype
+from ._wgsl_kernels import gather_kernel
 
 __all__ = ["Gather"]
 

@@ -16,7 +16,7 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._wgsl import Operand, elementwise_plan
+from ._wgsl_kernels import Operand, elementwise_plan
 
 __all__ = ["Range"]
 

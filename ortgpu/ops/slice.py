@@ -19,7 +19,8 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
-from ._wgsl import affine_index_function, contiguous_strides, gather_kernel
+from ._wgsl import affine_index_function, contiguous_strides
+from ._wgsl_kernels import gather_kernel
 
 __all__ = ["Slice", "slice_ranges"]
 

@@ -17,7 +17,7 @@ from ortgpu_core._errors import UnsupportedOpError
 from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, KernelSpec, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
-from ._wgsl import gather_kernel
+from ._wgsl_kernels import gather_kernel
 
 __all__ = ["Split"]
 

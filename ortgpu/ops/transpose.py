@@ -10,7 +10,8 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
-from ._wgsl import affine_index_function, contiguous_strides, gather_kernel
+from ._wgsl import affine_index_function, contiguous_strides
+from ._wgsl_kernels import gather_kernel
 
 __all__ = ["Transpose", "permutation"]
 

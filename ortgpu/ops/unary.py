@@ -3,7 +3,7 @@ HardSigmoid HardSwish.
 
 Each class pairs a numpy reference with a WGSL expression in ``x0`` (the
 input in its compute type, f32 for float32/float16) for
-:func:`~ortgpu.ops._wgsl.elementwise_kernel`.  Floating ops run on device for
+:func:`~ortgpu.ops._wgsl_kernels.elementwise_kernel`.  Floating ops run on device for
 float32 and float16 (computed in f32); Neg, Abs and Relu also for every
 integer type (int64 exactly, on ``vec2<u32>`` pairs).
 """
@@ -19,7 +19,8 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
-from ._wgsl import INT64_WGSL, Operand, elementwise_kernel, kernel_bindings, require_device_dtype, wgsl_float
+from ._wgsl import INT64_WGSL, require_device_dtype, wgsl_float
+from ._wgsl_kernels import Operand, elementwise_kernel, kernel_bindings
 
 __all__ = [
     "UnaryOperator",

@@ -15,7 +15,8 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
-from ._wgsl import broadcast_index_function, gather_kernel
+from ._wgsl import broadcast_index_function
+from ._wgsl_kernels import gather_kernel
 
 __all__ = ["Where"]
 
