@@ -46,17 +46,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ._gemm import _bound_inputs, split_k_plan  # shared with the tiled GEMM's split-K (same semantics)
+from ._epilogue import EpilogueStep, epilogue_function
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget
-from ._tiling import (
-    BindingTable,
-    EpilogueStep,
-    check_device_fits,
-    epilogue_function,
-    grid_for_groups,
-    whole_op_twin,
-    workgroup_index,
-)
+from ._tiled_gemm import _bound_inputs, split_k_plan  # shared with the tiled GEMM's split-K (same semantics)
+from ._tiling import BindingTable, check_device_fits, grid_for_groups, whole_op_twin, workgroup_index
 
 __all__ = [
     "GemvConfig",

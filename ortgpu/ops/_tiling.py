@@ -2,9 +2,12 @@
 
 * literals, grids and binding tables for generated WGSL;
 * index functions (a linear output index -> a broadcast input's index);
-* the fused epilogue (see :mod:`ortgpu.ops.matmul` for the contract) in numpy and WGSL;
-* the tiled GEMM and the GEMV kernels that MatMul, Gemm and Conv instantiate;
+* checks, twins and one-kernel plans for kernels bound through a :class:`BindingTable`;
 * workgroup reductions used by the row-wise operators (Softmax, LayerNormalization, Reduce*).
+
+The fused epilogue is in :mod:`ortgpu.ops._epilogue`; the tiled GEMM in :mod:`ortgpu.ops._gemm` (its
+configurations), :mod:`ortgpu.ops._gemm_wgsl` (its WGSL) and :mod:`ortgpu.ops._tiled_gemm` (its plans); the GEMV
+in :mod:`ortgpu.ops._gemv`.
 
 Shapes, strides and attributes are baked into the WGSL text as constants: the
 device caches pipelines by text, and constant loop bounds let the compiler
@@ -15,11 +18,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
-
-from ortgpu_core._errors import UnsupportedOpError
 
 from ortgpu_core.backends.protocol import KernelTwin
 
@@ -35,12 +36,6 @@ __all__ = [
     "broadcast_strides",
     "index_function",
     "BindingTable",
-    "EpilogueStep",
-    "parse_epilogue",
-    "apply_epilogue",
-    "epilogue_function",
-    "erf",
-    "legacy_gemm_wgsl",
     "reduction_threads",
     "workgroup_reduce_functions",
     "require_float32",
@@ -233,306 +228,6 @@ def single_kernel_plan(
     check_device_fits(name, list(inputs) + list(outputs), len(table.bindings), caps)
     twin = whole_op_twin(compute, table.bindings, inputs, outputs)
     return OpPlan(kernels=(KernelSpec(name, wgsl, grid, tuple(table.bindings), twin),))
-
-
-# -- erf -----------------------------------------------------------------------------------------------------------
-
-# erfc(z) = t * exp(-z^2 + P(t)), t = 1 / (1 + z/2), z >= 0: a Chebyshev fit with fractional error below 1.2e-7
-# everywhere (Numerical Recipes' erfcc).  Exact enough for float32 and cheap on a GPU.
-_ERFC_COEFFICIENTS = (
-    -1.26551223,
-    1.00002368,
-    0.37409196,
-    0.09678418,
-    -0.18628806,
-    0.27886807,
-    -1.13520398,
-    1.48851587,
-    -0.82215223,
-    0.17087277,
-)
-
-
-def _erfc_nonnegative(z: np.ndarray) -> np.ndarray:
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = np.zeros_like(z)
-    for coefficient in reversed(_ERFC_COEFFICIENTS):
-        poly = poly * t + coefficient
-    result: np.ndarray = t * np.exp(-z * z + poly)
-    return result
-
-
-def erf(x: np.ndarray) -> np.ndarray:
-    """The error function, elementwise, in float64 (relative error below 2e-7)."""
-    x64 = np.asarray(x, dtype=np.float64)
-    erfc = _erfc_nonnegative(np.abs(x64))
-    return np.where(x64 >= 0, 1.0 - erfc, erfc - 1.0)
-
-
-def _gelu(x: np.ndarray) -> np.ndarray:
-    x64 = np.asarray(x, dtype=np.float64)
-    u = -x64 / math.sqrt(2.0)
-    # 1 + erf(x / sqrt2) = erfc(-x / sqrt2), computed without cancellation for negative x.
-    erfc = np.where(u >= 0, _erfc_nonnegative(np.abs(u)), 2.0 - _erfc_nonnegative(np.abs(u)))
-    result: np.ndarray = 0.5 * x64 * erfc
-    return result
-
-
-def _erfc_wgsl() -> str:
-    poly = "0.0"
-    for coefficient in reversed(_ERFC_COEFFICIENTS):
-        poly = f"fma({poly}, t, {wgsl_f32(coefficient)})" if poly != "0.0" else wgsl_f32(coefficient)
-    return (
-        "fn erfc_nonnegative(z: f32) -> f32 {\n"
-        "    let t = 1.0 / (1.0 + 0.5 * z);\n"
-        f"    return t * exp(-z * z + {poly});\n"
-        "}\n"
-        "fn gelu(x: f32) -> f32 {\n"
-        "    let u = -x * 0.70710678118654752;\n"
-        "    let c = erfc_nonnegative(abs(u));\n"
-        "    return 0.5 * x * select(2.0 - c, c, u >= 0.0);\n"
-        "}\n"
-    )
-
-
-# -- the fused epilogue ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EpilogueStep:
-    """One step applied to each output element before the store.
-
-    ``kind``: ``"scale"`` (multiply by ``value``), ``"add"`` (add ``value`` times input ``input_index``,
-    read as ``view_shape`` and broadcast to the output), ``"relu"``, ``"gelu"``, ``"clip"`` (``low``,
-    ``high``; infinite bounds are omitted) or ``"sigmoid"``.
-    """
-
-    kind: str
-    input_index: int = -1
-    value: float = 1.0
-    view_shape: tuple[int, ...] = ()
-    low: float = -math.inf
-    high: float = math.inf
-
-
-def parse_epilogue(
-    op_type: str,
-    attrs: Mapping[str, Any],
-    first_extra: int,
-    input_shapes: Sequence[tuple[int, ...] | None],
-    out_shape: tuple[int, ...],
-) -> list[EpilogueStep]:
-    """The ``_epilogue`` attribute as steps; validates input indices and broadcasting."""
-    raw = attrs.get("_epilogue", ())
-    steps: list[EpilogueStep] = []
-    for entry in raw:
-        if not entry:
-            raise UnsupportedOpError(f"{op_type}: empty _epilogue step")
-        kind = str(entry[0])
-        if kind == "add":
-            if len(entry) != 2:
-                raise UnsupportedOpError(f"{op_type}: _epilogue step ('add', k) takes one input index, got {entry!r}")
-            index = int(entry[1])
-            if index < first_extra or index >= len(input_shapes) or input_shapes[index] is None:
-                raise UnsupportedOpError(
-                    f"{op_type}: _epilogue ('add', {index}) must name an extra input at index >= {first_extra} "
-                    f"(the node has {len(input_shapes)} inputs)"
-                )
-            shape = input_shapes[index]
-            assert shape is not None
-            try:
-                broadcast_strides(shape, out_shape)
-            except ValueError:
-                raise UnsupportedOpError(
-                    f"{op_type}: _epilogue input {index} of shape {shape} does not broadcast to the output {out_shape}"
-                ) from None
-            steps.append(EpilogueStep("add", index, 1.0, tuple(shape)))
-        elif kind in ("relu", "gelu", "sigmoid"):
-            if len(entry) != 1:
-                raise UnsupportedOpError(f"{op_type}: _epilogue step ({kind!r},) takes no arguments, got {entry!r}")
-            steps.append(EpilogueStep(kind))
-        elif kind == "scale":
-            if len(entry) != 2:
-                raise UnsupportedOpError(f"{op_type}: _epilogue step ('scale', c) takes one factor, got {entry!r}")
-            factor = float(np.float32(entry[1]))
-            if not math.isfinite(factor):
-                raise UnsupportedOpError(f"{op_type}: _epilogue ('scale', c) needs a finite float32 factor, got {entry[1]!r}")
-            steps.append(EpilogueStep("scale", value=factor))
-        elif kind == "clip":
-            if len(entry) != 3:
-                raise UnsupportedOpError(f"{op_type}: _epilogue step ('clip', lo, hi) takes two bounds, got {entry!r}")
-            steps.append(EpilogueStep("clip", low=float(entry[1]), high=float(entry[2])))
-        else:
-            raise UnsupportedOpError(f"{op_type}: unknown _epilogue step {kind!r}")
-    return steps
-
-
-def apply_epilogue(y: np.ndarray, steps: Sequence[EpilogueStep], inputs: Sequence[np.ndarray | None]) -> np.ndarray:
-    """The steps in numpy; ``y`` is the op's float32 result before the epilogue."""
-    out_dtype = y.dtype
-    for step in steps:
-        if step.kind == "scale":
-            y = y * np.float32(step.value)
-        elif step.kind == "add":
-            extra = inputs[step.input_index]
-            assert extra is not None
-            term = np.asarray(extra).reshape(step.view_shape).astype(out_dtype, copy=False)
-            if step.value != 1.0:
-                term = term * np.asarray(step.value, dtype=out_dtype)
-            summed = y + term
-            if summed.shape != y.shape:
-                raise ValueError(f"epilogue input of shape {term.shape} does not broadcast to {y.shape}")
-            y = summed
-        elif step.kind == "relu":
-            y = np.maximum(y, np.asarray(0, dtype=out_dtype))
-        elif step.kind == "gelu":
-            y = _gelu(y).astype(out_dtype)
-        elif step.kind == "clip":
-            if step.low > -math.inf:
-                y = np.maximum(y, np.asarray(step.low, dtype=out_dtype))
-            if step.high < math.inf:
-                y = np.minimum(y, np.asarray(step.high, dtype=out_dtype))
-        elif step.kind == "sigmoid":
-            y = (1.0 / (1.0 + np.exp(-y.astype(np.float64)))).astype(out_dtype)
-        else:  # pragma: no cover - parse_epilogue rejects these
-            raise ValueError(step.kind)
-    return np.asarray(y, dtype=out_dtype)
-
-
-def epilogue_function(steps: Sequence[EpilogueStep], out_shape: tuple[int, ...], table: BindingTable) -> str:
-    """WGSL ``fn epilogue(v: f32, o: u32) -> f32`` (``o``: the linear output index) and its helpers;
-    binds the inputs that ``add`` steps read."""
-    helpers: list[str] = []
-    body = ["    var x = v;"]
-    need_gelu = False
-    for number, step in enumerate(steps):
-        if step.kind == "scale":
-            body.append(f"    x = x * {wgsl_f32(step.value)};")
-        elif step.kind == "add":
-            name = table.add(Binding("input", step.input_index))
-            index_name = f"epilogue_index_{number}"
-            helpers.append(index_function(index_name, out_shape, broadcast_strides(step.view_shape, out_shape)))
-            term = f"{name}[{index_name}(o)]"
-            if step.value != 1.0:
-                term = f"{wgsl_f32(step.value)} * {term}"
-            body.append(f"    x = x + {term};")
-        elif step.kind == "relu":
-            body.append("    x = max(x, 0.0);")
-        elif step.kind == "gelu":
-            need_gelu = True
-            body.append("    x = gelu(x);")
-        elif step.kind == "clip":
-            if step.low > -math.inf:
-                body.append(f"    x = max(x, {wgsl_f32(step.low)});")
-            if step.high < math.inf:
-                body.append(f"    x = min(x, {wgsl_f32(step.high)});")
-        elif step.kind == "sigmoid":
-            body.append("    x = 1.0 / (1.0 + exp(-x));")
-    if need_gelu:
-        helpers.append(_erfc_wgsl())
-    body.append("    return x;")
-    return "".join(helpers) + "fn epilogue(v: f32, o: u32) -> f32 {\n" + "\n".join(body) + "\n}\n"
-
-
-# -- GEMM -----------------------------------------------------------------------------------------------------------
-
-
-#: Tile of the original tiled GEMM (now :data:`ortgpu.ops._gemm.LEGACY`, kept for comparisons): a 16 x 16
-#: workgroup computes a 64 x 64 output tile, 4 x 4 outputs per invocation, stepping through K by 16.
-_TILE_M = 64
-_TILE_N = 64
-_TILE_K = 16
-
-
-def legacy_gemm_wgsl(
-    batch: int, m: int, n: int, k: int, helpers: str, declarations: str, output: str, caps: DeviceCaps
-) -> tuple[str, tuple[int, int, int]]:
-    """WGSL and grid of the original shared-memory tiled GEMM (scalar loads through ``load_a``/``load_b`` and
-    ``epilogue`` defined in ``helpers``; output stored at ``(b * M + m) * N + n``).
-
-    Invocation (tx, ty) of a workgroup owns rows ``m0 + ty + 16 i`` and columns ``n0 + tx + 16 j``
-    (i, j < 4), so neighbouring invocations read neighbouring shared-memory words and store neighbouring
-    outputs.
-    """
-    tiles_m = -(-m // _TILE_M)
-    tiles_n = -(-n // _TILE_N)
-    total = batch * tiles_m * tiles_n
-    grid = grid_for_groups(total, caps)
-    loads = []
-    for r in range(_TILE_M * _TILE_K // THREADS):
-        loads.append(
-            f"""        {{
-            let e = li + {r * THREADS}u;
-            let am = m0 + e / {_TILE_K}u;
-            let ak = k0 + e % {_TILE_K}u;
-            var av = 0.0;
-            if (am < M && ak < K) {{ av = load_a(b, am, ak); }}
-            tile_a[(e % {_TILE_K}u) * {_TILE_M}u + e / {_TILE_K}u] = av;
-            let bk = k0 + e / {_TILE_N}u;
-            let bn = n0 + e % {_TILE_N}u;
-            var bv = 0.0;
-            if (bk < K && bn < N) {{ bv = load_b(b, bk, bn); }}
-            tile_b[e] = bv;
-        }}"""
-        )
-    inner = []
-    for i in range(4):
-        inner.append(f"            let a{i} = tile_a[kk * {_TILE_M}u + lid.y + {16 * i}u];")
-    inner.append(
-        f"            let bv = vec4<f32>(tile_b[kk * {_TILE_N}u + lid.x], tile_b[kk * {_TILE_N}u + lid.x + 16u], "
-        f"tile_b[kk * {_TILE_N}u + lid.x + 32u], tile_b[kk * {_TILE_N}u + lid.x + 48u]);"
-    )
-    for i in range(4):
-        inner.append(f"            acc{i} = fma(vec4<f32>(a{i}), bv, acc{i});")
-    stores = []
-    for i in range(4):
-        for j in range(4):
-            stores.append(
-                f"""    {{
-        let m = m0 + lid.y + {16 * i}u;
-        let n = n0 + lid.x + {16 * j}u;
-        if (m < M && n < N) {{
-            let o = (b * M + m) * N + n;
-            {output}[o] = epilogue(acc{i}[{j}], o);
-        }}
-    }}"""
-            )
-    wgsl = f"""{declarations}
-const M: u32 = {m}u;
-const N: u32 = {n}u;
-const K: u32 = {k}u;
-const TILES_M: u32 = {tiles_m}u;
-const TILES_N: u32 = {tiles_n}u;
-const TOTAL: u32 = {total}u;
-var<workgroup> tile_a: array<f32, {_TILE_M * _TILE_K}>;
-var<workgroup> tile_b: array<f32, {_TILE_N * _TILE_K}>;
-{helpers}
-@compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-    let tile = {workgroup_index(grid)};
-    if (tile >= TOTAL) {{ return; }}
-    let tn = tile % TILES_N;
-    let tm = (tile / TILES_N) % TILES_M;
-    let b = tile / (TILES_N * TILES_M);
-    let m0 = tm * {_TILE_M}u;
-    let n0 = tn * {_TILE_N}u;
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    for (var k0 = 0u; k0 < K; k0 = k0 + {_TILE_K}u) {{
-{chr(10).join(loads)}
-        workgroupBarrier();
-        for (var kk = 0u; kk < {_TILE_K}u; kk = kk + 1u) {{
-{chr(10).join(inner)}
-        }}
-        workgroupBarrier();
-    }}
-{chr(10).join(stores)}
-}}
-"""
-    return wgsl, grid
 
 
 # -- row reductions ---------------------------------------------------------------------------------------------------

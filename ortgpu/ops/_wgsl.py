@@ -46,15 +46,14 @@ data-movement kernels) are in :mod:`ortgpu.ops._wgsl_kernels`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from ortgpu_core.backends.protocol import DeviceLimits, KernelTwin
+from ortgpu_core.backends.protocol import DeviceLimits
 
 from .._limits import element_count
-from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, reference_twin
+from ._kernel import DeviceCaps, NotOnDevice, TensorInfo
 
 __all__ = [
     "DEFAULT_WORKGROUP_SIZE",

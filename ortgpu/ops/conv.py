@@ -20,21 +20,11 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from .._limits import element_count
+from ._epilogue import EpilogueStep, apply_epilogue, epilogue_function, parse_epilogue
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
-from ._tiling import (
-    THREADS,
-    BindingTable,
-    EpilogueStep,
-    apply_epilogue,
-    epilogue_function,
-    grid_for_groups,
-    parse_epilogue,
-    require_float32,
-    single_kernel_plan,
-    workgroup_index,
-)
-from ._gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
+from ._tiled_gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
+from ._tiling import THREADS, BindingTable, grid_for_groups, require_float32, single_kernel_plan, workgroup_index
 
 __all__ = ["Conv", "SpatialGeometry", "spatial_geometry", "ints"]
 

@@ -16,18 +16,10 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from .._limits import element_count
+from ._epilogue import apply_epilogue, epilogue_function
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
-from ._tiling import (
-    THREADS,
-    BindingTable,
-    apply_epilogue,
-    epilogue_function,
-    grid_for_groups,
-    require_float32,
-    single_kernel_plan,
-    workgroup_index,
-)
+from ._tiling import THREADS, BindingTable, grid_for_groups, require_float32, single_kernel_plan, workgroup_index
 from .conv import _auto_pad, _conv_steps, ints
 
 __all__ = ["ConvTranspose", "conv_transpose_geometry"]

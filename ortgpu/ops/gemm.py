@@ -9,9 +9,10 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from ._epilogue import EpilogueStep, apply_epilogue, parse_epilogue
 from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._tiling import EpilogueStep, apply_epilogue, parse_epilogue, require_float32
+from ._tiling import require_float32
 from .matmul import plan_gemm
 
 __all__ = ["Gemm"]

@@ -45,7 +45,7 @@ Kernels
   splitting K over a workgroup (and optionally over workgroups: split-K) and reducing through workgroup memory
   or subgroup shuffles; the variant is chosen per shape by :func:`._gemv.choose_gemv_config` (today's kernel
   everywhere until the sweep's measurements fill :data:`._gemv.GEMV_SHAPE_CONFIGS`).
-* otherwise: the shared-memory tiled GEMM of :mod:`._gemm` (tile shape and split-K chosen per problem by
+* otherwise: the shared-memory tiled GEMM of :mod:`._tiled_gemm` (tile shape and split-K chosen per problem by
   :func:`._gemm.choose_gemm_config`; vec4 loads where the layouts allow).  When B has no batch dimensions (a weight matrix) the batch
   dimensions of A fold into M, so ``[B, S, K] x [K, N]`` is one ``[B*S, K] x [K, N]`` GEMM.
 """
@@ -59,19 +59,12 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from .._limits import element_count
+from ._epilogue import EpilogueStep, apply_epilogue, parse_epilogue
+from ._gemv import plan_gemv
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._tiling import (
-    EpilogueStep,
-    apply_epilogue,
-    broadcast_strides,
-    c_strides,
-    index_function,
-    parse_epilogue,
-    require_float32,
-)
-from ._gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
-from ._gemv import plan_gemv
+from ._tiled_gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
+from ._tiling import broadcast_strides, c_strides, index_function, require_float32
 
 __all__ = ["MatMul", "plan_gemm", "matmul_output_shape", "input_perms"]
 
