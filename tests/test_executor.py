@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import models
-from ortgpu._executor import DeviceProgram, PipelineCache, WeightStore, device_caps, padded_bytes, run_model
+from helpers import run_model
+from ortgpu._executor import DeviceProgram, PipelineCache, WeightStore, device_caps, padded_bytes
 from ortgpu._model import load_model
 from ortgpu._planner import plan_model
 from ortgpu.ops import registered_op_types

@@ -263,7 +263,7 @@ def _widening_model() -> onnx.ModelProto:
 
 
 def test_dims_too_big_for_the_device_fail_before_allocation() -> None:
-    from ortgpu._executor import run_model
+    from helpers import run_model
     from ortgpu_core.backends.fake import FakeBackend
 
     model = load_model(_widening_model())

@@ -1,0 +1,94 @@
+"""Test drivers that production code does not need: :func:`run_model` runs a model once on a raw backend device.
+
+Sessions do the same with their allocator, caches and recording; these tests check the planner and the executor
+without them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from ortgpu._executor import DeviceProgram, PipelineCache, device_caps, padded_bytes
+from ortgpu._model import LoadedModel, load_model
+from ortgpu._planner import ExecutionPlan, plan_model
+from ortgpu.ops._runner import padded_size
+from ortgpu_core.backends.protocol import BackendDevice
+
+__all__ = ["RawBuffer", "run_model"]
+
+_raw_generations = itertools.count(1)
+
+
+@dataclass(eq=False)
+class RawBuffer:
+    """A buffer made directly on a backend device (no allocator, no core Device), as programs take buffers."""
+
+    handle: int
+    generation: int
+    released: bool = False
+
+
+def run_model(
+    model: Any,
+    feeds: Mapping[str, np.ndarray],
+    device: BackendDevice,
+    *,
+    pipeline_cache: PipelineCache | None = None,
+    allow_cpu: bool = True,
+    fuse: bool = True,
+) -> tuple[list[np.ndarray], ExecutionPlan]:
+    """Load (if needed), plan and run ``model`` once on ``device``; returns the outputs and the plan.
+
+    Every buffer it makes (and the pipeline cache, unless given) is freed before it returns.
+    """
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    arrays = {name: np.asarray(value, order="C") for name, value in feeds.items()}
+    plan = plan_model(
+        loaded,
+        {name: a.shape for name, a in arrays.items()},
+        device_caps(device),
+        input_dtypes={name: a.dtype for name, a in arrays.items()},
+        input_values={name: arrays[name] for name in loaded.value_dependent_inputs if name in arrays},
+        allow_cpu=allow_cpu,
+        fuse=fuse,
+    )
+    cache = pipeline_cache if pipeline_cache is not None else PipelineCache(device)
+    owned: list[RawBuffer] = []
+
+    def allocate(nbytes: int, label: str = "intermediate") -> RawBuffer:
+        buffer = RawBuffer(device.create_buffer(nbytes, label=label), next(_raw_generations))
+        owned.append(buffer)
+        return buffer
+
+    program = None
+    try:
+        program = DeviceProgram(plan, device, cache, allocate, lambda buffer: None)  # all freed below
+        input_buffers = {}
+        for name, array in arrays.items():
+            buffer = allocate(padded_size(array.nbytes), "input")
+            if array.nbytes:
+                device.write_buffer(buffer.handle, 0, padded_bytes(array))
+            input_buffers[name] = buffer
+        output_buffers = {name: allocate(padded_size(info.nbytes), "output") for name, info in plan.output_infos.items()}
+        program.run(input_buffers, output_buffers, device.submit)
+        results = []
+        for name in loaded.output_names:
+            info = plan.output_infos[name]
+            if info.nbytes == 0:
+                results.append(np.zeros(info.shape, dtype=info.dtype))
+                continue
+            raw = device.read_buffer(output_buffers[name].handle, 0, padded_size(info.nbytes))
+            results.append(np.frombuffer(raw, dtype=np.uint8, count=info.nbytes).view(info.dtype).reshape(info.shape).copy())
+        return results, plan
+    finally:
+        if program is not None:
+            program.release()
+        for buffer in owned:
+            buffer.released = True
+            device.destroy_buffer(buffer.handle)
+        if pipeline_cache is None:
+            cache.release()
