@@ -190,9 +190,10 @@ class WgpuDevice(_Readback):
     the probe does not recognise wgpu-native's command buffers, ``encode_ahead`` starts off on the device.
 
     Built in layers, each owning some of the fields (their modules' docstrings say which, and that the device's
-    lock guards them all): ``_DeviceBase`` (lock, error sink, handle table, checks), ``_EncodeAhead`` (frozen
-    lists' validation and command buffers encoded ahead), ``_Readback`` (staging buffer, reads, waits), and this
-    class: set-up, buffers, kernels, submit and lifetime.
+    lock guards them): ``_DeviceBase`` (lock, error sink, handle table, checks), ``_EncodeAhead`` (frozen lists'
+    validation and command buffers encoded ahead), ``_Readback`` (staging buffer, reads, waits), and this class:
+    set-up, buffers, kernels, submit and lifetime.  The destroy callbacks have a lock of their own
+    (``_callbacks_lock``), never held while calling out.
     """
 
     info: AdapterInfo
