@@ -10,7 +10,7 @@
   params uniforms, intermediate buffer slots (from the caller's ``allocate``
   / ``free``), cached bind groups; ``record`` builds a :class:`CommandList`
   for a fully-on-device plan (the capture path), ``run`` runs any plan,
-  moving tensors to and from the CPU around nodes placed there.
+  moving tensors to and from the CPU around nodes placed there.  (``tests/helpers.run_model`` drives one.)
 
 Ownership: a program owns its slots, params buffer and bind groups and
 releases them in :meth:`DeviceProgram.release`; pipelines belong to the cache,
@@ -20,11 +20,9 @@ weights to the store, input/output buffers to the caller.
 from __future__ import annotations
 
 import functools
-import itertools
 import threading
 import warnings
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Generic, Hashable, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
@@ -44,7 +42,6 @@ __all__ = [
     "WeightStore",
     "DeviceProgram",
     "device_caps",
-    "run_model",
     "padded_bytes",
 ]
 
@@ -85,7 +82,7 @@ _Buffer = TypeVar("_Buffer", bound=BufferRef)  # what a program's allocate() ret
 
 
 def _runs_twins(device: BackendDevice) -> bool:
-    return device.info.backend_type == "Fake"
+    return device.runs_numpy_twins
 
 
 class PipelineCache:
@@ -563,79 +560,3 @@ class DeviceProgram(Generic[_Buffer]):
 def _empty_step(step: PlannedStep) -> bool:
     return all(info.size == 0 for name, info in zip(step.outputs, step.output_infos) if name)
 
-
-_raw_generations = itertools.count(1)
-
-
-@dataclass(eq=False)
-class _RawBuffer:
-    """A buffer :func:`run_model` made directly on a backend device (no allocator, no core Device)."""
-
-    handle: int
-    generation: int
-    released: bool = False
-
-
-def run_model(
-    model: Any,
-    feeds: Mapping[str, np.ndarray],
-    device: BackendDevice,
-    *,
-    pipeline_cache: PipelineCache | None = None,
-    allow_cpu: bool = True,
-    fuse: bool = True,
-) -> tuple[list[np.ndarray], ExecutionPlan]:
-    """Load (if needed), plan and run ``model`` once on ``device``; returns the outputs and the plan.
-
-    A small driver for tests and the conformance suite; sessions do the same
-    with their own allocator, caches and recording.
-    """
-    from ._model import LoadedModel, load_model
-    from ._planner import plan_model
-
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
-    arrays = {name: np.asarray(value, order="C") for name, value in feeds.items()}
-    plan = plan_model(
-        loaded,
-        {name: a.shape for name, a in arrays.items()},
-        device_caps(device),
-        input_dtypes={name: a.dtype for name, a in arrays.items()},
-        input_values={name: arrays[name] for name in loaded.value_dependent_inputs if name in arrays},
-        allow_cpu=allow_cpu,
-        fuse=fuse,
-    )
-    cache = pipeline_cache if pipeline_cache is not None else PipelineCache(device)
-    owned: list[_RawBuffer] = []
-
-    def allocate(nbytes: int, label: str = "intermediate") -> _RawBuffer:
-        buffer = _RawBuffer(device.create_buffer(nbytes, label=label), next(_raw_generations))
-        owned.append(buffer)
-        return buffer
-
-    program = None
-    try:
-        program = DeviceProgram(plan, device, cache, allocate, lambda buffer: None)  # all freed below
-        input_buffers = {}
-        for name, array in arrays.items():
-            buffer = allocate(padded_size(array.nbytes), "input")
-            if array.nbytes:
-                device.write_buffer(buffer.handle, 0, padded_bytes(array))
-            input_buffers[name] = buffer
-        output_buffers = {name: allocate(padded_size(info.nbytes), "output") for name, info in plan.output_infos.items()}
-        program.run(input_buffers, output_buffers, device.submit)
-        results = []
-        for name in loaded.output_names:
-            info = plan.output_infos[name]
-            if info.nbytes == 0:
-                results.append(np.zeros(info.shape, dtype=info.dtype))
-                continue
-            raw = device.read_buffer(output_buffers[name].handle, 0, padded_size(info.nbytes))
-            results.append(np.frombuffer(raw, dtype=np.uint8, count=info.nbytes).view(info.dtype).reshape(info.shape).copy())
-        return results, plan
-    finally:
-        if program is not None:
-            program.release()
-        for buffer in owned:
-            device.destroy_buffer(buffer.handle)
-        if pipeline_cache is None:
-            cache.release()

@@ -79,7 +79,8 @@ class InferenceSession(NotCopyable):
     verify_replays:
         Every ``replay()`` checks its outputs against an uncaptured run (slow; for tests).
     fuse:
-        Apply the planner's graph rewrites (epilogue fusion, Transpose folding); False plans node by node.
+        Apply the planner's graph rewrites (BatchNormalization folded into Conv, epilogue fusion, Transpose
+        folding); False plans node by node.
     max_fold_bytes, max_nodes:
         Limits for hostile or huge models: bytes of constants folding may create per model, and nodes per
         model (default: ``$ORTGPU_MAX_FOLD_BYTES`` / ``$ORTGPU_MAX_NODES`` if set, else 256 MiB and 100000);

@@ -107,6 +107,8 @@ def test_adapters_and_device_description(backend: Backend, device: BackendDevice
     assert device.limits.max_compute_workgroups_per_dimension >= 65535
     assert isinstance(device.features, frozenset)
     assert device.info.adapter_type in {"DiscreteGPU", "IntegratedGPU", "CPU", "Unknown"}
+    # A capability, not a name test: only the fake runs numpy twins instead of WGSL.
+    assert device.runs_numpy_twins is (backend.name == "fake")
 
 
 def test_buffer_round_trip(device: BackendDevice) -> None:

@@ -160,6 +160,8 @@ class FakeDevice(_FakeExecution):
 
     #: No native replay table: the core's replay loop interprets command lists through ``submit``.
     native_table: None = None
+    #: Dispatches run the kernels' numpy twins (see ``BackendDevice.runs_numpy_twins``).
+    runs_numpy_twins: bool = True
 
     def __init__(self, backend: FakeBackend, ordinal: int, info: AdapterInfo, spec: FakeDeviceSpec) -> None:
         self.info: AdapterInfo = info

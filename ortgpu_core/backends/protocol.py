@@ -108,6 +108,9 @@ class BackendDevice(Protocol):
     info: AdapterInfo
     limits: DeviceLimits
     features: frozenset[str]  # e.g. {"shader-f16", "timestamp-query"}
+    #: The device executes a kernel's numpy twin instead of its WGSL (the fake backend): two kernels with the same
+    #: WGSL but different twins are then different pipelines.
+    runs_numpy_twins: bool
 
     # -- buffers ---------------------------------------------------------
     def create_buffer(self, size: int, *, uniform: bool = False, label: str = "") -> int:

@@ -198,6 +198,8 @@ class WgpuDevice(_Readback):
 
     info: AdapterInfo
     limits: DeviceLimits
+    #: Dispatches run the kernels' WGSL (see ``BackendDevice.runs_numpy_twins``).
+    runs_numpy_twins: bool = False
     features: frozenset[str]
     encode_ahead: bool
 
