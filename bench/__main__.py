@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import os
 import platform
 import re
+import shlex
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -223,12 +223,12 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                 results.append(ArmResult(READ_ARM, "end_to_end", seconds))
                 backend_device = arms.device._native_device()
                 if getattr(backend_device, "encode_ahead", False):  # a wgpu device encoding ahead: time it without
-                    setattr(backend_device, "encode_ahead", False)
+                    backend_device.encode_ahead = False
                     try:
                         seconds = time_loop(arms.captured_end_to_end, args.warmup, args.iterations,
                                             _progress(f"{NO_AHEAD_ARM} end_to_end", args.iterations))
                     finally:
-                        setattr(backend_device, "encode_ahead", True)
+                        backend_device.encode_ahead = True
                     results.append(ArmResult(NO_AHEAD_ARM, "end_to_end", seconds))
         finally:
             arms.close()

@@ -124,7 +124,7 @@ def _ortgpu_timings(
         phases = None
         for count in counts:
             commands = record(count)
-            results.append(_median_host_seconds(lambda: device.submit(commands), device.wait_idle, iterations))
+            results.append(_median_host_seconds(lambda commands=commands: device.submit(commands), device.wait_idle, iterations))
             encoded.append(_submit_encoded_seconds(device, commands, iterations))
             if count == counts[1]:
                 phases = _ortgpu_phases(device, commands, iterations)
@@ -219,7 +219,7 @@ def measure_wait_latency(device: BackendDevice, dispatch_counts: Sequence[int] =
             lists = {count: record(count) for count in dispatch_counts}
             for index in range(iterations + 10):
                 for mode, setting in (("spinning", spin), ("blocking", 0.0)):
-                    setattr(device, "spin_wait_us", setting)
+                    device.spin_wait_us = setting
                     for count, commands in lists.items():
                         start = time.perf_counter()
                         device.submit(commands)
@@ -227,7 +227,7 @@ def measure_wait_latency(device: BackendDevice, dispatch_counts: Sequence[int] =
                         if index >= 10:  # warm-up
                             samples[mode][count].append(time.perf_counter() - start)
     finally:
-        setattr(device, "spin_wait_us", spin)
+        device.spin_wait_us = spin
     return {"spin_wait_us": spin, "iterations": iterations,
             **{f"{mode}_us": {f"{n} dispatches": statistics.median(values) * 1e6 for n, values in per.items()}
                for mode, per in samples.items()}}

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ortgpu.ops._tiling import grid_for_groups, workgroup_index
 from ortgpu.ops import DeviceCaps
+from ortgpu.ops._tiling import grid_for_groups, workgroup_index
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry, KernelTwin
 

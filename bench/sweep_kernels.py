@@ -36,10 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from ortgpu.ops import DeviceCaps, OpPlan, TensorInfo, get_operator
-from ortgpu.ops import _gemm
+from ortgpu.ops import DeviceCaps, OpPlan, TensorInfo, _gemm, _gemv, get_operator
 from ortgpu.ops._gemm import LEGACY, GemmConfig, choose_gemm_config, config_fits, gemm_workgroups
-from ortgpu.ops import _gemv
 from ortgpu.ops._gemv import (
     GemvConfig,
     choose_gemv_config,
@@ -51,9 +49,9 @@ from ortgpu.ops._gemv import (
 )
 from ortgpu.ops._runner import padded_size
 from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
 from .probes import Owned, bandwidth_probes, dispatch_floor_probe
-from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
 
 @dataclass(frozen=True)

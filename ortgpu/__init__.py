@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ortgpu_core import (
     CPU,
+    ArgumentTypeError,
     CaptureStateError,
     Device,
     DeviceAllocator,
@@ -20,7 +21,6 @@ from ortgpu_core import (
     DeviceLostError,
     DtypeError,
     Env,
-    ArgumentTypeError,
     InvalidArgumentError,
     InvalidModelError,
     ModelError,

@@ -20,7 +20,15 @@ from typing import Any, Protocol, Union
 
 import numpy as np
 
-from ortgpu_core import CPU, ArgumentTypeError, CaptureStateError, InvalidArgumentError, OrtValue, SessionAllocator, WebGPU
+from ortgpu_core import (
+    CPU,
+    ArgumentTypeError,
+    CaptureStateError,
+    InvalidArgumentError,
+    OrtValue,
+    SessionAllocator,
+    WebGPU,
+)
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
 from ortgpu_core._graph import CapturedGraph, GraphLabel, PinSet
 from ortgpu_core._owner import GraphOwner

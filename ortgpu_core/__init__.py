@@ -5,12 +5,12 @@ package never imports :mod:`ortgpu`; the backends never import the object
 model.
 """
 
+from ._allocator import DeviceAllocator, SessionAllocator, SharedAllocator
+from ._env import Device, Env, get_env
 from ._errors import *  # noqa: F401,F403
 from ._errors import __all__ as _error_names
-from ._env import Device, Env, get_env
-from ._value import CPU, DeviceBuffer, OrtValue, Provenance, WebGPU
-from ._allocator import DeviceAllocator, SessionAllocator, SharedAllocator
 from ._transfer import transfer, transfer_route
+from ._value import CPU, DeviceBuffer, OrtValue, Provenance, WebGPU
 
 __all__ = [
     *_error_names,

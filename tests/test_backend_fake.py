@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ortgpu_core._errors import DeviceLostError, InvalidArgumentError, OutOfMemoryError, ReleasedValueError, ValidationError
+from ortgpu_core._errors import (
+    DeviceLostError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    ReleasedValueError,
+    ValidationError,
+)
 from ortgpu_core.backends.fake import (
     DEFAULT_FAKE_LIMITS,
     FAKE_DEVICE_ID,

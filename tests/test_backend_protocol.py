@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pytest
 
-from ortgpu_core._errors import DeviceLostError, ReleasedValueError, ValidationError
+from ortgpu_core._errors import ReleasedValueError, ValidationError
 from ortgpu_core.backends.protocol import (
     AdapterInfo,
     Backend,

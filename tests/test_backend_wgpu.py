@@ -12,7 +12,13 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from ortgpu_core._errors import DeviceLostError, InvalidArgumentError, OutOfMemoryError, ReleasedValueError, ValidationError
+from ortgpu_core._errors import (
+    DeviceLostError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    ReleasedValueError,
+    ValidationError,
+)
 from ortgpu_core.backends import _cdef
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import AdapterInfo, Backend, BackendDevice, BindingEntry

@@ -16,18 +16,17 @@ import time
 import weakref
 from typing import Any, Callable, Iterator
 
+import models
 import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from conftest import owned_handles
 from onnx import TensorProto, helper, numpy_helper
 
-import models
-import ortgpu
-from conftest import owned_handles
 from ortgpu import (
-    CaptureStateError,
     CapturedGraph,
+    CaptureStateError,
     DtypeError,
     Env,
     FrozenIOBinding,
@@ -605,7 +604,7 @@ def test_dropped_values_live_until_the_graph_is_released(session: InferenceSessi
     assert x_buffer() is None and y_buffer() is None, "a released graph must not keep its buffers alive"
     assert owned_handles(env) == baseline
     with raises(CaptureStateError, "was released"):
-        graph.binding
+        _ = graph.binding
     assert graph.release() is None  # idempotent; the binding is gone
 
 

@@ -18,24 +18,23 @@ A plain-Python model predicts every step.  Invariants:
 
 from __future__ import annotations
 
-import os
-
 import gc
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import models
 import numpy as np
 import pytest
+from conftest import owned_handles, shared_env
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from onnx import numpy_helper
 
-import models
-from conftest import owned_handles, shared_env
 from ortgpu import (
-    CaptureStateError,
     CapturedGraph,
+    CaptureStateError,
     FrozenIOBinding,
     InferenceSession,
     InvalidArgumentError,

@@ -41,10 +41,11 @@ import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
+from test_capture_state_machine import CaptureMachine, GraphModel, assert_close, device_buffer, reference
 
 from ortgpu import (
-    CaptureStateError,
     CapturedGraph,
+    CaptureStateError,
     IOBinding,
     OrtValue,
     Provenance,
@@ -52,7 +53,6 @@ from ortgpu import (
     RunOptions,
     UnsafeAccessError,
 )
-from test_capture_state_machine import CaptureMachine, GraphModel, assert_close, device_buffer, reference
 
 COPIES: dict[str, Callable[[object, int], object]] = {
     "copy.copy": lambda obj, protocol: copy.copy(obj),

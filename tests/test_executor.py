@@ -6,13 +6,13 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import models
 import numpy as np
 import onnx
 import pytest
+from helpers import run_model
 from onnx import TensorProto, helper
 
-import models
-from helpers import run_model
 from ortgpu._executor import DeviceProgram, PipelineCache, WeightStore, device_caps, padded_bytes
 from ortgpu._model import load_model
 from ortgpu._planner import plan_model

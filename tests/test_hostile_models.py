@@ -10,12 +10,12 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+import models
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import models
 import ortgpu
 import ortgpu_core
 from ortgpu._model import load_model

@@ -13,10 +13,10 @@ import gc
 import weakref
 from typing import Any
 
+import models
 import numpy as np
 import pytest
 
-import models
 import ortgpu
 from ortgpu import _device_caches
 from ortgpu._executor import PipelineCache

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import models
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import models
 from ortgpu._model import load_model
 from ortgpu._planner import plan_model
 from ortgpu.ops import DeviceCaps
@@ -264,6 +264,7 @@ def _widening_model() -> onnx.ModelProto:
 
 def test_dims_too_big_for_the_device_fail_before_allocation() -> None:
     from helpers import run_model
+
     from ortgpu_core.backends.fake import FakeBackend
 
     model = load_model(_widening_model())

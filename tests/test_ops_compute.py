@@ -7,11 +7,9 @@ Device pipelines are slow to create on lavapipe, so each device case is chosen t
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-import onnx
 import onnxruntime
 import pytest
 from onnx import TensorProto, helper
@@ -409,9 +407,9 @@ def test_gemv_variants_match_onnxruntime(device: Any, variant: int, op: str, sha
                                          attrs: dict[str, Any], own: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every GEMV variant (forced through GEMV_OVERRIDE) computes what onnxruntime computes; without subgroups
     on the device the subgroup variants fall back to the workgroup-memory reduction."""
-    from ortgpu.ops import _gemv
-
     import dataclasses
+
+    from ortgpu.ops import _gemv
 
     config = _gemv_variants()[variant]
     layout = "nk" if attrs.get("transB") else "kn"

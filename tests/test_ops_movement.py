@@ -15,11 +15,6 @@ from typing import Iterator
 import numpy as np
 import onnx
 import pytest
-
-from ortgpu.ops import DeviceCaps, NotOnDevice, TensorInfo, get_operator
-from ortgpu.ops._runner import run_plan
-from ortgpu_core._errors import UnsupportedOpError
-from ortgpu_core.backends.protocol import BackendDevice
 from test_ops_elementwise import (
     Case,
     bools,
@@ -32,6 +27,11 @@ from test_ops_elementwise import (
     ints,
     open_device,
 )
+
+from ortgpu.ops import DeviceCaps, NotOnDevice, TensorInfo, get_operator
+from ortgpu.ops._runner import run_plan
+from ortgpu_core._errors import UnsupportedOpError
+from ortgpu_core.backends.protocol import BackendDevice
 
 I64 = np.int64
 

@@ -6,12 +6,12 @@ BatchNormalization included; both ways match onnxruntime.
 
 from __future__ import annotations
 
+import models
 import numpy as np
 import onnx
 import onnxruntime
 import pytest
 
-import models
 import ortgpu
 from ortgpu._model import load_model
 from ortgpu._planner import plan_model

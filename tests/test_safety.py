@@ -23,12 +23,13 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
+import models
 import numpy as np
 import pytest
-
-import models
 from conftest import owned_handles
+
 from ortgpu import (
+    CapturedGraph,
     CaptureStateError,
     Env,
     FrozenIOBinding,
@@ -361,7 +362,7 @@ def test_replay_racing_release_raises_only_capture_state_error(session: Inferenc
         binding, x, y = bound(session)
         graph = session.capture(binding, graph_id=0)
 
-        def replays(stop: threading.Event) -> None:
+        def replays(stop: threading.Event, graph: CapturedGraph = graph) -> None:
             while True:
                 try:
                     graph.replay()

@@ -26,10 +26,9 @@ import os
 import statistics
 from typing import Callable
 
-import numpy as np
-import pytest
-
 import models
+import numpy as np
+
 import ortgpu
 from ortgpu_core.backends.fake import FakeBackend
 from ortgpu_core.backends.wgpu_native import WgpuBackend

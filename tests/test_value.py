@@ -98,7 +98,7 @@ def test_device_value_refuses_raw_access(env: core.Env) -> None:
     with pytest.raises(core.UnsafeAccessError, match=r"to_numpy\(\)"):
         np.asarray(value)
     with pytest.raises(core.UnsafeAccessError, match=r"to_numpy\(\)"):
-        getattr(value, "__dlpack__")
+        _ = value.__dlpack__
     with pytest.raises(core.UnsafeAccessError):
         np.from_dlpack(value)
     with pytest.raises(core.UnsafeAccessError, match="update_inplace"):

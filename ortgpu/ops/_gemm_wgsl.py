@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from ._gemm import GemmConfig
-from ._kernel import Binding, DeviceCaps
+from ._kernel import Binding, DeviceCaps, ceil_div
 from ._tiling import THREADS, BindingTable, grid_for_groups, workgroup_index
 
 __all__ = [
@@ -120,12 +120,12 @@ def loader_functions(problem: GemmProblem, mode_a: str, mode_b: str, table: Bind
     chosen: list[tuple[str, str, GemmLoad]] = []
     a = {"k4": ("load_a4k", problem.load_a4k), "m4": ("load_a4m", problem.load_a4m), "scalar": ("load_a", problem.load_a)}[mode_a]
     b = {"n4": ("load_b4n", problem.load_b4n), "k4": ("load_b4k", problem.load_b4k), "scalar": ("load_b", problem.load_b)}[mode_b]
-    for (name, load), signature, result in ((a, "b: u32, m: u32, k: u32", "a"), (b, "b: u32, k: u32, n: u32", "b")):
+    for (name, load), signature in ((a, "b: u32, m: u32, k: u32"), (b, "b: u32, k: u32, n: u32")):
         assert load is not None
         returns = "f32" if name in ("load_a", "load_b") else "vec4<f32>"
         chosen.append((name, f"fn {name}({signature}) -> {returns}", load))
     text = []
-    for name, header, load in chosen:
+    for _name, header, load in chosen:
         for binding, element in load.bindings:
             table.add(binding, element)
         text.append(f"{header} {{\n{load.body}\n}}\n")
@@ -228,7 +228,7 @@ def _fetch_store(config: GemmConfig, mode_a: str, mode_b: str) -> tuple[list[str
 def k_slices(config: GemmConfig, k: int) -> tuple[int, int]:
     """(slices, K per slice): slices are whole multiples of ``tile_k``; none is empty."""
     tk = config.tile_k
-    per_slice = max(tk, -(-(-(-k // config.split_k)) // tk) * tk)
+    per_slice = max(tk, ceil_div(ceil_div(k, config.split_k), tk) * tk)
     return max(1, -(-k // per_slice)), per_slice
 
 

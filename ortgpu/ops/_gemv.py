@@ -47,7 +47,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ._epilogue import EpilogueStep, epilogue_function
-from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget
+from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, ceil_div, check_loop_budget
 from ._tiled_gemm import _bound_inputs, split_k_plan  # shared with the tiled GEMM's split-K (same semantics)
 from ._tiling import BindingTable, check_device_fits, grid_for_groups, whole_op_twin, workgroup_index
 
@@ -202,7 +202,7 @@ def choose_gemv_config(layout: str, n: int, k: int, caps: DeviceCaps) -> GemvCon
 def gemv_workgroups(config: GemvConfig, layout: str, n: int, k: int) -> int:
     """Workgroups the (first) kernel launches."""
     if layout == "kn":
-        groups = -(-(-(-n // 4)) // (config.threads_x * config.vectors))
+        groups = ceil_div(ceil_div(n, 4), config.threads_x * config.vectors)
     else:
         groups = -(-n // config.threads_x)
     return groups * (_slicing(config, layout, k)[0] if config.split_k > 1 else 1)
@@ -219,7 +219,7 @@ def _slicing(config: GemvConfig, layout: str, k: int) -> tuple[int, int]:
     """(slices, units per slice) of split-K: slices are whole multiples of ``threads_k`` units; none is empty."""
     units, _ = _units(layout, k)
     align = config.threads_k
-    per_slice = max(align, -(-(-(-units // config.split_k)) // align) * align)
+    per_slice = max(align, ceil_div(ceil_div(units, config.split_k), align) * align)
     return max(1, -(-units // per_slice)), per_slice
 
 

@@ -93,6 +93,11 @@ class DeviceCaps:
 LLVMPIPE_LOOP_BUDGET = 65535
 
 
+def ceil_div(numerator: int, denominator: int) -> int:
+    """``ceil(numerator / denominator)`` for positive ``denominator``, in exact integer arithmetic."""
+    return -(-numerator // denominator)
+
+
 def loop_budget_for(adapter_name: str) -> int | None:
     """:attr:`DeviceCaps.loop_budget` of an adapter, from its name (llvmpipe/lavapipe: 65535; others: None)."""
     return LLVMPIPE_LOOP_BUDGET if "llvmpipe" in adapter_name.lower() else None

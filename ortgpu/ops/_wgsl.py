@@ -490,7 +490,7 @@ def _store_statements(out_dtype: np.dtype[Any], count: int, value_fn: str, pair:
             raise NotOnDevice(f"a WebGPU elementwise kernel cannot write {name}")
         return f"  dst[w] = bitcast<u32>({value_fn}(w));\n"
     # Narrow outputs: this invocation owns word w, i.e. elements w*per .. w*per+per-1.
-    lines = [f"  var word = 0u;\n"]
+    lines = ["  var word = 0u;\n"]
     for e in range(per):
         j = f"(w * {per}u + {e}u)"
         if name == "float16":

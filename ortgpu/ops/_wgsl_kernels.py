@@ -95,7 +95,7 @@ def elementwise_kernel(
     check_binding_count(name, len(operands) + 1, caps)
     check_binding_sizes(name, [op.info for op in operands] + [output], caps)
     parts: list[str] = []
-    for slot, operand in enumerate(operands):
+    for slot in range(len(operands)):
         parts.append(storage_declaration(slot, f"in{slot}", writable=False))
     parts.append(storage_declaration(len(operands), "dst", writable=True))
     lets = []

@@ -19,6 +19,16 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
+from ._tiling import (
+    BindingTable,
+    require_float32,
+    row_kernel_header,
+    row_kernel_prologue,
+    row_layout,
+    single_kernel_plan,
+    wgsl_f32,
+    whole_op_twin,
+)
 from ._wgsl import (
     INT64_WGSL,
     LINEAR_INVOCATION,
@@ -29,16 +39,6 @@ from ._wgsl import (
     storage_declaration,
     store_statements,
     workgroup_size_for,
-)
-from ._tiling import (
-    BindingTable,
-    require_float32,
-    row_kernel_header,
-    row_kernel_prologue,
-    row_layout,
-    single_kernel_plan,
-    wgsl_f32,
-    whole_op_twin,
 )
 
 __all__ = ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "plan_row_reduction", "plan_serial_reduction"]

@@ -1,10 +1,10 @@
 """Types of ortgpu_core._allocator (hand-written; checked by stubtest)."""
 
-from typing_extensions import Never, disjoint_base
 from types import TracebackType
-from typing import SupportsIndex, Any, Literal, final
+from typing import Any, Literal, SupportsIndex, final
 
 import numpy.typing as npt
+from typing_extensions import Never, disjoint_base
 
 from ._env import Device, Env
 from ._value import DeviceBuffer, OrtValue, Provenance, WebGPU

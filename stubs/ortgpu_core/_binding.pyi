@@ -4,14 +4,13 @@ Typestate: :class:`IOBinding` has the bind/clear methods; :class:`FrozenIOBindin
 has none, so binding into a frozen snapshot is a type error.
 """
 
-from typing_extensions import Never, disjoint_base
-from typing import SupportsIndex, Any, final
+from typing import Any, SupportsIndex, final
 
 import numpy.typing as npt
+from typing_extensions import Never, disjoint_base
 
 from ._owner import BindingOwner
 from ._value import CPU, DeviceBuffer, OrtValue, WebGPU
-
 
 @disjoint_base
 class _BindingView:

@@ -1,8 +1,9 @@
 """Types of ortgpu_core._env (hand-written; checked by stubtest)."""
 
-from typing_extensions import Never, disjoint_base
 from types import TracebackType
-from typing import SupportsIndex, Literal, final
+from typing import Literal, SupportsIndex, final
+
+from typing_extensions import Never
 
 from ._allocator import SharedAllocator
 from .backends.protocol import Backend, BackendDevice, DeviceLimits

@@ -1,10 +1,10 @@
 """Types of ortgpu_core._graph (hand-written; checked by stubtest)."""
 
-from typing_extensions import Never, disjoint_base
 from types import TracebackType
-from typing import SupportsIndex, Any, Callable, final
+from typing import Any, SupportsIndex, final
 
 import numpy.typing as npt
+from typing_extensions import Never
 
 from ._binding import FrozenIOBinding, IOBinding
 from ._owner import GraphOwner

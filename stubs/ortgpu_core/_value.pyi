@@ -5,12 +5,12 @@ are ``OrtValue[WebGPU]``, CPU values ``OrtValue[CPU]``, so ``numpy()`` or
 ``__dlpack__`` on a device value is a type error, not only a runtime one.
 """
 
-from typing_extensions import Never, disjoint_base
 import types
-from typing import SupportsIndex, Any, Callable, Generic, Literal, TypeVar, final, overload
+from typing import Any, Callable, Generic, Literal, SupportsIndex, TypeVar, final, overload
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Never
 
 from ._env import Device
 
