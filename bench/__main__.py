@@ -53,7 +53,10 @@ MODEL_FORMS = (
     "mlp16 | resnet | bert | matmul-M-K (8 x MatMul [M,K]x[K,K]; M is the batch) | "
     "conv-C-S (8 x Conv3x3+bias+Relu, C->C channels, input [batch,C,S,S]) | path to an .onnx file"
 )
-_SIZED = {"matmul": re.compile(r"matmul-([1-9][0-9]*)-([1-9][0-9]*)"), "conv": re.compile(r"conv-([1-9][0-9]*)-([1-9][0-9]*)")}
+_SIZED = {
+    "matmul": re.compile(r"matmul-([1-9][0-9]*)-([1-9][0-9]*)"),
+    "conv": re.compile(r"conv-([1-9][0-9]*)-([1-9][0-9]*)"),
+}
 
 
 def _sized_model(name: str) -> tuple[str, int, int] | None:
@@ -110,7 +113,9 @@ def _progress(label: str, total: int) -> Any:
 
     def report(index: int) -> None:
         if (index + 1) % step == 0 or index + 1 == total:
-            print(f"\r  {label}: {index + 1}/{total}", end="" if index + 1 < total else "\n", file=sys.stderr, flush=True)
+            print(
+                f"\r  {label}: {index + 1}/{total}", end="" if index + 1 < total else "\n", file=sys.stderr, flush=True
+            )
 
     return report
 
@@ -136,7 +141,9 @@ def _check_equal(name: str, a: list[npt.NDArray[Any]], b: list[npt.NDArray[Any]]
         raise SystemExit(f"{name}: {len(a)} outputs against {len(b)}; no timings reported")
     for x, y in zip(a, b):
         denominator = max(float(np.linalg.norm(y.astype(np.float64))), 1e-30)
-        worst = float(np.maximum(worst, float(np.linalg.norm(x.astype(np.float64) - y.astype(np.float64))) / denominator))
+        worst = float(
+            np.maximum(worst, float(np.linalg.norm(x.astype(np.float64) - y.astype(np.float64))) / denominator)
+        )
     if not worst <= tolerance:  # NaN too (max() would drop it, and NaN > tolerance is False)
         raise SystemExit(f"{name}: outputs differ (relative error {worst:.3e} > {tolerance}); no timings reported")
     return worst
@@ -146,18 +153,33 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", default="mlp16", help=MODEL_FORMS)
     parser.add_argument("--batch", type=int, default=1, help="batch size (matmul-M-K: M is the batch; leave this at 1)")
-    parser.add_argument("--capture", choices=("on", "off", "both"), default="both",
-                        help="time the captured replay, the uncaptured run, or both (default)")
-    parser.add_argument("--vs", choices=("onnxruntime",), default=None,
-                        help="also time onnxruntime in this process (its WebGPU plugin EP if installed, else CPU)")
+    parser.add_argument(
+        "--capture",
+        choices=("on", "off", "both"),
+        default="both",
+        help="time the captured replay, the uncaptured run, or both (default)",
+    )
+    parser.add_argument(
+        "--vs",
+        choices=("onnxruntime",),
+        default=None,
+        help="also time onnxruntime in this process (its WebGPU plugin EP if installed, else CPU)",
+    )
     parser.add_argument("--iterations", type=int, default=200, help="timed iterations per arm and boundary")
     parser.add_argument("--warmup", type=int, default=20, help="untimed iterations before each timed loop")
     parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu", help="device backend (default wgpu)")
-    parser.add_argument("--json", dest="json_path", default=None,
-                        help="write raw timings, p50/p90/p99, adapter, versions and the command line here")
+    parser.add_argument(
+        "--json",
+        dest="json_path",
+        default=None,
+        help="write raw timings, p50/p90/p99, adapter, versions and the command line here",
+    )
     parser.add_argument("--plot", default=None, help="PNG of the latency distributions (needs matplotlib)")
-    parser.add_argument("--overhead", action="store_true",
-                        help="also measure the host cost per replayed dispatch (vs wgpu-py) and spinning vs blocking waits")
+    parser.add_argument(
+        "--overhead",
+        action="store_true",
+        help="also measure the host cost per replayed dispatch (vs wgpu-py) and spinning vs blocking waits",
+    )
     parser.add_argument("--overhead-only", action="store_true", help="run only the host-overhead micro-benchmark")
     args = parser.parse_args(argv)
     if not args.overhead_only:
@@ -177,11 +199,19 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
     """Everything ``main`` does with its Env (which it closes on every way out)."""
     device = env.default_device
     adapter = {
-        "name": device.name, "vendor_id": hex(device.vendor_id), "device_id": hex(device.device_id),
-        "backend": device.backend_type, "adapter_type": device.adapter_type, "driver": device.driver,
+        "name": device.name,
+        "vendor_id": hex(device.vendor_id),
+        "device_id": hex(device.device_id),
+        "backend": device.backend_type,
+        "adapter_type": device.adapter_type,
+        "driver": device.driver,
     }
-    report: dict[str, Any] = {"command": shlex.join(["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]),
-                              "adapter": adapter, "versions": _versions(), "boundaries": BOUNDARIES}
+    report: dict[str, Any] = {
+        "command": shlex.join(["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]),
+        "adapter": adapter,
+        "versions": _versions(),
+        "boundaries": BOUNDARIES,
+    }
     print(f"adapter: {device.name} ({device.backend_type}, {device.adapter_type}), driver {device.driver}")
     for boundary, text in BOUNDARIES.items():
         print(f"boundary {boundary}: {text}")
@@ -200,12 +230,22 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         try:
             reference = arms.uncaptured_end_to_end()
             if args.capture in ("off", "both"):
-                for boundary, step in (("end_to_end", arms.uncaptured_end_to_end), ("run_only", arms.uncaptured_run_only)):
-                    seconds = time_loop(step, args.warmup, args.iterations, _progress(f"ortgpu capture off {boundary}", args.iterations))
+                for boundary, step in (
+                    ("end_to_end", arms.uncaptured_end_to_end),
+                    ("run_only", arms.uncaptured_run_only),
+                ):
+                    seconds = time_loop(
+                        step, args.warmup, args.iterations, _progress(f"ortgpu capture off {boundary}", args.iterations)
+                    )
                     results.append(ArmResult("ortgpu capture off", boundary, seconds))
                 report.setdefault("breakdown_ms", {})["capture off"] = arms.breakdown(False, min(args.iterations, 100))
                 # The plain numpy API too: run(None, feeds) with host arrays in and out.
-                seconds = time_loop(lambda: arms.session.run(None, feeds), args.warmup, args.iterations, _progress("ortgpu run() numpy in/out", args.iterations))
+                seconds = time_loop(
+                    lambda: arms.session.run(None, feeds),
+                    args.warmup,
+                    args.iterations,
+                    _progress("ortgpu run() numpy in/out", args.iterations),
+                )
                 results.append(ArmResult("ortgpu run() numpy in/out", "end_to_end", seconds))
             if args.capture in ("on", "both"):
                 graph = arms.capture()
@@ -213,22 +253,32 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                 replayed = arms.captured_end_to_end()
                 report["capture_vs_uncaptured_rel_error"] = _check_equal("capture on vs off", replayed, reference, 1e-6)
                 for boundary, step in (("end_to_end", arms.captured_end_to_end), ("run_only", arms.captured_run_only)):
-                    seconds = time_loop(step, args.warmup, args.iterations, _progress(f"ortgpu capture on {boundary}", args.iterations))
+                    seconds = time_loop(
+                        step, args.warmup, args.iterations, _progress(f"ortgpu capture on {boundary}", args.iterations)
+                    )
                     results.append(ArmResult("ortgpu capture on", boundary, seconds))
                 report.setdefault("breakdown_ms", {})["capture on"] = arms.breakdown(True, min(args.iterations, 100))
                 # the same step with graph.replay_and_read(): one submission for the replay and the output copies
                 _check_equal("replay_and_read vs replay + to_numpy", arms.captured_read_end_to_end(), reference, 1e-6)
-                seconds = time_loop(arms.captured_read_end_to_end, args.warmup, args.iterations,
-                                    _progress("ortgpu capture on, replay_and_read end_to_end", args.iterations))
+                seconds = time_loop(
+                    arms.captured_read_end_to_end,
+                    args.warmup,
+                    args.iterations,
+                    _progress("ortgpu capture on, replay_and_read end_to_end", args.iterations),
+                )
                 results.append(ArmResult(READ_ARM, "end_to_end", seconds))
                 backend_device = arms.device._native_device()
                 if getattr(backend_device, "encode_ahead", False):  # a wgpu device encoding ahead: time it without
-                    backend_device.encode_ahead = False
+                    setattr(backend_device, "encode_ahead", False)  # noqa: B010 - a wgpu-only knob
                     try:
-                        seconds = time_loop(arms.captured_end_to_end, args.warmup, args.iterations,
-                                            _progress(f"{NO_AHEAD_ARM} end_to_end", args.iterations))
+                        seconds = time_loop(
+                            arms.captured_end_to_end,
+                            args.warmup,
+                            args.iterations,
+                            _progress(f"{NO_AHEAD_ARM} end_to_end", args.iterations),
+                        )
                     finally:
-                        backend_device.encode_ahead = True
+                        setattr(backend_device, "encode_ahead", True)  # noqa: B010 - a wgpu-only knob
                     results.append(ArmResult(NO_AHEAD_ARM, "end_to_end", seconds))
         finally:
             arms.close()
@@ -245,15 +295,22 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                     report.setdefault("peer_errors", {})[f"capture {'on' if capture else 'off'}"] = str(error)
                     continue
                 label = f"onnxruntime {peer.provider} capture {'on' if capture else 'off'}"
-                report.setdefault("peer", {})[label] = {"provider": peer.provider, "io_placement": peer.io_placement,
-                                                        "run_only_waits_for_device": peer.run_only_waits_for_device}
+                report.setdefault("peer", {})[label] = {
+                    "provider": peer.provider,
+                    "io_placement": peer.io_placement,
+                    "run_only_waits_for_device": peer.run_only_waits_for_device,
+                }
                 if not peer.run_only_waits_for_device:
-                    print(f"note: {label} run_only does not wait for its GPU work (onnxruntime has no wait for this "
-                          f"EP; synchronize_outputs() returns early): it times the host call; compare end_to_end")
+                    print(
+                        f"note: {label} run_only does not wait for its GPU work (onnxruntime has no wait for this "
+                        f"EP; synchronize_outputs() returns early): it times the host call; compare end_to_end"
+                    )
                 outputs = peer.end_to_end()
                 report.setdefault("peer_vs_ortgpu_rel_error", {})[label] = _check_equal(label, outputs, reference, 1e-3)
                 for boundary, step in (("end_to_end", peer.end_to_end), ("run_only", peer.run_only)):
-                    seconds = time_loop(step, args.warmup, args.iterations, _progress(f"{label} {boundary}", args.iterations))
+                    seconds = time_loop(
+                        step, args.warmup, args.iterations, _progress(f"{label} {boundary}", args.iterations)
+                    )
                     results.append(ArmResult(label, boundary, seconds))
 
         print(f"\nmodel {args.model}, batch {batch}, {args.iterations} iterations after {args.warmup} warm-up")
@@ -262,7 +319,9 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         for result in results:
             s = result.summary()
             rate = f" {result.tflops_p50(flops):11.4g}" if flops > 0 else ""
-            print(f"{result.name:58s} {result.boundary:11s} {s['p50_ms']:9.3f} {s['p90_ms']:9.3f} {s['p99_ms']:9.3f}{rate}")
+            print(
+                f"{result.name:58s} {result.boundary:11s} {s['p50_ms']:9.3f} {s['p90_ms']:9.3f} {s['p99_ms']:9.3f}{rate}"
+            )
         p50 = {(r.name, r.boundary): median_ms(r.seconds) for r in results}
         ratios = {}
         for boundary in BOUNDARIES:
@@ -283,7 +342,10 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         for text, value in ratios.items():
             print(f"ratio {text}: {value:.2f}x")
         for arm, parts in report.get("breakdown_ms", {}).items():
-            print(f"end_to_end breakdown, ortgpu {arm} (median ms): " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()))
+            print(
+                f"end_to_end breakdown, ortgpu {arm} (median ms): "
+                + ", ".join(f"{k} {v:.3f}" for k, v in parts.items())
+            )
         report["results"] = summarize(results, flops_per_run=flops)
         report["ratios"] = ratios
 
@@ -301,14 +363,20 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         if phases:
             print("  of which per dispatch: " + ", ".join(f"{name} {value:.3f} us" for name, value in phases.items()))
         if "ortgpu_encoded_ahead_submit_us_per_dispatch" in overhead:
-            print(f"  submitting a command buffer encoded ahead (a replay's critical path with encode_ahead): "
-                  f"{overhead['ortgpu_encoded_ahead_submit_us_per_dispatch']:.3f} us per dispatch")
+            print(
+                f"  submitting a command buffer encoded ahead (a replay's critical path with encode_ahead): "
+                f"{overhead['ortgpu_encoded_ahead_submit_us_per_dispatch']:.3f} us per dispatch"
+            )
         waits = measure_wait_latency(device._native_device())
         if waits is not None:
             report["wait_latency"] = waits
-            print(f"submit + wait_idle, median us (waits spin for up to {waits['spin_wait_us']:.0f} us, or block): " + "; ".join(
-                f"{count}: spinning {waits['spinning_us'][count]:.1f}, blocking {waits['blocking_us'][count]:.1f}"
-                for count in waits["spinning_us"]))
+            print(
+                f"submit + wait_idle, median us (waits spin for up to {waits['spin_wait_us']:.0f} us, or block): "
+                + "; ".join(
+                    f"{count}: spinning {waits['spinning_us'][count]:.1f}, blocking {waits['blocking_us'][count]:.1f}"
+                    for count in waits["spinning_us"]
+                )
+            )
 
     if args.json_path:
         with open(args.json_path, "w") as handle:
@@ -332,7 +400,9 @@ def _plot(results: list[ArmResult], path: str) -> None:
     for axis, boundary in zip(axes, BOUNDARIES):
         chosen = [r for r in results if r.boundary == boundary]
         axis.boxplot([np.asarray(r.seconds) * 1e3 for r in chosen], showfliers=False)
-        axis.set_xticks(range(1, len(chosen) + 1), [r.name.replace(" capture", "\ncapture") for r in chosen], fontsize=7)
+        axis.set_xticks(
+            range(1, len(chosen) + 1), [r.name.replace(" capture", "\ncapture") for r in chosen], fontsize=7
+        )
         axis.set_title(boundary)
         axis.set_ylabel("ms")
     figure.tight_layout()

@@ -154,10 +154,33 @@ def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None
 
 
 # Operators evaluated on constant inputs when every input and output is small: the arithmetic of shape computations.
-_FOLDABLE = frozenset({
-    "Constant", "Shape", "Size", "Gather", "Concat", "Slice", "Unsqueeze", "Squeeze", "Cast", "Add", "Sub", "Mul",
-    "Div", "Reshape", "Range", "Equal", "Where", "ConstantOfShape", "ReduceProd", "Identity", "Max", "Min", "Neg",
-})
+_FOLDABLE = frozenset(
+    {
+        "Constant",
+        "Shape",
+        "Size",
+        "Gather",
+        "Concat",
+        "Slice",
+        "Unsqueeze",
+        "Squeeze",
+        "Cast",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Reshape",
+        "Range",
+        "Equal",
+        "Where",
+        "ConstantOfShape",
+        "ReduceProd",
+        "Identity",
+        "Max",
+        "Min",
+        "Neg",
+    }
+)
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:

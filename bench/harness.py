@@ -37,7 +37,11 @@ class ArmResult:
         return float(np.percentile(np.asarray(self.seconds), q)) if self.seconds else float("nan")
 
     def summary(self) -> dict[str, float]:
-        return {"p50_ms": self.percentile(50) * 1e3, "p90_ms": self.percentile(90) * 1e3, "p99_ms": self.percentile(99) * 1e3}
+        return {
+            "p50_ms": self.percentile(50) * 1e3,
+            "p90_ms": self.percentile(90) * 1e3,
+            "p99_ms": self.percentile(99) * 1e3,
+        }
 
     def tflops_p50(self, flops_per_run: float) -> float:
         """Achieved TFLOP/s at the median time: ``flops_per_run`` / p50 seconds / 1e12 (nan without timings)."""
@@ -57,7 +61,9 @@ def summarize(results: list[ArmResult], flops_per_run: float | None = None) -> d
     return summary
 
 
-def time_loop(step: Callable[[], object], warmup: int, iterations: int, progress: Callable[[int], None] | None = None) -> list[float]:
+def time_loop(
+    step: Callable[[], object], warmup: int, iterations: int, progress: Callable[[int], None] | None = None
+) -> list[float]:
     """Call ``step`` ``warmup`` times untimed, then ``iterations`` times, each timed with perf_counter."""
     for _ in range(warmup):
         step()

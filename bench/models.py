@@ -18,7 +18,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = [
-    "mlp", "resnet", "depthwise_separable", "transformer_encoder", "matmul_chain", "conv_chain", "random_feeds",
+    "mlp",
+    "resnet",
+    "depthwise_separable",
+    "transformer_encoder",
+    "matmul_chain",
+    "conv_chain",
+    "random_feeds",
 ]
 
 
@@ -105,7 +111,13 @@ def _conv_bn(b: _Builder, x: str, c_in: int, c_out: int, kernel: int, stride: in
 
 
 def resnet(
-    batch: int = 1, channels: int = 16, size: int = 32, blocks: int = 2, classes: int = 10, *, seed: int = 0,
+    batch: int = 1,
+    channels: int = 16,
+    size: int = 32,
+    blocks: int = 2,
+    classes: int = 10,
+    *,
+    seed: int = 0,
     opset: int = 17,
 ) -> onnx.ModelProto:
     """Stem Conv3x3+BN+Relu, ``blocks`` residual blocks (the second and later stages downsample), pool, Gemm."""
@@ -141,12 +153,22 @@ def depthwise_separable(
     y = b.one("Clip", [y, low, high])
     y = b.one("Relu", [_conv_bn(b, y, channels, out_channels, 1, 1)])
     _rename_output(b, y, "Y")
-    return b.model_xy("depthwise_separable", ["batch", channels, size, size], ["batch", out_channels, size, size], opset)
+    return b.model_xy(
+        "depthwise_separable", ["batch", channels, size, size], ["batch", out_channels, size, size], opset
+    )
 
 
 def transformer_encoder(
-    batch: int = 1, seq: int = 16, vocab: int = 100, d_model: int = 64, heads: int = 4, ffn: int = 128, *,
-    layers: int = 1, seed: int = 0, opset: int = 17,
+    batch: int = 1,
+    seq: int = 16,
+    vocab: int = 100,
+    d_model: int = 64,
+    heads: int = 4,
+    ffn: int = 128,
+    *,
+    layers: int = 1,
+    seed: int = 0,
+    opset: int = 17,
 ) -> onnx.ModelProto:
     """ids ``[batch, seq]`` (int64) -> embedding + positions -> ``layers`` x (LN -> MHA -> residual -> LN -> FFN ->
     residual) -> LN.
@@ -243,7 +265,9 @@ def conv_chain(channels: int, size: int, layers: int = 8, *, seed: int = 0, opse
     return b.model_xy("conv_chain", ["batch", channels, size, size], ["batch", channels, size, size], opset)
 
 
-def random_feeds(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], *, seed: int | None = 1, high: int = 10) -> dict[str, np.ndarray]:
+def random_feeds(
+    model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], *, seed: int | None = 1, high: int = 10
+) -> dict[str, np.ndarray]:
     """Random inputs for ``model`` (floats ~ N(0, 1), integers in [0, high))."""
     rng = np.random.default_rng(seed)
     feeds = {}

@@ -18,6 +18,7 @@ wait adds to every synchronous run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -124,7 +125,9 @@ def _ortgpu_timings(
         phases = None
         for count in counts:
             commands = record(count)
-            results.append(_median_host_seconds(lambda commands=commands: device.submit(commands), device.wait_idle, iterations))
+            results.append(
+                _median_host_seconds(functools.partial(device.submit, commands), device.wait_idle, iterations)
+            )
             encoded.append(_submit_encoded_seconds(device, commands, iterations))
             if count == counts[1]:
                 phases = _ortgpu_phases(device, commands, iterations)
@@ -139,7 +142,9 @@ def _wgpu_py_timings(counts: tuple[int, int], iterations: int) -> tuple[float, f
         return None
     adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     device = adapter.request_device_sync()
-    buffer = device.create_buffer(size=16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC)
+    buffer = device.create_buffer(
+        size=16, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+    )
     module = device.create_shader_module(code=KERNEL)
     pipeline = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
     group = device.create_bind_group(
@@ -173,8 +178,10 @@ def measure_overhead(device: BackendDevice, dispatches: int = 1000, iterations: 
     backend's, whose numpy replay is no peer of wgpu-py on a real adapter) ``no_comparison`` says why.
     """
     if dispatches < 2 or iterations < 1:
-        raise ValueError(f"measure_overhead needs dispatches >= 2 (the marginal cost is (t(n) - t(1)) / (n - 1)) and "
-                         f"iterations >= 1, not {dispatches} and {iterations}")
+        raise ValueError(
+            f"measure_overhead needs dispatches >= 2 (the marginal cost is (t(n) - t(1)) / (n - 1)) and "
+            f"iterations >= 1, not {dispatches} and {iterations}"
+        )
     counts = (1, dispatches)
     ours = _ortgpu_timings(device, counts, iterations)
     result: dict[str, Any] = {
@@ -203,7 +210,9 @@ def measure_overhead(device: BackendDevice, dispatches: int = 1000, iterations: 
     return result
 
 
-def measure_wait_latency(device: BackendDevice, dispatch_counts: Sequence[int] = (0, 16), iterations: int = 200) -> dict[str, Any] | None:
+def measure_wait_latency(
+    device: BackendDevice, dispatch_counts: Sequence[int] = (0, 16), iterations: int = 200
+) -> dict[str, Any] | None:
     """Median microseconds of submit + ``wait_idle`` per dispatch count, spinning vs blocking (interleaved).
 
     None when ``device`` has no ``spin_wait_us`` setting (not a wgpu-native device) or spins for 0 us already
@@ -212,14 +221,16 @@ def measure_wait_latency(device: BackendDevice, dispatch_counts: Sequence[int] =
     spin = getattr(device, "spin_wait_us", None)
     if not spin:
         return None
-    samples: dict[str, dict[int, list[float]]] = {"spinning": {n: [] for n in dispatch_counts},
-                                                   "blocking": {n: [] for n in dispatch_counts}}
+    samples: dict[str, dict[int, list[float]]] = {
+        "spinning": {n: [] for n in dispatch_counts},
+        "blocking": {n: [] for n in dispatch_counts},
+    }
     try:
         with _dispatch_lists(device, "wait-latency") as record:
             lists = {count: record(count) for count in dispatch_counts}
             for index in range(iterations + 10):
                 for mode, setting in (("spinning", spin), ("blocking", 0.0)):
-                    device.spin_wait_us = setting
+                    setattr(device, "spin_wait_us", setting)  # noqa: B010 - a wgpu-only knob, not in the protocol
                     for count, commands in lists.items():
                         start = time.perf_counter()
                         device.submit(commands)
@@ -227,7 +238,12 @@ def measure_wait_latency(device: BackendDevice, dispatch_counts: Sequence[int] =
                         if index >= 10:  # warm-up
                             samples[mode][count].append(time.perf_counter() - start)
     finally:
-        device.spin_wait_us = spin
-    return {"spin_wait_us": spin, "iterations": iterations,
-            **{f"{mode}_us": {f"{n} dispatches": statistics.median(values) * 1e6 for n, values in per.items()}
-               for mode, per in samples.items()}}
+        setattr(device, "spin_wait_us", spin)  # noqa: B010 - a wgpu-only knob, not in the protocol
+    return {
+        "spin_wait_us": spin,
+        "iterations": iterations,
+        **{
+            f"{mode}_us": {f"{n} dispatches": statistics.median(values) * 1e6 for n, values in per.items()}
+            for mode, per in samples.items()
+        },
+    }

@@ -63,8 +63,10 @@ class OnnxruntimeArms:
             self.provider = "CPUExecutionProvider"
             self.device_type = "cpu"
         if capture and device is None:
-            raise RuntimeError("onnxruntime's CPU provider has no graph capture (install onnxruntime-ep-webgpu for a "
-                               "captured peer arm)")
+            raise RuntimeError(
+                "onnxruntime's CPU provider has no graph capture (install onnxruntime-ep-webgpu for a "
+                "captured peer arm)"
+            )
         self.session = ort.InferenceSession(
             model_bytes, sess_options=options, providers=None if device is not None else ["CPUExecutionProvider"]
         )

@@ -159,8 +159,16 @@ def bandwidth_probes(device: BackendDevice, caps: DeviceCaps, megabytes: int, re
         commands = CommandList()
         for _ in range(repeats):
             commands.add_dispatch(pipeline, group, *grid)
-        probes.append(Probe(f"bandwidth {name} {nbytes / 1e6:.0f} MB", commands, repeats, moved,
-                            Owned(device, [pipeline], [group]), bound=(src, dst)))
+        probes.append(
+            Probe(
+                f"bandwidth {name} {nbytes / 1e6:.0f} MB",
+                commands,
+                repeats,
+                moved,
+                Owned(device, [pipeline], [group]),
+                bound=(src, dst),
+            )
+        )
     probes[-1].owned.buffers += [src, dst]  # released with the last probe
     return probes
 

@@ -36,7 +36,9 @@ def _median_seconds(submit: Any, commands: CommandList, wait: Any, repeats: int)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.profile", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--model", default="resnet")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=20)
@@ -75,17 +77,24 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = _median_seconds(device.submit, commands, device.wait_idle, args.repeats) - baseline
                 info = step.output_infos[0] if step.output_infos else None
                 flops = _flops(step)
-                rows.append({
-                    "step": step.name, "op": step.op_type, "dispatches": commands.dispatch_count,
-                    "output": list(info.shape) if info else [], "us": seconds * 1e6,
-                    "gflops_per_s": flops / seconds / 1e9 if flops and seconds > 0 else None,
-                })
+                rows.append(
+                    {
+                        "step": step.name,
+                        "op": step.op_type,
+                        "dispatches": commands.dispatch_count,
+                        "output": list(info.shape) if info else [],
+                        "us": seconds * 1e6,
+                        "gflops_per_s": flops / seconds / 1e9 if flops and seconds > 0 else None,
+                    }
+                )
         finally:
             program.release()
     rows.sort(key=lambda r: -r["us"])
     summed = float(sum(max(float(r["us"]), 0.0) for r in rows))
-    print(f"{args.model} batch {args.batch} on {sess.device.name}: {len(per_step)} steps; whole plan {total * 1e6:.1f} us "
-          f"(one submit), steps alone sum to {summed:.1f} us; fixed submit+wait latency {baseline * 1e6:.1f} us subtracted")
+    print(
+        f"{args.model} batch {args.batch} on {sess.device.name}: {len(per_step)} steps; whole plan {total * 1e6:.1f} us "
+        f"(one submit), steps alone sum to {summed:.1f} us; fixed submit+wait latency {baseline * 1e6:.1f} us subtracted"
+    )
     print(f"{'us':>9s} {'%':>5s} {'GFLOP/s':>9s}  op / output shape")
     for row in rows[: args.top]:
         share = 100 * max(float(row["us"]), 0.0) / summed if summed else 0.0
@@ -97,8 +106,18 @@ def main(argv: list[str] | None = None) -> int:
     print("by op: " + ", ".join(f"{op} {us:.0f} us" for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])))
     if args.json_path:
         with open(args.json_path, "w") as handle:
-            json.dump({"model": args.model, "batch": args.batch, "whole_us": total * 1e6, "baseline_us": baseline * 1e6,
-                       "steps": rows, "by_op_us": by_op}, handle, indent=1)
+            json.dump(
+                {
+                    "model": args.model,
+                    "batch": args.batch,
+                    "whole_us": total * 1e6,
+                    "baseline_us": baseline * 1e6,
+                    "steps": rows,
+                    "by_op_us": by_op,
+                },
+                handle,
+                indent=1,
+            )
     env.close()
     return 0
 

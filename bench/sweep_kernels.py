@@ -73,7 +73,9 @@ class Shape:
         return 2.0 * batch * m * n * k
 
 
-def _matmul(label: str, a: tuple[int, ...], b: tuple[int, ...], extras: tuple[tuple[int, ...], ...], weight: int = 1) -> Shape:
+def _matmul(
+    label: str, a: tuple[int, ...], b: tuple[int, ...], extras: tuple[tuple[int, ...], ...], weight: int = 1
+) -> Shape:
     epilogue = tuple(("add", 2 + i) for i in range(len(extras)))
     if len(b) == 2:
         gemm = (1, int(np.prod(a[:-1])), b[-1], a[-1])
@@ -97,9 +99,18 @@ def shapes() -> list[Shape]:
     for batch in (1, 16):
         s = 128
         result += [
-            _matmul(f"bert b{batch} ffn-down MatMul+Add+Add [{batch},128,384] K=1536", (batch, s, 1536), (1536, 384), ((384,), (batch, s, 384))),
-            _matmul(f"bert b{batch} proj MatMul+Add [{batch},128,384] K=384", (batch, s, 384), (384, 384), ((384,),), 4),
-            _matmul(f"bert b{batch} ffn-up MatMul+Add [{batch},128,1536] K=384", (batch, s, 384), (384, 1536), ((1536,),)),
+            _matmul(
+                f"bert b{batch} ffn-down MatMul+Add+Add [{batch},128,384] K=1536",
+                (batch, s, 1536),
+                (1536, 384),
+                ((384,), (batch, s, 384)),
+            ),
+            _matmul(
+                f"bert b{batch} proj MatMul+Add [{batch},128,384] K=384", (batch, s, 384), (384, 384), ((384,),), 4
+            ),
+            _matmul(
+                f"bert b{batch} ffn-up MatMul+Add [{batch},128,1536] K=384", (batch, s, 384), (384, 1536), ((1536,),)
+            ),
             _matmul(f"bert b{batch} QK^T MatMul [{batch},12,128,128] K=32", (batch, 12, s, 32), (batch, 12, 32, s), ()),
             _matmul(f"bert b{batch} PV MatMul [{batch},12,128,32] K=128", (batch, 12, s, s), (batch, 12, s, 32), ()),
         ]
@@ -149,13 +160,34 @@ def gemv_bytes(shape: Shape) -> int:
 #: subgroup reduction (see :func:`gemv_candidates`).
 GEMV_BASES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
     "kn": (
-        (2, 128, 1, 1), (2, 128, 1, 2), (2, 128, 1, 4), (4, 64, 1, 1), (4, 64, 1, 2), (4, 64, 1, 4),
-        (8, 32, 1, 2), (8, 32, 1, 4), (8, 32, 2, 2), (16, 16, 1, 4), (2, 64, 1, 4), (4, 32, 1, 4),
-        (1, 256, 1, 2), (4, 128, 1, 2),
+        (2, 128, 1, 1),
+        (2, 128, 1, 2),
+        (2, 128, 1, 4),
+        (4, 64, 1, 1),
+        (4, 64, 1, 2),
+        (4, 64, 1, 4),
+        (8, 32, 1, 2),
+        (8, 32, 1, 4),
+        (8, 32, 2, 2),
+        (16, 16, 1, 4),
+        (2, 64, 1, 4),
+        (4, 32, 1, 4),
+        (1, 256, 1, 2),
+        (4, 128, 1, 2),
     ),
     "nk": (
-        (4, 64, 1, 1), (4, 64, 1, 2), (4, 64, 1, 4), (8, 32, 1, 1), (8, 32, 1, 2), (8, 32, 1, 4),
-        (16, 16, 1, 2), (16, 16, 1, 4), (2, 128, 1, 2), (1, 256, 1, 2), (8, 64, 1, 2), (16, 32, 1, 2),
+        (4, 64, 1, 1),
+        (4, 64, 1, 2),
+        (4, 64, 1, 4),
+        (8, 32, 1, 1),
+        (8, 32, 1, 2),
+        (8, 32, 1, 4),
+        (16, 16, 1, 2),
+        (16, 16, 1, 4),
+        (2, 128, 1, 2),
+        (1, 256, 1, 2),
+        (8, 64, 1, 2),
+        (16, 32, 1, 2),
     ),
 }
 QUICK_GEMV_BASES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
@@ -180,8 +212,10 @@ def gemv_candidates(shape: Shape, caps: DeviceCaps, quick: bool) -> list[tuple[s
         base = GemvConfig(tx, tk, vectors, unroll)
         unsplit = gemv_workgroups(base, layout, n, k)
         splits = [1] + [
-            split for split in GEMV_SPLITS
-            if (not quick or split in (4, 8, 16)) and GEMV_WORKGROUPS[0] <= unsplit * split <= GEMV_WORKGROUPS[1]
+            split
+            for split in GEMV_SPLITS
+            if (not quick or split in (4, 8, 16))
+            and GEMV_WORKGROUPS[0] <= unsplit * split <= GEMV_WORKGROUPS[1]
             and units // split >= tk * unroll
         ]
         for split in splits:
@@ -230,7 +264,9 @@ def _ladder(*tiles: tuple[int, int, int, int, int, int]) -> tuple[GemmConfig, ..
 LADDERS: dict[str, tuple[GemmConfig, ...]] = {
     "128x64,64x64,32x64 s2": _ladder((128, 64, 16, 8, 4, 2), (64, 64, 16, 4, 4, 2), (32, 64, 16, 4, 4, 2)),
     "128x64,64x64,32x64 s1": _ladder((128, 64, 16, 8, 4, 1), (64, 64, 16, 4, 4, 1), (32, 64, 16, 4, 4, 1)),
-    "128x128,128x64,64x64,32x64 s2": _ladder((128, 128, 16, 8, 8, 2), (128, 64, 16, 8, 4, 2), (64, 64, 16, 4, 4, 2), (32, 64, 16, 4, 4, 2)),
+    "128x128,128x64,64x64,32x64 s2": _ladder(
+        (128, 128, 16, 8, 8, 2), (128, 64, 16, 8, 4, 2), (64, 64, 16, 4, 4, 2), (32, 64, 16, 4, 4, 2)
+    ),
     "128x64,64x64 s2": _ladder((128, 64, 16, 8, 4, 2), (64, 64, 16, 4, 4, 2)),
     "128x64,32x64 s2": _ladder((128, 64, 16, 8, 4, 2), (32, 64, 16, 4, 4, 2)),
     "128x64 s2": _ladder((128, 64, 16, 8, 4, 2)),
@@ -249,13 +285,16 @@ class Rule:
 
     def pick(self, shape: Shape, caps: DeviceCaps) -> GemmConfig:
         batch, m, n, k = shape.gemm
-        return choose_gemm_config(batch, m, n, k, caps, tiles=LADDERS[self.ladder], target=self.target,
-                                  split_min_k=self.split_min_k)
+        return choose_gemm_config(
+            batch, m, n, k, caps, tiles=LADDERS[self.ladder], target=self.target, split_min_k=self.split_min_k
+        )
 
     def snippet(self) -> str:
         tiles = ",\n".join(f"    {c!r}" for c in LADDERS[self.ladder])
-        return (f"GEMM_TILES: tuple[GemmConfig, ...] = (\n{tiles},\n)\nGEMM_TARGET_WORKGROUPS = {self.target}\n"
-                f"GEMM_SPLIT_MIN_K = {self.split_min_k}")
+        return (
+            f"GEMM_TILES: tuple[GemmConfig, ...] = (\n{tiles},\n)\nGEMM_TARGET_WORKGROUPS = {self.target}\n"
+            f"GEMM_SPLIT_MIN_K = {self.split_min_k}"
+        )
 
 
 def rules() -> list[Rule]:
@@ -327,7 +366,9 @@ class Runner:
         self.shape = shape
         operator = get_operator(shape.op, shape.opset)
         self.operator = operator
-        self.arrays: list[np.ndarray | None] = [None if s is None else rng.standard_normal(s).astype(np.float32) for s in shape.inputs]
+        self.arrays: list[np.ndarray | None] = [
+            None if s is None else rng.standard_normal(s).astype(np.float32) for s in shape.inputs
+        ]
         self.infos = [None if a is None else TensorInfo(tuple(a.shape), a.dtype) for a in self.arrays]
         out_shape = self._out_shape()
         self.outputs = [TensorInfo(out_shape, np.dtype(np.float32))]
@@ -362,7 +403,7 @@ class Runner:
         x, w = s.inputs[0], s.inputs[1]
         assert x is not None and w is not None
         batch, m, n, k = s.gemm
-        side = int(round(n ** 0.5))
+        side = int(round(n**0.5))
         return (x[0], w[0], side, side)
 
     def plan(self, config: GemmConfig | GemvConfig, caps: DeviceCaps) -> OpPlan:
@@ -435,7 +476,9 @@ class Runner:
             device.submit(once)
             device.wait_idle()
             raw = device.read_buffer(self.output, 0, padded_size(self.outputs[0].nbytes))
-            result = np.frombuffer(raw[: self.outputs[0].nbytes], dtype=np.float32).reshape(self.outputs[0].shape).copy()
+            result = (
+                np.frombuffer(raw[: self.outputs[0].nbytes], dtype=np.float32).reshape(self.outputs[0].shape).copy()
+            )
             single = max(_median_submit(device, once, 3) - baseline, 1e-6)
             prepared.count = int(min(200, max(len(rotations), budget_s / single)))
             prepared.commands = record(prepared.count)
@@ -461,7 +504,9 @@ class Runner:
         self.device.destroy_buffer(self.output)
 
 
-def score_rules(swept: list[Shape], measured: dict[str, dict[GemmConfig, float]], caps: DeviceCaps) -> list[dict[str, Any]]:
+def score_rules(
+    swept: list[Shape], measured: dict[str, dict[GemmConfig, float]], caps: DeviceCaps
+) -> list[dict[str, Any]]:
     """Each rule's score over the swept shapes, best first: the weighted mean of (its pick's time / the shape's
     fastest time), so 1.0 means it picks the fastest variant everywhere; also its weighted total time."""
     current = (tuple(_gemm.GEMM_TILES), _gemm.GEMM_TARGET_WORKGROUPS, _gemm.GEMM_SPLIT_MIN_K)
@@ -483,15 +528,27 @@ def score_rules(swept: list[Shape], measured: dict[str, dict[GemmConfig, float]]
             picks[shape.label] = config.label
         else:
             if weights:
-                scores.append({"rule": f"{rule.ladder}, {rule.target}, {rule.split_min_k}", "score": ratio / weights,
-                               "total_us": total * 1e6, "snippet": rule.snippet(), "picks": picks,
-                               "current": (LADDERS[rule.ladder], rule.target, rule.split_min_k) == current})
+                scores.append(
+                    {
+                        "rule": f"{rule.ladder}, {rule.target}, {rule.split_min_k}",
+                        "score": ratio / weights,
+                        "total_us": total * 1e6,
+                        "snippet": rule.snippet(),
+                        "picks": picks,
+                        "current": (LADDERS[rule.ladder], rule.target, rule.split_min_k) == current,
+                    }
+                )
     scores.sort(key=lambda entry: float(entry["score"]))
     return scores
 
 
-def _interleaved(device: BackendDevice, timed: list[tuple[str, CommandList, int]], baseline: float, rounds: int,
-                 rng: np.random.Generator) -> dict[str, list[float]]:
+def _interleaved(
+    device: BackendDevice,
+    timed: list[tuple[str, CommandList, int]],
+    baseline: float,
+    rounds: int,
+    rng: np.random.Generator,
+) -> dict[str, list[float]]:
     """Seconds per unit of each ``(name, commands, units)``: ``rounds`` rounds, each submitting every list once (in
     a fresh random order) and waiting; a device whose speed drifts during the sweep shifts every entry alike."""
     samples: dict[str, list[float]] = {name: [] for name, _, _ in timed}
@@ -506,7 +563,11 @@ def _interleaved(device: BackendDevice, timed: list[tuple[str, CommandList, int]
 
 
 def sweep_gemv(
-    device: BackendDevice, caps: DeviceCaps, args: argparse.Namespace, started: float, baseline: float,
+    device: BackendDevice,
+    caps: DeviceCaps,
+    args: argparse.Namespace,
+    started: float,
+    baseline: float,
     rng: np.random.Generator,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], int]:
     """Time every GEMV candidate of the selected GEMV shapes, interleaved with the bandwidth and dispatch-floor
@@ -515,14 +576,18 @@ def sweep_gemv(
     summary: list[dict[str, Any]] = []
     probe_results: dict[str, Any] = {}
     failures = 0
-    selected = [s for s in gemv_shapes() if not args.shapes or any(part.strip() in s.label for part in args.shapes.split(","))]
+    selected = [
+        s for s in gemv_shapes() if not args.shapes or any(part.strip() in s.label for part in args.shapes.split(","))
+    ]
     if not selected:
         return rows, summary, probe_results, failures
     probes = bandwidth_probes(device, caps, args.probe_mb, repeats=10) + [dispatch_floor_probe(device, repeats=200)]
     probe_samples: dict[str, list[float]] = {probe.name: [] for probe in probes}
     counts = [len(gemv_candidates(shape, caps, args.quick)) for shape in selected]
-    print(f"\nGEMV: {sum(counts)} variants over {len(selected)} shapes (subgroups: {'yes' if has_subgroups(caps) else 'no'}), "
-          f"{args.rounds} interleaved rounds with the probes; % of the measured bandwidth (and of {PEAK_BANDWIDTH_GBS / 1000:.1f} TB/s)")
+    print(
+        f"\nGEMV: {sum(counts)} variants over {len(selected)} shapes (subgroups: {'yes' if has_subgroups(caps) else 'no'}), "
+        f"{args.rounds} interleaved rounds with the probes; % of the measured bandwidth (and of {PEAK_BANDWIDTH_GBS / 1000:.1f} TB/s)"
+    )
     try:
         for shape in selected:
             runner = Runner(device, shape, rng, cold_bytes=args.cold_mb * 1_000_000)
@@ -530,8 +595,10 @@ def sweep_gemv(
             try:
                 batch, m, n, k = shape.gemm
                 nbytes = gemv_bytes(shape)
-                print(f"\n{shape.label}: layout {shape.layout}, N {n} K {k}, {nbytes / 1e6:.1f} MB per run"
-                      + (f", cycling through {len(runner.copies) + 1} copies of B" if runner.copies else ""))
+                print(
+                    f"\n{shape.label}: layout {shape.layout}, N {n} K {k}, {nbytes / 1e6:.1f} MB per run"
+                    + (f", cycling through {len(runner.copies) + 1} copies of B" if runner.copies else "")
+                )
                 first: np.ndarray | None = None
                 shape_rows: list[dict[str, Any]] = []
                 for name, config in gemv_candidates(shape, caps, args.quick):
@@ -539,8 +606,15 @@ def sweep_gemv(
                         print(f"  {config.label:28s} skipped (--max-seconds {args.max_seconds:.0f} reached)")
                         continue
                     effective = effective_gemv_config(config, shape.layout, n, k, caps)
-                    row: dict[str, Any] = {"shape": shape.label, "layout": shape.layout, "n": n, "k": k, "config": config.label,
-                                           "is_default": name == "default", "fields": dataclasses.asdict(config)}
+                    row: dict[str, Any] = {
+                        "shape": shape.label,
+                        "layout": shape.layout,
+                        "n": n,
+                        "k": k,
+                        "config": config.label,
+                        "is_default": name == "default",
+                        "fields": dataclasses.asdict(config),
+                    }
                     try:
                         plan = runner.plan(config, caps)
                         ready, result = runner.prepare(plan, baseline, args.budget_ms / 1e3)
@@ -557,8 +631,11 @@ def sweep_gemv(
                         first = result
                         if shape.flops / 1e9 <= args.reference_gflop:
                             row["err_vs_reference"] = _rel(result, runner.reference())
-                    row.update(workgroups=gemv_workgroups(effective, shape.layout, n, k), kernels=len(plan.kernels),
-                               err_vs_first=_rel(result, first))
+                    row.update(
+                        workgroups=gemv_workgroups(effective, shape.layout, n, k),
+                        kernels=len(plan.kernels),
+                        err_vs_first=_rel(result, first),
+                    )
                     rows.append(row)
                     shape_rows.append(row)
                 timed = [(label, ready.commands, ready.count) for label, ready in prepared.items()]
@@ -567,32 +644,59 @@ def sweep_gemv(
                 for probe in probes:
                     probe_samples[probe.name] += samples[probe.name]
                 shape_probes = {probe.name: statistics.median(samples[probe.name]) for probe in probes}
-                measured_gbs = max(probe.bytes_per_repeat / shape_probes[probe.name] / 1e9
-                                   for probe in probes if probe.bytes_per_repeat and shape_probes[probe.name] > 0)
+                measured_gbs = max(
+                    probe.bytes_per_repeat / shape_probes[probe.name] / 1e9
+                    for probe in probes
+                    if probe.bytes_per_repeat and shape_probes[probe.name] > 0
+                )
                 floor_us = shape_probes["dispatch floor"] * 1e6
                 print(f"  measured bandwidth {measured_gbs:.0f} GB/s, dispatch floor {floor_us:.2f} us (interleaved)")
                 for row in shape_rows:
                     seconds = statistics.median(samples[row["config"]])
                     gbs = nbytes / seconds / 1e9 if seconds > 0 else None
-                    row.update(us=seconds * 1e6, gbs=gbs, peak_percent=100.0 * gbs / PEAK_BANDWIDTH_GBS if gbs else None,
-                               measured_percent=100.0 * gbs / measured_gbs if gbs else None, measured_gbs=measured_gbs,
-                               spread_us=(max(samples[row["config"]]) - min(samples[row["config"]])) * 1e6)
+                    row.update(
+                        us=seconds * 1e6,
+                        gbs=gbs,
+                        peak_percent=100.0 * gbs / PEAK_BANDWIDTH_GBS if gbs else None,
+                        measured_percent=100.0 * gbs / measured_gbs if gbs else None,
+                        measured_gbs=measured_gbs,
+                        spread_us=(max(samples[row["config"]]) - min(samples[row["config"]])) * 1e6,
+                    )
                     bad = row["err_vs_first"] > 1e-3 or row.get("err_vs_reference", 0.0) > 1e-3
                     failures += bad
-                    rate = f"{gbs:8.0f} GB/s {row['measured_percent']:5.1f}% ({row['peak_percent']:4.1f}%)" if gbs else "     inf"
-                    print(f"  {row['config']:28s}{' (default)' if row['is_default'] else '          '} {row['us']:8.2f} us {rate} "
-                          f"{row['workgroups']:6d} wg {row['kernels']} k{'  WRONG err=%.2e' % row['err_vs_first'] if bad else ''}", flush=True)
+                    rate = (
+                        f"{gbs:8.0f} GB/s {row['measured_percent']:5.1f}% ({row['peak_percent']:4.1f}%)"
+                        if gbs
+                        else "     inf"
+                    )
+                    print(
+                        f"  {row['config']:28s}{' (default)' if row['is_default'] else '          '} {row['us']:8.2f} us {rate} "
+                        f"{row['workgroups']:6d} wg {row['kernels']} k{'  WRONG err=%.2e' % row['err_vs_first'] if bad else ''}",
+                        flush=True,
+                    )
                 good = [r for r in shape_rows if r.get("us") and not (r["err_vs_first"] > 1e-3)]
                 if good:
                     best = min(good, key=lambda r: r["us"])
                     default_row = next((r for r in good if r["is_default"]), None)
-                    summary.append({"shape": shape.label, "layout": shape.layout, "n": n, "k": k, "best": best["config"],
-                                    "best_us": best["us"], "best_gbs": best["gbs"], "best_percent": best["peak_percent"],
-                                    "best_measured_percent": best["measured_percent"], "measured_gbs": measured_gbs,
-                                    "dispatch_floor_us": floor_us, "best_fields": best["fields"],
-                                    "default": default_row["config"] if default_row else None,
-                                    "default_us": default_row["us"] if default_row else None,
-                                    "default_gbs": default_row["gbs"] if default_row else None})
+                    summary.append(
+                        {
+                            "shape": shape.label,
+                            "layout": shape.layout,
+                            "n": n,
+                            "k": k,
+                            "best": best["config"],
+                            "best_us": best["us"],
+                            "best_gbs": best["gbs"],
+                            "best_percent": best["peak_percent"],
+                            "best_measured_percent": best["measured_percent"],
+                            "measured_gbs": measured_gbs,
+                            "dispatch_floor_us": floor_us,
+                            "best_fields": best["fields"],
+                            "default": default_row["config"] if default_row else None,
+                            "default_us": default_row["us"] if default_row else None,
+                            "default_gbs": default_row["gbs"] if default_row else None,
+                        }
+                    )
             finally:
                 for ready in prepared.values():
                     ready.release()
@@ -603,32 +707,50 @@ def sweep_gemv(
     for probe in probes:
         if probe_samples[probe.name]:
             seconds = statistics.median(probe_samples[probe.name])
-            probe_results[probe.name] = {"us": seconds * 1e6, "gbs": probe.bytes_per_repeat / seconds / 1e9 if probe.bytes_per_repeat and seconds else None}
+            probe_results[probe.name] = {
+                "us": seconds * 1e6,
+                "gbs": probe.bytes_per_repeat / seconds / 1e9 if probe.bytes_per_repeat and seconds else None,
+            }
     if summary:
-        print("\nprobes over the whole GEMV sweep: " + ", ".join(
-            f"{name} {value['gbs']:.0f} GB/s" if value["gbs"] else f"{name} {value['us']:.2f} us per dispatch"
-            for name, value in probe_results.items()))
+        print(
+            "\nprobes over the whole GEMV sweep: "
+            + ", ".join(
+                f"{name} {value['gbs']:.0f} GB/s" if value["gbs"] else f"{name} {value['us']:.2f} us per dispatch"
+                for name, value in probe_results.items()
+            )
+        )
         print("\nGEMV best per shape (default = choose_gemv_config):")
         for entry in summary:
             ratio = entry["default_us"] / entry["best_us"] if entry["default_us"] and entry["best_us"] else float("nan")
-            print(f"  {entry['shape']:48s} best {entry['best']:24s} {entry['best_us']:8.2f} us {entry['best_gbs'] or 0:7.0f} GB/s "
-                  f"({entry['best_measured_percent'] or 0:.1f}% of measured); default {entry['default']} x{ratio:.2f}")
-        print("\nGEMV table (paste into bench/RESULTS.md; % of the bandwidth measured in the same rounds, and of "
-              f"{PEAK_BANDWIDTH_GBS / 1000:.1f} TB/s):")
+            print(
+                f"  {entry['shape']:48s} best {entry['best']:24s} {entry['best_us']:8.2f} us {entry['best_gbs'] or 0:7.0f} GB/s "
+                f"({entry['best_measured_percent'] or 0:.1f}% of measured); default {entry['default']} x{ratio:.2f}"
+            )
+        print(
+            "\nGEMV table (paste into bench/RESULTS.md; % of the bandwidth measured in the same rounds, and of "
+            f"{PEAK_BANDWIDTH_GBS / 1000:.1f} TB/s):"
+        )
         print("| shape | measured GB/s | floor us | default | us | GB/s | % | best | us | GB/s | % (of 4.8 TB/s) |")
         print("|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|")
         for entry in summary:
             d_us, d_gbs, measured = entry["default_us"], entry["default_gbs"], entry["measured_gbs"]
-            default_cells = (f"{d_us:.2f} | {d_gbs:.0f} | {100 * d_gbs / measured:.1f}" if d_us and d_gbs else "- | - | -")
-            print(f"| {entry['shape']} | {measured:.0f} | {entry['dispatch_floor_us']:.2f} | {entry['default']} | {default_cells} | "
-                  f"{entry['best']} | {entry['best_us']:.2f} | {entry['best_gbs'] or 0:.0f} | "
-                  f"{entry['best_measured_percent'] or 0:.1f} ({entry['best_percent'] or 0:.1f}) |")
+            default_cells = (
+                f"{d_us:.2f} | {d_gbs:.0f} | {100 * d_gbs / measured:.1f}" if d_us and d_gbs else "- | - | -"
+            )
+            print(
+                f"| {entry['shape']} | {measured:.0f} | {entry['dispatch_floor_us']:.2f} | {entry['default']} | {default_cells} | "
+                f"{entry['best']} | {entry['best_us']:.2f} | {entry['best_gbs'] or 0:.0f} | "
+                f"{entry['best_measured_percent'] or 0:.1f} ({entry['best_percent'] or 0:.1f}) |"
+            )
         table = ",\n".join(
             f"    {(entry['layout'], entry['n'], entry['k'])!r}: {GemvConfig(**entry['best_fields'])!r}"
-            for entry in summary if GemvConfig(**entry["best_fields"]) != default_gemv_config(entry["layout"], caps)
+            for entry in summary
+            if GemvConfig(**entry["best_fields"]) != default_gemv_config(entry["layout"], caps)
         )
-        print("\nfastest GEMV config per measured shape (paste into ortgpu/ops/_gemv.py):\n"
-              "GEMV_SHAPE_CONFIGS: dict[tuple[str, int, int], GemvConfig] = {\n" + (table + ",\n" if table else "") + "}")
+        print(
+            "\nfastest GEMV config per measured shape (paste into ortgpu/ops/_gemv.py):\n"
+            "GEMV_SHAPE_CONFIGS: dict[tuple[str, int, int], GemvConfig] = {\n" + (table + ",\n" if table else "") + "}"
+        )
     return rows, summary, probe_results, failures
 
 
@@ -639,19 +761,39 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sweep_kernels", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--json", dest="json_path", default=None, help="write every measurement here")
-    parser.add_argument("--shapes", default="", help="only shapes whose label contains one of these comma-separated parts (e.g. gemv, bert, mlp16, 'b1 PV,b16')")
+    parser.add_argument(
+        "--shapes",
+        default="",
+        help="only shapes whose label contains one of these comma-separated parts (e.g. gemv, bert, mlp16, 'b1 PV,b16')",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer variants per shape")
     parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu")
-    parser.add_argument("--budget-ms", type=float, default=3.0, help="GPU time per timed submit (repeats per command list)")
+    parser.add_argument(
+        "--budget-ms", type=float, default=3.0, help="GPU time per timed submit (repeats per command list)"
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed submits per variant (median)")
-    parser.add_argument("--rounds", type=int, default=7, help="GEMV: interleaved rounds over all variants and probes (median)")
-    parser.add_argument("--cold-mb", type=int, default=128,
-                        help="GEMV: cycle through copies of the weight holding at least this many MB (beyond the cache; 0 = one copy)")
+    parser.add_argument(
+        "--rounds", type=int, default=7, help="GEMV: interleaved rounds over all variants and probes (median)"
+    )
+    parser.add_argument(
+        "--cold-mb",
+        type=int,
+        default=128,
+        help="GEMV: cycle through copies of the weight holding at least this many MB (beyond the cache; 0 = one copy)",
+    )
     parser.add_argument("--probe-mb", type=int, default=256, help="GEMV: source buffer of the bandwidth probes (MB)")
-    parser.add_argument("--max-seconds", type=float, default=170.0,
-                        help="after this long only the legacy, default and rule-picked variants are timed")
-    parser.add_argument("--reference-gflop", type=float, default=4.0,
-                        help="check the first variant against numpy only below this many GFLOP")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=170.0,
+        help="after this long only the legacy, default and rule-picked variants are timed",
+    )
+    parser.add_argument(
+        "--reference-gflop",
+        type=float,
+        default=4.0,
+        help="check the first variant against numpy only below this many GFLOP",
+    )
     args = parser.parse_args(argv)
 
     device: BackendDevice
@@ -666,8 +808,10 @@ def main(argv: list[str] | None = None) -> int:
         device = backend.open_device(backend.default_adapter_index())
     caps = DeviceCaps(frozenset(device.features), device.limits)
     info = device.info
-    print(f"device: {info.name} ({info.driver}, {info.backend_type}); workgroup storage {device.limits.max_compute_workgroup_storage_size} B, "
-          f"{device.limits.max_compute_invocations_per_workgroup} invocations")
+    print(
+        f"device: {info.name} ({info.driver}, {info.backend_type}); workgroup storage {device.limits.max_compute_workgroup_storage_size} B, "
+        f"{device.limits.max_compute_invocations_per_workgroup} invocations"
+    )
     started = time.perf_counter()
     baseline = _median_submit(device, CommandList(), 21)
     print(f"empty submit+wait: {baseline * 1e6:.1f} us (subtracted)")
@@ -691,8 +835,13 @@ def main(argv: list[str] | None = None) -> int:
                 if time.perf_counter() - started > args.max_seconds and name not in ("legacy", "default", "rule"):
                     print(f"  {config.label:34s} skipped (--max-seconds {args.max_seconds:.0f} reached)")
                     continue
-                row: dict[str, Any] = {"shape": shape.label, "gemm": list(shape.gemm), "config": config.label,
-                                       "is_default": name == "default", "fields": dataclasses.asdict(config)}
+                row: dict[str, Any] = {
+                    "shape": shape.label,
+                    "gemm": list(shape.gemm),
+                    "config": config.label,
+                    "is_default": name == "default",
+                    "fields": dataclasses.asdict(config),
+                }
                 try:
                     plan = runner.plan(config, caps)
                     seconds, result = runner.time(plan, baseline, args.budget_ms / 1e3, args.repeats)
@@ -706,13 +855,21 @@ def main(argv: list[str] | None = None) -> int:
                     if shape.flops / 1e9 <= args.reference_gflop:
                         row["err_vs_reference"] = _rel(result, runner.reference())
                 err = _rel(result, first)
-                row.update(us=seconds * 1e6, tflops=shape.flops / seconds / 1e12 if seconds > 0 else None,
-                           workgroups=gemm_workgroups(config, batch, m, n), kernels=len(plan.kernels), err_vs_first=err)
+                row.update(
+                    us=seconds * 1e6,
+                    tflops=shape.flops / seconds / 1e12 if seconds > 0 else None,
+                    workgroups=gemm_workgroups(config, batch, m, n),
+                    kernels=len(plan.kernels),
+                    err_vs_first=err,
+                )
                 bad = err > 1e-3 or row.get("err_vs_reference", 0.0) > 1e-3
                 failures += bad
                 rate = f"{row['tflops']:7.2f}" if row["tflops"] else "    inf"
-                print(f"  {config.label:34s}{' (default)' if name == 'default' else '          '} {seconds * 1e6:9.1f} us {rate} TFLOP/s "
-                      f"{row['workgroups']:6d} wg{'  WRONG err=%.2e' % err if bad else ''}", flush=True)
+                print(
+                    f"  {config.label:34s}{' (default)' if name == 'default' else '          '} {seconds * 1e6:9.1f} us {rate} TFLOP/s "
+                    f"{row['workgroups']:6d} wg{'  WRONG err=%.2e' % err if bad else ''}",
+                    flush=True,
+                )
                 rows.append(row)
                 shape_rows.append(row)
                 if not bad:
@@ -722,11 +879,17 @@ def main(argv: list[str] | None = None) -> int:
                 best = min(timed, key=lambda r: r["us"])
                 default_row = next((r for r in timed if r["is_default"]), None)
                 legacy_row = next((r for r in timed if r["config"] == LEGACY.label), None)
-                entry = {"shape": shape.label, "gemm": list(shape.gemm), "best": best["config"], "best_us": best["us"],
-                         "best_tflops": best["tflops"], "best_fields": best["fields"],
-                         "default": default_row["config"] if default_row else None,
-                         "default_us": default_row["us"] if default_row else None,
-                         "legacy_us": legacy_row["us"] if legacy_row else None}
+                entry = {
+                    "shape": shape.label,
+                    "gemm": list(shape.gemm),
+                    "best": best["config"],
+                    "best_us": best["us"],
+                    "best_tflops": best["tflops"],
+                    "best_fields": best["fields"],
+                    "default": default_row["config"] if default_row else None,
+                    "default_us": default_row["us"] if default_row else None,
+                    "legacy_us": legacy_row["us"] if legacy_row else None,
+                }
                 summary.append(entry)
         finally:
             runner.release()
@@ -735,32 +898,61 @@ def main(argv: list[str] | None = None) -> int:
     for entry in summary:
         ratio = entry["default_us"] / entry["best_us"] if entry["default_us"] and entry["best_us"] else float("nan")
         legacy = entry["legacy_us"] / entry["best_us"] if entry["legacy_us"] and entry["best_us"] else float("nan")
-        print(f"  {entry['shape']:58s} best {entry['best']:30s} {entry['best_us']:8.1f} us "
-              f"({entry['best_tflops'] or 0:.2f} TFLOP/s); default {entry['default']} x{ratio:.2f}; legacy x{legacy:.2f}")
+        print(
+            f"  {entry['shape']:58s} best {entry['best']:30s} {entry['best_us']:8.1f} us "
+            f"({entry['best_tflops'] or 0:.2f} TFLOP/s); default {entry['default']} x{ratio:.2f}; legacy x{legacy:.2f}"
+        )
     scores = score_rules(swept, measured, caps)
     if scores:
         current = next((entry for entry in scores if entry["current"]), None)
         best_total = sum(min(times.values()) * shape.weight for shape in swept if (times := measured.get(shape.label)))
-        print("\nrules (GEMM_TILES ladder, GEMM_TARGET_WORKGROUPS, GEMM_SPLIT_MIN_K): mean slowdown vs the fastest "
-              "variant per shape (weighted), and weighted total time")
+        print(
+            "\nrules (GEMM_TILES ladder, GEMM_TARGET_WORKGROUPS, GEMM_SPLIT_MIN_K): mean slowdown vs the fastest "
+            "variant per shape (weighted), and weighted total time"
+        )
         for entry in scores[:8]:
-            print(f"  x{entry['score']:.3f} {entry['total_us']:10.1f} us  {entry['rule']}{'  (current)' if entry['current'] else ''}")
+            print(
+                f"  x{entry['score']:.3f} {entry['total_us']:10.1f} us  {entry['rule']}{'  (current)' if entry['current'] else ''}"
+            )
         if current is not None:
-            print(f"  x{current['score']:.3f} {current['total_us']:10.1f} us  current rule; per-shape best total {best_total * 1e6:.1f} us")
+            print(
+                f"  x{current['score']:.3f} {current['total_us']:10.1f} us  current rule; per-shape best total {best_total * 1e6:.1f} us"
+            )
         print("\nbest rule's tunables (paste into ortgpu/ops/_gemm.py):\n" + scores[0]["snippet"])
     if summary:
         table = ",\n".join(f"    {tuple(entry['gemm'])!r}: {GemmConfig(**entry['best_fields'])!r}" for entry in summary)
-        print("\nfastest config per measured shape (optional: _gemm.GEMM_SHAPE_CONFIGS):\nGEMM_SHAPE_CONFIGS = {\n" + table + ",\n}")
+        print(
+            "\nfastest config per measured shape (optional: _gemm.GEMM_SHAPE_CONFIGS):\nGEMM_SHAPE_CONFIGS = {\n"
+            + table
+            + ",\n}"
+        )
     elapsed = time.perf_counter() - started
     print(f"\n{len(rows)} GEMM/Conv and {len(gemv_rows)} GEMV variants in {elapsed:.0f} s; {failures} wrong results")
     if args.json_path:
         with open(args.json_path, "w") as handle:
-            json.dump({"device": dataclasses.asdict(info), "baseline_us": baseline * 1e6, "command": sys.argv,
-                       "tunables": {"GEMM_TILES": [dataclasses.asdict(c) for c in _gemm.GEMM_TILES],
-                                    "GEMM_TARGET_WORKGROUPS": _gemm.GEMM_TARGET_WORKGROUPS,
-                                    "GEMM_SPLIT_MIN_K": _gemm.GEMM_SPLIT_MIN_K, "GEMM_MAX_SPLIT_K": _gemm.GEMM_MAX_SPLIT_K},
-                       "rows": rows, "best": summary, "rules": scores, "gemv_rows": gemv_rows, "gemv_best": gemv_summary, "probes": probe_results,
-                       "gemv_peak_gbs": PEAK_BANDWIDTH_GBS, "seconds": elapsed}, handle, indent=1)
+            json.dump(
+                {
+                    "device": dataclasses.asdict(info),
+                    "baseline_us": baseline * 1e6,
+                    "command": sys.argv,
+                    "tunables": {
+                        "GEMM_TILES": [dataclasses.asdict(c) for c in _gemm.GEMM_TILES],
+                        "GEMM_TARGET_WORKGROUPS": _gemm.GEMM_TARGET_WORKGROUPS,
+                        "GEMM_SPLIT_MIN_K": _gemm.GEMM_SPLIT_MIN_K,
+                        "GEMM_MAX_SPLIT_K": _gemm.GEMM_MAX_SPLIT_K,
+                    },
+                    "rows": rows,
+                    "best": summary,
+                    "rules": scores,
+                    "gemv_rows": gemv_rows,
+                    "gemv_best": gemv_summary,
+                    "probes": probe_results,
+                    "gemv_peak_gbs": PEAK_BANDWIDTH_GBS,
+                    "seconds": elapsed,
+                },
+                handle,
+                indent=1,
+            )
     device.destroy()
     return 1 if failures else 0
 

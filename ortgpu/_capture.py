@@ -178,7 +178,8 @@ def check_replay_binding(graph: CapturedGraph, binding: AnyBinding) -> None:
     captured = graph.binding
     origin = captured.origin
     same_binding = binding is captured or (
-        origin is not None and (binding is origin or (isinstance(binding, FrozenIOBinding) and binding.origin is origin))
+        origin is not None
+        and (binding is origin or (isinstance(binding, FrozenIOBinding) and binding.origin is origin))
     )
     if not same_binding:
         raise CaptureStateError(
@@ -189,7 +190,9 @@ def check_replay_binding(graph: CapturedGraph, binding: AnyBinding) -> None:
     if binding.signature != captured.signature:
         now = {row[:2]: row[2:] for row in binding.signature}
         then = {row[:2]: row[2:] for row in captured.signature}
-        changed = sorted(f"{role} {name!r}" for role, name in set(now) | set(then) if now.get((role, name)) != then.get((role, name)))
+        changed = sorted(
+            f"{role} {name!r}" for role, name in set(now) | set(then) if now.get((role, name)) != then.get((role, name))
+        )
         raise CaptureStateError(
             f"graph {graph.label} replays the buffers it was captured with, but this binding's {', '.join(changed)} "
             f"now refer to other buffers (it was rebound after the snapshot the graph was captured from was frozen); "

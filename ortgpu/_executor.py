@@ -141,7 +141,9 @@ class PipelineCache:
                 users = self._users.setdefault(key, {})
                 known = users.get(id(kernel))
                 if known is None or known() is not kernel:
-                    users[id(kernel)] = weakref.ref(kernel, functools.partial(_kernel_died, weakref.ref(self), key, id(kernel)))
+                    users[id(kernel)] = weakref.ref(
+                        kernel, functools.partial(_kernel_died, weakref.ref(self), key, id(kernel))
+                    )
             return pipeline
 
     def __len__(self) -> int:
@@ -207,7 +209,9 @@ def _kernel_died(cache_ref: "weakref.ref[PipelineCache]", key: Hashable, kernel_
             cache._release_dead()
         except Exception as error:  # noqa: BLE001 - never raise into the collector; the device frees it at the latest
             try:
-                warnings.warn(f"releasing a pipeline of a collected kernel failed: {error}", ResourceWarning, stacklevel=2)
+                warnings.warn(
+                    f"releasing a pipeline of a collected kernel failed: {error}", ResourceWarning, stacklevel=2
+                )
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
         finally:
@@ -341,8 +345,10 @@ class DeviceProgram(Generic[_Buffer]):
         missing = [n for n in self.plan.input_infos if n not in inputs]
         missing += [n for n in self.plan.output_infos if n not in outputs]
         if missing:
-            raise ModelError(f"no buffer given for {missing}; the plan needs inputs {sorted(self.plan.input_infos)} "
-                             f"and outputs {sorted(self.plan.output_infos)}")
+            raise ModelError(
+                f"no buffer given for {missing}; the plan needs inputs {sorted(self.plan.input_infos)} "
+                f"and outputs {sorted(self.plan.output_infos)}"
+            )
 
     def _bind_groups_for(self, inputs: _BufferMap, outputs: _BufferMap) -> list[int]:
         buffers = [inputs[n] for n in self.plan.input_infos] + [outputs[n] for n in self.plan.output_infos]
@@ -369,7 +375,9 @@ class DeviceProgram(Generic[_Buffer]):
                         name = step.inputs[binding.index]
                         info = step.input_infos[binding.index]
                         assert info is not None, "a kernel binds an absent optional input"
-                        entries.append(BindingEntry(slot, self._buffer_of(name, inputs, outputs), 0, padded_size(info.nbytes)))
+                        entries.append(
+                            BindingEntry(slot, self._buffer_of(name, inputs, outputs), 0, padded_size(info.nbytes))
+                        )
                     elif binding.kind == "output":
                         name = step.outputs[binding.index]
                         size = padded_size(step.output_infos[binding.index].nbytes)
@@ -377,7 +385,9 @@ class DeviceProgram(Generic[_Buffer]):
                     else:
                         assert step.op_plan is not None
                         size = padded_size(step.op_plan.scratch_sizes[binding.index])
-                        entries.append(BindingEntry(slot, self._slots[step.scratch_slots[binding.index]].handle, 0, size))
+                        entries.append(
+                            BindingEntry(slot, self._slots[step.scratch_slots[binding.index]].handle, 0, size)
+                        )
                 groups.append(self.device.create_bind_group(self._pipelines[step_index][kernel_index], entries))
         return groups
 
@@ -390,10 +400,13 @@ class DeviceProgram(Generic[_Buffer]):
     def _forget_dead_buffers(self) -> None:
         """Release the cached bind groups of buffers that were released or collected since they were cached (they
         can never be used again: a new buffer has a new generation, whatever its native address)."""
-        self._release_bind_groups([
-            key for key, (_, refs) in self._bind_groups.items()
-            if any((buffer := ref()) is None or buffer.released for ref in refs)
-        ])
+        self._release_bind_groups(
+            [
+                key
+                for key, (_, refs) in self._bind_groups.items()
+                if any((buffer := ref()) is None or buffer.released for ref in refs)
+            ]
+        )
 
     def _release_bind_groups(self, keys: Sequence[tuple[tuple[int, int], ...]]) -> None:
         for key in keys:
@@ -416,8 +429,14 @@ class DeviceProgram(Generic[_Buffer]):
                 commands.add_copy(source_buffer, 0, target, 0, padded_size(nbytes))
 
     def _record_steps(
-        self, commands: CommandList, first: int, stop: int, groups: list[int], group_start: int,
-        inputs: _BufferMap, outputs: _BufferMap,
+        self,
+        commands: CommandList,
+        first: int,
+        stop: int,
+        groups: list[int],
+        group_start: int,
+        inputs: _BufferMap,
+        outputs: _BufferMap,
     ) -> int:
         """Record steps ``first..stop-1`` (all on the device); returns the next bind-group index."""
         g = group_start
@@ -459,7 +478,9 @@ class DeviceProgram(Generic[_Buffer]):
         """One command list per step of a fully-on-device plan, in order (for profiling: submit each alone)."""
         self._check_io(inputs, outputs)
         if not self.plan.capturable:
-            raise ModelError(f"the plan runs nodes on the CPU ({', '.join(self.plan.cpu_nodes)}); profile a WebGPU-only plan")
+            raise ModelError(
+                f"the plan runs nodes on the CPU ({', '.join(self.plan.cpu_nodes)}); profile a WebGPU-only plan"
+            )
         groups = self._bind_groups_for(inputs, outputs)
         lists: list[tuple[PlannedStep, CommandList]] = []
         g = 0
@@ -496,7 +517,9 @@ class DeviceProgram(Generic[_Buffer]):
         if len(commands):
             submit(commands)
 
-    def _read(self, name: str, info: TensorInfo, host: dict[str, np.ndarray], inputs: _BufferMap, outputs: _BufferMap) -> np.ndarray:
+    def _read(
+        self, name: str, info: TensorInfo, host: dict[str, np.ndarray], inputs: _BufferMap, outputs: _BufferMap
+    ) -> np.ndarray:
         root = self.plan.root(name)
         if root in self.plan.constants:
             value = self.plan.constants[root]
@@ -510,7 +533,9 @@ class DeviceProgram(Generic[_Buffer]):
             host[root] = value
         return value.reshape(info.shape)
 
-    def _run_on_cpu(self, step: PlannedStep, host: dict[str, np.ndarray], inputs: _BufferMap, outputs: _BufferMap) -> None:
+    def _run_on_cpu(
+        self, step: PlannedStep, host: dict[str, np.ndarray], inputs: _BufferMap, outputs: _BufferMap
+    ) -> None:
         if all(info.size == 0 for name, info in zip(step.outputs, step.output_infos) if name):
             return
         values: list[np.ndarray | None] = [
@@ -559,4 +584,3 @@ class DeviceProgram(Generic[_Buffer]):
 
 def _empty_step(step: PlannedStep) -> bool:
     return all(info.size == 0 for name, info in zip(step.outputs, step.output_infos) if name)
-

@@ -111,7 +111,9 @@ class LoadLimits:
             max_fold_bytes=_checked("max_fold_bytes", max_fold_bytes)
             if max_fold_bytes is not None
             else _from_env(MAX_FOLD_BYTES_ENV, DEFAULT_MAX_FOLD_BYTES),
-            max_nodes=_checked("max_nodes", max_nodes) if max_nodes is not None else _from_env(MAX_NODES_ENV, DEFAULT_MAX_NODES),
+            max_nodes=_checked("max_nodes", max_nodes)
+            if max_nodes is not None
+            else _from_env(MAX_NODES_ENV, DEFAULT_MAX_NODES),
         )
 
 
@@ -158,9 +160,20 @@ class FoldBudget:
 # what constant folding may compute
 
 #: Operators whose output can be far bigger than their inputs, its size decided by input values.
-GROWING_OPS = frozenset({
-    "ConstantOfShape", "Expand", "Tile", "Range", "Pad", "Resize", "Upsample", "OneHot", "CenterCropPad", "Col2Im",
-})
+GROWING_OPS = frozenset(
+    {
+        "ConstantOfShape",
+        "Expand",
+        "Tile",
+        "Range",
+        "Pad",
+        "Resize",
+        "Upsample",
+        "OneHot",
+        "CenterCropPad",
+        "Col2Im",
+    }
+)
 
 
 def _known_bytes(names: Sequence[str], types: _Types) -> int | None:
@@ -356,17 +369,20 @@ def check_external_data(model: onnx.ModelProto, model_dir: str | None) -> bool:
                 "load the model from its path so the file can be found"
             )
         if "\0" in location:
-            raise InvalidModelError(f"{what} names external data {location!r}, a path with a NUL byte; the model is corrupt")
+            raise InvalidModelError(
+                f"{what} names external data {location!r}, a path with a NUL byte; the model is corrupt"
+            )
         if not location or os.path.isabs(location) or os.path.splitdrive(location)[0]:
             raise InvalidModelError(
-                f"{what} names external data {location!r}: only relative paths inside "
-                "the model's folder are allowed"
+                f"{what} names external data {location!r}: only relative paths inside the model's folder are allowed"
             )
         try:
             root = os.path.realpath(model_dir)
             target = os.path.realpath(os.path.join(root, location))
         except (OSError, ValueError) as error:
-            raise InvalidModelError(f"{what} names external data {location!r}, which is not a usable path: {error}") from None
+            raise InvalidModelError(
+                f"{what} names external data {location!r}, which is not a usable path: {error}"
+            ) from None
         if os.path.commonpath([root, target]) != root:
             raise InvalidModelError(
                 f"{what} names external data {location!r}, which leaves the model's "

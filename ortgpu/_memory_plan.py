@@ -73,7 +73,9 @@ def plan_memory(
                 tensors[name] = PlannedTensor(name, infos[name], "constant")
     for name in output_names:
         if name not in tensors and name in constants:
-            tensors[name] = PlannedTensor(name, TensorInfo(tuple(constants[name].shape), constants[name].dtype), "constant")
+            tensors[name] = PlannedTensor(
+                name, TensorInfo(tuple(constants[name].shape), constants[name].dtype), "constant"
+            )
 
     def root(name: str) -> str:
         return root_of(tensors, name)
@@ -132,7 +134,9 @@ def plan_memory(
     return MemoryPlan(tensors, planned_steps, slot_sizes, output_copies)
 
 
-def uploaded_constants(memory: MemoryPlan, constants: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], set[str]]:
+def uploaded_constants(
+    memory: MemoryPlan, constants: Mapping[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], set[str]]:
     """The constants the steps (and output copies) read, by name, and the names of those the device reads (bound
     to a kernel, or copied into an output): CPU steps read the others on the host."""
     tensors = memory.tensors
@@ -162,8 +166,18 @@ def _with_scratch(step: PlannedStep, scratch: tuple[int, ...]) -> PlannedStep:
     if not scratch:
         return step
     return PlannedStep(
-        step.node_names, step.op_types, step.placement, step.reason, step.operator, step.attrs, step.inputs,
-        step.outputs, step.input_infos, step.output_infos, step.op_plan, scratch,
+        step.node_names,
+        step.op_types,
+        step.placement,
+        step.reason,
+        step.operator,
+        step.attrs,
+        step.inputs,
+        step.outputs,
+        step.input_infos,
+        step.output_infos,
+        step.op_plan,
+        scratch,
     )
 
 

@@ -73,8 +73,18 @@ MAX_OPSET = 28
 _NUMPY_DTYPES = frozenset(
     np.dtype(name)
     for name in (
-        "float16", "float32", "float64", "int8", "int16", "int32", "int64",
-        "uint8", "uint16", "uint32", "uint64", "bool",
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
     )
 )
 
@@ -161,7 +171,11 @@ def onnx_dtype_to_numpy(elem_type: int, what: str) -> np.dtype[Any]:
     except Exception:  # noqa: BLE001 - unknown enum values, strings
         dtype = None
     if dtype is None or dtype not in _NUMPY_DTYPES:
-        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else str(elem_type)
+        name = (
+            onnx.TensorProto.DataType.Name(elem_type)
+            if elem_type in onnx.TensorProto.DataType.values()
+            else str(elem_type)
+        )
         raise UnsupportedOpError(
             f"{what} has element type {name}, which ortgpu does not support "
             "(supported: float16/32/64, int8..int64, uint8..uint64, bool)"
@@ -172,7 +186,9 @@ def onnx_dtype_to_numpy(elem_type: int, what: str) -> np.dtype[Any]:
 def _attribute_value(attribute: onnx.AttributeProto, node_text: str) -> Any:
     kind = attribute.type
     if kind in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        raise UnsupportedOpError(f"{node_text} has a subgraph attribute {attribute.name!r}; ortgpu runs no control flow")
+        raise UnsupportedOpError(
+            f"{node_text} has a subgraph attribute {attribute.name!r}; ortgpu runs no control flow"
+        )
     if kind == onnx.AttributeProto.TENSOR:
         return _to_array(attribute.t, f"tensor attribute {attribute.name!r} of {node_text}")
     if kind == onnx.AttributeProto.TENSORS:
@@ -266,14 +282,14 @@ def _graph_nodes(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[Grap
             name = f"{name}_{index}"
         used_names.add(name)
         if domain not in opsets:
-            raise InvalidModelError(f"node {name!r} ({proto.op_type}) uses domain {domain!r}, which the model does not import")
+            raise InvalidModelError(
+                f"node {name!r} ({proto.op_type}) uses domain {domain!r}, which the model does not import"
+            )
         opset = opsets[domain]
         text = f"{proto.op_type} node {name!r} (opset {opset})"
         attrs: dict[str, Any] = {a.name: _attribute_value(a, text) for a in proto.attribute}
         attrs["__proto_attributes__"] = tuple(proto.attribute)
-        nodes.append(
-            GraphNode(name, proto.op_type, domain, tuple(proto.input), tuple(proto.output), attrs, opset)
-        )
+        nodes.append(GraphNode(name, proto.op_type, domain, tuple(proto.input), tuple(proto.output), attrs, opset))
     return _topological(nodes, graph)
 
 
@@ -323,7 +339,9 @@ def _topological(nodes: list[GraphNode], graph: onnx.GraphProto) -> list[GraphNo
 
 def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
     if not value.type.HasField("tensor_type"):
-        raise UnsupportedOpError(f"{what} {value.name!r} is not a tensor (sequences, maps and optionals are not supported)")
+        raise UnsupportedOpError(
+            f"{what} {value.name!r} is not a tensor (sequences, maps and optionals are not supported)"
+        )
     dtype = onnx_dtype_to_numpy(value.type.tensor_type.elem_type, f"{what} {value.name!r}")
     dims: list[Dim] = []
     if value.type.tensor_type.HasField("shape"):
@@ -346,7 +364,9 @@ def _check_supported(nodes: Sequence[GraphNode]) -> None:
             problems.append(f"{node.describe()}: {error}")
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise UnsupportedOpError("the model uses operators ortgpu does not implement: " + "; ".join(problems[:5]) + more)
+        raise UnsupportedOpError(
+            "the model uses operators ortgpu does not implement: " + "; ".join(problems[:5]) + more
+        )
 
 
 def load_model(

@@ -245,8 +245,12 @@ def _plan_steps(ctx: RewriteContext, nodes: Sequence[GraphNode], allow_cpu: bool
             step = fold_transposes(ctx, node, transposes, operator, attrs)
             if step is None:  # the MatMul could not take them: the transposes run as their own steps
                 for transpose, _ in transposes.values():
-                    own = plan_node(ctx, transpose, get_operator(transpose.op_type, transpose.opset, ""),
-                                    public_attrs(transpose.attrs))
+                    own = plan_node(
+                        ctx,
+                        transpose,
+                        get_operator(transpose.op_type, transpose.opset, ""),
+                        public_attrs(transpose.attrs),
+                    )
                     if own.placement == "cpu":
                         cpu_problems.append(f"{transpose.describe()}: {own.reason}")
                     steps.append(own)

@@ -337,12 +337,32 @@ def _resolve_unknown_dims(
 
 #: Input positions whose values (not just shapes) decide an operator's output shape.
 SHAPE_INPUT_POSITIONS: dict[str, tuple[int, ...]] = {
-    "Reshape": (1,), "Unsqueeze": (1,), "Squeeze": (1,), "Slice": (1, 2, 3, 4), "Expand": (1,),
-    "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2), "Split": (1,), "Pad": (1, 3),
-    "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
-    "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
-    "ReduceSumSquare": (1,), "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,),
-    "CenterCropPad": (1,), "Col2Im": (1, 2),
+    "Reshape": (1,),
+    "Unsqueeze": (1,),
+    "Squeeze": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Expand": (1,),
+    "Tile": (1,),
+    "ConstantOfShape": (0,),
+    "Range": (0, 1, 2),
+    "Split": (1,),
+    "Pad": (1, 3),
+    "ReduceSum": (1,),
+    "ReduceMean": (1,),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
+    "ReduceProd": (1,),
+    "ReduceL1": (1,),
+    "ReduceL2": (1,),
+    "ReduceLogSum": (1,),
+    "ReduceLogSumExp": (1,),
+    "ReduceSumSquare": (1,),
+    "Resize": (1, 2, 3),
+    "Upsample": (1,),
+    "TopK": (1,),
+    "OneHot": (1,),
+    "CenterCropPad": (1,),
+    "Col2Im": (1, 2),
 }
 
 

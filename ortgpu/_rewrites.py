@@ -96,7 +96,9 @@ def plan_node(ctx: RewriteContext, node: GraphNode, operator: Operator, attrs: M
     input_infos = ctx.infos_of(node.inputs)
     output_infos = tuple(ctx.infos[name] if name else TensorInfo((0,), np.dtype(np.float32)) for name in node.outputs)
     try:
-        op_plan: OpPlan | None = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(node.inputs))
+        op_plan: OpPlan | None = operator.plan(
+            input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(node.inputs)
+        )
         placement: Placement = "webgpu"
         reason = "WGSL kernel" if op_plan is not None and op_plan.kernels else "no kernel needed (alias or empty)"
     except NotOnDevice as why:
@@ -104,8 +106,17 @@ def plan_node(ctx: RewriteContext, node: GraphNode, operator: Operator, attrs: M
         placement = "cpu"
         reason = str(why) or "no WebGPU kernel"
     return PlannedStep(
-        (node.name,), (node.op_type,), placement, reason, operator, attrs,
-        tuple(node.inputs), tuple(node.outputs), input_infos, output_infos, op_plan,
+        (node.name,),
+        (node.op_type,),
+        placement,
+        reason,
+        operator,
+        attrs,
+        tuple(node.inputs),
+        tuple(node.outputs),
+        input_infos,
+        output_infos,
+        op_plan,
     )
 
 
@@ -279,7 +290,9 @@ def _is_constant(name: str, constants: Mapping[str, np.ndarray], expected: float
 _SQRT2 = float(np.sqrt(2.0))
 
 
-def fuse_epilogue(ctx: RewriteContext, node: GraphNode, operator: Operator, attrs: Mapping[str, Any]) -> PlannedStep | None:
+def fuse_epilogue(
+    ctx: RewriteContext, node: GraphNode, operator: Operator, attrs: Mapping[str, Any]
+) -> PlannedStep | None:
     """``node`` (a fusable producer) with the chain of elementwise nodes after it as its epilogue, or None when
     no node follows that can ride on it (or the operator does not take the epilogue)."""
     current = node.outputs[0]
@@ -335,9 +348,17 @@ def fuse_epilogue(ctx: RewriteContext, node: GraphNode, operator: Operator, attr
     except (UnsupportedOpError, KeyError, TypeError, ValueError, AssertionError):
         return None  # the operator does not take this epilogue: run the nodes one by one
     return PlannedStep(
-        tuple(n.name for n in group), tuple(n.op_type for n in group), "webgpu",
-        "WGSL kernel, fused epilogue " + "+".join(str(s[0]) for s in epilogue), operator, fused_attrs,
-        tuple(inputs), (current,) + tuple(node.outputs[1:]), input_infos, output_infos, op_plan,
+        tuple(n.name for n in group),
+        tuple(n.op_type for n in group),
+        "webgpu",
+        "WGSL kernel, fused epilogue " + "+".join(str(s[0]) for s in epilogue),
+        operator,
+        fused_attrs,
+        tuple(inputs),
+        (current,) + tuple(node.outputs[1:]),
+        input_infos,
+        output_infos,
+        op_plan,
     )
 
 

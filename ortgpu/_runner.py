@@ -115,7 +115,9 @@ class SessionRunner:
     # -- lifetime (GraphOwner) ------------------------------------------------------------------
     def check_open(self, what: str = "use the session") -> None:
         if self.closed:
-            raise ReleasedValueError(f"cannot {what}: session {self.session_id} is closed; create a new InferenceSession")
+            raise ReleasedValueError(
+                f"cannot {what}: session {self.session_id} is closed; create a new InferenceSession"
+            )
         self.env.check_open()
 
     def closed_reason(self) -> str | None:
@@ -176,7 +178,9 @@ class SessionRunner:
         """``run_with_ort_values()``: OrtValues in, new session-owned device values out."""
         with self.lock:
             shapes = {n: tuple(v.shape()) for n, v in values.items()}
-            plan = self.plan_for(shapes, {n: v.dtype for n, v in values.items()}, self.values_deciding_shapes(values, {}))
+            plan = self.plan_for(
+                shapes, {n: v.dtype for n, v in values.items()}, self.values_deciding_shapes(values, {})
+            )
             outputs = {n: self.allocator.empty(info.shape, info.dtype) for n, info in plan.output_infos.items()}
             self.run_bound(plan, dict(values), {}, dict(outputs))
         return [outputs[name] for name in order]
@@ -272,7 +276,9 @@ class SessionRunner:
                 self.plans[key] = plan
             return plan
 
-    def values_deciding_shapes(self, values: Mapping[str, AnyValue], cpu_inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def values_deciding_shapes(
+        self, values: Mapping[str, AnyValue], cpu_inputs: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
         """Host copies of the inputs whose values decide shapes (a synchronous read for device values)."""
         chosen: dict[str, np.ndarray] = {}
         for name in self.model.value_dependent_inputs:
@@ -284,7 +290,9 @@ class SessionRunner:
 
     def new_program(self, plan: ExecutionPlan) -> DeviceProgram[DeviceBuffer]:
         """A program for ``plan``: its intermediates come from this session's allocator and die with it."""
-        return DeviceProgram(plan, self.backend_device, self.pipelines, self.allocator._allocate, _release_intermediate, self.weights)
+        return DeviceProgram(
+            plan, self.backend_device, self.pipelines, self.allocator._allocate, _release_intermediate, self.weights
+        )
 
     def submission(self) -> ContextManager[object]:
         """What a submission holds: the Env's serial lock in ``serialized`` mode, else nothing."""
@@ -300,7 +308,10 @@ class SessionRunner:
             self.backend_device.submit_and_read(commands, reads)
 
     def staged_run(
-        self, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, np.dtype[Any]], values: Mapping[str, np.ndarray]
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        dtypes: Mapping[str, np.dtype[Any]],
+        values: Mapping[str, np.ndarray],
     ) -> _StagedRun:
         key = self.plan_key(shapes, values)
         staged = self.staged.get(key)
@@ -373,9 +384,13 @@ class SessionRunner:
         inputs, outputs, cpu_inputs = binding.inputs(), binding.outputs(), binding.cpu_inputs()
         missing = [n for n in self.input_names if n not in inputs and n not in cpu_inputs]
         if missing:
-            raise CaptureStateError(
-                f"inputs {missing} are not bound; bind every input (binding.bind_input(name, value)) before running"
-            ) if for_capture else InvalidArgumentError(f"inputs {missing} are not bound; bind every input before running")
+            raise (
+                CaptureStateError(
+                    f"inputs {missing} are not bound; bind every input (binding.bind_input(name, value)) before running"
+                )
+                if for_capture
+                else InvalidArgumentError(f"inputs {missing} are not bound; bind every input before running")
+            )
         unbound = [n for n in self.output_names if n not in outputs]
         if unbound:
             message = f"outputs {unbound} are not bound; bind each to a device value (binding.bind_output(name, session.allocator.empty(shape, dtype)))"

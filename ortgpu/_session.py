@@ -166,7 +166,11 @@ class InferenceSession(NotCopyable):
         return [_node_arg(info) for info in self._runner.model.outputs]
 
     def get_providers(self) -> list[str]:
-        return ["WebGpuExecutionProvider", "CPUExecutionProvider"] if self.allow_cpu_fallback else ["WebGpuExecutionProvider"]
+        return (
+            ["WebGpuExecutionProvider", "CPUExecutionProvider"]
+            if self.allow_cpu_fallback
+            else ["WebGpuExecutionProvider"]
+        )
 
     def get_node_placement(
         self,
@@ -237,7 +241,11 @@ class InferenceSession(NotCopyable):
         return IOBinding._create(self, self._runner)
 
     def create_ortvalue_from_shape_and_type(
-        self, shape: Sequence[int], element_type: npt.DTypeLike, device_type: str = "webgpu", device_id: int | None = None
+        self,
+        shape: Sequence[int],
+        element_type: npt.DTypeLike,
+        device_type: str = "webgpu",
+        device_id: int | None = None,
     ) -> OrtValue[WebGPU]:
         """A zero-filled session-owned device value (same as ``session.allocator.empty``)."""
         self._runner.check_open("allocate a value")
@@ -329,7 +337,9 @@ class InferenceSession(NotCopyable):
     # -- bindings, capture and replay ----------------------------------------------------------
     def _check_binding(self, binding: object) -> AnyBinding:
         if not isinstance(binding, (IOBinding, FrozenIOBinding)):
-            raise ArgumentTypeError(f"expected an IOBinding or FrozenIOBinding from session.io_binding(), got {type(binding).__name__}")
+            raise ArgumentTypeError(
+                f"expected an IOBinding or FrozenIOBinding from session.io_binding(), got {type(binding).__name__}"
+            )
         if binding.session is not self:
             raise ProvenanceError(
                 f"this binding belongs to session {binding.session_id}, not session {self.session_id}; "

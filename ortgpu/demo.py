@@ -21,7 +21,9 @@ from onnx import TensorProto, helper, numpy_helper
 import ortgpu
 
 
-def build_mlp(layers: int, width: int, batch: int, seed: int = 0) -> tuple[onnx.ModelProto, list[tuple[np.ndarray, np.ndarray]]]:
+def build_mlp(
+    layers: int, width: int, batch: int, seed: int = 0
+) -> tuple[onnx.ModelProto, list[tuple[np.ndarray, np.ndarray]]]:
     """``layers`` x [MatMul width x width, Add bias, Relu] as an ONNX model, with its weights."""
     rng = np.random.default_rng(seed)
     nodes, initializers, weights = [], [], []
@@ -83,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
 
     env = ortgpu.Env(backend=args.backend)
     device = env.default_device
-    print(f"device: {device.name} ({device.backend_type}, {device.adapter_type}, vendor_id=0x{device.vendor_id:04x}, "
-          f"device_id=0x{device.device_id:04x})")
+    print(
+        f"device: {device.name} ({device.backend_type}, {device.adapter_type}, vendor_id=0x{device.vendor_id:04x}, "
+        f"device_id=0x{device.device_id:04x})"
+    )
     model, weights = build_mlp(args.layers, args.width, args.batch)
     rng = np.random.default_rng(1)
     batch = rng.standard_normal((args.batch, args.width)).astype(np.float32)
@@ -92,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     with ortgpu.InferenceSession(model.SerializeToString(), env=env, device=device, graph_capture=True) as sess:
         placement = sess.get_node_placement()
         on_gpu = sum(1 for p in placement if p.placement == "webgpu")
-        print(f"model: {args.layers} x [MatMul {args.width}x{args.width} + Add + Relu], batch {args.batch}; "
-              f"{on_gpu}/{len(placement)} nodes placed on WebGPU")
+        print(
+            f"model: {args.layers} x [MatMul {args.width}x{args.width} + Add + Relu], batch {args.batch}; "
+            f"{on_gpu}/{len(placement)} nodes placed on WebGPU"
+        )
         (out,) = sess.run(None, {"X": batch})
         expected = reference(batch, weights)
         error = relative_error(out, expected)
@@ -110,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             graph.replay()
             expected_second = reference(second, weights)
             replay_error = relative_error(y.to_numpy(), expected_second)
-            print(f"captured graph: {graph.dispatch_count} dispatches; replay on new input, relative error {replay_error:.2e}")
+            print(
+                f"captured graph: {graph.dispatch_count} dispatches; replay on new input, relative error {replay_error:.2e}"
+            )
 
             def uncaptured() -> object:
                 return sess.run(None, {"X": batch})
@@ -121,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                 return y.to_numpy()
 
             run_ms, replay_ms = alternating_median_ms([uncaptured, captured], args.repeats)
-        print(f"end to end, median of {args.repeats}: run() {run_ms:.3f} ms, update_inplace + replay + to_numpy "
-              f"{replay_ms:.3f} ms (ratio {run_ms / replay_ms:.2f}x)")
+        print(
+            f"end to end, median of {args.repeats}: run() {run_ms:.3f} ms, update_inplace + replay + to_numpy "
+            f"{replay_ms:.3f} ms (ratio {run_ms / replay_ms:.2f}x)"
+        )
         ok = error < 1e-4 and replay_error < 1e-4
     env.close()
     print("OK" if ok else "MISMATCH")

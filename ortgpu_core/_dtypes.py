@@ -26,12 +26,15 @@ _ONNX_ELEMENT_TYPES: dict[np.dtype[Any], tuple[int, str]] = {
     np.dtype(np.uint64): (13, "uint64"),
 }
 _FROM_ONNX: dict[int, np.dtype[Any]] = {number: dtype for dtype, (number, _) in _ONNX_ELEMENT_TYPES.items()}
-_FROM_ONNX_NAME: dict[str, np.dtype[Any]] = {f"tensor({name})": dtype for dtype, (_, name) in _ONNX_ELEMENT_TYPES.items()}
+_FROM_ONNX_NAME: dict[str, np.dtype[Any]] = {
+    f"tensor({name})": dtype for dtype, (_, name) in _ONNX_ELEMENT_TYPES.items()
+}
 
 #: What a WebGPU buffer may hold (bit-exact numpy layout).  float64 and 64-bit
 #: unsigned integers have no use on a device without f64/u64 arithmetic.
 DEVICE_DTYPES = frozenset(
-    np.dtype(d) for d in (np.float32, np.float16, np.int32, np.uint32, np.int64, np.int16, np.uint16, np.int8, np.uint8, np.bool_)
+    np.dtype(d)
+    for d in (np.float32, np.float16, np.int32, np.uint32, np.int64, np.int16, np.uint16, np.int8, np.uint8, np.bool_)
 )
 
 
@@ -47,8 +50,7 @@ def as_dtype(dtype: Any) -> np.dtype[Any]:
         raise DtypeError(f"{dtype!r} is not a dtype: give a numpy dtype or its name, e.g. 'float32'") from error
     if result not in _ONNX_ELEMENT_TYPES:
         raise DtypeError(
-            f"dtype {result} is not supported: use one of "
-            + ", ".join(sorted(str(d) for d in _ONNX_ELEMENT_TYPES))
+            f"dtype {result} is not supported: use one of " + ", ".join(sorted(str(d) for d in _ONNX_ELEMENT_TYPES))
         )
     return result
 

@@ -52,7 +52,9 @@ def pytest_configure(config: pytest.Config) -> None:
         from ortgpu_core.backends import wgpu_native
 
         def refuse(*args: object, **kwargs: object) -> None:
-            raise AssertionError("this test uses wgpu-native under --backend=fake; mark it wgpu_only or use backend_name")
+            raise AssertionError(
+                "this test uses wgpu-native under --backend=fake; mark it wgpu_only or use backend_name"
+            )
 
         wgpu_native.WgpuBackend.__init__ = refuse  # type: ignore[method-assign,assignment]
 

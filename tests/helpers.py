@@ -73,7 +73,9 @@ def run_model(
             if array.nbytes:
                 device.write_buffer(buffer.handle, 0, padded_bytes(array))
             input_buffers[name] = buffer
-        output_buffers = {name: allocate(padded_size(info.nbytes), "output") for name, info in plan.output_infos.items()}
+        output_buffers = {
+            name: allocate(padded_size(info.nbytes), "output") for name, info in plan.output_infos.items()
+        }
         program.run(input_buffers, output_buffers, device.submit)
         results = []
         for name in loaded.output_names:
@@ -82,7 +84,9 @@ def run_model(
                 results.append(np.zeros(info.shape, dtype=info.dtype))
                 continue
             raw = device.read_buffer(output_buffers[name].handle, 0, padded_size(info.nbytes))
-            results.append(np.frombuffer(raw, dtype=np.uint8, count=info.nbytes).view(info.dtype).reshape(info.shape).copy())
+            results.append(
+                np.frombuffer(raw, dtype=np.uint8, count=info.nbytes).view(info.dtype).reshape(info.shape).copy()
+            )
         return results, plan
     finally:
         if program is not None:

@@ -102,8 +102,13 @@ def test_configured_devices() -> None:
         devices=[
             FakeDeviceSpec(),
             FakeDeviceSpec(
-                vendor_id=0x10DE, device_id=0x2330, name="Pretend H100", adapter_type="DiscreteGPU",
-                backend_type="Vulkan", features=frozenset(), limits=small,
+                vendor_id=0x10DE,
+                device_id=0x2330,
+                name="Pretend H100",
+                adapter_type="DiscreteGPU",
+                backend_type="Vulkan",
+                features=frozenset(),
+                limits=small,
             ),
         ]
     )
@@ -199,7 +204,9 @@ def test_copies_and_clears_execute_in_record_order(device: FakeDevice) -> None:
 @given(
     st.lists(
         st.one_of(
-            st.tuples(st.just("write"), st.integers(0, 1), st.integers(0, 7), st.integers(1, 3), st.integers(0, 2**32 - 1)),
+            st.tuples(
+                st.just("write"), st.integers(0, 1), st.integers(0, 7), st.integers(1, 3), st.integers(0, 2**32 - 1)
+            ),
             st.tuples(st.just("copy"), st.integers(0, 1), st.integers(0, 7), st.integers(0, 7), st.integers(1, 4)),
             st.tuples(st.just("clear"), st.integers(0, 1), st.integers(0, 7), st.integers(1, 4)),
             st.tuples(st.just("submit")),
@@ -394,13 +401,39 @@ def test_frozen_command_list_replays(device: FakeDevice) -> None:
 @pytest.mark.parametrize(
     ("entries", "message"),
     [
-        (lambda s, d, p: [BindingEntry(0, s, 0, 16), BindingEntry(1, d, 0, 16)], r"no entry for the shader's binding\(s\) \[2\]"),
-        (lambda s, d, p: [BindingEntry(0, s, 0, 16), BindingEntry(1, d, 0, 16), BindingEntry(2, p, 0, 16), BindingEntry(3, d, 256, 16)], "declares no @group"),
-        (lambda s, d, p: [BindingEntry(0, s, 0, 16), BindingEntry(1, d, 0, 16), BindingEntry(2, s, 256, 16)], "declares a uniform binding"),
-        (lambda s, d, p: [BindingEntry(0, p, 0, 16), BindingEntry(1, d, 0, 16), BindingEntry(2, p, 0, 16)], "declares a storage binding"),
-        (lambda s, d, p: [BindingEntry(0, s, 4, 16), BindingEntry(1, d, 0, 16), BindingEntry(2, p, 0, 16)], "not a multiple of 256"),
-        (lambda s, d, p: [BindingEntry(0, s, 0, 0), BindingEntry(1, d, 0, 16), BindingEntry(2, p, 0, 16)], "must be positive"),
-        (lambda s, d, p: [BindingEntry(0, s, 256, 512), BindingEntry(1, d, 0, 16), BindingEntry(2, p, 0, 16)], "outside buffer"),
+        (
+            lambda s, d, p: [BindingEntry(0, s, 0, 16), BindingEntry(1, d, 0, 16)],
+            r"no entry for the shader's binding\(s\) \[2\]",
+        ),
+        (
+            lambda s, d, p: [
+                BindingEntry(0, s, 0, 16),
+                BindingEntry(1, d, 0, 16),
+                BindingEntry(2, p, 0, 16),
+                BindingEntry(3, d, 256, 16),
+            ],
+            "declares no @group",
+        ),
+        (
+            lambda s, d, p: [BindingEntry(0, s, 0, 16), BindingEntry(1, d, 0, 16), BindingEntry(2, s, 256, 16)],
+            "declares a uniform binding",
+        ),
+        (
+            lambda s, d, p: [BindingEntry(0, p, 0, 16), BindingEntry(1, d, 0, 16), BindingEntry(2, p, 0, 16)],
+            "declares a storage binding",
+        ),
+        (
+            lambda s, d, p: [BindingEntry(0, s, 4, 16), BindingEntry(1, d, 0, 16), BindingEntry(2, p, 0, 16)],
+            "not a multiple of 256",
+        ),
+        (
+            lambda s, d, p: [BindingEntry(0, s, 0, 0), BindingEntry(1, d, 0, 16), BindingEntry(2, p, 0, 16)],
+            "must be positive",
+        ),
+        (
+            lambda s, d, p: [BindingEntry(0, s, 256, 512), BindingEntry(1, d, 0, 16), BindingEntry(2, p, 0, 16)],
+            "outside buffer",
+        ),
         (lambda s, d, p: [BindingEntry(0, s, 0, 16), BindingEntry(0, d, 0, 16), BindingEntry(2, p, 0, 16)], "distinct"),
     ],
 )
@@ -459,7 +492,11 @@ def test_dispatch_validation_is_atomic(device: FakeDevice) -> None:
 def test_writable_binding_sharing_a_buffer_is_rejected_at_submit(device: FakeDevice) -> None:
     # wgpu-native rejects a read_write binding sharing its buffer with another
     # binding of the same dispatch, even on disjoint ranges.
-    shared, other, params = device.create_buffer(1024), device.create_buffer(1024), device.create_buffer(16, uniform=True)
+    shared, other, params = (
+        device.create_buffer(1024),
+        device.create_buffer(1024),
+        device.create_buffer(16, uniform=True),
+    )
     pipeline = device.create_compute_pipeline(SCALE, twin=scale)
     separate = device.create_bind_group(
         pipeline, [BindingEntry(0, shared, 0, 256), BindingEntry(1, other, 0, 16), BindingEntry(2, params, 0, 16)]

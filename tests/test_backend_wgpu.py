@@ -134,7 +134,7 @@ def test_cdef_constants_and_preprocessor() -> None:
     assert lib.WGPUBufferUsage_Storage == 0x80
     assert lib.WGPU_WHOLE_SIZE == 2**64 - 1
     assert lib.WGPUInstanceBackend_Primary == (1 << 0) | (1 << 2) | (1 << 3) | (1 << 5)
-    text = "#define A_ATTR\n#ifdef __cplusplus\nextern \"C\" {\n#endif\ntypedef int T A_ATTR; // c\n#define K (UINT32_C(3))\n"
+    text = '#define A_ATTR\n#ifdef __cplusplus\nextern "C" {\n#endif\ntypedef int T A_ATTR; // c\n#define K (UINT32_C(3))\n'
     assert _cdef.preprocess_header(text) == "typedef int T;\n#define K 0x3\n"
 
 
@@ -322,7 +322,9 @@ def test_invalid_command_buffer_is_not_submitted(clean: WgpuDevice) -> None:
     kernel = AddKernel(device, 64, row=64)
     try:
         commands = CommandList()
-        commands.add_dispatch(kernel.pipeline, kernel.bind_group, device.limits.max_compute_workgroups_per_dimension + 1)
+        commands.add_dispatch(
+            kernel.pipeline, kernel.bind_group, device.limits.max_compute_workgroups_per_dimension + 1
+        )
         assert commands.encode_submit_native(device.native_table) is False
         with pytest.raises(ValidationError, match="65535"):
             device.wait_idle()  # the collected error is raised by the next call
@@ -403,11 +405,17 @@ def test_bind_group_argument_errors(clean: WgpuDevice) -> None:
         with pytest.raises(ValidationError, match="not a multiple of"):
             device.create_bind_group(kernel.pipeline, [BindingEntry(0, kernel.a, 4, 64)])
         with pytest.raises(ValidationError, match="used twice"):
-            device.create_bind_group(kernel.pipeline, [BindingEntry(0, kernel.a, 0, 64), BindingEntry(0, kernel.b, 0, 64)])
+            device.create_bind_group(
+                kernel.pipeline, [BindingEntry(0, kernel.a, 0, 64), BindingEntry(0, kernel.b, 0, 64)]
+            )
         with pytest.raises(ValidationError):  # binding 3 missing: wgpu-native's own validation
             device.create_bind_group(
                 kernel.pipeline,
-                [BindingEntry(0, kernel.a, 0, 256), BindingEntry(1, kernel.b, 0, 256), BindingEntry(2, kernel.out, 0, 256)],
+                [
+                    BindingEntry(0, kernel.a, 0, 256),
+                    BindingEntry(1, kernel.b, 0, 256),
+                    BindingEntry(2, kernel.out, 0, 256),
+                ],
             )
         with pytest.raises(ValidationError, match="not a live pipeline"):
             device.create_bind_group(kernel.a, [])
@@ -425,7 +433,9 @@ def test_f16_round_trip(clean: WgpuDevice) -> None:
     pipeline = device.create_compute_pipeline(F16_KERNEL, label="f16")
     source = device.create_buffer(size)
     result = device.create_buffer(size)
-    bind_group = device.create_bind_group(pipeline, [BindingEntry(0, source, 0, size), BindingEntry(1, result, 0, size)])
+    bind_group = device.create_bind_group(
+        pipeline, [BindingEntry(0, source, 0, size), BindingEntry(1, result, 0, size)]
+    )
     try:
         device.write_buffer(source, 0, x.tobytes())
         assert np.array_equal(np.frombuffer(device.read_buffer(source, 0, size), np.float16), x)
@@ -680,8 +690,12 @@ def test_encoded_ahead_buffer_is_released_with_what_it_uses(clean: WgpuDevice, r
             device.release_bind_group(kernel.bind_group)
             kernel.bind_group = device.create_bind_group(
                 kernel.pipeline,
-                [BindingEntry(0, kernel.a, 0, 4 * count), BindingEntry(1, kernel.b, 0, 4 * count),
-                 BindingEntry(2, kernel.out, 0, 4 * count), BindingEntry(3, kernel.params, 0, 16)],
+                [
+                    BindingEntry(0, kernel.a, 0, 4 * count),
+                    BindingEntry(1, kernel.b, 0, 4 * count),
+                    BindingEntry(2, kernel.out, 0, 4 * count),
+                    BindingEntry(3, kernel.params, 0, 16),
+                ],
             )
             assert device.live_handles() == ahead - 1  # one bind group swapped, the encoded buffer gone
         else:

@@ -36,7 +36,11 @@ WARMUP = 1
 TABLE_HEADER = re.compile(r"^arm\s+boundary\s+p50 ms\s+p90 ms\s+p99 ms\b", re.M)  # more columns may follow
 ORTGPU_ARMS = {
     "off": {"ortgpu capture off/end_to_end", "ortgpu capture off/run_only", "ortgpu run() numpy in/out/end_to_end"},
-    "on": {"ortgpu capture on/end_to_end", "ortgpu capture on/run_only", "ortgpu capture on, replay_and_read/end_to_end"},
+    "on": {
+        "ortgpu capture on/end_to_end",
+        "ortgpu capture on/run_only",
+        "ortgpu capture on, replay_and_read/end_to_end",
+    },
 }
 #: The wgpu backend encodes a graph's next replay ahead; its bench also times the captured step without that.
 NO_AHEAD_ARM = "ortgpu capture on, encode ahead off/end_to_end"
@@ -59,7 +63,17 @@ def run_bench(*argv: str) -> int:
 
 
 def small_args(model_path: str, backend_name: str, *extra: str) -> list[str]:
-    return ["--model", model_path, "--backend", backend_name, "--iterations", str(ITERATIONS), "--warmup", str(WARMUP), *extra]
+    return [
+        "--model",
+        model_path,
+        "--backend",
+        backend_name,
+        "--iterations",
+        str(ITERATIONS),
+        "--warmup",
+        str(WARMUP),
+        *extra,
+    ]
 
 
 def table_rows(stdout: str) -> dict[tuple[str, str], tuple[float, float, float]]:
@@ -74,8 +88,12 @@ def table_rows(stdout: str) -> dict[tuple[str, str], tuple[float, float, float]]
 
 def expected_adapter(device: ortgpu.Device) -> dict[str, Any]:
     return {
-        "name": device.name, "vendor_id": hex(device.vendor_id), "device_id": hex(device.device_id),
-        "backend": device.backend_type, "adapter_type": device.adapter_type, "driver": device.driver,
+        "name": device.name,
+        "vendor_id": hex(device.vendor_id),
+        "device_id": hex(device.device_id),
+        "backend": device.backend_type,
+        "adapter_type": device.adapter_type,
+        "driver": device.driver,
     }
 
 
@@ -134,8 +152,10 @@ def test_bench_both_arms_vs_onnxruntime_json(
     if provider == "WebGpuExecutionProvider":
         assert "peer_errors" not in report
     else:
-        assert report["peer_errors"] == {"capture on": "onnxruntime's CPU provider has no graph capture (install "
-                                                       "onnxruntime-ep-webgpu for a captured peer arm)"}
+        assert report["peer_errors"] == {
+            "capture on": "onnxruntime's CPU provider has no graph capture (install "
+            "onnxruntime-ep-webgpu for a captured peer arm)"
+        }
     assert set(report["peer_vs_ortgpu_rel_error"]) == peers
     assert all(0.0 <= error < 1e-4 for error in report["peer_vs_ortgpu_rel_error"].values())
     peer_arms = {f"{label}/{boundary}" for label in peers for boundary in bench_main.BOUNDARIES}
@@ -222,11 +242,13 @@ def _perturbed(original: Any, change: Any) -> Any:
     return step
 
 
-@pytest.mark.parametrize(
-    "change", [lambda a: a + 1.0, lambda a: np.full_like(a, np.nan)], ids=["shifted", "nan"]
-)
+@pytest.mark.parametrize("change", [lambda a: a + 1.0, lambda a: np.full_like(a, np.nan)], ids=["shifted", "nan"])
 def test_bench_refuses_timings_when_capture_outputs_differ(
-    backend_name: str, model_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Any,
+    backend_name: str,
+    model_path: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    change: Any,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(OrtgpuArms, "captured_end_to_end", _perturbed(OrtgpuArms.captured_end_to_end, change))
@@ -243,7 +265,10 @@ def test_bench_refuses_timings_when_capture_outputs_differ(
 
 
 def test_bench_refuses_timings_when_peer_outputs_differ(
-    backend_name: str, model_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    backend_name: str,
+    model_path: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(
@@ -305,7 +330,11 @@ def _matplotlib_available() -> bool:
 
 @pytest.mark.parametrize("hide_matplotlib", [False, True], ids=["as_installed", "without_matplotlib"])
 def test_bench_plot(
-    backend_name: str, model_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hide_matplotlib: bool,
+    backend_name: str,
+    model_path: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    hide_matplotlib: bool,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     if hide_matplotlib:
@@ -337,11 +366,15 @@ def _wgpu_py_available() -> bool:
 
 
 def test_bench_overhead_only(
-    backend_name: str, device: ortgpu.Device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    backend_name: str,
+    device: ortgpu.Device,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(
-        bench_overhead, "measure_overhead",
+        bench_overhead,
+        "measure_overhead",
         functools.partial(bench_overhead.measure_overhead, dispatches=DISPATCHES, iterations=OVERHEAD_ITERATIONS),
     )
     json_path = tmp_path / "out.json"
@@ -391,11 +424,15 @@ def test_overhead_without_wgpu_py(backend_name: str, device: ortgpu.Device, monk
 
 
 def test_bench_with_overhead_reports_both(
-    backend_name: str, model_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    backend_name: str,
+    model_path: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(
-        bench_overhead, "measure_overhead",
+        bench_overhead,
+        "measure_overhead",
         functools.partial(bench_overhead.measure_overhead, dispatches=DISPATCHES, iterations=3),
     )
     json_path = tmp_path / "out.json"
@@ -424,7 +461,8 @@ def test_profile_rows_and_json(
     assert report["baseline_us"] > 0
     steps = report["steps"]
     assert sorted((s["op"], s["output"], s["dispatches"]) for s in steps) == [
-        ("MatMul+Add", [1, 64], 1), ("MatMul+Add+Relu", [1, 64], 1)
+        ("MatMul+Add", [1, 64], 1),
+        ("MatMul+Add+Relu", [1, 64], 1),
     ]
     assert [s["us"] for s in steps] == sorted((s["us"] for s in steps), reverse=True)
     for step in steps:

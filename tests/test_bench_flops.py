@@ -59,7 +59,9 @@ def test_gemm_honours_transposes() -> None:
 def test_conv_with_groups_and_stride() -> None:
     # X [2, 8, 10, 10], W [6, 8/2, 3, 3], group 2, stride 2, pad 1 -> Y [2, 6, 5, 5];
     # each output element is a dot product of 4 input channels x 3 x 3 taps.
-    node = helper.make_node("Conv", ["X", "W", "B"], ["Y"], group=2, strides=[2, 2], pads=[1, 1, 1, 1], kernel_shape=[3, 3])
+    node = helper.make_node(
+        "Conv", ["X", "W", "B"], ["Y"], group=2, strides=[2, 2], pads=[1, 1, 1, 1], kernel_shape=[3, 3]
+    )
     model = _model([node], {"X": ["n", 8, 10, 10]}, {"W": (6, 4, 3, 3), "B": (6,)})
     assert model_flops(model, {"X": (2, 8, 10, 10)}) == 2 * (2 * 6 * 5 * 5) * (4 * 3 * 3)
     # Depthwise with dilation 2, no pads: [1, 8, 9, 9] -> [1, 8, 5, 5], one channel x 3 x 3 taps each.
@@ -96,10 +98,12 @@ def test_shapes_computed_at_run_time_are_followed() -> None:
         helper.make_node("MatMul", ["R", "W"], ["Y"]),
     ]
     model = _model(nodes, {"X": ["n", 12]}, {"W": (4, 5)})
-    model.graph.initializer.extend([
-        numpy_helper.from_array(np.array([0], np.int64), "zero"),
-        numpy_helper.from_array(np.array([3, 4], np.int64), "tail"),
-    ])
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([0], np.int64), "zero"),
+            numpy_helper.from_array(np.array([3, 4], np.int64), "tail"),
+        ]
+    )
     before = model.SerializeToString()
     assert model_flops(model, {"X": (6, 12)}) == 2 * 6 * 3 * 4 * 5
     assert model.SerializeToString() == before  # the folding and the fixed dims live on a copy
@@ -128,7 +132,9 @@ def test_chain_models_run_on_ortgpu(env: ortgpu.Env, name: str) -> None:
     model, shapes = build_model(name, 2 if name.startswith("conv") else 1)
     assert shapes == ({"X": (8, 64)} if name.startswith("matmul") else {"X": (2, 4, 8, 8)})
     feeds = random_feeds(model, shapes)
-    expected = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    expected = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
     if name.startswith("matmul"):
         x = feeds["X"].astype(np.float64)
         for weight in model.graph.initializer:

@@ -68,10 +68,29 @@ def test_dispatch_floor_probe_runs_every_dispatch(device: ortgpu_core.Device) ->
     probe.release()  # idempotent
 
 
-def test_gemv_sweep_interleaves_probes_and_prints_a_table(backend_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_gemv_sweep_interleaves_probes_and_prints_a_table(
+    backend_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "sweep.json"
-    code = sweep_kernels.main(["--backend", backend_name, "--shapes", "mlp16", "--quick", "--rounds", "2", "--probe-mb", "1",
-                               "--budget-ms", "1", "--cold-mb", "12", "--json", str(out)])
+    code = sweep_kernels.main(
+        [
+            "--backend",
+            backend_name,
+            "--shapes",
+            "mlp16",
+            "--quick",
+            "--rounds",
+            "2",
+            "--probe-mb",
+            "1",
+            "--budget-ms",
+            "1",
+            "--cold-mb",
+            "12",
+            "--json",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed
     report = json.loads(out.read_text())
@@ -81,7 +100,9 @@ def test_gemv_sweep_interleaves_probes_and_prints_a_table(backend_name: str, tmp
     assert len(rows) >= 5 and sum(row["is_default"] for row in rows) == 1
     for row in rows:
         assert row["err_vs_first"] < 1e-5
-        assert row["measured_gbs"] > 0 and row["measured_percent"] == pytest.approx(100 * row["gbs"] / row["measured_gbs"])
+        assert row["measured_gbs"] > 0 and row["measured_percent"] == pytest.approx(
+            100 * row["gbs"] / row["measured_gbs"]
+        )
     (best,) = report["gemv_best"]
     assert best["best_us"] == min(row["us"] for row in rows)
     assert "measured bandwidth" in printed and "dispatch floor" in printed

@@ -85,7 +85,8 @@ def cpu_node_model(kind: str) -> bytes:
         helper.make_node("Cast", ["wide_y"], ["Y"], to=TensorProto.FLOAT, name="to_float"),
     ]
     graph = helper.make_graph(
-        nodes, "cpu_node",
+        nodes,
+        "cpu_node",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [BATCH, WIDTH])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [BATCH, WIDTH])],
         [numpy_helper.from_array(two, "two")],
@@ -106,7 +107,9 @@ def session(env: Env) -> Iterator[InferenceSession]:
     sess.close()
 
 
-def bound(sess: InferenceSession, *, shared: bool = False, x: np.ndarray | None = None) -> tuple[IOBinding, OrtValue[Any], OrtValue[Any]]:
+def bound(
+    sess: InferenceSession, *, shared: bool = False, x: np.ndarray | None = None
+) -> tuple[IOBinding, OrtValue[Any], OrtValue[Any]]:
     """A binding of fresh device values: input ``x`` (uploaded) and a zero output."""
     allocator = sess.env.shared_allocator(sess.device) if shared else sess.allocator
     x_value = allocator.from_numpy(image() if x is None else x)
@@ -262,13 +265,22 @@ def test_capture_from_a_frozen_binding_and_typestate(session: InferenceSession) 
     binding, x, y = bound(session)
     frozen = binding.freeze()
     assert isinstance(frozen, FrozenIOBinding) and frozen.origin is binding
-    for method in ("bind_input", "bind_output", "bind_cpu_input", "clear_binding_inputs", "clear_binding_outputs", "freeze"):
+    for method in (
+        "bind_input",
+        "bind_output",
+        "bind_cpu_input",
+        "clear_binding_inputs",
+        "clear_binding_outputs",
+        "freeze",
+    ):
         assert not hasattr(frozen, method), method
     assert not hasattr(binding, "replay")
     graph = session.capture(frozen, graph_id=3)
     assert isinstance(graph, CapturedGraph) and graph.graph_id == 3
     assert graph.binding is frozen
-    with raises(CaptureStateError, "cannot bind input 'X'", "captured by graph 3 of session", "release_captured_graph(3)"):
+    with raises(
+        CaptureStateError, "cannot bind input 'X'", "captured by graph 3 of session", "release_captured_graph(3)"
+    ):
         binding.bind_input("X", x)
     batch = image()
     x.update_inplace(batch)
@@ -288,7 +300,12 @@ def test_release_returns_the_binding_mutable_again_and_is_idempotent(session: In
     assert graph.released and session.captured_graph_ids == []
     assert buffer(x).pins == () and buffer(y).pins == ()
     assert graph.release() is binding  # idempotent
-    with raises(CaptureStateError, "graph 0 of session", "was released and can no longer be replayed", "session.capture(binding, graph_id=0)"):
+    with raises(
+        CaptureStateError,
+        "graph 0 of session",
+        "was released and can no longer be replayed",
+        "session.capture(binding, graph_id=0)",
+    ):
         graph.replay()
     # Mutable again: rebind, capture the same id again, and it computes on the new value.
     other = session.allocator.from_numpy(image())
@@ -368,7 +385,9 @@ def test_captured_id_rejects_a_different_binding(session: InferenceSession) -> N
     other_binding, x2, y2 = bound(session)
     graph = session.capture(binding, graph_id=0)
     before = y2.to_numpy()
-    with raises(CaptureStateError, "graph 0 of session", "was captured with another binding", "release_captured_graph(0)"):
+    with raises(
+        CaptureStateError, "graph 0 of session", "was captured with another binding", "release_captured_graph(0)"
+    ):
         session.run_with_iobinding(other_binding, RunOptions(gpu_graph_id=0))
     with raises(CaptureStateError, "graph 0 of session", "is already captured", "release it first"):
         session.capture(other_binding, graph_id=0)
@@ -507,7 +526,9 @@ def test_two_threads_run_with_iobinding_first_call_one_capture(session: Inferenc
     first, x1, y1 = bound(session)
     second, x2, y2 = bound(session)
     options = RunOptions(gpu_graph_id=1)
-    results = _race(env, [lambda: session.run_with_iobinding(first, options), lambda: session.run_with_iobinding(second, options)])
+    results = _race(
+        env, [lambda: session.run_with_iobinding(first, options), lambda: session.run_with_iobinding(second, options)]
+    )
     errors = [r for r in results if isinstance(r, BaseException)]
     assert len(errors) == 1 and isinstance(errors[0], CaptureStateError), results
     assert "was captured with another binding" in str(errors[0])
@@ -565,7 +586,9 @@ def test_bound_value_cannot_be_released_while_captured(session: InferenceSession
     binding.bind_input("X", s)
     graph = session.capture(binding, graph_id=0)
     for value in (s, y):
-        with raises(CaptureStateError, "cannot release a buffer bound to captured graph 0 of session", "release the graph first"):
+        with raises(
+            CaptureStateError, "cannot release a buffer bound to captured graph 0 of session", "release the graph first"
+        ):
             value.release()
         assert not value.released
     batch = image()
@@ -662,10 +685,18 @@ def test_closing_a_session_releases_graphs_then_buffers(env: Env) -> None:
 
 def test_session_values_are_refused_by_other_sessions_and_shared_values_accepted(env: Env) -> None:
     shared = env.shared_allocator(env.default_device)
-    with InferenceSession(MODEL, env=env, graph_capture=True) as a, InferenceSession(MODEL, env=env, graph_capture=True) as b:
+    with (
+        InferenceSession(MODEL, env=env, graph_capture=True) as a,
+        InferenceSession(MODEL, env=env, graph_capture=True) as b,
+    ):
         owned_by_a = a.allocator.from_numpy(image())
         binding = b.io_binding()
-        with raises(ProvenanceError, f"owned by session {a.session_id}", f"cannot be used by session {b.session_id}", "env.shared_allocator(device)"):
+        with raises(
+            ProvenanceError,
+            f"owned by session {a.session_id}",
+            f"cannot be used by session {b.session_id}",
+            "env.shared_allocator(device)",
+        ):
             binding.bind_input("X", owned_by_a)
         with raises(ProvenanceError, f"owned by session {a.session_id}"):
             b.run_with_ort_values(None, {"X": owned_by_a})
@@ -736,10 +767,14 @@ def test_shared_values_are_refused_on_another_device() -> None:
         dev_b = next(d for d in env.devices if d.name == "b")
         on_a = env.shared_allocator(dev_a).from_numpy(image())
         on_b = env.shared_allocator(dev_b).from_numpy(image())
-        with InferenceSession(MODEL, env=env, device=dev_a, graph_capture=True) as sess_a, \
-                InferenceSession(MODEL, env=env, device=dev_b, graph_capture=True) as sess_b:
+        with (
+            InferenceSession(MODEL, env=env, device=dev_a, graph_capture=True) as sess_a,
+            InferenceSession(MODEL, env=env, device=dev_b, graph_capture=True) as sess_b,
+        ):
             binding = sess_a.io_binding()
-            with raises(ProvenanceError, "is on another device than session", "(device", "env.shared_allocator(session.device)"):
+            with raises(
+                ProvenanceError, "is on another device than session", "(device", "env.shared_allocator(session.device)"
+            ):
                 binding.bind_input("X", on_b)
             owned_by_b = sess_b.allocator.empty((BATCH, WIDTH), "float32")
             with raises(ProvenanceError, "is on another device than session"):
@@ -782,7 +817,12 @@ def test_values_of_another_env_are_refused(session: InferenceSession, backend_na
 
 def test_raw_pointer_binding_and_raw_access_are_refused(session: InferenceSession) -> None:
     binding, x, y = bound(session)
-    with raises(UnsafeAccessError, "bind_input('X', device_type, device_id, element_type, shape, buffer_ptr)", "binds raw device memory", "bind_input('X', value)"):
+    with raises(
+        UnsafeAccessError,
+        "bind_input('X', device_type, device_id, element_type, shape, buffer_ptr)",
+        "binds raw device memory",
+        "bind_input('X', value)",
+    ):
         binding.bind_input("X", "webgpu", 0, np.float32, [BATCH, WIDTH], 0x10000)  # type: ignore[arg-type]
     with raises(UnsafeAccessError, "bind_output('Y', device_type", "binds raw device memory"):
         binding.bind_output("Y", "webgpu", 0, np.float32, [BATCH, WIDTH], 0x10000)  # type: ignore[arg-type]
@@ -839,7 +879,9 @@ def test_several_graph_ids_with_interleaved_replays(session: InferenceSession) -
 # -- guarantee: preconditions are checked before anything is recorded --------------------------------------------------
 
 
-def _nothing_recorded(sess: InferenceSession, env: Env, binding: IOBinding | None, handles: int, submitted: int | None) -> None:
+def _nothing_recorded(
+    sess: InferenceSession, env: Env, binding: IOBinding | None, handles: int, submitted: int | None
+) -> None:
     assert sess.captured_graph_ids == []
     gc.collect()
     assert owned_handles(env) == handles
@@ -850,7 +892,9 @@ def _nothing_recorded(sess: InferenceSession, env: Env, binding: IOBinding | Non
 
 
 @contextlib.contextmanager
-def _refused_before_recording(sess: InferenceSession, env: Env, binding: IOBinding | None, error: type[BaseException], *fragments: str) -> Iterator[None]:
+def _refused_before_recording(
+    sess: InferenceSession, env: Env, binding: IOBinding | None, error: type[BaseException], *fragments: str
+) -> Iterator[None]:
     gc.collect()
     handles, submitted = owned_handles(env), submits(env)
     with raises(error, *fragments):
@@ -862,11 +906,20 @@ def test_capture_preconditions_fail_before_recording(session: InferenceSession, 
     session.run(None, {"X": image()})  # compile first, so any new handle would be the capture's
     sid = session.session_id
     binding = session.io_binding()
-    with _refused_before_recording(session, env, binding, CaptureStateError, "inputs ['X'] are not bound", "bind every input"):
+    with _refused_before_recording(
+        session, env, binding, CaptureStateError, "inputs ['X'] are not bound", "bind every input"
+    ):
         session.capture(binding, graph_id=0)
     x = session.allocator.from_numpy(image())
     binding.bind_input("X", x)
-    with _refused_before_recording(session, env, binding, CaptureStateError, "outputs ['Y'] are not bound", "binding.bind_output(name, session.allocator.empty(shape, dtype))"):
+    with _refused_before_recording(
+        session,
+        env,
+        binding,
+        CaptureStateError,
+        "outputs ['Y'] are not bound",
+        "binding.bind_output(name, session.allocator.empty(shape, dtype))",
+    ):
         session.capture(binding, graph_id=0)
     with _refused_before_recording(session, env, binding, CaptureStateError, "outputs ['Y'] are not bound"):
         session.run_with_iobinding(binding, RunOptions(gpu_graph_id=0))
@@ -879,7 +932,14 @@ def test_capture_preconditions_fail_before_recording(session: InferenceSession, 
     # A shape that disagrees with the inputs' is found at capture, before anything runs.
     wrong_batch = session.allocator.empty((BATCH + 1, WIDTH), "float32")
     binding.bind_output("Y", wrong_batch)
-    with _refused_before_recording(session, env, binding, ShapeError, "output 'Y' is float32 of shape [2, 16] for these inputs", "bound value is float32 of shape [3, 16]"):
+    with _refused_before_recording(
+        session,
+        env,
+        binding,
+        ShapeError,
+        "output 'Y' is float32 of shape [2, 16] for these inputs",
+        "bound value is float32 of shape [3, 16]",
+    ):
         session.capture(binding, graph_id=0)
     # The same value as input and output.
     binding.bind_output("Y", x)
@@ -889,14 +949,20 @@ def test_capture_preconditions_fail_before_recording(session: InferenceSession, 
     binding.bind_output("Y", y)
     # Host values: bind_cpu_input, a CPU OrtValue input, a CPU OrtValue output.
     binding.bind_cpu_input("X", image())
-    with _refused_before_recording(session, env, binding, CaptureStateError, "cannot capture with host values bound (['X'])", "update_inplace"):
+    with _refused_before_recording(
+        session, env, binding, CaptureStateError, "cannot capture with host values bound (['X'])", "update_inplace"
+    ):
         session.capture(binding, graph_id=0)
     binding.bind_input("X", OrtValue.ortvalue_from_numpy(image()))
-    with _refused_before_recording(session, env, binding, CaptureStateError, "cannot capture with host values bound (['X'])"):
+    with _refused_before_recording(
+        session, env, binding, CaptureStateError, "cannot capture with host values bound (['X'])"
+    ):
         session.capture(binding, graph_id=0)
     binding.bind_input("X", x)
     binding.bind_output("Y", OrtValue.ortvalue_from_numpy(np.zeros((BATCH, WIDTH), np.float32)))
-    with _refused_before_recording(session, env, binding, CaptureStateError, "cannot capture with host values bound (['Y'])"):
+    with _refused_before_recording(
+        session, env, binding, CaptureStateError, "cannot capture with host values bound (['Y'])"
+    ):
         session.capture(binding, graph_id=0)
     binding.bind_output("Y", y)
     # A released value.
@@ -924,14 +990,25 @@ def test_capture_refuses_a_model_with_a_cpu_node(env: Env, kind: str) -> None:
         placements = {p.node: p.placement for p in sess.get_node_placement()}
         assert placements["wide_mul"] == "cpu"
         batch = image()
-        expected = onnxruntime.InferenceSession(cpu_node_model(kind), providers=["CPUExecutionProvider"]).run(None, {"X": batch})[0]
+        expected = onnxruntime.InferenceSession(cpu_node_model(kind), providers=["CPUExecutionProvider"]).run(
+            None, {"X": batch}
+        )[0]
         np.testing.assert_array_equal(sess.run(None, {"X": batch})[0], expected)  # ordinary runs work
         binding = sess.io_binding()
         x = sess.allocator.from_numpy(batch)
         y = sess.allocator.empty((BATCH, WIDTH), "float32")
         binding.bind_input("X", x)
         binding.bind_output("Y", y)
-        with _refused_before_recording(sess, env, binding, CaptureStateError, "cannot capture: nodes", "wide_mul", "run on the CPU", "get_node_placement()"):
+        with _refused_before_recording(
+            sess,
+            env,
+            binding,
+            CaptureStateError,
+            "cannot capture: nodes",
+            "wide_mul",
+            "run on the CPU",
+            "get_node_placement()",
+        ):
             sess.capture(binding, graph_id=0)
         with _refused_before_recording(sess, env, binding, CaptureStateError, "wide_mul", "run on the CPU"):
             sess.run_with_iobinding(binding, RunOptions(gpu_graph_id=0))
@@ -984,7 +1061,12 @@ def test_verify_detects_a_replay_that_leaves_outputs_stale(session: InferenceSes
         x.update_inplace(image())
         graph.replay()
         np.testing.assert_array_equal(y.to_numpy(), stale)  # the hazard verify exists for: silently stale
-        with raises(CaptureStateError, "verify: output 'Y' of graph 0 of session", "differs from an uncaptured run", "stale or unwritten"):
+        with raises(
+            CaptureStateError,
+            "verify: output 'Y' of graph 0 of session",
+            "differs from an uncaptured run",
+            "stale or unwritten",
+        ):
             graph.replay(verify=True)
         poisoned = y.to_numpy()
         assert np.isnan(poisoned).all(), "verify poisons the outputs before the replay"
@@ -1079,7 +1161,9 @@ def test_ordinary_runs_on_a_capture_session(session: InferenceSession, env: Env)
     session.run_with_iobinding(binding, ordinary)
     assert_reference(y.to_numpy(), other)
     assert graph.replays == 1
-    with raises(CaptureStateError, "run() takes transient feeds", "cannot capture or replay graph 0", "gpu_graph_id=-1"):
+    with raises(
+        CaptureStateError, "run() takes transient feeds", "cannot capture or replay graph 0", "gpu_graph_id=-1"
+    ):
         session.run(None, {"X": batch}, RunOptions(gpu_graph_id=0))
     graph.release()
 

@@ -152,7 +152,9 @@ class CaptureMachine(RuleBasedStateMachine):
 
     def pick_binding(self, data: st.DataObject, candidates: list[int] | None = None) -> int:
         pool = candidates if candidates is not None else list(range(len(self.bindings)))
-        chosen = self.pick(data, len(pool), lambda i: not self.sessions[self.bindings[pool[i]].session].closed, "binding")
+        chosen = self.pick(
+            data, len(pool), lambda i: not self.sessions[self.bindings[pool[i]].session].closed, "binding"
+        )
         return pool[chosen]
 
     def live_graphs(self) -> list[GraphModel]:
@@ -255,9 +257,17 @@ class CaptureMachine(RuleBasedStateMachine):
         binding = session.io_binding()
         binding.bind_input("X", self.values[-2].value)
         binding.bind_output("Y", self.values[-1].value)
-        self.bindings.append(BindingModel(binding, session_index, {"X": len(self.values) - 2, "Y": len(self.values) - 1}))
+        self.bindings.append(
+            BindingModel(binding, session_index, {"X": len(self.values) - 2, "Y": len(self.values) - 1})
+        )
 
-    @precondition(lambda self: len(self.values) <= MAX_VALUES - 2 and len(self.bindings) < MAX_BINDINGS and any(not s.closed for s in self.sessions))
+    @precondition(
+        lambda self: (
+            len(self.values) <= MAX_VALUES - 2
+            and len(self.bindings) < MAX_BINDINGS
+            and any(not s.closed for s in self.sessions)
+        )
+    )
     @rule(data=st.data(), shared_input=st.booleans())
     def new_complete_binding(self, data: st.DataObject, shared_input: bool) -> None:
         open_sessions = [i for i, s in enumerate(self.sessions) if not s.closed]
@@ -297,11 +307,15 @@ class CaptureMachine(RuleBasedStateMachine):
         else:
             session = self.sessions[owner].session
             if self.sessions[owner].closed:
-                self.illegal(ReleasedValueError, lambda: session.create_ortvalue_from_shape_and_type((BATCH, WIDTH), "float32"))
+                self.illegal(
+                    ReleasedValueError, lambda: session.create_ortvalue_from_shape_and_type((BATCH, WIDTH), "float32")
+                )
                 self.illegal(ReleasedValueError, lambda: session.allocator.from_numpy(array))
                 return
             if zeros:
-                value = session.create_ortvalue_from_shape_and_type((BATCH, WIDTH), "float32", "webgpu", session.device.index)
+                value = session.create_ortvalue_from_shape_and_type(
+                    (BATCH, WIDTH), "float32", "webgpu", session.device.index
+                )
             else:
                 value = session.allocator.from_numpy(array)
             assert value.provenance.session_id == session.session_id
@@ -371,8 +385,11 @@ class CaptureMachine(RuleBasedStateMachine):
     def bind(self, data: st.DataObject, name: str) -> None:
         binding_index = self.pick_binding(data, self._mutable_bindings())
         value_index = self.pick(
-            data, len(self.values),
-            lambda i: not self.values[i].released and self.values[i].owner in (None, self.bindings[binding_index].session),
+            data,
+            len(self.values),
+            lambda i: (
+                not self.values[i].released and self.values[i].owner in (None, self.bindings[binding_index].session)
+            ),
             "value",
         )
         binding, value = self.bindings[binding_index], self.values[value_index]
@@ -439,6 +456,7 @@ class CaptureMachine(RuleBasedStateMachine):
         session_model = self.sessions[binding.session]
         session = session_model.session
         options = RunOptions(gpu_graph_id=graph_id)
+
         def run() -> None:
             session.run_with_iobinding(binding.binding, options)
 
@@ -515,6 +533,7 @@ class CaptureMachine(RuleBasedStateMachine):
         ordinary = RunOptions(gpu_graph_id=-1)
         array = self.random_input()
         if not with_values or not self.values:
+
             def run_arrays() -> list[np.ndarray]:
                 return session.run(None, {"X": array}, ordinary)
 
@@ -524,6 +543,7 @@ class CaptureMachine(RuleBasedStateMachine):
             assert_close(run_arrays()[0], reference(array), "run() with gpu_graph_id=-1")
             return
         value = self.values[self.pick_value(data)]
+
         def run() -> list[OrtValue[WebGPU]]:
             return session.run_with_ort_values(None, {"X": value.value}, ordinary)
 
@@ -551,7 +571,9 @@ class CaptureMachine(RuleBasedStateMachine):
             assert graph.graph.released == graph.released
         for index, value in enumerate(self.values):
             assert value.value.released == value.released
-            labels = tuple(sorted(str(g.graph.label) for g in self.live_graphs() for v in g.snapshot.values() if v == index))
+            labels = tuple(
+                sorted(str(g.graph.label) for g in self.live_graphs() for v in g.snapshot.values() if v == index)
+            )
             assert device_buffer(value.value) is not None
             assert pin_labels(value.value) == labels
         for index, binding in enumerate(self.bindings):

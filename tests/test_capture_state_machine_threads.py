@@ -85,7 +85,8 @@ class ThreadedCaptureMachine(CaptureMachine):
             "device value": [v.value for v in self.values],
             "device buffer": [device_buffer(v.value) for v in self.values],
             "IOBinding": [b.binding for b in self.bindings if not b.frozen],
-            "FrozenIOBinding": [b.binding for b in self.bindings if b.frozen] + [g.graph.binding for g in self.live_graphs()],
+            "FrozenIOBinding": [b.binding for b in self.bindings if b.frozen]
+            + [g.graph.binding for g in self.live_graphs()],
             "CapturedGraph": [g.graph for g in self.graphs],
             "InferenceSession": [s.session for s in self.sessions],
             "SessionAllocator": [s.session.allocator for s in self.sessions],
@@ -188,7 +189,15 @@ class ThreadedCaptureMachine(CaptureMachine):
         """Drop a session without close(): collected, it unpins the Env-shared values its graphs pinned."""
         index = self.pick_session(data)
         was_open = not self.sessions[index].closed
-        shared = sorted({v for g in self.live_graphs() if g.session == index for v in g.snapshot.values() if self.values[v].owner is None})
+        shared = sorted(
+            {
+                v
+                for g in self.live_graphs()
+                if g.session == index
+                for v in g.snapshot.values()
+                if self.values[v].owner is None
+            }
+        )
         unpinned = [self.values[v] for v in shared]  # ValueModel objects survive the renumbering
         session_ref = weakref.ref(self.sessions[index].session)
         binding_refs = [weakref.ref(b.binding) for b in self.bindings if b.session == index]
@@ -200,7 +209,9 @@ class ThreadedCaptureMachine(CaptureMachine):
             holders = sorted({type(r).__name__ for r in gc.get_referrers(session_ref())})
             raise AssertionError(f"a dropped session was not collected; referred to by {holders}")
         assert all(ref() is None for ref in binding_refs), "a dropped session's binding was not collected"
-        event(f"dropped {'an open' if was_open else 'a closed'} session whose graphs pinned {min(len(unpinned), 2)}+ shared values")
+        event(
+            f"dropped {'an open' if was_open else 'a closed'} session whose graphs pinned {min(len(unpinned), 2)}+ shared values"
+        )
         for value in unpinned:
             value_index = next(i for i, v in enumerate(self.values) if v is value)
             assert not value.value.released, "a shared value was released with a session that did not own it"
@@ -239,14 +250,17 @@ class ThreadedCaptureMachine(CaptureMachine):
         self.check_outputs(model.snapshot, "a replay of a graph whose object was dropped")
         model.graph = session.captured_graph(model.graph_id)
         assert str(model.graph.label) == label and model.graph.replays == replays + 1 and not model.graph.released
-        event(f"dropped a live graph's object, replayed it through {'run_with_iobinding' if through_run else 'captured_graph'}")
+        event(
+            f"dropped a live graph's object, replayed it through {'run_with_iobinding' if through_run else 'captured_graph'}"
+        )
 
     # -- a second thread --------------------------------------------------------------------------------------------
 
     def race_sessions(self) -> list[int]:
         """Open sessions with a mutable binding and a value the mutator may bind."""
         return [
-            s for s, model in enumerate(self.sessions)
+            s
+            for s, model in enumerate(self.sessions)
             if not model.closed
             and any(b.session == s and not b.frozen for b in self.bindings)
             and any(not v.released and v.owner in (None, s) for v in self.values)
@@ -264,7 +278,9 @@ class ThreadedCaptureMachine(CaptureMachine):
         graphs_before = len(self.graphs)
         pool = [v.value for v in self.values if not v.released and v.owner in (None, s)]
         # Every graph of the session this thread knows, with what it replays (name -> value index).
-        known: list[tuple[CapturedGraph, dict[str, int]]] = [(g.graph, dict(g.snapshot)) for g in self.live_graphs() if g.session == s]
+        known: list[tuple[CapturedGraph, dict[str, int]]] = [
+            (g.graph, dict(g.snapshot)) for g in self.live_graphs() if g.session == s
+        ]
         captured: list[tuple[CapturedGraph, int]] = []  # graphs captured here, with the binding index captured
         released: list[tuple[CapturedGraph, dict[str, OrtValue[Any]]]] = []  # by the mutator: (graph, what it named)
         unexpected: list[str] = []
@@ -390,7 +406,9 @@ class ThreadedCaptureMachine(CaptureMachine):
             try:
                 snapshot = self.names(graph.binding)
             except CaptureStateError:  # released by the mutator already, which noted what it named first
-                snapshot = next({n: self.value_index(v) for n, v in named.items()} for g, named in released if g is graph)
+                snapshot = next(
+                    {n: self.value_index(v) for n, v in named.items()} for g, named in released if g is graph
+                )
             known.append((graph, snapshot))
             captured.append((graph, binding_index))
             self.check_outputs(snapshot, "a capture run racing the mutator")

@@ -28,7 +28,9 @@ def test_two_sessions_replay_and_run_from_two_threads(backend_name: str, executi
     expected = [[references(m, x) for x in inputs[m]] for m in range(len(MODELS))]
     with ortgpu.Env(backend=backend_name, execution_mode=execution_mode) as env:  # type: ignore[arg-type]
         device = env.default_device
-        sessions = [ortgpu.InferenceSession(m.SerializeToString(), env=env, device=device, graph_capture=True) for m in MODELS]
+        sessions = [
+            ortgpu.InferenceSession(m.SerializeToString(), env=env, device=device, graph_capture=True) for m in MODELS
+        ]
         failures: list[BaseException] = []
         start = threading.Barrier(len(sessions))
 
@@ -66,5 +68,7 @@ def test_two_sessions_replay_and_run_from_two_threads(backend_name: str, executi
         if failures:
             raise failures[0]
         assert env.live_handles() == sum(
-            len(cache) for d, cache in list(ortgpu._device_caches._pipeline_caches.items()) if d is device._native_device()
+            len(cache)
+            for d, cache in list(ortgpu._device_caches._pipeline_caches.items())
+            if d is device._native_device()
         )

@@ -59,7 +59,20 @@ EXCLUSIONS_PATH = os.path.join(HERE, "conformance_exclusions.txt")
 REPORT_PATH = os.path.join(HERE, "conformance_report.txt")
 _NUMPY_DTYPES = frozenset(
     np.dtype(n)
-    for n in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
+    for n in (
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+    )
 )
 
 
@@ -111,7 +124,7 @@ def numpy_dtypes_only(case: Any) -> bool:
 
 def primary_op(case: Any) -> str:
     """The operator a case tests, from its name (``test_reduce_mean_...`` -> ReduceMean)."""
-    key = case.name[len("test_"):].replace("_", "").lower()
+    key = case.name[len("test_") :].replace("_", "").lower()
     best = ""
     for op in SUPPORTED:
         if key.startswith(op.lower()) and len(op) > len(best):
@@ -144,7 +157,7 @@ class CaseResult:
 
 
 def compare(expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float) -> str:
-    """"" when ``actual`` matches ``expected`` as onnx's backend runner checks it, else why not."""
+    """ "" when ``actual`` matches ``expected`` as onnx's backend runner checks it, else why not."""
     if expected.dtype != actual.dtype:
         return f"dtype {actual.dtype} != expected {expected.dtype}"
     if expected.shape != actual.shape:
@@ -174,7 +187,9 @@ def run_case(case: Any, env: Any) -> CaseResult:
     on_webgpu = True
 
     def result(status: str, message: str = "") -> CaseResult:
-        return CaseResult(case.name, op, counted, status, on_webgpu and status == "pass", message, time.perf_counter() - start)
+        return CaseResult(
+            case.name, op, counted, status, on_webgpu and status == "pass", message, time.perf_counter() - start
+        )
 
     try:
         sess = ortgpu.InferenceSession(case.model.SerializeToString(), env=env, device=env.default_device)
@@ -203,8 +218,14 @@ def problems_of(result: CaseResult, exclusions: dict[str, str]) -> str:
     """Why ``result`` breaks the conformance requirement, or ""."""
     if result.name in exclusions or not result.counted:
         if result.status != "unsupported":
-            why = f"excluded ({exclusions[result.name]})" if result.name in exclusions else "out of scope (dtypes numpy cannot hold)"
-            return f"{result.name} is {why} but did not fail with a clear ModelError: [{result.status}] {result.message}"
+            why = (
+                f"excluded ({exclusions[result.name]})"
+                if result.name in exclusions
+                else "out of scope (dtypes numpy cannot hold)"
+            )
+            return (
+                f"{result.name} is {why} but did not fail with a clear ModelError: [{result.status}] {result.message}"
+            )
         return ""
     if result.status != "pass":
         return f"{result.name} [{result.status}]: {result.message}"
@@ -369,7 +390,11 @@ def test_conformance_summary(
     path = str(tmp_path_factory.mktemp("conformance") / "conformance_report.txt")
     write_report(text, path)
     with capsys.disabled():
-        print("\n" + text + f"(written to {path}; `python tests/test_conformance.py` updates tests/conformance_report.txt)")
+        print(
+            "\n"
+            + text
+            + f"(written to {path}; `python tests/test_conformance.py` updates tests/conformance_report.txt)"
+        )
     t = totals(results, load_exclusions())
     assert t.counted > 0, "the conformance run counted zero cases"
     assert not t.problems, "conformance problems:\n" + "\n".join(t.problems)

@@ -68,7 +68,10 @@ _CASES = {
     "mlp_batch1": (lambda: models.mlp(layers=3, width=128), {"X": (1, 128)}),
     "resnet": (lambda: models.resnet(channels=8, size=16, blocks=2), {"X": (2, 3, 16, 16)}),
     "depthwise": (lambda: models.depthwise_separable(channels=8, out_channels=16, size=12), {"X": (1, 8, 12, 12)}),
-    "transformer": (lambda: models.transformer_encoder(seq=12, vocab=50, d_model=32, heads=4, ffn=64), {"ids": (2, 12)}),
+    "transformer": (
+        lambda: models.transformer_encoder(seq=12, vocab=50, d_model=32, heads=4, ffn=64),
+        {"ids": (2, 12)},
+    ),
 }
 
 
@@ -110,7 +113,9 @@ class Raw:
     released: bool = False
 
 
-def _raw_allocator(device: Any, allocated: list[Raw] | None = None) -> tuple[Callable[[int], Raw], Callable[[Raw], None]]:
+def _raw_allocator(
+    device: Any, allocated: list[Raw] | None = None
+) -> tuple[Callable[[int], Raw], Callable[[Raw], None]]:
     """``allocate`` and ``free`` for a program's intermediates, straight on ``device``."""
 
     def allocate(nbytes: int) -> Raw:
@@ -126,7 +131,9 @@ def _raw_allocator(device: Any, allocated: list[Raw] | None = None) -> tuple[Cal
     return allocate, free
 
 
-def _buffers(device: Any, arrays: dict[str, np.ndarray], infos: dict[str, Any]) -> tuple[dict[str, Raw], dict[str, Raw]]:
+def _buffers(
+    device: Any, arrays: dict[str, np.ndarray], infos: dict[str, Any]
+) -> tuple[dict[str, Raw], dict[str, Raw]]:
     inputs = {}
     for name, array in arrays.items():
         inputs[name] = Raw(device.create_buffer(padded_size(array.nbytes)))
@@ -180,7 +187,13 @@ def test_record_replays_with_new_input_data(device: Any) -> None:
     assert len(allocated) == len(plan.slot_sizes) + len(plan4.slot_sizes)
 
 
-def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto], inits: list[onnx.TensorProto] | None = None, opset: int = 17) -> onnx.ModelProto:
+def _model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    inits: list[onnx.TensorProto] | None = None,
+    opset: int = 17,
+) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "g", inputs, outputs, inits or [])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = min(model.ir_version, 10)  # readable by older onnxruntime too (1.31 stops at IR 13)
@@ -337,24 +350,38 @@ def _gelu_model(form: str, extra_consumer: bool = False) -> onnx.ModelProto:
     ]
     nodes = [helper.make_node("MatMul", ["X", "W"], ["mm"]), helper.make_node("Add", ["mm", "B"], ["x"])]
     if form == "div":  # torch: x * (1 + erf(x / sqrt2)) * 0.5
-        nodes += [helper.make_node("Div", ["x", "sqrt2"], ["u"]), helper.make_node("Erf", ["u"], ["e"]),
-                  helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["p"]),
-                  helper.make_node("Mul", ["p", "half"], ["g"])]
+        nodes += [
+            helper.make_node("Div", ["x", "sqrt2"], ["u"]),
+            helper.make_node("Erf", ["u"], ["e"]),
+            helper.make_node("Add", ["e", "one"], ["a"]),
+            helper.make_node("Mul", ["x", "a"], ["p"]),
+            helper.make_node("Mul", ["p", "half"], ["g"]),
+        ]
     elif form == "half_first":  # bench.models: (x * 0.5) * (1 + erf(x / sqrt2))
-        nodes += [helper.make_node("Div", ["x", "sqrt2"], ["u"]), helper.make_node("Erf", ["u"], ["e"]),
-                  helper.make_node("Add", ["one", "e"], ["a"]), helper.make_node("Mul", ["half", "x"], ["p"]),
-                  helper.make_node("Mul", ["a", "p"], ["g"])]
+        nodes += [
+            helper.make_node("Div", ["x", "sqrt2"], ["u"]),
+            helper.make_node("Erf", ["u"], ["e"]),
+            helper.make_node("Add", ["one", "e"], ["a"]),
+            helper.make_node("Mul", ["half", "x"], ["p"]),
+            helper.make_node("Mul", ["a", "p"], ["g"]),
+        ]
     else:  # ((1 + erf(x * rsqrt2)) * 0.5) * x
-        nodes += [helper.make_node("Mul", ["rsqrt2", "x"], ["u"]), helper.make_node("Erf", ["u"], ["e"]),
-                  helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["a", "half"], ["p"]),
-                  helper.make_node("Mul", ["x", "p"], ["g"])]
+        nodes += [
+            helper.make_node("Mul", ["rsqrt2", "x"], ["u"]),
+            helper.make_node("Erf", ["u"], ["e"]),
+            helper.make_node("Add", ["e", "one"], ["a"]),
+            helper.make_node("Mul", ["a", "half"], ["p"]),
+            helper.make_node("Mul", ["x", "p"], ["g"]),
+        ]
     nodes.append(helper.make_node("Mul", ["g", "three"], ["s"]))
     outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 16])]
     if extra_consumer:  # the Erf's result is also a graph output: no fusion of the GELU
         outputs.append(helper.make_tensor_value_info("e", TensorProto.FLOAT, [4, 16]))
     nodes.append(helper.make_node("Add", ["s", "X2"], ["Y"]))
-    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8]),
-              helper.make_tensor_value_info("X2", TensorProto.FLOAT, [4, 16])]
+    inputs = [
+        helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8]),
+        helper.make_tensor_value_info("X2", TensorProto.FLOAT, [4, 16]),
+    ]
     return _model(nodes, inputs, outputs, inits)
 
 
@@ -381,11 +408,17 @@ def test_gelu_patterns_fuse_into_the_matmul(device: Any, form: str, extra_consum
 @pytest.mark.parametrize("op,scalar,fused", [("Div", 4.0, True), ("Mul", 0.125, True), ("Div", 0.0, False)])
 def test_scalar_scale_fuses_into_the_matmul(device: Any, op: str, scalar: float, fused: bool) -> None:
     rng = np.random.default_rng(5)
-    inits = [onnx.numpy_helper.from_array(rng.standard_normal((3, 5, 6)).astype(np.float32), "K"),
-             onnx.numpy_helper.from_array(np.array([scalar], np.float32), "c")]
+    inits = [
+        onnx.numpy_helper.from_array(rng.standard_normal((3, 5, 6)).astype(np.float32), "K"),
+        onnx.numpy_helper.from_array(np.array([scalar], np.float32), "c"),
+    ]
     nodes = [helper.make_node("MatMul", ["X", "K"], ["s"]), helper.make_node(op, ["s", "c"], ["Y"])]
-    proto = _model(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3, 4, 5])],
-                   [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 4, 6])], inits)
+    proto = _model(
+        nodes,
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3, 4, 5])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 4, 6])],
+        inits,
+    )
     model = load_model(proto)
     plan = plan_model(model, {"X": (3, 4, 5)}, device_caps(device))
     assert (plan.steps[0].op_types == ("MatMul", op)) == fused
@@ -451,8 +484,14 @@ def test_long_recordings_submit_their_first_dispatches_early(device: Any, layers
 
 
 def _transpose_matmul_model(
-    a_shape: tuple[int, ...], a_perm: list[int] | None, b_shape: tuple[int, ...], b_perm: list[int] | None,
-    *, bias: int | None = None, also_output: bool = False, default_perm: bool = False,
+    a_shape: tuple[int, ...],
+    a_perm: list[int] | None,
+    b_shape: tuple[int, ...],
+    b_perm: list[int] | None,
+    *,
+    bias: int | None = None,
+    also_output: bool = False,
+    default_perm: bool = False,
 ) -> onnx.ModelProto:
     """Y = MatMul(Transpose(A, a_perm) or A, Transpose(B, b_perm) or B) [+ bias]; A and B are graph inputs."""
     nodes = []
@@ -475,8 +514,10 @@ def _transpose_matmul_model(
     outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, list(y_shape))]
     if also_output:
         outputs.append(helper.make_tensor_value_info("At", TensorProto.FLOAT, list(a_op)))
-    inputs = [helper.make_tensor_value_info("A", TensorProto.FLOAT, list(a_shape)),
-              helper.make_tensor_value_info("B", TensorProto.FLOAT, list(b_shape))]
+    inputs = [
+        helper.make_tensor_value_info("A", TensorProto.FLOAT, list(a_shape)),
+        helper.make_tensor_value_info("B", TensorProto.FLOAT, list(b_shape)),
+    ]
     return _model(nodes, inputs, outputs, inits)
 
 
@@ -502,7 +543,10 @@ def test_transposes_fold_into_the_matmul(device: Any, case: str) -> None:
     kinds = [s.op_types for s in plan.steps]
     assert kinds == [("MatMul",) + ("Transpose",) * folded + (("Add",) if bias else ())], plan.describe()
     step = plan.steps[0]
-    assert step.attrs["_input_perms"] == (None if a_perm is None else tuple(a_perm), None if b_perm is None else tuple(b_perm))
+    assert step.attrs["_input_perms"] == (
+        None if a_perm is None else tuple(a_perm),
+        None if b_perm is None else tuple(b_perm),
+    )
     assert "folded input transpose" in step.reason
     assert "At" not in plan.tensors and "Bt" not in plan.tensors  # no buffer for the transposed copies
     rng = np.random.default_rng(7)
@@ -529,10 +573,15 @@ def test_transposes_that_stay_steps(device: Any, case: str) -> None:
         shapes = {"A": (4, 1), "B": (4, 5)}
         expect_steps = [("Transpose",), ("MatMul",)]
     elif case == "same_operand_twice":  # At @ At: the transposed tensor feeds both operands
-        nodes = [helper.make_node("Transpose", ["A"], ["At"], perm=[1, 0], name="t"),
-                 helper.make_node("MatMul", ["At", "At"], ["Y"], name="mm")]
-        proto = _model(nodes, [helper.make_tensor_value_info("A", TensorProto.FLOAT, [4, 4])],
-                       [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 4])])
+        nodes = [
+            helper.make_node("Transpose", ["A"], ["At"], perm=[1, 0], name="t"),
+            helper.make_node("MatMul", ["At", "At"], ["Y"], name="mm"),
+        ]
+        proto = _model(
+            nodes,
+            [helper.make_tensor_value_info("A", TensorProto.FLOAT, [4, 4])],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 4])],
+        )
         shapes = {"A": (4, 4)}
         expect_steps = [("Transpose",), ("MatMul",)]
     else:  # no perm attribute: the axes reversed
@@ -572,7 +621,9 @@ def test_a_reused_native_address_never_picks_up_a_stale_bind_group(device: Any) 
         program.run({"X": twin}, outputs, device.submit)
         assert len(program._bind_groups) == 1, "the released buffer's bind groups were not released"
         assert next(iter(program._bind_groups.values()))[0] is not first
-        np.testing.assert_allclose(_read(device, outputs["Y"], plan.output_infos["Y"]), _ort(proto, {"X": 2 * x})[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            _read(device, outputs["Y"], plan.output_infos["Y"]), _ort(proto, {"X": 2 * x})[0], rtol=1e-5, atol=1e-5
+        )
         device.destroy_buffer(reused.handle)
     finally:
         program.release()

@@ -73,27 +73,38 @@ def test_expand_overflow_is_a_shape_error_naming_tensor_node_and_limit(
 ) -> None:
     data, feeds = _expand_sum(shape, from_input)
     true_bytes = shape[0] * shape[1] * 4
-    with pytest.raises(ShapeError, match=rf"tensor 'big' \(output 0 of Expand node 'expand'.*{true_bytes} bytes exceed "
-                                         r"the device's max_buffer_size"):
+    with pytest.raises(
+        ShapeError,
+        match=rf"tensor 'big' \(output 0 of Expand node 'expand'.*{true_bytes} bytes exceed "
+        r"the device's max_buffer_size",
+    ):
         _run(env, data, feeds)
 
 
 @pytest.mark.parametrize("shape", OVERFLOWING_SHAPES, ids=["2^62+1x16", "2^32x2^32"])
-def test_overflowing_constant_of_shape_is_a_shape_error_not_a_numpy_error(env: ortgpu_core.Env, shape: list[int]) -> None:
+def test_overflowing_constant_of_shape_is_a_shape_error_not_a_numpy_error(
+    env: ortgpu_core.Env, shape: list[int]
+) -> None:
     """Folding must not try to materialize it, and the CPU must not be asked to run it."""
     nodes = [
         helper.make_node("ConstantOfShape", ["shape"], ["big"], name="fill"),
         helper.make_node("ReduceSum", ["big"], ["Y"], name="sum", keepdims=0),
     ]
-    data = _model(nodes, [], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])],
-                  [numpy_helper.from_array(np.array(shape, np.int64), "shape")])
+    data = _model(
+        nodes,
+        [],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(np.array(shape, np.int64), "shape")],
+    )
     with pytest.raises(ShapeError, match=r"tensor 'big' \(output 0 of ConstantOfShape node 'fill'.*max_buffer_size"):
         _run(env, data, {})
 
 
 def test_range_bomb_is_a_shape_error(env: ortgpu_core.Env) -> None:
     nodes = [helper.make_node("Range", ["start", "limit", "delta"], ["Y"], name="range")]
-    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("start", 0), ("limit", 2**62), ("delta", 1))]
+    inits = [
+        numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("start", 0), ("limit", 2**62), ("delta", 1))
+    ]
     data = _model(nodes, [], [helper.make_tensor_value_info("Y", TensorProto.INT64, [None])], inits)
     with pytest.raises(ShapeError, match=r"tensor 'Y' \(output 0 of Range node 'range'.*max_buffer_size"):
         _run(env, data, {})
@@ -102,7 +113,10 @@ def test_range_bomb_is_a_shape_error(env: ortgpu_core.Env) -> None:
 def test_tile_whose_shape_overflows_onnx_inference_is_a_shape_error(env: ortgpu_core.Env) -> None:
     """Tile by 2**62 overflows onnx's shape inference: the shape is computed in Python ints, not by running it."""
     nodes = [helper.make_node("Tile", ["x", "repeats"], ["Y"], name="tile")]
-    inits = [numpy_helper.from_array(np.ones(2, np.float32), "x"), numpy_helper.from_array(np.array([2**62], np.int64), "repeats")]
+    inits = [
+        numpy_helper.from_array(np.ones(2, np.float32), "x"),
+        numpy_helper.from_array(np.array([2**62], np.int64), "repeats"),
+    ]
     data = _model(nodes, [], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None])], inits)
     with pytest.raises(ShapeError, match=rf"tensor 'Y' \(output 0 of Tile node 'tile'.*shape \({2**63},\)"):
         _run(env, data, {})
@@ -123,9 +137,11 @@ def test_planner_sizes_are_exact_python_ints() -> None:
 
 
 def test_an_input_too_big_for_the_device_is_refused_before_planning() -> None:
-    data = _model([helper.make_node("Shape", ["X"], ["Y"], name="shape")],
-                  [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", "m"])],
-                  [helper.make_tensor_value_info("Y", TensorProto.INT64, [2])])
+    data = _model(
+        [helper.make_node("Shape", ["X"], ["Y"], name="shape")],
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", "m"])],
+        [helper.make_tensor_value_info("Y", TensorProto.INT64, [2])],
+    )
     with pytest.raises(ShapeError, match=r"tensor 'X' \(model input\)"):
         plan_model(load_model(data), {"X": [2**40, 2**40]}, CAPS)
 
@@ -145,7 +161,11 @@ def test_tensor_data_that_does_not_match_its_shape_is_invalid(tensor: TensorProt
     if where == "initializer":
         nodes, inits, what = [helper.make_node("Identity", ["w"], ["Y"])], [tensor], "initializer 'w'"
     else:
-        nodes, inits, what = [helper.make_node("Constant", [], ["Y"], name="c", value=tensor)], [], "attribute 'value' of Constant node 'c'"
+        nodes, inits, what = (
+            [helper.make_node("Constant", [], ["Y"], name="c", value=tensor)],
+            [],
+            "attribute 'value' of Constant node 'c'",
+        )
     data = _model(nodes, [], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3])], inits)
     with pytest.raises(InvalidModelError, match=f"{what}.*does not match its shape"):
         load_model(data)
@@ -159,15 +179,23 @@ ELEMENTS = 16384  # 64 KiB of float32 per ConstantOfShape
 def _fill_concat(count: int) -> bytes:
     """Y = Concat(fill_0 .. fill_{count-1}) + X, fill_i a ConstantOfShape of ELEMENTS float32 i + 1."""
     nodes = [
-        helper.make_node("ConstantOfShape", ["shape"], [f"f{i}"], name=f"fill_{i}",
-                         value=numpy_helper.from_array(np.array([i + 1.0], np.float32)))
+        helper.make_node(
+            "ConstantOfShape",
+            ["shape"],
+            [f"f{i}"],
+            name=f"fill_{i}",
+            value=numpy_helper.from_array(np.array([i + 1.0], np.float32)),
+        )
         for i in range(count)
     ]
     nodes.append(helper.make_node("Concat", [f"f{i}" for i in range(count)], ["c"], name="concat", axis=0))
     nodes.append(helper.make_node("Add", ["c", "X"], ["Y"], name="add"))
-    return _model(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [count * ELEMENTS])],
-                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [count * ELEMENTS])],
-                  [numpy_helper.from_array(np.array([ELEMENTS], np.int64), "shape")])
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [count * ELEMENTS])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [count * ELEMENTS])],
+        [numpy_helper.from_array(np.array([ELEMENTS], np.int64), "shape")],
+    )
 
 
 def test_folding_stops_at_the_budget_and_the_rest_runs(env: ortgpu_core.Env, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -194,17 +222,30 @@ def test_folding_stops_at_the_budget_and_the_rest_runs(env: ortgpu_core.Env, mon
 def _value_through_a_big_constant() -> bytes:
     """Y = ConstantOfShape(Cast(ReduceSum(ConstantOfShape([ELEMENTS], 1.0)))) + X: a shape computed from 64 KiB."""
     nodes = [
-        helper.make_node("ConstantOfShape", ["shape"], ["big"], name="big_fill",
-                         value=numpy_helper.from_array(np.array([1.0], np.float32))),
+        helper.make_node(
+            "ConstantOfShape",
+            ["shape"],
+            ["big"],
+            name="big_fill",
+            value=numpy_helper.from_array(np.array([1.0], np.float32)),
+        ),
         helper.make_node("ReduceSum", ["big"], ["total"], name="sum", keepdims=1),
         helper.make_node("Cast", ["total"], ["n"], name="cast", to=TensorProto.INT64),
-        helper.make_node("ConstantOfShape", ["n"], ["twos"], name="sized_fill",
-                         value=numpy_helper.from_array(np.array([2.0], np.float32))),
+        helper.make_node(
+            "ConstantOfShape",
+            ["n"],
+            ["twos"],
+            name="sized_fill",
+            value=numpy_helper.from_array(np.array([2.0], np.float32)),
+        ),
         helper.make_node("Add", ["twos", "X"], ["Y"], name="add"),
     ]
-    return _model(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [ELEMENTS])],
-                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [ELEMENTS])],
-                  [numpy_helper.from_array(np.array([ELEMENTS], np.int64), "shape")])
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [ELEMENTS])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [ELEMENTS])],
+        [numpy_helper.from_array(np.array([ELEMENTS], np.int64), "shape")],
+    )
 
 
 def test_a_shape_that_needs_a_constant_over_the_budget_is_a_model_error_saying_how_to_raise_it(
@@ -214,17 +255,22 @@ def test_a_shape_that_needs_a_constant_over_the_budget_is_a_model_error_saying_h
     x = np.ones(ELEMENTS, np.float32)
     np.testing.assert_array_equal(_run(env, data, {"X": x})[0], np.full(ELEMENTS, 3.0, np.float32))
     monkeypatch.setenv("ORTGPU_MAX_FOLD_BYTES", "0")
-    with pytest.raises(ModelError, match=r"ConstantOfShape node 'sized_fill'.*'n'.*budget of 0 bytes, first at node "
-                                         r"'big_fill'.*ORTGPU_MAX_FOLD_BYTES"):
+    with pytest.raises(
+        ModelError,
+        match=r"ConstantOfShape node 'sized_fill'.*'n'.*budget of 0 bytes, first at node "
+        r"'big_fill'.*ORTGPU_MAX_FOLD_BYTES",
+    ):
         _run(env, data, {"X": x})
 
 
 def test_small_constants_fold_even_when_the_budget_is_spent() -> None:
     """Shapes and axes (up to 1 KiB) always fold: later shapes depend on them."""
     data = _model(
-        [helper.make_node("Shape", ["X"], ["s"], name="shape"),
-         helper.make_node("Concat", ["s", "minus_one"], ["target"], name="concat", axis=0),
-         helper.make_node("Reshape", ["X", "target"], ["Y"], name="reshape")],
+        [
+            helper.make_node("Shape", ["X"], ["s"], name="shape"),
+            helper.make_node("Concat", ["s", "minus_one"], ["target"], name="concat", axis=0),
+            helper.make_node("Reshape", ["X", "target"], ["Y"], name="reshape"),
+        ],
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3, 1])],
         [numpy_helper.from_array(np.array([-1], np.int64), "minus_one")],
@@ -253,10 +299,17 @@ def test_limit_arguments_must_be_non_negative_ints() -> None:
 
 
 def _relu_chain(count: int) -> bytes:
-    nodes = [helper.make_node("Relu", ["X" if i == 0 else f"t{i}"], [f"t{i + 1}" if i < count - 1 else "Y"], name=f"relu_{i}")
-             for i in range(count)]
-    return _model(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4])],
-                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4])])
+    nodes = [
+        helper.make_node(
+            "Relu", ["X" if i == 0 else f"t{i}"], [f"t{i + 1}" if i < count - 1 else "Y"], name=f"relu_{i}"
+        )
+        for i in range(count)
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4])],
+    )
 
 
 def test_node_count_limit(env: ortgpu_core.Env, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -282,8 +335,14 @@ def test_default_node_limit_is_documented_value(monkeypatch: pytest.MonkeyPatch)
 
 def _external_model(folder: Path) -> Path:
     path = folder / "model.onnx"
-    onnx.save(models.mlp(layers=1, width=32), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location="weights.bin", size_threshold=0)
+    onnx.save(
+        models.mlp(layers=1, width=32),
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
     return path
 
 
@@ -327,7 +386,10 @@ def test_external_data_offset_and_length_must_be_decimal_integers(tmp_path: Path
 
 @pytest.mark.parametrize(
     "entry, message",
-    [(("__class__", "x"), "unknown external data key '__class__'"), (("location", "weights.bin"), "'location' is given twice")],
+    [
+        (("__class__", "x"), "unknown external data key '__class__'"),
+        (("location", "weights.bin"), "'location' is given twice"),
+    ],
 )
 def test_external_data_unknown_and_repeated_keys(tmp_path: Path, entry: tuple[str, str], message: str) -> None:
     path = _with_entries(_external_model(tmp_path), _append=[entry])
@@ -388,7 +450,6 @@ def test_external_data_length_must_match_the_tensor(tmp_path: Path) -> None:
         load_model(_with_entries(path, length=None))
 
 
-
 # -- graph order ------------------------------------------------------------------------------------------
 
 
@@ -402,8 +463,10 @@ def test_topological_order_of_an_unsorted_graph_and_a_cycle() -> None:
     graph = helper.make_graph([], "g", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1])], [])
     assert [n.name for n in _topological(chain[::-1], graph)] == [n.name for n in chain]
     assert _topological(chain, graph) == chain
-    cycle = [GraphNode("a", "Add", "", ("t0", "b_out"), ("a_out",), {}, 17),
-             GraphNode("b", "Relu", "", ("a_out",), ("b_out",), {}, 17)]
+    cycle = [
+        GraphNode("a", "Add", "", ("t0", "b_out"), ("a_out",), {}, 17),
+        GraphNode("b", "Relu", "", ("a_out",), ("b_out",), {}, 17),
+    ]
     with pytest.raises(InvalidModelError, match="cycle through node 'a'"):
         _topological(cycle, graph)
     with pytest.raises(InvalidModelError, match="reads 'nowhere', which nothing produces"):

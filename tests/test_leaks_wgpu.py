@@ -98,7 +98,9 @@ def test_unsubmitted_command_buffers_are_freed(device: WgpuDevice) -> None:
         device.destroy_buffer(data)
 
 
-def test_encode_ahead_starts_off_where_the_flag_is_unknown(backend: WgpuBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_encode_ahead_starts_off_where_the_flag_is_unknown(
+    backend: WgpuBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A wgpu-native whose command buffers the probe does not recognise would leak one buffer per released
     graph: encode-ahead starts off on its devices (and can still be switched on by hand)."""
     monkeypatch.setattr(_wgpu_encode_ahead, "_submitted_flag", -1)

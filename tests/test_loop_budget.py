@@ -22,7 +22,10 @@ def _model(op: str, length: int, dtype: int, **attrs: object) -> bytes:
     out_shape: list[int] = [] if op.startswith("Reduce") else [1, length]
     node = helper.make_node(op, ["X"], ["Y"], **attrs)
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("X", dtype, [1, length])], [helper.make_tensor_value_info("Y", dtype, out_shape)]
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", dtype, [1, length])],
+        [helper.make_tensor_value_info("Y", dtype, out_shape)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -36,7 +39,10 @@ def test_budget_from_the_adapter_name() -> None:
     capped, free = DeviceCaps(frozenset(), limits, 65535), DeviceCaps(frozenset(), limits)
     check_loop_budget("ReduceSum", 65534, capped)
     check_loop_budget("ReduceSum", 10**9, free)
-    with pytest.raises(NotOnDevice, match=r"ReduceSum: its kernel would run 65535 loop iterations per invocation.*stops loops after 65535"):
+    with pytest.raises(
+        NotOnDevice,
+        match=r"ReduceSum: its kernel would run 65535 loop iterations per invocation.*stops loops after 65535",
+    ):
         check_loop_budget("ReduceSum", 65535, capped)
 
 
@@ -82,8 +88,12 @@ def test_long_k_matmul_runs_where_it_gives_right_results(env: ortgpu_core.Env) -
     m, k, n = 8, 1 << 20, 8
     node = helper.make_node("MatMul", ["A", "B"], ["Y"])
     graph = helper.make_graph(
-        [node], "g",
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [m, k]), helper.make_tensor_value_info("B", TensorProto.FLOAT, [k, n])],
+        [node],
+        "g",
+        [
+            helper.make_tensor_value_info("A", TensorProto.FLOAT, [m, k]),
+            helper.make_tensor_value_info("B", TensorProto.FLOAT, [k, n]),
+        ],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -99,24 +109,40 @@ def test_long_k_matmul_runs_where_it_gives_right_results(env: ortgpu_core.Env) -
     assert placement.placement == ("cpu" if capped else "webgpu"), placement
 
 
-def _plans(op: str, opset: int, shapes: list[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, object], budget: int | None) -> None:
+def _plans(
+    op: str,
+    opset: int,
+    shapes: list[tuple[int, ...]],
+    out: tuple[int, ...],
+    attrs: dict[str, object],
+    budget: int | None,
+) -> None:
     from ortgpu.ops import TensorInfo, get_operator
 
     f32 = np.dtype(np.float32)
-    get_operator(op, opset).plan([TensorInfo(s, f32) for s in shapes], [TensorInfo(out, f32)], attrs,
-                                 DeviceCaps(frozenset(), DEFAULT_FAKE_LIMITS, budget), {})
+    get_operator(op, opset).plan(
+        [TensorInfo(s, f32) for s in shapes],
+        [TensorInfo(out, f32)],
+        attrs,
+        DeviceCaps(frozenset(), DEFAULT_FAKE_LIMITS, budget),
+        {},
+    )
 
 
-@pytest.mark.parametrize("op, opset, shapes, out, attrs", [
-    ("MatMul", 13, [(1, 4096), (4096, 6)], (1, 6), {}),  # GEMV (N not a multiple of 4: scalar column loop)
-    ("MatMul", 13, [(64, 4096), (4096, 64)], (64, 64), {}),  # tiled GEMM
-    ("Conv", 11, [(1, 64, 8, 8), (4, 64, 3, 3)], (1, 4, 6, 6), {}),  # direct kernel (4 output channels)
-    ("ConvTranspose", 11, [(1, 64, 4, 4), (64, 2, 3, 3)], (1, 2, 6, 6), {}),
-    ("MaxPool", 12, [(1, 1, 40, 40)], (1, 1, 1, 1), {"kernel_shape": [40, 40]}),
-    ("Softmax", 13, [(2, 4096)], (2, 4096), {"axis": -1}),
-])
-def test_every_looping_kernel_checks_the_budget(op: str, opset: int, shapes: list[tuple[int, ...]], out: tuple[int, ...],
-                                                attrs: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    "op, opset, shapes, out, attrs",
+    [
+        ("MatMul", 13, [(1, 4096), (4096, 6)], (1, 6), {}),  # GEMV (N not a multiple of 4: scalar column loop)
+        ("MatMul", 13, [(64, 4096), (4096, 64)], (64, 64), {}),  # tiled GEMM
+        ("Conv", 11, [(1, 64, 8, 8), (4, 64, 3, 3)], (1, 4, 6, 6), {}),  # direct kernel (4 output channels)
+        ("ConvTranspose", 11, [(1, 64, 4, 4), (64, 2, 3, 3)], (1, 2, 6, 6), {}),
+        ("MaxPool", 12, [(1, 1, 40, 40)], (1, 1, 1, 1), {"kernel_shape": [40, 40]}),
+        ("Softmax", 13, [(2, 4096)], (2, 4096), {"axis": -1}),
+    ],
+)
+def test_every_looping_kernel_checks_the_budget(
+    op: str, opset: int, shapes: list[tuple[int, ...]], out: tuple[int, ...], attrs: dict[str, object]
+) -> None:
     """With a small budget the plan refuses (NotOnDevice, so the planner places the node on the CPU); without one
     it plans."""
     _plans(op, opset, shapes, out, attrs, None)

@@ -23,7 +23,8 @@ CAPS = DeviceCaps(frozenset({"shader-f16"}), DEFAULT_FAKE_LIMITS)
 def _single(op_type: str, opset: int = 17, name: str = "the_node", **attrs: object) -> onnx.ModelProto:
     node = helper.make_node(op_type, ["X"], ["Y"], name=name, **attrs)
     graph = helper.make_graph(
-        [node], "g",
+        [node],
+        "g",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])],
     )
@@ -97,7 +98,8 @@ def test_checker_failure_is_invalid() -> None:
 
 def test_unsupported_dtype_is_clear() -> None:
     graph = helper.make_graph(
-        [helper.make_node("Identity", ["X"], ["Y"])], "g",
+        [helper.make_node("Identity", ["X"], ["Y"])],
+        "g",
         [helper.make_tensor_value_info("X", TensorProto.BFLOAT16, [2])],
         [helper.make_tensor_value_info("Y", TensorProto.BFLOAT16, [2])],
     )
@@ -111,7 +113,14 @@ def test_unsupported_dtype_is_clear() -> None:
 def _external_model(folder: Path) -> Path:
     model = models.mlp(layers=1, width=32)
     path = folder / "model.onnx"
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    onnx.save(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
     return path
 
 
@@ -187,8 +196,11 @@ def _shape_chain_model() -> onnx.ModelProto:
         numpy_helper.from_array(np.array([-1], dtype=np.int64), "minus_one"),
     ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 3, 4])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n", 12])], inits,
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 3, 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n", 12])],
+        inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -226,7 +238,9 @@ def test_constant_nodes_fold() -> None:
         helper.make_node("Add", ["X", "c"], ["Y"]),
     ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])],
     )
     model = load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
@@ -255,9 +269,14 @@ def _widening_model() -> onnx.ModelProto:
     """Y = Relu(X @ W) with W [8, 131072]: a small input whose product is 512 MiB at 1024 rows."""
     w = numpy_helper.from_array(np.full((8, 1 << 17), 0.5, np.float32), "W")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["P"], name="widen"), helper.make_node("Relu", ["P"], ["Y"], name="act")],
-        "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 8])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n", 1 << 17])], [w],
+        [
+            helper.make_node("MatMul", ["X", "W"], ["P"], name="widen"),
+            helper.make_node("Relu", ["P"], ["Y"], name="act"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n", 1 << 17])],
+        [w],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 

@@ -19,10 +19,16 @@ from ortgpu.ops._runner import run_plan
 from ortgpu_core._errors import UnsupportedOpError
 
 RNG = np.random.default_rng(20261129)
-DTYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
-          np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.float16): TensorProto.FLOAT16,
-          np.dtype(np.int32): TensorProto.INT32, np.dtype(np.uint8): TensorProto.UINT8,
-          np.dtype(np.int8): TensorProto.INT8, np.dtype(np.bool_): TensorProto.BOOL}
+DTYPES = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.float64): TensorProto.DOUBLE,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.bool_): TensorProto.BOOL,
+}
 
 
 def rand(*shape: int) -> np.ndarray:
@@ -120,8 +126,13 @@ def reference(op_type: str, opset: int, inputs: Sequence[np.ndarray | None], att
 
 
 def check_reference(
-    op_type: str, opset: int, inputs: Sequence[np.ndarray | None], attrs: dict[str, Any],
-    n_outputs: int = 1, epilogue: Sequence[tuple[Any, ...]] = (), own_inputs: int | None = None,
+    op_type: str,
+    opset: int,
+    inputs: Sequence[np.ndarray | None],
+    attrs: dict[str, Any],
+    n_outputs: int = 1,
+    epilogue: Sequence[tuple[Any, ...]] = (),
+    own_inputs: int | None = None,
 ) -> list[np.ndarray]:
     fused = dict(attrs, _epilogue=tuple(epilogue)) if epilogue else attrs
     dummy = [TensorInfo((), np.dtype(np.float32))] * n_outputs
@@ -159,7 +170,11 @@ def device(backend_name: str) -> Iterator[Any]:
 
 
 def check_device(
-    device: Any, op_type: str, opset: int, inputs: Sequence[np.ndarray | None], attrs: dict[str, Any],
+    device: Any,
+    op_type: str,
+    opset: int,
+    inputs: Sequence[np.ndarray | None],
+    attrs: dict[str, Any],
     constants: dict[int, np.ndarray] | None = None,
 ) -> None:
     """Plan the node for ``device`` and compare every output with the reference."""
@@ -223,8 +238,9 @@ MATMUL_DEVICE_CASES: list[tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[An
 
 
 @pytest.mark.parametrize("a_shape,b_shape,epilogue", MATMUL_DEVICE_CASES)
-def test_matmul_device(device: Any, a_shape: tuple[int, ...], b_shape: tuple[int, ...],
-                       epilogue: tuple[tuple[Any, ...], ...]) -> None:
+def test_matmul_device(
+    device: Any, a_shape: tuple[int, ...], b_shape: tuple[int, ...], epilogue: tuple[tuple[Any, ...], ...]
+) -> None:
     from ortgpu.ops.matmul import matmul_output_shape
 
     out = matmul_output_shape(a_shape, b_shape)
@@ -245,7 +261,9 @@ def test_matmul_float64_stays_on_cpu(device: Any) -> None:
     info = TensorInfo((2, 3), a.dtype)
     caps = DeviceCaps(frozenset(device.features), device.limits)
     with pytest.raises(NotOnDevice, match="float32"):
-        get_operator("MatMul", 13).plan([info, TensorInfo((3, 2), a.dtype)], [TensorInfo((2, 2), a.dtype)], {}, caps, {})
+        get_operator("MatMul", 13).plan(
+            [info, TensorInfo((3, 2), a.dtype)], [TensorInfo((2, 2), a.dtype)], {}, caps, {}
+        )
 
 
 GEMM_CASES: list[tuple[tuple[int, int], tuple[int, int], tuple[int, ...] | None, dict[str, Any]]] = [
@@ -259,15 +277,21 @@ GEMM_CASES: list[tuple[tuple[int, int], tuple[int, int], tuple[int, ...] | None,
 
 
 @pytest.mark.parametrize("a_shape,b_shape,c_shape,attrs", GEMM_CASES)
-def test_gemm_reference(a_shape: tuple[int, int], b_shape: tuple[int, int], c_shape: tuple[int, ...] | None,
-                        attrs: dict[str, Any]) -> None:
+def test_gemm_reference(
+    a_shape: tuple[int, int], b_shape: tuple[int, int], c_shape: tuple[int, ...] | None, attrs: dict[str, Any]
+) -> None:
     c = None if c_shape is None else rand(*c_shape)
     check_reference("Gemm", 13, [rand(*a_shape), rand(*b_shape), c], attrs)
 
 
 @pytest.mark.parametrize("a_shape,b_shape,c_shape,attrs", GEMM_CASES)
-def test_gemm_device(device: Any, a_shape: tuple[int, int], b_shape: tuple[int, int],
-                     c_shape: tuple[int, ...] | None, attrs: dict[str, Any]) -> None:
+def test_gemm_device(
+    device: Any,
+    a_shape: tuple[int, int],
+    b_shape: tuple[int, int],
+    c_shape: tuple[int, ...] | None,
+    attrs: dict[str, Any],
+) -> None:
     c = None if c_shape is None else rand(*c_shape)
     check_device(device, "Gemm", 13, [rand(*a_shape), rand(*b_shape), c], attrs)
 
@@ -285,6 +309,7 @@ def test_gemm_epilogue(device: Any) -> None:
 
 
 # -- GEMM variants (tile shapes, pipelining, split-K) -------------------------------------------------------------
+
 
 def _gemm_variants() -> list[Any]:
     from ortgpu.ops._gemm import LEGACY, GemmConfig
@@ -307,7 +332,13 @@ GEMM_VARIANT_CASES: list[tuple[str, int, list[tuple[int, ...] | None], dict[str,
     # Gemm transA/transB: A vec4 along m, B vec4 along k; alpha, beta * C
     ("Gemm", 13, [(40, 20), (36, 40), (36,)], {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}, 3),
     # implicit-GEMM Conv: weights vec4 along k, im2col scalar, residual + relu
-    ("Conv", 11, [(1, 12, 9, 9), (16, 12, 3, 3), (16,), (1, 16, 9, 9)], {"pads": [1, 1, 1, 1], "_epilogue": (("add", 3), ("relu",))}, 3),
+    (
+        "Conv",
+        11,
+        [(1, 12, 9, 9), (16, 12, 3, 3), (16,), (1, 16, 9, 9)],
+        {"pads": [1, 1, 1, 1], "_epilogue": (("add", 3), ("relu",))},
+        3,
+    ),
     # pointwise grouped Conv: input vec4 along n
     ("Conv", 11, [(2, 64, 6, 6), (32, 32, 1, 1), (32,)], {"group": 2}, 3),
 ]
@@ -326,7 +357,9 @@ FOLDED_CASES: list[tuple[list[tuple[int, ...]], dict[str, Any]]] = [
 
 @pytest.mark.parametrize("variant", range(5))
 @pytest.mark.parametrize("case", range(len(FOLDED_CASES)))
-def test_gemm_variants_read_folded_transposes(device: Any, variant: int, case: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gemm_variants_read_folded_transposes(
+    device: Any, variant: int, case: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every kernel variant, split-K included, reads operands through folded transposes as numpy.transpose would."""
     from ortgpu.ops import _gemm
 
@@ -352,9 +385,16 @@ def test_gemm_variants_read_folded_transposes(device: Any, variant: int, case: i
 
 @pytest.mark.parametrize("variant", range(5))
 @pytest.mark.parametrize("op,opset,shapes,attrs,own", GEMM_VARIANT_CASES)
-def test_gemm_variants_match_onnxruntime(device: Any, variant: int, op: str, opset: int,
-                                         shapes: list[tuple[int, ...] | None], attrs: dict[str, Any], own: int,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gemm_variants_match_onnxruntime(
+    device: Any,
+    variant: int,
+    op: str,
+    opset: int,
+    shapes: list[tuple[int, ...] | None],
+    attrs: dict[str, Any],
+    own: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Every kernel variant (forced through GEMM_OVERRIDE) computes what onnxruntime computes."""
     from ortgpu.ops import _gemm
 
@@ -378,6 +418,7 @@ def test_gemm_variants_match_onnxruntime(device: Any, variant: int, op: str, ops
 
 # -- GEMV variants (columns x K-rows, vectors, unrolling, split-K, subgroups) ----------------------------------------
 
+
 def _gemv_variants() -> list[Any]:
     from ortgpu.ops._gemv import GemvConfig
 
@@ -396,15 +437,27 @@ def _gemv_variants() -> list[Any]:
 GEMV_VARIANT_CASES: list[tuple[str, list[tuple[int, ...] | None], dict[str, Any], int]] = [
     ("MatMul", [(1, 300), (300, 72), (72,), (1, 72)], {"_epilogue": (("add", 2), ("relu",), ("add", 3))}, 2),
     ("MatMul", [(133,), (133, 61), (61,)], {"_epilogue": (("add", 2), ("relu",))}, 2),
-    ("Gemm", [(1, 264), (37, 264), (37,), (1, 37)], {"transB": 1, "alpha": 0.5, "_epilogue": (("relu",), ("add", 3))}, 3),
+    (
+        "Gemm",
+        [(1, 264), (37, 264), (37,), (1, 37)],
+        {"transB": 1, "alpha": 0.5, "_epilogue": (("relu",), ("add", 3))},
+        3,
+    ),
     ("Gemm", [(1, 203), (40, 203), None, (40,)], {"transB": 1, "_epilogue": (("add", 3), ("relu",))}, 3),
 ]
 
 
 @pytest.mark.parametrize("variant", range(6))
 @pytest.mark.parametrize("op,shapes,attrs,own", GEMV_VARIANT_CASES)
-def test_gemv_variants_match_onnxruntime(device: Any, variant: int, op: str, shapes: list[tuple[int, ...] | None],
-                                         attrs: dict[str, Any], own: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gemv_variants_match_onnxruntime(
+    device: Any,
+    variant: int,
+    op: str,
+    shapes: list[tuple[int, ...] | None],
+    attrs: dict[str, Any],
+    own: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Every GEMV variant (forced through GEMV_OVERRIDE) computes what onnxruntime computes; without subgroups
     on the device the subgroup variants fall back to the workgroup-memory reduction."""
     import dataclasses
@@ -451,10 +504,14 @@ def test_choose_gemv_config(monkeypatch: pytest.MonkeyPatch) -> None:
         caps = DeviceCaps(frozenset(device.features), device.limits)
     finally:
         device.destroy()
-    big = DeviceCaps(caps.features, dataclasses.replace(caps.limits, max_compute_invocations_per_workgroup=1024,
-                                                        max_compute_workgroup_size_y=1024))
-    small = DeviceCaps(caps.features, dataclasses.replace(caps.limits, max_compute_invocations_per_workgroup=256,
-                                                          max_compute_workgroup_size_y=256))
+    big = DeviceCaps(
+        caps.features,
+        dataclasses.replace(caps.limits, max_compute_invocations_per_workgroup=1024, max_compute_workgroup_size_y=1024),
+    )
+    small = DeviceCaps(
+        caps.features,
+        dataclasses.replace(caps.limits, max_compute_invocations_per_workgroup=256, max_compute_workgroup_size_y=256),
+    )
     assert default_gemv_config("kn", big) == GemvConfig(4, 128, unroll=2)  # 512 invocations where they fit
     assert default_gemv_config("kn", small) == GemvConfig(2, 128, unroll=2) == default_gemv_config("kn")
     assert default_gemv_config("nk", big) == default_gemv_config("nk", small) == GemvConfig(4, 64, unroll=2)
@@ -477,14 +534,25 @@ def test_choose_gemv_config(monkeypatch: pytest.MonkeyPatch) -> None:
     # The default MatMul plan is the default config's kernel (what MatMul ran before configurations).
     monkeypatch.setattr(_gemv, "GEMV_SHAPE_CONFIGS", {})
     f32 = np.dtype(np.float32)
-    plan = get_operator("MatMul", 13).plan([TensorInfo((1, 96), f32), TensorInfo((96, 40), f32)], [TensorInfo((1, 40), f32)], {}, caps, {})
+    plan = get_operator("MatMul", 13).plan(
+        [TensorInfo((1, 96), f32), TensorInfo((96, 40), f32)], [TensorInfo((1, 40), f32)], {}, caps, {}
+    )
     wgsl, grid = _gemv.gemv_kernel(
-        n=40, k=96, b_layout="kn", config=default_gemv_config("kn", caps), a_name="input_0", b_name="input_1_vec4f32",
-        declarations=_tiling.BindingTable().declarations(), epilogue="",
-        store=lambda o, value: f"output_0[{o}] = epilogue({value}, {o});", caps=caps,
+        n=40,
+        k=96,
+        b_layout="kn",
+        config=default_gemv_config("kn", caps),
+        a_name="input_0",
+        b_name="input_1_vec4f32",
+        declarations=_tiling.BindingTable().declarations(),
+        epilogue="",
+        store=lambda o, value: f"output_0[{o}] = epilogue({value}, {o});",
+        caps=caps,
     )
     assert plan.kernels[0].grid == grid
-    assert wgsl.split("const N:")[1].split("@compute")[1] == plan.kernels[0].wgsl.split("const N:")[1].split("@compute")[1]
+    assert (
+        wgsl.split("const N:")[1].split("@compute")[1] == plan.kernels[0].wgsl.split("const N:")[1].split("@compute")[1]
+    )
     for bad in (GemvConfig(3, 64), GemvConfig(4, 64, vectors=3), GemvConfig(4, 8, subgroups=True), GemvConfig(64, 32)):
         with pytest.raises(ValueError):
             bad.validate("kn")
@@ -595,16 +663,18 @@ CONV_TRANSPOSE_CASES: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs", CONV_TRANSPOSE_CASES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_conv_transpose_reference(x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: dict[str, Any],
-                                  bias: bool) -> None:
+def test_conv_transpose_reference(
+    x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: dict[str, Any], bias: bool
+) -> None:
     group = attrs.get("group", 1)
     b = rand(w_shape[1] * group) if bias else None
     check_reference("ConvTranspose", 11, [rand(*x_shape), rand(*w_shape), b], attrs)
 
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs", CONV_TRANSPOSE_CASES)
-def test_conv_transpose_device(device: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...],
-                               attrs: dict[str, Any]) -> None:
+def test_conv_transpose_device(
+    device: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: dict[str, Any]
+) -> None:
     group = attrs.get("group", 1)
     check_device(device, "ConvTranspose", 11, [rand(*x_shape), rand(*w_shape), rand(w_shape[1] * group)], attrs)
 
@@ -675,7 +745,9 @@ def test_pool_3d(device: Any, x_shape: tuple[int, ...], attrs: dict[str, Any]) -
 
 @pytest.mark.parametrize("storage_order", [0, 1])
 @pytest.mark.parametrize("x_shape,attrs", POOL_CASES[1:3] + POOL_CASES[6:] + POOL_3D_CASES[1:2])
-def test_max_pool_indices_on_device(device: Any, x_shape: tuple[int, ...], attrs: dict[str, Any], storage_order: int) -> None:
+def test_max_pool_indices_on_device(
+    device: Any, x_shape: tuple[int, ...], attrs: dict[str, Any], storage_order: int
+) -> None:
     """MaxPool's Indices output (first maximum, flat index, row- or column-major) comes from the device kernel."""
     x = rand(*x_shape)
     attrs = dict(attrs, storage_order=storage_order)
@@ -712,8 +784,9 @@ REDUCE_CASES: list[tuple[tuple[int, ...], list[int] | None, int]] = [
 ]
 
 
-def reduce_call(op: str, opset: int, x: np.ndarray, axes: list[int] | None, keepdims: int,
-                noop: int | None = None) -> tuple[list[np.ndarray | None], dict[str, Any]]:
+def reduce_call(
+    op: str, opset: int, x: np.ndarray, axes: list[int] | None, keepdims: int, noop: int | None = None
+) -> tuple[list[np.ndarray | None], dict[str, Any]]:
     attrs: dict[str, Any] = {"keepdims": keepdims}
     if noop is not None:
         attrs["noop_with_empty_axes"] = noop
@@ -770,9 +843,16 @@ def _reduce_inputs(kind: str) -> np.ndarray:
 
 #: (op, dtype) pairs onnxruntime's CPU provider implements (bool max/min from opset 20).
 INTEGER_REDUCTIONS = [
-    ("ReduceSum", "int64"), ("ReduceSum", "int32"), ("ReduceMax", "int64"), ("ReduceMin", "int64"),
-    ("ReduceMax", "int32"), ("ReduceMin", "int32"), ("ReduceMax", "uint8"), ("ReduceMin", "int8"),
-    ("ReduceMax", "bool"), ("ReduceMin", "bool"),
+    ("ReduceSum", "int64"),
+    ("ReduceSum", "int32"),
+    ("ReduceMax", "int64"),
+    ("ReduceMin", "int64"),
+    ("ReduceMax", "int32"),
+    ("ReduceMin", "int32"),
+    ("ReduceMax", "uint8"),
+    ("ReduceMin", "int8"),
+    ("ReduceMax", "bool"),
+    ("ReduceMin", "bool"),
 ]
 
 
@@ -805,8 +885,13 @@ def test_reduce_empty_axis_gives_the_identity(device: Any, op: str, dtype: Any) 
         assert np.all(want == (-np.inf if op == "ReduceMax" else np.inf))
     caps = DeviceCaps(frozenset(device.features), device.limits)
     output = TensorInfo(tuple(want.shape), want.dtype)
-    plan = operator.plan([TensorInfo(x.shape, x.dtype), TensorInfo((1,), np.dtype(np.int64))], [output], attrs, caps,
-                         {1: np.array([1], np.int64)})
+    plan = operator.plan(
+        [TensorInfo(x.shape, x.dtype), TensorInfo((1,), np.dtype(np.int64))],
+        [output],
+        attrs,
+        caps,
+        {1: np.array([1], np.int64)},
+    )
     assert plan.kernels, "max/min over an empty axis runs on the device"
     (got,) = run_plan(device, plan, inputs, [output])
     np.testing.assert_array_equal(got, want)
@@ -817,7 +902,10 @@ def test_reduce_integer_mean_stays_on_cpu(device: Any) -> None:
     i32 = np.dtype(np.int32)
     with pytest.raises(NotOnDevice):
         get_operator("ReduceMean", 18).plan(
-            [TensorInfo((3, 4), i32), TensorInfo((1,), np.dtype(np.int64))], [TensorInfo((3, 1), i32)], {}, caps,
+            [TensorInfo((3, 4), i32), TensorInfo((1,), np.dtype(np.int64))],
+            [TensorInfo((3, 1), i32)],
+            {},
+            caps,
             {1: np.array([1], np.int64)},
         )
 
@@ -871,8 +959,9 @@ LAYER_NORM_CASES: list[tuple[tuple[int, ...], int, tuple[int, ...], bool]] = [
 
 @pytest.mark.parametrize("x_shape,axis,scale_shape,bias", LAYER_NORM_CASES)
 @pytest.mark.parametrize("n_outputs", [1, 3])
-def test_layer_normalization(device: Any, x_shape: tuple[int, ...], axis: int, scale_shape: tuple[int, ...],
-                             bias: bool, n_outputs: int) -> None:
+def test_layer_normalization(
+    device: Any, x_shape: tuple[int, ...], axis: int, scale_shape: tuple[int, ...], bias: bool, n_outputs: int
+) -> None:
     inputs = [rand(*x_shape), rand(*scale_shape), rand(*scale_shape) if bias else None]
     attrs = {"axis": axis, "epsilon": 1e-3}
     check_reference("LayerNormalization", 17, inputs, attrs, n_outputs=n_outputs)
@@ -923,8 +1012,9 @@ FOLDED_GRID_CASES: list[tuple[str, int, list[tuple[int, ...] | None], dict[str, 
 
 
 @pytest.mark.parametrize("op,opset,shapes,attrs", FOLDED_GRID_CASES)
-def test_grids_fold_into_two_dimensions(device: Any, op: str, opset: int, shapes: list[tuple[int, ...] | None],
-                                        attrs: dict[str, Any]) -> None:
+def test_grids_fold_into_two_dimensions(
+    device: Any, op: str, opset: int, shapes: list[tuple[int, ...] | None], attrs: dict[str, Any]
+) -> None:
     """A device allowing only 16 workgroups per grid dimension gets (x, y) grids; results do not change."""
     import dataclasses
 

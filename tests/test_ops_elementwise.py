@@ -129,7 +129,9 @@ def absent() -> Generator:
 _ORT_IR_VERSION = 9
 
 
-def onnx_model(case: Case, arrays: Sequence[np.ndarray | None], output_dtypes: Sequence[np.dtype[Any]]) -> onnx.ModelProto:
+def onnx_model(
+    case: Case, arrays: Sequence[np.ndarray | None], output_dtypes: Sequence[np.dtype[Any]]
+) -> onnx.ModelProto:
     names = ["" if a is None else f"in{i}" for i, a in enumerate(arrays)]
     while names and names[-1] == "":
         names.pop()
@@ -308,7 +310,11 @@ CASES += [
     Case("Sub", [wide_ints(3, 5, dtype=np.uint64), wide_ints(5, dtype=np.uint64)], label="uint64"),
     Case("Mul", [wide_ints(4, 9), wide_ints(9)], label="int64"),
     Case("Mul", [wide_ints(4, 9, dtype=np.uint64), wide_ints(4, 9, dtype=np.uint64)], label="uint64"),
-    Case("Mul", [ints(4, 9, low=-(2**31), high=2**31, dtype=np.int64), ints(9, low=-(2**31), high=2**31, dtype=np.int64)], label="int64-wide-products"),
+    Case(
+        "Mul",
+        [ints(4, 9, low=-(2**31), high=2**31, dtype=np.int64), ints(9, low=-(2**31), high=2**31, dtype=np.int64)],
+        label="int64-wide-products",
+    ),
     Case("Div", [wide_ints(3, 5), nonzero(wide_ints(5))], on_device=False, label="int64"),
     Case("Add", [halves(3, 5), halves(5)], label="float16"),
     Case("Sub", [floats(6, 7), floats(6, 7)]),
@@ -320,10 +326,20 @@ CASES += [
     Case("Div", [ints(6, 7), ints(7, low=1, high=9)], label="int32-positive"),
     Case("Div", [ints(6, 7), ints(7, low=-9, high=-1)], label="int32-truncation"),
     *[
-        Case(op, [ints(6, 7, low=low, high=high, dtype=dtype), ints(7, low=max(low, 1) if op == "Div" else low, high=high, dtype=dtype)], label=np.dtype(dtype).name)
+        Case(
+            op,
+            [
+                ints(6, 7, low=low, high=high, dtype=dtype),
+                ints(7, low=max(low, 1) if op == "Div" else low, high=high, dtype=dtype),
+            ],
+            label=np.dtype(dtype).name,
+        )
         for op in ("Add", "Sub", "Mul", "Div")
         for dtype, low, high in (
-            (np.int8, -128, 128), (np.uint8, 0, 256), (np.int16, -(2**15), 2**15), (np.uint16, 0, 2**16),
+            (np.int8, -128, 128),
+            (np.uint8, 0, 256),
+            (np.int16, -(2**15), 2**15),
+            (np.uint16, 0, 2**16),
             (np.uint32, 0, 2**32),
         )
     ],
@@ -334,20 +350,56 @@ CASES += [
     Case("Pow", [floats(4, 9, low=0.1, high=4.0), const(0.5, np.float32)], constants=frozenset({1}), label="sqrt"),
     Case("Pow", [floats(4, 9), ints(9, low=-3, high=4, dtype=np.int64)], opset=15, label="int-exponent"),
     Case("Pow", [floats(4, 9), ints(9, low=-3, high=4, dtype=np.int32)], opset=15, label="int32-exponent"),
-    Case("Pow", [floats(4, 9, low=0.5, high=2.0), ints(9, low=0, high=6, dtype=np.uint32)], opset=15, label="uint32-exponent", in_onnxruntime=False),
-    Case("Pow", [floats(4, 9, low=0.5, high=2.0), ints(9, low=0, high=6, dtype=np.uint64)], opset=15, label="uint64-exponent", in_onnxruntime=False),
+    Case(
+        "Pow",
+        [floats(4, 9, low=0.5, high=2.0), ints(9, low=0, high=6, dtype=np.uint32)],
+        opset=15,
+        label="uint32-exponent",
+        in_onnxruntime=False,
+    ),
+    Case(
+        "Pow",
+        [floats(4, 9, low=0.5, high=2.0), ints(9, low=0, high=6, dtype=np.uint64)],
+        opset=15,
+        label="uint64-exponent",
+        in_onnxruntime=False,
+    ),
     Case("Pow", [ints(4, 9, low=-12, high=12), ints(9, low=0, high=7)], opset=15, label="int32-int32"),
     # negative exponents truncate toward zero (0 ** -n overflows, which C leaves undefined: not tested)
-    Case("Pow", [lambda rng: rng.choice(np.array([-2, -1, 1, 2], np.int32), (4, 9)), ints(9, low=-3, high=0)], opset=15, label="int32-negative-exponent"),
+    Case(
+        "Pow",
+        [lambda rng: rng.choice(np.array([-2, -1, 1, 2], np.int32), (4, 9)), ints(9, low=-3, high=0)],
+        opset=15,
+        label="int32-negative-exponent",
+    ),
     # fractional exponents of negative bases give NaN, whose conversion to an integer C leaves undefined;
     # the device computes fractional powers in f32, so results are kept small enough to truncate alike
-    Case("Pow", [ints(4, 9, low=0, high=4), floats(9, low=0.0, high=1.0)], opset=15, label="int32-float32"),  # small results: f32 pow truncated to int is exact there (large ones can be off by one, see ops/binary.py)
-    Case("Pow", [ints(4, 9, low=-12, high=12), lambda rng: rng.integers(0, 7, 9).astype(np.float32)], opset=15, label="int32-integral-float32"),
-    Case("Pow", [ints(4, 9, low=-3000, high=3000, dtype=np.int64), ints(9, low=0, high=5, dtype=np.int64)], opset=15, label="int64-int64"),
-    Case("Pow", [ints(4, 9, low=-3000, high=3000, dtype=np.int64), lambda rng: rng.integers(0, 5, 9).astype(np.float32)], opset=15, label="int64-integral-float32"),
+    Case(
+        "Pow", [ints(4, 9, low=0, high=4), floats(9, low=0.0, high=1.0)], opset=15, label="int32-float32"
+    ),  # small results: f32 pow truncated to int is exact there (large ones can be off by one, see ops/binary.py)
+    Case(
+        "Pow",
+        [ints(4, 9, low=-12, high=12), lambda rng: rng.integers(0, 7, 9).astype(np.float32)],
+        opset=15,
+        label="int32-integral-float32",
+    ),
+    Case(
+        "Pow",
+        [ints(4, 9, low=-3000, high=3000, dtype=np.int64), ints(9, low=0, high=5, dtype=np.int64)],
+        opset=15,
+        label="int64-int64",
+    ),
+    Case(
+        "Pow",
+        [ints(4, 9, low=-3000, high=3000, dtype=np.int64), lambda rng: rng.integers(0, 5, 9).astype(np.float32)],
+        opset=15,
+        label="int64-integral-float32",
+    ),
     # comparisons and Not
     Case("Equal", [ints(5, 9, low=-3, high=3), ints(9, low=-3, high=3)], opset=13),
-    Case("Equal", [ints(5, 9, low=-3, high=3, dtype=np.int64), ints(5, 1, low=-3, high=3, dtype=np.int64)], label="int64"),
+    Case(
+        "Equal", [ints(5, 9, low=-3, high=3, dtype=np.int64), ints(5, 1, low=-3, high=3, dtype=np.int64)], label="int64"
+    ),
     *[
         Case(op, [generator(4, 9), generator(9)], label=name)
         for op in ("Equal", "Less", "Greater")
@@ -362,12 +414,22 @@ CASES += [
     Case("Equal", [bools(7, 3), bools(3)], label="bool"),
     Case("Equal", [floats(2, 11), floats(2, 11)], label="float"),
     Case("Less", [floats(3, 13), floats(13)]),
-    Case("Less", [ints(3, 13, low=-(2**40), high=2**40, dtype=np.int64), ints(13, low=-(2**40), high=2**40, dtype=np.int64)], label="int64"),
+    Case(
+        "Less",
+        [ints(3, 13, low=-(2**40), high=2**40, dtype=np.int64), ints(13, low=-(2**40), high=2**40, dtype=np.int64)],
+        label="int64",
+    ),
     Case("Less", [ints(3, 13, low=-3, high=3), ints(3, 13, low=-3, high=3)], label="int32"),
     Case("Greater", [floats(3, 13), floats(3, 1)]),
-    Case("Greater", [ints(6, low=-(2**40), high=2**40, dtype=np.int64), ints(6, low=-(2**40), high=2**40, dtype=np.int64)], label="int64"),
+    Case(
+        "Greater",
+        [ints(6, low=-(2**40), high=2**40, dtype=np.int64), ints(6, low=-(2**40), high=2**40, dtype=np.int64)],
+        label="int64",
+    ),
     Case("Greater", [ints(2, 5, low=0, high=4, dtype=np.uint8), ints(5, low=0, high=4, dtype=np.uint8)], label="uint8"),
-    Case("LessOrEqual", [ints(3, 13, low=-3, high=3, dtype=np.int64), ints(13, low=-3, high=3, dtype=np.int64)], opset=16),
+    Case(
+        "LessOrEqual", [ints(3, 13, low=-3, high=3, dtype=np.int64), ints(13, low=-3, high=3, dtype=np.int64)], opset=16
+    ),
     Case("Not", [bools(3, 17)]),
     # Clip, both forms
     Case("Clip", [floats(4, 25, scale=2)], {"min": -0.5, "max": 0.7}, opset=6, label="attributes"),
@@ -384,14 +446,46 @@ CASES += [
     Case("Clip", [floats(4, 25, scale=2)], opset=13, label="no-bounds"),
     Case("Clip", [floats(9), const(1.0, np.float32), const(-1.0, np.float32)], opset=13, label="min-above-max"),
     Case("Clip", [ints(4, 25), const(-5, np.int32), const(20, np.int32)], opset=13, label="int32"),
-    Case("Clip", [ints(4, 25, low=-128, high=128, dtype=np.int8), const(-5, np.int8), const(20, np.int8)], opset=13, label="int8"),
-    Case("Clip", [ints(4, 25, low=-128, high=128, dtype=np.int8), absent(), const(7, np.int8)], opset=13, constants=frozenset({2}), label="int8-constant-max"),
-    Case("Clip", [ints(4, 25, low=0, high=256, dtype=np.uint8), const(200, np.uint8)], opset=13, constants=frozenset({1}), label="uint8-constant-min"),
-    Case("Clip", [ints(4, 25, low=0, high=2**32, dtype=np.uint32), const(3_000_000_000, np.uint32), const(4_000_000_000, np.uint32)], opset=13, constants=frozenset({1, 2}), label="uint32-constant", in_onnxruntime=False),
+    Case(
+        "Clip",
+        [ints(4, 25, low=-128, high=128, dtype=np.int8), const(-5, np.int8), const(20, np.int8)],
+        opset=13,
+        label="int8",
+    ),
+    Case(
+        "Clip",
+        [ints(4, 25, low=-128, high=128, dtype=np.int8), absent(), const(7, np.int8)],
+        opset=13,
+        constants=frozenset({2}),
+        label="int8-constant-max",
+    ),
+    Case(
+        "Clip",
+        [ints(4, 25, low=0, high=256, dtype=np.uint8), const(200, np.uint8)],
+        opset=13,
+        constants=frozenset({1}),
+        label="uint8-constant-min",
+    ),
+    Case(
+        "Clip",
+        [
+            ints(4, 25, low=0, high=2**32, dtype=np.uint32),
+            const(3_000_000_000, np.uint32),
+            const(4_000_000_000, np.uint32),
+        ],
+        opset=13,
+        constants=frozenset({1, 2}),
+        label="uint32-constant",
+        in_onnxruntime=False,
+    ),
     # Where
     Case("Where", [bools(3, 1), floats(3, 5), floats(5)]),
     Case("Where", [bools(4, 6), ints(4, 6, dtype=np.int64), ints(1, dtype=np.int64)], label="int64"),
-    Case("Where", [bools(9), ints(9, low=0, high=256, dtype=np.uint8), ints(1, low=0, high=256, dtype=np.uint8)], label="uint8"),
+    Case(
+        "Where",
+        [bools(9), ints(9, low=0, high=256, dtype=np.uint8), ints(1, low=0, high=256, dtype=np.uint8)],
+        label="uint8",
+    ),
     Case("Where", [bools(9), bools(9), bools(1)], label="bool", in_onnxruntime=False),
     Case("Where", [bools(2, 1, 7), halves(3, 1), halves(2, 3, 7)], label="float16"),
 ]
@@ -407,7 +501,14 @@ _CAST_SOURCES: dict[str, Generator] = {
     "float16": halves(5, 23),
 }
 _T = onnx.TensorProto
-_CAST_TARGETS = {"float32": _T.FLOAT, "float16": _T.FLOAT16, "int32": _T.INT32, "int64": _T.INT64, "bool": _T.BOOL, "uint8": _T.UINT8}
+_CAST_TARGETS = {
+    "float32": _T.FLOAT,
+    "float16": _T.FLOAT16,
+    "int32": _T.INT32,
+    "int64": _T.INT64,
+    "bool": _T.BOOL,
+    "uint8": _T.UINT8,
+}
 for source_name, source in _CAST_SOURCES.items():
     for target_name, code in _CAST_TARGETS.items():
         base = source_name.split("-")[0]
@@ -440,7 +541,9 @@ CASES += [
     Case("Cast", [_float64_specials], {"to": _T.FLOAT16}, label="float64-to-float16"),
     Case("Cast", [_float32_specials], {"to": _T.DOUBLE}, label="float32-to-float64"),
     Case("Cast", [halves(7, 9)], {"to": _T.DOUBLE}, label="float16-to-float64"),
-    Case("Cast", [ints(7, low=-5, high=5, dtype=np.int64)], {"to": _T.DOUBLE}, on_device=False, label="int64-to-float64"),
+    Case(
+        "Cast", [ints(7, low=-5, high=5, dtype=np.int64)], {"to": _T.DOUBLE}, on_device=False, label="int64-to-float64"
+    ),
     Case("Cast", [floats(9, scale=3)], {"to": _T.DOUBLE}, label="float32-to-float64-random"),
     Case("Cast", [lambda rng: rng.standard_normal(9)], {"to": _T.INT32}, on_device=False, label="float64-to-int32"),
     Case("Cast", [wide_ints(6, 11)], {"to": _T.FLOAT}, label="int64-full-range-to-float32"),

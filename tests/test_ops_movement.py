@@ -67,10 +67,23 @@ CASES: list[Case] = [
     Case("Split", [floats(6, 4)], {"axis": 0}, outputs=3, label="even"),
     Case("Split", [floats(4, 7)], {"axis": 1, "split": [2, 5]}, opset=11, outputs=2, label="attribute"),
     Case("Split", [floats(4, 7), const([3, 1, 3], I64)], {"axis": -1}, opset=13, outputs=3, label="input"),
-    Case("Split", [ints(7, 3, low=0, high=256, dtype=np.uint8)], {"axis": 0, "num_outputs": 3}, opset=18, outputs=3, label="num-outputs"),
+    Case(
+        "Split",
+        [ints(7, 3, low=0, high=256, dtype=np.uint8)],
+        {"axis": 0, "num_outputs": 3},
+        opset=18,
+        outputs=3,
+        label="num-outputs",
+    ),
     # Slice
     Case("Slice", [floats(10, 8)], {"starts": [1, 2], "ends": [7, 100], "axes": [0, 1]}, opset=9, label="attributes"),
-    Case("Slice", [floats(10, 8), const([1], I64), const([-2], I64)], opset=13, constants=frozenset({1, 2}), label="default-axes"),
+    Case(
+        "Slice",
+        [floats(10, 8), const([1], I64), const([-2], I64)],
+        opset=13,
+        constants=frozenset({1, 2}),
+        label="default-axes",
+    ),
     Case(
         "Slice",
         [floats(10, 8, 6), const([-1, 1], I64), const([-100, 7], I64), const([0, 2], I64), const([-2, 2], I64)],
@@ -105,7 +118,13 @@ CASES: list[Case] = [
     Case("Gather", [floats(50, 16), ints(9, low=0, high=50)], label="int32-indices"),
     Case("Gather", [floats(4, 6, 5), ints(2, 2, low=-6, high=6, dtype=I64)], {"axis": 1}, label="axis1"),
     Case("Gather", [ints(5, dtype=I64), const(-1, I64)], {"axis": 0}, label="int64-scalar-index"),
-    Case("Gather", [ints(3, 4, low=0, high=256, dtype=np.uint8), ints(5, low=-4, high=4, dtype=I64)], {"axis": -1}, opset=13, label="uint8"),
+    Case(
+        "Gather",
+        [ints(3, 4, low=0, high=256, dtype=np.uint8), ints(5, low=-4, high=4, dtype=I64)],
+        {"axis": -1},
+        opset=13,
+        label="uint8",
+    ),
     # Expand, Tile
     Case("Expand", [floats(3, 1), const([2, 3, 4], I64)]),
     Case("Expand", [floats(3, 4), const([3, 1], I64)], label="smaller-shape"),
@@ -125,7 +144,12 @@ CASES: list[Case] = [
         on_device=False,
         label="int32",
     ),
-    Case("Constant", [], {"value": onnx.helper.make_tensor("value", onnx.TensorProto.FLOAT, [2], [1.5, 2.0])}, on_device=False),
+    Case(
+        "Constant",
+        [],
+        {"value": onnx.helper.make_tensor("value", onnx.TensorProto.FLOAT, [2], [1.5, 2.0])},
+        on_device=False,
+    ),
     Case("Constant", [], {"value_ints": [1, 2, 3]}, opset=13, on_device=False, label="ints"),
     Case("Constant", [], {"value_float": 0.25}, opset=13, on_device=False, label="float"),
     Case("Range", [const(1.0, np.float32), const(9.0, np.float32), const(0.75, np.float32)], label="float"),
@@ -217,5 +241,6 @@ def test_unsupported_variants_name_the_op() -> None:
         from ortgpu_core.backends.fake import DEFAULT_FAKE_LIMITS
 
         info = TensorInfo((2,), np.dtype(np.float32))
-        get_operator("Shape", 13).plan([info], [TensorInfo((1,), np.dtype(np.int64))], {}, DeviceCaps(frozenset(), DEFAULT_FAKE_LIMITS), {})
-
+        get_operator("Shape", 13).plan(
+            [info], [TensorInfo((1,), np.dtype(np.int64))], {}, DeviceCaps(frozenset(), DEFAULT_FAKE_LIMITS), {}
+        )

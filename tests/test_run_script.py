@@ -42,7 +42,9 @@ def test_user_scripts_outside_the_checkout_see_ortgpus_types(tmp_path: Path) -> 
     )
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(script)],
-        capture_output=True, text=True, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     output = result.stdout + result.stderr
     assert "import-not-found" not in output, output
@@ -60,3 +62,28 @@ def test_opening_a_wgpu_device_prints_no_runtime_dir_warning(tmp_path: Path) -> 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=environment)
     assert result.returncode == 0 and "opened" in result.stdout, result.stderr
     assert "XDG_RUNTIME_DIR" not in result.stderr, result.stderr
+
+
+def test_setup_refuses_the_cython_that_builds_a_broken_allocator(tmp_path: Path) -> None:
+    """Cython 3.3.0 builds an _allocator that fails to import; setup.py must say so and stop, naming the fix."""
+    import os
+
+    fake = tmp_path / "Cython"
+    (fake / "Build").mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "3.3.0"\n')
+    (fake / "Build" / "__init__.py").write_text("def cythonize(modules, **options):\n    return []\n")
+    environment = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "setup.py", "--version"], capture_output=True, text=True, cwd=ROOT, env=environment
+    )
+    assert result.returncode != 0
+    assert "Cython 3.3.0 builds a broken ortgpu_core._allocator" in result.stderr + result.stdout
+    assert "!=3.3.0" in result.stderr + result.stdout  # says what to install
+
+
+def test_project_license_is_an_spdx_string() -> None:
+    """A TOML-table license made setuptools warn at every build."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT"

@@ -75,7 +75,9 @@ def generation(value: OrtValue[Any]) -> int:
     return int(buffer.generation)
 
 
-def run_in_thread(body: Callable[[threading.Event], None]) -> tuple[threading.Thread, threading.Event, list[BaseException]]:
+def run_in_thread(
+    body: Callable[[threading.Event], None],
+) -> tuple[threading.Thread, threading.Event, list[BaseException]]:
     """Start ``body(stop)`` on a thread; exceptions it raises are collected, not lost."""
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -151,8 +153,17 @@ def test_core_objects_refuse_copies_and_nothing_changes(session: InferenceSessio
     buffer = x._device_buffer
     assert buffer is not None
     objects: list[object] = [
-        x, y, buffer, binding, graph.binding, graph, session, session.env, session.device,
-        session.allocator, session.env.shared_allocator(session.device),
+        x,
+        y,
+        buffer,
+        binding,
+        graph.binding,
+        graph,
+        session,
+        session.env,
+        session.device,
+        session.allocator,
+        session.env.shared_allocator(session.device),
     ]
     for obj in objects:
         with pytest.raises(UnsafeAccessError, match="cannot be copied or pickled"):
@@ -307,10 +318,23 @@ def test_no_public_attribute_exposes_buffers_pins_or_native_devices(session: Inf
     for cls in (DeviceBuffer,):
         assert not hasattr(cls, "pin") and not hasattr(cls, "unpin")
     assert not hasattr(x, "buffer") and not hasattr(session.device, "backend_device")
-    for obj in (x, y, binding, graph.binding, graph, session, session.env, session.device, session.allocator,
-                session.env.shared_allocator(session.device), x.provenance):
+    for obj in (
+        x,
+        y,
+        binding,
+        graph.binding,
+        graph,
+        session,
+        session.env,
+        session.device,
+        session.allocator,
+        session.env.shared_allocator(session.device),
+        x.provenance,
+    ):
         for name, value in _public_values(obj):
-            assert not isinstance(value, (DeviceBuffer, BackendDevice)), f"{type(obj).__name__}.{name} exposes {value!r}"
+            assert not isinstance(value, (DeviceBuffer, BackendDevice)), (
+                f"{type(obj).__name__}.{name} exposes {value!r}"
+            )
     # Signatures name buffers by generation, never by native address.
     buffer = x._device_buffer
     assert buffer is not None
@@ -446,7 +470,6 @@ def test_operations_cut_off_by_env_close_say_released(backend_name: str) -> None
     thread.join(30)
     assert not errors, [f"{type(e).__name__}: {e}" for e in errors]
     assert seen
-
 
 
 def test_replay_after_session_close_says_the_session_is_closed(session: InferenceSession) -> None:

@@ -115,7 +115,8 @@ def test_truncated_model_file(tmp_path: object, env: ortgpu.Env) -> None:
 def test_unsupported_operator_names_op_node_and_opset(env: ortgpu.Env) -> None:
     node = helper.make_node("Det", ["X"], ["Y"], name="my_det")
     graph = helper.make_graph(
-        [node], "g",
+        [node],
+        "g",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 2])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])],
     )
@@ -132,7 +133,8 @@ def float64_model() -> bytes:
         helper.make_node("Cast", ["s64"], ["Y"], to=TensorProto.FLOAT, name="narrow"),
     ]
     graph = helper.make_graph(
-        nodes, "g",
+        nodes,
+        "g",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])],
     )
@@ -153,7 +155,9 @@ def test_model_strings_never_reach_wgsl(env: ortgpu.Env) -> None:
     evil = "x}; fn evil() { loop {} } //"
     w = np.eye(4, dtype=np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", [evil, "W"], ["Y"], name=evil + "node"), ],
+        [
+            helper.make_node("MatMul", [evil, "W"], ["Y"], name=evil + "node"),
+        ],
         "g",
         [helper.make_tensor_value_info(evil, TensorProto.FLOAT, [1, 4])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4])],

@@ -45,7 +45,11 @@ def rss_mb() -> float:
 
 
 def growth_per_1000(
-    cycle: Callable[[], None], warm_up: int, cycles: int, env_of: Callable[[], ortgpu.Env] | None = None, stretches: int = 3
+    cycle: Callable[[], None],
+    warm_up: int,
+    cycles: int,
+    env_of: Callable[[], ortgpu.Env] | None = None,
+    stretches: int = 3,
 ) -> tuple[float, list[float], int, int]:
     """Run ``cycle`` ``warm_up`` times, then ``stretches`` stretches of ``cycles`` cycles each; the median over
     the stretches of the RSS growth per 1000 cycles (a leak grows every stretch; a one-off growth of the heap,

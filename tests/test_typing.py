@@ -58,8 +58,13 @@ def test_fail_corpus_reports_exactly_the_expected_errors(path: Path) -> None:
 
 def test_stubtest_checks_the_compiled_modules() -> None:
     result = run(
-        "-m", "mypy.stubtest", *COMPILED_MODULES,
-        "--mypy-config-file", "pyproject.toml", "--allowlist", "stubs/allowlist.txt",
+        "-m",
+        "mypy.stubtest",
+        *COMPILED_MODULES,
+        "--mypy-config-file",
+        "pyproject.toml",
+        "--allowlist",
+        "stubs/allowlist.txt",
         env={"MYPYPATH": str(ROOT / "stubs")},
     )
     assert result.returncode == 0, result.stdout + result.stderr

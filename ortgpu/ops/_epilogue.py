@@ -148,7 +148,9 @@ def parse_epilogue(
                 raise UnsupportedOpError(f"{op_type}: _epilogue step ('scale', c) takes one factor, got {entry!r}")
             factor = float(np.float32(entry[1]))
             if not math.isfinite(factor):
-                raise UnsupportedOpError(f"{op_type}: _epilogue ('scale', c) needs a finite float32 factor, got {entry[1]!r}")
+                raise UnsupportedOpError(
+                    f"{op_type}: _epilogue ('scale', c) needs a finite float32 factor, got {entry[1]!r}"
+                )
             steps.append(EpilogueStep("scale", value=factor))
         elif kind == "clip":
             if len(entry) != 3:

@@ -113,27 +113,55 @@ GEMM_OVERRIDE: GemmConfig | None = None
 # results): the fastest configuration per measured shape of the benchmark models; the rule above (also chosen
 # by that sweep: the best of 72 candidate rules, mean slowdown x1.27 against per-shape best) covers other shapes.
 GEMM_SHAPE_CONFIGS: dict[tuple[int, int, int, int], GemmConfig] = {
-    (1, 128, 384, 1536): GemmConfig(tile_m=64, tile_n=64, tile_k=16, rows=4, cols=4, stages=2, split_k=11, legacy=False),
+    (1, 128, 384, 1536): GemmConfig(
+        tile_m=64, tile_n=64, tile_k=16, rows=4, cols=4, stages=2, split_k=11, legacy=False
+    ),
     (1, 128, 384, 384): GemmConfig(tile_m=32, tile_n=64, tile_k=16, rows=4, cols=4, stages=2, split_k=6, legacy=False),
     (1, 128, 1536, 384): GemmConfig(tile_m=32, tile_n=64, tile_k=16, rows=4, cols=4, stages=1, split_k=6, legacy=False),
     (12, 128, 128, 32): GemmConfig(tile_m=32, tile_n=64, tile_k=16, rows=4, cols=4, stages=1, split_k=1, legacy=False),
     (12, 128, 32, 128): GemmConfig(tile_m=32, tile_n=64, tile_k=16, rows=4, cols=4, stages=1, split_k=2, legacy=False),
-    (1, 2048, 384, 1536): GemmConfig(tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=4, legacy=False),
-    (1, 2048, 384, 384): GemmConfig(tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=4, legacy=False),
-    (1, 2048, 1536, 384): GemmConfig(tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=1, legacy=False),
+    (1, 2048, 384, 1536): GemmConfig(
+        tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=4, legacy=False
+    ),
+    (1, 2048, 384, 384): GemmConfig(
+        tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=4, legacy=False
+    ),
+    (1, 2048, 1536, 384): GemmConfig(
+        tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=1, legacy=False
+    ),
     (192, 128, 128, 32): GemmConfig(tile_m=64, tile_n=64, tile_k=16, rows=8, cols=4, stages=2, split_k=1, legacy=False),
     (192, 128, 32, 128): GemmConfig(tile_m=32, tile_n=32, tile_k=16, rows=4, cols=4, stages=2, split_k=1, legacy=False),
-    (1, 64, 50176, 576): GemmConfig(tile_m=64, tile_n=128, tile_k=16, rows=4, cols=8, stages=2, split_k=2, legacy=False),
-    (1, 128, 12544, 1152): GemmConfig(tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=4, legacy=False),
-    (1, 256, 3136, 2304): GemmConfig(tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=8, legacy=False),
-    (1, 512, 784, 2304): GemmConfig(tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=12, legacy=False),
-    (1, 512, 784, 4608): GemmConfig(tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=12, legacy=False),
+    (1, 64, 50176, 576): GemmConfig(
+        tile_m=64, tile_n=128, tile_k=16, rows=4, cols=8, stages=2, split_k=2, legacy=False
+    ),
+    (1, 128, 12544, 1152): GemmConfig(
+        tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=4, legacy=False
+    ),
+    (1, 256, 3136, 2304): GemmConfig(
+        tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=8, legacy=False
+    ),
+    (1, 512, 784, 2304): GemmConfig(
+        tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=12, legacy=False
+    ),
+    (1, 512, 784, 4608): GemmConfig(
+        tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=12, legacy=False
+    ),
     (1, 512, 784, 256): GemmConfig(tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=2, split_k=4, legacy=False),
-    (16, 64, 50176, 576): GemmConfig(tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=1, legacy=False),
-    (16, 128, 12544, 1152): GemmConfig(tile_m=64, tile_n=64, tile_k=16, rows=8, cols=4, stages=2, split_k=1, legacy=False),
-    (16, 256, 3136, 2304): GemmConfig(tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=1, legacy=False),
-    (16, 512, 784, 2304): GemmConfig(tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=1, legacy=False),
-    (16, 512, 784, 4608): GemmConfig(tile_m=64, tile_n=64, tile_k=16, rows=8, cols=4, stages=2, split_k=1, legacy=False),
+    (16, 64, 50176, 576): GemmConfig(
+        tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=1, legacy=False
+    ),
+    (16, 128, 12544, 1152): GemmConfig(
+        tile_m=64, tile_n=64, tile_k=16, rows=8, cols=4, stages=2, split_k=1, legacy=False
+    ),
+    (16, 256, 3136, 2304): GemmConfig(
+        tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=1, legacy=False
+    ),
+    (16, 512, 784, 2304): GemmConfig(
+        tile_m=128, tile_n=64, tile_k=16, rows=8, cols=4, stages=1, split_k=1, legacy=False
+    ),
+    (16, 512, 784, 4608): GemmConfig(
+        tile_m=64, tile_n=64, tile_k=16, rows=8, cols=4, stages=2, split_k=1, legacy=False
+    ),
     (16, 512, 784, 256): GemmConfig(tile_m=64, tile_n=64, tile_k=16, rows=4, cols=4, stages=1, split_k=1, legacy=True),
     (1, 64, 50176, 27): GemmConfig(tile_m=64, tile_n=64, tile_k=16, rows=4, cols=4, stages=1, split_k=1, legacy=False),
 }
@@ -143,7 +171,10 @@ def config_fits(config: GemmConfig, caps: DeviceCaps) -> bool:
     """Whether the device's workgroup limits allow ``config``."""
     limits = caps.limits
     if config.legacy:
-        return limits.max_compute_invocations_per_workgroup >= 256 and limits.max_compute_workgroup_storage_size >= config.shared_bytes
+        return (
+            limits.max_compute_invocations_per_workgroup >= 256
+            and limits.max_compute_workgroup_storage_size >= config.shared_bytes
+        )
     tx, ty = config.tile_n // config.cols, config.tile_m // config.rows
     return (
         config.threads <= limits.max_compute_invocations_per_workgroup
@@ -160,8 +191,15 @@ def gemm_workgroups(config: GemmConfig, batch: int, m: int, n: int) -> int:
 
 
 def choose_gemm_config(
-    batch: int, m: int, n: int, k: int, caps: DeviceCaps, *,
-    tiles: Sequence[GemmConfig] | None = None, target: int | None = None, split_min_k: int | None = None,
+    batch: int,
+    m: int,
+    n: int,
+    k: int,
+    caps: DeviceCaps,
+    *,
+    tiles: Sequence[GemmConfig] | None = None,
+    target: int | None = None,
+    split_min_k: int | None = None,
     max_split: int | None = None,
 ) -> GemmConfig:
     """The default configuration for a ``batch x [M, K] x [K, N]`` problem.

@@ -54,7 +54,9 @@ __all__ = [
 
 def binding_name(binding: Binding, element: str = "f32") -> str:
     """The WGSL name :class:`BindingTable` gives ``binding`` bound as ``array<element>``."""
-    return f"{binding.kind}_{binding.index}" + ("" if element == "f32" else "_" + element.replace("<", "").replace(">", ""))
+    return f"{binding.kind}_{binding.index}" + (
+        "" if element == "f32" else "_" + element.replace("<", "").replace(">", "")
+    )
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,16 @@ def operand_modes(problem: GemmProblem) -> tuple[str, str]:
 
 def loader_functions(problem: GemmProblem, mode_a: str, mode_b: str, table: BindingTable) -> str:
     chosen: list[tuple[str, str, GemmLoad]] = []
-    a = {"k4": ("load_a4k", problem.load_a4k), "m4": ("load_a4m", problem.load_a4m), "scalar": ("load_a", problem.load_a)}[mode_a]
-    b = {"n4": ("load_b4n", problem.load_b4n), "k4": ("load_b4k", problem.load_b4k), "scalar": ("load_b", problem.load_b)}[mode_b]
+    a = {
+        "k4": ("load_a4k", problem.load_a4k),
+        "m4": ("load_a4m", problem.load_a4m),
+        "scalar": ("load_a", problem.load_a),
+    }[mode_a]
+    b = {
+        "n4": ("load_b4n", problem.load_b4n),
+        "k4": ("load_b4k", problem.load_b4k),
+        "scalar": ("load_b", problem.load_b),
+    }[mode_b]
     for (name, load), signature in ((a, "b: u32, m: u32, k: u32"), (b, "b: u32, k: u32, n: u32")):
         assert load is not None
         returns = "f32" if name in ("load_a", "load_b") else "vec4<f32>"
@@ -142,8 +152,18 @@ def _units(count: int, threads: int) -> list[tuple[int, bool]]:
 
 
 def _k4_unit(
-    decls: list[str], fetch: list[str], store: list[str], side: str, coord: str, load: Callable[[int], str],
-    r: int, u: str, guarded: bool, count: int, tk: int, width4: int,
+    decls: list[str],
+    fetch: list[str],
+    store: list[str],
+    side: str,
+    coord: str,
+    load: Callable[[int], str],
+    r: int,
+    u: str,
+    guarded: bool,
+    count: int,
+    tk: int,
+    width4: int,
 ) -> None:
     """One fetch round of an operand read as vec4s along k (``side`` ``"a"``: rows ``m``; ``"b"``: columns ``n``):
     four vec4 registers of four neighbouring ``coord`` values, stored transposed into the shared tile."""
@@ -162,8 +182,13 @@ def _k4_unit(
         f"vec4<f32>({reg}_0[{i}], {reg}_1[{i}], {reg}_2[{i}], {reg}_3[{i}]);\n"
         for i in range(4)
     )
-    store.append(f"    {{\n        let u = {u};\n" + (f"        if (u < {count}u) {{\n" if guarded else "") + stores
-                 + ("        }\n" if guarded else "") + "    }\n")
+    store.append(
+        f"    {{\n        let u = {u};\n"
+        + (f"        if (u < {count}u) {{\n" if guarded else "")
+        + stores
+        + ("        }\n" if guarded else "")
+        + "    }\n"
+    )
 
 
 def _fetch_store(config: GemmConfig, mode_a: str, mode_b: str) -> tuple[list[str], str, str]:
@@ -179,7 +204,9 @@ def _fetch_store(config: GemmConfig, mode_a: str, mode_b: str) -> tuple[list[str
         u = f"li + {r * threads}u"
         valid = f"u < {count_a}u && " if guarded else ""
         if mode_a == "k4":
-            _k4_unit(decls, fetch, store, "a", "m", lambda j: f"load_a4k(b, m + {j}u, k)", r, u, guarded, count_a, tk, tm4)
+            _k4_unit(
+                decls, fetch, store, "a", "m", lambda j: f"load_a4k(b, m + {j}u, k)", r, u, guarded, count_a, tk, tm4
+            )
         else:
             decls.append(f"var ra{r} = vec4<f32>(0.0);")
             if mode_a == "m4":
@@ -187,9 +214,13 @@ def _fetch_store(config: GemmConfig, mode_a: str, mode_b: str) -> tuple[list[str
                 load = f"        ra{r} = vec4<f32>(0.0); if ({valid}k < K && m < M) {{ ra{r} = load_a4m(b, m, k); }}\n"
             else:
                 index = (f"let mq = u / {tk}u;", f"let kl = u % {tk}u;")
-                load = f"        ra{r} = vec4<f32>(0.0);\n        if ({valid}k < K) {{\n" + "".join(
-                    f"            if (m + {j}u < M) {{ ra{r}[{j}] = load_a(b, m + {j}u, k); }}\n" for j in range(4)
-                ) + "        }\n"
+                load = (
+                    f"        ra{r} = vec4<f32>(0.0);\n        if ({valid}k < K) {{\n"
+                    + "".join(
+                        f"            if (m + {j}u < M) {{ ra{r}[{j}] = load_a(b, m + {j}u, k); }}\n" for j in range(4)
+                    )
+                    + "        }\n"
+                )
             fetch.append(
                 f"    {{\n        let u = {u};\n        {index[0]}\n        {index[1]}\n        let k = kt + kl;\n"
                 f"        let m = m0 + 4u * mq;\n{load}    }}\n"
@@ -197,7 +228,9 @@ def _fetch_store(config: GemmConfig, mode_a: str, mode_b: str) -> tuple[list[str
             store.append(
                 f"    {{\n        let u = {u};\n        {index[0]}\n        {index[1]}\n"
                 + (f"        if (u < {count_a}u) {{ " if guarded else "        ")
-                + f"tile_a[oa + kl * {tm4}u + mq] = ra{r};" + (" }\n" if guarded else "\n") + "    }\n"
+                + f"tile_a[oa + kl * {tm4}u + mq] = ra{r};"
+                + (" }\n" if guarded else "\n")
+                + "    }\n"
             )
     # B
     count_b = (tk // 4) * tn4 if mode_b == "k4" else tk * tn4
@@ -205,22 +238,30 @@ def _fetch_store(config: GemmConfig, mode_a: str, mode_b: str) -> tuple[list[str
         u = f"li + {r * threads}u"
         valid = f"u < {count_b}u && " if guarded else ""
         if mode_b == "k4":
-            _k4_unit(decls, fetch, store, "b", "n", lambda j: f"load_b4k(b, k, n + {j}u)", r, u, guarded, count_b, tk, tn4)
+            _k4_unit(
+                decls, fetch, store, "b", "n", lambda j: f"load_b4k(b, k, n + {j}u)", r, u, guarded, count_b, tk, tn4
+            )
         else:
             decls.append(f"var rb{r} = vec4<f32>(0.0);")
             if mode_b == "n4":
                 load = f"        rb{r} = vec4<f32>(0.0); if ({valid}k < K && n < N) {{ rb{r} = load_b4n(b, k, n); }}\n"
             else:
-                load = f"        rb{r} = vec4<f32>(0.0);\n        if ({valid}k < K) {{\n" + "".join(
-                    f"            if (n + {j}u < N) {{ rb{r}[{j}] = load_b(b, k, n + {j}u); }}\n" for j in range(4)
-                ) + "        }\n"
+                load = (
+                    f"        rb{r} = vec4<f32>(0.0);\n        if ({valid}k < K) {{\n"
+                    + "".join(
+                        f"            if (n + {j}u < N) {{ rb{r}[{j}] = load_b(b, k, n + {j}u); }}\n" for j in range(4)
+                    )
+                    + "        }\n"
+                )
             fetch.append(
                 f"    {{\n        let u = {u};\n        let k = kt + u / {tn4}u;\n        let n = n0 + 4u * (u % {tn4}u);\n{load}    }}\n"
             )
             store.append(
                 f"    {{\n        let u = {u};\n"
                 + (f"        if (u < {count_b}u) {{ " if guarded else "        ")
-                + f"tile_b[ob + (u / {tn4}u) * {tn4}u + u % {tn4}u] = rb{r};" + (" }\n" if guarded else "\n") + "    }\n"
+                + f"tile_b[ob + (u / {tn4}u) * {tn4}u + u % {tn4}u] = rb{r};"
+                + (" }\n" if guarded else "\n")
+                + "    }\n"
             )
     return decls, "".join(fetch), "".join(store)
 
@@ -233,8 +274,14 @@ def k_slices(config: GemmConfig, k: int) -> tuple[int, int]:
 
 
 def tiled_gemm_kernel(
-    problem: GemmProblem, config: GemmConfig, declarations: str, loaders: str, store_body: str, caps: DeviceCaps,
-    mode_a: str, mode_b: str,
+    problem: GemmProblem,
+    config: GemmConfig,
+    declarations: str,
+    loaders: str,
+    store_body: str,
+    caps: DeviceCaps,
+    mode_a: str,
+    mode_b: str,
 ) -> tuple[str, tuple[int, int, int], int]:
     """WGSL, grid and slice count of the tiled kernel; ``store_body`` stores ``acc`` (vec4 of columns
     ``n..n+3``) of row ``m`` and slice ``s``."""
@@ -258,9 +305,7 @@ def tiled_gemm_kernel(
             for q in range(q_count):
                 r = 4 * p + i
                 inner.append(f"            acc{r}_{q} = fma(vec4<f32>(a{p}[{i}]), b{q}, acc{r}_{q});")
-    compute = (
-        f"        for (var kk = 0u; kk < {tk}u; kk = kk + 1u) {{\n" + "\n".join(inner) + "\n        }\n"
-    )
+    compute = f"        for (var kk = 0u; kk < {tk}u; kk = kk + 1u) {{\n" + "\n".join(inner) + "\n        }\n"
     stores = []
     for p in range(p_count):
         for i in range(4):
@@ -340,7 +385,14 @@ def _indent(text: str, spaces: int) -> str:
 
 
 def split_k_reduce_kernel(
-    total: int, slices: int, declarations: str, epilogue: str, scratch: str, output: str, vector: bool, caps: DeviceCaps,
+    total: int,
+    slices: int,
+    declarations: str,
+    epilogue: str,
+    scratch: str,
+    output: str,
+    vector: bool,
+    caps: DeviceCaps,
 ) -> tuple[str, tuple[int, int, int]]:
     """Sum ``slices`` partial results of ``total`` outputs each (vec4 at a time with ``vector``), then the epilogue."""
     width = 4 if vector else 1

@@ -110,7 +110,9 @@ class GemvConfig:
         if layout not in LAYOUTS:
             raise ValueError(f"GEMV layout must be one of {LAYOUTS}, not {layout!r}")
         if not (_power_of_two(self.threads_x) and _power_of_two(self.threads_k)) or self.threads > 1024:
-            raise ValueError(f"bad GEMV config {self}: threads_x and threads_k must be powers of two, at most 1024 in all")
+            raise ValueError(
+                f"bad GEMV config {self}: threads_x and threads_k must be powers of two, at most 1024 in all"
+            )
         if self.vectors not in (1, 2, 4) or (layout == "nk" and self.vectors != 1):
             raise ValueError(f"bad GEMV config {self}: vectors is 1, 2 or 4 (and 1 for the nk layout)")
         if not 1 <= self.unroll <= 8 or self.split_k < 1:
@@ -270,8 +272,15 @@ def _split_prologue(config: GemvConfig, layout: str, k: int, groups: int, units:
 
 
 def _kn_kernel(
-    n: int, k: int, config: GemvConfig, a_name: str, b_name: str, declarations: str, epilogue: str,
-    store: Callable[[str, str], str], caps: DeviceCaps,
+    n: int,
+    k: int,
+    config: GemvConfig,
+    a_name: str,
+    b_name: str,
+    declarations: str,
+    epilogue: str,
+    store: Callable[[str, str], str],
+    caps: DeviceCaps,
 ) -> tuple[str, tuple[int, int, int]]:
     vector = n % 4 == 0
     threads_x, slices, vectors, unroll = config.threads_x, config.threads_k, config.vectors, config.unroll
@@ -309,9 +318,15 @@ def _kn_kernel(
     partial = (
         "".join(f"        var {acc(v, u)} = vec4<f32>(0.0);\n" for v in range(vectors) for u in range(1, unroll))
         + f"        var k = {start}{y};\n"
-        + (f"        for (; k + {(unroll - 1) * slices}u < {limit}; k = k + {unroll * slices}u) {{\n{unrolled}        }}\n" if unroll > 1 else "")
+        + (
+            f"        for (; k + {(unroll - 1) * slices}u < {limit}; k = k + {unroll * slices}u) {{\n{unrolled}        }}\n"
+            if unroll > 1
+            else ""
+        )
         + f"        for (; k < {limit}; k = k + {slices}u) {{\n{step('k', 0)}        }}\n"
-        + "".join(f"        {acc(v, 0)} = {acc(v, 0)} + {acc(v, u)};\n" for v in range(vectors) for u in range(1, unroll))
+        + "".join(
+            f"        {acc(v, 0)} = {acc(v, 0)} + {acc(v, u)};\n" for v in range(vectors) for u in range(1, unroll)
+        )
     )
     accumulators = "".join(f"    var {acc(v, 0)} = vec4<f32>(0.0);\n" for v in range(vectors))
     load_guard = "c4 < N4" if vector else "c4 * 4u < N"
@@ -343,16 +358,23 @@ def _kn_kernel(
         final_guard = "lid.y == 0u"
         totals = "".join(f"        let {total(v)} = partials[{base(v)}lid.x];\n" for v in range(vectors))
     else:
-        slot = f"    let slot = sid * sgs + lane;\n    let tx = slot % {threads_x}u;\n    let ty = slot / {threads_x}u;\n"
+        slot = (
+            f"    let slot = sid * sgs + lane;\n    let tx = slot % {threads_x}u;\n    let ty = slot / {threads_x}u;\n"
+        )
         # butterfly over the lanes of a subgroup that share a column (lane % threads_x), then one value per
         # subgroup (or per lane when a subgroup is narrower than threads_x) into workgroup memory
         reduction = (
             f"    for (var d = {threads_x}u; d < sgs; d = d << 1u) {{\n"
-            + "".join(f"        {acc(v, 0)} = {acc(v, 0)} + subgroupShuffleXor({acc(v, 0)}, d);\n" for v in range(vectors))
+            + "".join(
+                f"        {acc(v, 0)} = {acc(v, 0)} + subgroupShuffleXor({acc(v, 0)}, d);\n" for v in range(vectors)
+            )
             + "    }\n"
             + f"    let rows_per_subgroup = max(1u, sgs / {threads_x}u);\n"
             + "    if (ty % rows_per_subgroup == 0u) {\n"
-            + "".join(f"        partials[{base(v)}(ty / rows_per_subgroup) * {threads_x}u + tx] = {acc(v, 0)};\n" for v in range(vectors))
+            + "".join(
+                f"        partials[{base(v)}(ty / rows_per_subgroup) * {threads_x}u + tx] = {acc(v, 0)};\n"
+                for v in range(vectors)
+            )
             + "    }\n    workgroupBarrier();\n"
         )
         final_guard = "ty == 0u"
@@ -377,7 +399,7 @@ const K: u32 = {k}u;
 const GROUPS: u32 = {groups * k_slices}u;
 var<workgroup> partials: array<vec4<f32>, {width * vectors}>;
 {epilogue}
-@compute @workgroup_size({f'{threads_x}, {slices}' if not subgroups else config.threads})
+@compute @workgroup_size({f"{threads_x}, {slices}" if not subgroups else config.threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>{_SUBGROUP_BUILTINS if subgroups else ""}) {{
     let group = {workgroup_index(grid)};
     if (group >= GROUPS) {{ return; }}
@@ -392,8 +414,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 
 def _nk_kernel(
-    n: int, k: int, config: GemvConfig, a_name: str, b_name: str, declarations: str, epilogue: str,
-    store: Callable[[str, str], str], caps: DeviceCaps,
+    n: int,
+    k: int,
+    config: GemvConfig,
+    a_name: str,
+    b_name: str,
+    declarations: str,
+    epilogue: str,
+    store: Callable[[str, str], str],
+    caps: DeviceCaps,
 ) -> tuple[str, tuple[int, int, int]]:
     vector = k % 4 == 0
     lanes, rows, unroll, subgroups = config.threads_k, config.threads_x, config.unroll, config.subgroups
@@ -417,7 +446,11 @@ def _nk_kernel(
         loop = (
             "".join(f"        var {a} = 0.0;\n" for a in accumulators[1:])
             + f"        var {index} = {start}{x};\n"
-            + (f"        for (; {index} + {(unroll - 1) * lanes}u < {limit}; {index} = {index} + {unroll * lanes}u) {{\n{body}        }}\n" if unroll > 1 else "")
+            + (
+                f"        for (; {index} + {(unroll - 1) * lanes}u < {limit}; {index} = {index} + {unroll * lanes}u) {{\n{body}        }}\n"
+                if unroll > 1
+                else ""
+            )
             + f"        for (; {index} < {limit}; {index} = {index} + {lanes}u) {{\n{term(0, 'acc')}        }}\n"
             + "".join(f"        acc = acc + {a};\n" for a in accumulators[1:])
         )
@@ -431,7 +464,7 @@ def _nk_kernel(
         workgroupBarrier();
     }}
     if (lid.x == 0u && row < N) {{
-        {store('row', f'partials[lid.y * {lanes}u]')}
+        {store("row", f"partials[lid.y * {lanes}u]")}
     }}
 """
         slot = ""
@@ -446,7 +479,7 @@ def _nk_kernel(
         let pieces = {lanes}u / width;
         var total = partials[ty * pieces];
         for (var p = 1u; p < pieces; p = p + 1u) {{ total = total + partials[ty * pieces + p]; }}
-        {store('row', 'total')}
+        {store("row", "total")}
     }}
 """
         slot = f"    let slot = sid * sgs + lane;\n    let tx = slot % {lanes}u;\n    let ty = slot / {lanes}u;\n"
@@ -458,7 +491,7 @@ const K4: u32 = {k // 4}u;
 const GROUPS: u32 = {groups * k_slices}u;
 var<workgroup> partials: array<f32, {lanes * rows}>;
 {epilogue}
-@compute @workgroup_size({f'{lanes}, {rows}' if not subgroups else config.threads})
+@compute @workgroup_size({f"{lanes}, {rows}" if not subgroups else config.threads})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>{_SUBGROUP_BUILTINS if subgroups else ""}) {{
     let group = {workgroup_index(grid)};
     if (group >= GROUPS) {{ return; }}
@@ -475,7 +508,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 
 def _partial_twin(
-    layout: str, n: int, k: int, slices: int, per_slice: int, bindings: Sequence[Binding], inputs: Sequence[TensorInfo | None],
+    layout: str,
+    n: int,
+    k: int,
+    slices: int,
+    per_slice: int,
+    bindings: Sequence[Binding],
+    inputs: Sequence[TensorInfo | None],
 ) -> Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]:
     """What the partial-sum kernel does: scratch[s, :] = the products over slice s of K (float32)."""
     scratch_slot = next(slot for slot, b in enumerate(bindings) if b.kind == "scratch")
@@ -536,8 +575,16 @@ def plan_gemv(
         output = table.add(Binding("output", 0), writable=True)
         epilogue = epilogue_function(steps, out_shape, table)
         wgsl, grid = gemv_kernel(
-            n=n, k=k, b_layout=layout, config=config, a_name=a_name, b_name=b_name, declarations=table.declarations(),
-            epilogue=epilogue, store=lambda o, value: f"{output}[{o}] = epilogue({value}, {o});", caps=caps,
+            n=n,
+            k=k,
+            b_layout=layout,
+            config=config,
+            a_name=a_name,
+            b_name=b_name,
+            declarations=table.declarations(),
+            epilogue=epilogue,
+            store=lambda o, value: f"{output}[{o}] = epilogue({value}, {o});",
+            caps=caps,
         )
         check_device_fits(name, list(inputs) + list(outputs), len(table.bindings), caps)
         twin = whole_op_twin(compute, table.bindings, inputs, outputs)
@@ -545,8 +592,16 @@ def plan_gemv(
     slices, per_slice = _slicing(config, layout, k)
     scratch = table.add(Binding("scratch", 0), writable=True)
     wgsl, grid = gemv_kernel(
-        n=n, k=k, b_layout=layout, config=config, a_name=a_name, b_name=b_name, declarations=table.declarations(),
-        epilogue="", store=lambda o, value: f"{scratch}[slice * N + {o}] = {value};", caps=caps,
+        n=n,
+        k=k,
+        b_layout=layout,
+        config=config,
+        a_name=a_name,
+        b_name=b_name,
+        declarations=table.declarations(),
+        epilogue="",
+        store=lambda o, value: f"{scratch}[slice * N + {o}] = {value};",
+        caps=caps,
     )
     partial_twin = _partial_twin(layout, n, k, slices, per_slice, table.bindings, inputs)
     partial = KernelSpec(name, wgsl, grid, tuple(table.bindings), partial_twin)

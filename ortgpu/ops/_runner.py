@@ -74,7 +74,9 @@ def run_plan(
                 if binding.kind == "params":
                     buffer = device.create_buffer(padded_size(len(kernel.params)), uniform=True, label="params")
                     owned.append(buffer)
-                    device.write_buffer(buffer, 0, kernel.params + b"\0" * (padded_size(len(kernel.params)) - len(kernel.params)))
+                    device.write_buffer(
+                        buffer, 0, kernel.params + b"\0" * (padded_size(len(kernel.params)) - len(kernel.params))
+                    )
                 elif binding.kind == "input":
                     maybe = input_buffers[binding.index]
                     assert maybe is not None, "a kernel binds an absent optional input"
@@ -83,7 +85,11 @@ def run_plan(
                     buffer = output_buffers[binding.index]
                 else:
                     buffer = scratch[binding.index]
-                entries.append(BindingEntry(slot, buffer, 0, _buffer_size(device, buffer, owned, inputs, outputs, kernel, binding, plan)))
+                entries.append(
+                    BindingEntry(
+                        slot, buffer, 0, _buffer_size(device, buffer, owned, inputs, outputs, kernel, binding, plan)
+                    )
+                )
             bind_group = device.create_bind_group(pipeline, entries)
             bind_groups.append(bind_group)
             commands.add_dispatch(pipeline, bind_group, *kernel.grid)

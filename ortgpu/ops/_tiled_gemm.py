@@ -98,7 +98,9 @@ def plan_tiled_gemm(
         config = dataclasses.replace(config, split_k=1)
     # per invocation: a K tile loop per slice, each tile an inner loop of tile_k steps and the fetch loops (counted
     # as 4); measured on lavapipe: [8, 2M] x [2M, 8] (8192 tiles of 16 per slice) returned 932080 instead of 2097152
-    tiles = -(-k_slices(config, problem.k)[1] // config.tile_k) if config.split_k > 1 else -(-problem.k // config.tile_k)
+    tiles = (
+        -(-k_slices(config, problem.k)[1] // config.tile_k) if config.split_k > 1 else -(-problem.k // config.tile_k)
+    )
     check_loop_budget(name, tiles * (config.tile_k + 5), caps)
     mode_a, mode_b = operand_modes(problem)
     total_out = problem.batch * problem.m * problem.n
@@ -108,8 +110,14 @@ def plan_tiled_gemm(
         output = table.add(Binding("output", 0), writable=True)
         epilogue = epilogue_function(steps, out_shape, table)
         wgsl, grid = legacy_gemm_wgsl(
-            problem.batch, problem.m, problem.n, problem.k, problem.prelude + loaders + epilogue,
-            table.declarations(), output, caps,
+            problem.batch,
+            problem.m,
+            problem.n,
+            problem.k,
+            problem.prelude + loaders + epilogue,
+            table.declarations(),
+            output,
+            caps,
         )
         check_device_fits(name, list(inputs) + list(outputs), len(table.bindings), caps)
         twin = whole_op_twin(compute, table.bindings, inputs, outputs)
@@ -128,7 +136,9 @@ def plan_tiled_gemm(
                 f"        if (m < M && n + {j}u < N) {{ {scratch}[s * {total_out}u + b * {problem.m * problem.n}u + m * N + n + {j}u] = acc[{j}]; }}\n"
                 for j in range(4)
             )
-        wgsl, grid, slices = tiled_gemm_kernel(problem, config, table.declarations(), loaders, body, caps, mode_a, mode_b)
+        wgsl, grid, slices = tiled_gemm_kernel(
+            problem, config, table.declarations(), loaders, body, caps, mode_a, mode_b
+        )
         operands = problem.operands
         assert operands is not None
         partial_twin = _partial_twin(operands, table.bindings, inputs, slices, per_slice, problem)
@@ -143,7 +153,9 @@ def plan_tiled_gemm(
         f"        if (m < M && n + {j}u < N) {{ let o = (b * M + m) * N + n + {j}u; {output}[o] = epilogue(acc[{j}], o); }}\n"
         for j in range(4)
     )
-    wgsl, grid, _ = tiled_gemm_kernel(problem, config, table.declarations(), loaders + epilogue, body, caps, mode_a, mode_b)
+    wgsl, grid, _ = tiled_gemm_kernel(
+        problem, config, table.declarations(), loaders + epilogue, body, caps, mode_a, mode_b
+    )
     check_device_fits(name, list(inputs) + list(outputs), len(table.bindings), caps)
     twin = whole_op_twin(compute, table.bindings, inputs, outputs)
     return OpPlan(kernels=(KernelSpec(name, wgsl, grid, tuple(table.bindings), twin),))
@@ -152,7 +164,9 @@ def plan_tiled_gemm(
 # -- twins of the split-K kernels ----------------------------------------------------------------------------------
 
 
-def _bound_inputs(arrays: Sequence[np.ndarray], bindings: Sequence[Binding], inputs: Sequence[TensorInfo | None]) -> list[np.ndarray | None]:
+def _bound_inputs(
+    arrays: Sequence[np.ndarray], bindings: Sequence[Binding], inputs: Sequence[TensorInfo | None]
+) -> list[np.ndarray | None]:
     full: list[np.ndarray | None] = [None] * len(inputs)
     for slot, binding in enumerate(bindings):
         if binding.kind == "input":
@@ -163,7 +177,11 @@ def _bound_inputs(arrays: Sequence[np.ndarray], bindings: Sequence[Binding], inp
 
 
 def _partial_twin(
-    operands: Operands, bindings: Sequence[Binding], inputs: Sequence[TensorInfo | None], slices: int, per_slice: int,
+    operands: Operands,
+    bindings: Sequence[Binding],
+    inputs: Sequence[TensorInfo | None],
+    slices: int,
+    per_slice: int,
     problem: GemmProblem,
 ) -> Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]:
     scratch_slot = next(slot for slot, b in enumerate(bindings) if b.kind == "scratch")
@@ -183,8 +201,12 @@ def _partial_twin(
 
 
 def _reduce_twin(
-    steps: Sequence[EpilogueStep], bindings: Sequence[Binding], inputs: Sequence[TensorInfo | None],
-    outputs: Sequence[TensorInfo], slices: int, total: int,
+    steps: Sequence[EpilogueStep],
+    bindings: Sequence[Binding],
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    slices: int,
+    total: int,
 ) -> Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]:
     scratch_slot = next(slot for slot, b in enumerate(bindings) if b.kind == "scratch")
     output_slot = next(slot for slot, b in enumerate(bindings) if b.kind == "output")

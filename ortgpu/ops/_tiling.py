@@ -155,7 +155,9 @@ class BindingTable:
         if key in self._names:
             return self._names[key]
         slot = len(self.bindings)
-        name = f"{binding.kind}_{binding.index}" + ("" if element == "f32" else "_" + element.replace("<", "").replace(">", ""))
+        name = f"{binding.kind}_{binding.index}" + (
+            "" if element == "f32" else "_" + element.replace("<", "").replace(">", "")
+        )
         access = "read_write" if writable else "read"
         self.bindings.append(binding)
         self._declarations.append(f"@group(0) @binding({slot}) var<storage, {access}> {name}: array<{element}>;")
@@ -288,7 +290,11 @@ def row_layout(shape: tuple[int, ...], axes: Sequence[int]) -> RowLayout:
     reduced_shape = tuple(shape[a] for a in reduced)
     rows = element_count(kept_shape) if kept_shape else 1
     length = element_count(reduced_shape) if reduced_shape else 1
-    base = index_function("row_base", kept_shape, tuple(strides[a] for a in kept)) if kept else "fn row_base(i: u32) -> u32 { return 0u; }\n"
+    base = (
+        index_function("row_base", kept_shape, tuple(strides[a] for a in kept))
+        if kept
+        else "fn row_base(i: u32) -> u32 { return 0u; }\n"
+    )
     offset = (
         index_function("row_offset", reduced_shape, tuple(strides[a] for a in reduced))
         if reduced

@@ -292,7 +292,9 @@ def grid_for(count: int, workgroup_size: int, limits: DeviceLimits) -> tuple[int
         return (groups, 1, 1)
     rows = -(-groups // max_dim)
     if rows > max_dim:
-        raise NotOnDevice(f"{count} invocations exceed the device's 2-D dispatch grid ({max_dim} x {max_dim} workgroups)")
+        raise NotOnDevice(
+            f"{count} invocations exceed the device's 2-D dispatch grid ({max_dim} x {max_dim} workgroups)"
+        )
     return (-(-groups // rows), rows, 1)
 
 
@@ -448,9 +450,7 @@ def broadcast_index_function(function: str, in_shape: Sequence[int], out_shape: 
         return f"fn {function}(j: u32) -> u32 {{ return 0u; }}\n"
     aligned = [1] * (len(out_shape) - len(in_shape)) + in_shape
     strides = contiguous_strides(aligned)
-    terms: list[tuple[int | None, int]] = [
-        (None, 0 if aligned[d] == 1 else strides[d]) for d in range(len(out_shape))
-    ]
+    terms: list[tuple[int | None, int]] = [(None, 0 if aligned[d] == 1 else strides[d]) for d in range(len(out_shape))]
     return affine_index_function(function, out_shape, terms)
 
 

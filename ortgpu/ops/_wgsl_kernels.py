@@ -113,7 +113,12 @@ def elementwise_kernel(
 
 
 def _linear_kernel(
-    name: str, parts: list[str], body: str, invocations: int, bindings: tuple[Binding, ...], twin: KernelTwin,
+    name: str,
+    parts: list[str],
+    body: str,
+    invocations: int,
+    bindings: tuple[Binding, ...],
+    twin: KernelTwin,
     limits: DeviceLimits,
 ) -> KernelSpec:
     """The kernel of WGSL ``parts`` whose entry runs ``body`` once per invocation ``w`` below ``invocations``."""
@@ -211,5 +216,7 @@ def elementwise_plan(
         return OpPlan()
     bindings = [Binding("input", op.input_index) for op in operands] + [Binding("output", 0)]
     twin = reference_twin(function, bindings, inputs, outputs)
-    kernel = elementwise_kernel(op_type, operands, outputs[0], expression, caps, twin, helpers=helpers, pair_output=pair_output)
+    kernel = elementwise_kernel(
+        op_type, operands, outputs[0], expression, caps, twin, helpers=helpers, pair_output=pair_output
+    )
     return OpPlan(kernels=(kernel,))

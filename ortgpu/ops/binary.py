@@ -57,9 +57,13 @@ class BinaryOperator(Operator):
         a, b = inputs[0], inputs[1]
         assert a is not None and b is not None
         if self.opset < 7 and attrs.get("broadcast", 0):
-            raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}): the legacy 'broadcast' attribute is not supported")
+            raise UnsupportedOpError(
+                f"{self.op_type} (opset {self.opset}): the legacy 'broadcast' attribute is not supported"
+            )
         if a.dtype != b.dtype:
-            raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}): inputs of different dtypes {a.dtype} and {b.dtype}")
+            raise UnsupportedOpError(
+                f"{self.op_type} (opset {self.opset}): inputs of different dtypes {a.dtype} and {b.dtype}"
+            )
         if a.dtype.kind not in "fiu":
             raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}) does not support dtype {a.dtype.name}")
         with np.errstate(all="ignore"):
@@ -91,8 +95,15 @@ class BinaryOperator(Operator):
                 )
             operands = [Operand(0, a, int64_pair=True), Operand(1, b, int64_pair=True)]
             return elementwise_plan(
-                self.op_type, operands, outputs, f"{self.pair_function}(x0, x1)", caps, function, inputs,
-                helpers=INT64_WGSL, pair_output=True,
+                self.op_type,
+                operands,
+                outputs,
+                f"{self.pair_function}(x0, x1)",
+                caps,
+                function,
+                inputs,
+                helpers=INT64_WGSL,
+                pair_output=True,
             )
         require_device_dtype(self.op_type, a.dtype, _DEVICE_DTYPES)
         return elementwise_plan(
@@ -272,7 +283,9 @@ class Pow(Operator):
         assert base is not None and exponent is not None
         require_device_dtype("Pow", base.dtype, ("float32", "float16", "int32", "int64"))
         require_device_dtype(
-            "Pow", exponent.dtype, ("float32", "float16", "int32", "int64", "uint32", "uint64", "int16", "int8", "uint16", "uint8")
+            "Pow",
+            exponent.dtype,
+            ("float32", "float16", "int32", "int64", "uint32", "uint64", "int16", "int8", "uint16", "uint8"),
         )
         if base.dtype.kind == "i":
             return self._integer_plan(base, exponent, inputs, outputs, attrs, caps)

@@ -28,7 +28,18 @@ from ._wgsl_kernels import Operand, elementwise_plan
 __all__ = ["Cast", "onnx_dtype"]
 
 _DEVICE_DTYPES = (
-    "float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8", "bool", "int64", "uint64", "float64",
+    "float32",
+    "float16",
+    "int32",
+    "uint32",
+    "int16",
+    "uint16",
+    "int8",
+    "uint8",
+    "bool",
+    "int64",
+    "uint64",
+    "float64",
 )
 
 
@@ -140,6 +151,13 @@ class Cast(Operator):
             return self.reference([array], attrs, outputs)[0]
 
         return elementwise_plan(
-            "Cast", [Operand(0, x, int64_pair=x.dtype.itemsize == 8)], outputs, expression, caps, function, inputs,
-            helpers=INT64_WGSL if helpers else "", pair_output=target.itemsize == 8,
+            "Cast",
+            [Operand(0, x, int64_pair=x.dtype.itemsize == 8)],
+            outputs,
+            expression,
+            caps,
+            function,
+            inputs,
+            helpers=INT64_WGSL if helpers else "",
+            pair_output=target.itemsize == 8,
         )

@@ -26,9 +26,7 @@ class Clip(Operator):
     op_type = "Clip"
     since_version = 1
 
-    def _bounds(
-        self, inputs: Sequence[Any], attrs: Mapping[str, Any]
-    ) -> tuple[Any, Any]:
+    def _bounds(self, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> tuple[Any, Any]:
         """(low, high) as given: attribute floats before opset 11, else the optional inputs (or None)."""
         if self.opset < 11:
             low = attrs.get("min")

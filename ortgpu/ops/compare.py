@@ -22,7 +22,17 @@ from ._wgsl_kernels import Operand, elementwise_plan
 __all__ = ["ComparisonOperator", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not"]
 
 _DEVICE_DTYPES = (
-    "float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8", "bool", "int64", "uint64",
+    "float32",
+    "float16",
+    "int32",
+    "uint32",
+    "int16",
+    "uint16",
+    "int8",
+    "uint8",
+    "bool",
+    "int64",
+    "uint64",
 )
 
 
@@ -43,7 +53,9 @@ class ComparisonOperator(Operator):
         a, b = inputs[0], inputs[1]
         assert a is not None and b is not None
         if a.dtype != b.dtype:
-            raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}): inputs of different dtypes {a.dtype} and {b.dtype}")
+            raise UnsupportedOpError(
+                f"{self.op_type} (opset {self.opset}): inputs of different dtypes {a.dtype} and {b.dtype}"
+            )
         if a.dtype.kind not in "fiu" and not (self.allows_bool and a.dtype.kind == "b"):
             raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}) does not support dtype {a.dtype.name}")
         return [np.asarray(type(self).numpy_function(a, b), dtype=np.bool_)]

@@ -109,15 +109,17 @@ def pad_spatial(x: np.ndarray, geometry: SpatialGeometry, value: float = 0.0) ->
     """``x`` padded on its spatial axes (2..) by the geometry's pads, plus room for ceil-mode windows."""
     widths = [(0, 0), (0, 0)]
     for axis, (b, e) in enumerate(zip(geometry.pads_begin, geometry.pads_end)):
-        needed = (geometry.out[axis] - 1) * geometry.strides[axis] + (geometry.kernel[axis] - 1) * geometry.dilations[axis] + 1
+        needed = (
+            (geometry.out[axis] - 1) * geometry.strides[axis]
+            + (geometry.kernel[axis] - 1) * geometry.dilations[axis]
+            + 1
+        )
         extra = max(0, needed - (x.shape[axis + 2] + b + e))
         widths.append((b, e + extra))
     return np.pad(x, widths, constant_values=value)
 
 
-def conv_reference(
-    x: np.ndarray, w: np.ndarray, geometry: SpatialGeometry, group: int
-) -> np.ndarray:
+def conv_reference(x: np.ndarray, w: np.ndarray, geometry: SpatialGeometry, group: int) -> np.ndarray:
     """Grouped N-d convolution (cross-correlation), no bias."""
     batch, channels = x.shape[:2]
     out_channels = w.shape[0]
@@ -147,7 +149,10 @@ def _conv_setup(
 
 
 def _conv_steps(
-    attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...] | None], out_shape: tuple[int, ...], op_type: str = "Conv"
+    attrs: Mapping[str, Any],
+    shapes: Sequence[tuple[int, ...] | None],
+    out_shape: tuple[int, ...],
+    op_type: str = "Conv",
 ) -> list[EpilogueStep]:
     """The epilogue of a Conv or ConvTranspose: its own bias (input 2, per output channel), then any fused steps."""
     steps: list[EpilogueStep] = []
@@ -199,8 +204,12 @@ class Conv(Operator):
             return OpPlan()
         if len(x.shape) == 3:  # 1-D: a 2-D convolution of height 1
             geometry = SpatialGeometry(
-                (1,) + geometry.kernel, (1,) + geometry.strides, (1,) + geometry.dilations,
-                (0,) + geometry.pads_begin, (0,) + geometry.pads_end, (1,) + geometry.out,
+                (1,) + geometry.kernel,
+                (1,) + geometry.strides,
+                (1,) + geometry.dilations,
+                (0,) + geometry.pads_begin,
+                (0,) + geometry.pads_end,
+                (1,) + geometry.out,
             )
             in_h, in_w = 1, x.shape[2]
         else:
@@ -258,29 +267,47 @@ const OW: u32 = {ow}u;
                 return a_matrix.reshape(batch * group, cout_g, k_total), b_matrix
 
             problem = GemmProblem(
-                batch=batch * group, m=cout_g, n=oh * ow, k=k_total,
-                load_a=GemmLoad(f"    return {ws}[((b % GROUPS) * COUT_G + m) * (CIN_G * KH * KW) + k];", ((w_in, "f32"),)),
-                load_a4k=None if k_total % 4 else GemmLoad(
+                batch=batch * group,
+                m=cout_g,
+                n=oh * ow,
+                k=k_total,
+                load_a=GemmLoad(
+                    f"    return {ws}[((b % GROUPS) * COUT_G + m) * (CIN_G * KH * KW) + k];", ((w_in, "f32"),)
+                ),
+                load_a4k=None
+                if k_total % 4
+                else GemmLoad(
                     f"    return {binding_name(w_in, 'vec4<f32>')}[(((b % GROUPS) * COUT_G + m) * (CIN_G * KH * KW) + k) / 4u];",
                     ((w_in, "vec4<f32>"),),
                 ),
-                load_b=GemmLoad(f"""    let image = b / GROUPS;
+                load_b=GemmLoad(
+                    f"""    let image = b / GROUPS;
     let g = b % GROUPS;
     let ci = k / (KH * KW);
     let tap = k % (KH * KW);
     let ih = i32((n / OW) * SH + (tap / KW) * DH) - PH;
     let iw = i32((n % OW) * SW + (tap % KW) * DW) - PW;
     if (ih < 0 || ih >= H || iw < 0 || iw >= W) {{ return 0.0; }}
-    return {xs}[((image * CIN + g * CIN_G + ci) * u32(H) + u32(ih)) * u32(W) + u32(iw)];""", ((x_in, "f32"),)),
+    return {xs}[((image * CIN + g * CIN_G + ci) * u32(H) + u32(ih)) * u32(W) + u32(iw)];""",
+                    ((x_in, "f32"),),
+                ),
                 load_b4n=GemmLoad(
                     f"    return {binding_name(x_in, 'vec4<f32>')}[(((b / GROUPS) * CIN + (b % GROUPS) * CIN_G + k) * OH * OW + n) / 4u];",
                     ((x_in, "vec4<f32>"),),
-                ) if pointwise and (oh * ow) % 4 == 0 else None,
+                )
+                if pointwise and (oh * ow) % 4 == 0
+                else None,
                 prelude=constants_wgsl,
                 operands=operands,
             )
             return plan_tiled_gemm(
-                "Conv", problem, steps=steps, out_shape=out_shape, compute=compute, inputs=inputs, outputs=outputs,
+                "Conv",
+                problem,
+                steps=steps,
+                out_shape=out_shape,
+                compute=compute,
+                inputs=inputs,
+                outputs=outputs,
                 caps=caps,
             )
         check_loop_budget("Conv", cin_g * (kh + 1) * (kw + 1), caps)  # the direct kernel's ci / ky / kx loops

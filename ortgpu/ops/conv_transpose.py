@@ -127,7 +127,13 @@ class ConvTranspose(Operator):
         if total == 0:
             return OpPlan()
         if len(x.shape) == 3:
-            kernel, strides, dilations, begin, out = (1,) + kernel, (1,) + strides, (1,) + dilations, (0,) + begin, (1,) + out
+            kernel, strides, dilations, begin, out = (
+                (1,) + kernel,
+                (1,) + strides,
+                (1,) + dilations,
+                (0,) + begin,
+                (1,) + out,
+            )
             in_h, in_w = 1, x.shape[2]
         else:
             in_h, in_w = x.shape[2], x.shape[3]

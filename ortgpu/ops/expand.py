@@ -37,7 +37,9 @@ class Expand(Operator):
         try:
             target = np.broadcast_shapes(data.shape, requested)
         except ValueError:
-            raise UnsupportedOpError(f"Expand (opset {self.opset}): shape {data.shape} does not broadcast to {requested}") from None
+            raise UnsupportedOpError(
+                f"Expand (opset {self.opset}): shape {data.shape} does not broadcast to {requested}"
+            ) from None
         return [np.array(np.broadcast_to(data, target), order="C")]
 
     def plan(

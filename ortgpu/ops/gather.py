@@ -45,7 +45,9 @@ class Gather(Operator):
         data, indices = inputs[0], inputs[1]
         assert data is not None and indices is not None
         if indices.dtype not in (np.int32, np.int64):
-            raise UnsupportedOpError(f"Gather (opset {self.opset}): indices of dtype {indices.dtype} (int32 or int64 expected)")
+            raise UnsupportedOpError(
+                f"Gather (opset {self.opset}): indices of dtype {indices.dtype} (int32 or int64 expected)"
+            )
         axis = _axis(attrs, data.ndim)
         size = data.shape[axis]
         if indices.size and (indices.min() < -size or indices.max() >= size):

@@ -87,7 +87,15 @@ class Gemm(Operator):
         out_shape = _gemm_out_shape(a.shape, b.shape, attrs)
         steps = _gemm_steps(attrs, [None if x is None else x.shape for x in inputs], out_shape)
         return plan_gemm(
-            "Gemm", a_shape=a.shape, b_shape=b.shape, trans_a=bool(attrs.get("transA", 0)),
-            trans_b=bool(attrs.get("transB", 0)), steps=steps, out_shape=out_shape,
-            compute=lambda full: self.reference(full, attrs, outputs), inputs=inputs, outputs=outputs, caps=caps,
+            "Gemm",
+            a_shape=a.shape,
+            b_shape=b.shape,
+            trans_a=bool(attrs.get("transA", 0)),
+            trans_b=bool(attrs.get("transB", 0)),
+            steps=steps,
+            out_shape=out_shape,
+            compute=lambda full: self.reference(full, attrs, outputs),
+            inputs=inputs,
+            outputs=outputs,
+            caps=caps,
         )

@@ -85,8 +85,10 @@ def input_perms(attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]]) -> 
             continue
         perm = tuple(int(p) for p in perm)
         if len(shape) < 2 or sorted(perm) != list(range(len(shape))):
-            raise UnsupportedOpError(f"MatMul: _input_perms[{index}] = {perm} is not a permutation of input "
-                                     f"{index}'s {len(shape)} axes (rank >= 2)")
+            raise UnsupportedOpError(
+                f"MatMul: _input_perms[{index}] = {perm} is not a permutation of input "
+                f"{index}'s {len(shape)} axes (rank >= 2)"
+            )
         perms.append(perm)
     return perms[0], perms[1]
 
@@ -169,8 +171,9 @@ def plan_gemm(
     if a_perm is not None or b_perm is not None:
         if trans_a or trans_b:
             raise ValueError("plan_gemm: folded transposes (a_perm/b_perm) do not combine with trans_a/trans_b")
-        return _plan_strided_gemm(op_type, a_shape, b_shape, a_perm, b_perm, steps, out_shape, compute, inputs,
-                                  outputs, caps)
+        return _plan_strided_gemm(
+            op_type, a_shape, b_shape, a_perm, b_perm, steps, out_shape, compute, inputs, outputs, caps
+        )
     m = a_shape[-1] if trans_a else a_shape[-2]
     k = a_shape[-2] if trans_a else a_shape[-1]
     n = b_shape[-2] if trans_b else b_shape[-1]
@@ -181,8 +184,16 @@ def plan_gemm(
         m, batch = m * element_count(a_batch), 1  # A's batch folds into its rows
     if batch == 1 and m == 1 and k > 0:
         return plan_gemv(
-            op_type, n=n, k=k, layout="nk" if trans_b else "kn", steps=steps, out_shape=out_shape, compute=compute,
-            inputs=inputs, outputs=outputs, caps=caps,
+            op_type,
+            n=n,
+            k=k,
+            layout="nk" if trans_b else "kn",
+            steps=steps,
+            out_shape=out_shape,
+            compute=compute,
+            inputs=inputs,
+            outputs=outputs,
+            caps=caps,
         )
 
     prelude = ""
@@ -212,17 +223,38 @@ def plan_gemm(
 
     vectors = (not trans_a and k % 4 == 0, trans_a and m % 4 == 0, not trans_b and n % 4 == 0, trans_b and k % 4 == 0)
     return _loaded_gemm(
-        op_type, batch=batch, m=m, n=n, k=k, a_base=a_base, b_base=b_base, a_index=a_index, b_index=b_index,
-        vectors=vectors, prelude=prelude, operands=operands, steps=steps, out_shape=out_shape, compute=compute,
-        inputs=inputs, outputs=outputs, caps=caps,
+        op_type,
+        batch=batch,
+        m=m,
+        n=n,
+        k=k,
+        a_base=a_base,
+        b_base=b_base,
+        a_index=a_index,
+        b_index=b_index,
+        vectors=vectors,
+        prelude=prelude,
+        operands=operands,
+        steps=steps,
+        out_shape=out_shape,
+        compute=compute,
+        inputs=inputs,
+        outputs=outputs,
+        caps=caps,
     )
 
 
 def _loaded_gemm(
     op_type: str,
     *,
-    batch: int, m: int, n: int, k: int,
-    a_base: str, b_base: str, a_index: str, b_index: str,
+    batch: int,
+    m: int,
+    n: int,
+    k: int,
+    a_base: str,
+    b_base: str,
+    a_index: str,
+    b_index: str,
     vectors: tuple[bool, bool, bool, bool],
     prelude: str,
     operands: Any,
@@ -242,7 +274,10 @@ def _loaded_gemm(
     b_vector = GemmLoad(f"    return {b_v}[({b_base}{b_index}) / 4u];", ((b_in, "vec4<f32>"),))
     a4k, a4m, b4n, b4k = vectors
     problem = GemmProblem(
-        batch=batch, m=m, n=n, k=k,
+        batch=batch,
+        m=m,
+        n=n,
+        k=k,
         load_a=GemmLoad(f"    return {a_s}[{a_base}{a_index}];", ((a_in, "f32"),)),
         load_b=GemmLoad(f"    return {b_s}[{b_base}{b_index}];", ((b_in, "f32"),)),
         load_a4k=a_vector if a4k else None,
@@ -253,7 +288,14 @@ def _loaded_gemm(
         operands=operands,
     )
     return plan_tiled_gemm(
-        op_type, problem, steps=steps, out_shape=out_shape, compute=compute, inputs=inputs, outputs=outputs, caps=caps,
+        op_type,
+        problem,
+        steps=steps,
+        out_shape=out_shape,
+        compute=compute,
+        inputs=inputs,
+        outputs=outputs,
+        caps=caps,
     )
 
 
@@ -285,7 +327,9 @@ def _plan_strided_gemm(
     def batch_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
         pad = len(batch_shape) - (len(shape) - 2)
         own = [0 if size == 1 else stride for size, stride in zip(shape[:-2], strides[:-2])]
-        return [0] * pad + [0 if size != out else stride for size, out, stride in zip(shape[:-2], batch_shape[pad:], own)]
+        return [0] * pad + [
+            0 if size != out else stride for size, out, stride in zip(shape[:-2], batch_shape[pad:], own)
+        ]
 
     prelude = ""
     a_base = b_base = ""
@@ -317,9 +361,24 @@ def _plan_strided_gemm(
         sb[-2] == 1 and k % 4 == 0 and aligned(sb[-1], *b_offsets),
     )
     return _loaded_gemm(
-        op_type, batch=batch, m=m, n=n, k=k, a_base=a_base, b_base=b_base, a_index=a_index, b_index=b_index,
-        vectors=vectors, prelude=prelude, operands=operands, steps=steps, out_shape=out_shape, compute=compute,
-        inputs=inputs, outputs=outputs, caps=caps,
+        op_type,
+        batch=batch,
+        m=m,
+        n=n,
+        k=k,
+        a_base=a_base,
+        b_base=b_base,
+        a_index=a_index,
+        b_index=b_index,
+        vectors=vectors,
+        prelude=prelude,
+        operands=operands,
+        steps=steps,
+        out_shape=out_shape,
+        compute=compute,
+        inputs=inputs,
+        outputs=outputs,
+        caps=caps,
     )
 
 
@@ -365,7 +424,17 @@ class MatMul(Operator):
         a_shape = (1,) + a_logical if len(a_logical) == 1 else a_logical
         b_shape = b_logical + (1,) if len(b_logical) == 1 else b_logical
         return plan_gemm(
-            "MatMul", a_shape=a_shape, b_shape=b_shape, trans_a=False, trans_b=False, steps=steps,
-            out_shape=out_shape, compute=lambda full: self.reference(full, attrs, outputs),
-            inputs=inputs, outputs=outputs, caps=caps, a_perm=a_perm, b_perm=b_perm,
+            "MatMul",
+            a_shape=a_shape,
+            b_shape=b_shape,
+            trans_a=False,
+            trans_b=False,
+            steps=steps,
+            out_shape=out_shape,
+            compute=lambda full: self.reference(full, attrs, outputs),
+            inputs=inputs,
+            outputs=outputs,
+            caps=caps,
+            a_perm=a_perm,
+            b_perm=b_perm,
         )

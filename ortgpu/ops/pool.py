@@ -64,7 +64,9 @@ def _max_pool_reference(
         if want_indices:
             positions = [
                 np.arange(o) * s + k * d - b
-                for o, s, k, d, b in zip(geometry.out, geometry.strides, offset, geometry.dilations, geometry.pads_begin)
+                for o, s, k, d, b in zip(
+                    geometry.out, geometry.strides, offset, geometry.dilations, geometry.pads_begin
+                )
             ]
             grids = np.meshgrid(*positions, indexing="ij")
             flat = np.zeros(geometry.out, dtype=np.int64)
@@ -151,7 +153,7 @@ def _pool_kernel(
     if not is_max and include_pad:
         lines.append(f"{indent}if ({inside_padded}) {{ count = count + 1u; }}")
     lines.append(f"{indent}if ({outside}) {{ continue; }}")
-    flat = " + ".join(f"u32(i{a}) * {element_count(spatial[a + 1:])}u" for a in range(rank))
+    flat = " + ".join(f"u32(i{a}) * {element_count(spatial[a + 1 :])}u" for a in range(rank))
     lines.append(f"{indent}let v = {x_name}[plane + {flat}];")
     if is_max:
         if indices:
@@ -216,7 +218,13 @@ class MaxPool(Operator):
         if outputs[0].size == 0:
             return OpPlan()
         wgsl, grid, table = _pool_kernel(
-            "MaxPool", x, geometry, False, caps, indices=len(outputs) > 1, storage_order=int(attrs.get("storage_order", 0))
+            "MaxPool",
+            x,
+            geometry,
+            False,
+            caps,
+            indices=len(outputs) > 1,
+            storage_order=int(attrs.get("storage_order", 0)),
         )
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
         return single_kernel_plan("MaxPool", wgsl, grid, table, compute, inputs, outputs, caps)

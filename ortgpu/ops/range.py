@@ -65,4 +65,6 @@ class Range(Operator):
             values = first.reshape(()) + np.arange(count, dtype=first.dtype) * step.reshape(())
             return np.asarray(values, dtype=first.dtype)
 
-        return elementwise_plan("Range", [Operand(0, start), Operand(2, delta)], outputs, expression, caps, function, inputs)
+        return elementwise_plan(
+            "Range", [Operand(0, start), Operand(2, delta)], outputs, expression, caps, function, inputs
+        )

@@ -68,8 +68,16 @@ _SERIAL: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 _COMPUTE = {
-    "float32": "f32", "int32": "i32", "int16": "i32", "int8": "i32", "uint32": "u32", "uint16": "u32",
-    "uint8": "u32", "bool": "bool", "int64": "int64", "uint64": "uint64",
+    "float32": "f32",
+    "int32": "i32",
+    "int16": "i32",
+    "int8": "i32",
+    "uint32": "u32",
+    "uint16": "u32",
+    "uint8": "u32",
+    "bool": "bool",
+    "int64": "int64",
+    "uint64": "uint64",
 }
 
 
@@ -121,14 +129,14 @@ def plan_serial_reduction(
     workgroup = workgroup_size_for(caps.limits)
     per = 4 // output.dtype.itemsize if output.dtype.itemsize < 4 else 1
     invocations = -(-output.size // per)
-    body = (
-        f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"
-        + store_statements(output.dtype, output.size, "value", pair)
+    body = f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n" + store_statements(
+        output.dtype, output.size, "value", pair
     )
     wgsl += kernel_entry(workgroup, body)
     bindings = (Binding("input", 0), Binding("output", 0))
     twin = whole_op_twin(compute, bindings, inputs, outputs)
     return OpPlan(kernels=(KernelSpec(op_type, wgsl, grid_for(invocations, workgroup, caps.limits), bindings, twin),))
+
 
 #: kind -> (WGSL initial value, WGSL combine of ``acc`` and ``v``, workgroup combine function)
 _KERNELS = {
@@ -250,9 +258,10 @@ class _Reduce(Operator):
         axes = self._axes(len(x.shape), attrs, axes_input)
         if axes is None:
             return OpPlan(alias={0: 0})
-        compute = lambda full: self.reference(  # noqa: E731
-            [full[0], axes_input] + list(full[2:]), attrs, outputs
-        )
+
+        def compute(full: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+            return self.reference([full[0], axes_input] + list(full[2:]), attrs, outputs)
+
         empty = row_layout(x.shape, axes).length == 0
         if x.dtype.kind in "iub" or (empty and self.kind in ("max", "min")):
             return plan_serial_reduction(self.op_type, self.kind, x, axes, outputs, inputs[:1], caps, compute)

@@ -22,7 +22,9 @@ from ._registry import register
 __all__ = ["AliasOperator", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "axes_argument"]
 
 
-def axes_argument(operator: Operator, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], first_input_opset: int) -> list[int] | None:
+def axes_argument(
+    operator: Operator, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], first_input_opset: int
+) -> list[int] | None:
     """The ``axes`` of a node: attribute before ``first_input_opset``, input 1 from it (None if absent)."""
     if operator.opset < first_input_opset:
         axes = attrs.get("axes")
@@ -76,7 +78,9 @@ class Reshape(AliasOperator):
         for axis, dim in enumerate(requested):
             if dim == 0 and not allow_zero:
                 if axis >= data.ndim:
-                    raise UnsupportedOpError(f"Reshape (opset {self.opset}): 0 at axis {axis} copies no input dimension")
+                    raise UnsupportedOpError(
+                        f"Reshape (opset {self.opset}): 0 at axis {axis} copies no input dimension"
+                    )
                 dim = data.shape[axis]
             shape.append(dim)
         if shape.count(-1) > 1:
@@ -103,7 +107,9 @@ class Squeeze(AliasOperator):
         normalized = _normalize_axes("Squeeze", axes, data.ndim)
         for axis in normalized:
             if data.shape[axis] != 1:
-                raise UnsupportedOpError(f"Squeeze (opset {self.opset}): axis {axis} has size {data.shape[axis]}, not 1")
+                raise UnsupportedOpError(
+                    f"Squeeze (opset {self.opset}): axis {axis} has size {data.shape[axis]}, not 1"
+                )
         return [data.reshape([d for i, d in enumerate(data.shape) if i not in normalized]).copy()]
 
 
@@ -147,7 +153,9 @@ class Flatten(AliasOperator):
         if axis < 0:
             axis += data.ndim
         if not 0 <= axis <= data.ndim:
-            raise UnsupportedOpError(f"Flatten (opset {self.opset}): axis {attrs.get('axis')} is out of range for rank {data.ndim}")
+            raise UnsupportedOpError(
+                f"Flatten (opset {self.opset}): axis {attrs.get('axis')} is out of range for rank {data.ndim}"
+            )
         outer = element_count(data.shape[:axis])
         return [data.reshape(outer, -1 if outer else element_count(data.shape[axis:])).copy()]
 

@@ -117,7 +117,9 @@ class Slice(Operator):
         if self.opset >= 10:
             for index, name in ((1, "starts"), (3, "axes"), (4, "steps")):
                 if len(inputs) > index and inputs[index] is not None and index not in constants:
-                    raise NotOnDevice(f"Slice runs on the CPU: its {name} are computed at run time, the kernel needs them at plan time")
+                    raise NotOnDevice(
+                        f"Slice runs on the CPU: its {name} are computed at run time, the kernel needs them at plan time"
+                    )
             given = [constants.get(i) if len(inputs) > i and inputs[i] is not None else None for i in range(5)]
             starts, axes, steps = _array(given[1]), _array(given[3]), _array(given[4])
         else:

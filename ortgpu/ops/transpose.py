@@ -69,6 +69,12 @@ class Transpose(Operator):
             return np.transpose(array, perm)
 
         kernel = gather_kernel(
-            "Transpose", [(bindings[0], data)], [], out, source, caps, reference_twin(function, bindings, inputs, outputs)
+            "Transpose",
+            [(bindings[0], data)],
+            [],
+            out,
+            source,
+            caps,
+            reference_twin(function, bindings, inputs, outputs),
         )
         return OpPlan(kernels=(kernel,))

@@ -379,4 +379,3 @@ class HardSwish(UnaryOperator):
 
     def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
         return f"x0 * clamp(x0 * {wgsl_float(1.0 / 6.0)} + 0.5, 0.0, 1.0)"
-

@@ -35,9 +35,13 @@ class Where(Operator):
         condition, x, y = inputs[0], inputs[1], inputs[2]
         assert condition is not None and x is not None and y is not None
         if condition.dtype != np.bool_:
-            raise UnsupportedOpError(f"Where (opset {self.opset}): the condition must be bool, not {condition.dtype.name}")
+            raise UnsupportedOpError(
+                f"Where (opset {self.opset}): the condition must be bool, not {condition.dtype.name}"
+            )
         if x.dtype != y.dtype:
-            raise UnsupportedOpError(f"Where (opset {self.opset}): X and Y have different dtypes {x.dtype} and {y.dtype}")
+            raise UnsupportedOpError(
+                f"Where (opset {self.opset}): X and Y have different dtypes {x.dtype} and {y.dtype}"
+            )
         return [np.where(condition, x, y)]
 
     def plan(

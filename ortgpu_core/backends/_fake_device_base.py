@@ -226,7 +226,9 @@ class _FakeDeviceBase:
             raise self._stale(handle, "bind group", role)
         return bind_group
 
-    def _free(self, handle: int, kind: HandleKind, table: dict[int, _Buffer] | dict[int, _Pipeline] | dict[int, _BindGroup]) -> None:
+    def _free(
+        self, handle: int, kind: HandleKind, table: dict[int, _Buffer] | dict[int, _Pipeline] | dict[int, _BindGroup]
+    ) -> None:
         if handle in table:
             del table[handle]
             self._backend._retire(handle, "released")

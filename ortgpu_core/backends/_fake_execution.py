@@ -21,9 +21,11 @@ from ._commands import CommandList
 from ._fake_device_base import _BindGroup, _Buffer, _FakeDeviceBase, _Pipeline
 from .protocol import host_read_target
 
-_Step = tuple[Literal["dispatch"], _Pipeline, _BindGroup, tuple[int, int, int]] | tuple[
-    Literal["copy"], _Buffer, int, _Buffer, int, int
-] | tuple[Literal["clear"], _Buffer, int, int]
+_Step = (
+    tuple[Literal["dispatch"], _Pipeline, _BindGroup, tuple[int, int, int]]
+    | tuple[Literal["copy"], _Buffer, int, _Buffer, int, int]
+    | tuple[Literal["clear"], _Buffer, int, int]
+)
 
 
 class _FakeExecution(_FakeDeviceBase):
@@ -174,9 +176,7 @@ class _FakeExecution(_FakeDeviceBase):
             stats.dispatches += 1
             if grid[0] * grid[1] * grid[2] == 0:
                 return  # an empty dispatch runs no invocation
-            views = [
-                self._buffers[r.buffer].data[r.offset : r.offset + r.size] for r in bind_group.ranges
-            ]
+            views = [self._buffers[r.buffer].data[r.offset : r.offset + r.size] for r in bind_group.ranges]
             pipeline.twin(views, grid)
         elif step[0] == "copy":
             _, source, source_offset, destination, destination_offset, size = step

@@ -60,8 +60,15 @@ def _check_entry_point(wgsl: str, entry_point: str, limits: DeviceLimits, label:
     if not all(p.rstrip("iu").isdigit() for p in parts):
         return  # overridable or constant-expression sizes: not checked
     dims = [int(p.rstrip("iu")) for p in parts] + [1] * (3 - len(parts))
-    maxima = (limits.max_compute_workgroup_size_x, limits.max_compute_workgroup_size_y, limits.max_compute_workgroup_size_z)
-    if any(d > m for d, m in zip(dims, maxima)) or dims[0] * dims[1] * dims[2] > limits.max_compute_invocations_per_workgroup:
+    maxima = (
+        limits.max_compute_workgroup_size_x,
+        limits.max_compute_workgroup_size_y,
+        limits.max_compute_workgroup_size_z,
+    )
+    if (
+        any(d > m for d, m in zip(dims, maxima))
+        or dims[0] * dims[1] * dims[2] > limits.max_compute_invocations_per_workgroup
+    ):
         raise ValidationError(
             f"pipeline {label!r}: @workgroup_size{tuple(dims)} exceeds the device limits "
             f"(per dimension {maxima}, {limits.max_compute_invocations_per_workgroup} invocations)"

@@ -157,7 +157,11 @@ class _EncodeAhead(_DeviceBase):
             ready = self._ahead.pop(key, 0)
         if ready:
             table.submit_encoded(ready)
-        elif not (commands.encode_submit_native(table) if tail is None else commands.encode_submit_with_tail_native(table, tail)):
+        elif not (
+            commands.encode_submit_native(table)
+            if tail is None
+            else commands.encode_submit_with_tail_native(table, tail)
+        ):
             return False
         if ahead:
             encoded = commands.encode_native(table, tail)

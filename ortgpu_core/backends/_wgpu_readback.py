@@ -140,7 +140,9 @@ class _Readback(_EncodeAhead):
         self._check_open()
         regions: list[tuple[int, int, int, memoryview]] = []  # (buffer, offset, padded size, view)
         for index, (buffer, offset, out) in enumerate(reads):
-            view, padded = self._read_target(buffer, offset, out, f"submit_and_read: read {index} ({buffer:#x}, offset={offset})")
+            view, padded = self._read_target(
+                buffer, offset, out, f"submit_and_read: read {index} ({buffer:#x}, offset={offset})"
+            )
             regions.append((buffer, offset, padded, view))
         self._validate_for_submit(commands)
         total = sum(padded for _, _, padded, _ in regions)

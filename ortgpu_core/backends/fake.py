@@ -437,7 +437,11 @@ class FakeBackend:
 
     def open_device(self, adapter_index: int) -> FakeDevice:
         """Open a new device on adapter ``adapter_index``."""
-        if isinstance(adapter_index, bool) or not isinstance(adapter_index, int) or not 0 <= adapter_index < len(self._specs):
+        if (
+            isinstance(adapter_index, bool)
+            or not isinstance(adapter_index, int)
+            or not 0 <= adapter_index < len(self._specs)
+        ):
             # ValidationError, as the wgpu backend raises.
             raise ValidationError(
                 f"adapter index {adapter_index!r} is out of range: the fake backend has {len(self._specs)} adapter(s)"

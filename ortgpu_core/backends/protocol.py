@@ -54,6 +54,7 @@ def host_read_target(out: Any, action: str) -> tuple[memoryview, int]:
         raise ValidationError(f"{action}: out must be a writable C-contiguous buffer (e.g. a numpy array)")
     return view.cast("B"), -(-view.nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
 
+
 #: A numpy twin of a compute kernel, run by the fake backend in place of WGSL.
 #: It receives one writable ``uint8`` array per binding (the bound range, in
 #: binding order) and the dispatch grid, and writes its outputs in place.

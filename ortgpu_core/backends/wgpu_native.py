@@ -90,7 +90,9 @@ class WgpuBackend:
         says more).  The host work per replay is the same; it moves off the replay's critical path.
         """
         if spin_wait_us is not None and (
-            isinstance(spin_wait_us, bool) or not isinstance(spin_wait_us, (int, float)) or not 0 <= spin_wait_us < float("inf")
+            isinstance(spin_wait_us, bool)
+            or not isinstance(spin_wait_us, (int, float))
+            or not 0 <= spin_wait_us < float("inf")
         ):
             raise InvalidArgumentError(
                 f"spin_wait_us must be a finite number of microseconds >= 0 (0 = always block), not {spin_wait_us!r}"
@@ -224,7 +226,9 @@ class WgpuDevice(_Readback):
         self._init_readback(info, backend.spin_wait_us)
 
         ffi, lib = self._ffi, self._lib
-        self._device = request_device(adapter, info, self._on_device_lost, self._on_uncaptured_error, backend._process_events)
+        self._device = request_device(
+            adapter, info, self._on_device_lost, self._on_uncaptured_error, backend._process_events
+        )
         # WGPUQueue wgpuDeviceGetQueue(WGPUDevice device)
         self._queue = lib.wgpuDeviceGetQueue(self._device)
         self.limits = device_limits(self._device)
@@ -328,7 +332,9 @@ class WgpuDevice(_Readback):
             pipeline_descriptor.compute.entryPoint = _string_view(entry_point, keep)
             # WGPUComputePipeline wgpuDeviceCreateComputePipeline(WGPUDevice, WGPUComputePipelineDescriptor const *)
             pipeline = self._created(
-                lib.wgpuDeviceCreateComputePipeline(self._device, pipeline_descriptor), lib.wgpuComputePipelineRelease, action
+                lib.wgpuDeviceCreateComputePipeline(self._device, pipeline_descriptor),
+                lib.wgpuComputePipelineRelease,
+                action,
             )
         finally:
             if module != ffi.NULL:
@@ -413,7 +419,9 @@ class WgpuDevice(_Readback):
             descriptor.entryCount = len(entries)
             descriptor.entries = native_entries
             # WGPUBindGroup wgpuDeviceCreateBindGroup(WGPUDevice, WGPUBindGroupDescriptor const *)
-            bind_group = self._created(lib.wgpuDeviceCreateBindGroup(self._device, descriptor), lib.wgpuBindGroupRelease, action)
+            bind_group = self._created(
+                lib.wgpuDeviceCreateBindGroup(self._device, descriptor), lib.wgpuBindGroupRelease, action
+            )
         finally:
             if layout != ffi.NULL:
                 # void wgpuBindGroupLayoutRelease(WGPUBindGroupLayout bindGroupLayout)
@@ -444,7 +452,6 @@ class WgpuDevice(_Readback):
         self._check_open()
         return self._native_table
 
-
     @_serialized
     def submit(self, commands: CommandList) -> None:
         """Validate, then encode ``commands`` in order and submit them as one command buffer.
@@ -461,7 +468,6 @@ class WgpuDevice(_Readback):
         if not submitted:
             raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
 
-
     # -- lifetime -------------------------------------------------------------------------
     def live_handles(self) -> int:
         """Live buffers, pipelines and bind groups created through this device, and command buffers encoded
@@ -470,7 +476,10 @@ class WgpuDevice(_Readback):
 
     def describe_live_handles(self) -> list[str]:
         """One line per live native object of this device (kind, handle, label)."""
-        return [f"{self.info.name}: {record.kind} {handle:#x} ({record.label!r})" for handle, record in self._handles.items()] + [
+        return [
+            f"{self.info.name}: {record.kind} {handle:#x} ({record.label!r})"
+            for handle, record in self._handles.items()
+        ] + [
             f"{self.info.name}: command buffer {address:#x} (encoded ahead for command list {list_id:#x}"
             f"{', with output copies' if tail else ''})"
             for (list_id, tail), address in list(self._ahead.items())
