@@ -109,8 +109,8 @@ GEMM_MAX_SPLIT_K = 16
 GEMM_OVERRIDE: GemmConfig | None = None
 #: Exact problems ``(batch, M, N, K)`` -> configuration, consulted before the rule (``python -m
 #: bench.sweep_kernels`` prints a ready-to-paste table of the fastest configuration per measured shape).
-# Measured on the H200 on 2026-11-29 (device run 15: `python -m bench.sweep_kernels`, 636 variants, 0 wrong
-# results): the fastest configuration per measured shape of the benchmark models; the rule above (also chosen
+# Measured on the H200 (`python -m bench.sweep_kernels`, 636 variants, 0 wrong results; bench/RESULTS.md has the
+# figures): the fastest configuration per measured shape of the benchmark models; the rule above (also chosen
 # by that sweep: the best of 72 candidate rules, mean slowdown x1.27 against per-shape best) covers other shapes.
 GEMM_SHAPE_CONFIGS: dict[tuple[int, int, int, int], GemmConfig] = {
     (1, 128, 384, 1536): GemmConfig(

@@ -29,9 +29,8 @@ _STAGING_MINIMUM = 1 << 16
 # read_buffer polls at most this many times for the map callback before giving up.
 _MAP_POLL_ATTEMPTS = 10_000
 # Default spin before a blocking wait, on GPU adapters (0 on CPU adapters: there the spinning thread would take
-# a core from the driver's own threads).  On the H200 (run 29 of bench/RESULTS.md, `python -m bench --overhead`),
-# submit + wait_idle of 16 small dispatches took 95.6 us spinning and 123.5 us blocking; an empty submit 34.2 and
-# 29.9 us.
+# a core from the driver's own threads).  On the H200 spinning made submit + wait_idle of 16 small dispatches about
+# a fifth faster (`python -m bench --overhead` measures both; bench/RESULTS.md has the figures).
 DEFAULT_SPIN_WAIT_US = 2000.0
 
 _T = TypeVar("_T")
