@@ -31,6 +31,7 @@ The backend's parts, by job: :mod:`._wgpu_ffi` (loading the library, C strings, 
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -172,8 +173,8 @@ class WgpuBackend:
                 self._lib.wgpuAdapterRelease(adapter)
             if instance is not None:
                 self._lib.wgpuInstanceRelease(instance)
-        except Exception:  # noqa: BLE001 - a destructor never raises (interpreter exit)
-            pass
+        except Exception as error:  # noqa: BLE001 - a destructor never raises
+            _warn_in_destructor(f"releasing the wgpu instance failed: {error}")
 
 
 class WgpuDevice(_Readback):
@@ -545,9 +546,17 @@ class WgpuDevice(_Readback):
     def __del__(self) -> None:
         try:
             self.destroy()
-        except Exception:  # noqa: BLE001 - a destructor never raises (interpreter exit)
-            pass
+        except Exception as error:  # noqa: BLE001 - a destructor never raises
+            _warn_in_destructor(f"destroying {self!r} when it was collected failed: {error}")
 
     def __repr__(self) -> str:
         state = "destroyed" if self.destroyed else f"{self.live_handles()} live handles"
         return f"<WgpuDevice adapter {self.info.index} {self.info.name!r} ({self.info.backend_type}), {state}>"
+
+
+def _warn_in_destructor(message: str) -> None:
+    """A ResourceWarning from a destructor; silent only at interpreter exit, when warnings can no longer be made."""
+    try:
+        warnings.warn(message, ResourceWarning, stacklevel=2)
+    except Exception:  # noqa: BLE001 - interpreter exit
+        pass
