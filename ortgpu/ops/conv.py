@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import UnsupportedOpError
+from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from .._limits import element_count
 from ._epilogue import EpilogueStep, apply_epilogue, epilogue_function, parse_epilogue
@@ -51,6 +51,11 @@ class SpatialGeometry:
 def _auto_pad(attrs: Mapping[str, Any]) -> str:
     value = attrs.get("auto_pad", "NOTSET")
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _divide_toward_zero(numerator: int, denominator: int) -> int:
+    """``numerator / denominator`` rounded toward zero, as C integer division does (``denominator`` > 0)."""
+    return numerator // denominator if numerator >= 0 else -(-numerator // denominator)
 
 
 def spatial_geometry(
@@ -88,7 +93,11 @@ def spatial_geometry(
         out = []
         for size, b, e, extent, s in zip(spatial, begin, end, extents, strides):
             span = size + b + e - extent
-            count = (-(-span // s) if ceil_mode else span // s) + 1
+            # onnxruntime (and onnx's shape inference) divide in C integers, which round toward zero: a window longer
+            # than the padded input still gives one output when it overhangs by less than a stride (its taps past the
+            # end read as padding).  Python's // rounds down, which gave no output there and left the planned one
+            # unwritten.
+            count = (-(-span // s) if ceil_mode else _divide_toward_zero(span, s)) + 1
             if ceil_mode and (count - 1) * s >= size + b:
                 count -= 1  # the last window would start in the end padding
             out.append(max(0, count))
@@ -145,7 +154,18 @@ def _conv_setup(
     kernel = ints(attrs.get("kernel_shape"), w_shape[2:])
     if kernel != tuple(w_shape[2:]):
         raise UnsupportedOpError(f"Conv: kernel_shape {kernel} differs from W's {w_shape[2:]}")
-    return spatial_geometry("Conv", tuple(x_shape[2:]), kernel, attrs), group
+    geometry = spatial_geometry("Conv", tuple(x_shape[2:]), kernel, attrs)
+    for axis, (size, b, e, k, d) in enumerate(
+        zip(x_shape[2:], geometry.pads_begin, geometry.pads_end, kernel, geometry.dilations)
+    ):
+        if size + b + e < (k - 1) * d + 1:
+            # A pooling window may overhang the input (its missing taps are padding); a convolution's may not, and
+            # onnxruntime refuses it too ("Invalid input shape").
+            raise ShapeError(
+                f"Conv: the kernel spans {(k - 1) * d + 1} elements along spatial axis {axis}, more than the "
+                f"{size + b + e} of the padded input {list(x_shape)}; use a larger input or more padding"
+            )
+    return geometry, group
 
 
 def _conv_steps(

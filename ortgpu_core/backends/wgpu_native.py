@@ -65,6 +65,14 @@ __all__ = [
 ]
 
 
+def _warn_in_destructor(message: str) -> None:
+    """A ResourceWarning from a destructor; silent only at interpreter exit, when warnings can no longer be made."""
+    try:
+        warnings.warn(message, ResourceWarning, stacklevel=3)
+    except Exception:  # noqa: BLE001 - interpreter exit
+        pass
+
+
 class WgpuBackend:
     """wgpu-native's adapters (every one ``wgpuInstanceEnumerateAdapters`` lists) and the devices opened on them.
 
@@ -164,7 +172,8 @@ class WgpuBackend:
             # void wgpuInstanceRelease(WGPUInstance instance)
             self._lib.wgpuInstanceRelease(instance)
 
-    def __del__(self) -> None:
+    def __del__(self, warn: Callable[[str], None] = _warn_in_destructor) -> None:
+        # warn is bound at definition: at interpreter exit this module's globals may already be None.
         try:
             # Devices hold a reference to the backend, so none is open here.
             adapters, self._adapters = self._adapters, []
@@ -174,7 +183,7 @@ class WgpuBackend:
             if instance is not None:
                 self._lib.wgpuInstanceRelease(instance)
         except Exception as error:  # noqa: BLE001 - a destructor never raises
-            _warn_in_destructor(f"releasing the wgpu instance failed: {error}")
+            warn(f"releasing the wgpu instance failed: {error}")
 
 
 class WgpuDevice(_Readback):
@@ -543,20 +552,13 @@ class WgpuDevice(_Readback):
         lib.wgpuDeviceRelease(device)
         self._sink.errors.clear()
 
-    def __del__(self) -> None:
+    def __del__(self, warn: Callable[[str], None] = _warn_in_destructor) -> None:
+        # warn is bound at definition: at interpreter exit this module's globals may already be None.
         try:
             self.destroy()
         except Exception as error:  # noqa: BLE001 - a destructor never raises
-            _warn_in_destructor(f"destroying {self!r} when it was collected failed: {error}")
+            warn(f"destroying {self!r} when it was collected failed: {error}")
 
     def __repr__(self) -> str:
         state = "destroyed" if self.destroyed else f"{self.live_handles()} live handles"
         return f"<WgpuDevice adapter {self.info.index} {self.info.name!r} ({self.info.backend_type}), {state}>"
-
-
-def _warn_in_destructor(message: str) -> None:
-    """A ResourceWarning from a destructor; silent only at interpreter exit, when warnings can no longer be made."""
-    try:
-        warnings.warn(message, ResourceWarning, stacklevel=2)
-    except Exception:  # noqa: BLE001 - interpreter exit
-        pass
