@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
 
@@ -36,12 +36,11 @@ from ortgpu_core import (
     ShapeError,
     WebGPU,
 )
-from ortgpu_core._binding import FrozenIOBinding, IOBinding
 from ortgpu_core._value import DeviceBuffer, padded_size
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice
 
-from ._capture import GraphRegistry, verify_replay
+from ._capture import AnyBinding, AnyValue, GraphRegistry, verify_replay
 from ._device_caches import _pipeline_cache, _serial_lock
 from ._executor import DeviceProgram, WeightStore, device_caps
 from ._model import LoadedModel, ValueInfo
@@ -51,9 +50,6 @@ if TYPE_CHECKING:
     from ortgpu_core._graph import CapturedGraph
 
 __all__ = ["SessionRunner", "AnyValue", "AnyBinding"]
-
-AnyValue = Union[OrtValue[CPU], OrtValue[WebGPU]]
-AnyBinding = Union[IOBinding, FrozenIOBinding]
 
 
 @dataclass
