@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import UnsupportedOpError
+from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 
 from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo, reference_twin
@@ -70,6 +70,11 @@ class Gather(Operator):
             return OpPlan()
         axis = _axis(attrs, len(data.shape))
         size = data.shape[axis]
+        if 1 in constants:
+            const = np.asarray(constants[1])
+            if const.size and (const.min() < -size or const.max() >= size):
+                bad = int(const.min() if const.min() < -size else const.max())
+                raise ShapeError(f"Gather: constant index {bad} is outside [-{size}, {size - 1}] (axis {axis})")
         post = element_count(data.shape[axis + 1 :])
         count = max(indices.size, 1)
         source = (
@@ -87,6 +92,9 @@ class Gather(Operator):
         bindings = [Binding("input", 0), Binding("input", 1), Binding("output", 0)]
 
         def function(array: np.ndarray, index_array: np.ndarray) -> np.ndarray:
+            if index_array.size and (index_array.min() < -size or index_array.max() >= size):
+                # The twin refuses (onnxruntime does too); the WGSL kernel clamps, as the module docstring says.
+                raise InvalidArgumentError(f"Gather: an index is outside [-{size}, {size - 1}] (axis {axis})")
             return np.asarray(np.take(array, index_array.astype(np.int64), axis=axis))
 
         kernel = gather_kernel(

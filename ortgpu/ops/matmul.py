@@ -168,6 +168,10 @@ def plan_gemm(
     """
     if element_count(out_shape) == 0:
         return OpPlan()
+    if (a_shape[-2] if trans_a else a_shape[-1]) == 0:
+        # K = 0: every output is epilogue(0 [+ beta * C]), which the twin computes; the GEMM/GEMV kernels would
+        # bind zero-length operands (a validation error on wgpu) or leave the output unwritten.
+        raise NotOnDevice(f"{op_type}: the inner dimension K is 0 (the output is the epilogue of zeros)")
     if a_perm is not None or b_perm is not None:
         if trans_a or trans_b:
             raise ValueError("plan_gemm: folded transposes (a_perm/b_perm) do not combine with trans_a/trans_b")

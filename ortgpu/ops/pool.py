@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import UnsupportedOpError
+from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
@@ -267,6 +267,12 @@ class AveragePool(Operator):
         return single_kernel_plan("AveragePool", wgsl, grid, table, compute, inputs, outputs, caps)
 
 
+def _check_spatial(shape: Sequence[int]) -> None:
+    """onnxruntime refuses a global pool over a 0-size spatial axis (the mean of nothing)."""
+    if any(int(d) == 0 for d in shape[2:]):
+        raise ShapeError(f"GlobalAveragePool: input shape {tuple(shape)} has a 0-size spatial axis")
+
+
 @register
 class GlobalAveragePool(Operator):
     """GlobalAveragePool-1: the mean over every spatial axis, kept as size 1."""
@@ -282,6 +288,7 @@ class GlobalAveragePool(Operator):
     ) -> list[np.ndarray]:
         x = inputs[0]
         assert x is not None
+        _check_spatial(x.shape)
         axes = tuple(range(2, x.ndim))
         return [np.mean(x, axis=axes, keepdims=True, dtype=np.float64).astype(x.dtype)]
 
@@ -295,6 +302,7 @@ class GlobalAveragePool(Operator):
     ) -> OpPlan:
         x = inputs[0]
         assert x is not None
+        _check_spatial(x.shape)
         require_float32("GlobalAveragePool", [x] + list(outputs))
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
         return plan_row_reduction(

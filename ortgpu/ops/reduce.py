@@ -170,7 +170,8 @@ def plan_row_reduction(
     output = table.add(Binding("output", 0), writable=True)
     finish = "total"
     if kind == "mean":
-        finish = f"total / {wgsl_f32(layout.length)}" if layout.length else "total * bitcast<f32>(0x7fc00000u)"
+        # The mean over an empty axis is 0 in onnxruntime (its sum, with no division), not NaN.
+        finish = f"total / {wgsl_f32(layout.length)}" if layout.length else "total"
     wgsl = f"""{table.declarations()}
 {helpers}
 {row_kernel_prologue(grid, rows_per_group)}
@@ -230,6 +231,8 @@ class _Reduce(Operator):
         keepdims = bool(attrs.get("keepdims", 1))
         if self.kind == "sum":
             y = np.sum(x, axis=axes, keepdims=keepdims, dtype=x.dtype)
+        elif self.kind == "mean" and x.size == 0:
+            y = np.sum(x, axis=axes, keepdims=keepdims, dtype=x.dtype)  # onnxruntime: 0 over an empty axis, not NaN
         elif self.kind == "mean":
             y = np.mean(x, axis=axes, keepdims=keepdims, dtype=np.float64 if x.dtype.kind == "f" else None)
         elif self.kind == "max":

@@ -1,0 +1,333 @@
+"""Operators at the edges of their shape rules (issue 12): zero-size dimensions, K = 0 reductions, empty results,
+out-of-range or negative indices, 1-D operands.  Every case either matches onnxruntime's CPU provider or raises a
+typed ``OrtGpuError``; none may silently write nothing and hand back whatever the output buffer held.
+
+Each case runs twice: alone, and inside a larger model whose earlier nodes fill intermediate buffers with large
+values that die before the edge node runs (so a kernel that writes nothing would hand back that stale data), and
+whose edge output is consumed by a further node (so it is itself an intermediate, planned by liveness).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper, shape_inference
+
+import ortgpu
+from ortgpu import OrtGpuError
+
+F = np.float32
+I64 = np.int64
+INT_MAX = np.iinfo(np.int64).max
+INT_MIN = np.iinfo(np.int64).min
+
+_rng = np.random.default_rng(12)
+
+
+def r(*shape: int) -> np.ndarray:
+    return _rng.standard_normal(shape).astype(F)
+
+
+def c(values: Any) -> tuple[str, np.ndarray]:
+    """A constant (initializer) input."""
+    return ("const", np.asarray(values, dtype=I64))
+
+
+def e(*shape: int) -> np.ndarray:
+    return np.zeros(shape, dtype=F)
+
+
+# (id, op_type, inputs, attrs, number of outputs, opset).  An input is an array (a graph input), a ("const", array)
+# pair (an initializer), or None (an omitted optional input).
+Case = tuple[str, str, list[Any], dict[str, Any], int, int]
+
+CASES: list[Case] = [
+    # MatMul
+    ("k0", "MatMul", [e(3, 0), e(0, 4)], {}, 1, 17),
+    ("k0_batch", "MatMul", [e(2, 3, 0), e(2, 0, 4)], {}, 1, 17),
+    ("k0_bcast", "MatMul", [e(2, 3, 0), e(0, 4)], {}, 1, 17),
+    ("m0", "MatMul", [e(0, 5), r(5, 4)], {}, 1, 17),
+    ("n0", "MatMul", [r(3, 5), e(5, 0)], {}, 1, 17),
+    ("batch0", "MatMul", [e(0, 3, 5), r(5, 4)], {}, 1, 17),
+    ("batch0_bcast", "MatMul", [e(0, 1, 3, 5), r(2, 5, 4)], {}, 1, 17),
+    ("batch_bcast1", "MatMul", [r(2, 1, 3, 5), r(1, 4, 5, 2)], {}, 1, 17),
+    ("a1d", "MatMul", [r(5), r(5, 4)], {}, 1, 17),
+    ("b1d", "MatMul", [r(3, 5), r(5)], {}, 1, 17),
+    ("both1d", "MatMul", [r(5), r(5)], {}, 1, 17),
+    ("a1d_batched", "MatMul", [r(5), r(2, 5, 4)], {}, 1, 17),
+    ("b1d_batched", "MatMul", [r(2, 3, 5), r(5)], {}, 1, 17),
+    ("k0_1d", "MatMul", [e(0), e(0, 4)], {}, 1, 17),
+    ("k1", "MatMul", [r(3, 1), r(1, 4)], {}, 1, 17),
+    ("k_mismatch", "MatMul", [r(3, 5), r(4, 2)], {}, 1, 17),
+    # Gemm
+    ("k0", "Gemm", [e(3, 0), e(0, 4)], {}, 1, 17),
+    ("k0_bias", "Gemm", [e(3, 0), e(0, 4), r(4)], {"beta": 2.0}, 1, 17),
+    ("k0_transposed", "Gemm", [e(0, 3), e(4, 0), r(3, 4)], {"transA": 1, "transB": 1}, 1, 17),
+    ("m0", "Gemm", [e(0, 5), r(5, 4), r(4)], {}, 1, 17),
+    ("n0", "Gemm", [r(3, 5), e(5, 0)], {}, 1, 17),
+    ("bias_scalar", "Gemm", [r(3, 5), r(5, 4), r(1)], {"alpha": 0.5}, 1, 17),
+    ("bias_col", "Gemm", [r(3, 5), r(5, 4), r(3, 1)], {}, 1, 17),
+    # Conv
+    ("batch0", "Conv", [e(0, 2, 5, 5), r(3, 2, 3, 3)], {}, 1, 17),
+    ("dilated", "Conv", [r(1, 2, 7, 7), r(3, 2, 3, 3)], {"dilations": [2, 3]}, 1, 17),
+    ("dilated_too_long", "Conv", [r(1, 2, 4, 7), r(3, 2, 3, 3)], {"dilations": [2, 1]}, 1, 17),
+    ("pads_gt_kernel", "Conv", [r(1, 2, 3, 3), r(3, 2, 2, 2)], {"pads": [3, 3, 3, 3]}, 1, 17),
+    (
+        "pads_gt_kernel_strided",
+        "Conv",
+        [r(1, 1, 2, 2), r(2, 1, 1, 1)],
+        {"pads": [2, 1, 3, 2], "strides": [2, 3]},
+        1,
+        17,
+    ),
+    ("depthwise", "Conv", [r(1, 4, 5, 5), r(4, 1, 3, 3)], {"group": 4}, 1, 17),
+    ("group_multiplier", "Conv", [r(1, 4, 5, 5), r(8, 2, 3, 3)], {"group": 2}, 1, 17),
+    ("group_mismatch", "Conv", [r(1, 4, 5, 5), r(6, 3, 3, 3)], {"group": 2}, 1, 17),
+    ("channel_mismatch", "Conv", [r(1, 4, 5, 5), r(6, 3, 3, 3)], {}, 1, 17),
+    ("same_upper", "Conv", [r(1, 2, 5, 6), r(3, 2, 3, 2)], {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, 1, 17),
+    ("same_lower", "Conv", [r(1, 2, 5, 6), r(3, 2, 4, 3)], {"auto_pad": "SAME_LOWER", "strides": [1, 2]}, 1, 17),
+    ("conv1d", "Conv", [r(2, 3, 9), r(4, 3, 3)], {"strides": [2], "pads": [1, 1]}, 1, 17),
+    ("conv1x1_on_1x1", "Conv", [r(1, 3, 1, 1), r(5, 3, 1, 1), r(5)], {}, 1, 17),
+    # ConvTranspose
+    ("batch0", "ConvTranspose", [e(0, 2, 3, 3), r(2, 3, 3, 3)], {}, 1, 17),
+    (
+        "output_padding",
+        "ConvTranspose",
+        [r(1, 2, 3, 3), r(2, 3, 3, 3)],
+        {"strides": [2, 2], "output_padding": [1, 1]},
+        1,
+        17,
+    ),
+    (
+        "output_shape",
+        "ConvTranspose",
+        [r(1, 2, 3, 3), r(2, 3, 3, 3)],
+        {"strides": [2, 2], "output_shape": [8, 8]},
+        1,
+        17,
+    ),
+    ("dilated", "ConvTranspose", [r(1, 2, 3, 3), r(2, 3, 2, 2)], {"dilations": [2, 2]}, 1, 17),
+    ("pads_eat_output", "ConvTranspose", [r(1, 1, 2, 2), r(1, 1, 2, 2)], {"pads": [1, 1, 1, 1]}, 1, 17),
+    ("pads_exceed_output", "ConvTranspose", [r(1, 1, 2, 2), r(1, 1, 2, 2)], {"pads": [2, 2, 2, 2]}, 1, 17),
+    ("grouped", "ConvTranspose", [r(1, 4, 3, 3), r(4, 1, 3, 3)], {"group": 4, "strides": [2, 2]}, 1, 17),
+    ("stride_gt_kernel", "ConvTranspose", [r(1, 2, 3, 3), r(2, 1, 2, 2)], {"strides": [3, 3]}, 1, 17),
+    # Concat
+    ("empty_middle", "Concat", [r(2, 3), e(0, 3), r(1, 3)], {"axis": 0}, 1, 17),
+    ("all_empty", "Concat", [e(0, 3), e(0, 3)], {"axis": 0}, 1, 17),
+    ("empty_other_axis", "Concat", [e(0, 3), e(0, 2)], {"axis": 1}, 1, 17),
+    ("negative_axis", "Concat", [r(2, 3), e(2, 0), r(2, 1)], {"axis": -1}, 1, 17),
+    ("single", "Concat", [r(2, 3)], {"axis": 1}, 1, 17),
+    ("mismatch", "Concat", [r(2, 3), r(3, 2)], {"axis": 0}, 1, 17),
+    # Split
+    ("uneven_attr", "Split", [r(7, 2)], {"axis": 0, "num_outputs": 3}, 3, 18),
+    ("zero_piece", "Split", [r(5, 2), c([2, 0, 3])], {"axis": 0}, 3, 18),
+    ("all_zero_axis", "Split", [e(0, 2), c([0, 0])], {"axis": 0}, 2, 18),
+    ("split_input_negative_axis", "Split", [r(2, 6), c([1, 5])], {"axis": -1}, 2, 18),
+    ("split_bad_sum", "Split", [r(2, 6), c([1, 4])], {"axis": 1}, 2, 18),
+    ("even_opset13", "Split", [r(6, 2)], {"axis": 0}, 3, 13),
+    ("more_outputs_than_elements", "Split", [r(2, 2)], {"axis": 0, "num_outputs": 3}, 3, 18),
+    # Slice
+    ("end_int_max", "Slice", [r(5, 4), c([1]), c([INT_MAX]), c([0])], {}, 1, 17),
+    ("start_out_of_range", "Slice", [r(5, 4), c([10]), c([20]), c([0])], {}, 1, 17),
+    ("start_below_range", "Slice", [r(5, 4), c([-10]), c([2]), c([0])], {}, 1, 17),
+    ("empty_start_eq_end", "Slice", [r(5, 4), c([2]), c([2]), c([1])], {}, 1, 17),
+    ("empty_start_gt_end", "Slice", [r(5, 4), c([3]), c([1]), c([0])], {}, 1, 17),
+    ("neg_step", "Slice", [r(5, 4), c([4]), c([0]), c([0]), c([-1])], {}, 1, 17),
+    ("neg_step_int_min", "Slice", [r(5, 4), c([-1]), c([INT_MIN]), c([0]), c([-1])], {}, 1, 17),
+    ("neg_step_by_2", "Slice", [r(5, 7), c([10]), c([-100]), c([1]), c([-2])], {}, 1, 17),
+    ("neg_step_empty", "Slice", [r(5, 4), c([0]), c([3]), c([0]), c([-1])], {}, 1, 17),
+    ("step_gt_len", "Slice", [r(5, 4), c([1]), c([5]), c([0]), c([10])], {}, 1, 17),
+    ("no_axes", "Slice", [r(5, 4), c([1, -3]), c([INT_MAX, -1])], {}, 1, 17),
+    ("negative_axes", "Slice", [r(5, 4), c([1]), c([3]), c([-1])], {}, 1, 17),
+    ("on_empty", "Slice", [e(0, 4), c([0]), c([2]), c([1])], {}, 1, 17),
+    ("step_zero", "Slice", [r(5, 4), c([0]), c([2]), c([0]), c([0])], {}, 1, 17),
+    # Gather
+    ("empty_indices", "Gather", [r(5, 4), c(np.zeros((0,)))], {"axis": 0}, 1, 17),
+    ("empty_indices_2d", "Gather", [r(5, 4), c(np.zeros((2, 0)))], {"axis": 1}, 1, 17),
+    ("negative_indices", "Gather", [r(5, 4), c([-1, 0, -5])], {"axis": 0}, 1, 17),
+    ("scalar_index", "Gather", [r(5, 4), c(-2)], {"axis": 1}, 1, 17),
+    ("out_of_range", "Gather", [r(5, 4), c([5])], {"axis": 0}, 1, 17),
+    ("from_empty_other_axis", "Gather", [e(3, 0), c([1, 2])], {"axis": 0}, 1, 17),
+    ("runtime_negative", "Gather", [r(5, 4), np.array([-1, 2], dtype=I64)], {"axis": 0}, 1, 17),
+    # Reshape
+    ("zero_copies", "Reshape", [r(2, 3, 4), c([0, -1])], {}, 1, 17),
+    ("to_empty_allowzero", "Reshape", [e(0, 4), c([0, 8, 0])], {"allowzero": 1}, 1, 17),
+    ("empty_minus1", "Reshape", [e(0, 4), c([0, -1])], {}, 1, 17),
+    ("empty_minus1_ambiguous", "Reshape", [e(0, 4), c([-1, 0])], {"allowzero": 1}, 1, 17),
+    ("scalar_target", "Reshape", [r(1, 1), c(np.zeros((0,)))], {}, 1, 17),
+    ("count_mismatch", "Reshape", [r(2, 3), c([4, 2])], {}, 1, 17),
+    # Expand / Tile
+    ("to_zero", "Expand", [r(1, 3), c([0, 3])], {}, 1, 17),
+    ("from_zero", "Expand", [e(0, 1), c([1, 4])], {}, 1, 17),
+    ("rank_up", "Expand", [r(3, 1), c([2, 1, 1, 4])], {}, 1, 17),
+    ("smaller_target", "Expand", [r(2, 3), c([1])], {}, 1, 17),
+    ("zero_repeats", "Tile", [r(2, 3), c([0, 2])], {}, 1, 17),
+    ("on_empty", "Tile", [e(0, 3), c([3, 2])], {}, 1, 17),
+    ("ones", "Tile", [r(2, 3), c([1, 1])], {}, 1, 17),
+    # Reductions
+    *[
+        (name, op, inputs, attrs, 1, 18)
+        for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin")
+        for name, inputs, attrs in [
+            ("no_axes", [r(2, 3, 4)], {}),
+            ("empty_axes_const", [r(2, 3, 4), c(np.zeros((0,)))], {"keepdims": 0}),
+            ("noop_empty_axes", [r(2, 3, 4), c(np.zeros((0,)))], {"noop_with_empty_axes": 1}),
+            ("noop_no_axes", [r(2, 3, 4)], {"noop_with_empty_axes": 1}),
+            ("axis_zero_size", [e(2, 0, 4), c([1])], {}),
+            ("axis_zero_size_nokeep", [e(2, 0, 4), c([1])], {"keepdims": 0}),
+            ("all_on_empty", [e(2, 0, 4)], {"keepdims": 0}),
+            ("other_axis_zero", [e(2, 0, 4), c([2])], {}),
+            ("negative_axes", [r(2, 3, 4), c([-1, 0])], {"keepdims": 0}),
+            ("length1_axis", [r(2, 1, 4), c([1])], {"keepdims": 0}),
+            ("scalar_input", [np.array(2.5, dtype=F)], {}),
+        ]
+    ],
+    # Softmax family / LayerNormalization on 0-size axes
+    ("axis_zero_size", "Softmax", [e(2, 0)], {"axis": -1}, 1, 17),
+    ("other_zero", "Softmax", [e(0, 5)], {"axis": -1}, 1, 17),
+    ("axis_len1", "Softmax", [r(3, 1)], {"axis": -1}, 1, 17),
+    ("axis0", "Softmax", [r(3, 4)], {"axis": 0}, 1, 17),
+    ("axis_zero_size", "LogSoftmax", [e(2, 0)], {"axis": -1}, 1, 17),
+    ("other_zero", "LogSoftmax", [e(0, 5)], {"axis": 1}, 1, 17),
+    ("axis_len1", "LogSoftmax", [r(3, 1)], {"axis": -1}, 1, 17),
+    ("rows_zero", "LayerNormalization", [e(0, 4), r(4), r(4)], {"axis": -1}, 1, 17),
+    ("len1", "LayerNormalization", [r(3, 1), r(1), r(1)], {"axis": -1}, 1, 17),
+    ("axis0_all", "LayerNormalization", [r(2, 3), r(2, 3), r(2, 3)], {"axis": 0}, 1, 17),
+    # Transpose
+    ("empty", "Transpose", [e(2, 0, 3)], {"perm": [2, 0, 1]}, 1, 17),
+    ("default_perm", "Transpose", [r(2, 3, 4)], {}, 1, 17),
+    ("rank1", "Transpose", [r(5)], {}, 1, 17),
+    ("bad_perm", "Transpose", [r(2, 3)], {"perm": [0, 0]}, 1, 17),
+    # Elementwise with 0-size broadcast
+    ("zero_bcast", "Add", [e(0, 3), r(1, 3)], {}, 1, 17),
+    ("zero_vs_one", "Mul", [e(2, 0), r(2, 1)], {}, 1, 17),
+    ("zero_rank_up", "Sub", [r(3), e(0, 1, 3)], {}, 1, 17),
+    ("bad_bcast", "Add", [r(2, 3), r(3, 2)], {}, 1, 17),
+    ("empty", "Relu", [e(0, 5)], {}, 1, 17),
+    ("empty", "Pow", [e(3, 0), r(1)], {}, 1, 17),
+    ("empty", "Less", [e(3, 0), r(1)], {}, 1, 17),
+    ("zero_bcast", "Where", [np.zeros((0, 3), dtype=bool), r(1, 3), r(3)], {}, 1, 17),
+    ("bcast_all", "Where", [np.array([[True], [False]]), r(1, 3), r(2, 1)], {}, 1, 17),
+    ("empty", "Clip", [e(0, 3), np.array(-0.5, dtype=F), np.array(0.5, dtype=F)], {}, 1, 17),
+    ("empty_to_int", "Cast", [e(0, 3)], {"to": TensorProto.INT64}, 1, 17),
+    ("empty_to_bool", "Cast", [e(2, 0)], {"to": TensorProto.BOOL}, 1, 17),
+    # Range / ConstantOfShape
+    ("empty", "Range", [np.array(5, dtype=I64), np.array(2, dtype=I64), np.array(1, dtype=I64)], {}, 1, 17),
+    ("neg_delta", "Range", [np.array(5.0, dtype=F), np.array(2.0, dtype=F), np.array(-1.5, dtype=F)], {}, 1, 17),
+    ("empty_const", "Range", [c(3), c(3), c(1)], {}, 1, 17),
+    ("zero_dim", "ConstantOfShape", [c([2, 0])], {"value": numpy_helper.from_array(np.array([1.5], dtype=F))}, 1, 17),
+    (
+        "scalar",
+        "ConstantOfShape",
+        [c(np.zeros((0,)))],
+        {"value": numpy_helper.from_array(np.array([2.0], dtype=F))},
+        1,
+        17,
+    ),
+    # BatchNormalization
+    ("batch0", "BatchNormalization", [e(0, 3, 2, 2), r(3), r(3), r(3), np.abs(r(3)) + 0.5], {}, 1, 15),
+    ("rank2", "BatchNormalization", [r(4, 3), r(3), r(3), r(3), np.abs(r(3)) + 0.5], {}, 1, 15),
+    ("spatial0", "BatchNormalization", [e(2, 3, 0), r(3), r(3), r(3), np.abs(r(3)) + 0.5], {}, 1, 15),
+    # GlobalAveragePool
+    ("one_by_one", "GlobalAveragePool", [r(2, 3, 1, 1)], {}, 1, 17),
+    ("batch0", "GlobalAveragePool", [e(0, 3, 4, 4)], {}, 1, 17),
+    ("spatial0", "GlobalAveragePool", [e(1, 3, 0, 4)], {}, 1, 17),
+    ("one_d", "GlobalAveragePool", [r(2, 3, 5)], {}, 1, 17),
+    # Flatten
+    ("axis0", "Flatten", [r(2, 3, 4)], {"axis": 0}, 1, 17),
+    ("axis_rank", "Flatten", [r(2, 3, 4)], {"axis": 3}, 1, 17),
+    ("axis_negative", "Flatten", [r(2, 3, 4)], {"axis": -1}, 1, 17),
+    ("empty", "Flatten", [e(2, 0, 4)], {"axis": 2}, 1, 17),
+    ("axis_out_of_range", "Flatten", [r(2, 3)], {"axis": 3}, 1, 17),
+    # Squeeze / Unsqueeze
+    ("all", "Squeeze", [r(1, 3, 1)], {}, 1, 17),
+    ("negative_axis", "Squeeze", [r(1, 3, 1), c([-1])], {}, 1, 17),
+    ("not_one", "Squeeze", [r(2, 3), c([0])], {}, 1, 17),
+    ("empty", "Squeeze", [e(1, 0, 1), c([0])], {}, 1, 17),
+    ("negative", "Unsqueeze", [r(2, 3), c([-1, 0])], {}, 1, 17),
+    ("empty", "Unsqueeze", [e(0, 3), c([1])], {}, 1, 17),
+    ("scalar", "Unsqueeze", [np.array(1.5, dtype=F), c([0])], {}, 1, 17),
+    ("duplicate", "Unsqueeze", [r(2, 3), c([1, 1])], {}, 1, 17),
+    # Pools at a 0-size batch (the window edges themselves are in test_window_edges.py)
+    ("batch0", "MaxPool", [e(0, 2, 4, 4)], {"kernel_shape": [2, 2]}, 1, 17),
+    ("batch0", "AveragePool", [e(0, 2, 4, 4)], {"kernel_shape": [2, 2]}, 1, 17),
+]
+
+_ONNX_TYPE = {np.dtype(F): TensorProto.FLOAT, np.dtype(I64): TensorProto.INT64, np.dtype(bool): TensorProto.BOOL}
+
+
+def _model(case: Case, in_context: bool) -> tuple[bytes, dict[str, np.ndarray]]:
+    _, op_type, inputs, attrs, n_outputs, opset = case
+    graph_inputs, initializers, feeds, names = [], [], {}, []
+    for i, value in enumerate(inputs):
+        name = f"in{i}"
+        if value is None:
+            names.append("")
+        elif isinstance(value, tuple):
+            initializers.append(numpy_helper.from_array(value[1], name))
+            names.append(name)
+        else:
+            graph_inputs.append(helper.make_tensor_value_info(name, _ONNX_TYPE[value.dtype], list(value.shape)))
+            feeds[name] = value
+            names.append(name)
+    outs = [f"y{i}" for i in range(n_outputs)]
+    nodes = [helper.make_node(op_type, names, outs, **attrs)]
+    out_names = outs
+    consumer = "Not" if op_type == "Less" or attrs.get("to") == TensorProto.BOOL else "Neg"
+    if in_context:
+        # Before the edge node: intermediates full of 1000s that die before it runs.  After it: each edge output
+        # feeds an Identity-free consumer (Neg), so the edge output is an intermediate buffer too.
+        graph_inputs.append(helper.make_tensor_value_info("fill", TensorProto.FLOAT, [4096]))
+        feeds["fill"] = np.full((4096,), 1000.0, dtype=F)
+        nodes = [
+            helper.make_node("Relu", ["fill"], ["f1"]),
+            helper.make_node("Abs", ["f1"], ["f2"]),
+            helper.make_node("Sqrt", ["f2"], ["f3"]),
+            helper.make_node("Neg", ["f3"], ["fill_out"]),
+            *nodes,
+            *[helper.make_node("Identity", [o], [f"{o}_id"]) for o in outs],
+            *[helper.make_node(consumer, [f"{o}_id"], [f"{o}_neg"]) for o in outs],
+        ]
+        out_names = ["fill_out", *[f"{o}_neg" for o in outs]]
+    graph = helper.make_graph(
+        nodes, "edge", graph_inputs, [helper.make_empty_tensor_value_info(n) for n in out_names], initializers
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    # Graph outputs need an element type (onnx's checker): take it from onnx's type inference, shape left open.
+    inferred = {v.name: v.type.tensor_type for v in shape_inference.infer_shapes(model).graph.value_info}
+    for output in model.graph.output:
+        tensor_type = inferred.get(output.name)
+        elem = tensor_type.elem_type if tensor_type is not None and tensor_type.elem_type else TensorProto.FLOAT
+        rank = len(tensor_type.shape.dim) if tensor_type is not None and tensor_type.HasField("shape") else 1
+        dims = [f"{output.name}_d{i}" for i in range(rank)]
+        output.CopyFrom(helper.make_tensor_value_info(output.name, elem, dims))
+    return bytes(model.SerializeToString()), feeds
+
+
+def _id(case: Case) -> str:
+    return f"{case[1]}-{case[0]}"
+
+
+@pytest.mark.parametrize("in_context", [False, True], ids=["alone", "in_context"])
+@pytest.mark.parametrize("case", CASES, ids=[_id(case) for case in CASES])
+def test_shape_edge_matches_onnxruntime_or_raises_typed(env: ortgpu.Env, case: Case, in_context: bool) -> None:
+    model, feeds = _model(case, in_context)
+    try:
+        expected = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    except Exception:  # noqa: BLE001 - onnxruntime refuses: ortgpu must refuse with a typed error
+        with pytest.raises(OrtGpuError):
+            with ortgpu.InferenceSession(model, env=env) as session:
+                session.run(None, feeds)
+        return
+    with ortgpu.InferenceSession(model, env=env) as session:
+        for _ in range(2):  # twice: the second run reuses buffers the first one filled
+            got = session.run(None, feeds)
+            assert len(got) == len(expected)
+            for g, x in zip(got, expected):
+                assert g.shape == x.shape, (g.shape, x.shape)
+                assert g.dtype == x.dtype, (g.dtype, x.dtype)
+                np.testing.assert_allclose(g, x, rtol=1e-4, atol=1e-4)
