@@ -251,9 +251,38 @@ CASES: list[Case] = [
     ("empty", "Unsqueeze", [e(0, 3), c([1])], {}, 1, 17),
     ("scalar", "Unsqueeze", [np.array(1.5, dtype=F), c([0])], {}, 1, 17),
     ("duplicate", "Unsqueeze", [r(2, 3), c([1, 1])], {}, 1, 17),
+    # Zero channels: the reduction over input channels is empty (the output is the bias, or zeros)
+    ("in_channels0", "Conv", [e(1, 0, 4, 4), e(3, 0, 3, 3)], {}, 1, 17),
+    ("in_channels0_bias", "Conv", [e(1, 0, 4, 4), e(3, 0, 3, 3), r(3)], {}, 1, 17),
+    ("out_channels0", "Conv", [r(1, 2, 4, 4), e(0, 2, 3, 3)], {}, 1, 17),
+    ("in_channels0", "ConvTranspose", [e(1, 0, 3, 3), e(0, 2, 2, 2)], {}, 1, 17),
+    ("in_channels0_bias", "ConvTranspose", [e(1, 0, 3, 3), e(0, 2, 2, 2), r(2)], {}, 1, 17),
+    ("channels0", "BatchNormalization", [e(2, 0, 3), e(0), e(0), e(0), e(0)], {}, 1, 15),
+    ("channels0", "GlobalAveragePool", [e(2, 0, 3, 3)], {}, 1, 17),
+    ("axis_zero_size", "LayerNormalization", [e(2, 0), e(0), e(0)], {"axis": -1}, 1, 17),
+    # Shapes, indices and axes read at run time (graph inputs, not constants)
+    ("runtime_empty", "Slice", [r(5, 4), np.array([3], dtype=I64), np.array([1], dtype=I64)], {}, 1, 17),
+    ("runtime_neg_step", "Slice", [r(5, 4), *(np.array([v], dtype=I64) for v in (-1, INT_MIN, 1, -2))], {}, 1, 17),
+    ("runtime_zero", "Reshape", [e(0, 4), np.array([0, -1], dtype=I64)], {}, 1, 17),
+    ("runtime_to_zero", "Expand", [r(1, 3), np.array([0, 3], dtype=I64)], {}, 1, 17),
+    ("runtime_zero_repeats", "Tile", [r(2, 3), np.array([2, 0], dtype=I64)], {}, 1, 17),
+    ("runtime_zero_dim", "ConstantOfShape", [np.array([3, 0], dtype=I64)], {}, 1, 17),
+    ("runtime_zero_piece", "Split", [r(5, 2), np.array([5, 0], dtype=I64)], {"axis": 0}, 2, 18),
+    ("runtime_empty_axes", "ReduceSum", [r(2, 3), np.zeros((0,), dtype=I64)], {"keepdims": 0}, 1, 18),
+    ("runtime_axes_zero_size", "ReduceMean", [e(2, 0, 3), np.array([1], dtype=I64)], {}, 1, 18),
+    ("runtime_axes_zero_size", "ReduceMax", [e(2, 0, 3), np.array([1], dtype=I64)], {}, 1, 18),
+    ("runtime_empty_indices", "Gather", [r(5, 4), np.zeros((0, 2), dtype=I64)], {"axis": 0}, 1, 17),
+    ("runtime_empty", "Unsqueeze", [e(3, 0), np.array([0], dtype=I64)], {}, 1, 17),
+    ("all_empty", "Where", [np.zeros((0,), dtype=bool), e(0), e(0)], {}, 1, 17),
+    ("int_empty", "Cast", [np.zeros((0, 2), dtype=I64)], {"to": TensorProto.FLOAT}, 1, 17),
     # Pools at a 0-size batch (the window edges themselves are in test_window_edges.py)
     ("batch0", "MaxPool", [e(0, 2, 4, 4)], {"kernel_shape": [2, 2]}, 1, 17),
     ("batch0", "AveragePool", [e(0, 2, 4, 4)], {"kernel_shape": [2, 2]}, 1, 17),
+    ("channels0", "MaxPool", [e(1, 0, 4, 4)], {"kernel_shape": [2, 2]}, 1, 17),
+    ("channels0", "AveragePool", [e(1, 0, 4, 4)], {"kernel_shape": [2, 2]}, 1, 17),
+    ("spatial0_padded", "MaxPool", [e(1, 2, 0, 4)], {"kernel_shape": [1, 2], "pads": [1, 0, 1, 0]}, 1, 17),
+    ("spatial0_padded", "AveragePool", [e(1, 2, 0, 4)], {"kernel_shape": [1, 2], "pads": [1, 0, 1, 0]}, 1, 17),
+    ("batch_and_channels0", "GlobalAveragePool", [e(0, 0, 3, 3)], {}, 1, 17),
 ]
 
 _ONNX_TYPE = {np.dtype(F): TensorProto.FLOAT, np.dtype(I64): TensorProto.INT64, np.dtype(bool): TensorProto.BOOL}
@@ -308,6 +337,12 @@ def _model(case: Case, in_context: bool) -> tuple[bytes, dict[str, np.ndarray]]:
     return bytes(model.SerializeToString()), feeds
 
 
+# onnxruntime's kernels as written, without its graph rewrites (its NCHWc layout rewrite refuses 0 channels where
+# the GlobalAveragePool kernel itself returns the empty result).
+_ORT_OPTIONS = onnxruntime.SessionOptions()
+_ORT_OPTIONS.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+
 def _id(case: Case) -> str:
     return f"{case[1]}-{case[0]}"
 
@@ -317,7 +352,9 @@ def _id(case: Case) -> str:
 def test_shape_edge_matches_onnxruntime_or_raises_typed(env: ortgpu.Env, case: Case, in_context: bool) -> None:
     model, feeds = _model(case, in_context)
     try:
-        expected = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+        expected = onnxruntime.InferenceSession(model, _ORT_OPTIONS, providers=["CPUExecutionProvider"]).run(
+            None, feeds
+        )
     except Exception:  # noqa: BLE001 - onnxruntime refuses: ortgpu must refuse with a typed error
         with pytest.raises(OrtGpuError):
             with ortgpu.InferenceSession(model, env=env) as session:

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import UnsupportedOpError
+from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
@@ -31,10 +31,14 @@ from ._tiling import (
 __all__ = ["LayerNormalization"]
 
 
-def _axis(rank: int, attrs: Mapping[str, Any]) -> int:
+def _axis(shape: Sequence[int], attrs: Mapping[str, Any]) -> int:
+    rank = len(shape)
     axis = int(attrs.get("axis", -1))
     if axis < -rank or axis >= rank:
         raise UnsupportedOpError(f"LayerNormalization: axis {axis} out of range for rank {rank}")
+    if any(int(d) == 0 for d in shape[axis % rank :]):
+        # onnxruntime refuses normalising over nothing (the mean of an empty set)
+        raise ShapeError(f"LayerNormalization: input shape {tuple(shape)} normalises over a 0-size axis")
     return axis % rank
 
 
@@ -54,7 +58,7 @@ class LayerNormalization(Operator):
         x, scale = inputs[0], inputs[1]
         assert x is not None and scale is not None
         bias = inputs[2] if len(inputs) > 2 else None
-        axis = _axis(x.ndim, attrs)
+        axis = _axis(x.shape, attrs)
         epsilon = float(attrs.get("epsilon", 1e-5))
         axes = tuple(range(axis, x.ndim))
         wide = x.astype(np.float64)
@@ -80,7 +84,7 @@ class LayerNormalization(Operator):
         assert x is not None and scale is not None
         bias = inputs[2] if len(inputs) > 2 else None
         require_float32("LayerNormalization", list(inputs) + list(outputs))
-        axis = _axis(len(x.shape), attrs)
+        axis = _axis(x.shape, attrs)
         layout = row_layout(x.shape, range(axis, len(x.shape)))
         if layout.rows == 0 or layout.length == 0:
             return OpPlan()

@@ -31,6 +31,7 @@ def _geometry(op_type: str, x_shape: tuple[int, ...], attrs: Mapping[str, Any], 
         raise UnsupportedOpError(f"{op_type}: kernel_shape is required")
     if len(x_shape) < 3:
         raise UnsupportedOpError(f"{op_type}: X must have rank >= 3, got {x_shape}")
+    _check_spatial(x_shape, op_type)
     if attrs.get("dilations") is not None and op_type == "AveragePool" and opset < 19:
         raise UnsupportedOpError(f"AveragePool: dilations exist from opset 19 (model opset {opset})")
     kernel = ints(attrs["kernel_shape"], [])
@@ -267,10 +268,10 @@ class AveragePool(Operator):
         return single_kernel_plan("AveragePool", wgsl, grid, table, compute, inputs, outputs, caps)
 
 
-def _check_spatial(shape: Sequence[int]) -> None:
-    """onnxruntime refuses a global pool over a 0-size spatial axis (the mean of nothing)."""
-    if any(int(d) == 0 for d in shape[2:]):
-        raise ShapeError(f"GlobalAveragePool: input shape {tuple(shape)} has a 0-size spatial axis")
+def _check_spatial(shape: Sequence[int], op_type: str = "GlobalAveragePool") -> None:
+    """onnxruntime's pools refuse an empty input unless its batch is the 0 (``Only N can be zero``)."""
+    if len(shape) >= 1 and int(shape[0]) != 0 and any(int(d) == 0 for d in shape[1:]):
+        raise ShapeError(f"{op_type}: input shape {tuple(shape)} is empty but its batch is not (only N may be 0)")
 
 
 @register
