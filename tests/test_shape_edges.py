@@ -40,6 +40,11 @@ def e(*shape: int) -> np.ndarray:
     return np.zeros(shape, dtype=F)
 
 
+def cf(value: np.ndarray) -> tuple[str, np.ndarray]:
+    """A float constant (initializer) input: an empty one becomes a 0-byte device buffer."""
+    return ("const", value)
+
+
 # (id, op_type, inputs, attrs, number of outputs, opset).  An input is an array (a graph input), a ("const", array)
 # pair (an initializer), or None (an omitted optional input).
 Case = tuple[str, str, list[Any], dict[str, Any], int, int]
@@ -275,6 +280,14 @@ CASES: list[Case] = [
     ("runtime_empty", "Unsqueeze", [e(3, 0), np.array([0], dtype=I64)], {}, 1, 17),
     ("all_empty", "Where", [np.zeros((0,), dtype=bool), e(0), e(0)], {}, 1, 17),
     ("int_empty", "Cast", [np.zeros((0, 2), dtype=I64)], {"to": TensorProto.FLOAT}, 1, 17),
+    # Empty constants (0-byte device buffers) beside non-empty outputs
+    ("const_empty_middle", "Concat", [r(2, 3), cf(e(0, 3)), r(1, 3)], {"axis": 0}, 1, 17),
+    ("const_empty_first", "Concat", [cf(e(2, 0)), r(2, 2)], {"axis": 1}, 1, 17),
+    ("const_k0", "MatMul", [e(3, 0), cf(e(0, 4))], {}, 1, 17),
+    ("const_k0", "Gemm", [e(3, 0), cf(e(0, 4)), cf(r(4))], {}, 1, 17),
+    ("const_in_channels0_bias", "Conv", [e(1, 0, 4, 4), cf(e(3, 0, 3, 3)), cf(r(3))], {}, 1, 17),
+    ("const_in_channels0", "ConvTranspose", [e(1, 0, 3, 3), cf(e(0, 2, 2, 2))], {}, 1, 17),
+    ("const_empty_data", "Expand", [cf(e(0, 1)), c([0, 4])], {}, 1, 17),
     # Pools at a 0-size batch (the window edges themselves are in test_window_edges.py)
     ("batch0", "MaxPool", [e(0, 2, 4, 4)], {"kernel_shape": [2, 2]}, 1, 17),
     ("batch0", "AveragePool", [e(0, 2, 4, 4)], {"kernel_shape": [2, 2]}, 1, 17),
@@ -368,3 +381,91 @@ def test_shape_edge_matches_onnxruntime_or_raises_typed(env: ortgpu.Env, case: C
                 assert g.shape == x.shape, (g.shape, x.shape)
                 assert g.dtype == x.dtype, (g.dtype, x.dtype)
                 np.testing.assert_allclose(g, x, rtol=1e-4, atol=1e-4)
+
+
+def _chain(nodes: list[Any], feeds: dict[str, np.ndarray], consts: dict[str, np.ndarray]) -> bytes:
+    """A model of ``nodes`` (output ``Y``) after a prefix that fills buffers with stale data (input ``fill``)."""
+    prefix = [
+        helper.make_node("Relu", ["fill"], ["f1"]),
+        helper.make_node("Abs", ["f1"], ["f2"]),
+        helper.make_node("Neg", ["f2"], ["fill_out"]),
+    ]
+    graph = helper.make_graph(
+        prefix + nodes,
+        "chain",
+        [helper.make_tensor_value_info(n, _ONNX_TYPE[v.dtype], list(v.shape)) for n, v in feeds.items()],
+        [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, [f"{n}{i}" for i in range(rank)])
+            for n, rank in (("fill_out", 1), ("Y", 4))
+        ],
+        [numpy_helper.from_array(v, n) for n, v in consts.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return bytes(model.SerializeToString())
+
+
+def _lift(name: str, out: str) -> list[Any]:
+    """Reshape ``name`` to rank 4 (the chain's output rank) as ``out``."""
+    return [helper.make_node("Reshape", [name, "shape4"], [out])]
+
+
+_SHAPE4 = {"shape4": np.array([1, 1, 3, 4], dtype=I64)}
+
+# K = 0 inside the chains the planner fuses (epilogues, folded transposes): the fused node still writes every output.
+CHAINS: dict[str, tuple[list[Any], dict[str, np.ndarray], dict[str, np.ndarray]]] = {
+    "matmul_k0_bias_relu": (
+        [
+            helper.make_node("MatMul", ["A", "B"], ["m"]),
+            helper.make_node("Add", ["m", "bias"], ["a"]),
+            helper.make_node("Relu", ["a"], ["r"]),
+            *_lift("r", "Y"),
+        ],
+        {"A": e(3, 0), "B": e(0, 4)},
+        {"bias": r(4), **_SHAPE4},
+    ),
+    "gemm_k0_c_sigmoid": (
+        [
+            helper.make_node("Gemm", ["A", "B", "C"], ["m"], alpha=2.0, beta=0.5),
+            helper.make_node("Sigmoid", ["m"], ["s"]),
+            *_lift("s", "Y"),
+        ],
+        {"A": e(3, 0), "B": e(0, 4)},
+        {"C": r(3, 4), **_SHAPE4},
+    ),
+    "attention_scores_head_dim0": (
+        [
+            helper.make_node("Transpose", ["Q"], ["q"], perm=[0, 2, 1, 3]),
+            helper.make_node("Transpose", ["K"], ["k"], perm=[0, 2, 3, 1]),
+            helper.make_node("MatMul", ["q", "k"], ["s"]),
+            helper.make_node("Mul", ["s", "half"], ["scaled"]),
+            helper.make_node("Softmax", ["scaled"], ["Y"], axis=-1),
+        ],
+        {"Q": e(1, 3, 2, 0), "K": e(1, 3, 2, 0)},
+        {"half": np.array(0.5, dtype=F)},
+    ),
+    "conv_in_channels0_bias_relu": (
+        [helper.make_node("Conv", ["X", "W", "Bc"], ["c"]), helper.make_node("Relu", ["c"], ["Y"])],
+        {"X": e(1, 0, 4, 4)},
+        {"W": e(3, 0, 3, 3), "Bc": r(3)},
+    ),
+    "conv_transpose_in_channels0_bias": (
+        [helper.make_node("ConvTranspose", ["X", "W", "Bc"], ["c"]), helper.make_node("Neg", ["c"], ["Y"])],
+        {"X": e(1, 0, 3, 3)},
+        {"W": e(0, 2, 2, 2), "Bc": r(2)},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHAINS))
+def test_fused_chain_with_an_empty_reduction_matches_onnxruntime(env: ortgpu.Env, name: str) -> None:
+    nodes, feeds, consts = CHAINS[name]
+    feeds = {**feeds, "fill": np.full((4096,), 1000.0, dtype=F)}
+    model = _chain(nodes, feeds, consts)
+    expected = onnxruntime.InferenceSession(model, _ORT_OPTIONS, providers=["CPUExecutionProvider"]).run(None, feeds)
+    with ortgpu.InferenceSession(model, env=env) as session:
+        for _ in range(2):
+            got = session.run(None, feeds)
+            for g, x in zip(got, expected):
+                assert g.shape == x.shape, (g.shape, x.shape)
+                np.testing.assert_allclose(g, x, rtol=1e-5, atol=1e-6)

@@ -222,6 +222,10 @@ class Conv(Operator):
         steps = _conv_steps(attrs, [None if a is None else a.shape for a in inputs], out_shape)
         if element_count(out_shape) == 0:
             return OpPlan()
+        if element_count(x.shape) == 0 or element_count(w.shape) == 0:
+            # 0 input channels: every output is the bias (or 0), which the twin computes; the kernels would bind
+            # a 0-byte buffer (a validation error) or leave the output unwritten.
+            raise NotOnDevice("Conv: the input or the weight is empty (0 channels) but the output is not")
         if len(x.shape) == 3:  # 1-D: a 2-D convolution of height 1
             geometry = SpatialGeometry(
                 (1,) + geometry.kernel,

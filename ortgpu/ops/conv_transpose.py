@@ -126,6 +126,10 @@ class ConvTranspose(Operator):
         total = element_count(out_shape)
         if total == 0:
             return OpPlan()
+        if element_count(x.shape) == 0 or element_count(w.shape) == 0:
+            # 0 input channels: every output is the bias (or 0), which the twin computes; the kernels would bind
+            # a 0-byte buffer (a validation error) or leave the output unwritten.
+            raise NotOnDevice("ConvTranspose: the input or the weight is empty (0 channels) but the output is not")
         if len(x.shape) == 3:
             kernel, strides, dilations, begin, out = (
                 (1,) + kernel,
