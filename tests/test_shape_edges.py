@@ -469,3 +469,56 @@ def test_fused_chain_with_an_empty_reduction_matches_onnxruntime(env: ortgpu.Env
             for g, x in zip(got, expected):
                 assert g.shape == x.shape, (g.shape, x.shape)
                 np.testing.assert_allclose(g, x, rtol=1e-5, atol=1e-6)
+
+
+# One session, symbolic dims, fed a non-empty, then an empty, then a non-empty reduction: the plan for each shape
+# must write its output (a plan cached for another shape, or a buffer sized for it, must not leak through).
+DYNAMIC: dict[str, tuple[str, list[tuple[int, ...]], dict[str, Any], list[list[tuple[int, ...]]]]] = {
+    "MatMul_K": ("MatMul", [("m", "k"), ("k", "n")], {}, [[(3, 4), (4, 2)], [(3, 0), (0, 2)], [(3, 5), (5, 2)]]),
+    "Gemm_K": ("Gemm", [("m", "k"), ("n", "k")], {"transB": 1}, [[(3, 4), (2, 4)], [(3, 0), (2, 0)], [(2, 1), (2, 1)]]),
+    "ReduceSum_axis": ("ReduceSum", [("a", "b")], {"keepdims": 0}, [[(2, 3)], [(2, 0)], [(2, 5)]]),
+    "ReduceMean_axis": ("ReduceMean", [("a", "b")], {"keepdims": 0}, [[(2, 3)], [(2, 0)], [(4, 5)]]),
+    "ReduceMax_axis": ("ReduceMax", [("a", "b")], {"keepdims": 0}, [[(2, 3)], [(2, 0)], [(2, 5)]]),
+    "Softmax_rows": ("Softmax", [("a", "b")], {"axis": -1}, [[(2, 3)], [(0, 3)], [(2, 3)]]),
+    "Concat_empty": (
+        "Concat",
+        [("a", "b"), ("c", "b")],
+        {"axis": 0},
+        [[(2, 3), (1, 3)], [(0, 3), (1, 3)], [(2, 3), (0, 3)]],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMIC))
+def test_one_session_through_empty_and_non_empty_shapes(env: ortgpu.Env, name: str) -> None:
+    op_type, dims, attrs, runs = DYNAMIC[name]
+    inputs = [helper.make_tensor_value_info(f"in{i}", TensorProto.FLOAT, list(d)) for i, d in enumerate(dims)]
+    nodes = [
+        helper.make_node("Relu", ["fill"], ["f1"]),
+        helper.make_node("Neg", ["f1"], ["fill_out"]),
+        helper.make_node(op_type, [f"in{i}" for i in range(len(dims))], ["y"], **attrs),
+        helper.make_node("Neg", ["y"], ["Y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "dynamic",
+        [helper.make_tensor_value_info("fill", TensorProto.FLOAT, [4096]), *inputs],
+        [
+            helper.make_tensor_value_info("fill_out", TensorProto.FLOAT, [4096]),
+            helper.make_tensor_value_info(
+                "Y", TensorProto.FLOAT, ["y0"] if op_type.startswith("Reduce") else ["y0", "y1"]
+            ),
+        ],
+    )
+    model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model_proto.ir_version = 9
+    model = bytes(model_proto.SerializeToString())
+    reference = onnxruntime.InferenceSession(model, _ORT_OPTIONS, providers=["CPUExecutionProvider"])
+    with ortgpu.InferenceSession(model, env=env) as session:
+        for shapes in runs + runs[::-1]:
+            feeds = {"fill": np.full((4096,), 1000.0, dtype=F), **{f"in{i}": r(*s) for i, s in enumerate(shapes)}}
+            expected = reference.run(None, feeds)
+            got = session.run(None, feeds)
+            for g, x in zip(got, expected):
+                assert g.shape == x.shape, (shapes, g.shape, x.shape)
+                np.testing.assert_allclose(g, x, rtol=1e-5, atol=1e-5, err_msg=str(shapes))
