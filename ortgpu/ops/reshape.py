@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import UnsupportedOpError
+from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from .._limits import element_count
 from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
@@ -85,6 +85,9 @@ class Reshape(AliasOperator):
             shape.append(dim)
         if shape.count(-1) > 1:
             raise UnsupportedOpError(f"Reshape (opset {self.opset}): more than one -1 in shape {requested}")
+        if any(d < -1 for d in shape):
+            # numpy reads any negative dimension as -1; ONNX (and onnxruntime) allow -1 only
+            raise ShapeError(f"Reshape (opset {self.opset}): shape {requested} has a negative dimension other than -1")
         return [data.reshape(shape).copy()]
 
 

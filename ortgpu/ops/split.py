@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import UnsupportedOpError
+from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, KernelSpec, Operator, OpPlan, TensorInfo, reference_twin
@@ -39,6 +39,8 @@ class Split(Operator):
             return sizes
         if self.opset >= 18 and "num_outputs" in attrs:
             parts = int(attrs["num_outputs"])
+            if parts != count:
+                raise ShapeError(f"Split (opset {self.opset}): num_outputs is {parts} but the node has {count} outputs")
             chunk = -(-dim // parts)
             return [min(chunk, max(dim - i * chunk, 0)) for i in range(parts)]
         if count <= 0 or dim % count:
@@ -72,6 +74,19 @@ class Split(Operator):
         rank = len(data.shape)
         axis = int(attrs.get("axis", 0))
         axis = axis + rank if axis < 0 else axis
+        if self.opset >= 18 and "num_outputs" in attrs and int(attrs["num_outputs"]) != len(outputs):
+            raise ShapeError(
+                f"Split (opset {self.opset}): num_outputs is {int(attrs['num_outputs'])} "
+                f"but the node has {len(outputs)} outputs"
+            )
+        if (
+            all(len(out.shape) == rank for out in outputs)
+            and sum(out.shape[axis] for out in outputs) != data.shape[axis]
+        ):
+            raise ShapeError(
+                f"Split: the outputs' sizes {[out.shape[axis] for out in outputs]} along axis {axis} "
+                f"do not add up to the input's {data.shape[axis]}"
+            )
         post = element_count(data.shape[axis + 1 :])
         in_block = data.shape[axis] * post
         kernels: list[KernelSpec] = []
