@@ -81,10 +81,6 @@ _BufferMap = Mapping[str, BufferRef]
 _Buffer = TypeVar("_Buffer", bound=BufferRef)  # what a program's allocate() returns and free() takes
 
 
-def _runs_twins(device: BackendDevice) -> bool:
-    return device.runs_numpy_twins
-
-
 class PipelineCache:
     """Compute pipelines of one device, keyed by WGSL text; shared by sessions.
 
@@ -102,7 +98,7 @@ class PipelineCache:
 
     def __init__(self, device: BackendDevice) -> None:
         self._device = weakref.ref(device)
-        self._twins_key = _runs_twins(device)
+        self._twins_key = device.runs_numpy_twins
         self._pipelines: dict[Hashable, int] = {}
         # Twin-keyed caches: per key, weak references to the kernels that use its pipeline, by id (each one's
         # callback queues (key, id) in _dead; the entry goes with its last kernel).  The twin's id is part of

@@ -44,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.dirname(HERE) not in sys.path:
     sys.path.insert(0, os.path.dirname(HERE))
 
+from ortgpu._model import _NUMPY_DTYPES  # noqa: E402 - the dtypes numpy (and so ortgpu) can hold
 from ortgpu_core._errors import ModelError  # noqa: E402
 
 SUPPORTED = frozenset(
@@ -57,23 +58,6 @@ SUPPORTED = frozenset(
 MIN_WEBGPU_SHARE = 0.90
 EXCLUSIONS_PATH = os.path.join(HERE, "conformance_exclusions.txt")
 REPORT_PATH = os.path.join(HERE, "conformance_report.txt")
-_NUMPY_DTYPES = frozenset(
-    np.dtype(n)
-    for n in (
-        "float16",
-        "float32",
-        "float64",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "bool",
-    )
-)
 
 
 @functools.lru_cache(maxsize=1)

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ortgpu_core._value import padded_payload
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
@@ -22,11 +23,6 @@ __all__ = ["padded_size", "run_plan"]
 def padded_size(nbytes: int) -> int:
     """Bytes to allocate for a tensor of ``nbytes``: a multiple of 4, at least 4."""
     return max(4, (nbytes + 3) // 4 * 4)
-
-
-def _padded_bytes(array: np.ndarray) -> bytes:
-    raw = np.ascontiguousarray(array).tobytes()
-    return raw + b"\0" * (padded_size(len(raw)) - len(raw))
 
 
 def run_plan(
@@ -47,7 +43,7 @@ def run_plan(
                 continue
             buffer = device.create_buffer(padded_size(array.nbytes), label="input")
             owned.append(buffer)
-            device.write_buffer(buffer, 0, _padded_bytes(array))
+            device.write_buffer(buffer, 0, padded_payload(array))
             input_buffers.append(buffer)
         output_buffers: list[int] = []
         for index, info in enumerate(outputs):
