@@ -363,6 +363,19 @@ SHAPE_INPUT_POSITIONS: dict[str, tuple[int, ...]] = {
     "OneHot": (1,),
     "CenterCropPad": (1,),
     "Col2Im": (1, 2),
+    "MaxUnpool": (2,),
+    # Output sizes that depend on the data itself: planned only where those inputs are known (constants, or
+    # graph inputs whose values the plan is made for); a value computed on the device is refused, never guessed.
+    "NonZero": (0,),
+    "Unique": (0,),
+    "Compress": (1,),
+    "NonMaxSuppression": (0, 1, 2, 3, 4),
+    "DFT": (1,),
+    "STFT": (1, 3),
+    "BlackmanWindow": (0,),
+    "HannWindow": (0,),
+    "HammingWindow": (0,),
+    "MelWeightMatrix": (0, 1),
 }
 
 
