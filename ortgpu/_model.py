@@ -24,6 +24,7 @@ from typing import Any, Hashable, Mapping, Sequence
 import numpy as np
 import onnx
 import onnx.checker
+import onnx.defs
 import onnx.helper
 import onnx.numpy_helper
 from onnx import external_data_helper
@@ -96,6 +97,8 @@ class ValueInfo:
     name: str
     shape: Shape
     dtype: np.dtype[Any]
+    #: False for a graph output the model gives no type (its dtype then comes from inference).
+    typed: bool = True
 
 
 @dataclass(frozen=True)
@@ -264,12 +267,36 @@ def _check_versions(model: onnx.ModelProto) -> dict[str, int]:
     default = opsets.get("")
     if default is None:
         raise InvalidModelError("the model imports no default-domain (ai.onnx) opset; re-export it")
-    if not MIN_OPSET <= default <= MAX_OPSET:
+    if not 1 <= default <= MAX_OPSET:
         raise UnsupportedOpError(
-            f"the model uses ai.onnx opset {default}; ortgpu supports opsets {MIN_OPSET}..{MAX_OPSET}: "
-            "convert it with onnx.version_converter"
+            f"the model uses ai.onnx opset {default}; ortgpu supports opsets {MIN_OPSET}..{MAX_OPSET} (and older "
+            "ones for operators unchanged since): convert it with onnx.version_converter"
         )
     return opsets
+
+
+def _effective_opset(op_type: str, domain: str, opset: int) -> int:
+    """The opset a node of a default-domain model older than :data:`MIN_OPSET` runs at.
+
+    ortgpu implements the operators as they are from opset 7 on.  An operator whose definition did not change
+    between the model's opset and opset 7 (``Not``, ``Identity``, ``Conv``...) runs as at opset 7, as
+    onnxruntime does; one that changed (``Add`` before 7 had ``broadcast`` and ``axis``) is refused with the
+    reason, never run with the newer semantics.
+    """
+    if domain != "" or opset >= MIN_OPSET:
+        return opset
+    try:
+        then = onnx.defs.get_schema(op_type, opset).since_version
+        at_min = onnx.defs.get_schema(op_type, MIN_OPSET).since_version
+    except Exception:  # noqa: BLE001 - not an ai.onnx operator at that opset: refused where it is looked up
+        return opset
+    if then != at_min:
+        raise UnsupportedOpError(
+            f"{op_type} at ai.onnx opset {opset} follows its opset-{then} definition, which changed in opset "
+            f"{at_min}; ortgpu implements opsets {MIN_OPSET}..{MAX_OPSET}: convert the model with "
+            "onnx.version_converter"
+        )
+    return MIN_OPSET
 
 
 def _graph_nodes(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[GraphNode]:
@@ -287,6 +314,10 @@ def _graph_nodes(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[Grap
             )
         opset = opsets[domain]
         text = f"{proto.op_type} node {name!r} (opset {opset})"
+        try:
+            opset = _effective_opset(proto.op_type, domain, opset)
+        except UnsupportedOpError as error:
+            raise UnsupportedOpError(f"{text}: {error}") from None
         attrs: dict[str, Any] = {a.name: _attribute_value(a, text) for a in proto.attribute}
         attrs["__proto_attributes__"] = tuple(proto.attribute)
         nodes.append(GraphNode(name, proto.op_type, domain, tuple(proto.input), tuple(proto.output), attrs, opset))
@@ -338,6 +369,9 @@ def _topological(nodes: list[GraphNode], graph: onnx.GraphProto) -> list[GraphNo
 
 
 def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
+    if what == "graph output" and not _has_type(value):
+        # Loader tolerance (as onnxruntime): an output without a type takes the one shape inference gives it.
+        return ValueInfo(value.name, (), np.dtype(np.float32), typed=False)
     if not value.type.HasField("tensor_type"):
         raise UnsupportedOpError(
             f"{what} {value.name!r} is not a tensor (sequences, maps and optionals are not supported)"
@@ -345,14 +379,50 @@ def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
     dtype = onnx_dtype_to_numpy(value.type.tensor_type.elem_type, f"{what} {value.name!r}")
     dims: list[Dim] = []
     if value.type.tensor_type.HasField("shape"):
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.HasField("dim_value"):
+        for index, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value >= 0:
                 dims.append(int(dim.dim_value))
+            elif dim.HasField("dim_value"):
+                # Old exporters wrote -1 for "any size": a symbol of its own (it constrains nothing else).
+                dims.append(f"{value.name}?{index}")
             elif dim.HasField("dim_param"):
                 dims.append(dim.dim_param)
             else:
                 dims.append(None)
     return ValueInfo(value.name, tuple(dims), dtype)
+
+
+def _has_type(value: onnx.ValueInfoProto) -> bool:
+    """Whether ``value`` declares a type (a tensor's element type counts only when set)."""
+    kind = value.type.WhichOneof("value")
+    return kind is not None and not (kind == "tensor_type" and value.type.tensor_type.elem_type == 0)
+
+
+class _OutputsFilledForChecker:
+    """Within the block, graph outputs without a type or shape carry a placeholder (float, unknown rank) so that
+    onnx's checker, which requires both, checks the rest of the model; onnxruntime accepts such outputs and so
+    does ortgpu (their types and shapes come from inference).  The placeholders are removed on exit: a
+    ``ModelProto`` the caller passed in is left as it was."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self._graph = graph
+        self._typed: list[onnx.ValueInfoProto] = []
+        self._shaped: list[onnx.ValueInfoProto] = []
+
+    def __enter__(self) -> None:
+        for value in self._graph.output:
+            if not _has_type(value):
+                value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+                self._typed.append(value)
+            if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
+                value.type.tensor_type.shape.SetInParent()
+                self._shaped.append(value)
+
+    def __exit__(self, *exc: object) -> None:
+        for value in self._shaped:
+            value.type.tensor_type.ClearField("shape")
+        for value in self._typed:
+            value.ClearField("type")
 
 
 def _check_supported(nodes: Sequence[GraphNode]) -> None:
@@ -398,7 +468,8 @@ def load_model(
         except Exception as error:  # noqa: BLE001
             raise InvalidModelError(f"cannot read the model's external data: {error}") from error
     try:
-        onnx.checker.check_model(model)
+        with _OutputsFilledForChecker(model.graph):
+            onnx.checker.check_model(model)
     except onnx.checker.ValidationError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else "invalid model"
         raise InvalidModelError(f"the model fails onnx's checker: {first}; fix or re-export the model") from error
@@ -445,8 +516,14 @@ def load_model(
 
 def _refine_output(value: ValueInfo, types: Mapping[str, tuple[Shape, np.dtype[Any]]]) -> ValueInfo:
     if value.name not in types:
+        if not value.typed:
+            raise InvalidModelError(
+                f"graph output {value.name!r} has no type and none can be inferred; give it a type in the model"
+            )
         return value
-    shape, _ = types[value.name]
+    shape, inferred_dtype = types[value.name]
+    if not value.typed:
+        value = ValueInfo(value.name, value.shape, inferred_dtype)
     if not value.shape and shape:
         return ValueInfo(value.name, shape, value.dtype)
     if len(shape) == len(value.shape):
