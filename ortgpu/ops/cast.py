@@ -9,6 +9,12 @@ the low bits, which is the reference's C wrap-around; float64 <-> float32
 round like IEEE conversions, float64 -> float16 through a round-to-odd float32
 so the second rounding is exact).  A cast to the input's own dtype aliases its
 input.
+
+CastLike casts its first input to the dtype of its second (only the dtype is
+read: the second input's values never reach the kernel); it shares Cast's
+conversions and kernels.  ``saturate`` and ``round_mode`` only concern float8
+targets, which numpy cannot hold: those are refused, so the attributes never
+change a result here.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from ._registry import register
 from ._wgsl import INT64_WGSL, require_device_dtype, wgsl_compute_type
 from ._wgsl_kernels import Operand, elementwise_plan
 
-__all__ = ["Cast", "onnx_dtype"]
+__all__ = ["Cast", "CastLike", "onnx_dtype", "cast_array"]
 
 _DEVICE_DTYPES = (
     "float32",
@@ -104,10 +110,29 @@ def _convert(source: np.dtype[Any], target: np.dtype[Any]) -> tuple[str, bool]:
     return f"bitcast<{target_type}>(x0)", False  # i32 <-> u32 keep the low bits, as C's integer conversions do
 
 
+def cast_array(x: np.ndarray, target: np.dtype[Any], op_type: str, opset: int) -> np.ndarray:
+    """``x`` converted to ``target`` as onnxruntime's Cast does (C truncation and wrap-around)."""
+    if x.dtype.kind not in "fiub":
+        raise UnsupportedOpError(f"{op_type} (opset {opset}): source dtype {x.dtype} is not supported")
+    with np.errstate(invalid="ignore", over="ignore"):
+        if target == np.bool_:
+            return np.asarray(x != 0)
+        if x.dtype.kind == "f" and target.kind in "iu":
+            # C truncation; going through int64 gives C's wrap-around for narrow targets.
+            return np.asarray(np.trunc(x).astype(np.int64).astype(target))
+        return np.asarray(x.astype(target))
+
+
 @register
 class Cast(Operator):
     op_type = "Cast"
     since_version = 1
+
+    def target(self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> np.dtype[Any]:
+        """The dtype to cast to (Cast: the ``to`` attribute)."""
+        if "to" not in attrs:
+            raise UnsupportedOpError(f"Cast (opset {self.opset}): the 'to' attribute is missing")
+        return onnx_dtype(attrs["to"], "Cast", self.opset)
 
     def reference(
         self,
@@ -117,18 +142,7 @@ class Cast(Operator):
     ) -> list[np.ndarray]:
         x = inputs[0]
         assert x is not None
-        if "to" not in attrs:
-            raise UnsupportedOpError(f"Cast (opset {self.opset}): the 'to' attribute is missing")
-        target = onnx_dtype(attrs["to"], "Cast", self.opset)
-        if x.dtype.kind not in "fiub":
-            raise UnsupportedOpError(f"Cast (opset {self.opset}): source dtype {x.dtype} is not supported")
-        with np.errstate(invalid="ignore", over="ignore"):
-            if target == np.bool_:
-                return [x != 0]
-            if x.dtype.kind == "f" and target.kind in "iu":
-                # C truncation; going through int64 gives C's wrap-around for narrow targets.
-                return [np.trunc(x).astype(np.int64).astype(target)]
-            return [x.astype(target)]
+        return [cast_array(x, self.target(inputs, attrs), self.op_type, self.opset)]
 
     def plan(
         self,
@@ -143,15 +157,16 @@ class Cast(Operator):
         target = outputs[0].dtype
         if x.dtype == target:
             return OpPlan(alias={0: 0})
-        require_device_dtype("Cast", x.dtype, _DEVICE_DTYPES)
-        require_device_dtype("Cast", target, _DEVICE_DTYPES)
+        require_device_dtype(self.op_type, x.dtype, _DEVICE_DTYPES)
+        require_device_dtype(self.op_type, target, _DEVICE_DTYPES)
         expression, helpers = _convert(x.dtype, target)
+        op_type, opset = self.op_type, self.opset
 
         def function(array: np.ndarray) -> np.ndarray:
-            return self.reference([array], attrs, outputs)[0]
+            return cast_array(array, target, op_type, opset)
 
         return elementwise_plan(
-            "Cast",
+            self.op_type,
             [Operand(0, x, int64_pair=x.dtype.itemsize == 8)],
             outputs,
             expression,
@@ -161,3 +176,18 @@ class Cast(Operator):
             helpers=INT64_WGSL if helpers else "",
             pair_output=target.itemsize == 8,
         )
+
+
+@register
+class CastLike(Cast):
+    """CastLike (opset 15): Cast to the dtype of input 1."""
+
+    op_type = "CastLike"
+    since_version = 15
+
+    def target(self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> np.dtype[Any]:
+        like = inputs[1]
+        assert like is not None
+        if like.dtype.kind not in "fiub":
+            raise UnsupportedOpError(f"CastLike (opset {self.opset}): target dtype {like.dtype} is not supported")
+        return like.dtype
