@@ -44,8 +44,8 @@ def arg_extreme(x: np.ndarray, axis: int, *, largest: bool, last: bool) -> np.nd
         if last:
             flipped = np.flip(x, axis=axis)
             found = np.argmax(flipped, axis=axis) if largest else np.argmin(flipped, axis=axis)
-            return (x.shape[axis] - 1 - found).astype(np.int64)
-        return (np.argmax(x, axis=axis) if largest else np.argmin(x, axis=axis)).astype(np.int64)
+            return np.asarray(x.shape[axis] - 1 - found, dtype=np.int64)
+        return np.asarray(np.argmax(x, axis=axis) if largest else np.argmin(x, axis=axis), dtype=np.int64)
     # NaN present: numpy's argmax lets NaN win; onnxruntime's ordered scan never picks a NaN after a number.
     moved = np.moveaxis(x, axis, -1)
     best = moved[..., 0].copy()
