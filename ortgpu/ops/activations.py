@@ -43,7 +43,7 @@ class Elu(FloatUnary):
         alpha = _typed(_attr(attrs, "alpha", 1.0), x)
         return np.where(x >= 0, x, alpha * np.expm1(x))
 
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    def formula(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
         alpha = wgsl_float(_attr(attrs, "alpha", 1.0))
         return f"select({alpha} * expm1_f32(x0), x0, x0 >= 0.0)"
 
@@ -58,7 +58,7 @@ class Selu(FloatUnary):
         gamma = _typed(_attr(attrs, "gamma", _SELU_GAMMA), x)
         return gamma * np.where(x > 0, x, alpha * np.expm1(x))
 
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    def formula(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
         alpha = wgsl_float(_attr(attrs, "alpha", _SELU_ALPHA))
         gamma = wgsl_float(_attr(attrs, "gamma", _SELU_GAMMA))
         return f"{gamma} * select({alpha} * expm1_f32(x0), x0, x0 > 0.0)"
@@ -80,7 +80,7 @@ class Celu(FloatUnary):
         zero = np.zeros((), dtype=x.dtype)
         return np.maximum(zero, x) + np.minimum(zero, alpha * np.expm1(x / alpha))
 
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    def formula(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
         alpha = wgsl_float(_attr(attrs, "alpha", 1.0))
         return f"max(x0, 0.0) + min(0.0, {alpha} * expm1_f32(x0 / {alpha}))"
 
@@ -93,8 +93,8 @@ class Softplus(FloatUnary):
     def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
         return np.maximum(x, np.zeros((), dtype=x.dtype)) + np.log1p(np.exp(-np.abs(x)))
 
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return "select(max(x0, 0.0) + log1p_f32(exp(-abs(x0))), x0, is_nan_f32(x0))"
+    def formula(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+        return "max(x0, 0.0) + log1p_f32(exp(-abs(x0)))"
 
 
 @register
@@ -105,21 +105,22 @@ class Softsign(FloatUnary):
     def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
         return x / (np.ones((), dtype=x.dtype) + np.abs(x))
 
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        # x / (1 + |x|) is NaN at infinities: the sign is the limit.
-        return "select(x0 / (1.0 + abs(x0)), sign(x0), is_finite_f32(x0) == false && !is_nan_f32(x0))"
+    def formula(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+        # x / (1 + |x|) is inf / inf = NaN at infinities in C and numpy alike; said explicitly for WGSL.
+        return "select(nan_f32(x0), x0 / (1.0 + abs(x0)), is_finite_f32(x0))"
 
 
 @register
 class ThresholdedRelu(FloatUnary):
     op_type = "ThresholdedRelu"
     since_version = 10
+    nan_passthrough = False  # NaN > alpha is false: 0
 
     def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
         alpha = _typed(_attr(attrs, "alpha", 1.0), x)
         return np.where(x > alpha, x, np.zeros((), dtype=x.dtype))
 
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    def formula(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
         return f"select(0.0, x0, x0 > {wgsl_float(_attr(attrs, 'alpha', 1.0))})"
 
 
@@ -132,7 +133,7 @@ class Mish(FloatUnary):
         wide = x.astype(np.float64)
         return wide * np.tanh(np.logaddexp(wide, 0.0))
 
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    def formula(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
         # tanh(log(1 + e)) = ((1 + e)^2 - 1) / ((1 + e)^2 + 1) = n / (n + 2), n = e (e + 2); 1 in f32 past 20.
         return "mish_f32(x0)"
 
@@ -163,7 +164,7 @@ class Swish(FloatUnary):
         one = np.ones((), dtype=x.dtype)
         return x * np.where(z >= 0, one / (one + e), e / (one + e))
 
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    def formula(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
         return f"x0 * sigmoid_f32({wgsl_float(_attr(attrs, 'alpha', 1.0))} * x0)"
 
 
@@ -178,6 +179,7 @@ class Shrink(FloatUnary):
     op_type = "Shrink"
     since_version = 9
     device_dtypes = ("float32", "float16", "int8", "uint8", "int16", "uint16")
+    nan_passthrough = False  # NaN fails both comparisons: 0
 
     def reference(self, inputs: Any, attrs: Mapping[str, Any], outputs: Any) -> list[np.ndarray]:
         x = inputs[0]
@@ -187,9 +189,13 @@ class Shrink(FloatUnary):
         lambd = np.float32(_attr(attrs, "lambd", 0.5))
         bias = np.float32(_attr(attrs, "bias", 0.0))
         if x.dtype.kind == "f":
-            typed_lambd, typed_bias = _typed(lambd, x), _typed(bias, x)
+            # float16 compares and adds in float32 and rounds once, as the kernel does.
+            wide = x.astype(np.float32) if x.dtype == np.float16 else x
+            typed_lambd, typed_bias = _typed(lambd, wide), _typed(bias, wide)
             with np.errstate(all="ignore"):
-                result = np.where(x < -typed_lambd, x + typed_bias, np.where(x > typed_lambd, x - typed_bias, 0))
+                result = np.where(
+                    wide < -typed_lambd, wide + typed_bias, np.where(wide > typed_lambd, wide - typed_bias, 0)
+                )
             return [np.asarray(result, dtype=x.dtype)]
         wide = x.astype(np.float64)
         value = np.where(wide < -float(lambd), wide + float(bias), np.where(wide > float(lambd), wide - float(bias), 0))
@@ -205,7 +211,7 @@ fn shrink_f32(v: f32, lambd: f32, bias: f32) -> f32 {
 """
     )
 
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    def formula(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
         lambd = wgsl_float(_attr(attrs, "lambd", 0.5))
         bias = wgsl_float(_attr(attrs, "bias", 0.0))
         if dtype.kind == "f":

@@ -244,8 +244,10 @@ class FloatUnary(UnaryOperator):
     """A unary operator on floating tensors only (device: float32 and float16, computed in f32)."""
 
     helpers = MATH_WGSL
-    #: the WGSL function of ``x0`` (for :meth:`expression`).
+    #: the WGSL function of ``x0`` (for :meth:`formula`).
     function = ""
+    #: NaN inputs give NaN (tested on the bits: drivers need not propagate NaN through max, exp...).
+    nan_passthrough = True
 
     def reference(
         self,
@@ -257,11 +259,22 @@ class FloatUnary(UnaryOperator):
         assert x is not None
         if x.dtype.kind != "f":
             raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}) does not support dtype {x.dtype.name}")
+        self.check_attrs(attrs)
         with np.errstate(all="ignore"):
-            return super().reference(inputs, attrs, outputs)
+            if x.dtype == np.float16:
+                # float16 is computed in float32 and rounded once, as the kernels (and onnxruntime) do.
+                return [np.asarray(self.compute(x.astype(np.float32), attrs), dtype=np.float32).astype(np.float16)]
+            return [np.asarray(self.compute(x, attrs), dtype=x.dtype)]
+
+    def formula(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+        """The WGSL value of ``x0`` (NaN handling added by :meth:`expression`)."""
+        return f"{self.function}(x0)"
 
     def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return f"{self.function}(x0)"
+        formula = self.formula(dtype, attrs)
+        if self.nan_passthrough and dtype.kind == "f":
+            return f"select({formula}, x0, is_nan_f32(x0))"
+        return formula
 
 
 class _Trig(FloatUnary):
