@@ -1,12 +1,15 @@
-"""ReduceMean, ReduceSum, ReduceMax, ReduceMin: ``axes`` as an attribute (ReduceSum before opset 13, the others
-before 18) or as an input (after), ``keepdims``, ``noop_with_empty_axes``.
+"""ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp, ReduceProd,
+ReduceSumSquare: ``axes`` as an attribute (ReduceSum before opset 13, the others before 18) or as an input (after),
+``keepdims``, ``noop_with_empty_axes``.  Reducing an empty axis gives the identity: 0 for the sums (L1, L2,
+SumSquare too), 1 for the product, -inf for LogSum and LogSumExp, -inf/+inf (the integer limits) for max/min.
 
 The device kernel is a row reduction (:func:`plan_row_reduction`, also used by GlobalAveragePool): the kept
 axes enumerate rows, the reduced axes the elements of a row; a power-of-two team of invocations shares a row
 (one invocation for short rows, up to a whole workgroup for long ones) and combines its partial results in
-workgroup memory.  That kernel is float32; integer and bool inputs (ReduceSum/Max/Min, int64 exactly on
-``vec2<u32>`` pairs) and max/min over an empty axis (the identity: -inf/+inf, the integer type's extremes) use
-:func:`plan_serial_reduction`, one invocation per output element looping over its row.
+workgroup memory.  That kernel is float32; integer and bool inputs (ReduceSum/Max/Min/L1/SumSquare/Prod, int64
+exactly on ``vec2<u32>`` pairs), ReduceProd and max/min over an empty axis (the identity: -inf/+inf, the integer
+type's extremes) use :func:`plan_serial_reduction`, one invocation per output element looping over its row.
+ReduceLogSumExp's row kernel takes the row maximum first and sums ``exp(v - max)`` (no overflow).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpP
 from ._registry import register
 from ._tiling import (
     BindingTable,
+    RowLayout,
     require_float32,
     row_kernel_header,
     row_kernel_prologue,
@@ -41,30 +45,61 @@ from ._wgsl import (
     workgroup_size_for,
 )
 
-__all__ = ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "plan_row_reduction", "plan_serial_reduction"]
+__all__ = [
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceProd",
+    "ReduceSumSquare",
+    "plan_row_reduction",
+    "plan_serial_reduction",
+]
 
 #: compute type -> kind -> (WGSL initial value, combine of ``acc`` and ``v``) for the serial kernel.
 _SERIAL: dict[str, dict[str, tuple[str, str]]] = {
     "f32": {
         "max": ("bitcast<f32>(0xff800000u)", "max(acc, v)"),
         "min": ("bitcast<f32>(0x7f800000u)", "min(acc, v)"),
+        "prod": ("1.0", "acc * v"),
     },
     "i32": {
         "sum": ("0", "acc + v"),
         "max": ("i32(-2147483647 - 1)", "max(acc, v)"),
         "min": ("2147483647", "min(acc, v)"),
+        "prod": ("1", "acc * v"),
+        # wrapping i32 arithmetic: the low bits agree with numpy's wrapping int8/16/32 for + and *
+        "l1": ("0", "acc + abs(v)"),
+        "sumsquare": ("0", "acc + v * v"),
     },
-    "u32": {"sum": ("0u", "acc + v"), "max": ("0u", "max(acc, v)"), "min": ("0xffffffffu", "min(acc, v)")},
+    "u32": {
+        "sum": ("0u", "acc + v"),
+        "max": ("0u", "max(acc, v)"),
+        "min": ("0xffffffffu", "min(acc, v)"),
+        "prod": ("1u", "acc * v"),
+        "l1": ("0u", "acc + v"),
+        "sumsquare": ("0u", "acc + v * v"),
+    },
     "bool": {"max": ("false", "acc || v"), "min": ("true", "acc && v")},
     "int64": {
         "sum": ("vec2<u32>(0u, 0u)", "add64(acc, v)"),
         "max": ("vec2<u32>(0u, 0x80000000u)", "select(acc, v, less64s(acc, v))"),
         "min": ("vec2<u32>(0xffffffffu, 0x7fffffffu)", "select(acc, v, less64s(v, acc))"),
+        "prod": ("vec2<u32>(1u, 0u)", "mul64(acc, v)"),
+        "l1": ("vec2<u32>(0u, 0u)", "add64(acc, abs64(v))"),
+        "sumsquare": ("vec2<u32>(0u, 0u)", "add64(acc, mul64(v, v))"),
     },
     "uint64": {
         "sum": ("vec2<u32>(0u, 0u)", "add64(acc, v)"),
         "max": ("vec2<u32>(0u, 0u)", "select(acc, v, less64u(acc, v))"),
         "min": ("vec2<u32>(0xffffffffu, 0xffffffffu)", "select(acc, v, less64u(v, acc))"),
+        "prod": ("vec2<u32>(1u, 0u)", "mul64(acc, v)"),
+        "l1": ("vec2<u32>(0u, 0u)", "add64(acc, v)"),
+        "sumsquare": ("vec2<u32>(0u, 0u)", "add64(acc, mul64(v, v))"),
     },
 }
 _COMPUTE = {
@@ -144,7 +179,14 @@ _KERNELS = {
     "mean": ("0.0", "acc + v", "wg_sum"),
     "max": ("-3.402823466e+38f", "max(acc, v)", "wg_max"),
     "min": ("3.402823466e+38f", "min(acc, v)", "wg_min"),
+    "l1": ("0.0", "acc + abs(v)", "wg_sum"),
+    "l2": ("0.0", "acc + v * v", "wg_sum"),
+    "sumsquare": ("0.0", "acc + v * v", "wg_sum"),
+    "logsum": ("0.0", "acc + v", "wg_sum"),
 }
+
+#: WGSL -inf (a run-time bit pattern: WGSL refuses infinite constant expressions written as literals)
+_NEG_INF = "bitcast<f32>(0xff800000u)"
 
 
 def plan_row_reduction(
@@ -163,6 +205,8 @@ def plan_row_reduction(
         return OpPlan()
     if layout.length == 0 and kind in ("max", "min"):
         raise NotOnDevice(f"{op_type}: reducing an empty axis stays on the CPU")
+    if kind == "logsumexp":
+        return _plan_log_sum_exp(op_type, layout, outputs, inputs, caps, compute)
     threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, op_type, loops=1)
     initial, combine, team_combine = _KERNELS[kind]
     table = BindingTable()
@@ -172,6 +216,11 @@ def plan_row_reduction(
     if kind == "mean":
         # The mean over an empty axis is 0 in onnxruntime (its sum, with no division), not NaN.
         finish = f"total / {wgsl_f32(layout.length)}" if layout.length else "total"
+    elif kind == "l2":
+        finish = "sqrt(total)"
+    elif kind == "logsum":
+        # log(0) spelled out: -inf (an empty row, or values summing to zero)
+        finish = f"select(log(total), {_NEG_INF}, total == 0.0)"
     wgsl = f"""{table.declarations()}
 {helpers}
 {row_kernel_prologue(grid, rows_per_group)}
@@ -185,6 +234,44 @@ def plan_row_reduction(
     let total = {team_combine}(acc, t, slot);
     if (valid && t == 0u) {{
         {output}[row] = {finish};
+    }}
+}}
+"""
+    return single_kernel_plan(op_type, wgsl, grid, table, compute, inputs, outputs, caps)
+
+
+def _plan_log_sum_exp(
+    op_type: str,
+    layout: RowLayout,
+    outputs: Sequence[TensorInfo],
+    inputs: Sequence[TensorInfo | None],
+    caps: DeviceCaps,
+    compute: Callable[[list[np.ndarray | None]], Sequence[np.ndarray]],
+) -> OpPlan:
+    """log(sum(exp(v))) per row as ``m + log(sum(exp(v - m)))`` with ``m`` the row maximum; an infinite maximum
+    (or a NaN) is the result itself, an empty row gives -inf."""
+    threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, op_type, loops=2)
+    table = BindingTable()
+    x_name = table.add(Binding("input", 0))
+    output = table.add(Binding("output", 0), writable=True)
+    wgsl = f"""{table.declarations()}
+{helpers}
+{row_kernel_prologue(grid, rows_per_group)}
+    var m = {_NEG_INF};
+    if (valid) {{
+        for (var r = t; r < LENGTH; r = r + T) {{ m = max(m, {x_name}[base + row_offset(r)]); }}
+    }}
+    let row_max = wg_max(m, t, slot);
+    // not finite (+-inf, NaN): exp(v - row_max) would be NaN; the maximum is the answer
+    let finite = (bitcast<u32>(row_max) & 0x7fffffffu) < 0x7f800000u;
+    let shift = select(0.0, row_max, finite);
+    var s = 0.0;
+    if (valid) {{
+        for (var r = t; r < LENGTH; r = r + T) {{ s = s + exp({x_name}[base + row_offset(r)] - shift); }}
+    }}
+    let total = wg_sum(s, t, slot);
+    if (valid && t == 0u) {{
+        {output}[row] = select(row_max, row_max + log(total), finite);
     }}
 }}
 """
@@ -238,9 +325,11 @@ class _Reduce(Operator):
         elif self.kind == "max":
             initial = _extreme(x.dtype, low=True)
             y = np.max(x, axis=axes, keepdims=keepdims, initial=initial)
-        else:
+        elif self.kind == "min":
             initial = _extreme(x.dtype, low=False)
             y = np.min(x, axis=axes, keepdims=keepdims, initial=initial)
+        else:
+            y = _other_reduction(self.kind, x, axes, keepdims)
         return [np.asarray(y, dtype=x.dtype)]
 
     def plan(
@@ -266,10 +355,39 @@ class _Reduce(Operator):
             return self.reference([full[0], axes_input] + list(full[2:]), attrs, outputs)
 
         empty = row_layout(x.shape, axes).length == 0
-        if x.dtype.kind in "iub" or (empty and self.kind in ("max", "min")):
+        if x.dtype.kind in "iub" or (empty and self.kind in ("max", "min")) or self.kind == "prod":
             return plan_serial_reduction(self.op_type, self.kind, x, axes, outputs, inputs[:1], caps, compute)
         require_float32(self.op_type, [x] + list(outputs))
         return plan_row_reduction(self.op_type, self.kind, x, axes, outputs, inputs[:1], caps, compute)
+
+
+def _other_reduction(kind: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """ReduceL1/L2/LogSum/LogSumExp/Prod/SumSquare in numpy: integers in their own (wrapping) dtype, floats in
+    float64 (the caller casts back)."""
+    if x.dtype.kind == "b":
+        raise UnsupportedOpError(f"Reduce ({kind}): bool inputs are not allowed")
+    wide = x.astype(np.float64) if x.dtype.kind == "f" else x
+    integer = x.dtype.kind in "iu"
+    if kind == "prod":
+        return np.asarray(np.prod(wide, axis=axes, keepdims=keepdims, dtype=wide.dtype))
+    if kind == "l1":
+        return np.asarray(np.sum(np.abs(wide), axis=axes, keepdims=keepdims, dtype=wide.dtype))
+    if kind == "sumsquare":
+        return np.asarray(np.sum(wide * wide, axis=axes, keepdims=keepdims, dtype=wide.dtype))
+    if kind == "l2":
+        squares = np.sum(wide * wide, axis=axes, keepdims=keepdims, dtype=wide.dtype)
+        return np.asarray(np.sqrt(squares.astype(np.float64)))
+    if integer:
+        raise UnsupportedOpError(f"Reduce ({kind}): integer inputs are not implemented; cast to float first")
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if kind == "logsum":
+            return np.asarray(np.log(np.sum(wide, axis=axes, keepdims=keepdims)))
+        # logsumexp: shift by the (finite) row maximum so exp cannot overflow
+        peak = np.max(wide, axis=axes, keepdims=True, initial=-np.inf)
+        shift = np.where(np.isfinite(peak), peak, 0.0)
+        total = np.log(np.sum(np.exp(wide - shift), axis=axes, keepdims=True)) + shift
+        total = np.where(np.isfinite(peak), total, peak)
+        return np.asarray(total if keepdims else np.squeeze(total, axis=axes))
 
 
 def _extreme(dtype: np.dtype[Any], *, low: bool) -> Any:
@@ -313,3 +431,51 @@ class ReduceMin(_Reduce):
 
     op_type = "ReduceMin"
     kind = "min"
+
+
+@register
+class ReduceL1(_Reduce):
+    """ReduceL1-1/11/13/18 (axes input from 18): sum of absolute values."""
+
+    op_type = "ReduceL1"
+    kind = "l1"
+
+
+@register
+class ReduceL2(_Reduce):
+    """ReduceL2-1/11/13/18 (axes input from 18): square root of the sum of squares."""
+
+    op_type = "ReduceL2"
+    kind = "l2"
+
+
+@register
+class ReduceLogSum(_Reduce):
+    """ReduceLogSum-1/11/13/18 (axes input from 18): log of the sum."""
+
+    op_type = "ReduceLogSum"
+    kind = "logsum"
+
+
+@register
+class ReduceLogSumExp(_Reduce):
+    """ReduceLogSumExp-1/11/13/18 (axes input from 18): log of the sum of exponentials."""
+
+    op_type = "ReduceLogSumExp"
+    kind = "logsumexp"
+
+
+@register
+class ReduceProd(_Reduce):
+    """ReduceProd-1/11/13/18 (axes input from 18): product (1 over an empty axis)."""
+
+    op_type = "ReduceProd"
+    kind = "prod"
+
+
+@register
+class ReduceSumSquare(_Reduce):
+    """ReduceSumSquare-1/11/13/18 (axes input from 18): sum of squares."""
+
+    op_type = "ReduceSumSquare"
+    kind = "sumsquare"
