@@ -23,6 +23,7 @@ import functools
 import threading
 import warnings
 import weakref
+from collections import OrderedDict
 from typing import Any, Callable, Generic, Hashable, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
@@ -81,6 +82,10 @@ _BufferMap = Mapping[str, BufferRef]
 _Buffer = TypeVar("_Buffer", bound=BufferRef)  # what a program's allocate() returns and free() takes
 
 
+#: Pipelines a device's cache keeps when no plan uses them any more (see :class:`PipelineCache`).
+DEFAULT_MAX_IDLE_PIPELINES = 256
+
+
 class PipelineCache:
     """Compute pipelines of one device, keyed by WGSL text; shared by sessions.
 
@@ -88,15 +93,20 @@ class PipelineCache:
     holds its device weakly, so a registry keyed by the device (:mod:`ortgpu._device_caches`) does not keep
     the device, or itself, alive.
 
-    On devices that run numpy twins (the fake backend), a pipeline is specific to its twin, which is specific to
-    one node of one plan: the key is the WGSL text and the twin, and the entry (and its pipeline) goes when the
-    last :class:`KernelSpec` that asked for it is garbage, i.e. when no plan uses it any more (the pipeline
-    itself holds the twin, so the kernel, not the twin, is what tells).  Otherwise every session would add
-    pipelines that no later session can hit.  The pipeline is released at once when the cache's lock is free,
-    else at the next :meth:`get`, :meth:`collect` or :meth:`release`.
+    Each entry knows the :class:`KernelSpec` objects that asked for it (weakly).  When the last one is garbage, no
+    plan uses the pipeline any more (plans hold their kernels; programs and captured graphs hold their plans):
+
+    * on devices that run numpy twins (the fake backend), a pipeline is specific to its twin, which is specific to
+      one node of one plan (the key is the WGSL text and the twin), so no later plan can hit it: it is released;
+    * elsewhere the entry turns *idle*: kept for later sessions of the same model, up to ``max_idle`` idle
+      entries, the least recently used released past that.  WGSL carries the shapes, so a session fed a new shape
+      on every call would otherwise add pipelines without bound.
+
+    A pipeline is released at once when the cache's lock is free, else at the next :meth:`get`, :meth:`collect`
+    or :meth:`release`.
     """
 
-    def __init__(self, device: BackendDevice) -> None:
+    def __init__(self, device: BackendDevice, max_idle: int = DEFAULT_MAX_IDLE_PIPELINES) -> None:
         self._device = weakref.ref(device)
         self._twins_key = device.runs_numpy_twins
         self._pipelines: dict[Hashable, int] = {}
@@ -105,6 +115,9 @@ class PipelineCache:
         # the key: a pipeline holds its twin, so the id is not reused while the entry lives.
         self._users: dict[Hashable, dict[int, weakref.ref[Any]]] = {}
         self._dead: list[tuple[Hashable, int]] = []
+        # Entries no live kernel uses (not on twin devices), least recently used first.
+        self._idle: OrderedDict[Hashable, None] = OrderedDict()
+        self.max_idle = max_idle
         self._released = False
         self.hits = 0
         self.misses = 0
@@ -129,24 +142,29 @@ class PipelineCache:
             pipeline = self._pipelines.get(key)
             if pipeline is not None:
                 self.hits += 1
+                self._idle.pop(key, None)
             else:
                 self.misses += 1
                 pipeline = self.device.create_compute_pipeline(kernel.wgsl, twin=kernel.twin, label=kernel.name)
                 self._pipelines[key] = pipeline
-            if self._twins_key:
-                users = self._users.setdefault(key, {})
-                known = users.get(id(kernel))
-                if known is None or known() is not kernel:
-                    users[id(kernel)] = weakref.ref(
-                        kernel, functools.partial(_kernel_died, weakref.ref(self), key, id(kernel))
-                    )
+            users = self._users.setdefault(key, {})
+            known = users.get(id(kernel))
+            if known is None or known() is not kernel:
+                users[id(kernel)] = weakref.ref(
+                    kernel, functools.partial(_kernel_died, weakref.ref(self), key, id(kernel))
+                )
             return pipeline
+
+    @property
+    def idle(self) -> int:
+        """Entries no live kernel uses, kept for reuse (at most ``max_idle``)."""
+        return len(self._idle)
 
     def __len__(self) -> int:
         return len(self._pipelines)
 
     def collect(self) -> None:
-        """Release the pipelines no live kernel uses (twin-keyed caches; see the class)."""
+        """Handle the kernels that died: release or idle their pipelines (see the class)."""
         with self._lock:
             self._release_dead()
 
@@ -163,6 +181,11 @@ class PipelineCache:
             if users:
                 continue
             del self._users[key]
+            if not self._twins_key:
+                self._idle[key] = None
+                if len(self._idle) <= self.max_idle:
+                    continue
+                key, _ = self._idle.popitem(last=False)
             pipeline = self._pipelines.pop(key, None)
             device = self._device()
             if pipeline is not None and device is not None and not getattr(device, "destroyed", False):
@@ -174,6 +197,7 @@ class PipelineCache:
             pipelines, self._pipelines = self._pipelines, {}
             self._users = {}
             self._dead = []
+            self._idle.clear()
             self._released = True
         device = self._device()
         if device is None or getattr(device, "destroyed", False):
@@ -187,11 +211,12 @@ class PipelineCache:
             self._pipelines = {}
             self._users = {}
             self._dead = []
+            self._idle.clear()
             self._released = True
 
 
 def _kernel_died(cache_ref: "weakref.ref[PipelineCache]", key: Hashable, kernel_id: int, _ref: object) -> None:
-    """A kernel that used a twin-keyed entry is garbage: queue it, and release the entry's pipeline now if that
+    """A kernel that used an entry is garbage: queue it, and release (or idle) the entry's pipeline now if that
     was its last kernel and the cache is free.
 
     Called by the garbage collector or when the last reference goes, maybe while this thread holds the cache's

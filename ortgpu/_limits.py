@@ -42,6 +42,9 @@ __all__ = [
     "ALWAYS_FOLD_BYTES",
     "MAX_FOLD_BYTES_ENV",
     "MAX_NODES_ENV",
+    "DEFAULT_MAX_CACHED_PLANS",
+    "MAX_CACHED_PLANS_ENV",
+    "max_cached_plans",
     "LoadLimits",
     "FoldBudget",
     "check_node_count",
@@ -63,6 +66,20 @@ ALWAYS_FOLD_BYTES = 1024
 
 MAX_FOLD_BYTES_ENV = "ORTGPU_MAX_FOLD_BYTES"
 MAX_NODES_ENV = "ORTGPU_MAX_NODES"
+
+#: Plans a session keeps (one per input signature: shapes, and the values of inputs that decide shapes), with
+#: their programs and staging buffers; the least recently used is dropped past it, so a session fed a new shape on
+#: every call holds bounded memory.  ``ORTGPU_MAX_CACHED_PLANS`` (read when a session is created) overrides it.
+DEFAULT_MAX_CACHED_PLANS = 16
+MAX_CACHED_PLANS_ENV = "ORTGPU_MAX_CACHED_PLANS"
+
+
+def max_cached_plans() -> int:
+    """:data:`DEFAULT_MAX_CACHED_PLANS`, or the positive integer in ``ORTGPU_MAX_CACHED_PLANS``."""
+    value = _from_env(MAX_CACHED_PLANS_ENV, DEFAULT_MAX_CACHED_PLANS)
+    if value < 1:
+        raise InvalidArgumentError(f"environment variable {MAX_CACHED_PLANS_ENV} must be at least 1; got {value}")
+    return value
 
 
 def element_count(shape: Iterable[Any]) -> int:

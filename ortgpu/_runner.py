@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
 
@@ -43,6 +44,7 @@ from ortgpu_core.backends.protocol import BackendDevice
 from ._capture import AnyBinding, AnyValue, GraphRegistry, verify_replay
 from ._device_caches import _pipeline_cache, _serial_lock
 from ._executor import DeviceProgram, WeightStore, device_caps
+from ._limits import max_cached_plans
 from ._model import LoadedModel, ValueInfo
 from ._planner import ExecutionPlan, plan_model
 
@@ -92,9 +94,13 @@ class SessionRunner:
         self.weights = WeightStore(self.backend_device)
         self.pipelines = _pipeline_cache(self.backend_device)
         self.lock = threading.RLock()  # guards the caches below and serializes this session's runs
-        self.plans: dict[tuple[Any, ...], ExecutionPlan] = {}
+        # Plans by input signature, least recently used first; at most max_plans, each dropped with its staged run
+        # and program (captured graphs own their programs: they never depend on these caches).
+        self.plans: OrderedDict[tuple[Any, ...], ExecutionPlan] = OrderedDict()
+        self.max_plans = max_cached_plans()
         self.staged: dict[tuple[Any, ...], _StagedRun] = {}
-        self.programs: dict[int, DeviceProgram[DeviceBuffer]] = {}  # by id() of a plan in self.plans (kept alive there)
+        # By id() of a plan, with the plan itself: an id is only trusted for the object it was taken from.
+        self.programs: dict[int, tuple[ExecutionPlan, DeviceProgram[DeviceBuffer]]] = {}
         self.graphs = GraphRegistry()  # captured graphs by id, and the capture lock (see _capture)
         self.input_infos = {info.name: info for info in model.inputs}
         self.output_infos = {info.name: info for info in model.outputs}
@@ -137,7 +143,9 @@ class SessionRunner:
             # Closing always completes: graph release never raises, and native frees on a closed or lost device
             # are skipped (the device freed everything it had).
             self.graphs.release_all()
-            for program in [staged.program for staged in self.staged.values()] + list(self.programs.values()):
+            for program in [staged.program for staged in self.staged.values()] + [
+                program for _, program in self.programs.values()
+            ]:
                 _free_native(program.release)
             self.staged.clear()
             self.programs.clear()
@@ -259,7 +267,9 @@ class SessionRunner:
         key = self.plan_key(shapes, values)
         with self.lock:
             plan = self.plans.get(key)
-            if plan is None:
+            if plan is not None:
+                self.plans.move_to_end(key)
+            else:
                 plan = plan_model(
                     self.model,
                     shapes,
@@ -270,7 +280,21 @@ class SessionRunner:
                     fuse=self.fuse,
                 )
                 self.plans[key] = plan
+                while len(self.plans) > self.max_plans:
+                    self._drop_plan(*self.plans.popitem(last=False))
             return plan
+
+    def _drop_plan(self, key: tuple[Any, ...], plan: ExecutionPlan) -> None:
+        """Free what the caches hold for an evicted plan (under the lock: no run of this session is using it)."""
+        staged = self.staged.pop(key, None)
+        if staged is not None:
+            _free_native(staged.program.release)
+            for buffer in list(staged.inputs.values()) + list(staged.outputs.values()):
+                buffer.release("staging buffer of an evicted plan")
+        entry = self.programs.get(id(plan))
+        if entry is not None and entry[0] is plan:
+            del self.programs[id(plan)]
+            _free_native(entry[1].release)
 
     def values_deciding_shapes(
         self, values: Mapping[str, AnyValue], cpu_inputs: Mapping[str, np.ndarray]
@@ -311,7 +335,9 @@ class SessionRunner:
     ) -> _StagedRun:
         key = self.plan_key(shapes, values)
         staged = self.staged.get(key)
-        if staged is None:
+        if staged is not None:
+            self.plans.move_to_end(key)  # a staged run's plan is cached: they are dropped together
+        else:
             plan = self.plan_for(shapes, dtypes, values)
             program = self.new_program(plan)
             try:
@@ -323,12 +349,18 @@ class SessionRunner:
             staged = self.staged[key] = _StagedRun(plan, program, inputs, outputs)
         return staged
 
-    def program_for(self, plan: ExecutionPlan) -> DeviceProgram[DeviceBuffer]:
-        """The program for ordinary runs over bound values, one per plan."""
-        program = self.programs.get(id(plan))
-        if program is None:
-            program = self.programs[id(plan)] = self.new_program(plan)
-        return program
+    def program_for(self, plan: ExecutionPlan) -> tuple[DeviceProgram[DeviceBuffer], bool]:
+        """The program for ordinary runs over bound values, one per cached plan, and whether it is cached; a plan
+        dropped from the cache since the caller got it (another thread's new shapes) gets a program for this run
+        only, which the caller releases."""
+        entry = self.programs.get(id(plan))
+        if entry is not None and entry[0] is plan:
+            return entry[1], True
+        program = self.new_program(plan)
+        if not any(cached is plan for cached in self.plans.values()):
+            return program, False
+        self.programs[id(plan)] = (plan, program)
+        return program, True
 
     def run_bound(
         self,
@@ -338,7 +370,7 @@ class SessionRunner:
         outputs: dict[str, AnyValue],
     ) -> None:
         """An ordinary run over bound values (host values go through staging buffers)."""
-        program = self.program_for(plan)
+        program, cached = self.program_for(plan)
         staged: list[DeviceBuffer] = []
         try:
             input_buffers: dict[str, DeviceBuffer] = {}
@@ -370,7 +402,9 @@ class SessionRunner:
                 info = plan.output_infos[name]
                 target.update_inplace(buffer.read(info.shape, info.dtype))
         finally:
-            if staged:
+            if not cached:
+                _free_native(program.release)
+            elif staged:
                 # Bind groups built for transient buffers must not outlive them.
                 program.forget_buffers(staged)
                 for buffer in staged:

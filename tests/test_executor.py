@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -630,3 +631,35 @@ def test_a_reused_native_address_never_picks_up_a_stale_bind_group(device: Any) 
         cache.release()
         for buffer in outputs.values():
             device.destroy_buffer(buffer.handle)
+
+
+def test_pipelines_no_plan_uses_are_bounded(device: Any) -> None:
+    """Plans for ever new shapes (WGSL carries shapes) leave at most ``max_idle`` unused pipelines behind on
+    devices that compile WGSL; twin devices release them at once.  A pipeline still used by a live plan is never
+    released, and an idle one is reused."""
+    model = load_model(models.mlp(layers=2, width=16))
+    cache = PipelineCache(device, max_idle=2)
+    try:
+        kept = plan_model(model, {"X": (1, 16)}, device_caps(device))
+        kept_pipelines = {cache.get(kernel) for kernel in _kernels(kept)}
+        for batch in range(2, 9):
+            plan = plan_model(model, {"X": (batch, 16)}, device_caps(device))
+            for kernel in _kernels(plan):
+                cache.get(kernel)
+            del plan, kernel
+            gc.collect()
+            cache.collect()
+        twins = device.runs_numpy_twins
+        assert cache.idle == (0 if twins else 2)
+        assert len(cache) == len(kept_pipelines) + cache.idle
+        again = plan_model(model, {"X": (1, 16)}, device_caps(device))
+        hits = cache.hits
+        assert {cache.get(kernel) for kernel in _kernels(again)} == kept_pipelines or twins
+        assert twins or cache.hits == hits + len(kept_pipelines)
+        del kept
+    finally:
+        cache.release()
+
+
+def _kernels(plan: Any) -> list[Any]:
+    return [kernel for step in plan.steps if step.op_plan is not None for kernel in step.op_plan.kernels]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from conftest import owned_handles
 from onnx import TensorProto, helper, numpy_helper
 
 import ortgpu
@@ -181,3 +184,68 @@ def test_closed_session(env: ortgpu.Env) -> None:
         sess.run(None, {"X": np.ones((1, 8), np.float32)})
     with pytest.raises(ortgpu.ReleasedValueError, match=f"session {sess.session_id}"):
         value.to_numpy()
+
+
+def _batch_mlp() -> onnx.ModelProto:
+    """MatMul + bias + Relu over a symbolic batch: every new batch size is a new plan."""
+    rng = np.random.default_rng(3)
+    weight = numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "B")
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["H"]),
+        helper.make_node("Add", ["H", "B"], ["A"]),
+        helper.make_node("Relu", ["A"], ["Y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "batch_mlp",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[weight, bias],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_plan_cache_is_bounded_when_every_call_has_a_new_shape(
+    env: ortgpu.Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ORTGPU_MAX_CACHED_PLANS bounds the plans (and their programs and buffers) a session keeps: new shapes on
+    every call hold the native objects flat; an evicted shape plans again and is still right; a captured graph
+    outlives its plan's eviction."""
+    monkeypatch.setenv("ORTGPU_MAX_CACHED_PLANS", "3")
+    model = _batch_mlp()
+    reference = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    with ortgpu.InferenceSession(model.SerializeToString(), env=env, graph_capture=True) as sess:
+        runner = sess._runner
+        x_value = sess.allocator.from_numpy(rng.standard_normal((2, 8)).astype(np.float32))
+        y_value = sess.allocator.empty((2, 4), "float32")
+        binding = sess.io_binding()
+        binding.bind_input("X", x_value)
+        binding.bind_output("Y", y_value)
+        graph = sess.capture(binding, graph_id=0)
+        handles = []
+        for batch in range(3, 15):
+            x = rng.standard_normal((batch, 8)).astype(np.float32)
+            (y,) = sess.run(None, {"X": x})
+            np.testing.assert_allclose(y, reference.run(None, {"X": x})[0], rtol=1e-5, atol=1e-6)
+            (value,) = sess.run_with_ort_values(None, {"X": ortgpu.OrtValue.ortvalue_from_numpy(x)})
+            np.testing.assert_allclose(value.to_numpy(), y, rtol=1e-6)
+            value.release()
+            assert len(runner.plans) <= 3 and len(runner.staged) <= 3 and len(runner.programs) <= 3
+            gc.collect()
+            handles.append(owned_handles(env))
+        assert handles[-1] == handles[3], f"native objects grew with new shapes: {handles}"
+        x = rng.standard_normal((2, 8)).astype(np.float32)
+        x_value.update_inplace(x)
+        graph.replay()  # its batch-2 plan was evicted long ago; the graph owns its program
+        np.testing.assert_allclose(y_value.to_numpy(), reference.run(None, {"X": x})[0], rtol=1e-5, atol=1e-6)
+        (y,) = sess.run(None, {"X": x})  # and the evicted shape plans again
+        np.testing.assert_allclose(y, reference.run(None, {"X": x})[0], rtol=1e-5, atol=1e-6)
+        graph.release()
+
+
+def test_max_cached_plans_must_be_positive(env: ortgpu.Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORTGPU_MAX_CACHED_PLANS", "0")
+    with pytest.raises(ortgpu.InvalidArgumentError, match="ORTGPU_MAX_CACHED_PLANS"):
+        ortgpu.InferenceSession(_batch_mlp().SerializeToString(), env=env)
