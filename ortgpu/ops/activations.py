@@ -186,8 +186,8 @@ class Shrink(FloatUnary):
         assert x is not None
         if x.dtype.kind not in "fiu":
             raise UnsupportedOpError(f"Shrink (opset {self.opset}) does not support dtype {x.dtype.name}")
-        lambd = np.float32(_attr(attrs, "lambd", 0.5))
-        bias = np.float32(_attr(attrs, "bias", 0.0))
+        lambd = float(np.float32(_attr(attrs, "lambd", 0.5)))
+        bias = float(np.float32(_attr(attrs, "bias", 0.0)))
         if x.dtype.kind == "f":
             # float16 compares and adds in float32 and rounds once, as the kernel does.
             wide = x.astype(np.float32) if x.dtype == np.float16 else x

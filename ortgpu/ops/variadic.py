@@ -208,7 +208,7 @@ class Mean(VariadicOperator):
 
     def combine(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
         total = _float_sum(arrays)
-        return total / np.asarray(len(arrays), dtype=total.dtype)
+        return np.asarray(total / np.asarray(len(arrays), dtype=total.dtype))
 
     def expression(self, dtype: np.dtype[Any], count: int) -> tuple[str, str]:
         total = " + ".join(f"x{slot}" for slot in range(count))
