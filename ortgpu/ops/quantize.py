@@ -1,0 +1,224 @@
+"""QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear (CPU references).
+
+Quantization granularity follows the scale's shape: a scalar (or one value) is
+per tensor; a 1-D scale of the axis's length is per axis (opset 13); with
+``block_size`` (opset 21) the scale has the input's rank and each of its
+entries covers ``block_size`` consecutive entries along ``axis``.
+
+``QuantizeLinear``: ``y = saturate(round_half_even(x / scale) + zero_point)``,
+the division in the scale's dtype (or ``precision``'s, opset 23).  NaN
+quantizes to the type's lowest value and infinities saturate, as onnxruntime
+does.  Output types uint8, int8, uint16 and int16; float8/4-bit/2-bit types are
+refused (numpy cannot hold them).
+
+``DequantizeLinear``: ``y = (x - zero_point) * scale``: the difference is exact,
+the product is computed in float32 and rounded once to the output dtype (the
+scale's, or ``output_dtype``).  Inputs uint8/int8/uint16/int16/int32 (int32 has
+no zero point).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx.helper
+
+from ortgpu_core._errors import ShapeError, UnsupportedOpError
+
+from ._kernel import Operator, TensorInfo
+from ._registry import register
+
+__all__ = ["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "saturate_round", "expand_parameter"]
+
+#: Quantized types numpy holds, by ONNX element type.
+_QUANTIZED = {
+    onnx.TensorProto.UINT8: np.dtype(np.uint8),
+    onnx.TensorProto.INT8: np.dtype(np.int8),
+    onnx.TensorProto.UINT16: np.dtype(np.uint16),
+    onnx.TensorProto.INT16: np.dtype(np.int16),
+}
+
+
+def _element_type_name(element_type: int) -> str:
+    try:
+        return str(onnx.TensorProto.DataType.Name(element_type))
+    except ValueError:
+        return str(element_type)
+
+
+def saturate_round(values: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    """``values`` (float, already divided by the scale and offset by the zero point) rounded half to even and
+    saturated to integer ``dtype``; NaN gives the lowest value (onnxruntime's result)."""
+    info = np.iinfo(dtype)
+    rounded = np.rint(values.astype(np.float64))
+    rounded = np.where(np.isnan(rounded), info.min, rounded)
+    return np.clip(rounded, info.min, info.max).astype(dtype)
+
+
+def expand_parameter(
+    op_type: str, value: np.ndarray, shape: tuple[int, ...], axis: int, block_size: int, opset: int
+) -> np.ndarray:
+    """A scale or zero point broadcast to ``shape`` by the granularity its own shape says."""
+    rank = len(shape)
+    if block_size > 0:
+        if value.ndim != rank:
+            raise ShapeError(f"{op_type}: a blocked scale must have the input's rank {rank}, got {value.shape}")
+        if not -rank <= axis < rank:
+            raise UnsupportedOpError(f"{op_type}: axis {axis} is out of range for rank {rank}")
+        axis = axis + rank if axis < 0 else axis
+        blocks = value.shape[axis]
+        for d in range(rank):
+            if d != axis and value.shape[d] != shape[d]:
+                raise ShapeError(f"{op_type}: blocked scale {value.shape} does not match the input {shape} off axis")
+        if blocks * block_size < shape[axis] or (blocks - 1) * block_size >= max(shape[axis], 1):
+            raise ShapeError(
+                f"{op_type}: {blocks} blocks of {block_size} do not cover axis {axis} of length {shape[axis]}"
+            )
+        repeated = np.repeat(value, block_size, axis=axis)
+        return np.array(repeated[tuple(slice(0, n) for n in shape)])
+    if value.size == 1 and value.ndim <= 1:
+        return value.reshape(())
+    if opset < 13:
+        raise ShapeError(f"{op_type} (opset {opset}): the scale must be a scalar, got shape {value.shape}")
+    if value.ndim != 1:
+        raise ShapeError(f"{op_type}: a per-axis scale must be 1-D, got shape {value.shape} (block_size not set)")
+    if not -rank <= axis < rank:
+        raise UnsupportedOpError(f"{op_type}: axis {axis} is out of range for rank {rank}")
+    axis = axis + rank if axis < 0 else axis
+    if value.shape[0] != shape[axis]:
+        raise ShapeError(f"{op_type}: a scale of {value.shape[0]} values for axis {axis} of length {shape[axis]}")
+    return value.reshape((1,) * axis + (-1,) + (1,) * (rank - axis - 1))
+
+
+def _float_dtype(op_type: str, element_type: int, what: str) -> np.dtype[Any]:
+    if element_type == onnx.TensorProto.FLOAT:
+        return np.dtype(np.float32)
+    if element_type == onnx.TensorProto.FLOAT16:
+        return np.dtype(np.float16)
+    raise UnsupportedOpError(
+        f"{op_type}: {what} {_element_type_name(element_type)} is not supported (float32 or float16)"
+    )
+
+
+def _check_parameters(op_type: str, scale: np.ndarray, zero_point: np.ndarray | None) -> None:
+    if scale.dtype not in (np.float32, np.float16):
+        raise UnsupportedOpError(f"{op_type}: scales of dtype {scale.dtype} are not supported (float32 or float16)")
+    if zero_point is not None and zero_point.shape != scale.shape:
+        if not (zero_point.size == 1 and scale.size == 1):
+            raise ShapeError(f"{op_type}: zero point shape {zero_point.shape} differs from the scale's {scale.shape}")
+
+
+@register
+class QuantizeLinear(Operator):
+    op_type = "QuantizeLinear"
+    since_version = 10
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        x, scale = inputs[0], inputs[1]
+        assert x is not None and scale is not None
+        zero_point = inputs[2] if len(inputs) > 2 else None
+        _check_parameters(self.op_type, scale, zero_point)
+        if x.dtype not in (np.float32, np.float16, np.int32):
+            raise UnsupportedOpError(f"QuantizeLinear: inputs of dtype {x.dtype} are not supported")
+        dtype = np.dtype(np.uint8) if zero_point is None else zero_point.dtype
+        output_dtype = int(attrs.get("output_dtype", 0))
+        if output_dtype:
+            if output_dtype not in _QUANTIZED:
+                raise UnsupportedOpError(
+                    f"QuantizeLinear: output_dtype {_element_type_name(output_dtype)} is not supported "
+                    "(uint8, int8, uint16 or int16)"
+                )
+            if zero_point is not None and _QUANTIZED[output_dtype] != dtype:
+                raise ShapeError("QuantizeLinear: output_dtype differs from the zero point's type")
+            dtype = _QUANTIZED[output_dtype]
+        if dtype not in _QUANTIZED.values():
+            raise UnsupportedOpError(f"QuantizeLinear: quantizing to {dtype} is not supported")
+        precision = scale.dtype if self.opset < 23 or not attrs.get("precision") else None
+        if precision is None:
+            precision = _float_dtype(self.op_type, int(attrs["precision"]), "precision")
+        axis, block_size = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
+        full_scale = expand_parameter(self.op_type, scale, x.shape, axis, block_size, self.opset).astype(precision)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            quotient = (x.astype(precision) / full_scale).astype(precision)
+        offset = (
+            0.0
+            if zero_point is None
+            else expand_parameter(self.op_type, zero_point, x.shape, axis, block_size, self.opset).astype(np.float64)
+        )
+        # Round the quotient first, then add the zero point (exact in float64), then saturate.
+        return [saturate_round(np.rint(quotient.astype(np.float64)) + offset, dtype)]
+
+
+@register
+class DequantizeLinear(Operator):
+    op_type = "DequantizeLinear"
+    since_version = 10
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        x, scale = inputs[0], inputs[1]
+        assert x is not None and scale is not None
+        zero_point = inputs[2] if len(inputs) > 2 else None
+        _check_parameters(self.op_type, scale, zero_point)
+        if x.dtype not in (np.uint8, np.int8, np.uint16, np.int16, np.int32):
+            raise UnsupportedOpError(
+                f"DequantizeLinear: inputs of dtype {x.dtype} are not supported (uint8, int8, uint16, int16, int32)"
+            )
+        if zero_point is not None and zero_point.dtype != x.dtype:
+            raise ShapeError(f"DequantizeLinear: zero point {zero_point.dtype} differs from the input's {x.dtype}")
+        output_dtype = int(attrs.get("output_dtype", 0))
+        dtype = scale.dtype if not output_dtype else _float_dtype(self.op_type, output_dtype, "output_dtype")
+        axis, block_size = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
+        if x.dtype == np.int32 and zero_point is not None and np.any(zero_point != 0):
+            raise UnsupportedOpError("DequantizeLinear: int32 inputs have no zero point (it must be 0)")
+        difference = x.astype(np.int64)
+        if zero_point is not None:
+            difference = difference - expand_parameter(
+                self.op_type, zero_point, x.shape, axis, block_size, self.opset
+            ).astype(np.int64)
+        full_scale = expand_parameter(self.op_type, scale, x.shape, axis, block_size, self.opset)
+        product = difference.astype(np.float32) * full_scale.astype(np.float32)
+        return [np.array(product.astype(dtype), order="C")]
+
+
+@register
+class DynamicQuantizeLinear(Operator):
+    """uint8 quantization with a scale and zero point from the input's range (which always includes 0).
+
+    A range of 0 (all zeros) gives scale 1, as onnxruntime does; NaN is left out of the range and quantizes to 0.
+    """
+
+    op_type = "DynamicQuantizeLinear"
+    since_version = 11
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        x = inputs[0]
+        assert x is not None
+        if x.dtype != np.float32:
+            raise UnsupportedOpError(f"DynamicQuantizeLinear: inputs of dtype {x.dtype} (float32 expected)")
+        finite = x[~np.isnan(x)]
+        low = np.float32(min(0.0, float(finite.min()) if finite.size else 0.0))
+        high = np.float32(max(0.0, float(finite.max()) if finite.size else 0.0))
+        scale = np.float32((high - low) / np.float32(255))
+        if scale == 0:
+            scale = np.float32(1)
+        zero_point = saturate_round(np.asarray(np.float32(0) - low / scale), np.dtype(np.uint8))
+        with np.errstate(invalid="ignore", over="ignore"):
+            quotient = (x / scale).astype(np.float32)
+        y = saturate_round(np.rint(quotient.astype(np.float64)) + float(zero_point), np.dtype(np.uint8))
+        return [y, np.array(scale, dtype=np.float32), np.array(zero_point, dtype=np.uint8)]
