@@ -1,0 +1,122 @@
+"""One row kernel shared by the normalisation operators (RMS, Instance, Group, Lp, MeanVariance).
+
+Each row is the set of elements normalised together (the reduced axes of :func:`._tiling.row_layout`).  The
+kernel walks a row up to three times: the row mean (when centring), the statistic (sum of squared deviations,
+of squares or of absolute values), then the outputs ``(x - mean) * factor * scale + bias``.  The statistic is
+summed over the row's invocations through workgroup memory, in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+
+from ._kernel import Binding, DeviceCaps, OpPlan, TensorInfo
+from ._tiling import BindingTable, row_kernel_header, row_kernel_prologue, row_layout, single_kernel_plan, wgsl_f32
+
+__all__ = ["RowNorm", "row_norm_plan"]
+
+Statistic = Literal["variance", "std", "mean_square", "l1", "l2"]
+
+
+@dataclass(frozen=True)
+class RowNorm:
+    """What one row kernel computes.
+
+    ``statistic``: ``variance`` (centred, ``factor = 1 / sqrt(var + epsilon)``), ``std`` (centred,
+    ``1 / (sqrt(var) + epsilon)``), ``mean_square`` (RMS: not centred, ``1 / sqrt(mean(x^2) + epsilon)``), ``l1``
+    (``1 / sum|x|``) or ``l2`` (``1 / sqrt(sum x^2)``; both 0 for a zero norm).
+    ``scale_index``/``bias_index``: WGSL bodies of ``fn(at: u32) -> u32`` giving the parameter index of input
+    element ``at`` (its linear index; ``None``: no parameter).  ``scale_input``/``bias_input``: their node inputs.
+    """
+
+    statistic: Statistic
+    epsilon: float = 0.0
+    scale_input: int | None = None
+    scale_index: str | None = None
+    bias_input: int | None = None
+    bias_index: str | None = None
+    #: extra WGSL functions the index bodies call
+    helpers: str = ""
+
+
+def row_norm_plan(
+    op_type: str,
+    spec: RowNorm,
+    axes: Sequence[int],
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    caps: DeviceCaps,
+    compute: Callable[[list[np.ndarray | None]], Sequence[np.ndarray]],
+    shape: tuple[int, ...] | None = None,
+) -> OpPlan:
+    """The one-kernel plan normalising input 0 over ``axes`` of ``shape`` (a reshape of input 0, default its
+    shape) into output 0; ``compute`` is the twin."""
+    x = inputs[0]
+    assert x is not None
+    layout = row_layout(x.shape if shape is None else shape, axes)
+    if layout.rows == 0 or layout.length == 0:
+        return OpPlan()
+    centred = spec.statistic in ("variance", "std")
+    loops = 3 if centred else 2
+    threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, op_type, loops=loops)
+    table = BindingTable()
+    x_name = table.add(Binding("input", 0))
+    output = table.add(Binding("output", 0), writable=True)
+    terms = ""
+    helpers += spec.helpers
+    if spec.scale_input is not None and spec.scale_index is not None:
+        name = table.add(Binding("input", spec.scale_input))
+        helpers += f"fn scale_index(at: u32) -> u32 {{ {spec.scale_index} }}\n"
+        terms += f" * {name}[scale_index(at)]"
+    if spec.bias_input is not None and spec.bias_index is not None:
+        name = table.add(Binding("input", spec.bias_input))
+        helpers += f"fn bias_index(at: u32) -> u32 {{ {spec.bias_index} }}\n"
+        terms += f" + {name}[bias_index(at)]"
+    epsilon = wgsl_f32(spec.epsilon)
+    if centred:
+        mean = f"""    var s = 0.0;
+    if (valid) {{
+        for (var r = t; r < LENGTH; r = r + T) {{ s = s + {x_name}[base + row_offset(r)]; }}
+    }}
+    let mean = wg_sum(s, t, slot) / f32(LENGTH);
+"""
+    else:
+        mean = "    let mean = 0.0;\n"
+    accumulate = {
+        "variance": "q = fma(d, d, q);",
+        "std": "q = fma(d, d, q);",
+        "mean_square": "q = fma(d, d, q);",
+        "l1": "q = q + abs(d);",
+        "l2": "q = fma(d, d, q);",
+    }[spec.statistic]
+    factor = {
+        "variance": f"inverseSqrt(total / f32(LENGTH) + {epsilon})",
+        "std": f"1.0 / (sqrt(total / f32(LENGTH)) + {epsilon})",
+        "mean_square": f"inverseSqrt(total / f32(LENGTH) + {epsilon})",
+        "l1": "select(0.0, 1.0 / total, total > 0.0)",
+        "l2": "select(0.0, inverseSqrt(total), total > 0.0)",
+    }[spec.statistic]
+    wgsl = f"""{table.declarations()}
+{helpers}
+{row_kernel_prologue(grid, rows_per_group)}
+{mean}    var q = 0.0;
+    if (valid) {{
+        for (var r = t; r < LENGTH; r = r + T) {{
+            let d = {x_name}[base + row_offset(r)] - mean;
+            {accumulate}
+        }}
+    }}
+    let total = wg_sum(q, t, slot);
+    let factor = {factor};
+    if (valid) {{
+        for (var r = t; r < LENGTH; r = r + T) {{
+            let at = base + row_offset(r);
+            {output}[at] = ({x_name}[at] - mean) * factor{terms};
+        }}
+    }}
+}}
+"""
+    return single_kernel_plan(op_type, wgsl, grid, table, compute, inputs, outputs, caps)
