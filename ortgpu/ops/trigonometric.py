@@ -7,7 +7,8 @@ from arithmetic, ``sqrt``, ``exp`` and ``log`` alone:
 
 * sin/cos/tan: Cody-Waite reduction by pi/2 (pi/2 split into three 8-bit pieces and an f32 rest, so
   ``k * piece`` is exact for quadrants ``|k| < 2^16``, i.e. ``|x| < 102943``) and Taylor polynomials
-  on ``|r| <= pi/4``.  Beyond that bound, where one f32 step already exceeds 0.007, the built-ins are used.
+  on ``|r| <= pi/4``.  Beyond that bound, Payne-Hanek reduction: the argument's 24-bit significand times
+  a 96-bit window of 2/pi (exact integer arithmetic on u32 words), so every finite f32 is reduced exactly.
 * atan: reduction to ``[0, 1]`` by ``1/x``, two argument halvings, then the odd series; asin and acos
   through it, with ``(1 - x)(1 + x)`` forms that keep precision near +-1.
 * sinh/cosh: series near zero, exponentials beyond, ``exp(a/2)^2/2`` past where ``exp`` overflows.
@@ -29,7 +30,7 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import TensorInfo
 from ._registry import register
-from ._wgsl import wgsl_float
+from ._wgsl import INT64_WGSL, wgsl_float
 from .unary import UnaryOperator
 
 __all__ = [
@@ -73,7 +74,26 @@ def _half_pi_pieces() -> tuple[float, float, float, float]:
     return pieces[0], pieces[1], pieces[2], pieces[3]
 
 
+def _two_over_pi_words(count: int) -> list[int]:
+    """The first ``32 * count`` bits of 2/pi after the binary point, as u32 words (pi by Machin's formula)."""
+    precision = 32 * count + 64
+
+    def arctan_inverse(n: int) -> int:  # arctan(1/n) * 2^precision
+        term = (1 << precision) // n
+        total, k, sign = term, 1, -1
+        while term:
+            term //= n * n
+            total += sign * (term // (2 * k + 1))
+            sign, k = -sign, k + 1
+        return total
+
+    pi = 16 * arctan_inverse(5) - 4 * arctan_inverse(239)
+    bits = (2 << (2 * precision)) // pi >> 64  # 2/pi * 2^(32 count)
+    return [(bits >> (32 * (count - 1 - j))) & 0xFFFFFFFF for j in range(count)]
+
+
 _C1, _C2, _C3, _C4 = _half_pi_pieces()
+_TWO_OVER_PI = ", ".join(f"{word}u" for word in _two_over_pi_words(8))
 _INV = [1.0 / math.factorial(n) for n in range(16)]
 
 #: WGSL helpers: NaN/infinity tests and makers (run-time values, since WGSL rejects constant NaN/inf),
@@ -137,29 +157,72 @@ fn reduce_half_pi(x: f32) -> vec2<f32> {{
   let r = (((x - k * {wgsl_float(_C1)}) - k * {wgsl_float(_C2)}) - k * {wgsl_float(_C3)}) - k * {wgsl_float(_C4)};
   return vec2<f32>(r, k);
 }}
+// Window of 32 bits of (hi, lo) starting b bits into hi.
+fn window32(hi: u32, lo: u32, b: u32) -> u32 {{
+  return select((hi << b) | (lo >> (32u - b)), hi, b == 0u);
+}}
+// (r, quadrant) for finite |x| >= 102943 (Payne-Hanek): |x| = m 2^e, and |x| 2/pi mod 4 is the
+// 120-bit product of m with the 96 bits of 2/pi that follow the bits making multiples of 4.
+fn reduce_large(x: f32) -> vec2<f32> {{
+  var table = array<u32, 9>({_TWO_OVER_PI}, 0u);
+  let bits = bitcast<u32>(x);
+  let m = (bits & 0x7fffffu) | 0x800000u;
+  let e = i32((bits >> 23u) & 0xffu) - 150;
+  let s = u32(max(e - 2, 0));
+  let t = select(u32(96 - e), 94u, e >= 2);  // the bit of the product of weight 2^0
+  let j = s / 32u;
+  let b = s % 32u;
+  let a0 = mul_wide32(m, window32(table[j + 2u], table[j + 3u], b));
+  let a1 = mul_wide32(m, window32(table[j + 1u], table[j + 2u], b));
+  let a2 = mul_wide32(m, window32(table[j], table[j + 1u], b));
+  let p1 = a0.y + a1.x;
+  let c1 = select(0u, 1u, p1 < a1.x);
+  let u = a1.y + a2.x;
+  let p2 = u + c1;
+  let c2 = select(0u, 1u, u < a2.x) + select(0u, 1u, p2 < u);
+  var p = array<u32, 5>(a0.x, p1, p2, a2.y + c2, 0u);
+  var q = product_bits(&p, t) & 3u;
+  var fraction = vec2<u32>(product_bits(&p, t - 64u), product_bits(&p, t - 32u));
+  let upper = (fraction.y & 0x80000000u) != 0u;  // fraction >= 1/2: r = (fraction - 1) pi/2
+  if (upper) {{
+    fraction = neg64(fraction);
+    q = q + 1u;
+  }}
+  let magnitude = (f32(fraction.y) + f32(fraction.x) * {wgsl_float(2.0**-32)}) * {wgsl_float(2.0**-32)};
+  var r = magnitude * {wgsl_float(math.pi / 2)};
+  r = select(r, -r, upper);
+  let k = f32(q & 3u);
+  return select(vec2<f32>(r, k), vec2<f32>(-r, -k), x < 0.0);
+}}
+fn product_bits(p: ptr<function, array<u32, 5>>, lo: u32) -> u32 {{
+  let w = lo / 32u;
+  let b = lo % 32u;
+  return select(((*p)[w] >> b) | ((*p)[w + 1u] << (32u - b)), (*p)[w], b == 0u);
+}}
+fn reduce_any(x: f32) -> vec2<f32> {{
+  if (abs(x) < 102943.0) {{ return reduce_half_pi(x); }}
+  return reduce_large(x);
+}}
 fn quadrant(k: f32) -> u32 {{
   return bitcast<u32>(i32(k)) & 3u;
 }}
 fn sin_f32(x: f32) -> f32 {{
   if (!is_finite_f32(x)) {{ return nan_f32(x); }}
-  if (abs(x) >= 102943.0) {{ return sin(x); }}
-  let rk = reduce_half_pi(x);
+  let rk = reduce_any(x);
   let q = quadrant(rk.y);
   let v = select(sin_poly(rk.x), cos_poly(rk.x), (q & 1u) == 1u);
   return select(v, -v, q >= 2u);
 }}
 fn cos_f32(x: f32) -> f32 {{
   if (!is_finite_f32(x)) {{ return nan_f32(x); }}
-  if (abs(x) >= 102943.0) {{ return cos(x); }}
-  let rk = reduce_half_pi(x);
+  let rk = reduce_any(x);
   let q = quadrant(rk.y);
   let v = select(cos_poly(rk.x), sin_poly(rk.x), (q & 1u) == 1u);
   return select(v, -v, q == 1u || q == 2u);
 }}
 fn tan_f32(x: f32) -> f32 {{
   if (!is_finite_f32(x)) {{ return nan_f32(x); }}
-  if (abs(x) >= 102943.0) {{ return tan(x); }}
-  let rk = reduce_half_pi(x);
+  let rk = reduce_any(x);
   let s = sin_poly(rk.x);
   let c = cos_poly(rk.x);
   return select(s / c, -c / s, (quadrant(rk.y) & 1u) == 1u);
@@ -278,7 +341,7 @@ class FloatUnary(UnaryOperator):
 
 
 class _Trig(FloatUnary):
-    helpers = MATH_WGSL + TRIG_WGSL + INVERSE_WGSL
+    helpers = INT64_WGSL + MATH_WGSL + TRIG_WGSL + INVERSE_WGSL
     #: the numpy ufunc
     ufunc: Any = None
 
