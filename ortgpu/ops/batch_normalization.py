@@ -1,7 +1,11 @@
 """BatchNormalization in inference mode: ``Y = (X - mean) / sqrt(var + epsilon) * scale + B`` per channel
 (axis 1).  Before opset 9 ``spatial=0`` gives per-activation parameters of shape ``X.shape[1:]``; any
-parameter shape that broadcasts that way is accepted.  Training mode (``training_mode=1`` from opset 14,
-or the running-statistics outputs) is not supported.
+parameter shape that broadcasts that way is accepted.
+
+Training mode (``training_mode=1`` from opset 14) normalises with the batch statistics (mean and population
+variance over every axis but the channel) and outputs the updated running statistics
+``input * momentum + current * (1 - momentum)``; it runs on the CPU (this reference).  The older training
+outputs (before opset 14: running and saved statistics) are not supported.
 
 The device kernel is elementwise: one invocation per element, parameters read through broadcast index
 functions (the channel for the usual ``[C]`` parameters).
@@ -15,7 +19,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 from ._tiling import (
     THREADS,
@@ -43,7 +47,14 @@ def _view_shape(param_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> tuple
 
 
 class _Checks(Operator):
+    def _training(self, attrs: Mapping[str, Any]) -> bool:
+        return self.opset >= 14 and bool(int(attrs.get("training_mode", 0)))
+
     def _check(self, attrs: Mapping[str, Any], outputs: int) -> None:
+        if self._training(attrs):
+            if outputs > 3:
+                raise UnsupportedOpError(f"BatchNormalization: training mode has at most 3 outputs, got {outputs}")
+            return
         if int(attrs.get("training_mode", 0)):
             raise UnsupportedOpError(f"BatchNormalization: training_mode=1 is not supported (opset {self.opset})")
         if outputs > 1:
@@ -75,8 +86,35 @@ class BatchNormalization(_Checks):
             params.append(p.astype(np.float64).reshape(_view_shape(p.shape, x.shape)))
         scale, bias, mean, var = params
         epsilon = float(attrs.get("epsilon", 1e-5))
+        if self._training(attrs):
+            return self._train(x, params, inputs, attrs, outputs)
         y = (x.astype(np.float64) - mean) / np.sqrt(var + epsilon) * scale + bias
         return [y.astype(x.dtype)]
+
+    def _train(
+        self,
+        x: np.ndarray,
+        params: list[np.ndarray],
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        """Training mode: normalise with the batch statistics; outputs 1, 2 are the updated running statistics."""
+        scale, bias, _, _ = params
+        epsilon = float(attrs.get("epsilon", 1e-5))
+        momentum = float(attrs.get("momentum", 0.9))
+        axes = tuple(a for a in range(x.ndim) if a != 1)
+        wide = x.astype(np.float64)
+        current_mean = np.mean(wide, axis=axes, keepdims=True)
+        current_var = np.mean((wide - current_mean) ** 2, axis=axes, keepdims=True)
+        y = (wide - current_mean) / np.sqrt(current_var + epsilon) * scale + bias
+        results = [y.astype(x.dtype)]
+        for position, current in ((3, current_mean), (4, current_var)):
+            running = inputs[position]
+            assert running is not None
+            updated = running.astype(np.float64) * momentum + current.reshape(-1) * (1.0 - momentum)
+            results.append(updated.reshape(running.shape).astype(running.dtype))
+        return results[: max(1, len(outputs))]
 
     def plan(
         self,
@@ -87,6 +125,8 @@ class BatchNormalization(_Checks):
         constants: Mapping[int, np.ndarray],
     ) -> OpPlan:
         self._check(attrs, len(outputs))
+        if self._training(attrs):
+            raise NotOnDevice("BatchNormalization: training mode (batch statistics) runs on the CPU")
         x = inputs[0]
         assert x is not None
         require_float32("BatchNormalization", list(inputs) + list(outputs))
