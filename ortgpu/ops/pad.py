@@ -94,9 +94,11 @@ def _layout(shape: Sequence[int], pads: Sequence[tuple[int, int]], mode: str) ->
 def _source_index(i: np.ndarray, length: int, mode: str) -> np.ndarray:
     """The cropped-input index that fills position ``i`` (may be outside [0, length) for constant)."""
     if mode == "edge":
-        return np.clip(i, 0, length - 1)
+        clipped: np.ndarray = np.clip(i, 0, length - 1)
+        return clipped
     if mode == "wrap":
-        return np.mod(i, length)
+        wrapped: np.ndarray = np.mod(i, length)
+        return wrapped
     if mode == "reflect":
         if length == 1:
             return np.zeros_like(i)

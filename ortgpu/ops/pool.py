@@ -1,4 +1,4 @@
-"""MaxPool, AveragePool (N-d, on the device too) and GlobalAveragePool.
+"""MaxPool, AveragePool (N-d, on the device too), GlobalAveragePool and GlobalMaxPool.
 
 Windows follow :func:`.conv.spatial_geometry` (kernel_shape, strides, pads, auto_pad, dilations, ceil_mode;
 a ceil-mode window never starts in the end padding).  AveragePool divides by the taps inside the input
@@ -23,7 +23,7 @@ from ._tiling import THREADS, BindingTable, grid_for_groups, require_float32, si
 from .conv import SpatialGeometry, ints, pad_spatial, spatial_geometry, window_slices
 from .reduce import plan_row_reduction
 
-__all__ = ["MaxPool", "AveragePool", "GlobalAveragePool"]
+__all__ = ["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"]
 
 
 def _geometry(op_type: str, x_shape: tuple[int, ...], attrs: Mapping[str, Any], opset: int) -> SpatialGeometry:
@@ -309,3 +309,26 @@ class GlobalAveragePool(Operator):
         return plan_row_reduction(
             "GlobalAveragePool", "mean", x, tuple(range(2, len(x.shape))), outputs, inputs, caps, compute
         )
+
+
+@register
+class GlobalMaxPool(Operator):
+    """GlobalMaxPool-1: the maximum over every spatial axis, kept as size 1 (on the CPU: models use it rarely)."""
+
+    op_type = "GlobalMaxPool"
+    since_version = 1
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        x = inputs[0]
+        assert x is not None
+        _check_spatial(x.shape, "GlobalMaxPool")
+        if len(x.shape) < 3:
+            raise ShapeError(f"GlobalMaxPool: X must have rank >= 3, got {x.shape}")
+        if x.size == 0:
+            return [np.zeros(x.shape[:2] + (1,) * (x.ndim - 2), dtype=x.dtype)]
+        return [np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
