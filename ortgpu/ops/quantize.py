@@ -32,11 +32,11 @@ from ._registry import register
 __all__ = ["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "saturate_round", "expand_parameter"]
 
 #: Quantized types numpy holds, by ONNX element type.
-_QUANTIZED = {
-    onnx.TensorProto.UINT8: np.dtype(np.uint8),
-    onnx.TensorProto.INT8: np.dtype(np.int8),
-    onnx.TensorProto.UINT16: np.dtype(np.uint16),
-    onnx.TensorProto.INT16: np.dtype(np.int16),
+_QUANTIZED: dict[int, np.dtype[Any]] = {
+    int(onnx.TensorProto.UINT8): np.dtype(np.uint8),
+    int(onnx.TensorProto.INT8): np.dtype(np.int8),
+    int(onnx.TensorProto.UINT16): np.dtype(np.uint16),
+    int(onnx.TensorProto.INT16): np.dtype(np.int16),
 }
 
 
@@ -126,7 +126,7 @@ class QuantizeLinear(Operator):
         _check_parameters(self.op_type, scale, zero_point)
         if x.dtype not in (np.float32, np.float16, np.int32):
             raise UnsupportedOpError(f"QuantizeLinear: inputs of dtype {x.dtype} are not supported")
-        dtype = np.dtype(np.uint8) if zero_point is None else zero_point.dtype
+        dtype: np.dtype[Any] = np.dtype(np.uint8) if zero_point is None else zero_point.dtype
         output_dtype = int(attrs.get("output_dtype", 0))
         if output_dtype:
             if output_dtype not in _QUANTIZED:

@@ -72,7 +72,7 @@ def scatter_elements(
     if any(n > s for d, (n, s) in enumerate(zip(indices.shape, data.shape)) if d != axis):
         raise ShapeError(f"{op_type}: indices {indices.shape} exceed the data {data.shape} off the axis")
     index = _normalised(indices, data.shape[axis], op_type)
-    where = list(np.indices(indices.shape, sparse=True))
+    where: list[np.ndarray] = list(np.indices(indices.shape, sparse=True))
     where[axis] = index
     output = np.array(data, order="C", copy=True)
     _apply(output, tuple(np.broadcast_arrays(*where)), updates, reduction)

@@ -94,7 +94,7 @@ def _hz_to_mel(hz: float) -> float:
 
 
 def _mel_to_hz(mel: float) -> float:
-    return 700.0 * (10.0 ** (mel / 2595.0) - 1.0)
+    return 700.0 * (float(10.0 ** (mel / 2595.0)) - 1.0)
 
 
 @register

@@ -1,0 +1,427 @@
+"""Indexing operators: references vs onnxruntime CPU, device plans vs references, and whole sessions.
+
+Same method as ``test_ops_elementwise.py`` (whose helpers this module uses):
+single-node models on fresh random inputs judged by onnxruntime's CPU provider,
+and each node planned for the fake and wgpu devices.  GatherElements (constant
+indices) and Trilu have kernels; the others must say they run on the CPU.
+Sessions check the data-dependent output sizes (NonZero, Unique, Compress,
+NonMaxSuppression) and the typed errors for out-of-range indices.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Iterator
+
+import numpy as np
+import onnx
+import onnx.helper
+import pytest
+from test_ops_elementwise import (
+    NUMPY_ORACLES,
+    Case,
+    absent,
+    bools,
+    check_plan,
+    check_reference,
+    const,
+    floats,
+    halves,
+    ints,
+    open_device,
+)
+
+import ortgpu
+from ortgpu.ops import get_operator
+from ortgpu_core._errors import InvalidArgumentError, ModelError, OrtGpuError, UnsupportedOpError
+from ortgpu_core.backends.protocol import BackendDevice
+
+I64 = np.int64
+U8 = np.uint8
+
+
+def distinct_rows(rows: int, shape: tuple[int, ...]) -> Any:
+    """Indices along axis 0 with no duplicates within a column (scatters without reduction are then defined)."""
+
+    def make(rng: np.random.Generator) -> np.ndarray:
+        columns = int(np.prod(shape[1:]))
+        picked = np.stack([rng.permutation(rows)[: shape[0]] for _ in range(columns)], axis=1)
+        signs = rng.random(picked.shape) < 0.5
+        return np.where(signs, picked - rows, picked).reshape(shape).astype(I64)
+
+    return make
+
+
+def boxes(batches: int, count: int) -> Any:
+    def make(rng: np.random.Generator) -> np.ndarray:
+        corner = rng.uniform(0, 10, (batches, count, 2))
+        size = rng.uniform(1, 4, (batches, count, 2))
+        return np.concatenate([corner, corner + size], axis=-1).astype(np.float32)
+
+    return make
+
+
+POOL = {
+    "pool_int64s": [2, 3, 5, 4, 5, 6, 7, 8, 6, 7],
+    "ngram_counts": [0, 4],
+    "ngram_indexes": [0, 1, 2, 3, 4, 5, 6],
+    "min_gram_length": 1,
+    "max_gram_length": 2,
+    "max_skip_count": 2,
+}
+
+CASES: list[Case] = [
+    # GatherElements: a kernel for constant indices, the CPU for run-time ones
+    Case("GatherElements", [floats(3, 4), ints(2, 4, low=-3, high=3, dtype=I64)], opset=13, on_device=False),
+    Case(
+        "GatherElements",
+        [floats(3, 4), ints(2, 4, low=-3, high=3, dtype=I64)],
+        opset=13,
+        constants=frozenset({1}),
+        label="constant",
+    ),
+    Case(
+        "GatherElements",
+        [ints(4, 5, 6, dtype=I64), ints(3, 2, 9, low=-6, high=6)],
+        {"axis": -1},
+        opset=13,
+        constants=frozenset({1}),
+        label="int64-last-axis-smaller",
+    ),
+    Case(
+        "GatherElements",
+        [halves(5, 3), ints(7, 3, low=0, high=5, dtype=I64)],
+        opset=13,
+        constants=frozenset({1}),
+        label="float16",
+    ),
+    Case(
+        "GatherElements",
+        [ints(3, 7, low=0, high=256, dtype=U8), ints(3, 5, low=-7, high=7)],
+        {"axis": 1},
+        opset=11,
+        constants=frozenset({1}),
+        label="uint8",
+    ),
+    Case(
+        "GatherElements",
+        [floats(3, 4), ints(0, 4, low=0, high=3, dtype=I64)],
+        opset=13,
+        constants=frozenset({1}),
+        label="empty",
+    ),
+    # Trilu
+    Case("Trilu", [floats(2, 4, 5)], opset=14),
+    Case("Trilu", [floats(5, 3), const(-1, I64)], {"upper": 0}, opset=14, constants=frozenset({1}), label="lower"),
+    Case("Trilu", [floats(4, 6), const(2, I64)], opset=14, label="runtime-k"),
+    Case("Trilu", [ints(3, 4, dtype=I64), const(-2, I64)], {"upper": 0}, opset=14, label="int64-runtime-k"),
+    # onnxruntime has no uint8/float16/bool Trilu: numpy's triu/tril judge (NUMPY_ORACLES below)
+    Case(
+        "Trilu",
+        [ints(3, 5, 7, low=0, high=256, dtype=U8), const(1, I64)],
+        opset=14,
+        label="uint8",
+        in_onnxruntime=False,
+    ),
+    Case("Trilu", [halves(3, 5), const(-1, I64)], {"upper": 0}, opset=14, label="float16", in_onnxruntime=False),
+    Case("Trilu", [bools(4, 5)], {"upper": 0}, opset=14, label="bool", in_onnxruntime=False),
+    Case("Trilu", [floats(3, 4), const(2**40, I64)], opset=14, label="huge-k"),
+    Case("Trilu", [floats(3, 4), const(-(2**40), I64)], {"upper": 0}, opset=14, label="huge-negative-k"),
+    Case("Trilu", [floats(2, 0, 3)], opset=14, label="empty"),
+    # scatters (CPU)
+    Case(
+        "ScatterElements",
+        [floats(5, 3), distinct_rows(5, (2, 3)), floats(2, 3)],
+        opset=18,
+        on_device=False,
+    ),
+    *[
+        Case(
+            "ScatterElements",
+            [floats(4, 5), ints(4, 3, low=-5, high=5, dtype=I64), floats(4, 3)],
+            {"axis": -1, "reduction": reduction},
+            opset=18,
+            on_device=False,
+            label=reduction,
+        )
+        for reduction in ("add", "mul", "max", "min")
+    ],
+    Case(
+        "ScatterElements",
+        [ints(4, 5), ints(6, 5, low=0, high=4, dtype=I64), ints(6, 5)],
+        {"reduction": "add"},
+        opset=16,
+        on_device=False,
+        label="int32-add",
+    ),
+    Case("Scatter", [floats(5, 3), distinct_rows(5, (2, 3)), floats(2, 3)], opset=10, on_device=False),
+    Case(
+        "ScatterND",
+        [floats(4, 5, 6), const([[0, 1], [3, -2]], I64), floats(2, 6)],
+        opset=18,
+        on_device=False,
+    ),
+    *[
+        Case(
+            "ScatterND",
+            [floats(4, 5), const([[1], [3], [1]], I64), floats(3, 5)],
+            {"reduction": reduction},
+            opset=18,
+            on_device=False,
+            label=reduction,
+        )
+        for reduction in ("add", "mul", "max", "min")
+    ],
+    Case(
+        "ScatterND",
+        [ints(4, 5, dtype=I64), const([[1, 2], [1, 2], [0, 0]], I64), ints(3, dtype=I64)],
+        {"reduction": "add"},
+        opset=16,
+        on_device=False,
+        label="elements-int64",
+    ),
+    # OneHot, GatherND, EyeLike (CPU)
+    Case(
+        "OneHot",
+        [ints(2, 3, low=-6, high=8, dtype=I64), const(5, I64), const([0.0, 3.0], np.float32)],
+        opset=11,
+        on_device=False,
+    ),
+    Case(
+        "OneHot",
+        [ints(2, 3, low=-4, high=4, dtype=I64), const(4, np.float32), const([2, 7], np.int32)],
+        {"axis": 1},
+        opset=11,
+        on_device=False,
+        label="axis",
+    ),
+    Case(
+        "OneHot",
+        [floats(3, low=-3.0, high=4.0), const([3], np.float32), const([-1, 1], np.float32)],
+        {"axis": -2},
+        opset=11,
+        on_device=False,
+        label="negative-axis",
+    ),
+    Case("GatherND", [floats(2, 3, 4), const([[1, -1], [0, 2]], I64)], opset=13, on_device=False),
+    Case(
+        "GatherND",
+        [ints(2, 3, 4), const([[[1, 3]], [[2, 0]]], I64)],
+        {"batch_dims": 1},
+        opset=13,
+        on_device=False,
+        label="batch-dims",
+    ),
+    Case("GatherND", [floats(3, 4), const([[2, 3], [0, 0], [1, 2]], I64)], opset=11, on_device=False, label="elements"),
+    Case("EyeLike", [floats(3, 5)], {"k": 1}, opset=9, on_device=False),
+    Case("EyeLike", [ints(4, 3)], {"k": -2, "dtype": onnx.TensorProto.DOUBLE}, opset=9, on_device=False, label="dtype"),
+    Case("EyeLike", [floats(2, 3)], {"k": 5}, opset=9, on_device=False, label="off-matrix"),
+    # data-dependent sizes (CPU)
+    Case("Compress", [floats(3, 4), bools(3)], {"axis": 0}, opset=11, on_device=False),
+    Case("Compress", [floats(3, 4), bools(5)], opset=11, on_device=False, label="flattened"),
+    Case("Compress", [ints(2, 5, dtype=I64), bools(5)], {"axis": -1}, opset=11, on_device=False, label="negative-axis"),
+    Case("NonZero", [ints(3, 4, low=-1, high=2)], opset=13, on_device=False),
+    Case("NonZero", [bools(2, 3, 4)], opset=13, on_device=False, label="bool"),
+    Case("Unique", [ints(12, low=0, high=5, dtype=I64)], opset=11, outputs=4, on_device=False),
+    Case("Unique", [floats(9)], {"sorted": 0}, opset=11, outputs=4, on_device=False, label="unsorted"),
+    Case(
+        "Unique",
+        [lambda rng: rng.integers(0, 2, (6, 2)).astype(np.float32)],
+        {"axis": 0},
+        opset=11,
+        outputs=4,
+        on_device=False,
+        label="axis",
+    ),
+    Case(
+        "Unique",
+        [lambda rng: rng.integers(0, 2, (2, 6)).astype(I64)],
+        {"axis": -1, "sorted": 0},
+        opset=11,
+        outputs=4,
+        on_device=False,
+        label="negative-axis-unsorted",
+    ),
+    Case(
+        "NonMaxSuppression",
+        [boxes(2, 8), floats(2, 3, 8, low=0, high=1), const(3, I64), const(0.3, np.float32), const(0.2, np.float32)],
+        opset=11,
+        on_device=False,
+    ),
+    Case(
+        "NonMaxSuppression",
+        [boxes(1, 10), floats(1, 2, 10, low=0, high=1), const(10, I64), const(0.1, np.float32)],
+        {"center_point_box": 1},
+        opset=11,
+        on_device=False,
+        label="center",
+    ),
+    Case(
+        "NonMaxSuppression",
+        [boxes(1, 4), floats(1, 1, 4)],
+        opset=11,
+        on_device=False,
+        label="no-limit",
+    ),
+    Case(
+        "ReverseSequence",
+        [floats(4, 3, 2), const([4, 1, 2], I64)],
+        opset=10,
+        on_device=False,
+    ),
+    Case(
+        "ReverseSequence",
+        [ints(3, 5, dtype=I64), const([0, 5, 3], I64)],
+        {"batch_axis": 0, "time_axis": 1},
+        opset=10,
+        on_device=False,
+        label="batch-first",
+    ),
+    *[
+        Case(
+            "TfIdfVectorizer",
+            [ints(2, 9, low=2, high=9, dtype=I64)],
+            dict(POOL, mode=mode, weights=[0.5, 1.0, 2.0, 1.5, 0.25, 3.0, 1.0]),
+            opset=9,
+            on_device=False,
+            label=mode,
+        )
+        for mode in ("TF", "IDF", "TFIDF")
+    ],
+    Case(
+        "TfIdfVectorizer",
+        [ints(11, low=2, high=9)],
+        dict(POOL, min_gram_length=2, max_skip_count=0, mode="TF"),
+        opset=9,
+        on_device=False,
+        label="1d-bigrams",
+    ),
+]
+
+
+NUMPY_ORACLES.update(
+    {
+        "Trilu-opset14-uint8": lambda x, k: np.triu(x, int(k)),
+        "Trilu-opset14-float16": lambda x, k: np.tril(x, int(k)),
+        "Trilu-opset14-bool": lambda x: np.tril(x),
+    }
+)
+
+
+@pytest.fixture(scope="module", params=["fake", "wgpu"])
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def op_device(backend_name: str) -> Iterator[BackendDevice]:
+    device = open_device(backend_name)
+    try:
+        yield device
+        gc.collect()
+        assert device.live_handles() == 0, "operator tests leaked device objects"
+    finally:
+        device.destroy()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_reference_matches_onnxruntime(case: Case) -> None:
+    check_reference(case)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_plan_matches_reference(case: Case, op_device: BackendDevice) -> None:
+    check_plan(case, op_device)
+
+
+def _model(node: onnx.NodeProto, inputs: dict[str, np.ndarray], constants: dict[str, np.ndarray], opset: int) -> bytes:
+    graph = onnx.helper.make_graph(
+        [node],
+        "indexing",
+        [
+            onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+            for name, a in inputs.items()
+        ],
+        [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None) for name in node.output],
+        initializer=[onnx.numpy_helper.from_array(a, name) for name, a in constants.items()],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    return model.SerializeToString()
+
+
+def test_data_dependent_sizes_run_in_sessions(backend_name: str) -> None:
+    """NonZero of a fed input, and Compress after it with a constant condition: sizes follow the values."""
+    env = ortgpu.Env(backend=backend_name)
+    try:
+        node = onnx.helper.make_node("NonZero", ["x"], ["y"])
+        x = np.array([[0, 3, 0], [4, 0, 5]], dtype=np.float32)
+        with ortgpu.InferenceSession(_model(node, {"x": x}, {}, 13), env=env) as session:
+            (got,) = session.run(None, {"x": x})
+            np.testing.assert_array_equal(got, np.array(np.nonzero(x), dtype=I64))
+        node = onnx.helper.make_node("Compress", ["x", "c"], ["y"], axis=1)
+        condition = np.array([True, False, True])
+        with ortgpu.InferenceSession(_model(node, {"x": x}, {"c": condition}, 11), env=env) as session:
+            (got,) = session.run(None, {"x": x})
+            np.testing.assert_array_equal(got, x[:, [0, 2]])
+    finally:
+        env.close()
+
+
+def test_out_of_range_indices_are_typed_errors() -> None:
+    data = np.zeros((3, 4), np.float32)
+    with pytest.raises(InvalidArgumentError, match="GatherElements"):
+        get_operator("GatherElements", 13).reference([data, np.array([[3, 0, 0, 0]], I64)], {}, [])
+    with pytest.raises(InvalidArgumentError, match="GatherND"):
+        get_operator("GatherND", 13).reference([data, np.array([[0, -5]], I64)], {}, [])
+    with pytest.raises(InvalidArgumentError, match="ScatterElements"):
+        get_operator("ScatterElements", 18).reference(
+            [data, np.array([[-4, 0, 0, 0]], I64), np.ones((1, 4), np.float32)], {}, []
+        )
+    with pytest.raises(InvalidArgumentError, match="ScatterND"):
+        get_operator("ScatterND", 18).reference([data, np.array([[3]], I64), np.ones((1, 4), np.float32)], {}, [])
+
+
+def test_gather_elements_constant_out_of_range_is_refused_when_planned(op_device: BackendDevice) -> None:
+    from test_ops_elementwise import caps_of
+
+    from ortgpu.ops import TensorInfo
+
+    operator = get_operator("GatherElements", 13)
+    infos = [TensorInfo((3, 4), np.dtype(np.float32)), TensorInfo((1, 4), np.dtype(I64))]
+    with pytest.raises(InvalidArgumentError, match="outside"):
+        operator.plan(
+            infos,
+            [TensorInfo((1, 4), np.dtype(np.float32))],
+            {},
+            caps_of(op_device),
+            {1: np.array([[0, 1, 2, 3]], I64) * 2},
+        )
+
+
+def test_gather_elements_runtime_indices_out_of_range_in_a_session(backend_name: str) -> None:
+    """Run-time indices never reach a clamping kernel: an out-of-range one is a typed error."""
+    env = ortgpu.Env(backend=backend_name)
+    try:
+        node = onnx.helper.make_node("GatherElements", ["x", "i"], ["y"], axis=0)
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        good = np.array([[2, -1, 0, 1]], I64)
+        with ortgpu.InferenceSession(_model(node, {"x": x, "i": good}, {}, 13), env=env) as session:
+            (got,) = session.run(None, {"x": x, "i": good})
+            np.testing.assert_array_equal(got, np.take_along_axis(x, good % 3, axis=0))
+            with pytest.raises(OrtGpuError, match="GatherElements"):
+                session.run(None, {"x": x, "i": np.array([[3, 0, 0, 0]], I64)})
+    finally:
+        env.close()
+
+
+def test_unsupported_variants_are_typed() -> None:
+    with pytest.raises(UnsupportedOpError, match="reduction"):
+        get_operator("ScatterElements", 16).reference(
+            [np.zeros(3, np.float32), np.zeros(1, I64), np.zeros(1, np.float32)], {"reduction": "max"}, []
+        )
+    with pytest.raises(UnsupportedOpError, match="NonZero"):
+        get_operator("NonZero", 13).reference([np.array(1.0, np.float32)], {}, [])
+    with pytest.raises(ModelError, match="TfIdfVectorizer"):
+        get_operator("TfIdfVectorizer", 9).reference([np.zeros(3, I64)], {"pool_strings": ["a"]}, [])
+    assert absent()(np.random.default_rng()) is None
