@@ -224,6 +224,7 @@ def propagate(
         for name in node.outputs:
             if name and name in inferred:
                 types[name] = inferred[name]
+        _apply_operator_shapes(node, types)
         present_inputs = [name for name in node.inputs if name]
         if (
             node.op_type == "Shape"
@@ -255,6 +256,34 @@ def propagate(
             _resolve_unknown_dims(node, types, constants, budget)
         remaining.append(node)
     return remaining, folded
+
+
+def _apply_operator_shapes(node: GraphNode, types: dict[str, tuple[Shape, np.dtype[Any]]]) -> None:
+    """Where every input shape is known and the operator has its own shape rule (see
+    :meth:`~ortgpu.ops.Operator.output_shapes`), its shapes replace onnx's inferred ones."""
+    infos: list[TensorInfo | None] = []
+    for name in node.inputs:
+        if not name:
+            infos.append(None)
+        elif name in types and is_concrete(types[name][0]):
+            infos.append(TensorInfo(_concrete(types[name][0]), types[name][1]))
+        else:
+            return
+    try:
+        operator = get_operator(node.op_type, node.opset, node.domain)
+    except UnsupportedOpError:
+        return
+    try:
+        shapes = operator.output_shapes(infos, public_attrs(node.attrs))
+    except ModelError:
+        raise
+    except Exception:  # noqa: BLE001 - invalid attributes (a zero stride...): reported where the node is planned
+        return
+    if shapes is None:
+        return
+    for name, shape in zip(node.outputs, shapes):
+        if name and name in types:
+            types[name] = (tuple(shape), types[name][1])
 
 
 def _output_infos_guess(node: GraphNode, types: Mapping[str, tuple[Shape, np.dtype[Any]]]) -> list[TensorInfo]:

@@ -190,6 +190,14 @@ class Operator:
     ) -> OpPlan:
         raise NotOnDevice(f"{self.op_type} has no WebGPU kernel")
 
+    def output_shapes(
+        self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]
+    ) -> list[tuple[int, ...]] | None:
+        """The output shapes for these inputs (all shapes known), where the operator's own shape rule must win over
+        onnx's shape inference (which differs from onnxruntime at some edges: ceil-mode windows that would start in
+        the end padding, ConvTranspose's SAME padding); None: use onnx's inference."""
+        return None
+
 
 def reference_twin(
     function: Callable[..., Sequence[np.ndarray] | np.ndarray],

@@ -74,7 +74,22 @@ def spatial_geometry(
         raise UnsupportedOpError(f"{op_type}: kernel_shape/strides/dilations must have {rank} entries")
     extents = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     auto_pad = _auto_pad(attrs)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    pooling = op_type != "Conv"
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER") and pooling:
+        # Pools size SAME padding as onnxruntime does: for the undilated window (onnx's spec uses the dilated
+        # extent; the two agree without dilations), and refuse it negative (a stride longer than the window); the
+        # output then follows from those pads like explicit ones, ceil_mode included.
+        needed = [(-(-size // s) - 1) * s + k - size for size, s, k in zip(spatial, strides, kernel)]
+        if any(n < 0 for n in needed):
+            raise ShapeError(
+                f"{op_type}: auto_pad {auto_pad} would need negative padding (strides {list(strides)} longer than "
+                f"the kernel {list(kernel)} over {list(spatial)}), which onnxruntime refuses too; use explicit pads "
+                "or auto_pad VALID"
+            )
+        begin = [n // 2 if auto_pad == "SAME_UPPER" else (n + 1) // 2 for n in needed]
+        end = [n - b for n, b in zip(needed, begin)]
+        out = _window_counts(spatial, begin, end, extents, strides, ceil_mode)
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out = [-(-size // s) for size, s in zip(spatial, strides)]
         totals = [max(0, (o - 1) * s + e - size) for o, s, e, size in zip(out, strides, extents, spatial)]
         if auto_pad == "SAME_UPPER":
@@ -90,20 +105,33 @@ def spatial_geometry(
             if len(pads) != 2 * rank:
                 raise UnsupportedOpError(f"{op_type}: pads must have {2 * rank} entries")
             begin, end = list(pads[:rank]), list(pads[rank:])
-        out = []
-        for size, b, e, extent, s in zip(spatial, begin, end, extents, strides):
-            span = size + b + e - extent
-            # onnxruntime (and onnx's shape inference) divide in C integers, which round toward zero: a window longer
-            # than the padded input still gives one output when it overhangs by less than a stride (its taps past the
-            # end read as padding).  Python's // rounds down, which gave no output there and left the planned one
-            # unwritten.
-            count = (-(-span // s) if ceil_mode else _divide_toward_zero(span, s)) + 1
-            if ceil_mode and (count - 1) * s >= size + b:
-                count -= 1  # the last window would start in the end padding
-            out.append(max(0, count))
+        out = _window_counts(spatial, begin, end, extents, strides, ceil_mode)
     else:
         raise UnsupportedOpError(f"{op_type}: auto_pad {auto_pad!r} is not supported")
     return SpatialGeometry(tuple(kernel), strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+
+def _window_counts(
+    spatial: Sequence[int],
+    begin: Sequence[int],
+    end: Sequence[int],
+    extents: Sequence[int],
+    strides: Sequence[int],
+    ceil_mode: bool,
+) -> list[int]:
+    """Output positions per axis for windows of ``extents`` over the padded input."""
+    out = []
+    for size, b, e, extent, s in zip(spatial, begin, end, extents, strides):
+        span = size + b + e - extent
+        # onnxruntime (and onnx's shape inference) divide in C integers, which round toward zero: a window longer
+        # than the padded input still gives one output when it overhangs by less than a stride (its taps past the
+        # end read as padding).  Python's // rounds down, which gave no output there and left the planned one
+        # unwritten.
+        count = (-(-span // s) if ceil_mode else _divide_toward_zero(span, s)) + 1
+        if ceil_mode and (count - 1) * s >= size + b:
+            count -= 1  # the last window would start in the end padding
+        out.append(max(0, count))
+    return out
 
 
 def window_slices(geometry: SpatialGeometry, offset: Sequence[int]) -> tuple[slice, ...]:
@@ -190,6 +218,15 @@ class Conv(Operator):
 
     op_type = "Conv"
     since_version = 1
+
+    def output_shapes(
+        self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]
+    ) -> list[tuple[int, ...]] | None:
+        x, w = inputs[0], inputs[1]
+        if x is None or w is None:
+            return None
+        geometry, _ = _conv_setup(x.shape, w.shape, attrs)
+        return [(x.shape[0], w.shape[0]) + geometry.out]
 
     def reference(
         self,

@@ -52,6 +52,11 @@ def conv_transpose_geometry(
         # An output_shape beyond the full output pads nothing at the head: the extra positions are zeros
         # at the tail (onnxruntime clamps the total padding at 0, and onnx's reference agrees).
         totals = [max(0, f - o) for f, o in zip(full, out)]
+        if output_shape is None:
+            # auto_pad SAME asks for input * stride, but never pads negatively: where that exceeds the full output
+            # (a kernel shorter than the stride), the output is the full one, as onnxruntime and onnx's shape
+            # inference size it (onnx's reference evaluator alone pads on to input * stride).
+            out = [f - t for f, t in zip(full, totals)]
         halves = [int(t / 2) for t in totals]  # C division (towards zero), as onnxruntime distributes it
         if auto_pad == "SAME_UPPER":
             begin = halves
@@ -72,6 +77,15 @@ class ConvTranspose(Operator):
 
     op_type = "ConvTranspose"
     since_version = 1
+
+    def output_shapes(
+        self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]
+    ) -> list[tuple[int, ...]] | None:
+        x, w = inputs[0], inputs[1]
+        if x is None or w is None:
+            return None
+        out = conv_transpose_geometry(x.shape, w.shape, attrs)[5]
+        return [(x.shape[0], w.shape[1] * int(attrs.get("group", 1))) + tuple(out)]
 
     def reference(
         self,
