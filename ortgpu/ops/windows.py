@@ -130,6 +130,12 @@ class MelWeightMatrix(Operator):
         edges = [
             int(np.floor((dft_length + 1) * _mel_to_hz(low_mel + i * step) / sample_rate)) for i in range(mel_bins + 2)
         ]
+        if edges and (edges[0] < 0 or edges[-1] >= spectrum_bins):
+            # onnxruntime refuses filters that reach past the spectrum; cutting them off would change their shape.
+            raise ShapeError(
+                f"{self.op_type}: the filters span DFT bins {edges[0]}..{edges[-1]}, outside the {spectrum_bins} "
+                "bins of dft_length; lower upper_edge_hertz or raise dft_length"
+            )
         matrix = np.zeros((spectrum_bins, mel_bins), dtype=np.float64)
         for i in range(mel_bins):
             low, center, high = edges[i], edges[i + 1], edges[i + 2]
