@@ -27,7 +27,7 @@ from test_ops_elementwise import (
     wide_ints,
 )
 
-from ortgpu.ops import NotOnDevice, TensorInfo, get_operator
+from ortgpu.ops import TensorInfo, get_operator
 from ortgpu.ops._runner import run_plan
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 from ortgpu_core.backends.protocol import BackendDevice
@@ -319,14 +319,35 @@ def test_refusals_are_typed() -> None:
         get_operator("Sin", 7).reference([np.zeros(3, np.int32)], {}, [])
 
 
-def test_too_many_inputs_for_one_kernel_run_on_the_cpu(op_device: BackendDevice) -> None:
+@pytest.mark.parametrize(
+    ("op", "dtype"),
+    [("Sum", np.float32), ("Mean", np.float16), ("Max", np.int64), ("Min", np.float32), ("Max", np.uint8)],
+)
+def test_more_inputs_than_one_kernel_binds_chain_kernels(op: str, dtype: Any, op_device: BackendDevice) -> None:
+    """Nodes with more inputs than storage bindings fold them in several kernels, in the node's order."""
     caps = caps_of(op_device)
-    count = caps.limits.max_storage_buffers_per_shader_stage
-    info = TensorInfo((3,), np.dtype(np.float32))
-    with pytest.raises(NotOnDevice, match="Sum"):
-        get_operator("Sum", 13).plan([info] * count, [info], {}, caps, {})
-    # one fewer fits
-    arrays = [np.full(3, i, np.float32) for i in range(count - 1)]
-    plan = get_operator("Sum", 13).plan([info] * (count - 1), [info], {}, caps, {})
-    (got,) = run_plan(op_device, plan, arrays, [info])
-    assert_close(got, np.full(3, sum(range(count - 1)), np.float32), "Sum of many inputs")
+    rng = np.random.default_rng(11)
+    limit = caps.limits.max_storage_buffers_per_shader_stage
+    for count in (limit, 2 * limit + 5):  # two kernels; three (both scratch buffers in turn)
+        shapes = [(4, 5) if i % 3 else (5,) for i in range(count)]
+        if np.dtype(dtype).kind == "f":
+            arrays = [rng.standard_normal(shape).astype(dtype) for shape in shapes]
+            arrays[3].reshape(-1)[0] = np.nan
+        else:
+            arrays = [
+                wide_ints(*shape, dtype=dtype)(rng)
+                if dtype == np.int64
+                else ints(*shape, low=0, high=256, dtype=dtype)(rng)
+                for shape in shapes
+            ]
+        operator = get_operator(op, 13)
+        (expected,) = operator.reference(arrays, {}, [])
+        infos = [TensorInfo(a.shape, a.dtype) for a in arrays]
+        output = TensorInfo(expected.shape, expected.dtype)
+        plan = operator.plan(infos, [output], {}, caps, {})
+        assert len(plan.kernels) > 1
+        (actual,) = run_plan(op_device, plan, arrays, [output])
+        if np.dtype(dtype) == np.float16:
+            np.testing.assert_allclose(actual.astype(np.float32), expected.astype(np.float32), rtol=1e-3, atol=1e-3)
+        else:
+            assert_close(actual, expected, f"{op} of {count} inputs")

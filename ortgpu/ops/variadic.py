@@ -10,16 +10,18 @@ nodes with more inputs than the device binds storage buffers, run on the CPU.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
+from ortgpu_core.backends.protocol import KernelTwin
 
-from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 from ._wgsl import INT64_WGSL, require_device_dtype, wgsl_float
-from ._wgsl_kernels import Operand, elementwise_plan
+from ._wgsl_kernels import Operand, elementwise_kernel, elementwise_plan
 
 __all__ = ["VariadicOperator", "Max", "Min", "Sum", "Mean", "MINMAX_WGSL", "MINMAX64_WGSL"]
 
@@ -67,12 +69,25 @@ class VariadicOperator(Operator):
     #: dtype kinds the reference accepts ("f": floats only, "fiu": also integers).
     kinds = "f"
 
-    def combine(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        """The result of the (already broadcastable, same-dtype) inputs, in their dtype."""
+    def accumulate(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """The left-to-right fold of broadcastable arrays (floats in the accumulation dtype)."""
         raise NotImplementedError
 
-    def expression(self, dtype: np.dtype[Any], count: int) -> tuple[str, str]:
-        """(WGSL expression over ``x0 .. x<count-1>``, helpers) for a device dtype."""
+    def finish(self, total: np.ndarray, count: int) -> np.ndarray:
+        """The result from the fold of all ``count`` inputs (Mean divides)."""
+        return total
+
+    def combine(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """The result of the (already broadcastable, same-dtype) inputs."""
+        return self.finish(self.accumulate(arrays), len(arrays))
+
+    def accumulation_dtype(self, dtype: np.dtype[Any]) -> np.dtype[Any]:
+        """The dtype partial results are kept in between chained kernels."""
+        return dtype
+
+    def expression(self, dtype: np.dtype[Any], count: int, total: int | None) -> tuple[str, str]:
+        """(WGSL expression over ``x0 .. x<count-1>``, helpers) for a device dtype; ``total``: the number of
+        inputs of the whole node when this kernel gives the final result (None for a partial result)."""
         raise NotImplementedError
 
     def _check(self, arrays: Sequence[np.ndarray | TensorInfo | None]) -> list[np.ndarray | TensorInfo]:
@@ -125,24 +140,73 @@ class VariadicOperator(Operator):
         pair = dtype.name in _PAIRS
         allowed = _FLOATS + (_NARROW_INTS + _PAIRS if "i" in self.kinds else ())
         require_device_dtype(self.op_type, dtype, allowed)
+        if outputs[0].size == 0:
+            return OpPlan()
         operands = []
         for i in indices:
             info = inputs[i]
             assert info is not None
             operands.append(Operand(i, info, int64_pair=pair))
-        expression, helpers = self.expression(dtype, len(operands))
+        limit = caps.limits.max_storage_buffers_per_shader_stage
+        if len(operands) + 1 <= limit:
+            expression, helpers = self.expression(dtype, len(operands), len(operands))
 
-        def function(*arrays: np.ndarray) -> np.ndarray:
-            return self.reference(list(arrays), attrs, outputs)[0]
+            def function(*arrays: np.ndarray) -> np.ndarray:
+                return self.reference(list(arrays), attrs, outputs)[0]
 
-        if len(operands) + 1 > caps.limits.max_storage_buffers_per_shader_stage:
-            raise NotOnDevice(
-                f"{self.op_type} of {len(operands)} inputs runs on the CPU: the device binds at most "
-                f"{caps.limits.max_storage_buffers_per_shader_stage} storage buffers per kernel"
+            return elementwise_plan(
+                self.op_type, operands, outputs, expression, caps, function, inputs, helpers=helpers, pair_output=pair
             )
-        return elementwise_plan(
-            self.op_type, operands, outputs, expression, caps, function, inputs, helpers=helpers, pair_output=pair
-        )
+        if limit < 3:
+            raise NotOnDevice(f"{self.op_type}: the device binds only {limit} storage buffers per kernel")
+        return self._chained_plan(operands, outputs[0], caps, pair, limit)
+
+    def _chained_plan(
+        self, operands: list[Operand], output: TensorInfo, caps: DeviceCaps, pair: bool, limit: int
+    ) -> OpPlan:
+        """More inputs than one kernel binds: kernels folding groups into a partial result (two scratch
+        buffers, used in turn), each starting from the previous one's, in the node's left-to-right order."""
+        partial = TensorInfo(output.shape, self.accumulation_dtype(output.dtype))
+        groups = [operands[: limit - 1]]
+        rest = operands[limit - 1 :]
+        while rest:
+            groups.append(rest[: limit - 2])
+            rest = rest[limit - 2 :]
+        kernels = []
+        for number, group in enumerate(groups):
+            final = number == len(groups) - 1
+            infos = ([partial] if number else []) + [operand.info for operand in group]
+            sources = ([Binding("scratch", (number - 1) % 2)] if number else []) + [
+                Binding("input", operand.input_index) for operand in group
+            ]
+            kernel_operands = [Operand(-1, partial, int64_pair=pair)] if number else []
+            kernel_operands += group
+            target = output if final else partial
+            destination = Binding("output", 0) if final else Binding("scratch", number % 2)
+            expression, helpers = self.expression(target.dtype, len(infos), len(operands) if final else None)
+            twin = self._chain_twin(infos, target, len(operands) if final else None)
+            kernel = elementwise_kernel(
+                self.op_type, kernel_operands, target, expression, caps, twin, helpers=helpers, pair_output=pair
+            )
+            kernels.append(replace(kernel, bindings=tuple(sources) + (destination,)))
+        size = partial.nbytes
+        return OpPlan(kernels=tuple(kernels), scratch_sizes=(size, size) if len(groups) > 2 else (size,))
+
+    def _chain_twin(self, infos: list[TensorInfo], target: TensorInfo, total: int | None) -> KernelTwin:
+        """The numpy twin of one chained kernel: fold the bound arrays, finish when ``total`` is given."""
+
+        def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
+            views = [
+                arrays[slot][: info.nbytes].view(info.dtype).reshape(info.shape) for slot, info in enumerate(infos)
+            ]
+            with np.errstate(all="ignore"):
+                result = self.accumulate(views)
+                if total is not None:
+                    result = self.finish(result, total)
+            value = np.ascontiguousarray(np.broadcast_to(np.asarray(result, dtype=target.dtype), target.shape))
+            arrays[len(infos)][: target.nbytes] = value.reshape(-1).view(np.uint8)
+
+        return twin
 
 
 class _MinMax(VariadicOperator):
@@ -150,14 +214,14 @@ class _MinMax(VariadicOperator):
     #: "max" or "min"
     which = ""
 
-    def combine(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    def accumulate(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
         ufunc = np.maximum if self.which == "max" else np.minimum
         result = arrays[0]
         for a in arrays[1:]:
             result = ufunc(result, a)  # propagates NaN
         return result
 
-    def expression(self, dtype: np.dtype[Any], count: int) -> tuple[str, str]:
+    def expression(self, dtype: np.dtype[Any], count: int, total: int | None) -> tuple[str, str]:
         if dtype.kind == "f":
             return _fold(f"{self.which}_f32", count), MINMAX_WGSL
         if dtype.name in _PAIRS:
@@ -181,7 +245,7 @@ class Min(_MinMax):
 
 
 def _float_sum(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """Left-to-right sum; float16 accumulates in float32 (as the device does) and rounds by the caller."""
+    """Left-to-right sum; float16 accumulates in float32 (as the device does), rounded by the caller."""
     wide = np.float32 if arrays[0].dtype == np.float16 else arrays[0].dtype
     result = arrays[0].astype(wide)
     for a in arrays[1:]:
@@ -189,27 +253,31 @@ def _float_sum(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return result
 
 
-@register
-class Sum(VariadicOperator):
-    op_type = "Sum"
-    since_version = 1
-
-    def combine(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+class _Sum(VariadicOperator):
+    def accumulate(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
         return _float_sum(arrays)
 
-    def expression(self, dtype: np.dtype[Any], count: int) -> tuple[str, str]:
+    def accumulation_dtype(self, dtype: np.dtype[Any]) -> np.dtype[Any]:
+        return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+    def expression(self, dtype: np.dtype[Any], count: int, total: int | None) -> tuple[str, str]:
         return " + ".join(f"x{slot}" for slot in range(count)), ""
 
 
 @register
-class Mean(VariadicOperator):
+class Sum(_Sum):
+    op_type = "Sum"
+    since_version = 1
+
+
+@register
+class Mean(_Sum):
     op_type = "Mean"
     since_version = 1
 
-    def combine(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        total = _float_sum(arrays)
-        return np.asarray(total / np.asarray(len(arrays), dtype=total.dtype))
+    def finish(self, total: np.ndarray, count: int) -> np.ndarray:
+        return np.asarray(total / np.asarray(count, dtype=total.dtype))
 
-    def expression(self, dtype: np.dtype[Any], count: int) -> tuple[str, str]:
-        total = " + ".join(f"x{slot}" for slot in range(count))
-        return f"({total}) / {wgsl_float(count)}", ""
+    def expression(self, dtype: np.dtype[Any], count: int, total: int | None) -> tuple[str, str]:
+        text = " + ".join(f"x{slot}" for slot in range(count))
+        return (text, "") if total is None else (f"({text}) / {wgsl_float(total)}", "")
