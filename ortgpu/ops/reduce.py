@@ -177,8 +177,9 @@ def plan_serial_reduction(
 _KERNELS = {
     "sum": ("0.0", "acc + v", "wg_sum"),
     "mean": ("0.0", "acc + v", "wg_sum"),
-    "max": ("-3.402823466e+38f", "max(acc, v)", "wg_max"),
-    "min": ("3.402823466e+38f", "min(acc, v)", "wg_min"),
+    # the identities are the infinities (not the largest finite floats): a row of -inf has the maximum -inf
+    "max": ("bitcast<f32>(0xff800000u)", "max(acc, v)", "wg_max"),
+    "min": ("bitcast<f32>(0x7f800000u)", "min(acc, v)", "wg_min"),
     "l1": ("0.0", "acc + abs(v)", "wg_sum"),
     "l2": ("0.0", "acc + v * v", "wg_sum"),
     "sumsquare": ("0.0", "acc + v * v", "wg_sum"),
