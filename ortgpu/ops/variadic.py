@@ -4,8 +4,10 @@ On the device: one :func:`~ortgpu.ops._wgsl_kernels.elementwise_kernel` over all
 each), folding them left to right.  float32 and float16 are computed in f32 (Sum and Mean round once
 to float16 at the end, as the reference does); Max and Min also run on every integer type, int64 and
 uint64 exactly on ``vec2<u32>`` pairs.  Float Max/Min propagate NaN (as numpy and onnxruntime do):
-WGSL's ``max``/``min`` leave NaN operands unspecified, so NaN is tested on the bits.  float64, and
-nodes with more inputs than the device binds storage buffers, run on the CPU.
+WGSL's ``max``/``min`` leave NaN operands unspecified, so NaN is tested on the bits.  Nodes with more
+inputs than the device binds storage buffers run as several kernels, each folding a group into a
+partial result in scratch (float32 for float16 sums) that the next one starts from.  float64 runs on
+the CPU.
 """
 
 from __future__ import annotations
