@@ -299,8 +299,11 @@ CASES: list[Case] = [
     Case("STFT", [spectrum(1, 50, 2), const(6, np.int64), floats(10)], {"onesided": 0}, opset=17, label="complex"),
 ]
 
+#: Ops with device kernels (their cases are planned on the device, except the variants listed as CPU-only).
+DEVICE_OPS = {"DequantizeLinear"}
+CPU_VARIANTS = {"DequantizeLinear-opset21-blocked"}
 for case in CASES:
-    case.on_device = False
+    case.on_device = case.op_type in DEVICE_OPS and case.id not in CPU_VARIANTS
 
 NUMPY_ORACLES["MatMulInteger-opset10-per-row-per-column"] = lambda a, b, a_zero, b_zero: (
     (a.astype(np.int64) - a_zero.astype(np.int64)[:, None]) @ (b.astype(np.int64) - b_zero.astype(np.int64))

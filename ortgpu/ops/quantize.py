@@ -14,7 +14,14 @@ refused (numpy cannot hold them).
 ``DequantizeLinear``: ``y = (x - zero_point) * scale``: the difference is exact,
 the product is computed in float32 and rounded once to the output dtype (the
 scale's, or ``output_dtype``).  Inputs uint8/int8/uint16/int16/int32 (int32 has
-no zero point).
+no zero point).  It runs on the device per tensor and per axis (blocked scales
+run on the CPU): WGSL's f32 product is correctly rounded, and the difference is
+converted to f32 exactly (8/16-bit differences are exact in f32; int32 inputs
+are converted as ``f32(x >> 16) * 65536 + f32(x & 0xffff)``, two exact terms
+whose sum is rounded once, as numpy's conversion rounds).
+
+QuantizeLinear stays on the CPU: WGSL's f32 division is not correctly rounded
+(2.5 ULP), which would move values on rounding ties.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ import onnx.helper
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from ._kernel import Operator, TensorInfo
+from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
+from ._wgsl_kernels import Operand, elementwise_plan
 
 __all__ = ["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "saturate_round", "expand_parameter"]
 
@@ -189,6 +197,59 @@ class DequantizeLinear(Operator):
         full_scale = expand_parameter(self.op_type, scale, x.shape, axis, block_size, self.opset)
         product = difference.astype(np.float32) * full_scale.astype(np.float32)
         return [np.array(product.astype(dtype), order="C")]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        x, scale = inputs[0], inputs[1]
+        assert x is not None and scale is not None
+        zero_point = inputs[2] if len(inputs) > 2 else None
+        out = outputs[0]
+        if x.dtype.name not in ("uint8", "int8", "uint16", "int16", "int32"):
+            raise NotOnDevice(f"DequantizeLinear on {x.dtype.name} runs on the CPU")
+        if scale.dtype.name not in ("float32", "float16") or out.dtype.name not in ("float32", "float16"):
+            raise NotOnDevice("DequantizeLinear: scales and outputs other than float32/float16 run on the CPU")
+        if int(attrs.get("block_size", 0)) > 0:
+            raise NotOnDevice("DequantizeLinear: blocked quantization runs on the CPU")
+        if x.dtype.name == "int32" and zero_point is not None:
+            raise NotOnDevice("DequantizeLinear: int32 with a zero point input runs on the CPU (it must be 0)")
+        rank = len(x.shape)
+        if scale.size == 1 and len(scale.shape) <= 1:
+            broadcast_shape: tuple[int, ...] = ()
+        elif self.opset >= 13 and len(scale.shape) == 1 and rank > 0:
+            axis = int(attrs.get("axis", 1))
+            if not -rank <= axis < rank or scale.shape[0] != x.shape[axis]:
+                raise ShapeError(f"DequantizeLinear: scale {scale.shape} for axis {axis} of {x.shape}")
+            axis = axis + rank if axis < 0 else axis
+            broadcast_shape = (1,) * axis + (scale.shape[0],) + (1,) * (rank - axis - 1)
+        else:
+            raise ShapeError(f"DequantizeLinear (opset {self.opset}): scale shape {scale.shape} for input {x.shape}")
+        if zero_point is not None and zero_point.size != scale.size:
+            raise ShapeError(f"DequantizeLinear: zero point {zero_point.shape} differs from the scale {scale.shape}")
+        operands = [Operand(0, x), Operand(1, TensorInfo(broadcast_shape, scale.dtype))]
+        if x.dtype.name == "int32":
+            # Exact int32 -> f32 conversion rounded once (WGSL leaves the rounding of f32(i32) to the device).
+            difference = "(f32(x0 >> 16u) * 65536.0 + f32(x0 & 65535))"
+        elif zero_point is not None:
+            if zero_point.dtype != x.dtype:
+                raise ShapeError(f"DequantizeLinear: zero point {zero_point.dtype} differs from the input's {x.dtype}")
+            operands.append(Operand(2, TensorInfo(broadcast_shape, zero_point.dtype)))
+            difference = "f32(i32(x0) - i32(x2))"
+        else:
+            difference = "f32(x0)"
+        opset, attributes = self.opset, dict(attrs)
+
+        def function(*arrays: np.ndarray) -> np.ndarray:
+            operator = DequantizeLinear()
+            operator.opset = opset
+            return operator.reference(list(arrays), attributes, outputs)[0]
+
+        return elementwise_plan("DequantizeLinear", operands, outputs, f"{difference} * x1", caps, function, inputs)
 
 
 @register
