@@ -28,7 +28,7 @@ from ._wgsl import (
     workgroup_size_for,
 )
 
-__all__ = ["Pad", "copy_kernel_body"]
+__all__ = ["Pad", "copy_kernel_body", "pad_plan", "pad_reference"]
 
 _MODES = ("constant", "reflect", "edge", "wrap")
 
@@ -104,7 +104,8 @@ def _source_index(i: np.ndarray, length: int, mode: str) -> np.ndarray:
             return np.zeros_like(i)
         period = 2 * (length - 1)
         m = np.mod(i, period)
-        return np.where(m >= length, period - m, m)
+        reflected: np.ndarray = np.where(m >= length, period - m, m)
+        return reflected
     return i
 
 
@@ -203,63 +204,81 @@ class Pad(Operator):
                     raise NotOnDevice("Pad: pads and axes must be constants for the WebGPU kernel")
                 values[i] = np.asarray(constants[i])
         pads, mode = self._settings(len(x.shape), attrs, values)
-        layout = _layout(x.shape, pads, mode)
-        out = outputs[0]
-        if tuple(out.shape) != tuple(entry[3] for entry in layout):
-            raise NotOnDevice(f"Pad: the planned output shape {out.shape} differs from the pads")
-        if out.size == 0:
-            return OpPlan()
-        itemsize = x.dtype.itemsize
-        if itemsize not in (1, 2, 4, 8) or out.dtype != x.dtype:
-            raise NotOnDevice(f"Pad: {x.dtype} elements cannot be moved by a WebGPU kernel")
-        if out.size >= 2**31 or x.size >= 2**31:
-            raise NotOnDevice("Pad: tensors beyond 2^31 elements run on the CPU")
-        check_binding_sizes("Pad", [x, out], caps)
         has_value_input = self.opset >= 11 and len(inputs) > 2 and inputs[2] is not None and inputs[2].size > 0
-        bindings = [Binding("input", 0)]
-        parts = [storage_declaration(0, "src", writable=False), raw_load_function("raw0", "src", itemsize)]
-        needs_fill = mode == "constant" and any(e[2] or e[3] != e[1] for e in layout)
-        if needs_fill and has_value_input:
-            bindings.append(Binding("input", 2))
-            parts += [storage_declaration(1, "fill", writable=False), raw_load_function("raw1", "fill", itemsize)]
-            fill = "raw1(0u)"
+        return pad_plan(
+            "Pad", pads, mode, 2 if has_value_input else None, self._value(attrs, None), inputs, outputs, caps
+        )
+
+
+def pad_plan(
+    op_type: str,
+    pads: Sequence[tuple[int, int]],
+    mode: str,
+    value_input: int | None,
+    fill_default: Any,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    caps: DeviceCaps,
+) -> OpPlan:
+    """The one-kernel plan padding input 0 by ``pads``; the constant is element 0 of input ``value_input``, or
+    ``fill_default`` when that is None."""
+    x = inputs[0]
+    assert x is not None
+    layout = _layout(x.shape, pads, mode)
+    out = outputs[0]
+    if tuple(out.shape) != tuple(entry[3] for entry in layout):
+        raise NotOnDevice(f"{op_type}: the planned output shape {out.shape} differs from the pads")
+    if out.size == 0:
+        return OpPlan()
+    itemsize = x.dtype.itemsize
+    if itemsize not in (1, 2, 4, 8) or out.dtype != x.dtype:
+        raise NotOnDevice(f"{op_type}: {x.dtype} elements cannot be moved by a WebGPU kernel")
+    if out.size >= 2**31 or x.size >= 2**31:
+        raise NotOnDevice(f"{op_type}: tensors beyond 2^31 elements run on the CPU")
+    check_binding_sizes(op_type, [x, out], caps)
+    bindings = [Binding("input", 0)]
+    parts = [storage_declaration(0, "src", writable=False), raw_load_function("raw0", "src", itemsize)]
+    needs_fill = mode == "constant" and any(e[2] or e[3] != e[1] for e in layout)
+    if needs_fill and value_input is not None:
+        bindings.append(Binding("input", value_input))
+        parts += [storage_declaration(1, "fill", writable=False), raw_load_function("raw1", "fill", itemsize)]
+        fill = "raw1(0u)"
+    else:
+        low, high = _fill_bits(fill_default, x.dtype)
+        fill = f"vec2<u32>({low}u, {high}u)"
+    bindings.append(Binding("output", 0))
+    parts.append(storage_declaration(len(bindings) - 1, "dst", writable=True))
+    strides = contiguous_strides(x.shape)
+    lines = ["fn fetch(j: u32) -> vec2<u32> {", "  var rest = j;", "  var k = 0;"]
+    for axis in reversed(range(len(x.shape))):
+        crop_begin, length, pad_begin, size = layout[axis]
+        lines += [f"  var i{axis} = i32(rest % {size}u) - {pad_begin};", f"  rest = rest / {size}u;"]
+        if mode == "constant":
+            if pad_begin or size != length:
+                lines.append(f"  if (i{axis} < 0 || i{axis} >= {length}) {{ return {fill}; }}")
+        elif mode == "edge":
+            lines.append(f"  i{axis} = clamp(i{axis}, 0, {length - 1});")
+        elif mode == "wrap":
+            lines.append(f"  i{axis} = ((i{axis} % {length}) + {length}) % {length};")
+        elif length == 1:
+            lines.append(f"  i{axis} = 0;")
         else:
-            low, high = _fill_bits(self._value(attrs, None), x.dtype)
-            fill = f"vec2<u32>({low}u, {high}u)"
-        bindings.append(Binding("output", 0))
-        parts.append(storage_declaration(len(bindings) - 1, "dst", writable=True))
-        strides = contiguous_strides(x.shape)
-        lines = ["fn fetch(j: u32) -> vec2<u32> {", "  var rest = j;", "  var k = 0;"]
-        for axis in reversed(range(len(x.shape))):
-            crop_begin, length, pad_begin, size = layout[axis]
-            lines += [f"  var i{axis} = i32(rest % {size}u) - {pad_begin};", f"  rest = rest / {size}u;"]
-            if mode == "constant":
-                if pad_begin or size != length:
-                    lines.append(f"  if (i{axis} < 0 || i{axis} >= {length}) {{ return {fill}; }}")
-            elif mode == "edge":
-                lines.append(f"  i{axis} = clamp(i{axis}, 0, {length - 1});")
-            elif mode == "wrap":
-                lines.append(f"  i{axis} = ((i{axis} % {length}) + {length}) % {length};")
-            elif length == 1:
-                lines.append(f"  i{axis} = 0;")
-            else:
-                period = 2 * (length - 1)
-                lines.append(f"  i{axis} = ((i{axis} % {period}) + {period}) % {period};")
-                lines.append(f"  if (i{axis} >= {length}) {{ i{axis} = {period} - i{axis}; }}")
-            lines.append(f"  k = k + (i{axis} + {crop_begin}) * {strides[axis]};")
-        lines += ["  return raw0(u32(k));", "}"]
-        parts.append("\n".join(lines) + "\n")
-        # Without a bound constant_value the kernel fills with the attribute's value (or 0); the twin too.
-        fill_default = self._value(attrs, None)
+            period = 2 * (length - 1)
+            lines.append(f"  i{axis} = ((i{axis} % {period}) + {period}) % {period};")
+            lines.append(f"  if (i{axis} >= {length}) {{ i{axis} = {period} - i{axis}; }}")
+        lines.append(f"  k = k + (i{axis} + {crop_begin}) * {strides[axis]};")
+    lines += ["  return raw0(u32(k));", "}"]
+    parts.append("\n".join(lines) + "\n")
 
-        def function(*arrays: np.ndarray) -> np.ndarray:
-            fill_value = arrays[1].reshape(-1)[0] if len(arrays) > 1 else fill_default
-            return pad_reference(arrays[0], pads, mode, fill_value)
+    # Without a bound constant_value the kernel fills with fill_default; the twin too.
+    def function(*arrays: np.ndarray) -> np.ndarray:
+        fill_value = arrays[1].reshape(-1)[0] if len(arrays) > 1 else fill_default
+        return pad_reference(arrays[0], pads, mode, fill_value)
 
-        invocations = -(-out.size // elements_per_invocation(itemsize))
-        workgroup = workgroup_size_for(caps.limits)
-        guard = f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"
-        wgsl = "".join(parts) + kernel_entry(workgroup, guard + copy_kernel_body(itemsize, out.size))
-        twin = reference_twin(function, bindings, inputs, outputs)
-        grid = grid_for(invocations, workgroup, caps.limits)
-        return OpPlan(kernels=(KernelSpec("Pad", wgsl, grid, tuple(bindings), twin),))
+    invocations = -(-out.size // elements_per_invocation(itemsize))
+    workgroup = workgroup_size_for(caps.limits)
+    guard = f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"
+    wgsl = "".join(parts) + kernel_entry(workgroup, guard + copy_kernel_body(itemsize, out.size))
+    twin = reference_twin(function, bindings, inputs, outputs)
+    grid = grid_for(invocations, workgroup, caps.limits)
+    return OpPlan(kernels=(KernelSpec(op_type, wgsl, grid, tuple(bindings), twin),))
