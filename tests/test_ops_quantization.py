@@ -142,6 +142,12 @@ CASES: list[Case] = [
     Case("MatMulInteger", [quantized(2, 4, 33, dtype=U8), quantized(33, 6, dtype=I8)], opset=10, label="batched"),
     Case(
         "MatMulInteger",
+        [quantized(3, 1, 5, 300, dtype=I8), quantized(2, 300, 7, dtype=I8), quantized(1, dtype=I8), const(-128, I8)],
+        opset=10,
+        label="broadcast-batches-long-k",
+    ),
+    Case(
+        "MatMulInteger",
         [quantized(4, 3, dtype=U8), quantized(3, 5, dtype=U8), quantized(4, dtype=U8), quantized(5, dtype=U8)],
         opset=10,
         label="per-row-per-column",
@@ -164,6 +170,22 @@ CASES: list[Case] = [
     Case(
         "QLinearMatMul",
         [
+            quantized(2, 7, 64, dtype=U8),
+            scales(),
+            quantized(1, dtype=U8),
+            quantized(64, 9, dtype=U8),
+            scales(),
+            const(120, U8),
+            const(0.4, F32),
+            const(100, U8),
+        ],
+        opset=10,
+        constants=frozenset({1, 4, 6}),
+        label="constant-scales",
+    ),
+    Case(
+        "QLinearMatMul",
+        [
             quantized(2, 3, 16, dtype=I8),
             scales(),
             const(-2, I8),
@@ -174,6 +196,7 @@ CASES: list[Case] = [
             const(-5, I8),
         ],
         opset=21,
+        constants=frozenset({1, 4, 6}),
         label="int8-batched",
     ),
     Case(
@@ -189,6 +212,7 @@ CASES: list[Case] = [
             const(100, U8),
         ],
         opset=21,
+        constants=frozenset({1, 4, 6}),
         label="float16-scales",
     ),
     # ConvInteger, QLinearConv
@@ -300,8 +324,12 @@ CASES: list[Case] = [
 ]
 
 #: Ops with device kernels (their cases are planned on the device, except the variants listed as CPU-only).
-DEVICE_OPS = {"DequantizeLinear"}
-CPU_VARIANTS = {"DequantizeLinear-opset21-blocked"}
+DEVICE_OPS = {"DequantizeLinear", "MatMulInteger", "QLinearMatMul"}
+CPU_VARIANTS = {
+    "DequantizeLinear-opset21-blocked",
+    "MatMulInteger-opset10-per-row-per-column",
+    "QLinearMatMul-opset10",  # scales fed at run time
+}
 for case in CASES:
     case.on_device = case.op_type in DEVICE_OPS and case.id not in CPU_VARIANTS
 
