@@ -266,7 +266,9 @@ def _check_versions(model: onnx.ModelProto) -> dict[str, int]:
         opsets[domain] = int(entry.version)
     default = opsets.get("")
     if default is None:
-        raise InvalidModelError("the model imports no default-domain (ai.onnx) opset; re-export it")
+        if not opsets:
+            raise InvalidModelError("the model imports no opset; re-export it")
+        return opsets  # only other domains (ai.onnx.ml, preview training...): each node is checked for its own
     if not 1 <= default <= MAX_OPSET:
         raise UnsupportedOpError(
             f"the model uses ai.onnx opset {default}; ortgpu supports opsets {MIN_OPSET}..{MAX_OPSET} (and older "

@@ -384,3 +384,21 @@ def test_input_too_big_for_the_device() -> None:
     model = load_model(models.mlp(layers=1, width=1024))
     with pytest.raises(ShapeError, match="model input"):
         plan_model(model, {"X": (1 << 17, 1024)}, CAPS)
+
+
+def test_models_of_other_domains_only_load_node_by_node() -> None:
+    """A model importing no ai.onnx opset (preview-training or ai.onnx.ml graphs) is checked per node: an operator
+    ortgpu lacks is refused naming its domain; a model importing nothing at all is invalid."""
+    node = helper.make_node("Frobnicate", ["X"], ["Y"], domain="com.example", name="custom")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("com.example", 1)])
+    with pytest.raises(UnsupportedOpError, match="Frobnicate.*com.example"):
+        load_model(model.SerializeToString())
+    del model.opset_import[:]
+    with pytest.raises(InvalidModelError, match="imports no opset"):
+        load_model(model.SerializeToString())
