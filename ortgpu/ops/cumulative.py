@@ -1,8 +1,8 @@
 """CumSum and CumProd: running sums (products) along the axis given by input 1.
 
 ``exclusive`` leaves element ``i`` out of its own result (the first result is the identity, 0 or 1);
-``reverse`` runs from the end of the axis.  Results accumulate in the input's dtype, in order along the axis (as
-onnxruntime does: float32 sums round at every step; integers wrap).
+``reverse`` runs from the end of the axis.  Results accumulate in the input's dtype (float16 in float32), in order
+along the axis (as onnxruntime does: float32 sums round at every step; integers wrap).
 
 The device kernel runs one invocation per line along the axis (every position of the other axes), walking the
 line serially: float32, int32/uint32 and int64/uint64 (exact, as ``vec2<u32>`` pairs).  Lines longer than the
@@ -76,8 +76,15 @@ class _Cumulative(Operator):
         if exclusive and y.shape[axis] > 0:
             identity = np.full_like(np.take(y, [0], axis=axis), 1 if self.product else 0)
             y = np.concatenate([identity, np.take(y, range(y.shape[axis] - 1), axis=axis)], axis=axis)
+        # float16 accumulates in float32, rounding each result once (as onnxruntime does)
+        accumulate = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
         with np.errstate(over="ignore", invalid="ignore"):
-            y = np.cumprod(y, axis=axis, dtype=x.dtype) if self.product else np.cumsum(y, axis=axis, dtype=x.dtype)
+            y = (
+                np.cumprod(y, axis=axis, dtype=accumulate)
+                if self.product
+                else np.cumsum(y, axis=axis, dtype=accumulate)
+            )
+        y = y.astype(x.dtype, copy=False)
         if reverse:
             y = np.flip(y, axis)
         return [np.ascontiguousarray(y)]

@@ -45,7 +45,7 @@ class Hardmax(Operator):
             raise UnsupportedOpError(f"{self.op_type}: a scalar input has no axis")
         if not -rank <= axis < (rank if self.opset >= 13 else rank + 1):
             raise UnsupportedOpError(f"{self.op_type}: axis {axis} out of range for rank {rank} (opset {self.opset})")
-        axis %= rank if self.opset >= 13 else rank + 1
+        axis += rank if axis < 0 else 0  # before 13, axis may also be rank (rows of one element)
         return (axis,) if self.opset >= 13 else tuple(range(axis, rank))
 
     def reference(

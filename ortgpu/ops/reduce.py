@@ -279,6 +279,11 @@ def _plan_log_sum_exp(
     return single_kernel_plan(op_type, wgsl, grid, table, compute, inputs, outputs, caps)
 
 
+#: kinds whose reduction of a single element is that element: ``noop_with_empty_axes`` returns the input as is.
+#: The others (L1, L2, LogSum, SumSquare) still transform each element, reduced over no axes.
+_NOOP_IS_IDENTITY = frozenset({"sum", "mean", "max", "min", "prod", "logsumexp"})
+
+
 class _Reduce(Operator):
     """Shared by the four reductions: ``kind`` picks the combine, ``axes_input_since`` the opset where axes
     moved from an attribute to input 1."""
@@ -315,7 +320,9 @@ class _Reduce(Operator):
         assert x is not None
         axes = self._axes(x.ndim, attrs, inputs[1] if len(inputs) > 1 else None)
         if axes is None:
-            return [x.copy()]
+            if self.kind in _NOOP_IS_IDENTITY:
+                return [x.copy()]
+            axes = ()  # each element reduced alone: |x|, sqrt(x*x), log(x), x*x (as onnxruntime and onnx do)
         keepdims = bool(attrs.get("keepdims", 1))
         if self.kind == "sum":
             y = np.sum(x, axis=axes, keepdims=keepdims, dtype=x.dtype)
@@ -350,7 +357,9 @@ class _Reduce(Operator):
             axes_input = constants[1]
         axes = self._axes(len(x.shape), attrs, axes_input)
         if axes is None:
-            return OpPlan(alias={0: 0})
+            if self.kind in _NOOP_IS_IDENTITY:
+                return OpPlan(alias={0: 0})
+            axes = ()
 
         def compute(full: Sequence[np.ndarray | None]) -> list[np.ndarray]:
             return self.reference([full[0], axes_input] + list(full[2:]), attrs, outputs)
