@@ -1,0 +1,269 @@
+"""RNN, GRU and LSTM (opsets 7 and 14; 14 adds ``layout``), on the CPU.
+
+Shapes (``layout`` 0; ``layout`` 1 puts the batch axis first in X, initial states and all outputs)::
+
+    X          [seq_length, batch, input_size]
+    W          [num_directions, gates * hidden, input_size]     gates: RNN 1, GRU 3 (z r h), LSTM 4 (i o f c)
+    R          [num_directions, gates * hidden, hidden]
+    B          [num_directions, 2 * gates * hidden]             W's bias then R's bias (absent: zeros)
+    sequence_lens [batch]                                      absent: every sequence is seq_length long
+    initial_h / initial_c [num_directions, batch, hidden]       absent: zeros
+    P          [num_directions, 3 * hidden]                     LSTM peepholes (i o f; absent: zeros)
+    Y          [seq_length, num_directions, batch, hidden]
+    Y_h / Y_c  [num_directions, batch, hidden]
+
+A sequence shorter than ``seq_length`` stops at its length: its later rows of Y are zero, and Y_h / Y_c hold its
+last valid step (for the reverse direction, which starts at the sequence's last valid step, the step at 0).
+
+The recurrence is sequential by nature: the steps run in numpy in float64 (inputs widened once, outputs
+rounded once), and the operators stay on the CPU (``plan`` raises :class:`NotOnDevice`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ortgpu_core._errors import ShapeError, UnsupportedOpError
+
+from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._recurrent_cells import Activation, activations_for, decode_names
+from ._registry import register
+
+__all__ = ["RNN", "GRU", "LSTM"]
+
+Array = np.ndarray
+_FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+class _Recurrent(Operator):
+    """What RNN, GRU and LSTM share: input checks, directions, sequence lengths, layouts."""
+
+    gates = 1
+    default_activations: tuple[str, ...] = ("Tanh",)
+    #: hidden-state-like inputs (initial_h, and initial_c for LSTM) by input position
+    state_inputs: tuple[int, ...] = (5,)
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        raise NotOnDevice(
+            f"{self.op_type}: the recurrence runs one time step after another (each step needs the previous "
+            "hidden state); it runs on the CPU"
+        )
+
+    # -- the cell of one direction: subclasses ----------------------------------------------
+
+    def step(
+        self,
+        x_proj: Array,
+        states: list[Array],
+        r: Array,
+        rb: Array,
+        peephole: Array | None,
+        functions: list[Activation],
+        attrs: Mapping[str, Any],
+    ) -> list[Array]:
+        """One time step: ``x_proj`` is ``x W^T + Wb`` for this step ([batch, gates*hidden]); returns the new
+        states (hidden first)."""
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        op = self.op_type
+        x, w, r = inputs[0], inputs[1], inputs[2]
+        if x is None or w is None or r is None:
+            raise ShapeError(f"{op}: inputs X, W and R are required")
+        dtype = x.dtype
+        if dtype not in _FLOATS:
+            raise UnsupportedOpError(f"{op}: input type {dtype} is not supported (float16, float32, float64 are)")
+        layout = int(attrs.get("layout", 0)) if self.opset >= 14 else 0
+        if layout not in (0, 1):
+            raise UnsupportedOpError(f"{op}: layout {layout} is not defined (0 or 1)")
+        direction = attrs.get("direction", "forward")
+        direction = direction.decode() if isinstance(direction, bytes) else str(direction)
+        if direction not in ("forward", "reverse", "bidirectional"):
+            raise UnsupportedOpError(f"{op}: direction {direction!r} is not defined (forward, reverse, bidirectional)")
+        num_directions = 2 if direction == "bidirectional" else 1
+        if x.ndim != 3 or w.ndim != 3 or r.ndim != 3:
+            raise ShapeError(f"{op}: X, W and R must be 3-D (got ranks {x.ndim}, {w.ndim}, {r.ndim})")
+        xs = np.swapaxes(x, 0, 1) if layout == 1 else x
+        seq_length, batch, input_size = xs.shape
+        hidden = int(attrs["hidden_size"]) if "hidden_size" in attrs else int(r.shape[-1])
+        gh = self.gates * hidden
+        if w.shape != (num_directions, gh, input_size):
+            raise ShapeError(f"{op}: W has shape {w.shape}; expected {(num_directions, gh, input_size)}")
+        if r.shape != (num_directions, gh, hidden):
+            raise ShapeError(f"{op}: R has shape {r.shape}; expected {(num_directions, gh, hidden)}")
+        bias = self._optional(inputs, 3, (num_directions, 2 * gh), "B")
+        wb = bias[:, :gh] if bias is not None else np.zeros((num_directions, gh))
+        rb = bias[:, gh:] if bias is not None else np.zeros((num_directions, gh))
+        lengths = self._lengths(inputs, seq_length, batch)
+        state_shape = (batch, num_directions, hidden) if layout == 1 else (num_directions, batch, hidden)
+        initial = []
+        for position in self.state_inputs:
+            value = self._optional(inputs, position, state_shape, "initial state")
+            if value is None:
+                initial.append(np.zeros((num_directions, batch, hidden)))
+            else:
+                initial.append(np.swapaxes(value, 0, 1) if layout == 1 else value)
+        peepholes = self._optional(inputs, 7, (num_directions, 3 * hidden), "P") if self.op_type == "LSTM" else None
+        clip_value = attrs.get("clip")
+        clip = None if clip_value is None else float(clip_value)
+        functions = activations_for(
+            op,
+            self.default_activations,
+            num_directions,
+            decode_names(attrs.get("activations")),
+            [float(a) for a in attrs.get("activation_alpha", ()) or ()],
+            [float(b) for b in attrs.get("activation_beta", ()) or ()],
+            clip,
+        )
+
+        wide_x = xs.astype(np.float64)
+        y = np.zeros((seq_length, num_directions, batch, hidden))
+        finals: list[list[Array]] = [[] for _ in self.state_inputs]
+        for d in range(num_directions):
+            reverse = direction == "reverse" or d == 1
+            # Every step's input projection at once: [seq, batch, gates*hidden].
+            x_proj = wide_x @ w[d].astype(np.float64).T + wb[d]
+            states = [s[d].astype(np.float64) for s in initial]
+            peephole = None if peepholes is None else peepholes[d].astype(np.float64)
+            steps = range(seq_length - 1, -1, -1) if reverse else range(seq_length)
+            for t in steps:
+                new = self.step(x_proj[t], states, r[d].astype(np.float64), rb[d], peephole, functions[d], attrs)
+                valid = (t < lengths)[:, None]
+                # Past a sequence's length its state stays (Y_h is the last valid step) and Y stays zero.
+                states = [np.where(valid, n, s) for n, s in zip(new, states)]
+                y[t, d] = np.where(valid, new[0], 0.0)
+            for index, state in enumerate(states):
+                finals[index].append(state)
+
+        results = [y] + [np.stack(f) for f in finals]
+        if layout == 1:
+            results = [np.transpose(y, (2, 0, 1, 3))] + [np.swapaxes(f, 0, 1) for f in results[1:]]
+        return [np.ascontiguousarray(v.astype(dtype)) for v in results]
+
+    def _optional(self, inputs: Sequence[np.ndarray | None], index: int, shape: tuple[int, ...], what: str) -> Any:
+        value = inputs[index] if len(inputs) > index else None
+        if value is None:
+            return None
+        if value.shape != shape:
+            raise ShapeError(f"{self.op_type}: {what} (input {index}) has shape {value.shape}; expected {shape}")
+        return value.astype(np.float64)
+
+    def _lengths(self, inputs: Sequence[np.ndarray | None], seq_length: int, batch: int) -> Array:
+        value = inputs[4] if len(inputs) > 4 else None
+        if value is None:
+            return np.full(batch, seq_length, dtype=np.int64)
+        if value.shape != (batch,):
+            raise ShapeError(f"{self.op_type}: sequence_lens has shape {value.shape}; expected {(batch,)}")
+        lengths = value.astype(np.int64)
+        if np.any(lengths < 0) or np.any(lengths > seq_length):
+            raise ShapeError(
+                f"{self.op_type}: sequence_lens {lengths.tolist()} must lie in [0, seq_length={seq_length}]"
+            )
+        return lengths
+
+
+@register
+class RNN(_Recurrent):
+    """RNN-7/14: ``H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)`` (f defaults to Tanh)."""
+
+    op_type = "RNN"
+    since_version = 7
+    gates = 1
+    default_activations = ("Tanh",)
+
+    def step(
+        self,
+        x_proj: Array,
+        states: list[Array],
+        r: Array,
+        rb: Array,
+        peephole: Array | None,
+        functions: list[Activation],
+        attrs: Mapping[str, Any],
+    ) -> list[Array]:
+        (h,) = states
+        return [functions[0](x_proj + h @ r.T + rb)]
+
+
+@register
+class GRU(_Recurrent):
+    """GRU-7/14, gates z, r, h; ``linear_before_reset`` applies the reset gate after R_h's product."""
+
+    op_type = "GRU"
+    since_version = 7
+    gates = 3
+    default_activations = ("Sigmoid", "Tanh")
+
+    def step(
+        self,
+        x_proj: Array,
+        states: list[Array],
+        r: Array,
+        rb: Array,
+        peephole: Array | None,
+        functions: list[Activation],
+        attrs: Mapping[str, Any],
+    ) -> list[Array]:
+        (h,) = states
+        f, g = functions
+        n = h.shape[1]
+        zr = x_proj[:, : 2 * n] + h @ r[: 2 * n].T + rb[: 2 * n]
+        z = f(zr[:, :n])
+        reset = f(zr[:, n:])
+        if int(attrs.get("linear_before_reset", 0)):
+            candidate = g(x_proj[:, 2 * n :] + reset * (h @ r[2 * n :].T + rb[2 * n :]))
+        else:
+            candidate = g(x_proj[:, 2 * n :] + (reset * h) @ r[2 * n :].T + rb[2 * n :])
+        return [(1.0 - z) * candidate + z * h]
+
+
+@register
+class LSTM(_Recurrent):
+    """LSTM-7/14, gates i, o, f, c, with peepholes P (i, o, f) and ``input_forget`` (f = 1 - i)."""
+
+    op_type = "LSTM"
+    since_version = 7
+    gates = 4
+    default_activations = ("Sigmoid", "Tanh", "Tanh")
+    state_inputs = (5, 6)
+
+    def step(
+        self,
+        x_proj: Array,
+        states: list[Array],
+        r: Array,
+        rb: Array,
+        peephole: Array | None,
+        functions: list[Activation],
+        attrs: Mapping[str, Any],
+    ) -> list[Array]:
+        h, c = states
+        f, g, act_h = functions
+        n = h.shape[1]
+        pre = x_proj + h @ r.T + rb
+        p_i, p_o, p_f = (peephole[:n], peephole[n : 2 * n], peephole[2 * n :]) if peephole is not None else (0, 0, 0)
+        i = f(pre[:, :n] + p_i * c)
+        if int(attrs.get("input_forget", 0)):
+            # Coupled input and forget gates.
+            forget = 1.0 - i
+        else:
+            forget = f(pre[:, 2 * n : 3 * n] + p_f * c)
+        cell = forget * c + i * g(pre[:, 3 * n :])
+        o = f(pre[:, n : 2 * n] + p_o * cell)
+        return [o * act_h(cell), cell]
