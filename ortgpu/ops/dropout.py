@@ -64,7 +64,8 @@ class Dropout(Operator):
         self._check(self._training(inputs, attrs), self._ratio(inputs, attrs))
         results = [x.copy()]
         if len(outputs) > 1:
-            results.append(np.ones(x.shape, dtype=outputs[1].dtype))
+            # the mask is bool from opset 10, the data's type before
+            results.append(np.ones(x.shape, dtype=np.bool_ if self.opset >= 10 else x.dtype))
         return results
 
     def plan(

@@ -113,6 +113,6 @@ class LinearAttention(Operator):
             state = state + kt[..., :, None] * update[..., None, :]
             shared = np.repeat(state, group, axis=1)  # [B, Hq, dk, dv]
             out[:, t] = scale * np.einsum("bhkv,bhk->bhv", shared, q[:, t])
-        present_dtype = past.dtype if past is not None else (outputs[1].dtype if len(outputs) > 1 else query.dtype)
+        present_dtype = past.dtype if past is not None else query.dtype
         results = [out.reshape(batch, steps, hq * dv).astype(query.dtype), state.astype(present_dtype)]
         return results[: max(1, len(outputs))]
