@@ -180,19 +180,26 @@ CASES: list[Case] = [
         on_device=False,
         label="elements-int64",
     ),
-    # OneHot, GatherND, EyeLike (CPU)
+    # OneHot (a kernel once depth is known), GatherND (CPU), EyeLike (a kernel)
+    Case(
+        "OneHot",
+        [ints(2, 3, low=-6, high=8, dtype=I64), const(5, I64), const([0.0, 3.0], np.float32)],
+        opset=11,
+        constants=frozenset({1}),
+    ),
     Case(
         "OneHot",
         [ints(2, 3, low=-6, high=8, dtype=I64), const(5, I64), const([0.0, 3.0], np.float32)],
         opset=11,
         on_device=False,
+        label="runtime-depth",
     ),
     Case(
         "OneHot",
         [ints(2, 3, low=-4, high=4, dtype=I64), const(4, np.float32), const([2, 7], np.int32)],
         {"axis": 1},
         opset=11,
-        on_device=False,
+        constants=frozenset({1}),
         label="axis",
     ),
     Case(
@@ -200,8 +207,28 @@ CASES: list[Case] = [
         [floats(3, low=-3.0, high=4.0), const([3], np.float32), const([-1, 1], np.float32)],
         {"axis": -2},
         opset=11,
-        on_device=False,
+        constants=frozenset({1}),
         label="negative-axis",
+    ),
+    Case(
+        "OneHot",
+        [
+            const([2**32 + 1, -(2**32) + 2, 3, -1, 2**40, -(2**33) - 1], I64),
+            const(5, I64),
+            const([0, 9], I64),
+        ],
+        opset=11,
+        constants=frozenset({1}),
+        label="wide-int64-indices",
+    ),
+    Case(
+        "OneHot",
+        [ints(4, 2, low=-3, high=3), const(3, I64), const([False, True], np.bool_)],
+        {"axis": 0},
+        opset=11,
+        constants=frozenset({1}),
+        label="int32-bool",
+        in_onnxruntime=False,
     ),
     Case("GatherND", [floats(2, 3, 4), const([[1, -1], [0, 2]], I64)], opset=13, on_device=False),
     Case(
@@ -213,9 +240,22 @@ CASES: list[Case] = [
         label="batch-dims",
     ),
     Case("GatherND", [floats(3, 4), const([[2, 3], [0, 0], [1, 2]], I64)], opset=11, on_device=False, label="elements"),
-    Case("EyeLike", [floats(3, 5)], {"k": 1}, opset=9, on_device=False),
-    Case("EyeLike", [ints(4, 3)], {"k": -2, "dtype": onnx.TensorProto.DOUBLE}, opset=9, on_device=False, label="dtype"),
-    Case("EyeLike", [floats(2, 3)], {"k": 5}, opset=9, on_device=False, label="off-matrix"),
+    Case("EyeLike", [floats(3, 5)], {"k": 1}, opset=9),
+    Case("EyeLike", [ints(4, 3)], {"k": -2, "dtype": onnx.TensorProto.DOUBLE}, opset=9, label="double"),
+    Case("EyeLike", [floats(2, 3)], {"k": 5}, opset=9, label="off-matrix"),
+    Case("EyeLike", [ints(5, 4, dtype=I64)], {"k": -1}, opset=9, label="int64"),
+    Case(
+        "EyeLike",
+        [floats(5, 7)],
+        {"k": 2, "dtype": onnx.TensorProto.UINT8},
+        opset=9,
+        label="uint8",
+        in_onnxruntime=False,
+    ),
+    Case(
+        "EyeLike", [floats(3, 3)], {"dtype": onnx.TensorProto.FLOAT16}, opset=9, label="float16", in_onnxruntime=False
+    ),
+    Case("EyeLike", [floats(3, 3)], {"dtype": onnx.TensorProto.UINT64}, opset=9, label="uint64", in_onnxruntime=False),
     # data-dependent sizes (CPU)
     Case("Compress", [floats(3, 4), bools(3)], {"axis": 0}, opset=11, on_device=False),
     Case("Compress", [floats(3, 4), bools(5)], opset=11, on_device=False, label="flattened"),
@@ -304,6 +344,12 @@ NUMPY_ORACLES.update(
         "Trilu-opset14-uint8": lambda x, k: np.triu(x, int(k)),
         "Trilu-opset14-float16": lambda x, k: np.tril(x, int(k)),
         "Trilu-opset14-bool": lambda x: np.tril(x),
+        "OneHot-opset11-int32-bool": lambda i, depth, values: np.where(
+            np.arange(3)[:, None, None] == np.where(i < 0, i + 3, i)[None], values[1], values[0]
+        ),
+        "EyeLike-opset9-uint64": lambda x: np.eye(3, dtype=np.uint64),
+        "EyeLike-opset9-uint8": lambda x: np.eye(5, 7, k=2, dtype=np.uint8),
+        "EyeLike-opset9-float16": lambda x: np.eye(3, dtype=np.float16),
     }
 )
 
