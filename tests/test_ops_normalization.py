@@ -186,16 +186,15 @@ CASES: list[Case] = [
     ),
 ]
 
-#: float16 RMSNormalization rounds the normalised value to float16 before the scale, as the ONNX function does
-#: (onnxruntime rounds once, so the two differ by an ulp): checked on the devices only
+#: float16 kernels (f16 arrays, float32 arithmetic) vs the reference, on the devices only: float16 RMSNormalization
+#: rounds the normalised value to float16 before the scale, as the ONNX function does, where onnxruntime rounds once
 FLOAT16_CASES = [
-    Case(
-        "RMSNormalization",
-        [halves(2, 8), lambda rng: rng.standard_normal(8).astype(np.float16)],
-        opset=23,
-        on_device=False,
-        label="float16",
-    ),
+    Case("RMSNormalization", [halves(2, 8), halves(8)], opset=23, label="float16"),
+    Case("RMSNormalization", [halves(2, 8), floats(8)], opset=23, label="float16-float-scale"),
+    Case("InstanceNormalization", [halves(2, 3, 5), halves(3), halves(3)], opset=22, label="float16"),
+    Case("GroupNormalization", [halves(2, 4, 3), halves(4), halves(4)], {"num_groups": 2}, opset=21, label="float16"),
+    Case("LpNormalization", [halves(3, 5)], {"axis": 0}, opset=22, label="float16"),
+    Case("MeanVarianceNormalization", [halves(2, 3, 4, 5)], opset=13, label="float16"),
 ]
 
 SWIGLU_CASES = [

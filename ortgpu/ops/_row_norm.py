@@ -3,7 +3,9 @@
 Each row is the set of elements normalised together (the reduced axes of :func:`._tiling.row_layout`).  The
 kernel walks a row up to three times: the row mean (when centring), the statistic (sum of squared deviations,
 of squares or of absolute values), then the outputs ``(x - mean) * factor * scale + bias``.  The statistic is
-summed over the row's invocations through workgroup memory, in float32.
+summed over the row's invocations through workgroup memory, in float32.  Float16 tensors are read and written as
+``f16`` arrays where the device has ``shader-f16`` (each invocation stores its own 16-bit elements), computed in
+float32.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
-from ._kernel import Binding, DeviceCaps, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, NotOnDevice, OpPlan, TensorInfo
 from ._tiling import BindingTable, row_kernel_header, row_kernel_prologue, row_layout, single_kernel_plan, wgsl_f32
 
-__all__ = ["RowNorm", "row_norm_plan"]
+__all__ = ["RowNorm", "row_norm_plan", "require_row_norm_dtypes"]
 
 Statistic = Literal["variance", "std", "mean_square", "l1", "l2"]
 
@@ -40,6 +42,24 @@ class RowNorm:
     bias_index: str | None = None
     #: extra WGSL functions the index bodies call
     helpers: str = ""
+    #: round the normalised value to the output type before the scale (RMSNormalization's definition casts it)
+    round_normalized: bool = False
+
+
+def _element(info: TensorInfo, caps: DeviceCaps) -> str:
+    if info.dtype == np.float32:
+        return "f32"
+    if info.dtype == np.float16 and caps.has_f16:
+        return "f16"
+    return ""
+
+
+def require_row_norm_dtypes(op_type: str, infos: Sequence[TensorInfo | None], caps: DeviceCaps) -> None:
+    """``NotOnDevice`` unless every tensor is float32, or float16 on a device with ``shader-f16``."""
+    for info in infos:
+        if info is not None and not _element(info, caps):
+            why = "" if info.dtype != np.float16 else " (float16 needs the shader-f16 feature)"
+            raise NotOnDevice(f"{op_type}: the WebGPU kernel computes float32 and float16 only, not {info.dtype}{why}")
 
 
 def row_norm_plan(
@@ -62,24 +82,30 @@ def row_norm_plan(
     centred = spec.statistic in ("variance", "std")
     loops = 3 if centred else 2
     threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, op_type, loops=loops)
+    require_row_norm_dtypes(op_type, list(inputs) + list(outputs), caps)
     table = BindingTable()
-    x_name = table.add(Binding("input", 0))
-    output = table.add(Binding("output", 0), writable=True)
+    x_name = table.add(Binding("input", 0), _element(x, caps))
+    out_element = _element(outputs[0], caps)
+    output = table.add(Binding("output", 0), out_element, writable=True)
     terms = ""
     helpers += spec.helpers
-    if spec.scale_input is not None and spec.scale_index is not None:
-        name = table.add(Binding("input", spec.scale_input))
-        helpers += f"fn scale_index(at: u32) -> u32 {{ {spec.scale_index} }}\n"
-        terms += f" * {name}[scale_index(at)]"
-    if spec.bias_input is not None and spec.bias_index is not None:
-        name = table.add(Binding("input", spec.bias_input))
-        helpers += f"fn bias_index(at: u32) -> u32 {{ {spec.bias_index} }}\n"
-        terms += f" + {name}[bias_index(at)]"
+    for position, index, operator, function in (
+        (spec.scale_input, spec.scale_index, "*", "scale_index"),
+        (spec.bias_input, spec.bias_index, "+", "bias_index"),
+    ):
+        if position is None or index is None:
+            continue
+        info = inputs[position]
+        assert info is not None
+        name = table.add(Binding("input", position), _element(info, caps))
+        helpers += f"fn {function}(at: u32) -> u32 {{ {index} }}\n"
+        terms += f" {operator} f32({name}[{function}(at)])"
+    enable = "enable f16;\n" if any(_element(i, caps) == "f16" for i in list(inputs) + list(outputs) if i) else ""
     epsilon = wgsl_f32(spec.epsilon)
     if centred:
         mean = f"""    var s = 0.0;
     if (valid) {{
-        for (var r = t; r < LENGTH; r = r + T) {{ s = s + {x_name}[base + row_offset(r)]; }}
+        for (var r = t; r < LENGTH; r = r + T) {{ s = s + f32({x_name}[base + row_offset(r)]); }}
     }}
     let mean = wg_sum(s, t, slot) / f32(LENGTH);
 """
@@ -99,13 +125,16 @@ def row_norm_plan(
         "l1": "select(0.0, 1.0 / total, total > 0.0)",
         "l2": "select(0.0, inverseSqrt(total), total > 0.0)",
     }[spec.statistic]
-    wgsl = f"""{table.declarations()}
+    normalized = f"(f32({x_name}[at]) - mean) * factor"
+    if spec.round_normalized and out_element != "f32":
+        normalized = f"f32({out_element}({normalized}))"
+    wgsl = f"""{enable}{table.declarations()}
 {helpers}
 {row_kernel_prologue(grid, rows_per_group)}
 {mean}    var q = 0.0;
     if (valid) {{
         for (var r = t; r < LENGTH; r = r + T) {{
-            let d = {x_name}[base + row_offset(r)] - mean;
+            let d = f32({x_name}[base + row_offset(r)]) - mean;
             {accumulate}
         }}
     }}
@@ -114,7 +143,7 @@ def row_norm_plan(
     if (valid) {{
         for (var r = t; r < LENGTH; r = r + T) {{
             let at = base + row_offset(r);
-            {output}[at] = ({x_name}[at] - mean) * factor{terms};
+            {output}[at] = {out_element}({normalized}{terms});
         }}
     }}
 }}

@@ -3,7 +3,8 @@ group normalised as a whole: ``y = scale * (x - mean) / sqrt(variance + epsilon)
 
 Opset 18 has one ``scale``/``bias`` entry per group (``[num_groups]``); opset 21 one per channel (``[C]``) and a
 ``stash_type`` (the statistics in float32 by default).  The device kernel is the shared normalisation row kernel
-(:mod:`._row_norm`) over the ``[N, num_groups, C / num_groups * spatial]`` view, in float32.
+(:mod:`._row_norm`) over the ``[N, num_groups, C / num_groups * spatial]`` view, in float32;
+float16 tensors are read and written as such where the device has ``shader-f16``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from ortgpu_core._errors import ShapeError
 from .._limits import element_count
 from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._row_norm import RowNorm, row_norm_plan
-from ._tiling import require_float32
+from ._row_norm import RowNorm, require_row_norm_dtypes, row_norm_plan
 
 __all__ = ["GroupNormalization"]
 
@@ -78,7 +78,7 @@ class _GroupNormalizationBase(Operator):
     ) -> OpPlan:
         x, scale, bias = inputs[0], inputs[1], inputs[2]
         assert x is not None and scale is not None and bias is not None
-        require_float32("GroupNormalization", list(inputs) + list(outputs))
+        require_row_norm_dtypes("GroupNormalization", list(inputs) + list(outputs), caps)
         groups = int(attrs.get("num_groups", 0))
         channels = self._check(x.shape, scale.shape, bias.shape, groups)
         spatial = element_count(x.shape[2:])

@@ -1,7 +1,8 @@
 """InstanceNormalization-1/6/22: ``y = scale * (x - mean) / sqrt(variance + epsilon) + B`` with mean and
 variance over the spatial axes (2 on) of each instance and channel; ``scale`` and ``B`` are ``[C]``.
 
-The device kernel is the shared normalisation row kernel (:mod:`._row_norm`), in float32.
+The device kernel is the shared normalisation row kernel (:mod:`._row_norm`), in float32;
+float16 tensors are read and written as such where the device has ``shader-f16``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from ortgpu_core._errors import ShapeError
 from .._limits import element_count
 from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._row_norm import RowNorm, row_norm_plan
-from ._tiling import require_float32
+from ._row_norm import RowNorm, require_row_norm_dtypes, row_norm_plan
 
 __all__ = ["InstanceNormalization"]
 
@@ -69,7 +69,7 @@ class InstanceNormalization(Operator):
     ) -> OpPlan:
         x, scale, bias = inputs[0], inputs[1], inputs[2]
         assert x is not None and scale is not None and bias is not None
-        require_float32("InstanceNormalization", list(inputs) + list(outputs))
+        require_row_norm_dtypes("InstanceNormalization", list(inputs) + list(outputs), caps)
         channels = _check(x.shape, scale.shape, bias.shape)
         spatial = element_count(x.shape[2:])
         channel = f"return (at / {spatial}u) % {channels}u;"

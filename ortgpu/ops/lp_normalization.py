@@ -1,7 +1,8 @@
 """LpNormalization-1/22: ``x / ||x||_p`` along ``axis`` (default -1), ``p`` 1 or 2 (default 2); a zero norm
 gives a zero output (opset 22 defines it so; earlier it was undefined).
 
-The device kernel is the shared normalisation row kernel (:mod:`._row_norm`), in float32.
+The device kernel is the shared normalisation row kernel (:mod:`._row_norm`), in float32;
+float16 tensors are read and written as such where the device has ``shader-f16``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._row_norm import RowNorm, row_norm_plan
-from ._tiling import require_float32
+from ._row_norm import RowNorm, require_row_norm_dtypes, row_norm_plan
 
 __all__ = ["LpNormalization"]
 
@@ -64,7 +64,7 @@ class LpNormalization(Operator):
     ) -> OpPlan:
         x = inputs[0]
         assert x is not None
-        require_float32("LpNormalization", list(inputs) + list(outputs))
+        require_row_norm_dtypes("LpNormalization", list(inputs) + list(outputs), caps)
         axis, p = _settings(len(x.shape), attrs)
         spec = RowNorm("l1" if p == 1 else "l2")
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731

@@ -1,7 +1,8 @@
 """MeanVarianceNormalization-9/13: ``(X - mean) / (sqrt(variance) + 1e-9)`` over ``axes`` (default
 ``[0, 2, 3]``), as the ONNX function body computes it (its epsilon is added to the standard deviation).
 
-The device kernel is the shared normalisation row kernel (:mod:`._row_norm`), in float32.
+The device kernel is the shared normalisation row kernel (:mod:`._row_norm`), in float32;
+float16 tensors are read and written as such where the device has ``shader-f16``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._row_norm import RowNorm, row_norm_plan
-from ._tiling import require_float32
+from ._row_norm import RowNorm, require_row_norm_dtypes, row_norm_plan
 
 __all__ = ["MeanVarianceNormalization"]
 
@@ -65,7 +65,7 @@ class MeanVarianceNormalization(Operator):
     ) -> OpPlan:
         x = inputs[0]
         assert x is not None
-        require_float32("MeanVarianceNormalization", list(inputs) + list(outputs))
+        require_row_norm_dtypes("MeanVarianceNormalization", list(inputs) + list(outputs), caps)
         axes = _axes(x.shape, attrs)
         spec = RowNorm("std", epsilon=_EPSILON)
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731

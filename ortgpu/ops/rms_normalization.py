@@ -1,7 +1,8 @@
 """RMSNormalization-23: ``Y = X / sqrt(mean(X^2) + epsilon) * scale`` over the axes from ``axis`` (default -1)
 on; ``scale`` broadcasts to X.  ``stash_type`` 1 (the default) computes the first stage in float32.
 
-The device kernel is the shared normalisation row kernel (:mod:`._row_norm`), in float32.
+The device kernel is the shared normalisation row kernel (:mod:`._row_norm`), in float32;
+float16 tensors are read and written as such where the device has ``shader-f16``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._row_norm import RowNorm, row_norm_plan
-from ._tiling import broadcast_strides, index_function, require_float32
+from ._row_norm import RowNorm, require_row_norm_dtypes, row_norm_plan
+from ._tiling import broadcast_strides, index_function
 
 __all__ = ["RMSNormalization"]
 
@@ -75,7 +76,7 @@ class RMSNormalization(Operator):
     ) -> OpPlan:
         x, scale = inputs[0], inputs[1]
         assert x is not None and scale is not None
-        require_float32("RMSNormalization", list(inputs) + list(outputs))
+        require_row_norm_dtypes("RMSNormalization", list(inputs) + list(outputs), caps)
         axis = _axis(x.shape, attrs)
         _check_scale(scale.shape, x.shape)
         index = index_function("scale_at", x.shape, broadcast_strides(scale.shape, x.shape))
@@ -85,6 +86,7 @@ class RMSNormalization(Operator):
             scale_input=1,
             scale_index="return scale_at(at);",
             helpers=index,
+            round_normalized=True,
         )
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
         return row_norm_plan("RMSNormalization", spec, range(axis, len(x.shape)), inputs, outputs, caps, compute)
