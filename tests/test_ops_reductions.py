@@ -16,6 +16,7 @@ import pytest
 from test_ops_elementwise import (
     Case,
     Generator,
+    caps_of,
     check_plan,
     check_reference,
     const,
@@ -344,3 +345,50 @@ def test_long_scans_and_rows_respect_the_loop_budget(op_device: BackendDevice) -
         get_operator("Hardmax", 13).plan([x], [x], {}, caps, {})
     short = TensorInfo((2, 30000), np.dtype(F32))
     get_operator("CumSum", 14).plan([short, TensorInfo((), np.dtype(I64))], [short], {}, caps, axis)
+
+
+def _nan_rows(length: int) -> np.ndarray:
+    """Rows with NaN first, in the middle, everywhere, nowhere, beside infinities."""
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((6, length)).astype(F32)
+    rows[0, 0] = np.nan
+    rows[1, length // 2] = np.nan
+    rows[2, :] = np.nan
+    rows[4, :] = -np.inf
+    rows[5, 1] = np.inf
+    rows[5, length - 1] = np.nan
+    return rows
+
+
+@pytest.mark.parametrize("length", [5, 700])
+def test_nan_rows_match_the_reference_on_the_device(op_device: BackendDevice, length: int) -> None:
+    """NaN in reductions follows numpy (the spec's model: NaN anywhere gives NaN, even where WGSL's max/min
+    drop it); ArgMax/ArgMin/Hardmax follow onnxruntime's ordered scan (checked against onnxruntime too)."""
+    from test_ops_elementwise import assert_close, attribute_values, onnx_model, run_onnxruntime
+
+    from ortgpu.ops._runner import run_plan
+
+    x = _nan_rows(length)
+    for op_type, attrs, opset in (
+        ("ReduceMax", {"axes": [1]}, 13),
+        ("ReduceMin", {"axes": [1], "keepdims": 0}, 13),
+        ("ReduceLogSumExp", {"axes": [1]}, 13),
+        ("ReduceL2", {"axes": [1]}, 13),
+        ("ArgMax", {"axis": 1}, 13),
+        ("ArgMin", {"axis": 1, "select_last_index": 1}, 13),
+        ("Hardmax", {}, 13),
+    ):
+        operator = get_operator(op_type, opset)
+        (expected,) = operator.reference([x], attrs, [TensorInfo((), np.dtype(F32))])
+        if op_type.startswith("Arg") or op_type == "Hardmax":
+            case = Case(op_type, [const(x)], attrs, opset=opset)
+            model = onnx_model(case, [x], [expected.dtype])
+            assert attribute_values(model) == attrs
+            (theirs,) = run_onnxruntime(model, [x])
+            assert_close(expected, theirs, f"{op_type} NaN rows (reference vs onnxruntime)")
+        else:
+            assert np.isnan(expected.reshape(6)[[0, 1, 2, 5]]).all()
+        output = TensorInfo(expected.shape, expected.dtype)
+        plan = operator.plan([TensorInfo(x.shape, x.dtype)], [output], attrs, caps_of(op_device), {})
+        (actual,) = run_plan(op_device, plan, [x], [output])
+        assert_close(actual, expected, f"{op_type} NaN rows (device vs reference)")

@@ -186,8 +186,11 @@ _KERNELS = {
     "logsum": ("0.0", "acc + v", "wg_sum"),
 }
 
-#: WGSL -inf (a run-time bit pattern: WGSL refuses infinite constant expressions written as literals)
+#: WGSL -inf and NaN (bit patterns: WGSL refuses infinite or NaN constant expressions written as literals)
 _NEG_INF = "bitcast<f32>(0xff800000u)"
+_NAN = "bitcast<f32>(0x7fc00000u)"
+#: WGSL test of an f32 for NaN, by its bits
+_IS_NAN = "((bitcast<u32>({}) & 0x7fffffffu) > 0x7f800000u)"
 
 
 def plan_row_reduction(
@@ -222,17 +225,25 @@ def plan_row_reduction(
     elif kind == "logsum":
         # log(0) spelled out: -inf (an empty row, or values summing to zero)
         finish = f"select(log(total), {_NEG_INF}, total == 0.0)"
+    nan_count = nan_total = ""
+    if kind in ("max", "min"):
+        # WGSL's max/min may drop a NaN operand (lavapipe does); the spec follows numpy, where a NaN anywhere in
+        # the row makes the result NaN: NaNs are counted (by their bits, which no fast-math folds away).
+        nan_count = f"\n            nans = nans + select(0.0, 1.0, {_IS_NAN.format('v')});"
+        nan_total = "\n    let row_nans = wg_sum(nans, t, slot);"
+        finish = f"select(total, {_NAN}, row_nans > 0.0)"
     wgsl = f"""{table.declarations()}
 {helpers}
 {row_kernel_prologue(grid, rows_per_group)}
     var acc = {initial};
+    var nans = 0.0;
     if (valid) {{
         for (var r = t; r < LENGTH; r = r + T) {{
             let v = {x_name}[base + row_offset(r)];
-            acc = {combine};
+            acc = {combine};{nan_count}
         }}
     }}
-    let total = {team_combine}(acc, t, slot);
+    let total = {team_combine}(acc, t, slot);{nan_total}
     if (valid && t == 0u) {{
         {output}[row] = {finish};
     }}
@@ -272,7 +283,9 @@ def _plan_log_sum_exp(
     }}
     let total = wg_sum(s, t, slot);
     if (valid && t == 0u) {{
-        {output}[row] = select(row_max, row_max + log(total), finite);
+        // a NaN in the row makes the sum NaN (even where max() dropped it): the result is NaN
+        let result = select(row_max, row_max + log(total), finite);
+        {output}[row] = select(result, total, {_IS_NAN.format("total")});
     }}
 }}
 """
