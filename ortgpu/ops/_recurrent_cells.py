@@ -36,20 +36,24 @@ class _Kind:
 
     takes_alpha: bool
     takes_beta: bool
-    alpha: float
-    beta: float
+    #: the default where one is agreed on; None: the node must list the value (see ``_KINDS``)
+    alpha: float | None
+    beta: float | None
     make: Callable[[float, float], Function]
 
 
-# Defaults are those of the ONNX operators of the same name (Affine / ScaledTanh: the former experimental ops).
+# Defaults are those of the ONNX operators of the same name where onnxruntime agrees (LeakyRelu, HardSigmoid,
+# Elu).  Where they disagree the node must list the value, else it is refused rather than guessed: onnxruntime
+# takes 0 for every unlisted Affine / ScaledTanh / ThresholdedRelu parameter, while ThresholdedRelu's default is
+# 1.0 and the former experimental Affine's was alpha 1.0 (ScaledTanh had none).
 _KINDS: dict[str, _Kind] = {
     "relu": _Kind(False, False, 0.0, 0.0, lambda a, b: lambda x: np.maximum(x, 0.0)),
     "tanh": _Kind(False, False, 0.0, 0.0, lambda a, b: np.tanh),
     "sigmoid": _Kind(False, False, 0.0, 0.0, lambda a, b: _sigmoid),
-    "affine": _Kind(True, True, 1.0, 0.0, lambda a, b: lambda x: a * x + b),
+    "affine": _Kind(True, True, None, None, lambda a, b: lambda x: a * x + b),
     "leakyrelu": _Kind(True, False, 0.01, 0.0, lambda a, b: lambda x: np.where(x >= 0, x, a * x)),
-    "thresholdedrelu": _Kind(True, False, 1.0, 0.0, lambda a, b: lambda x: np.where(x > a, x, 0.0)),
-    "scaledtanh": _Kind(True, True, 1.0, 1.0, lambda a, b: lambda x: a * np.tanh(b * x)),
+    "thresholdedrelu": _Kind(True, False, None, 0.0, lambda a, b: lambda x: np.where(x > a, x, 0.0)),
+    "scaledtanh": _Kind(True, True, None, None, lambda a, b: lambda x: a * np.tanh(b * x)),
     "hardsigmoid": _Kind(True, True, 0.2, 0.5, lambda a, b: lambda x: np.clip(a * x + b, 0.0, 1.0)),
     "elu": _Kind(True, False, 1.0, 0.0, lambda a, b: lambda x: np.where(x >= 0, x, a * np.expm1(np.minimum(x, 0)))),
     "softsign": _Kind(False, False, 0.0, 0.0, lambda a, b: lambda x: x / (1.0 + np.abs(x))),
@@ -113,7 +117,14 @@ def activations_for(
                 f"{op_type}: activation {name!r} is not supported (supported: Relu, Tanh, Sigmoid, Affine, "
                 "LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, Elu, Softsign, Softplus)"
             )
-        alpha = float(next(alpha_iter, kind.alpha)) if kind.takes_alpha else kind.alpha
-        beta = float(next(beta_iter, kind.beta)) if kind.takes_beta else kind.beta
-        bound.append(Activation(name, kind.make(alpha, beta), clip))
+        alpha = next(alpha_iter, kind.alpha) if kind.takes_alpha else 0.0
+        beta = next(beta_iter, kind.beta) if kind.takes_beta else 0.0
+        if alpha is None or beta is None:
+            raise UnsupportedOpError(
+                f"{op_type}: activation {name!r} needs its activation_alpha"
+                + (" and activation_beta" if kind.takes_beta else "")
+                + " listed: its default is not agreed on (onnxruntime takes 0, the ONNX operator's default "
+                "differs), so ortgpu does not guess; give the values explicitly"
+            )
+        bound.append(Activation(name, kind.make(float(alpha), float(beta)), clip))
     return [bound[d * per_direction : (d + 1) * per_direction] for d in range(num_directions)]
