@@ -28,7 +28,7 @@ from test_ops_elementwise import (
 )
 
 from ortgpu.ops import DeviceCaps, NotOnDevice, TensorInfo, get_operator
-from ortgpu_core._errors import InvalidArgumentError, ShapeError
+from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 from ortgpu_core.backends.protocol import BackendDevice
 
 I64 = np.int64
@@ -87,6 +87,21 @@ def _loss_cases() -> list[Case]:
             opset=12,
             on_device=False,
             label="large-scores",
+        ),
+        Case(
+            "NegativeLogLikelihoodLoss",
+            [floats(0, 3), labels(0, classes=3)],
+            opset=13,
+            on_device=False,
+            label="no-samples",
+        ),
+        Case(
+            "SoftmaxCrossEntropyLoss",
+            [floats(2, 3, 0), labels(2, 0, classes=3)],
+            {"reduction": "none"},
+            opset=13,
+            on_device=False,
+            label="empty-d1",
         ),
         Case(
             "NegativeLogLikelihoodLoss",
@@ -251,6 +266,23 @@ def _other_cases() -> list[Case]:
         Case("Einsum", [floats(2, 3, 4)], {"equation": "...ij->...ji"}, opset=12, on_device=False, label="ellipsis"),
         Case("Einsum", [floats(5), floats(5)], {"equation": "i,i"}, opset=12, on_device=False, label="implicit"),
         Case("Einsum", [ints(3, 4), ints(4)], {"equation": "ij,j->i"}, opset=12, on_device=False, label="int32"),
+        Case(
+            "Einsum",
+            [floats(2, 3, 4), floats(4, 5)],
+            {"equation": "...ij,jk"},
+            opset=12,
+            on_device=False,
+            label="implicit-ellipsis",
+        ),
+        Case(
+            "Einsum",
+            [floats(2, 3), floats(1, 3)],
+            {"equation": "ij,ij->ij"},
+            opset=12,
+            on_device=False,
+            label="broadcast-one",
+        ),
+        Case("Einsum", [floats(2, 3, 3)], {"equation": "bii->b"}, opset=12, on_device=False, label="diagonal"),
         Case("Det", [floats(4, 4)], opset=11, on_device=False),
         Case("Det", [floats(2, 3, 3, 3)], opset=11, on_device=False, label="batch"),
     ]
@@ -314,6 +346,10 @@ def test_invalid_inputs_are_refused_with_typed_errors() -> None:
     ):
         with pytest.raises(ShapeError, match=message):
             _reference("Einsum", 12, [x], {"equation": equation})
+    with pytest.raises(UnsupportedOpError, match="output term 'ab' does not"):
+        _reference("Einsum", 12, [np.zeros((2, 3), F32), np.zeros((4, 3), F32)], {"equation": "a...,b...->ab"})
+    with pytest.raises(UnsupportedOpError, match="axis 2 out of range"):
+        _reference("Hardmax", 11, [x], {"axis": 2})
     with pytest.raises(ShapeError, match="does not fit the input shapes"):
         _reference("Einsum", 12, [x, np.zeros((5, 2), F32)], {"equation": "ij,jk->ik"})
 

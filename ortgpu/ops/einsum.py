@@ -61,6 +61,12 @@ def parse_equation(op_type: str, equation: str, ranks: Sequence[int]) -> str:
             raise ShapeError(f"{op_type}: the output letter {missing[0]!r} does not occur in an input term")
         if ellipsis and not any_ellipsis:
             raise ShapeError(f"{op_type}: the output term {right!r} has '...' but no input term has")
+        if any_ellipsis and not ellipsis:
+            # numpy would sum over the ellipsis dimensions; onnxruntime refuses the equation
+            raise UnsupportedOpError(
+                f"{op_type}: the input terms have '...' but the output term {right!r} does not (summing over "
+                "broadcast dimensions is not implemented; write the ellipsis in the output, or name the dimensions)"
+            )
     return text
 
 

@@ -43,9 +43,9 @@ class Hardmax(Operator):
         axis = int(attrs.get("axis", -1 if self.opset >= 13 else 1))
         if rank == 0:
             raise UnsupportedOpError(f"{self.op_type}: a scalar input has no axis")
-        if not -rank <= axis < (rank if self.opset >= 13 else rank + 1):
+        if not -rank <= axis < rank:
             raise UnsupportedOpError(f"{self.op_type}: axis {axis} out of range for rank {rank} (opset {self.opset})")
-        axis += rank if axis < 0 else 0  # before 13, axis may also be rank (rows of one element)
+        axis %= rank
         return (axis,) if self.opset >= 13 else tuple(range(axis, rank))
 
     def reference(

@@ -86,6 +86,8 @@ def negative_log_likelihood(
     total = np.sum(loss)
     if reduction == "sum":
         return np.asarray(total, dtype=dtype)
+    if target.size == 0:
+        return np.zeros((), dtype=dtype)  # no samples at all: 0, as onnxruntime gives (not 0 / 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         # Every sample ignored (or a zero total weight): 0 / 0, NaN, as onnxruntime and PyTorch give.
         return np.asarray(total / np.sum(sample_weight), dtype=dtype)
