@@ -35,7 +35,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,7 @@ from ortgpu_core._errors import ModelError  # noqa: E402
 MIN_PASSES = 488
 MIN_WEBGPU = 466
 REPORT_PATH = os.path.join(HERE, "conformance_report.txt")
+README_PATH = os.path.join(os.path.dirname(HERE), "README.md")
 
 
 @functools.lru_cache(maxsize=1)
@@ -122,6 +123,10 @@ class CaseResult:
     on_webgpu: bool  # every node of every data set placed on WebGPU (for passing cases)
     message: str = ""
     seconds: float = 0.0
+    #: (domain, op type) -> the placements its nodes had in this case ("webgpu"/"cpu"), for passing cases
+    placements: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    #: (op type, domain) of every node of the case's model, for passing cases (folded nodes have no placement)
+    operators: frozenset[tuple[str, str]] = frozenset()
 
 
 def compare(expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float) -> str:
@@ -153,10 +158,20 @@ def run_case(case: Any, env: Any) -> CaseResult:
     op = primary_op(case)
     counted = numpy_dtypes_only(case)
     on_webgpu = True
+    domains = {node.op_type: node.domain or "ai.onnx" for node in case.model.graph.node}
+    placed: dict[tuple[str, str], set[str]] = {}
 
     def result(status: str, message: str = "") -> CaseResult:
         return CaseResult(
-            case.name, op, counted, status, on_webgpu and status == "pass", message, time.perf_counter() - start
+            case.name,
+            op,
+            counted,
+            status,
+            on_webgpu and status == "pass",
+            message,
+            time.perf_counter() - start,
+            {key: frozenset(value) for key, value in placed.items()} if status == "pass" else {},
+            frozenset(domains.items()) if status == "pass" else frozenset(),
         )
 
     try:
@@ -169,6 +184,9 @@ def run_case(case: Any, env: Any) -> CaseResult:
                     outputs = sess.run(None, feeds)
                 placement = _placement(sess, feeds)
                 on_webgpu = on_webgpu and all(p.placement == "webgpu" for p in placement)
+                for p in placement:
+                    for op_type in p.op_type.split("+"):
+                        placed.setdefault((domains.get(op_type, "ai.onnx"), op_type), set()).add(p.placement)
                 for name, want, got in zip(sess.output_names, expected, outputs):
                     problem = compare(np.asarray(as_array(want)), got, case.rtol, case.atol)
                     if problem:
@@ -254,11 +272,85 @@ def report(results: list[CaseResult], seconds: float, workers: int, backend: str
     for r in results:
         if r.counted and r.status == "refused":
             reasons[_reason(r.message)] = reasons.get(_reason(r.message), 0) + 1
+    lines.append("")
+    lines.append("operators by where their nodes ran in the passing cases (the README's table):")
+    lines.append(operator_table(results).rstrip("\n"))
     if reasons:
         lines.append("")
         lines.append("refusals of counted cases, by reason:")
         lines.extend(f"  {n:4d}  {why}" for why, n in sorted(reasons.items(), key=lambda item: (-item[1], item[0])))
     return "\n".join(lines) + "\n"
+
+
+def operator_placements(results: list[CaseResult]) -> dict[tuple[str, str], frozenset[str]]:
+    """(domain, op type) -> every placement its nodes had over the passing cases."""
+    seen: dict[tuple[str, str], set[str]] = {}
+    for result in results:
+        for key, placements in result.placements.items():
+            seen.setdefault(key, set()).update(placements)
+    return {key: frozenset(value) for key, value in seen.items()}
+
+
+README_BEGIN = "<!-- operator table: written by `python tests/test_conformance.py` -->"
+README_END = "<!-- end of operator table -->"
+
+
+def operator_table(results: list[CaseResult]) -> str:
+    """The README's operator table: every operator ortgpu implements, by where its nodes ran in the passing node
+    tests on the wgpu backend."""
+    from ortgpu.ops._catalog import DATA_DEPENDENT_OPS, registered_operators
+
+    seen = operator_placements(results)
+    passed = {(domain, op_type) for result in results for op_type, domain in result.operators}
+    groups: dict[tuple[str, str], list[str]] = {}
+    for domain, op_types in registered_operators().items():
+        for op_type in op_types:
+            where = seen.get((domain, op_type), frozenset())
+            if op_type in DATA_DEPENDENT_OPS:
+                label = "CPU, output size depends on data (values must be known when planning)"
+            elif where == {"webgpu"}:
+                label = "WebGPU"
+            elif "webgpu" in where:
+                label = "WebGPU; some variants (dtypes, attributes) on the CPU"
+            elif where:
+                label = "CPU"
+            elif (domain, op_type) in passed:
+                label = "computed when the model loads or is planned (constant inputs) in every node test"
+            else:
+                label = "no passing node test on this backend (see get_node_placement)"
+            groups.setdefault((domain, label), []).append(op_type)
+
+    def rank(label: str) -> int:
+        if label.startswith("WebGPU"):
+            return 0 if label == "WebGPU" else 1
+        return 2 if label.startswith("CPU") else 3 if label.startswith("computed") else 4
+
+    lines = ["| domain | runs on | operators |", "|---|---|---|"]
+    for (domain, label), op_types in sorted(
+        groups.items(), key=lambda item: (item[0][0] != "ai.onnx", item[0][0], rank(item[0][1]), item[0][1])
+    ):
+        lines.append(f"| {domain} | {label} | {', '.join(op_types)} |")
+    return "\n".join(lines) + "\n"
+
+
+def readme_table(path: str = README_PATH) -> str:
+    """The operator table as the README carries it (between its markers)."""
+    with open(path) as handle:
+        text = handle.read()
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin:
+        raise AssertionError(f"the README has no operator table between {README_BEGIN!r} and {README_END!r}")
+    return text[begin + len(README_BEGIN) : end].strip("\n") + "\n"
+
+
+def write_readme_table(table: str, path: str = README_PATH) -> None:
+    with open(path) as handle:
+        text = handle.read()
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin:
+        raise AssertionError(f"the README has no operator table between {README_BEGIN!r} and {README_END!r}")
+    with open(path, "w") as handle:
+        handle.write(text[: begin + len(README_BEGIN)] + "\n" + table + text[end:])
 
 
 def _reason(message: str) -> str:
@@ -370,6 +462,9 @@ def test_conformance_summary(
     assert t.passed >= MIN_PASSES, f"only {t.passed} counted node tests pass on {backend_name}; {MIN_PASSES} did"
     if backend_name == "wgpu":
         assert t.webgpu >= MIN_WEBGPU, f"only {t.webgpu} counted node tests pass wholly on WebGPU; {MIN_WEBGPU} did"
+        assert readme_table() == operator_table(results), (
+            "the README's operator table differs from what this run measured: run `python tests/test_conformance.py`"
+        )
     assert leaked == 0, f"the conformance sessions left {leaked} native object(s) behind after close()"
 
 
@@ -412,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if not args.filter and args.backend == "wgpu":
         write_report(text)
+        write_readme_table(operator_table(results))
     t = totals(results)
     return 0 if not t.problems else 1
 
