@@ -233,13 +233,41 @@ CASES: list[Case] = [
     Case("GatherND", [floats(2, 3, 4), const([[1, -1], [0, 2]], I64)], opset=13, on_device=False),
     Case(
         "GatherND",
+        [floats(2, 3, 4), const([[1, -1], [0, 2]], I64)],
+        opset=13,
+        constants=frozenset({1}),
+        label="constant",
+    ),
+    Case(
+        "GatherND",
         [ints(2, 3, 4), const([[[1, 3]], [[2, 0]]], I64)],
         {"batch_dims": 1},
         opset=13,
-        on_device=False,
+        constants=frozenset({1}),
         label="batch-dims",
     ),
-    Case("GatherND", [floats(3, 4), const([[2, 3], [0, 0], [1, 2]], I64)], opset=11, on_device=False, label="elements"),
+    Case(
+        "GatherND",
+        [halves(2, 3, 4, 5), const([[[1, -2], [0, 0], [2, 1]], [[0, 3], [1, 1], [2, 2]]], I64)],
+        {"batch_dims": 1},
+        opset=13,
+        constants=frozenset({1}),
+        label="batch-dims-float16-slices",
+    ),
+    Case(
+        "GatherND",
+        [floats(3, 4), const([[2, 3], [0, 0], [1, 2]], I64)],
+        opset=11,
+        constants=frozenset({1}),
+        label="elements",
+    ),
+    Case(
+        "GatherND",
+        [ints(3, 4, low=0, high=256, dtype=U8), const([[2], [0]], I64)],
+        opset=11,
+        constants=frozenset({1}),
+        label="uint8-rows",
+    ),
     Case("EyeLike", [floats(3, 5)], {"k": 1}, opset=9),
     Case("EyeLike", [ints(4, 3)], {"k": -2, "dtype": onnx.TensorProto.DOUBLE}, opset=9, label="double"),
     Case("EyeLike", [floats(2, 3)], {"k": 5}, opset=9, label="off-matrix"),
@@ -311,11 +339,26 @@ CASES: list[Case] = [
     ),
     Case(
         "ReverseSequence",
+        [floats(4, 3, 2), const([4, 1, 2], I64)],
+        opset=10,
+        constants=frozenset({1}),
+        label="constant",
+    ),
+    Case(
+        "ReverseSequence",
         [ints(3, 5, dtype=I64), const([0, 5, 3], I64)],
         {"batch_axis": 0, "time_axis": 1},
         opset=10,
-        on_device=False,
+        constants=frozenset({1}),
         label="batch-first",
+    ),
+    Case(
+        "ReverseSequence",
+        [ints(5, 2, 3, 3, low=-128, high=128, dtype=np.int8), const([3, 5], I64)],
+        opset=10,
+        constants=frozenset({1}),
+        label="int8-4d",
+        in_onnxruntime=False,
     ),
     *[
         Case(
@@ -348,6 +391,9 @@ NUMPY_ORACLES.update(
             np.arange(3)[:, None, None] == np.where(i < 0, i + 3, i)[None], values[1], values[0]
         ),
         "EyeLike-opset9-uint64": lambda x: np.eye(3, dtype=np.uint64),
+        "ReverseSequence-opset10-int8-4d": lambda x, lengths: np.concatenate(
+            [np.concatenate([x[:3, :1][::-1], x[3:, :1]]), x[:, 1:][::-1]], axis=1
+        ),
         "EyeLike-opset9-uint8": lambda x: np.eye(5, 7, k=2, dtype=np.uint8),
         "EyeLike-opset9-float16": lambda x: np.eye(3, dtype=np.float16),
     }

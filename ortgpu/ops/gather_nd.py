@@ -3,6 +3,10 @@
 ``batch_dims`` (opset 12) leading axes are shared by data and indices: each
 batch gathers from its own slice.  Negative indices count from the end; an
 index out of range is a typed error, as in onnxruntime.
+
+On the device (a bit-exact copy, any dtype) when the indices are a constant,
+range-checked when planned; indices computed at run time run on the CPU (a
+kernel cannot report an out-of-range index, and must not clamp it).
 """
 
 from __future__ import annotations
@@ -14,33 +18,42 @@ import numpy as np
 from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 
 from .._limits import element_count
-from ._kernel import Operator, TensorInfo
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
+from ._wgsl import contiguous_strides, wgsl_int
+from ._wgsl_kernels import gather_kernel
 
 __all__ = ["GatherND"]
 
 
-def gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int) -> np.ndarray:
+def _checked_tuples(data_shape: tuple[int, ...], indices: np.ndarray, batch_dims: int) -> np.ndarray:
+    """The index tuples as int64 ``[batches, tuples, depth]`` with negative entries normalised (checked)."""
     if indices.dtype != np.int64 and indices.dtype != np.int32:
         raise UnsupportedOpError(f"GatherND: indices of dtype {indices.dtype} (int64 expected)")
     b = batch_dims
-    if indices.ndim < 1 or not 0 <= b < min(data.ndim, indices.ndim):
-        raise ShapeError(f"GatherND: batch_dims {b} for data rank {data.ndim} and indices rank {indices.ndim}")
-    if data.shape[:b] != indices.shape[:b]:
-        raise ShapeError(f"GatherND: batch dims differ: data {data.shape[:b]}, indices {indices.shape[:b]}")
+    rank = len(data_shape)
+    if indices.ndim < 1 or not 0 <= b < min(rank, indices.ndim):
+        raise ShapeError(f"GatherND: batch_dims {b} for data rank {rank} and indices rank {indices.ndim}")
+    if data_shape[:b] != indices.shape[:b]:
+        raise ShapeError(f"GatherND: batch dims differ: data {data_shape[:b]}, indices {indices.shape[:b]}")
     depth = indices.shape[-1]
-    if b + depth > data.ndim:
-        raise ShapeError(f"GatherND: index tuples of length {depth} with batch_dims {b} exceed data rank {data.ndim}")
-    batches = element_count(data.shape[:b])
-    rest = data.shape[b + depth :]
-    out_shape = indices.shape[:-1] + rest
-    flat_data = data.reshape((batches,) + data.shape[b:])
+    if b + depth > rank:
+        raise ShapeError(f"GatherND: index tuples of length {depth} with batch_dims {b} exceed data rank {rank}")
+    batches = element_count(data_shape[:b])
     tuples = indices.reshape(batches, -1, depth).astype(np.int64)
-    bounds = np.array(data.shape[b : b + depth], dtype=np.int64)
+    bounds = np.array(data_shape[b : b + depth], dtype=np.int64)
     bad = (tuples < -bounds) | (tuples >= bounds)
     if bad.any():
         raise InvalidArgumentError(f"GatherND: an index is out of range (the first: {int(tuples[bad].flat[0])})")
-    tuples = np.where(tuples < 0, tuples + bounds, tuples)
+    return np.where(tuples < 0, tuples + bounds, tuples)
+
+
+def gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int) -> np.ndarray:
+    tuples = _checked_tuples(data.shape, indices, batch_dims)
+    b, depth = batch_dims, indices.shape[-1]
+    batches = tuples.shape[0]
+    out_shape = indices.shape[:-1] + data.shape[b + depth :]
+    flat_data = data.reshape((batches,) + data.shape[b:])
     batch_index = np.arange(batches).reshape(batches, 1)
     picked = flat_data[(batch_index,) + tuple(tuples[..., d] for d in range(depth))]
     return np.array(picked.reshape(out_shape), order="C")
@@ -60,3 +73,56 @@ class GatherND(Operator):
         data, indices = inputs[0], inputs[1]
         assert data is not None and indices is not None
         return [gather_nd(data, indices, int(attrs.get("batch_dims", 0)))]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        data, indices = inputs[0], inputs[1]
+        assert data is not None and indices is not None
+        batch_dims = int(attrs.get("batch_dims", 0))
+        if 1 not in constants:
+            raise NotOnDevice(
+                "GatherND: indices computed at run time cannot be range-checked by a kernel; it runs on the CPU"
+            )
+        constant = np.asarray(constants[1])
+        # The reference checks shapes and every index (a typed error when planned).
+        _checked_tuples(data.shape, constant, batch_dims)
+        out = outputs[0]
+        if out.size == 0:
+            return OpPlan()
+        depth = indices.shape[-1]
+        tuples_per_batch = element_count(indices.shape[batch_dims:-1])
+        slice_size = element_count(data.shape[batch_dims + depth :])
+        batch_size = element_count(data.shape[batch_dims:])
+        strides = contiguous_strides(data.shape[batch_dims:])
+        lines = [
+            "fn source(j: u32) -> vec2<u32> {\n",
+            f"  let g = j / {max(slice_size, 1)}u;\n",
+            f"  var offset = i32((g / {max(tuples_per_batch, 1)}u) * {batch_size}u + j % {max(slice_size, 1)}u);\n",
+        ]
+        for d in range(depth):
+            size = data.shape[batch_dims + d]
+            lines.append(f"  var i{d} = aux0(g * {depth}u + {d}u);\n")
+            lines.append(f"  if (i{d} < 0) {{ i{d} = i{d} + {wgsl_int(size)}; }}\n")
+            lines.append(f"  offset = offset + i{d} * {wgsl_int(strides[d])};\n")
+        lines.append("  return vec2<u32>(0u, u32(offset));\n}\n")
+        bindings = [Binding("input", 0), Binding("input", 1), Binding("output", 0)]
+
+        def function(array: np.ndarray, index_array: np.ndarray) -> np.ndarray:
+            return gather_nd(array, index_array, batch_dims)
+
+        kernel = gather_kernel(
+            "GatherND",
+            [(bindings[0], data)],
+            [(bindings[1], indices)],
+            out,
+            "".join(lines),
+            caps,
+            reference_twin(function, bindings, inputs, outputs),
+        )
+        return OpPlan(kernels=(kernel,))
