@@ -68,7 +68,7 @@ class BitShift(Operator):
             raise UnsupportedOpError(
                 f"BitShift (opset {self.opset}): direction must be LEFT or RIGHT, not {direction!r}"
             )
-        return direction == "LEFT"
+        return bool(direction == "LEFT")
 
     def reference(
         self,
@@ -287,6 +287,6 @@ class BitCast(Operator):
         zero = {"i32": "0", "u32": "0u"}[wgsl_compute_type(x.dtype)]
 
         def function(a: np.ndarray) -> np.ndarray:
-            return np.ascontiguousarray(a).view(np.uint8) != 0
+            return np.asarray(np.ascontiguousarray(a).view(np.uint8) != 0)
 
         return elementwise_plan("BitCast", [Operand(0, x)], outputs, f"x0 != {zero}", caps, function, inputs)

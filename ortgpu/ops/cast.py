@@ -60,7 +60,7 @@ def onnx_dtype(code: int, op_type: str, opset: int) -> np.dtype[Any]:
     return dtype
 
 
-def _convert(source: np.dtype[Any], target: np.dtype[Any]) -> tuple[str, bool]:
+def _convert(source: np.dtype[Any], target: np.dtype[Any], op_type: str = "Cast") -> tuple[str, bool]:
     """WGSL converting ``x0`` (``source`` read in its compute type, or as a pair if 8 bytes) to ``target``
     (its compute type, or a pair if 8 bytes); and whether the helpers of ``INT64_WGSL`` are needed.
 
@@ -68,7 +68,7 @@ def _convert(source: np.dtype[Any], target: np.dtype[Any]) -> tuple[str, bool]:
     """
     wide_in, wide_out = source.itemsize == 8, target.itemsize == 8
     if source.name == "float64" and target.kind in "iub" or target.name == "float64" and source.kind in "iub":
-        raise NotOnDevice(f"Cast from {source.name} to {target.name} runs on the CPU: no WebGPU kernel")
+        raise NotOnDevice(f"{op_type} from {source.name} to {target.name} runs on the CPU: no WebGPU kernel")
     if wide_in:
         if source.name == "float64":
             return ("f64_to_f32(x0)" if target.name == "float32" else "f64_to_f32_odd(x0)"), True
@@ -159,7 +159,7 @@ class Cast(Operator):
             return OpPlan(alias={0: 0})
         require_device_dtype(self.op_type, x.dtype, _DEVICE_DTYPES)
         require_device_dtype(self.op_type, target, _DEVICE_DTYPES)
-        expression, helpers = _convert(x.dtype, target)
+        expression, helpers = _convert(x.dtype, target, self.op_type)
         op_type, opset = self.op_type, self.opset
 
         def function(array: np.ndarray) -> np.ndarray:
