@@ -145,6 +145,7 @@ CASES = [
     Case("RNN", {}, label="bias-initial"),
     Case("RNN", REV, lengths=(5, 2, 4), label="reverse-lengths"),
     Case("RNN", BI, lengths=(3, 5, 1), label="bidirectional-lengths"),
+    Case("RNN", REV, lengths=(0, 5, 2), label="reverse-empty-sequence"),
     Case("RNN", {"activations": ["Relu"], "clip": 0.7}, label="relu-clip"),
     Case("RNN", {"activations": ["Affine"], "activation_alpha": [0.6], "activation_beta": [0.2]}, label="affine"),
     Case("RNN", {"activations": ["LeakyRelu"], "activation_alpha": [0.3]}, label="leakyrelu"),
@@ -175,6 +176,7 @@ CASES = [
     Case("LSTM", {"input_forget": 1}, label="input-forget"),
     Case("LSTM", BI, lengths=(5, 3, 2), label="bidirectional-lengths"),
     Case("LSTM", REV, lengths=(1, 4, 5), label="reverse-lengths"),
+    Case("LSTM", BI, lengths=(4, 0, 5), label="bidirectional-empty-sequence"),
     Case(
         "LSTM",
         {"activations": ["Sigmoid", "Softsign", "LeakyRelu"], "activation_alpha": [0.2], "clip": 1.2},

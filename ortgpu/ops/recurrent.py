@@ -13,7 +13,8 @@ Shapes (``layout`` 0; ``layout`` 1 puts the batch axis first in X, initial state
     Y_h / Y_c  [num_directions, batch, hidden]
 
 A sequence shorter than ``seq_length`` stops at its length: its later rows of Y are zero, and Y_h / Y_c hold its
-last valid step (for the reverse direction, which starts at the sequence's last valid step, the step at 0).
+last valid step (for the reverse direction, which starts at the sequence's last valid step, the step at 0); a
+sequence of length 0 has all-zero outputs, Y_h / Y_c included (as in onnxruntime).
 
 The recurrence is sequential by nature: the steps run in numpy in float64 (inputs widened once, outputs
 rounded once), and the operators stay on the CPU (``plan`` raises :class:`NotOnDevice`).
@@ -148,8 +149,11 @@ class _Recurrent(Operator):
                 # Past a sequence's length its state stays (Y_h is the last valid step) and Y stays zero.
                 states = [np.where(valid, n, s) for n, s in zip(new, states)]
                 y[t, d] = np.where(valid, new[0], 0.0)
+            # A sequence of length 0 has zero final states, as in onnxruntime (not its initial state: the spec
+            # leaves this case open, and zero matches its Y, which is all zeros).
+            empty = (lengths == 0)[:, None]
             for index, state in enumerate(states):
-                finals[index].append(state)
+                finals[index].append(np.where(empty, 0.0, state))
 
         results = [y] + [np.stack(f) for f in finals]
         if layout == 1:
