@@ -12,7 +12,10 @@ keys at or past ``nonpad_kv_seqlen`` are dropped (opset 24), and opset 25's wind
 ``offset + i - left <= j <= offset + i + right``.  A query row with no key left is a zero row (also in
 ``qk_matmul_output`` mode 3), never NaN.
 
-It runs on the CPU (this reference): no WebGPU kernel yet.
+On the device (float32, no ``qk_matmul_output``) one kernel computes Y, one invocation per output element: it
+walks the keys once with an online softmax (running maximum, rescaled sums), skipping the keys the bias drops;
+the present key/value are copy kernels.  Float16 (computed in float16 stages by the definition), the
+``qk_matmul_output`` variants and other softmax precisions run on the CPU (this reference).
 """
 
 from __future__ import annotations
@@ -23,8 +26,27 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._kernel import (
+    Binding,
+    DeviceCaps,
+    KernelSpec,
+    NotOnDevice,
+    Operator,
+    OpPlan,
+    TensorInfo,
+    check_loop_budget,
+    reference_twin,
+)
 from ._registry import register
+from ._tiling import (
+    THREADS,
+    BindingTable,
+    check_device_fits,
+    grid_for_groups,
+    single_kernel_plan,
+    wgsl_f32,
+    workgroup_index,
+)
 
 __all__ = ["Attention"]
 
@@ -207,4 +229,211 @@ class Attention(Operator):
         caps: DeviceCaps,
         constants: Mapping[int, np.ndarray],
     ) -> OpPlan:
-        raise NotOnDevice("Attention: no WebGPU kernel yet; it runs on the CPU")
+        return _attention_plan(self, inputs, outputs, attrs, caps)
+
+
+def _attention_plan(
+    operator: Attention,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    attrs: Mapping[str, Any],
+    caps: DeviceCaps,
+) -> OpPlan:
+    """Y by one float32 kernel (one invocation per output element, an online softmax over the keys), the present
+    key/value by one copy kernel each; the qk_matmul_output variants run on the CPU."""
+    infos = list(inputs) + [None] * (7 - len(inputs))
+    q, k, v, mask, past_key, past_value, nonpad = infos[:7]
+    assert q is not None and k is not None and v is not None
+    if len(outputs) > 3:
+        raise NotOnDevice("Attention: the qk_matmul_output output runs on the CPU")
+    for info in (q, k, v, past_key, past_value) + tuple(outputs):
+        if info is not None and info.dtype != np.float32:
+            raise NotOnDevice(f"Attention: the WebGPU kernel computes float32 only, not {info.dtype}")
+    if mask is not None and mask.dtype not in (np.float32, np.bool_):
+        raise NotOnDevice(f"Attention: the WebGPU kernel takes a float32 or bool attn_mask, not {mask.dtype}")
+    if int(attrs.get("softmax_precision", 1)) != 1:
+        raise NotOnDevice("Attention: softmax_precision other than float runs on the CPU")
+    if (past_key is None) != (past_value is None) or (nonpad is not None and past_key is not None):
+        raise NotOnDevice("Attention: past_key/past_value/nonpad_kv_seqlen combination runs on the CPU (it checks)")
+    three_d = len(q.shape) == 3
+    if three_d:
+        hq, hkv = int(attrs.get("q_num_heads", 0)), int(attrs.get("kv_num_heads", 0))
+        if hq <= 0 or hkv <= 0 or q.shape[2] % hq or k.shape[2] % hkv or v.shape[2] % hkv:
+            raise ShapeError("Attention: 3-D inputs need q_num_heads/kv_num_heads dividing their hidden sizes")
+        batch, sq, head = q.shape[0], q.shape[1], q.shape[2] // hq
+        sk, dv = k.shape[1], v.shape[2] // hkv
+    else:
+        batch, hq, sq, head = q.shape
+        hkv, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+    past = 0 if past_key is None else int(past_key.shape[2])
+    total = past + sk
+    if hkv <= 0 or hq % hkv:
+        raise ShapeError(f"Attention: q heads ({hq}) must be a multiple of kv heads ({hkv})")
+    check_loop_budget("Attention", total * (head + 1) + 1, caps)
+    scale = float(attrs["scale"]) if "scale" in attrs else (1.0 / float(np.sqrt(head)) if head else 1.0)
+    softcap = float(attrs.get("softcap", 0.0))
+
+    table = BindingTable()
+    q_name, k_name, v_name = (table.add(Binding("input", i)) for i in range(3))
+    y_name = table.add(Binding("output", 0), writable=True)
+    if three_d:
+        q_at = f"(b * {sq}u + i) * {hq * head}u + h * {head}u + d"
+        k_at = f"(b * {sk}u + jn) * {hkv * head}u + hk * {head}u + d"
+        v_at = f"(b * {sk}u + jn) * {hkv * dv}u + hk * {dv}u + e"
+        decode = f"let e = n % {dv}u; let h = (n / {dv}u) % {hq}u; let i = (n / {dv * hq}u) % {sq}u; "
+        decode += f"let b = n / {dv * hq * sq}u;"
+    else:
+        q_at = f"((b * {hq}u + h) * {sq}u + i) * {head}u + d"
+        k_at = f"((b * {hkv}u + hk) * {sk}u + jn) * {head}u + d"
+        v_at = f"((b * {hkv}u + hk) * {sk}u + jn) * {dv}u + e"
+        decode = f"let e = n % {dv}u; let i = (n / {dv}u) % {sq}u; let h = (n / {dv * sq}u) % {hq}u; "
+        decode += f"let b = n / {dv * sq * hq}u;"
+    if past_key is not None:
+        pk = table.add(Binding("input", 4))
+        pv = table.add(Binding("input", 5))
+        key = f"select({k_name}[{k_at}], {pk}[((b * {hkv}u + hk) * {past}u + j) * {head}u + d], j < {past}u)"
+        value = f"select({v_name}[{v_at}], {pv}[((b * {hkv}u + hk) * {past}u + j) * {dv}u + e], j < {past}u)"
+    else:
+        key, value = f"{k_name}[{k_at}]", f"{v_name}[{v_at}]"
+
+    # the bias: structural limits first (-inf: skip the key), then the mask
+    limits = ""
+    if nonpad is not None:
+        lengths = table.add(Binding("input", 6), "u32")
+        limits += f"    let valid_keys = i32({lengths}[b * 2u]);\n    let offset = valid_keys - {sq};\n"
+    else:
+        limits += f"    let valid_keys = {total};\n    let offset = {past};\n"
+    conditions = ["ji >= valid_keys"]
+    if int(attrs.get("is_causal", 0)):
+        conditions.append("ji > position")
+    left, right = int(attrs.get("left_window_size", -1)), int(attrs.get("right_window_size", -1))
+    if left >= 0:
+        conditions.append(f"ji < position - {left}")
+    if right >= 0:
+        conditions.append(f"ji > position + {right}")
+    mask_term = ""
+    if mask is not None:
+        if not 1 <= len(mask.shape) <= 4:
+            raise ShapeError(f"Attention: attn_mask must have rank 1 to 4, got shape {mask.shape}")
+        full = (1,) * (4 - len(mask.shape)) + tuple(int(d) for d in mask.shape)
+        length = full[3]
+        for got, want in zip(full[:3], (batch, hq, sq)):
+            if got not in (1, want):
+                raise ShapeError(f"Attention: attn_mask of shape {mask.shape} does not broadcast")
+        if length > total:
+            raise ShapeError(f"Attention: attn_mask covers {length} keys, there are only {total}")
+        strides = [full[1] * full[2] * length, full[2] * length, length]
+        index = " + ".join(
+            f"{name} * {stride if size > 1 else 0}u" for name, stride, size in zip(("b", "h", "i"), strides, full[:3])
+        )
+        conditions.append(f"j >= {length}u")
+        if mask.dtype == np.bool_:
+            bits = table.add(Binding("input", 3), "u32")
+            mask_term = f"""        let mi = {index} + j;
+        if ((({bits}[mi / 4u] >> (8u * (mi % 4u))) & 0xffu) == 0u) {{ continue; }}
+"""
+        else:
+            values = table.add(Binding("input", 3))
+            mask_term = f"""        let mv = {values}[{index} + j];
+        if (bitcast<u32>(mv) == 0xff800000u) {{ continue; }}
+        x = x + mv;
+"""
+    cap = f"        x = {wgsl_f32(softcap)} * tanh(x / {wgsl_f32(softcap)});\n" if softcap > 0 else ""
+    count = int(np.prod(outputs[0].shape))
+    kernels = []
+    if count:
+        grid = grid_for_groups(-(-count // THREADS), caps)
+        wgsl = f"""{table.declarations()}
+@compute @workgroup_size({THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
+    let n = {workgroup_index(grid)} * {THREADS}u + li;
+    if (n >= {count}u) {{ return; }}
+    {decode}
+    let hk = h / {hq // hkv}u;
+{limits}    let position = offset + i32(i);
+    var m = 0.0;
+    var l = 0.0;
+    var acc = 0.0;
+    var seen = false;
+    for (var j = 0u; j < {total}u; j = j + 1u) {{
+        let ji = i32(j);
+        let jn = j - min(j, {past}u);
+        if ({" || ".join(conditions)}) {{ continue; }}
+        var x = 0.0;
+        for (var d = 0u; d < {head}u; d = d + 1u) {{ x = fma({q_name}[{q_at}], {key}, x); }}
+        x = x * {wgsl_f32(scale)};
+{cap}{mask_term}        let vj = {value};
+        if (!seen) {{ m = x; l = 1.0; acc = vj; seen = true; continue; }}
+        let top = max(m, x);
+        let a = exp(m - top);
+        let w = exp(x - top);
+        l = l * a + w;
+        acc = acc * a + w * vj;
+        m = top;
+    }}
+    {y_name}[n] = select(0.0, acc / l, seen);
+}}
+"""
+        compute = lambda full: operator.reference(full, attrs, outputs[:1])  # noqa: E731
+        kernels += list(single_kernel_plan("Attention", wgsl, grid, table, compute, inputs, outputs[:1], caps).kernels)
+    for slot, source, cached, width in ((1, 1, 4, head), (2, 2, 5, dv)):
+        if len(outputs) > slot and outputs[slot].size:
+            kernels.append(_present_kernel(inputs, outputs, slot, source, cached, width, hkv, sk, past, caps))
+    return OpPlan(kernels=tuple(kernels))
+
+
+def _present_kernel(
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    slot: int,
+    source: int,
+    cached: int,
+    width: int,
+    heads: int,
+    steps: int,
+    past: int,
+    caps: DeviceCaps,
+) -> KernelSpec:
+    """present = concat(past, new) along the sequence, the new keys/values ([B, S, H * W] or [B, H, S, W])."""
+    new, old, out = inputs[source], inputs[cached], outputs[slot]
+    assert new is not None and old is not None
+    table = BindingTable()
+    new_name = table.add(Binding("input", source))
+    old_name = table.add(Binding("input", cached))
+    out_name = table.add(Binding("output", slot), writable=True)
+    count = out.size
+    total = past + steps
+    if len(new.shape) == 3:
+        new_at = f"(b * {steps}u + (j - {past}u)) * {heads * width}u + hk * {width}u + d"
+    else:
+        new_at = f"((b * {heads}u + hk) * {steps}u + (j - {past}u)) * {width}u + d"
+    grid = grid_for_groups(-(-count // THREADS), caps)
+    wgsl = f"""{table.declarations()}
+@compute @workgroup_size({THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
+    let n = {workgroup_index(grid)} * {THREADS}u + li;
+    if (n >= {count}u) {{ return; }}
+    let d = n % {width}u;
+    let j = (n / {width}u) % {total}u;
+    let hk = (n / {width * total}u) % {heads}u;
+    let b = n / {width * total * heads}u;
+    if (j < {past}u) {{
+        {out_name}[n] = {old_name}[((b * {heads}u + hk) * {past}u + j) * {width}u + d];
+    }} else {{
+        {out_name}[n] = {new_name}[{new_at}];
+    }}
+}}
+"""
+
+    def concatenate(fresh: np.ndarray, cache: np.ndarray) -> np.ndarray:
+        if fresh.ndim == 3:
+            fresh = fresh.reshape(fresh.shape[0], fresh.shape[1], heads, width).transpose(0, 2, 1, 3)
+        return np.concatenate([cache, fresh], axis=2)
+
+    bindings = [Binding("input", source), Binding("input", cached), Binding("output", 0)]
+    twin_outputs = [out]
+    twin = reference_twin(concatenate, bindings, inputs, twin_outputs)
+    check_device_fits("Attention", [new, old, out], 3, caps)
+    return KernelSpec(
+        "Attention", wgsl, grid, (Binding("input", source), Binding("input", cached), Binding("output", slot)), twin
+    )
