@@ -66,9 +66,25 @@ def _loss_cases() -> list[Case]:
                     if ignore is not None:
                         attrs["ignore_index"] = ignore
                     label = f"{reduction}-{'weight' if weighted else 'plain'}-ii{ignore}"
-                    cases.append(Case(op, inputs, attrs, opset=13, on_device=False, label=label))
+                    cases.append(Case(op, inputs, attrs, opset=13, label=label))
+        cases.append(Case(op, [floats(6, 3), labels(6, classes=3, dtype=np.int32)], opset=13, label="2d-int32"))
         cases.append(
-            Case(op, [floats(6, 3), labels(6, classes=3, dtype=np.int32)], opset=13, on_device=False, label="2d-int32")
+            Case(
+                op,
+                [floats(700, 3), labels(700, classes=3, ignore=0)],
+                {"ignore_index": 0},
+                opset=13,
+                label="many-samples",
+            )
+        )
+        cases.append(
+            Case(
+                op,
+                [lambda rng: rng.standard_normal((4, 3)), labels(4, classes=3)],
+                opset=13,
+                on_device=False,
+                label="float64",
+            )
         )
     cases += [
         Case(
@@ -76,7 +92,6 @@ def _loss_cases() -> list[Case]:
             [floats(2, 5, 3), labels(2, 3, classes=5, ignore=-1)],
             {"ignore_index": -1},
             opset=13,
-            on_device=False,
             outputs=2,
             label="log-prob",
         ),
@@ -85,7 +100,6 @@ def _loss_cases() -> list[Case]:
             [floats(4, 3, scale=30.0), labels(4, classes=3)],
             {"reduction": "sum"},
             opset=12,
-            on_device=False,
             label="large-scores",
         ),
         Case(
@@ -108,7 +122,6 @@ def _loss_cases() -> list[Case]:
             [floats(3, 4), const([2, 2, 2], I64)],
             {"ignore_index": 2, "reduction": "sum"},
             opset=12,
-            on_device=False,
             label="all-ignored-sum",
         ),
     ]

@@ -11,9 +11,14 @@ nothing, neither loss nor weight; it may be negative or outside ``[0, C)``) and 
 
 SoftmaxCrossEntropyLoss applies LogSoftmax over axis 1 first and may also return those log-probabilities.
 
-Both run on the CPU: the reference gathers with numpy, in float64 for float inputs, and raises
-:class:`InvalidArgumentError` for a label outside ``[0, C)`` that is not ``ignore_index`` (onnxruntime refuses such
-labels too).
+The reference gathers with numpy, in float64 for float inputs, and raises :class:`InvalidArgumentError` for a
+label outside ``[0, C)`` that is not ``ignore_index`` (onnxruntime refuses such labels too).
+
+The device plan (float32 scores and weights, int32/int64 labels) runs one invocation per sample: the log-softmax
+of its C scores where needed (also written out as ``log_prob``), then its loss and weight, written to the output
+(``none``) or to a scratch buffer that a second kernel, one workgroup, sums (``sum``) and divides by the summed
+weights (``mean``).  A label that is out of range gives NaN there (the kernel cannot raise; its twin raises as the
+reference does); int64 labels are compared on both words.
 """
 
 from __future__ import annotations
@@ -24,8 +29,19 @@ import numpy as np
 
 from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 
-from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from .._limits import element_count
+from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
+from ._tiling import THREADS, workgroup_reduce_functions
+from ._wgsl import (
+    LINEAR_INVOCATION,
+    check_binding_count,
+    check_binding_sizes,
+    grid_for,
+    kernel_entry,
+    storage_declaration,
+    workgroup_size_for,
+)
 
 __all__ = ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "negative_log_likelihood"]
 
@@ -135,7 +151,7 @@ class NegativeLogLikelihoodLoss(Operator):
         caps: DeviceCaps,
         constants: Mapping[int, np.ndarray],
     ) -> OpPlan:
-        raise NotOnDevice(f"{self.op_type} runs on the CPU (no WebGPU kernel; it validates labels on the host)")
+        return plan_loss(self.op_type, False, inputs, outputs, attrs, caps)
 
 
 @register
@@ -178,4 +194,188 @@ class SoftmaxCrossEntropyLoss(Operator):
         caps: DeviceCaps,
         constants: Mapping[int, np.ndarray],
     ) -> OpPlan:
-        raise NotOnDevice(f"{self.op_type} runs on the CPU (no WebGPU kernel; it validates labels on the host)")
+        return plan_loss(self.op_type, True, inputs, outputs, attrs, caps)
+
+
+def _sample_weights(labels: np.ndarray, weight: np.ndarray | None, ignore_index: int | None) -> np.ndarray:
+    """Each sample's weight (0 where ignored) in float64; labels already validated."""
+    target = labels.astype(np.int64)
+    ignored = target == ignore_index if ignore_index is not None else np.zeros(target.shape, dtype=bool)
+    safe = np.where(ignored, 0, target)
+    weights = np.ones(target.shape) if weight is None else weight.astype(np.float64)[safe]
+    return np.where(ignored, 0.0, weights)
+
+
+def plan_loss(
+    op_type: str,
+    softmax: bool,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    attrs: Mapping[str, Any],
+    caps: DeviceCaps,
+) -> OpPlan:
+    """The device plan of NegativeLogLikelihoodLoss (``softmax`` False) or SoftmaxCrossEntropyLoss."""
+    x, labels = inputs[0], inputs[1]
+    assert x is not None and labels is not None
+    weight = inputs[2] if len(inputs) > 2 else None
+    reduction = _reduction(op_type, attrs)
+    ignore_index = _ignore_index(attrs)
+    for info in [x, weight, *outputs]:
+        if info is not None and info.dtype != np.float32:
+            raise NotOnDevice(f"{op_type}: the WebGPU kernel computes float32 only, not {info.dtype}")
+    if labels.dtype.name not in ("int32", "int64"):
+        raise NotOnDevice(f"{op_type}: labels of {labels.dtype} run on the CPU")
+    if len(x.shape) < 2 or labels.shape != x.shape[:1] + x.shape[2:]:
+        raise ShapeError(f"{op_type}: labels of shape {labels.shape} do not match scores {x.shape}")
+    classes = x.shape[1]
+    inner = element_count(x.shape[2:])
+    samples = element_count(labels.shape)
+    if samples == 0 or classes == 0:
+        raise NotOnDevice(f"{op_type}: empty scores run on the CPU")
+    check_loop_budget(op_type, 3 * classes if softmax else 1, caps)
+    log_prob = softmax and len(outputs) > 1 and outputs[1].shape == x.shape
+    reduce = reduction != "none"
+    if reduce:
+        check_loop_budget(op_type, -(-samples // THREADS) + 2 * THREADS.bit_length(), caps)
+    pair = labels.dtype.itemsize == 8
+
+    # bindings of the per-sample kernel
+    bindings: list[Binding] = [Binding("input", 0), Binding("input", 1)]
+    names = ["scores", "labels"]
+    if weight is not None:
+        bindings.append(Binding("input", 2))
+        names.append("weights")
+    bindings.append(Binding("scratch", 0) if reduce else Binding("output", 0))
+    names.append("losses")
+    if log_prob:
+        bindings.append(Binding("output", 1))
+        names.append("log_prob")
+    check_binding_count(op_type, len(bindings), caps)
+    check_binding_sizes(op_type, [x, labels, weight, *outputs], caps)
+    declarations = "".join(
+        storage_declaration(slot, name, writable=name in ("losses", "log_prob")) for slot, name in enumerate(names)
+    )
+    # label of sample s: (value as i32 clamped into [0, C), valid, ignored)
+    if pair:
+        low, high = (0, 1) if ignore_index is None else (ignore_index & 0xFFFFFFFF, (ignore_index >> 32) & 0xFFFFFFFF)
+        label_code = (
+            "  let raw = vec2<u32>(labels[2u * s], labels[2u * s + 1u]);\n"
+            f"  let valid = raw.y == 0u && raw.x < {classes}u;\n"
+            + (
+                "  let ignored = false;\n"
+                if ignore_index is None
+                else f"  let ignored = raw.x == {low}u && raw.y == {high}u;\n"
+            )
+            + "  let c = select(0u, raw.x, valid);\n"
+        )
+    else:
+        in_range = ignore_index is not None and -(2**31) <= ignore_index < 2**31
+        label_code = (
+            "  let raw = bitcast<i32>(labels[s]);\n"
+            f"  let valid = raw >= 0 && raw < {classes};\n"
+            + (f"  let ignored = raw == i32({ignore_index});\n" if in_range else "  let ignored = false;\n")
+            + "  let c = select(0u, u32(raw), valid);\n"
+        )
+    score = "bitcast<f32>(scores[base + k * INNER])"
+    softmax_code = ""
+    shift = "0.0"
+    if softmax:
+        softmax_code = (
+            "  var m = bitcast<f32>(0xff800000u);\n"
+            f"  for (var k = 0u; k < {classes}u; k = k + 1u) {{ m = max(m, {score}); }}\n"
+            "  var total = 0.0;\n"
+            f"  for (var k = 0u; k < {classes}u; k = k + 1u) {{ total = total + exp({score} - m); }}\n"
+            "  let lse = m + log(total);\n"
+        )
+        shift = "lse"
+        if log_prob:
+            softmax_code += (
+                f"  for (var k = 0u; k < {classes}u; k = k + 1u) {{\n"
+                f"    log_prob[base + k * INNER] = bitcast<u32>({score} - lse);\n"
+                "  }\n"
+            )
+    weight_code = "bitcast<f32>(weights[c])" if weight is not None else "1.0"
+    store = (
+        "  losses[s] = bitcast<u32>(loss);\n  losses[SAMPLES + s] = bitcast<u32>(w);\n"
+        if reduce
+        else "  losses[s] = bitcast<u32>(loss);\n"
+    )
+    body = (
+        f"  let s = {LINEAR_INVOCATION};\n"
+        "  if (s >= SAMPLES) { return; }\n"
+        "  let base = (s / INNER) * CLASSES * INNER + s % INNER;\n" + label_code + softmax_code + "  let k = c;\n"
+        f"  let picked = {score} - {shift};\n"
+        f"  let nan = bitcast<f32>(0x7fc00000u);\n"
+        f"  let w = select(select(nan, {weight_code}, valid), 0.0, ignored);\n"
+        "  let loss = select(select(nan, -picked * w, valid), 0.0, ignored);\n" + store
+    )
+    workgroup = workgroup_size_for(caps.limits)
+    constants = f"const SAMPLES: u32 = {samples}u;\nconst INNER: u32 = {inner}u;\nconst CLASSES: u32 = {classes}u;\n"
+    wgsl = declarations + constants + kernel_entry(workgroup, body)
+    kernel_bindings = tuple(bindings)
+    x_info, labels_info, weight_info = x, labels, weight
+
+    def per_sample_twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
+        scores = arrays[0][: x_info.nbytes].view(np.float32).reshape(x_info.shape)
+        label_values = arrays[1][: labels_info.nbytes].view(labels_info.dtype).reshape(labels_info.shape)
+        slot = 2
+        weight_values = None
+        if weight_info is not None:
+            weight_values = arrays[2][: weight_info.nbytes].view(np.float32).reshape(weight_info.shape)
+            slot = 3
+        wide = scores.astype(np.float64)
+        if softmax:
+            peak = np.max(wide, axis=1, keepdims=True)
+            shifted = wide - np.where(np.isfinite(peak), peak, 0.0)
+            wide = shifted - np.log(np.sum(np.exp(shifted), axis=1, keepdims=True))
+        loss = negative_log_likelihood(
+            op_type, wide, label_values, weight_values, ignore_index, "none", np.dtype(np.float32)
+        )
+        values = loss.reshape(-1)
+        if reduce:
+            weights = _sample_weights(label_values, weight_values, ignore_index).astype(np.float32).reshape(-1)
+            values = np.concatenate([values, weights])
+        arrays[slot][: values.nbytes] = values.view(np.uint8)
+        if log_prob:
+            lp = wide.astype(np.float32).reshape(-1)
+            arrays[slot + 1][: lp.nbytes] = lp.view(np.uint8)
+
+    kernels = [KernelSpec(op_type, wgsl, grid_for(samples, workgroup, caps.limits), kernel_bindings, per_sample_twin)]
+    if not reduce:
+        return OpPlan(kernels=tuple(kernels))
+    finish = "a" if reduction == "sum" else "a / b"
+    reduce_wgsl = (
+        storage_declaration(0, "losses", writable=False)
+        + storage_declaration(1, "dst", writable=True)
+        + f"const SAMPLES: u32 = {samples}u;\nconst T: u32 = {THREADS}u;\n"
+        + workgroup_reduce_functions(THREADS)
+        + f"""@compute @workgroup_size({THREADS})
+fn main(@builtin(local_invocation_index) t: u32) {{
+    var a = 0.0;
+    var b = 0.0;
+    for (var i = t; i < SAMPLES; i = i + T) {{
+        a = a + bitcast<f32>(losses[i]);
+        b = b + bitcast<f32>(losses[SAMPLES + i]);
+    }}
+    let a_total = wg_sum(a, t, 0u);
+    let b_total = wg_sum(b, t, 0u);
+    if (t == 0u) {{
+        let a = a_total;
+        let b = b_total;
+        dst[0] = bitcast<u32>({finish});
+    }}
+}}
+"""
+    )
+
+    def reduce_twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
+        values = arrays[0][: 8 * samples].view(np.float32).astype(np.float64)
+        total, weights = np.sum(values[:samples]), np.sum(values[samples:])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            result = np.float32(total if reduction == "sum" else total / weights)
+        arrays[1][:4] = np.asarray([result], dtype=np.float32).view(np.uint8)
+
+    kernels.append(
+        KernelSpec(op_type, reduce_wgsl, (1, 1, 1), (Binding("scratch", 0), Binding("output", 0)), reduce_twin)
+    )
+    return OpPlan(kernels=tuple(kernels), scratch_sizes=(8 * samples,))
