@@ -262,6 +262,41 @@ CASES: list[Case] = [
     Case(
         "QLinearConv",
         [
+            quantized(2, 3, 7, 6, dtype=U8),
+            scales(),
+            quantized(1, dtype=U8),
+            quantized(4, 3, 3, 2, dtype=U8),
+            scales(4),
+            quantized(4, dtype=U8),
+            const(0.05, F32),
+            const(100, U8),
+            ints(4, low=-3000, high=3000),
+        ],
+        {"pads": [1, 0, 2, 1], "strides": [2, 1], "dilations": [1, 2]},
+        opset=10,
+        constants=frozenset({1, 4, 6}),
+        label="per-channel-constant-scales",
+    ),
+    Case(
+        "QLinearConv",
+        [
+            quantized(1, 4, 11, dtype=U8),
+            scales(),
+            const(128, U8),
+            quantized(6, 2, 3, dtype=U8),
+            scales(),
+            const(128, U8),
+            const(0.02, F32),
+            const(128, U8),
+        ],
+        {"group": 2, "auto_pad": "SAME_UPPER"},
+        opset=10,
+        constants=frozenset({1, 4, 6}),
+        label="1d-grouped-constant-scales",
+    ),
+    Case(
+        "QLinearConv",
+        [
             quantized(1, 4, 5, 5, dtype=I8),
             scales(),
             const(-1, I8),
@@ -273,6 +308,7 @@ CASES: list[Case] = [
         ],
         {"group": 2, "strides": [2, 2]},
         opset=10,
+        constants=frozenset({1, 4, 6}),
         label="int8-grouped",
     ),
     # windows, MelWeightMatrix
@@ -324,11 +360,12 @@ CASES: list[Case] = [
 ]
 
 #: Ops with device kernels (their cases are planned on the device, except the variants listed as CPU-only).
-DEVICE_OPS = {"DequantizeLinear", "MatMulInteger", "QLinearMatMul"}
+DEVICE_OPS = {"DequantizeLinear", "MatMulInteger", "QLinearMatMul", "ConvInteger", "QLinearConv"}
 CPU_VARIANTS = {
     "DequantizeLinear-opset21-blocked",
     "MatMulInteger-opset10-per-row-per-column",
     "QLinearMatMul-opset10",  # scales fed at run time
+    "QLinearConv-opset10",  # scales fed at run time
 }
 for case in CASES:
     case.on_device = case.op_type in DEVICE_OPS and case.id not in CPU_VARIANTS

@@ -6,6 +6,17 @@ the int32 accumulator.  ``w``'s zero point (and QLinearConv's ``w_scale``) may
 be per output channel.  QLinearConv adds the int32 bias and requantizes:
 ``saturate(round_half_even(acc * x_scale * w_scale / y_scale) + y_zero_point)``
 with the multiplier in float32, as onnxruntime computes it.
+
+Both run on the device for uint8/int8 tensors: one invocation per output
+element (four per invocation for 8-bit outputs) sums over its window in WGSL's
+i32 arithmetic, which wraps like the int32 accumulator (modular sums do not
+depend on their order); padded positions are skipped (they contribute 0).  Zero
+points and the bias are read at run time; QLinearConv needs its scales as
+constants (the per-channel multipliers are computed on the host exactly as the
+reference does and baked into the kernel), converts the sum to f32 exactly
+(``f32(acc >> 16) * 65536 + f32(acc & 0xffff)``, rounded once), scales it with a
+correctly rounded f32 product, rounds half to even (WGSL's ``round``) and
+saturates.
 """
 
 from __future__ import annotations
@@ -18,8 +29,33 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from ._kernel import Operator, TensorInfo
+from .._limits import element_count
+from ._kernel import (
+    Binding,
+    DeviceCaps,
+    KernelSpec,
+    NotOnDevice,
+    Operator,
+    OpPlan,
+    TensorInfo,
+    check_loop_budget,
+    reference_twin,
+)
 from ._registry import register
+from ._wgsl import (
+    LINEAR_INVOCATION,
+    check_binding_count,
+    check_binding_sizes,
+    contiguous_strides,
+    elements_per_invocation,
+    grid_for,
+    kernel_entry,
+    load_function,
+    storage_declaration,
+    store_statements,
+    wgsl_float,
+    workgroup_size_for,
+)
 from .quantize import saturate_round
 from .quantized_matmul import wrap_int32
 
@@ -143,6 +179,20 @@ class ConvInteger(Operator):
         shifted_x, shifted_w = _shifted(x, x_zero, w, w_zero, self.op_type)
         return [wrap_int32(integer_conv(shifted_x, shifted_w, attrs, self.op_type))]
 
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        names = ("x", "w", "x_zero", "w_zero")
+        positions = {name: i for i, name in enumerate(names) if i < len(inputs) and inputs[i] is not None}
+        order = [positions[name] for name in names if name in positions]
+        function = _bound_function(ConvInteger(), attrs, outputs, inputs, order, {})
+        return integer_conv_kernel("ConvInteger", inputs, outputs, attrs, positions, caps, function)
+
 
 @register
 class QLinearConv(Operator):
@@ -183,3 +233,189 @@ class QLinearConv(Operator):
         scaled = total.astype(np.float32) * multiplier.astype(np.float32)
         offset = 0.0 if y_zero is None else float(y_zero.reshape(-1)[0])
         return [saturate_round(np.rint(scaled.astype(np.float64)) + offset, out_dtype)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        if not all(position in constants for position in (1, 4, 6)):
+            raise NotOnDevice("QLinearConv: scales computed at run time run on the CPU (the multipliers are planned)")
+        x_scale, w_scale, y_scale = (np.asarray(constants[p]) for p in (1, 4, 6))
+        w = inputs[3]
+        assert w is not None
+        filters = w.shape[0]
+        if any(s.dtype != np.float32 for s in (x_scale, w_scale, y_scale)):
+            raise NotOnDevice("QLinearConv: scales other than float32 run on the CPU")
+        if x_scale.size != 1 or y_scale.size != 1 or w_scale.size not in (1, filters):
+            raise NotOnDevice("QLinearConv: these scale shapes run on the CPU")
+        if outputs[0].dtype not in _INTEGER_INPUTS:
+            raise NotOnDevice(f"QLinearConv: outputs of dtype {outputs[0].dtype.name} run on the CPU")
+        # The multipliers exactly as the reference computes them (float32 products and quotients).
+        multipliers = (np.float32(x_scale.reshape(-1)[0]) * w_scale.reshape(-1).astype(np.float32)) / np.float32(
+            y_scale.reshape(-1)[0]
+        )
+        if not np.all(np.isfinite(multipliers)):
+            raise NotOnDevice("QLinearConv: a non-finite requantization multiplier runs on the CPU")
+        names = {"x": 0, "x_zero": 2, "w": 3, "w_zero": 5, "y_zero": 7, "bias": 8}
+        positions = {name: p for name, p in names.items() if p < len(inputs) and inputs[p] is not None}
+        order = [positions[name] for name in ("x", "w", "x_zero", "w_zero", "bias", "y_zero") if name in positions]
+        scale_constants = {p: np.asarray(constants[p]) for p in (1, 4, 6)}
+        function = _bound_function(QLinearConv(), attrs, outputs, inputs, order, scale_constants)
+        return integer_conv_kernel(
+            "QLinearConv", inputs, outputs, attrs, positions, caps, function, multipliers=multipliers
+        )
+
+
+def integer_conv_kernel(
+    op_type: str,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    attrs: Mapping[str, Any],
+    positions: Mapping[str, int],
+    caps: DeviceCaps,
+    function: Any,
+    multipliers: np.ndarray | None = None,
+) -> OpPlan:
+    """The kernel of an integer convolution over the node inputs at ``positions`` (keys ``x``, ``w`` and, where
+    present, ``x_zero``, ``w_zero``, ``bias``, ``y_zero``); with float32 ``multipliers`` (one, or one per output
+    channel) the sums are requantized to the output's 8-bit type."""
+    x, w = inputs[positions["x"]], inputs[positions["w"]]
+    assert x is not None and w is not None
+    out = outputs[0]
+    for name, info in (("x", x), ("w", w)):
+        if info.dtype not in _INTEGER_INPUTS:
+            raise NotOnDevice(f"{op_type}: {name} of dtype {info.dtype.name} runs on the CPU")
+    rank = len(x.shape) - 2
+    if rank < 1 or len(w.shape) != len(x.shape):
+        raise ShapeError(f"{op_type}: input {x.shape} and weight {w.shape} ranks")
+    group = int(attrs.get("group", 1))
+    channels, filters, per_group = x.shape[1], w.shape[0], w.shape[1]
+    if group < 1 or channels != per_group * group or filters % group:
+        raise ShapeError(f"{op_type}: {channels} channels, weight {w.shape} and group {group} do not match")
+    kernel_shape = list(w.shape[2:])
+    strides = [int(v) for v in attrs.get("strides", [1] * rank)]
+    dilations = [int(v) for v in attrs.get("dilations", [1] * rank)]
+    pads = _pads(attrs, x.shape[2:], kernel_shape, strides, dilations, op_type)
+    if out.size == 0:
+        return OpPlan()
+    per = elements_per_invocation(out.dtype.itemsize)
+    window = per_group * element_count(kernel_shape)
+    check_loop_budget(op_type, per * window, caps)
+    bindings: list[Binding] = []
+    infos: list[TensorInfo] = []
+    parts: list[str] = []
+    for name in ("x", "w", "x_zero", "w_zero", "bias", "y_zero"):
+        position = positions.get(name, -1)
+        bound = inputs[position] if 0 <= position < len(inputs) else None
+        if bound is None:
+            parts.append(f"fn load_{name}(k: u32) -> i32 {{ return 0; }}\n")
+            continue
+        info = bound
+        if name in ("x_zero", "y_zero") and info.size != 1:
+            raise NotOnDevice(f"{op_type}: a per-channel {name} runs on the CPU")
+        if name == "w_zero" and info.size not in (1, filters):
+            raise ShapeError(f"{op_type}: w_zero_point of shape {info.shape} for {filters} output channels")
+        if name == "bias" and (info.dtype != np.int32 or info.shape != (filters,)):
+            raise ShapeError(f"{op_type}: bias {info.dtype}{info.shape} (int32 of {filters} expected)")
+        if name != "bias" and info.dtype not in _INTEGER_INPUTS:
+            raise NotOnDevice(f"{op_type}: {name} of dtype {info.dtype.name} runs on the CPU")
+        parts.append(storage_declaration(len(bindings), f"buf_{name}", writable=False))
+        parts.append(load_function(f"raw_{name}", f"buf_{name}", info.dtype))
+        parts.append(f"fn load_{name}(k: u32) -> i32 {{ return i32(raw_{name}(k)); }}\n")
+        bindings.append(Binding("input", position))
+        infos.append(info)
+    check_binding_count(op_type, len(bindings) + 1, caps)
+    check_binding_sizes(op_type, infos + [out], caps)
+    parts.append(storage_declaration(len(bindings), "dst", writable=True))
+    bindings.append(Binding("output", 0))
+    w_zero_info = inputs[positions["w_zero"]] if 0 <= positions.get("w_zero", -1) < len(inputs) else None
+    per_channel_zero = w_zero_info is not None and w_zero_info.size > 1
+    out_spatial = list(out.shape[2:])
+    x_strides = contiguous_strides(x.shape)
+    w_strides = contiguous_strides(w.shape)
+    lines = [
+        "fn accumulate(j: u32) -> i32 {\n",
+        "  var rest = j;\n",
+    ]
+    for d in range(rank - 1, -1, -1):
+        lines.append(f"  let o{d} = i32(rest % {out_spatial[d]}u);\n  rest = rest / {out_spatial[d]}u;\n")
+    lines.append(f"  let m = rest % {filters}u;\n  let n = rest / {filters}u;\n")
+    lines.append(f"  let c0 = (m / {filters // group}u) * {per_group}u;\n")
+    lines.append("  let zx = load_x_zero(0u);\n")
+    lines.append(f"  let zw = load_w_zero({'m' if per_channel_zero else '0u'});\n")
+    lines.append("  var acc = load_bias(m);\n")
+    lines.append(f"  for (var t = 0u; t < {window}u; t = t + 1u) {{\n")
+    lines.append("    var r = t;\n")
+    inside = []
+    offset_terms = [f"(n * {channels}u + c0 + c) * {x_strides[1]}u"]
+    for d in range(rank - 1, -1, -1):
+        lines.append(f"    let k{d} = i32(r % {kernel_shape[d]}u);\n    r = r / {kernel_shape[d]}u;\n")
+        lines.append(f"    let i{d} = o{d} * {strides[d]} - {pads[d][0]} + k{d} * {dilations[d]};\n")
+        inside.append(f"i{d} >= 0 && i{d} < {x.shape[2 + d]}")
+        offset_terms.append(f"u32(i{d}) * {x_strides[2 + d]}u")
+    lines.append("    let c = r;\n")
+    lines.append(f"    if ({' && '.join(inside)}) {{\n")
+    lines.append(f"      let xv = load_x({' + '.join(offset_terms)}) - zx;\n")
+    lines.append(f"      let wv = load_w(m * {w_strides[0]}u + t) - zw;\n")
+    lines.append("      acc = acc + xv * wv;\n")
+    lines.append("    }\n  }\n  return acc;\n}\n")
+    parts.append("".join(lines))
+    if multipliers is None:
+        parts.append("fn value(j: u32) -> i32 { return accumulate(j); }\n")
+    else:
+        low, high = (0, 255) if out.dtype == np.uint8 else (-128, 127)
+        flat = multipliers.reshape(-1)
+        if flat.size == 1:
+            multiplier = wgsl_float(float(flat[0]))
+        else:
+            parts.append(
+                f"const MULTIPLIERS = array<f32, {flat.size}>({', '.join(wgsl_float(float(v)) for v in flat)});\n"
+            )
+            multiplier = f"MULTIPLIERS[(j / {element_count(out_spatial)}u) % {filters}u]"
+        parts.append(
+            "fn value(j: u32) -> i32 {\n"
+            "  let acc = accumulate(j);\n"
+            "  let exact = f32(acc >> 16u) * 65536.0 + f32(acc & 65535);\n"
+            f"  let scaled = round(exact * {multiplier}) + f32(load_y_zero(0u));\n"
+            f"  return i32(clamp(scaled, {low}.0, {high}.0));\n"
+            "}\n"
+        )
+    count = out.size
+    invocations = -(-count // per)
+    workgroup = workgroup_size_for(caps.limits)
+    guard = f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"
+    kernel = KernelSpec(
+        name=op_type,
+        wgsl="".join(parts) + kernel_entry(workgroup, guard + store_statements(out.dtype, count, "value")),
+        grid=grid_for(invocations, workgroup, caps.limits),
+        bindings=tuple(bindings),
+        twin=reference_twin(function, bindings, inputs, outputs),
+    )
+    return OpPlan(kernels=(kernel,))
+
+
+def _bound_function(
+    operator: Operator,
+    attrs: Mapping[str, Any],
+    outputs: Sequence[TensorInfo],
+    inputs: Sequence[TensorInfo | None],
+    order: Sequence[int],
+    constants: Mapping[int, np.ndarray],
+) -> Any:
+    """A twin calling ``operator.reference`` with the bound arrays (node inputs ``order``, in binding order) and the
+    constants at the other positions."""
+    attributes = dict(attrs)
+
+    def function(*arrays: np.ndarray) -> np.ndarray:
+        values: list[np.ndarray | None] = [None] * len(inputs)
+        for position, value in constants.items():
+            values[position] = value
+        for position, array in zip(order, arrays):
+            values[position] = array
+        return operator.reference(values, attributes, outputs)[0]
+
+    return function
