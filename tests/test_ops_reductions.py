@@ -441,3 +441,29 @@ def test_nan_rows_match_the_reference_on_the_device(op_device: BackendDevice, le
         plan = operator.plan([TensorInfo(x.shape, x.dtype)], [output], attrs, caps_of(op_device), {})
         (actual,) = run_plan(op_device, plan, [x], [output])
         assert_close(actual, expected, f"{op_type} NaN rows (device vs reference)")
+
+
+def test_out_of_range_labels_on_the_device(op_device: BackendDevice, backend_name: str) -> None:
+    """The kernel cannot raise: an out-of-range label gives NaN (never a plausible loss); the twin raises, as the
+    reference and onnxruntime do."""
+    from ortgpu.ops._runner import run_plan
+
+    x = np.zeros((3, 4), F32)
+    target = np.array([0, 9, 1], I64)
+    for op_type in ("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"):
+        for reduction, shape in (("none", (3,)), ("mean", ())):
+            attrs = {"reduction": reduction}
+            output = TensorInfo(shape, np.dtype(F32))
+            plan = get_operator(op_type, 13).plan(
+                [TensorInfo(x.shape, x.dtype), TensorInfo(target.shape, target.dtype)],
+                [output],
+                attrs,
+                caps_of(op_device),
+                {},
+            )
+            if backend_name == "fake":
+                with pytest.raises(InvalidArgumentError, match="label 9"):
+                    run_plan(op_device, plan, [x, target], [output])
+                continue
+            (loss,) = run_plan(op_device, plan, [x, target], [output])
+            assert np.isnan(loss.reshape(-1)[1 if reduction == "none" else 0])
