@@ -139,6 +139,7 @@ class GraphRegistry:
                 # frozen list's next submission ahead (wgpu) has the first replay's command buffer ready when
                 # capture returns.
                 host.submit(commands.freeze())
+                program.raise_data_errors()  # the capture run read an index out of range: no graph
                 graph = CapturedGraph._create(session, host, label, frozen, commands, pins, program)
         except BaseException:
             if pins is not None:

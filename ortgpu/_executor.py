@@ -28,14 +28,14 @@ from typing import Any, Callable, Generic, Hashable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import ModelError, ReleasedValueError
+from ortgpu_core._errors import InvalidArgumentError, ModelError, ReleasedValueError
 from ortgpu_core._value import padded_payload
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
 from ._planner import ExecutionPlan, PlannedStep
 from .ops import DeviceCaps, KernelSpec, TensorInfo
-from .ops._kernel import loop_budget_for
+from .ops._kernel import STATUS_BYTES, loop_budget_for
 from .ops._runner import padded_size
 
 __all__ = [
@@ -306,6 +306,7 @@ class DeviceProgram(Generic[_Buffer]):
         self.weights = weights if weights is not None else WeightStore(device)
         self._slots: list[_Buffer] = []
         self._params_buffer: int | None = None
+        self._status_buffer: int | None = None  # see Binding("status"): made when a kernel binds it
         # (handle, generation) of each input, then each output -> (the bind groups, weak references to the buffers)
         self._bind_groups: dict[tuple[tuple[int, int], ...], tuple[list[int], list[weakref.ref[Any]]]] = {}
         self._released = False
@@ -318,6 +319,15 @@ class DeviceProgram(Generic[_Buffer]):
             self._pipelines: list[list[int]] = []
             self._params: list[list[_ParamsEntry | None]] = []
             self._build_params_and_pipelines(pipeline_cache)
+            self._status_nodes = [
+                step.name
+                for step in plan.steps
+                if step.op_plan is not None
+                and any(b.kind == "status" for kernel in step.op_plan.kernels for b in kernel.bindings)
+            ]
+            if self._status_nodes:
+                self._status_buffer = device.create_buffer(STATUS_BYTES, label="status")
+                device.write_buffer(self._status_buffer, 0, bytes(STATUS_BYTES))
         except BaseException:
             self.release()
             raise
@@ -403,6 +413,9 @@ class DeviceProgram(Generic[_Buffer]):
                         name = step.outputs[binding.index]
                         size = padded_size(step.output_infos[binding.index].nbytes)
                         entries.append(BindingEntry(slot, self._buffer_of(name, inputs, outputs), 0, size))
+                    elif binding.kind == "status":
+                        assert self._status_buffer is not None
+                        entries.append(BindingEntry(slot, self._status_buffer, 0, STATUS_BYTES))
                     else:
                         assert step.op_plan is not None
                         size = padded_size(step.op_plan.scratch_sizes[binding.index])
@@ -489,6 +502,7 @@ class DeviceProgram(Generic[_Buffer]):
             )
         groups = self._bind_groups_for(inputs, outputs)
         commands = CommandList()
+        self._record_status_clear(commands)
         self._record_copies(commands, -1, inputs, outputs)
         self._record_steps(commands, 0, len(self.plan.steps), groups, 0, inputs, outputs)
         if EARLY_SUBMIT_DISPATCHES and commands.dispatch_count >= 2 * EARLY_SUBMIT_DISPATCHES:
@@ -520,6 +534,7 @@ class DeviceProgram(Generic[_Buffer]):
         groups = self._bind_groups_for(inputs, outputs)
         host: dict[str, np.ndarray] = {}
         commands = CommandList()
+        self._record_status_clear(commands)
         self._record_copies(commands, -1, inputs, outputs)
         g = 0
         segment_start = 0
@@ -537,6 +552,29 @@ class DeviceProgram(Generic[_Buffer]):
         self._record_steps(commands, segment_start, len(steps), groups, g, inputs, outputs)
         if len(commands):
             submit(commands)
+
+    def _record_status_clear(self, commands: CommandList) -> None:
+        if self._status_buffer is not None:
+            commands.add_clear(self._status_buffer, 0, STATUS_BYTES)
+
+    @property
+    def checks_data(self) -> bool:
+        """Whether kernels of this program check their input data (see :meth:`raise_data_errors`)."""
+        return self._status_buffer is not None
+
+    def raise_data_errors(self) -> None:
+        """Raise :class:`InvalidArgumentError` if a kernel of the last run found invalid data (an index out of
+        range: ONNX makes it an error, and the kernel could only clamp it).  Reads the status words back, so it
+        waits for that run; a no-op for programs whose kernels check nothing."""
+        if self._status_buffer is None:
+            return
+        status = np.frombuffer(self.device.read_buffer(self._status_buffer, 0, STATUS_BYTES), dtype=np.uint32)
+        if status[0]:
+            nodes = ", ".join(repr(name) for name in self._status_nodes)
+            raise InvalidArgumentError(
+                f"the run read an index out of range in one of the nodes {nodes} (found on the device; onnxruntime "
+                "refuses such indices too): its outputs are not valid; check the index inputs"
+            )
 
     def _read(
         self, name: str, info: TensorInfo, host: dict[str, np.ndarray], inputs: _BufferMap, outputs: _BufferMap
@@ -595,6 +633,9 @@ class DeviceProgram(Generic[_Buffer]):
                 self.device.release_bind_group(group)
         if self._params_buffer is not None:
             buffer, self._params_buffer = self._params_buffer, None
+            self.device.destroy_buffer(buffer)
+        if self._status_buffer is not None:
+            buffer, self._status_buffer = self._status_buffer, None
             self.device.destroy_buffer(buffer)
         slots, self._slots = self._slots, []
         for slot in slots:

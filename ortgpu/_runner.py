@@ -176,6 +176,7 @@ class SessionRunner:
             for name in order:
                 info = staged.plan.output_infos[name]
                 results[name] = staged.outputs[name].read(info.shape, info.dtype)
+            staged.program.raise_data_errors()
         return [results[name] for name in order]
 
     def run_values(self, values: Mapping[str, AnyValue], order: Sequence[str]) -> list[OrtValue[WebGPU]]:
@@ -398,6 +399,7 @@ class SessionRunner:
                 if target is not None:
                     host_outputs[name] = (target, buffer)  # type: ignore[assignment]
             program.run(input_buffers, output_buffers, self.submit)
+            program.raise_data_errors()  # before any host output is written: a refused run changes none
             for name, (target, buffer) in host_outputs.items():
                 info = plan.output_infos[name]
                 target.update_inplace(buffer.read(info.shape, info.dtype))

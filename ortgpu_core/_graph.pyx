@@ -200,6 +200,11 @@ cdef class CapturedGraph:
         ``verify=True`` first poisons the outputs, then compares the replay's
         results with an uncaptured run on the same inputs (slow; for tests):
         a mismatch raises ``CaptureStateError`` naming the outputs.
+
+        A replay reads nothing back, so data that kernels can only flag (an
+        index out of range for a Gather fed at run time, clamped on the device)
+        is not reported by ``replay()``; ``replay_and_read()`` and verify mode
+        raise ``InvalidArgumentError`` for it, as ordinary runs do.
         """
         if verify or self._owner.verify_replays:
             self._check_not_released()
@@ -239,6 +244,9 @@ cdef class CapturedGraph:
                     reads.append((value._buffer.handle, 0, array.reshape(-1).view(np.uint8)))
             self._owner.submit_and_read(self._commands, reads)
             self.replays += 1
+            if self._program is not None:
+                # Synchronous already: a kernel that found invalid data (an index out of range) raises here.
+                self._program.raise_data_errors()
         return arrays
 
     def _replay_unchecked(self):

@@ -44,6 +44,7 @@ __all__ = [
     "Operator",
     "NotOnDevice",
     "reference_twin",
+    "STATUS_BYTES",
 ]
 
 
@@ -115,7 +116,10 @@ def check_loop_budget(op_type: str, iterations: int, caps: DeviceCaps) -> None:
         )
 
 
-BindingKind = Literal["input", "output", "scratch", "params"]
+BindingKind = Literal["input", "output", "scratch", "params", "status"]
+
+#: Bytes of a program's status buffer (see :class:`Binding`).
+STATUS_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,11 @@ class Binding:
 
     ``input``/``output``: the node's i-th input/output tensor (whole buffer).
     ``scratch``: the plan's i-th scratch buffer.  ``params``: the kernel's
-    ``params`` bytes in a uniform buffer (``index`` unused).
+    ``params`` bytes in a uniform buffer (``index`` unused).  ``status``: the
+    program's status words (``array<atomic<u32>>``, :data:`STATUS_BYTES`; ``index``
+    unused), cleared before every run: a kernel that finds invalid *data* (a
+    Gather index out of range, which ONNX makes an error) sets word 0 to nonzero,
+    and the run raises ``InvalidArgumentError`` instead of returning its outputs.
     """
 
     kind: BindingKind

@@ -11,11 +11,12 @@ from typing import Sequence
 
 import numpy as np
 
+from ortgpu_core._errors import InvalidArgumentError
 from ortgpu_core._value import padded_payload
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
-from ._kernel import OpPlan, TensorInfo
+from ._kernel import STATUS_BYTES, OpPlan, TensorInfo
 
 __all__ = ["padded_size", "run_plan"]
 
@@ -61,6 +62,11 @@ def run_plan(
             owned.append(buffer)
             scratch.append(buffer)
 
+        status: int | None = None
+        if any(b.kind == "status" for kernel in plan.kernels for b in kernel.bindings):
+            status = device.create_buffer(STATUS_BYTES, label="status")
+            owned.append(status)
+            device.write_buffer(status, 0, bytes(STATUS_BYTES))
         commands = CommandList()
         for kernel in plan.kernels:
             pipeline = device.create_compute_pipeline(kernel.wgsl, twin=kernel.twin, label=kernel.name)
@@ -79,6 +85,9 @@ def run_plan(
                     buffer = maybe
                 elif binding.kind == "output":
                     buffer = output_buffers[binding.index]
+                elif binding.kind == "status":
+                    assert status is not None
+                    buffer = status
                 else:
                     buffer = scratch[binding.index]
                 entries.append(
@@ -90,6 +99,8 @@ def run_plan(
             bind_groups.append(bind_group)
             commands.add_dispatch(pipeline, bind_group, *kernel.grid)
         device.submit(commands)
+        if status is not None and np.frombuffer(device.read_buffer(status, 0, STATUS_BYTES), np.uint32)[0]:
+            raise InvalidArgumentError("a kernel found invalid data (an index out of range)")
         results = []
         for info, buffer in zip(outputs, output_buffers):
             raw = device.read_buffer(buffer, 0, padded_size(info.nbytes))
@@ -107,6 +118,8 @@ def run_plan(
 def _buffer_size(device, buffer, owned, inputs, outputs, kernel, binding, plan) -> int:  # type: ignore[no-untyped-def]
     if binding.kind == "params":
         return padded_size(len(kernel.params))
+    if binding.kind == "status":
+        return STATUS_BYTES
     if binding.kind == "input":
         array = inputs[binding.index]
         assert array is not None

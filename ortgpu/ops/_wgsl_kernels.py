@@ -143,6 +143,7 @@ def gather_kernel(
     twin: KernelTwin,
     *,
     output_index: int = 0,
+    status: bool = False,
 ) -> KernelSpec:
     """A data-movement kernel: output element ``j`` is a bit-exact copy of one source element.
 
@@ -152,10 +153,13 @@ def gather_kernel(
     compute type, e.g. Gather's indices or Where's condition) and helpers it
     defines itself.  Sources must all have the output's itemsize; any dtype of
     1, 2, 4 or 8 bytes moves.  Bindings: sources, then auxiliaries, then the output.
+    With ``status``, the program's status words follow (``Binding("status")``,
+    declared as ``status: array<atomic<u32>>``): ``source`` may flag invalid data
+    with ``atomicOr(&status[0], 1u)``.
     """
     itemsize = output.dtype.itemsize
     limits = caps.limits
-    check_binding_count(name, len(sources) + len(auxiliaries) + 1, caps)
+    check_binding_count(name, len(sources) + len(auxiliaries) + 1 + int(status), caps)
     check_binding_sizes(name, [info for _, info in sources] + [info for _, info in auxiliaries] + [output], caps)
     parts: list[str] = []
     slot = 0
@@ -170,6 +174,8 @@ def gather_kernel(
         parts.append(load_function(f"aux{a}", f"auxbuf{a}", info.dtype))
         slot += 1
     parts.append(storage_declaration(slot, "dst", writable=True))
+    if status:
+        parts.append(f"@group(0) @binding({slot + 1}) var<storage, read_write> status: array<atomic<u32>>;\n")
     parts.append(source_function)
     fetch = ["fn fetch(j: u32) -> vec2<u32> {\n  let sk = source(j);\n"]
     for s in range(len(sources) - 1):
@@ -192,6 +198,8 @@ def gather_kernel(
             lines.append(f"  if ({j} < {count}u) {{ word = word | (fetch({j}).x << {e * bits}u); }}\n")
         lines.append("  dst[w] = word;\n")
     bindings = tuple(b for b, _ in sources) + tuple(b for b, _ in auxiliaries) + (Binding("output", output_index),)
+    if status:
+        bindings += (Binding("status"),)
     return _linear_kernel(name, parts, "".join(lines), invocations, bindings, twin, limits)
 
 
