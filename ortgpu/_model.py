@@ -10,6 +10,11 @@ filled in, so ``Shape -> Gather -> Concat -> Reshape`` chains fold completely.
 Graph rewrites (BatchNormalization folded into Conv, fused epilogues) are the
 planner's (:mod:`ortgpu._rewrites`), so ``fuse=False`` plans the graph as loaded.
 
+Control flow (``If``/``Loop``/``Scan``): their subgraph attributes become :class:`ortgpu._subgraph.Subgraph`
+values, and the outer-scope tensors the subgraphs read are appended to the node's inputs after its declared ones
+(see :mod:`ortgpu._subgraph`); other operators' subgraph attributes are refused.  Node-count limits count the
+nodes of subgraphs too.
+
 Shape inference and folding live in :mod:`ortgpu._propagate` (shared with the
 planner); the limits a hostile model meets (node count, folding budget, external
 data checks) in :mod:`ortgpu._limits`.
@@ -42,6 +47,7 @@ from ._propagate import (
     public_attrs,
     value_dependent_inputs,
 )
+from ._subgraph import CONTROL_FLOW_OPS, Subgraph, count_nodes, is_control_flow, outer_names
 from .ops import get_operator
 
 __all__ = [
@@ -186,11 +192,24 @@ def onnx_dtype_to_numpy(elem_type: int, what: str) -> np.dtype[Any]:
     return dtype
 
 
-def _attribute_value(attribute: onnx.AttributeProto, node_text: str) -> Any:
+def _attribute_value(
+    attribute: onnx.AttributeProto,
+    node_text: str,
+    op_type: str = "",
+    domain: str = "",
+    opsets: Mapping[str, int] | None = None,
+    outer: Sequence[str] = (),
+) -> Any:
+    """An attribute as a Python value.  A ``GRAPH`` attribute of ``If``/``Loop``/``Scan`` (given the model's
+    ``opsets`` and the node's ``outer``-scope extra inputs) becomes a :class:`ortgpu._subgraph.Subgraph`; other
+    subgraph attributes are refused."""
     kind = attribute.type
+    if kind == onnx.AttributeProto.GRAPH and opsets is not None and is_control_flow(op_type, domain):
+        return Subgraph.build(attribute.g, opsets, f"{attribute.name} of {node_text}", outer)
     if kind in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
         raise UnsupportedOpError(
             f"{node_text} has a subgraph attribute {attribute.name!r}; ortgpu runs no control flow"
+            + (f" other than {', '.join(sorted(CONTROL_FLOW_OPS))}" if kind == onnx.AttributeProto.GRAPH else "")
         )
     if kind == onnx.AttributeProto.TENSOR:
         return _to_array(attribute.t, f"tensor attribute {attribute.name!r} of {node_text}")
@@ -320,9 +339,14 @@ def _graph_nodes(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[Grap
             opset = _effective_opset(proto.op_type, domain, opset)
         except UnsupportedOpError as error:
             raise UnsupportedOpError(f"{text}: {error}") from None
-        attrs: dict[str, Any] = {a.name: _attribute_value(a, text) for a in proto.attribute}
+        # Control flow: the outer-scope names its subgraphs read become trailing extra inputs (ortgpu._subgraph).
+        extras = outer_names(proto) if is_control_flow(proto.op_type, domain) else ()
+        attrs: dict[str, Any] = {
+            a.name: _attribute_value(a, text, proto.op_type, domain, opsets, extras) for a in proto.attribute
+        }
         attrs["__proto_attributes__"] = tuple(proto.attribute)
-        nodes.append(GraphNode(name, proto.op_type, domain, tuple(proto.input), tuple(proto.output), attrs, opset))
+        inputs = tuple(proto.input) + extras
+        nodes.append(GraphNode(name, proto.op_type, domain, inputs, tuple(proto.output), attrs, opset))
     return _topological(nodes, graph)
 
 
@@ -461,7 +485,7 @@ def load_model(
     """
     limits = LoadLimits.resolve(max_fold_bytes=max_fold_bytes, max_nodes=max_nodes)
     model, model_dir = _parse(path_or_bytes)
-    check_node_count(len(model.graph.node), limits)
+    check_node_count(count_nodes(model.graph), limits)  # subgraph nodes count too
     opsets = _check_versions(model)
     if _check_external_data(model, model_dir):
         assert model_dir is not None

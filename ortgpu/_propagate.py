@@ -405,6 +405,10 @@ SHAPE_INPUT_POSITIONS: dict[str, tuple[int, ...]] = {
     "HannWindow": (0,),
     "HammingWindow": (0,),
     "MelWeightMatrix": (0, 1),
+    # Control flow (ortgpu.ops.control_flow): the trip count and condition decide a Loop's scan-output length,
+    # the condition which branch (and so which shapes) an If gives.
+    "Loop": (0, 1),
+    "If": (0,),
 }
 
 
