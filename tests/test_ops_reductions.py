@@ -245,13 +245,12 @@ def _other_cases() -> list[Case]:
         Case("Hardmax", [floats(3, 4, 5)], {"axis": 0}, opset=11, label="coerced-all"),
         Case("Hardmax", [floats(3, 4, 5)], {"axis": -1}, opset=11, label="coerced-last"),
         Case("Hardmax", [halves(3, 4)], opset=13, on_device=False, label="float16"),
-        Case("TopK", [floats(3, 8), const([3], I64)], {"axis": 1}, opset=11, on_device=False, outputs=2),
+        Case("TopK", [floats(3, 8), const([3], I64)], {"axis": 1}, opset=11, outputs=2),
         Case(
             "TopK",
             [ints(3, 8, low=0, high=3), const([5], I64)],
             {"axis": 1},
             opset=11,
-            on_device=False,
             outputs=2,
             label="ties",
         ),
@@ -260,12 +259,29 @@ def _other_cases() -> list[Case]:
             [small_floats(5, 4), const([4], I64)],
             {"axis": 0, "largest": 0},
             opset=11,
-            on_device=False,
             outputs=2,
             label="smallest-ties",
         ),
-        Case("TopK", [floats(3, 6)], {"k": 2}, opset=1, on_device=False, outputs=2, label="k-attr"),
-        Case("TopK", [floats(3, 6), const([0], I64)], opset=11, on_device=False, outputs=2, label="k0"),
+        Case("TopK", [floats(3, 6)], {"k": 2}, opset=1, outputs=2, label="k-attr"),
+        Case("TopK", [floats(3, 6), const([0], I64)], opset=11, outputs=2, label="k0"),
+        Case(
+            "TopK",
+            [wide_ints(4, 9), const([3], I64)],
+            {"axis": 1, "largest": 0},
+            opset=11,
+            outputs=2,
+            label="int64-smallest",
+        ),
+        Case("TopK", [floats(2, 300), const([299], I64)], opset=11, outputs=2, label="long"),
+        Case("TopK", [floats(3, 4, 5), const([2], I64)], {"axis": 1}, opset=11, outputs=2, label="middle-axis"),
+        Case(
+            "TopK",
+            [lambda rng: rng.standard_normal((3, 6)), const([2], I64)],
+            opset=11,
+            on_device=False,
+            outputs=2,
+            label="float64",
+        ),
         Case("Einsum", [floats(3, 4), floats(4, 5)], {"equation": "ij,jk->ik"}, opset=12, on_device=False),
         Case(
             "Einsum",
@@ -467,3 +483,28 @@ def test_out_of_range_labels_on_the_device(op_device: BackendDevice, backend_nam
                 continue
             (loss,) = run_plan(op_device, plan, [x, target], [output])
             assert np.isnan(loss.reshape(-1)[1 if reduction == "none" else 0])
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_top_k_nan_rows(op_device: BackendDevice, largest: int) -> None:
+    """NaN sorts as the largest value, NaNs among themselves by index (onnxruntime's order), on the device too."""
+    from test_ops_elementwise import assert_close, onnx_model, run_onnxruntime
+
+    from ortgpu.ops._runner import run_plan
+
+    x = _nan_rows(9)
+    k = np.array([4], I64)
+    attrs = {"axis": 1, "largest": largest}
+    operator = get_operator("TopK", 11)
+    expected = operator.reference([x, k], attrs, [TensorInfo((), np.dtype(F32))] * 2)
+    model = onnx_model(
+        Case("TopK", [const(x), const(k)], attrs, opset=11, outputs=2), [x, k], [np.dtype(F32), np.dtype(I64)]
+    )
+    for ours, theirs in zip(expected, run_onnxruntime(model, [x, k])):
+        assert_close(ours, theirs, "TopK NaN rows (reference vs onnxruntime)")
+    infos = [TensorInfo(e.shape, e.dtype) for e in expected]
+    plan = operator.plan(
+        [TensorInfo(x.shape, x.dtype), TensorInfo(k.shape, k.dtype)], infos, attrs, caps_of(op_device), {}
+    )
+    for actual, reference in zip(run_plan(op_device, plan, [x, k], infos), expected):
+        assert_close(actual, reference, "TopK NaN rows (device vs reference)")
