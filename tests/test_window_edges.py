@@ -52,6 +52,8 @@ def _cases() -> list[tuple[str, tuple[int, ...], dict[str, Any], bool]]:
             cases.append(
                 ("AveragePool", shape, {**base, "ceil_mode": ceil_mode, "count_include_pad": include_pad}, False)
             )
+        for p in (1, 2):
+            cases.append(("LpPool", shape, {**base, "ceil_mode": ceil_mode, "p": p}, False))
         if not ceil_mode:
             cases.append(("Conv", shape, base, True))
     return cases
