@@ -433,7 +433,28 @@ CASES: list[Case] = [
         label="ceil",
     ),
     # GridSample
-    Case("GridSample", [floats(2, 3, 5, 4), floats(2, 3, 6, 2, low=-1.3, high=1.3)], opset=16, on_device=False),
+    Case("GridSample", [floats(2, 3, 5, 4), floats(2, 3, 6, 2, low=-1.3, high=1.3)], opset=16),
+    Case(
+        "GridSample",
+        [floats(2, 3, 5, 4), floats(2, 3, 6, 2, low=-2.5, high=2.5)],
+        {"mode": "nearest", "padding_mode": "reflection"},
+        opset=20,
+        label="nearest-reflection",
+    ),
+    Case(
+        "GridSample",
+        [floats(1, 2, 6, 4), floats(1, 7, 3, 2, low=-2.5, high=2.5)],
+        {"mode": "linear", "padding_mode": "reflection", "align_corners": 1},
+        opset=20,
+        label="linear-reflection-align",
+    ),
+    Case(
+        "GridSample",
+        [floats(1, 2, 6, 4), floats(1, 7, 3, 2, low=-1.5, high=1.5)],
+        {"mode": "linear", "padding_mode": "border"},
+        opset=20,
+        label="border",
+    ),
     Case(
         "GridSample",
         [floats(1, 2, 5, 4), floats(1, 3, 6, 2, low=-1.3, high=1.3)],

@@ -10,7 +10,8 @@ rank.  Conventions (those of onnxruntime, which follows PyTorch):
 * nearest rounds half to even; linear reads 2 taps and cubic 4 (Keys, a = -0.75) per axis; a tap outside
   the input reads 0 (zeros), the edge (border) or its reflection (reflection).
 
-The CPU runs it (numpy); the work per output is small and data dependent.
+4-D linear and nearest run on the device for float32/float16 (one invocation per output element, the same
+float32 unnormalisation, 4 or 1 taps); cubic and N-d run on the CPU.
 """
 
 from __future__ import annotations
@@ -22,8 +23,20 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from ._kernel import Operator, TensorInfo
+from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
+from ._tiling import wgsl_f32
+from ._wgsl import (
+    LINEAR_INVOCATION,
+    check_binding_sizes,
+    elements_per_invocation,
+    grid_for,
+    kernel_entry,
+    load_function,
+    storage_declaration,
+    store_statements,
+    workgroup_size_for,
+)
 
 __all__ = ["GridSample"]
 
@@ -133,6 +146,21 @@ class GridSample(Operator):
     op_type = "GridSample"
     since_version = 16
 
+    def _settings(self, x_rank: int, attrs: Mapping[str, Any]) -> tuple[str, str, bool]:
+        names = {"bilinear": "linear", "bicubic": "cubic"} if self.opset < 20 else {}
+        raw_mode = _text(attrs.get("mode"), "bilinear" if self.opset < 20 else "linear")
+        mode = names.get(raw_mode, raw_mode)
+        if mode not in ("linear", "nearest", "cubic") or (self.opset < 20 and raw_mode in ("linear", "cubic")):
+            raise UnsupportedOpError(f"GridSample: mode {raw_mode!r} is not supported at opset {self.opset}")
+        padding = _text(attrs.get("padding_mode"), "zeros")
+        if padding not in ("zeros", "border", "reflection"):
+            raise UnsupportedOpError(f"GridSample: padding_mode {padding!r} is not supported")
+        if x_rank < 3 or (self.opset < 20 and x_rank != 4):
+            raise ShapeError(f"GridSample: X of rank {x_rank} is not supported at opset {self.opset}")
+        if mode == "cubic" and x_rank != 4:
+            raise UnsupportedOpError("GridSample: cubic mode is defined for 4-D X only")
+        return mode, padding, bool(int(attrs.get("align_corners", 0)))
+
     def reference(
         self,
         inputs: Sequence[np.ndarray | None],
@@ -143,17 +171,127 @@ class GridSample(Operator):
         assert x is not None and grid is not None
         if x.dtype.kind != "f" or grid.dtype.kind != "f":
             raise UnsupportedOpError(f"GridSample: X {x.dtype} / grid {grid.dtype} are not supported (float only)")
-        names = {"bilinear": "linear", "bicubic": "cubic"} if self.opset < 20 else {}
-        raw_mode = _text(attrs.get("mode"), "bilinear" if self.opset < 20 else "linear")
-        mode = names.get(raw_mode, raw_mode)
-        if mode not in ("linear", "nearest", "cubic") or (self.opset < 20 and raw_mode in ("linear", "cubic")):
-            raise UnsupportedOpError(f"GridSample: mode {raw_mode!r} is not supported at opset {self.opset}")
-        padding = _text(attrs.get("padding_mode"), "zeros")
-        if padding not in ("zeros", "border", "reflection"):
-            raise UnsupportedOpError(f"GridSample: padding_mode {padding!r} is not supported")
-        if x.ndim < 3 or (self.opset < 20 and x.ndim != 4):
-            raise ShapeError(f"GridSample: X of rank {x.ndim} is not supported at opset {self.opset}")
-        if mode == "cubic" and x.ndim != 4:
-            raise UnsupportedOpError("GridSample: cubic mode is defined for 4-D X only")
-        align = bool(int(attrs.get("align_corners", 0)))
+        mode, padding, align = self._settings(x.ndim, attrs)
         return [grid_sample(x, grid, mode, padding, align)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        x, grid = inputs[0], inputs[1]
+        assert x is not None and grid is not None
+        mode, padding, align = self._settings(len(x.shape), attrs)
+        out = outputs[0]
+        if len(x.shape) != 4 or mode == "cubic":
+            raise NotOnDevice("GridSample: cubic and non-4-D sampling run on the CPU")
+        for info in (x, grid, out):
+            if info.dtype.name not in ("float32", "float16"):
+                raise NotOnDevice(f"GridSample: {info.dtype.name} runs on the CPU")
+        if out.size == 0:
+            return OpPlan()
+        n, c, height, width = x.shape
+        if 0 in x.shape or tuple(grid.shape[:1]) != (n,) or tuple(grid.shape[3:]) != (2,):
+            raise NotOnDevice(f"GridSample: shapes X {x.shape}, grid {grid.shape} run on the CPU")
+        if max(x.size, grid.size, out.size) >= 2**31:
+            raise NotOnDevice("GridSample: tensors beyond 2^31 elements run on the CPU")
+        check_binding_sizes("GridSample", [x, grid, out], caps)
+        wgsl, invocations = _device_kernel(x, grid, out, mode, padding, align, caps)
+        bindings = (Binding("input", 0), Binding("input", 1), Binding("output", 0))
+        twin = reference_twin(lambda a, g: grid_sample(a, g, mode, padding, align), bindings, inputs, outputs)
+        launch = grid_for(invocations, workgroup_size_for(caps.limits), caps.limits)
+        return OpPlan(kernels=(KernelSpec("GridSample", wgsl, launch, bindings, twin),))
+
+
+_REFLECT = """fn reflect(x: f32, low: f32, high: f32) -> f32 {
+  let span = high - low;
+  if (span <= 0.0f) { return max(low, 0.0f); }
+  if (x >= low && x <= high) { return x; }
+  let d = select(x - high, low - x, x < low);
+  let folds = floor(d / span);
+  let rest = d - folds * span;
+  let even = (i32(folds) % 2) == 0;
+  if (x < low) { return select(high - rest, low + rest, even); }
+  return select(low + rest, high - rest, even);
+}
+"""
+
+
+def _axis_wgsl(name: str, component: str, size: int, mode: str, padding: str, align: bool) -> list[str]:
+    """WGSL lines computing taps ``{name}0``/``{name}1`` (i32) and weights ``w{name}0``/``w{name}1``
+    (validity folded into the weights) of one axis from grid value ``component``."""
+    s = wgsl_f32(size)
+    if align:
+        coord = f"({component} + 1.0f) / 2.0f * {wgsl_f32(size - 1)}"
+        low, high = "0.0f", wgsl_f32(size - 1)
+    else:
+        coord = f"(({component} + 1.0f) * {s} - 1.0f) / 2.0f"
+        low, high = wgsl_f32(-0.5), wgsl_f32(size - 0.5)
+    lines = [f"  var p{name} = {coord};"]
+    if mode == "nearest":
+        lines.append(f"  p{name} = round(p{name});")
+    if padding == "border":
+        lines.append(f"  p{name} = clamp(p{name}, 0.0f, {wgsl_f32(size - 1)});")
+    elif padding == "reflection":
+        lines.append(f"  p{name} = reflect(p{name}, {low}, {high});")
+    if mode == "nearest":
+        lines += [f"  var {name}0 = i32(round(p{name}));", f"  var w{name}0 = 1.0f;"]
+        taps = 1
+    else:
+        lines += [
+            f"  let f{name} = floor(p{name});",
+            f"  var {name}0 = i32(f{name});",
+            f"  var {name}1 = {name}0 + 1;",
+            f"  var w{name}1 = p{name} - f{name};",
+            f"  var w{name}0 = 1.0f - w{name}1;",
+        ]
+        taps = 2
+    for t in range(taps):
+        tap = f"{name}{t}"
+        if padding == "zeros":
+            lines.append(f"  if ({tap} < 0 || {tap} >= {size}) {{ w{tap} = 0.0f; }}")
+        elif padding == "reflection":
+            lines.append(f"  {tap} = i32(reflect(f32({tap}), {low}, {high}));")
+        lines.append(f"  {tap} = clamp({tap}, 0, {size - 1});")
+    return lines
+
+
+def _device_kernel(
+    x: TensorInfo, grid: TensorInfo, out: TensorInfo, mode: str, padding: str, align: bool, caps: DeviceCaps
+) -> tuple[str, int]:
+    n, c, height, width = x.shape
+    out_h, out_w = out.shape[2], out.shape[3]
+    lines = [
+        "fn value(j: u32) -> f32 {",
+        f"  let ow = j % {out_w}u;",
+        f"  let oh = (j / {out_w}u) % {out_h}u;",
+        f"  let plane = j / {out_w * out_h}u;",
+        f"  let n = plane / {c}u;",
+        f"  let g = 2u * ((n * {out_h}u + oh) * {out_w}u + ow);",
+        f"  let base = plane * {height * width}u;",
+    ]
+    lines += _axis_wgsl("x", "loadg(g)", width, mode, padding, align)
+    lines += _axis_wgsl("y", "loadg(g + 1u)", height, mode, padding, align)
+    taps = 1 if mode == "nearest" else 2
+    terms = []
+    for ty in range(taps):  # the reference sums x taps innermost, y outermost
+        for tx in range(taps):
+            terms.append(f"loadx(base + u32(y{ty}) * {width}u + u32(x{tx})) * (wy{ty} * wx{tx})")
+    lines.append("  return " + " + ".join(terms) + ";")
+    lines.append("}")
+    parts = [
+        storage_declaration(0, "xs", writable=False),
+        storage_declaration(1, "gs", writable=False),
+        storage_declaration(2, "dst", writable=True),
+        load_function("loadx", "xs", x.dtype),
+        load_function("loadg", "gs", grid.dtype),
+        _REFLECT if padding == "reflection" else "",
+        "\n".join(lines) + "\n",
+    ]
+    invocations = -(-out.size // elements_per_invocation(out.dtype.itemsize))
+    guard = f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"
+    body = guard + store_statements(out.dtype, out.size, "value")
+    return "".join(parts) + kernel_entry(workgroup_size_for(caps.limits), body), invocations
