@@ -170,6 +170,7 @@ CASES = [
     ),
     Case("GRU", {"clip": 0.5}, dtype=F64, label="clip-float64"),
     Case("GRU", {}, opset=7, outputs=(True, False), label="opset7-y-only"),
+    Case("GRU", BI, lengths=(5, 2, 3), dtype=np.float16, label="float16-bidirectional-lengths"),
     # LSTM
     Case("LSTM", {}, optional=NO_OPTIONAL, label="minimal"),
     Case("LSTM", {}, label="peepholes"),
@@ -212,15 +213,22 @@ def test_recurrent_matches_onnxruntime(case: Case, env: ortgpu_core.Env) -> None
     arrays = _inputs(case, np.random.default_rng())
     model = _model(case, arrays, layout=0)
     actual = _run_ortgpu(env, model, arrays)
-    if case.dtype == F64:
+    if case.dtype != F32:
         # onnxruntime's CPU kernels are float32 only: they run on the same values in float32 (the inputs are
-        # drawn in float32), and the float64 results must agree to float32 accuracy.
+        # drawn in float32, or are float16), and the results must agree to the accuracy of the narrower type.
         narrow = Case(**{**case.__dict__, "dtype": F32})
-        small = [None if a is None or a.dtype != F64 else a.astype(F32) for a in arrays]
-        small = [s if s is not None else a for s, a in zip(small, arrays)]
-        expected = [e.astype(F64) for e in _onnxruntime(_model(narrow, small, layout=0), small)]
+        small = [a.astype(F32) if a is not None and a.dtype == case.dtype else a for a in arrays]
+        expected = [e.astype(case.dtype) for e in _onnxruntime(_model(narrow, small, layout=0), small)]
+        tolerance = 2e-3 if case.dtype == np.float16 else 1e-5
         for index, (ours, theirs) in enumerate(zip(actual, expected)):
-            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6, err_msg=f"{case.id} output {index}")
+            assert ours.dtype == case.dtype
+            np.testing.assert_allclose(
+                ours.astype(F64),
+                theirs.astype(F64),
+                rtol=tolerance,
+                atol=tolerance,
+                err_msg=f"{case.id} output {index}",
+            )
         return
     expected = _onnxruntime(model, arrays)
     assert len(actual) == len(expected) == sum(case.outputs[: OUTPUTS[case.op_type]])
@@ -320,15 +328,15 @@ OPTIMIZERS: list[tuple[str, Any, int, dict[str, Any], int]] = [
 ]
 
 
-@pytest.mark.parametrize("tensors", [1, 2])
+@pytest.mark.parametrize(("dtype", "tensors"), [(F32, 1), (F64, 2)], ids=["float32-one", "float64-two"])
 @pytest.mark.parametrize("entry", OPTIMIZERS, ids=[f"{o[0]}-{i}" for i, o in enumerate(OPTIMIZERS)])
-def test_optimizers_follow_their_pseudo_code(entry: Any, tensors: int, env: ortgpu_core.Env) -> None:
+def test_optimizers_follow_their_pseudo_code(entry: Any, tensors: int, dtype: Any, env: ortgpu_core.Env) -> None:
     op_type, oracle, groups, attrs, count = entry
     rng = np.random.default_rng()
     shapes = [(3, 4), (5,)][:tensors]
     # State tensors (H) must be non-negative: they accumulate squares.
-    values = [np.abs(rng.standard_normal(s)).astype(F32) for _ in range(groups) for s in shapes]
-    r, t = np.array(0.1, F32), np.array(count, np.int64)
+    values = [np.abs(rng.standard_normal(s)).astype(dtype) for _ in range(groups) for s in shapes]
+    r, t = np.array(0.1, dtype), np.array(count, np.int64)
     names = ["R", "T"] + [f"v{i}" for i in range(len(values))]
     outputs = [f"o{i}" for i in range((groups - 1) * tensors)]
     node = onnx.helper.make_node(op_type, names, outputs, domain=TRAINING, **attrs)
@@ -339,7 +347,10 @@ def test_optimizers_follow_their_pseudo_code(entry: Any, tensors: int, env: ortg
             onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
             for n, a in zip(names, [r, t, *values])
         ],
-        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in outputs],
+        [
+            onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), None)
+            for n in outputs
+        ],
     )
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(TRAINING, 1)])
     model.ir_version = 8
@@ -347,8 +358,12 @@ def test_optimizers_follow_their_pseudo_code(entry: Any, tensors: int, env: ortg
         got = session.run(None, dict(zip(names, [r, t, *values])))
     wide = [v.astype(F64) for v in values]
     for index in range(tensors):
-        expected = oracle(0.1, count, attrs, *wide[index::tensors])
+        # FLOAT attributes hold float32 values: the oracle takes them as the model holds them.
+        defaults = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-6} if op_type == "Adam" else {"epsilon": 1e-6}
+        held = {k: float(F32(v)) if isinstance(v, float) else v for k, v in {**defaults, **attrs}.items()}
+        expected = oracle(float(r), count, held, *wide[index::tensors])
         for group, want in enumerate(expected):
             ours = np.asarray(got[group * tensors + index])
-            assert ours.dtype == F32
-            np.testing.assert_allclose(ours, want.astype(F32), rtol=2e-6, atol=1e-7, err_msg=f"{op_type} {group}")
+            assert ours.dtype == dtype
+            tolerance = 2e-6 if dtype == F32 else 1e-12
+            np.testing.assert_allclose(ours, want.astype(dtype), rtol=tolerance, atol=tolerance, err_msg=op_type)

@@ -70,12 +70,12 @@ class _Optimizer(Operator):
                     )
         return float(rate.reshape(())), int(count.reshape(())), groups
 
-    @staticmethod
-    def _coefficient(attrs: Mapping[str, Any], name: str, default: float | None = None) -> float:
+    def _coefficient(self, attrs: Mapping[str, Any], name: str, default: float | None = None) -> float:
         if name not in attrs:
             if default is None:
-                raise UnsupportedOpError(f"attribute {name!r} is required")
-            return default
+                raise UnsupportedOpError(f"{self.op_type}: attribute {name!r} is required (it has no default)")
+            # The schema's defaults are FLOAT attributes: float32 values, as an explicit attribute would hold.
+            return float(np.float32(default))
         return float(attrs[name])
 
 
