@@ -84,8 +84,9 @@ def _batch_first(case: Case, arrays: list[np.ndarray | None]) -> list[np.ndarray
     assert arrays[0] is not None
     moved[0] = np.ascontiguousarray(np.swapaxes(arrays[0], 0, 1))
     for index in (5, 6):
-        if index < len(arrays) and arrays[index] is not None:
-            moved[index] = np.ascontiguousarray(np.swapaxes(arrays[index], 0, 1))  # type: ignore[arg-type]
+        state = arrays[index] if index < len(arrays) else None
+        if state is not None:
+            moved[index] = np.ascontiguousarray(np.swapaxes(state, 0, 1))
     return moved
 
 
@@ -114,7 +115,7 @@ def _model(case: Case, arrays: list[np.ndarray | None], layout: int, domain: str
     )
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", case.opset)])
     model.ir_version = 8
-    return model.SerializeToString()
+    return bytes(model.SerializeToString())
 
 
 def _feeds(arrays: list[np.ndarray | None]) -> dict[str, np.ndarray]:
