@@ -39,6 +39,21 @@ def ties(*shape: int, scale: float, span: int, dtype: Any = F32) -> Any:
     return lambda rng: (rng.integers(-2 * span, 2 * span + 1, shape) * (scale / 2)).astype(dtype)
 
 
+def awkward(*shape: int) -> Any:
+    """float32 values of every magnitude (subnormals, near-ties, huge) with zeros, infinities and NaN."""
+
+    def make(rng: np.random.Generator) -> np.ndarray:
+        bits = rng.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32).view(F32).copy()
+        near = (rng.integers(-600, 600, shape) / 2 * 0.1).astype(F32)
+        near = np.nextafter(near, rng.choice([-np.inf, np.inf], shape).astype(F32)) if rng.random() < 0.5 else near
+        values = np.where(rng.random(shape) < 0.5, near, bits)
+        flat = values.reshape(-1)
+        flat[: min(6, flat.size)] = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-42], F32)[: min(6, flat.size)]
+        return values.astype(F32)
+
+    return make
+
+
 def quantized(*shape: int, dtype: Any) -> Any:
     info = np.iinfo(dtype)
     return lambda rng: rng.integers(info.min, int(info.max) + 1, shape).astype(dtype)
@@ -56,6 +71,20 @@ CASES: list[Case] = [
     # QuantizeLinear
     Case("QuantizeLinear", [ties(4, 9, scale=0.5, span=300), const(0.5, F32), const(7, U8)], opset=13),
     Case("QuantizeLinear", [ties(4, 9, scale=0.25, span=40), const(0.25, F32)], opset=10, label="no-zero-point"),
+    Case("QuantizeLinear", [awkward(16, 33), const(0.1, F32), const(-7, I8)], opset=13, label="awkward-values"),
+    Case(
+        "QuantizeLinear",
+        [awkward(4, 3, 50), const([0.1, 3e-39, 7e30], F32), const([1, 2, 3], U16)],
+        opset=21,
+        label="awkward-scales-uint16",
+    ),
+    Case(
+        "QuantizeLinear",
+        [ties(7, 6, scale=0.3, span=300), lambda rng: rng.uniform(0.01, 5, 7).astype(F32), const(np.arange(7), I16)],
+        {"axis": 0},
+        opset=21,
+        label="random-scales-int16",
+    ),
     Case(
         "QuantizeLinear",
         [ties(2, 3, 5, scale=0.5, span=200), const([0.5, 0.25, 1.0], F32), const([-3, 0, 9], I8)],
@@ -360,8 +389,11 @@ CASES: list[Case] = [
 ]
 
 #: Ops with device kernels (their cases are planned on the device, except the variants listed as CPU-only).
-DEVICE_OPS = {"DequantizeLinear", "MatMulInteger", "QLinearMatMul", "ConvInteger", "QLinearConv"}
+DEVICE_OPS = {"QuantizeLinear", "DequantizeLinear", "MatMulInteger", "QLinearMatMul", "ConvInteger", "QLinearConv"}
 CPU_VARIANTS = {
+    "QuantizeLinear-opset21-blocked",
+    "QuantizeLinear-opset21-blocked-ragged-output-dtype",
+    "QuantizeLinear-opset19-float16",
     "DequantizeLinear-opset21-blocked",
     "MatMulInteger-opset10-per-row-per-column",
     "QLinearMatMul-opset10",  # scales fed at run time

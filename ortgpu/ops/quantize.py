@@ -20,8 +20,12 @@ converted to f32 exactly (8/16-bit differences are exact in f32; int32 inputs
 are converted as ``f32(x >> 16) * 65536 + f32(x & 0xffff)``, two exact terms
 whose sum is rounded once, as numpy's conversion rounds).
 
-QuantizeLinear stays on the CPU: WGSL's f32 division is not correctly rounded
-(2.5 ULP), which would move values on rounding ties.
+QuantizeLinear runs on the device for float32 inputs and float32 scales (per
+tensor and per axis).  WGSL's f32 division is not correctly rounded (2.5 ULP),
+which would move values across rounding ties, so the kernel divides on the
+bits: an exact long division of the 24-bit significands, rounded to nearest
+even (:data:`EXACT_DIVISION_WGSL`); NaN and infinities are recognised on the
+bits too (WGSL implementations may assume floats are finite).
 """
 
 from __future__ import annotations
@@ -33,11 +37,62 @@ import onnx.helper
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
+from .._limits import element_count
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 from ._wgsl_kernels import Operand, elementwise_plan
 
-__all__ = ["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "saturate_round", "expand_parameter"]
+__all__ = [
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "saturate_round",
+    "expand_parameter",
+    "EXACT_DIVISION_WGSL",
+]
+
+#: ``div_bits(a, b)``: the bits of the correctly rounded f32 quotient of the f32 values with bits ``a`` and ``b``
+#: (round to nearest even), by long division of the significands.  Quotients below 2^-126 in magnitude come back as
+#: signed zeros (callers round them to integers, where both give 0); overflow gives infinity.
+EXACT_DIVISION_WGSL = """
+fn significand_bits(bits: u32) -> vec2<u32> {
+  let e = (bits >> 23u) & 0xffu;
+  let f = bits & 0x7fffffu;
+  if (e == 0u) {
+    let s = countLeadingZeros(f) - 8u;
+    return vec2<u32>(f << s, bitcast<u32>(1 - i32(s)));
+  }
+  return vec2<u32>(f | 0x800000u, e);
+}
+fn div_bits(a: u32, b: u32) -> u32 {
+  let sign = (a ^ b) & 0x80000000u;
+  let abs_a = a & 0x7fffffffu;
+  let abs_b = b & 0x7fffffffu;
+  if (abs_a > 0x7f800000u || abs_b > 0x7f800000u) { return 0x7fc00000u; }
+  if (abs_a == 0x7f800000u) { return select(sign | 0x7f800000u, 0x7fc00000u, abs_b == 0x7f800000u); }
+  if (abs_b == 0x7f800000u) { return sign; }
+  if (abs_b == 0u) { return select(sign | 0x7f800000u, 0x7fc00000u, abs_a == 0u); }
+  if (abs_a == 0u) { return sign; }
+  let na = significand_bits(abs_a);
+  let nb = significand_bits(abs_b);
+  var r = na.x;
+  let m = nb.x;
+  var e = bitcast<i32>(na.y) - bitcast<i32>(nb.y) + 127;
+  if (r < m) { r = r << 1u; e = e - 1; }
+  var q = 0u;
+  for (var i = 0u; i < 25u; i = i + 1u) {
+    q = q << 1u;
+    if (r >= m) { q = q | 1u; r = r - m; }
+    r = r << 1u;
+  }
+  var mantissa = q >> 1u;
+  if ((q & 1u) == 1u && (r != 0u || (mantissa & 1u) == 1u)) { mantissa = mantissa + 1u; }
+  if (mantissa == 0x1000000u) { mantissa = 0x800000u; e = e + 1; }
+  if (e >= 255) { return sign | 0x7f800000u; }
+  if (e <= 0) { return sign; }
+  return sign | (u32(e) << 23u) | (mantissa & 0x7fffffu);
+}
+"""
 
 #: Quantized types numpy holds, by ONNX element type.
 _QUANTIZED: dict[int, np.dtype[Any]] = {
@@ -97,6 +152,22 @@ def expand_parameter(
     if value.shape[0] != shape[axis]:
         raise ShapeError(f"{op_type}: a scale of {value.shape[0]} values for axis {axis} of length {shape[axis]}")
     return value.reshape((1,) * axis + (-1,) + (1,) * (rank - axis - 1))
+
+
+def _per_axis_shape(
+    op_type: str, shape: tuple[int, ...], scale_shape: tuple[int, ...], attrs: Mapping[str, Any], opset: int
+) -> tuple[int, ...]:
+    """The shape a per-tensor or per-axis scale broadcasts from (blocked scales are the caller's business)."""
+    rank = len(shape)
+    if element_count(scale_shape) == 1 and len(scale_shape) <= 1:
+        return ()
+    if opset >= 13 and len(scale_shape) == 1 and rank > 0:
+        axis = int(attrs.get("axis", 1))
+        if not -rank <= axis < rank or scale_shape[0] != shape[axis]:
+            raise ShapeError(f"{op_type}: scale {scale_shape} for axis {axis} of {shape}")
+        axis = axis + rank if axis < 0 else axis
+        return (1,) * axis + (scale_shape[0],) + (1,) * (rank - axis - 1)
+    raise ShapeError(f"{op_type} (opset {opset}): scale shape {scale_shape} for input {shape}")
 
 
 def _float_dtype(op_type: str, element_type: int, what: str) -> np.dtype[Any]:
@@ -162,6 +233,57 @@ class QuantizeLinear(Operator):
         # Round the quotient first, then add the zero point (exact in float64), then saturate.
         return [saturate_round(np.rint(quotient.astype(np.float64)) + offset, dtype)]
 
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        x, scale = inputs[0], inputs[1]
+        assert x is not None and scale is not None
+        zero_point = inputs[2] if len(inputs) > 2 else None
+        out = outputs[0]
+        if x.dtype != np.float32 or scale.dtype != np.float32:
+            raise NotOnDevice("QuantizeLinear: inputs or scales other than float32 run on the CPU")
+        if self.opset >= 23 and attrs.get("precision") and int(attrs["precision"]) != onnx.TensorProto.FLOAT:
+            raise NotOnDevice("QuantizeLinear: a precision other than float32 runs on the CPU")
+        if out.dtype.name not in ("uint8", "int8", "uint16", "int16"):
+            raise NotOnDevice(f"QuantizeLinear: {out.dtype.name} outputs run on the CPU")
+        if int(attrs.get("block_size", 0)) > 0:
+            raise NotOnDevice("QuantizeLinear: blocked quantization runs on the CPU")
+        broadcast_shape = _per_axis_shape(self.op_type, x.shape, scale.shape, attrs, self.opset)
+        operands = [Operand(0, x), Operand(1, TensorInfo(broadcast_shape, scale.dtype))]
+        if zero_point is not None:
+            if zero_point.dtype != out.dtype or zero_point.size != scale.size:
+                raise ShapeError(f"QuantizeLinear: zero point {zero_point.dtype}{zero_point.shape} does not fit")
+            operands.append(Operand(2, TensorInfo(broadcast_shape, zero_point.dtype)))
+        info = np.iinfo(out.dtype)
+        helpers = EXACT_DIVISION_WGSL + (
+            "fn quantize(x: f32, s: f32, zero: i32) -> i32 {\n"
+            "  let bits = div_bits(bitcast<u32>(x), bitcast<u32>(s));\n"
+            "  let magnitude = bits & 0x7fffffffu;\n"
+            f"  if (magnitude > 0x7f800000u) {{ return {info.min}; }}\n"
+            f"  if (magnitude == 0x7f800000u) {{ return select({info.max}, {info.min}, (bits >> 31u) == 1u); }}\n"
+            "  let q = round(bitcast<f32>(bits)) + f32(zero);\n"
+            f"  return i32(clamp(q, {float(info.min)}, {float(info.max)}));\n"
+            "}\n"
+        )
+        expression = "quantize(x0, x1, i32(x2))" if zero_point is not None else "quantize(x0, x1, 0)"
+        if out.dtype.kind == "u":  # the output's compute type is u32 (the value is in range)
+            expression = f"u32({expression})"
+        opset, attributes = self.opset, dict(attrs)
+
+        def function(*arrays: np.ndarray) -> np.ndarray:
+            operator = QuantizeLinear()
+            operator.opset = opset
+            return operator.reference(list(arrays), attributes, outputs)[0]
+
+        return elementwise_plan(
+            "QuantizeLinear", operands, outputs, expression, caps, function, inputs, helpers=helpers
+        )
+
 
 @register
 class DequantizeLinear(Operator):
@@ -218,17 +340,7 @@ class DequantizeLinear(Operator):
             raise NotOnDevice("DequantizeLinear: blocked quantization runs on the CPU")
         if x.dtype.name == "int32" and zero_point is not None:
             raise NotOnDevice("DequantizeLinear: int32 with a zero point input runs on the CPU (it must be 0)")
-        rank = len(x.shape)
-        if scale.size == 1 and len(scale.shape) <= 1:
-            broadcast_shape: tuple[int, ...] = ()
-        elif self.opset >= 13 and len(scale.shape) == 1 and rank > 0:
-            axis = int(attrs.get("axis", 1))
-            if not -rank <= axis < rank or scale.shape[0] != x.shape[axis]:
-                raise ShapeError(f"DequantizeLinear: scale {scale.shape} for axis {axis} of {x.shape}")
-            axis = axis + rank if axis < 0 else axis
-            broadcast_shape = (1,) * axis + (scale.shape[0],) + (1,) * (rank - axis - 1)
-        else:
-            raise ShapeError(f"DequantizeLinear (opset {self.opset}): scale shape {scale.shape} for input {x.shape}")
+        broadcast_shape = _per_axis_shape(self.op_type, x.shape, scale.shape, attrs, self.opset)
         if zero_point is not None and zero_point.size != scale.size:
             raise ShapeError(f"DequantizeLinear: zero point {zero_point.shape} differs from the scale {scale.shape}")
         operands = [Operand(0, x), Operand(1, TensorInfo(broadcast_shape, scale.dtype))]
