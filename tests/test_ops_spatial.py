@@ -405,7 +405,7 @@ CASES: list[Case] = [
         "SpaceToDepth", [ints(1, 2, 6, 3, dtype=np.int8, low=-128, high=127)], {"blocksize": 3}, opset=13, label="int8"
     ),
     # pools
-    Case("GlobalMaxPool", [floats(2, 3, 5, 4)], on_device=False),
+    Case("GlobalMaxPool", [floats(2, 3, 5, 4)]),
     Case("GlobalLpPool", [floats(2, 3, 5, 4)], {"p": 2}, opset=2),
     Case("GlobalLpPool", [floats(2, 3, 7)], {"p": 1}, opset=2, label="p1"),
     Case("GlobalLpPool", [floats(2, 3, 5, 4)], {"p": 3}, opset=2, on_device=False, label="p3"),
@@ -414,14 +414,12 @@ CASES: list[Case] = [
         [floats(1, 2, 7, 6)],
         {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1], "p": 2},
         opset=11,
-        on_device=False,
     ),
     Case(
         "LpPool",
         [floats(1, 2, 8, 7)],
         {"kernel_shape": [2, 3], "auto_pad": "SAME_UPPER", "p": 3},
         opset=18,
-        on_device=False,
         label="same-p3",
     ),
     Case(
@@ -429,7 +427,6 @@ CASES: list[Case] = [
         [floats(1, 2, 8, 7)],
         {"kernel_shape": [2, 2], "dilations": [2, 1], "ceil_mode": 1, "strides": [2, 2], "p": 1},
         opset=18,
-        on_device=False,
         label="ceil",
     ),
     # GridSample
@@ -543,11 +540,22 @@ def test_deform_conv_without_offsets_is_a_convolution() -> None:
     assert_close(got, expected, "DeformConv with offset dy = 1")
 
 
+def test_global_max_pool_skips_nan(op_device: BackendDevice) -> None:
+    """NaN never wins (onnxruntime and MaxPool agree); an all-NaN image gives -inf, on both sides."""
+    x = np.array([[np.nan, 1.0, 2.0], [3.0, np.nan, -1.0], [np.nan, np.nan, np.nan]], F32).reshape(1, 3, 3)
+    actual = _plan_and_run(op_device, "GlobalMaxPool", 13, {}, [x])
+    assert actual is not None
+    np.testing.assert_array_equal(actual.reshape(-1), [2.0, 3.0, -np.inf])
+    np.testing.assert_array_equal(_onnxruntime("GlobalMaxPool", 13, {}, [x[:, :2]]).reshape(-1), [2.0, 3.0])
+
+
 def test_typed_refusals() -> None:
     with pytest.raises(ShapeError):  # reflect cannot add more than length - 1
         get_operator("Pad", 13).reference([np.ones((2, 3), F32), np.array([0, 3, 0, 0], I64)], {"mode": "reflect"}, [])
     with pytest.raises(UnsupportedOpError):
         get_operator("Pad", 18).reference([np.ones((2, 3), F32), np.array([0, 1, 0, 0], I64)], {"mode": "wrap"}, [])
+    with pytest.raises(UnsupportedOpError):  # GlobalMaxPool is defined on floats
+        get_operator("GlobalMaxPool", 1).reference([np.ones((1, 2, 3), np.int32)], {}, [])
     with pytest.raises(ShapeError):
         get_operator("DepthToSpace", 13).reference([np.ones((1, 6, 2, 2), F32)], {"blocksize": 2}, [])
     with pytest.raises(UnsupportedOpError):

@@ -2,8 +2,8 @@
 
 Windows follow :func:`.conv.spatial_geometry` (kernel_shape, strides, pads, auto_pad; dilations and ceil_mode
 from opset 18); padding contributes zeros.  ``p`` is a float attribute in opset 1 and an integer from opset 2
-(default 2).  GlobalLpPool with p = 1 or 2 runs on the device as a row reduction (L1 / L2 norm); LpPool and
-other p run on the CPU.
+(default 2).  LpPool runs on the device with MaxPool/AveragePool's window kernel (float32); GlobalLpPool with
+p = 1 or 2 as a row reduction (L1 / L2 norm), other p on the CPU.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._tiling import require_float32
-from .conv import ints, pad_spatial, spatial_geometry, window_slices
+from ._tiling import require_float32, single_kernel_plan
+from .conv import SpatialGeometry, ints, pad_spatial, spatial_geometry, window_slices
+from .pool import _pool_kernel
 from .reduce import plan_row_reduction
 
 __all__ = ["LpPool", "GlobalLpPool"]
@@ -57,6 +58,35 @@ class LpPool(Operator):
     op_type = "LpPool"
     since_version = 1
 
+    def _geometry(self, x_shape: Sequence[int], attrs: Mapping[str, Any]) -> SpatialGeometry:
+        _check_input(x_shape, "LpPool")
+        if "kernel_shape" not in attrs:
+            raise ShapeError("LpPool: kernel_shape is required")
+        if self.opset < 18 and (attrs.get("dilations") is not None or int(attrs.get("ceil_mode", 0))):
+            raise UnsupportedOpError(f"LpPool: dilations and ceil_mode exist from opset 18 (model opset {self.opset})")
+        kernel = ints(attrs["kernel_shape"], [])
+        ceil_mode = bool(int(attrs.get("ceil_mode", 0)))
+        return spatial_geometry("LpPool", tuple(x_shape[2:]), kernel, attrs, ceil_mode=ceil_mode)
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        x = inputs[0]
+        assert x is not None
+        require_float32("LpPool", [x, outputs[0]])
+        geometry = self._geometry(x.shape, attrs)
+        p = _p(attrs, "LpPool")
+        if outputs[0].size == 0:
+            return OpPlan()
+        wgsl, grid, table = _pool_kernel("LpPool", x, geometry, False, caps, power=p)
+        compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
+        return single_kernel_plan("LpPool", wgsl, grid, table, compute, inputs, outputs, caps)
+
     def reference(
         self,
         inputs: Sequence[np.ndarray | None],
@@ -67,16 +97,8 @@ class LpPool(Operator):
         assert x is not None
         if x.dtype.kind != "f":
             raise UnsupportedOpError(f"LpPool: X of dtype {x.dtype} is not supported (float tensors only)")
-        _check_input(x.shape, "LpPool")
-        if "kernel_shape" not in attrs:
-            raise ShapeError("LpPool: kernel_shape is required")
-        if self.opset < 18 and (attrs.get("dilations") is not None or int(attrs.get("ceil_mode", 0))):
-            raise UnsupportedOpError(f"LpPool: dilations and ceil_mode exist from opset 18 (model opset {self.opset})")
         p = _p(attrs, "LpPool")
-        kernel = ints(attrs["kernel_shape"], [])
-        geometry = spatial_geometry(
-            "LpPool", tuple(x.shape[2:]), kernel, attrs, ceil_mode=bool(int(attrs.get("ceil_mode", 0)))
-        )
+        geometry = self._geometry(x.shape, attrs)
         padded = pad_spatial(_powered(x, p), geometry, 0.0)
         total = np.zeros(x.shape[:2] + geometry.out, dtype=np.float64)
         for offset in itertools.product(*(range(k) for k in geometry.kernel)):

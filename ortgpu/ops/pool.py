@@ -19,7 +19,15 @@ from ortgpu_core._errors import ShapeError, UnsupportedOpError
 from .._limits import element_count
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
-from ._tiling import THREADS, BindingTable, grid_for_groups, require_float32, single_kernel_plan, workgroup_index
+from ._tiling import (
+    THREADS,
+    BindingTable,
+    grid_for_groups,
+    require_float32,
+    single_kernel_plan,
+    wgsl_f32,
+    workgroup_index,
+)
 from .conv import SpatialGeometry, ints, pad_spatial, spatial_geometry, window_slices
 from .reduce import plan_row_reduction
 
@@ -104,12 +112,14 @@ def _pool_kernel(
     *,
     indices: bool = False,
     storage_order: int = 0,
+    power: float | None = None,
 ) -> tuple[str, tuple[int, int, int], BindingTable]:
     """One invocation per output element, looping over the window (any number of spatial axes).
 
     MaxPool keeps the first maximum (strictly greater replaces, as the reference does) and, with
     ``indices``, writes its flat index (int64, as a low word and a zero high word: indices are below 2^31)
-    into output 1.
+    into output 1.  With ``power`` p (LpPool) it sums ``|v|^p`` over the taps inside the input and writes
+    the sum's p-th root.
     """
     spatial = x.shape[2:]
     rank = len(spatial)
@@ -165,6 +175,15 @@ def _pool_kernel(
             lines.append(f"{indent}if (v > acc) {{ acc = v; best = plane + {stored}; }}")
         else:
             lines.append(f"{indent}if (v > acc) {{ acc = v; }}")
+    elif power is not None:
+        term = (
+            "abs(v)"
+            if power == 1
+            else "v * v"
+            if power == 2
+            else f"select(0.0, pow(abs(v), {wgsl_f32(power)}), v != 0.0)"
+        )
+        lines.append(f"{indent}acc = acc + {term};")
     else:
         lines.append(f"{indent}acc = acc + v;")
         if not include_pad:
@@ -172,7 +191,17 @@ def _pool_kernel(
     for _ in range(rank):
         indent = indent[:-4]
         lines.append(f"{indent}}}")
-    lines.append(f"    {output}[index] = {'acc' if is_max else 'acc / f32(count)'};")
+    if power is not None:
+        root = (
+            "acc"
+            if power == 1
+            else "sqrt(acc)"
+            if power == 2
+            else f"select(0.0, pow(acc, {wgsl_f32(1.0 / power)}), acc > 0.0)"
+        )
+        lines.append(f"    {output}[index] = {root};")
+    else:
+        lines.append(f"    {output}[index] = {'acc' if is_max else 'acc / f32(count)'};")
     if indices:
         lines.append(f"    {index_output}[2u * index] = best;")
         lines.append(f"    {index_output}[2u * index + 1u] = 0u;")
@@ -313,7 +342,11 @@ class GlobalAveragePool(Operator):
 
 @register
 class GlobalMaxPool(Operator):
-    """GlobalMaxPool-1: the maximum over every spatial axis, kept as size 1 (on the CPU: models use it rarely)."""
+    """GlobalMaxPool-1: the maximum over every spatial axis, kept as size 1.
+
+    As MaxPool (and onnxruntime), NaN never wins a comparison: it is skipped, and an image of only NaN (or
+    -inf) gives -inf.  The device kernel is MaxPool's, with one window covering the whole image.
+    """
 
     op_type = "GlobalMaxPool"
     since_version = 1
@@ -326,9 +359,35 @@ class GlobalMaxPool(Operator):
     ) -> list[np.ndarray]:
         x = inputs[0]
         assert x is not None
-        _check_spatial(x.shape, "GlobalMaxPool")
         if len(x.shape) < 3:
             raise ShapeError(f"GlobalMaxPool: X must have rank >= 3, got {x.shape}")
+        _check_spatial(x.shape, "GlobalMaxPool")
+        axes = tuple(range(2, x.ndim))
         if x.size == 0:
             return [np.zeros(x.shape[:2] + (1,) * (x.ndim - 2), dtype=x.dtype)]
-        return [np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)]
+        if x.dtype.kind != "f":
+            raise UnsupportedOpError(f"GlobalMaxPool: X of dtype {x.dtype} is not supported (float tensors only)")
+        best = np.fmax.reduce(x, axis=axes, keepdims=True)
+        return [np.where(np.isnan(best), -np.inf, best).astype(x.dtype)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        x = inputs[0]
+        assert x is not None
+        if len(x.shape) < 3:
+            raise ShapeError(f"GlobalMaxPool: X must have rank >= 3, got {x.shape}")
+        _check_spatial(x.shape, "GlobalMaxPool")
+        require_float32("GlobalMaxPool", [x, outputs[0]])
+        if outputs[0].size == 0:
+            return OpPlan()
+        spatial = tuple(x.shape[2:])
+        geometry = spatial_geometry("GlobalMaxPool", spatial, spatial, {}, ceil_mode=False)
+        wgsl, grid, table = _pool_kernel("MaxPool", x, geometry, False, caps)
+        compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
+        return single_kernel_plan("GlobalMaxPool", wgsl, grid, table, compute, inputs, outputs, caps)
