@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
+import onnx
+import onnx.helper
 
 from ortgpu_core._errors import ModelError, ShapeError, UnsupportedOpError
 
@@ -64,9 +66,35 @@ def _scalar(value: np.ndarray, what: str) -> Any:
     return value.reshape(-1)[0]
 
 
-def _stack(parts: list[np.ndarray], axis: int, info: TensorInfo | None, what: str) -> np.ndarray:
-    """The per-iteration ``parts`` stacked along a new ``axis``; none: an empty tensor shaped from ``info``."""
+def _declared(graph: Subgraph, index: int) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+    """The static shape and dtype the subgraph declares for its output ``index`` (None: not fully static)."""
+    value = graph.graph.output[index]
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor.HasField("shape") or tensor.elem_type == 0:
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+    if any(d is None or d < 0 for d in dims):
+        return None
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+    except Exception:  # noqa: BLE001 - a dtype numpy lacks: no declared shape to use
+        return None
+    return tuple(int(d) for d in dims if d is not None), dtype
+
+
+def _stack(
+    parts: list[np.ndarray],
+    axis: int,
+    info: TensorInfo | None,
+    what: str,
+    declared: tuple[tuple[int, ...], np.dtype[Any]] | None = None,
+) -> np.ndarray:
+    """The per-iteration ``parts`` stacked along a new ``axis``.  No part (no iteration ran): an empty tensor
+    shaped by the element shape the subgraph ``declared``, else by the planned ``info`` when it is empty."""
     if not parts:
+        if declared is not None and 0 <= axis <= len(declared[0]):
+            element, dtype = declared
+            return np.zeros((*element[:axis], 0, *element[axis:]), dtype=dtype)
         if info is not None and len(info.shape) >= 1 and 0 in info.shape:
             return np.zeros(info.shape, dtype=info.dtype)
         raise ModelError(
@@ -124,8 +152,10 @@ class If(_ControlFlow):
 class Loop(_ControlFlow):
     """``Loop``: ``for (i = 0; i < M && cond; ++i)`` over the body; loop-carried values and stacked scan outputs.
 
-    An absent trip count ``M`` means no bound, an absent ``cond`` means true (the body's condition output is then
-    ignored, as the spec says).  Neither: the loop would never end, and is refused.
+    An absent trip count ``M`` means no bound, an absent ``cond`` means true at the start.  The body's condition
+    output ends the loop when false even without a ``cond`` input: the spec's pseudo-code calls it ignored then,
+    but onnxruntime (and onnx's reference evaluator) stop on it, and ortgpu follows onnxruntime.  Neither ``M``
+    nor ``cond``: the loop could only end by its body's condition; it runs as well.
     """
 
     op_type = "Loop"
@@ -152,16 +182,13 @@ class Loop(_ControlFlow):
             if value is None:
                 raise UnsupportedOpError(f"Loop: loop-carried input {index} is absent (optional values unsupported)")
             carried.append(value)
-        if trip_input is None and cond_input is None:
-            raise UnsupportedOpError("Loop: neither a trip count nor a condition is given: the loop never ends")
         trip = None if trip_input is None else int(_scalar(trip_input, "Loop's trip count M"))
         keep = True if cond_input is None else bool(_scalar(cond_input, "Loop's condition"))
         scans: list[list[np.ndarray]] = [[] for _ in range(scan_count)]
         iteration = 0
         while keep and (trip is None or iteration < trip):
             results = body.run([np.array(iteration, dtype=np.int64), np.array(keep, dtype=np.bool_), *carried], outer)
-            if cond_input is not None:
-                keep = bool(_scalar(results[0], "the Loop body's condition output"))
+            keep = bool(_scalar(results[0], "the Loop body's condition output"))
             carried = results[1 : 1 + carried_count]
             for index, value in enumerate(results[1 + carried_count :]):
                 scans[index].append(value)
@@ -172,6 +199,7 @@ class Loop(_ControlFlow):
                 0,
                 outputs[carried_count + index] if carried_count + index < len(outputs) else None,
                 f"Loop scan output {index}",
+                _declared(body, 1 + carried_count + index),
             )
             for index, parts in enumerate(scans)
         ]
@@ -251,7 +279,9 @@ class Scan8(_ControlFlow):
             for index, collected in enumerate(parts):
                 info = outputs[state_count + index] if state_count + index < len(outputs) else None
                 element_info = TensorInfo((0, *info.shape[2:]), info.dtype) if info is not None else None
-                column = _stack(collected, 0, element_info, f"Scan output {index}")
+                column = _stack(
+                    collected, 0, element_info, f"Scan output {index}", _declared(body, state_count + index)
+                )
                 if count < length:  # shorter sequences are padded with zeros
                     pad = np.zeros((length - count, *column.shape[1:]), dtype=column.dtype)
                     column = np.concatenate([column, pad])
@@ -323,10 +353,13 @@ class Scan9(_ControlFlow):
             info = outputs[state_count + index] if state_count + index < len(outputs) else None
             if out_dirs[index]:
                 collected = collected[::-1]
-            rank = (collected[0].ndim if collected else (len(info.shape) - 1 if info is not None else 0)) + 1
-            axis = _axis(out_axes[index], rank, "Scan: scan_output_axes entry")
-            if not collected and info is not None:
-                stacked.append(_stack([], axis, info if info.shape[axis : axis + 1] == (0,) else None, "Scan output"))
+            element = _declared(body, state_count + index)
+            if collected:
+                rank = collected[0].ndim + 1
+            elif element is not None:
+                rank = len(element[0]) + 1
             else:
-                stacked.append(_stack(collected, axis, info, f"Scan output {index}"))
+                rank = len(info.shape) if info is not None and info.shape else 1
+            axis = _axis(out_axes[index], rank, "Scan: scan_output_axes entry")
+            stacked.append(_stack(collected, axis, info, f"Scan output {index}", element))
         return (current + stacked)[: len(outputs)]
