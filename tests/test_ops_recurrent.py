@@ -281,6 +281,9 @@ def test_recurrent_refusals_are_typed() -> None:
         get_operator("RNN", 14).reference(rnn_inputs, {"activations": ["Affine"], "activation_alpha": [0.5]}, [])
     with pytest.raises(UnsupportedOpError, match="activations"):
         lstm.reference(arrays, {"activations": ["Tanh", "Tanh"]}, [])
+    both = _inputs(Case("LSTM", BI), np.random.default_rng(3))
+    with pytest.raises(UnsupportedOpError, match="2 direction"):
+        lstm.reference(both, {**BI, "activations": ["Sigmoid", "Tanh", "Tanh"]}, [])
     with pytest.raises(UnsupportedOpError, match="int32"):
         lstm.reference([a.astype(np.int32) if a is not None else None for a in arrays], {}, [])
     with pytest.raises(ShapeError, match="W"):

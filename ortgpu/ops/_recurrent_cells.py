@@ -97,12 +97,10 @@ def activations_for(
 
     ``activation_alpha`` / ``activation_beta`` are consumed in the order of the activations, each by the
     activations that take that parameter; an activation whose value is not listed takes its default.  A
-    bidirectional node listing one direction's activations uses them for both (as onnxruntime does).
+    bidirectional node lists both directions' activations, forward first (onnxruntime refuses fewer too).
     """
     per_direction = len(defaults)
     names = list(names) if names else list(defaults) * num_directions
-    if len(names) == per_direction and num_directions == 2:
-        names = names * 2
     if len(names) != per_direction * num_directions:
         raise UnsupportedOpError(
             f"{op_type}: 'activations' lists {len(names)} functions; {per_direction * num_directions} are needed "
