@@ -130,7 +130,6 @@ CASES: list[Case] = [
         {"softcap": 2.0, "qk_matmul_output_mode": 3},
         opset=23,
         outputs=4,
-        on_device=False,
         label="bool-softmax",
     ),
     Case(
@@ -146,7 +145,6 @@ CASES: list[Case] = [
         {"scale": 0.2, "qk_matmul_output_mode": 2},
         opset=23,
         outputs=4,
-        on_device=False,
         label="past-float-mask",
     ),
     Case(
@@ -202,6 +200,22 @@ CASES: list[Case] = [
         outputs=3,
         label="empty-past",
     ),
+    Case(
+        "Attention",
+        [floats(2, 2, 3, 4), floats(2, 1, 5, 4), floats(2, 1, 5, 4), floats(2, 2, 3, 5)],
+        {"is_causal": 1},
+        opset=23,
+        outputs=4,
+        label="raw-scores",
+    ),
+    Case(
+        "Attention",
+        [floats(1, 3, 8), floats(1, 4, 8), floats(1, 4, 8)],
+        {"q_num_heads": 2, "kv_num_heads": 2, "softcap": 0.7, "qk_matmul_output_mode": 1},
+        opset=23,
+        outputs=4,
+        label="capped-scores",
+    ),
     # newer operators
     Case("TensorScatter", [floats(2, 3, 6, 4), floats(2, 3, 2, 4), const([1, 4], I64)], opset=24, label="linear"),
     Case(
@@ -247,6 +261,13 @@ FLOAT16_CASES = [
     Case("GroupNormalization", [halves(2, 4, 3), halves(4), halves(4)], {"num_groups": 2}, opset=21, label="float16"),
     Case("LpNormalization", [halves(3, 5)], {"axis": 0}, opset=22, label="float16"),
     Case("MeanVarianceNormalization", [halves(2, 3, 4, 5)], opset=13, label="float16"),
+    Case(
+        "Attention",
+        [halves(1, 2, 3, 4), halves(1, 2, 3, 4), halves(1, 2, 3, 4)],
+        opset=23,
+        on_device=False,
+        label="float16",
+    ),
 ]
 
 #: what onnxruntime refuses but the definition allows: an attn_mask shorter than the keys (the rest is padding)

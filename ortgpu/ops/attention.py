@@ -12,10 +12,10 @@ keys at or past ``nonpad_kv_seqlen`` are dropped (opset 24), and opset 25's wind
 ``offset + i - left <= j <= offset + i + right``.  A query row with no key left is a zero row (also in
 ``qk_matmul_output`` mode 3), never NaN.
 
-On the device (float32, no ``qk_matmul_output``) one kernel computes Y, one invocation per output element: it
-walks the keys once with an online softmax (running maximum, rescaled sums), skipping the keys the bias drops;
-the present key/value are copy kernels.  Float16 (computed in float16 stages by the definition), the
-``qk_matmul_output`` variants and other softmax precisions run on the CPU (this reference).
+On the device (float32) one kernel computes Y, one invocation per output element: it walks the keys once with an
+online softmax (running maximum, rescaled sums), skipping the keys the bias drops; the present key/value are copy
+kernels; ``qk_matmul_output`` is one kernel per score.  Float16 (computed in float16 stages by the definition)
+and softmax precisions other than float run on the CPU (this reference).
 """
 
 from __future__ import annotations
@@ -240,12 +240,10 @@ def _attention_plan(
     caps: DeviceCaps,
 ) -> OpPlan:
     """Y by one float32 kernel (one invocation per output element, an online softmax over the keys), the present
-    key/value by one copy kernel each; the qk_matmul_output variants run on the CPU."""
+    key/value by one copy kernel each, qk_matmul_output by one kernel per score (mode 3 walks its row twice)."""
     infos = list(inputs) + [None] * (7 - len(inputs))
     q, k, v, mask, past_key, past_value, nonpad = infos[:7]
     assert q is not None and k is not None and v is not None
-    if len(outputs) > 3:
-        raise NotOnDevice("Attention: the qk_matmul_output output runs on the CPU")
     for info in (q, k, v, past_key, past_value) + tuple(outputs):
         if info is not None and info.dtype != np.float32:
             raise NotOnDevice(f"Attention: the WebGPU kernel computes float32 only, not {info.dtype}")
@@ -273,96 +271,121 @@ def _attention_plan(
     scale = float(attrs["scale"]) if "scale" in attrs else (1.0 / float(np.sqrt(head)) if head else 1.0)
     softcap = float(attrs.get("softcap", 0.0))
 
-    table = BindingTable()
-    q_name, k_name, v_name = (table.add(Binding("input", i)) for i in range(3))
-    y_name = table.add(Binding("output", 0), writable=True)
-    if three_d:
-        q_at = f"(b * {sq}u + i) * {hq * head}u + h * {head}u + d"
-        k_at = f"(b * {sk}u + jn) * {hkv * head}u + hk * {head}u + d"
-        v_at = f"(b * {sk}u + jn) * {hkv * dv}u + hk * {dv}u + e"
-        decode = f"let e = n % {dv}u; let h = (n / {dv}u) % {hq}u; let i = (n / {dv * hq}u) % {sq}u; "
-        decode += f"let b = n / {dv * hq * sq}u;"
-    else:
-        q_at = f"((b * {hq}u + h) * {sq}u + i) * {head}u + d"
-        k_at = f"((b * {hkv}u + hk) * {sk}u + jn) * {head}u + d"
-        v_at = f"((b * {hkv}u + hk) * {sk}u + jn) * {dv}u + e"
-        decode = f"let e = n % {dv}u; let i = (n / {dv}u) % {sq}u; let h = (n / {dv * sq}u) % {hq}u; "
-        decode += f"let b = n / {dv * sq * hq}u;"
-    if past_key is not None:
-        pk = table.add(Binding("input", 4))
-        pv = table.add(Binding("input", 5))
-        key = f"select({k_name}[{k_at}], {pk}[((b * {hkv}u + hk) * {past}u + j) * {head}u + d], j < {past}u)"
-        value = f"select({v_name}[{v_at}], {pv}[((b * {hkv}u + hk) * {past}u + j) * {dv}u + e], j < {past}u)"
-    else:
-        key, value = f"{k_name}[{k_at}]", f"{v_name}[{v_at}]"
-
-    # the bias: structural limits first (-inf: skip the key), then the mask
-    limits = ""
+    # the structural limits on the keys (nonpad_kv_seqlen, causal frontier, windows)
     if nonpad is not None:
-        lengths = table.add(Binding("input", 6), "u32")
-        limits += f"    let valid_keys = i32({lengths}[b * 2u]);\n    let offset = valid_keys - {sq};\n"
+        # LENGTHS: the binding of nonpad_kv_seqlen (int64: its low words)
+        offset = f"i32(LENGTHS[b * 2u]) - {sq}"
+        valid = "i32(LENGTHS[b * 2u])"
     else:
-        limits += f"    let valid_keys = {total};\n    let offset = {past};\n"
-    conditions = ["ji >= valid_keys"]
+        offset, valid = str(past), str(total)
+    dropped = [f"ji >= {valid}"]
     if int(attrs.get("is_causal", 0)):
-        conditions.append("ji > position")
+        dropped.append("ji > position")
     left, right = int(attrs.get("left_window_size", -1)), int(attrs.get("right_window_size", -1))
     if left >= 0:
-        conditions.append(f"ji < position - {left}")
+        dropped.append(f"ji < position - {left}")
     if right >= 0:
-        conditions.append(f"ji > position + {right}")
-    mask_term = ""
+        dropped.append(f"ji > position + {right}")
+    mask_index, mask_length = "", total
     if mask is not None:
         if not 1 <= len(mask.shape) <= 4:
             raise ShapeError(f"Attention: attn_mask must have rank 1 to 4, got shape {mask.shape}")
         full = (1,) * (4 - len(mask.shape)) + tuple(int(d) for d in mask.shape)
-        length = full[3]
+        mask_length = full[3]
         for got, want in zip(full[:3], (batch, hq, sq)):
             if got not in (1, want):
                 raise ShapeError(f"Attention: attn_mask of shape {mask.shape} does not broadcast")
-        if length > total:
-            raise ShapeError(f"Attention: attn_mask covers {length} keys, there are only {total}")
-        strides = [full[1] * full[2] * length, full[2] * length, length]
-        index = " + ".join(
+        if mask_length > total:
+            raise ShapeError(f"Attention: attn_mask covers {mask_length} keys, there are only {total}")
+        strides = [full[1] * full[2] * mask_length, full[2] * mask_length, mask_length]
+        mask_index = " + ".join(
             f"{name} * {stride if size > 1 else 0}u" for name, stride, size in zip(("b", "h", "i"), strides, full[:3])
         )
-        conditions.append(f"j >= {length}u")
-        if mask.dtype == np.bool_:
-            bits = table.add(Binding("input", 3), "u32")
-            mask_term = f"""        let mi = {index} + j;
-        if ((({bits}[mi / 4u] >> (8u * (mi % 4u))) & 0xffu) == 0u) {{ continue; }}
-"""
+        # keys past a short mask's end are padding
+        dropped.append(f"j >= {mask_length}u")
+
+    def functions(table: BindingTable) -> str:
+        """WGSL ``logit(b, h, i, j) -> vec2<f32>`` (scaled Q.K, soft-capped) and ``bias(b, h, i, j) -> f32`` (the
+        mask's value, -inf where the key is dropped), reading the inputs bound in ``table``."""
+        q_name, k_name = table.add(Binding("input", 0)), table.add(Binding("input", 1))
+        if three_d:
+            q_at = f"(b * {sq}u + i) * {hq * head}u + h * {head}u + d"
+            k_at = f"(b * {sk}u + jn) * {hkv * head}u + hk * {head}u + d"
         else:
-            values = table.add(Binding("input", 3))
-            mask_term = f"""        let mv = {values}[{index} + j];
-        if (bitcast<u32>(mv) == 0xff800000u) {{ continue; }}
-        x = x + mv;
+            q_at = f"((b * {hq}u + h) * {sq}u + i) * {head}u + d"
+            k_at = f"((b * {hkv}u + hk) * {sk}u + jn) * {head}u + d"
+        key = f"{k_name}[{k_at}]"
+        if past_key is not None:
+            pk = table.add(Binding("input", 4))
+            key = f"select({key}, {pk}[((b * {hkv}u + hk) * {past}u + j) * {head}u + d], j < {past}u)"
+        lengths = table.add(Binding("input", 6), "u32") if nonpad is not None else "LENGTHS"
+        mask_value = "0.0"
+        if mask is not None and mask.dtype == np.bool_:
+            bits = table.add(Binding("input", 3), "u32")
+            mask_value = f"select(neg_inf(), 0.0, (({bits}[mi / 4u] >> (8u * (mi % 4u))) & 0xffu) != 0u)"
+        elif mask is not None:
+            mask_value = f"{table.add(Binding('input', 3))}[mi]"
+        capped = f"{wgsl_f32(softcap)} * tanh(x / {wgsl_f32(softcap)})" if softcap > 0 else "x"
+        return f"""// -inf, made at run time (WGSL makes an infinite constant expression an error)
+fn neg_inf() -> f32 {{
+    var bits = 0xff800000u;
+    return bitcast<f32>(bits);
+}}
+fn logit(b: u32, h: u32, i: u32, j: u32) -> vec2<f32> {{
+    let hk = h / {hq // hkv}u;
+    let jn = j - min(j, {past}u);
+    var x = 0.0;
+    for (var d = 0u; d < {head}u; d = d + 1u) {{ x = fma({q_name}[{q_at}], {key}, x); }}
+    x = x * {wgsl_f32(scale)};
+    return vec2<f32>(x, {capped});
+}}
+fn bias(b: u32, h: u32, i: u32, j: u32) -> f32 {{
+    let ji = i32(j);
+    let position = {offset.replace("LENGTHS", lengths)} + i32(i);
+    if ({" || ".join(dropped).replace("LENGTHS", lengths)}) {{ return neg_inf(); }}
+    let mi = {mask_index or "0u"} + j;
+    return {mask_value};
+}}
 """
-    cap = f"        x = {wgsl_f32(softcap)} * tanh(x / {wgsl_f32(softcap)});\n" if softcap > 0 else ""
-    count = int(np.prod(outputs[0].shape))
+
     kernels = []
+    count = outputs[0].size
     if count:
+        table = BindingTable()
+        helpers = functions(table)
+        v_name = table.add(Binding("input", 2))
+        y_name = table.add(Binding("output", 0), writable=True)
+        if three_d:
+            v_at = f"(b * {sk}u + jn) * {hkv * dv}u + hk * {dv}u + e"
+            decode = f"let e = n % {dv}u; let h = (n / {dv}u) % {hq}u; let i = (n / {dv * hq}u) % {sq}u; "
+            decode += f"let b = n / {dv * hq * sq}u;"
+        else:
+            v_at = f"((b * {hkv}u + hk) * {sk}u + jn) * {dv}u + e"
+            decode = f"let e = n % {dv}u; let i = (n / {dv}u) % {sq}u; let h = (n / {dv * sq}u) % {hq}u; "
+            decode += f"let b = n / {dv * sq * hq}u;"
+        value = f"{v_name}[{v_at}]"
+        if past_value is not None:
+            pv = table.add(Binding("input", 5))
+            value = f"select({value}, {pv}[((b * {hkv}u + hk) * {past}u + j) * {dv}u + e], j < {past}u)"
         grid = grid_for_groups(-(-count // THREADS), caps)
         wgsl = f"""{table.declarations()}
+{helpers}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
     let n = {workgroup_index(grid)} * {THREADS}u + li;
     if (n >= {count}u) {{ return; }}
     {decode}
     let hk = h / {hq // hkv}u;
-{limits}    let position = offset + i32(i);
     var m = 0.0;
     var l = 0.0;
     var acc = 0.0;
     var seen = false;
     for (var j = 0u; j < {total}u; j = j + 1u) {{
-        let ji = i32(j);
+        let bz = bias(b, h, i, j);
+        if (bitcast<u32>(bz) == 0xff800000u) {{ continue; }}
+        let x = logit(b, h, i, j).y + bz;
         let jn = j - min(j, {past}u);
-        if ({" || ".join(conditions)}) {{ continue; }}
-        var x = 0.0;
-        for (var d = 0u; d < {head}u; d = d + 1u) {{ x = fma({q_name}[{q_at}], {key}, x); }}
-        x = x * {wgsl_f32(scale)};
-{cap}{mask_term}        let vj = {value};
+        let vj = {value};
         if (!seen) {{ m = x; l = 1.0; acc = vj; seen = true; continue; }}
         let top = max(m, x);
         let a = exp(m - top);
@@ -379,6 +402,60 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for slot, source, cached, width in ((1, 1, 4, head), (2, 2, 5, dv)):
         if len(outputs) > slot and outputs[slot].size:
             kernels.append(_present_kernel(inputs, outputs, slot, source, cached, width, hkv, sk, past, caps))
+    if len(outputs) > 3 and outputs[3].size:
+        mode = int(attrs.get("qk_matmul_output_mode", 0))
+        table = BindingTable()
+        helpers = functions(table)
+        qk_name = table.add(Binding("output", 3), writable=True)
+        qk_count = outputs[3].size
+        grid = grid_for_groups(-(-qk_count // THREADS), caps)
+        if mode == 3:
+            body = f"""    var m = 0.0;
+    var seen = false;
+    for (var k = 0u; k < {total}u; k = k + 1u) {{
+        let bz = bias(b, h, i, k);
+        if (bitcast<u32>(bz) == 0xff800000u) {{ continue; }}
+        let x = logit(b, h, i, k).y + bz;
+        m = select(x, max(m, x), seen);
+        seen = true;
+    }}
+    var l = 0.0;
+    for (var k = 0u; k < {total}u; k = k + 1u) {{
+        let bz = bias(b, h, i, k);
+        if (bitcast<u32>(bz) == 0xff800000u) {{ continue; }}
+        l = l + exp(logit(b, h, i, k).y + bz - m);
+    }}
+    let own = bias(b, h, i, j);
+    let dropped = bitcast<u32>(own) == 0xff800000u;
+    {qk_name}[n] = select(exp(logit(b, h, i, j).y + own - m) / l, 0.0, dropped || !seen);"""
+        else:
+            value = ("logit(b, h, i, j).x", "logit(b, h, i, j).y", "logit(b, h, i, j).y + bias(b, h, i, j)")[mode]
+            # the phony call keeps every bound input statically used (unused bindings leave the pipeline layout)
+            body = f"    _ = bias(b, h, i, j);\n    {qk_name}[n] = {value};"
+        wgsl = f"""{table.declarations()}
+{helpers}
+@compute @workgroup_size({THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
+    let n = {workgroup_index(grid)} * {THREADS}u + li;
+    if (n >= {qk_count}u) {{ return; }}
+    let j = n % {total}u;
+    let i = (n / {total}u) % {sq}u;
+    let h = (n / {total * sq}u) % {hq}u;
+    let b = n / {total * sq * hq}u;
+{body}
+}}
+"""
+
+        def qk_only(full: list[np.ndarray | None]) -> list[np.ndarray]:
+            # the scores do not read the values, which this kernel does not bind
+            for position in (2, 5):
+                info = inputs[position] if position < len(inputs) else None
+                if info is not None and full[position] is None:
+                    full[position] = np.zeros(info.shape, info.dtype)
+            results = operator.reference(full, attrs, outputs)
+            return [np.zeros(o.shape, o.dtype) for o in outputs[:3]] + [results[3]]
+
+        kernels += list(single_kernel_plan("Attention", wgsl, grid, table, qk_only, inputs, outputs, caps).kernels)
     return OpPlan(kernels=tuple(kernels))
 
 
@@ -394,12 +471,13 @@ def _present_kernel(
     past: int,
     caps: DeviceCaps,
 ) -> KernelSpec:
-    """present = concat(past, new) along the sequence, the new keys/values ([B, S, H * W] or [B, H, S, W])."""
-    new, old, out = inputs[source], inputs[cached], outputs[slot]
-    assert new is not None and old is not None
+    """present = concat(past, new) along the sequence (the new keys/values alone without a past), the new ones
+    ``[B, S, H * W]`` or ``[B, H, S, W]``."""
+    new, out = inputs[source], outputs[slot]
+    old = inputs[cached] if cached < len(inputs) else None
+    assert new is not None
     table = BindingTable()
     new_name = table.add(Binding("input", source))
-    old_name = table.add(Binding("input", cached))
     out_name = table.add(Binding("output", slot), writable=True)
     count = out.size
     total = past + steps
@@ -407,6 +485,14 @@ def _present_kernel(
         new_at = f"(b * {steps}u + (j - {past}u)) * {heads * width}u + hk * {width}u + d"
     else:
         new_at = f"((b * {heads}u + hk) * {steps}u + (j - {past}u)) * {width}u + d"
+    copy = f"{out_name}[n] = {new_name}[{new_at}];"
+    if old is not None:
+        old_name = table.add(Binding("input", cached))
+        copy = f"""if (j < {past}u) {{
+        {out_name}[n] = {old_name}[((b * {heads}u + hk) * {past}u + j) * {width}u + d];
+    }} else {{
+        {copy}
+    }}"""
     grid = grid_for_groups(-(-count // THREADS), caps)
     wgsl = f"""{table.declarations()}
 @compute @workgroup_size({THREADS})
@@ -417,23 +503,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let j = (n / {width}u) % {total}u;
     let hk = (n / {width * total}u) % {heads}u;
     let b = n / {width * total * heads}u;
-    if (j < {past}u) {{
-        {out_name}[n] = {old_name}[((b * {heads}u + hk) * {past}u + j) * {width}u + d];
-    }} else {{
-        {out_name}[n] = {new_name}[{new_at}];
-    }}
+    {copy}
 }}
 """
 
-    def concatenate(fresh: np.ndarray, cache: np.ndarray) -> np.ndarray:
+    def concatenate(fresh: np.ndarray, *cache: np.ndarray) -> np.ndarray:
         if fresh.ndim == 3:
             fresh = fresh.reshape(fresh.shape[0], fresh.shape[1], heads, width).transpose(0, 2, 1, 3)
-        return np.concatenate([cache, fresh], axis=2)
+        return np.concatenate([*cache, fresh], axis=2)
 
-    bindings = [Binding("input", source), Binding("input", cached), Binding("output", 0)]
-    twin_outputs = [out]
-    twin = reference_twin(concatenate, bindings, inputs, twin_outputs)
-    check_device_fits("Attention", [new, old, out], 3, caps)
-    return KernelSpec(
-        "Attention", wgsl, grid, (Binding("input", source), Binding("input", cached), Binding("output", slot)), twin
-    )
+    # the twin's bindings (same slots) name output 0: it sees the one output this kernel writes
+    twin_bindings = [Binding("output", 0) if b.kind == "output" else b for b in table.bindings]
+    twin = reference_twin(concatenate, twin_bindings, inputs, [out])
+    check_device_fits("Attention", [new, old, out], len(table.bindings), caps)
+    return KernelSpec("Attention", wgsl, grid, tuple(table.bindings), twin)
