@@ -206,6 +206,8 @@ def resize_plan(
 ) -> OpPlan:
     """The one-kernel plan of a resize (raises :class:`NotOnDevice` for the CPU-only variants)."""
     out = outputs[0]
+    if x.dtype.kind not in "biuf":
+        raise NotOnDevice(f"{config.op_type}: {x.dtype} tensors stay on the CPU")
     if tuple(out.shape) != config.out_shape:
         raise NotOnDevice(f"{config.op_type}: the planned output shape {out.shape} is not {config.out_shape}")
     if out.size == 0:

@@ -72,6 +72,8 @@ def _plan(
 ) -> OpPlan:
     x = inputs[0]
     assert x is not None
+    if x.dtype.kind not in "biuf":
+        raise NotOnDevice(f"{op_type}: {x.dtype} tensors stay on the CPU")
     if outputs[0].size == 0:
         return OpPlan()
     if x.size >= 2**31:

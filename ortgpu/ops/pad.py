@@ -231,7 +231,7 @@ def pad_plan(
     if out.size == 0:
         return OpPlan()
     itemsize = x.dtype.itemsize
-    if itemsize not in (1, 2, 4, 8) or out.dtype != x.dtype:
+    if itemsize not in (1, 2, 4, 8) or out.dtype != x.dtype or x.dtype.kind not in "biuf":
         raise NotOnDevice(f"{op_type}: {x.dtype} elements cannot be moved by a WebGPU kernel")
     if out.size >= 2**31 or x.size >= 2**31:
         raise NotOnDevice(f"{op_type}: tensors beyond 2^31 elements run on the CPU")
