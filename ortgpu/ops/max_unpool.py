@@ -2,7 +2,8 @@
 
 The output shape is ``output_shape`` when given, else ``(N, C, (in - 1) * stride - pad_begin - pad_end +
 kernel)`` per spatial axis.  Indices are flat positions in the whole output (batch and channel included), as
-MaxPool writes them; an index outside the output is an error.  Computed on the CPU.
+MaxPool writes them; an index outside the output is an error.  An output_shape other than the default is
+refused: the ONNX reference and onnxruntime disagree on where its values go.  Computed on the CPU.
 """
 
 from __future__ import annotations
@@ -57,6 +58,15 @@ class MaxUnpool(Operator):
                 raise ShapeError(f"MaxUnpool: output_shape {out_shape} does not fit X {x.shape}")
             if any(o < d for o, d in zip(out_shape[2:], default[2:])):
                 raise ShapeError(f"MaxUnpool: output_shape {out_shape} is smaller than the default {default}")
+            if out_shape != default:
+                # The spec's text (and onnxruntime) read the indices as flat positions in the output; the ONNX
+                # node test test_maxunpool_export_with_output_shape expects them unravelled in the default shape
+                # and placed at the same coordinates.  The two differ whenever output_shape does, so ortgpu
+                # refuses rather than pick one.
+                raise UnsupportedOpError(
+                    f"MaxUnpool: output_shape {out_shape} differing from the default {default} is not supported "
+                    "(the ONNX reference and onnxruntime place the values differently)"
+                )
         else:
             out_shape = default
         if any(d < 0 for d in out_shape):
