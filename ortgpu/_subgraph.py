@@ -42,8 +42,11 @@ __all__ = ["CONTROL_FLOW_OPS", "Subgraph", "count_nodes", "outer_names", "free_n
 #: Default-domain operators whose subgraph attributes ortgpu runs (on the CPU).
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 
-#: Constants up to this many elements are given to onnx's shape inference as data (as in ortgpu._propagate).
-_DATA_LIMIT = 4096
+#: Inputs up to this many elements are given to onnx's shape inference as data (shape tensors, axes, scalars),
+#: and are part of its cache key.
+_DATA_LIMIT = 64
+#: Cached inference results per subgraph (distinct input shapes and small data).
+_CACHE_ENTRIES = 1024
 
 
 def is_control_flow(op_type: str, domain: str) -> bool:
@@ -229,8 +232,9 @@ class Subgraph:
             guesses.append(TensorInfo(tuple(d if isinstance(d, int) else 0 for d in shape), dtype))
         try:
             results = [np.asarray(r) for r in operator.reference(values, step.attrs, guesses)]
-            if not known:
+            if not known and not is_control_flow(node.op_type, node.domain):
                 # Unknown dims: run again with the shapes (and dtypes) the first run produced; both must agree.
+                # (Control flow reads no output infos but for empty scan outputs: it runs once.)
                 actual = [
                     TensorInfo(tuple(r.shape), guess.dtype if inferred.get(name) else r.dtype)
                     for name, guess, r in zip(node.outputs, guesses, results)
@@ -245,6 +249,10 @@ class Subgraph:
             raise
         except (ValueError, IndexError, TypeError, ArithmeticError) as error:
             raise ShapeError(f"{node.describe()} in the {self.what} failed: {str(error)[:300]}") from error
+        except Exception as error:  # noqa: BLE001 - whatever else a reference raises: typed, with its reason
+            raise ModelError(
+                f"{node.describe()} in the {self.what} failed: {type(error).__name__}: {str(error)[:300]}"
+            ) from error
         out = []
         for info, result, name in zip(guesses, results, node.outputs):
             if name and inferred.get(name) and tuple(result.shape) != info.shape and known:
@@ -252,7 +260,8 @@ class Subgraph:
                     f"{node.describe()} in the {self.what} produced shape {result.shape}; shape inference said "
                     f"{info.shape}"
                 )
-            out.append(np.asarray(result, dtype=info.dtype) if result.dtype != info.dtype else result)
+            dtype = info.dtype if name and inferred.get(name) else result.dtype
+            out.append(np.asarray(result, dtype=dtype) if result.dtype != dtype else result)
         return out
 
     def _infer(self, step: _Step, values: Sequence[np.ndarray | None]) -> dict[str, Any]:
@@ -280,7 +289,7 @@ class Subgraph:
         types.update(inferred)
         _apply_operator_shapes(node, types)
         result = {name: types[name] for name in node.outputs if name and name in inferred}
-        if len(self._infer_cache) < 4096:
+        if len(self._infer_cache) < _CACHE_ENTRIES:
             self._infer_cache[cache_key] = result
         return result
 

@@ -372,3 +372,54 @@ def test_loop_trip_count_and_condition_variants(env: ortgpu_core.Env, given: tup
     for trips, cond in ((5, True), (1, True), (5, False), (0, True)):
         feeds: dict[str, np.ndarray] = {"M": np.array(trips, np.int64), "c": np.array(cond), "V": v, "w": w}
         _compare(model, env, feeds)
+
+
+def test_loop_nested_in_scan_reads_two_scopes_up(env: ortgpu_core.Env) -> None:
+    """A Scan body holding a Loop whose body reads ``bias`` (main graph) and ``x`` (the Scan body): the outer
+    names of nested subgraphs reach both control-flow nodes as extra inputs."""
+    inner = oh.make_graph(
+        [
+            oh.make_node("Add", ["acc", "bias"], ["plus"]),
+            oh.make_node("Mul", ["plus", "x"], ["acc2"]),
+            oh.make_node("Identity", ["c"], ["c2"]),
+        ],
+        "inner",
+        [
+            oh.make_tensor_value_info("i", I64, []),
+            oh.make_tensor_value_info("c", B, []),
+            oh.make_tensor_value_info("acc", F, [3]),
+        ],
+        [oh.make_tensor_value_info("c2", B, []), oh.make_tensor_value_info("acc2", F, [3])],
+    )
+    body = oh.make_graph(
+        [
+            oh.make_node("Constant", [], ["yes"], value=oh.make_tensor("y", B, [], [True])),
+            oh.make_node("Loop", ["K", "yes", "state"], ["state2"], body=inner),
+            oh.make_node("ReduceMax", ["state2"], ["peak"], keepdims=1),
+        ],
+        "body",
+        [oh.make_tensor_value_info("state", F, [3]), oh.make_tensor_value_info("x", F, [3])],
+        [oh.make_tensor_value_info("state2", F, [3]), oh.make_tensor_value_info("peak", F, [1])],
+    )
+    model = _model(
+        [oh.make_node("Scan", ["S", "X"], ["final", "peaks"], body=body, num_scan_inputs=1)],
+        [
+            oh.make_tensor_value_info("S", F, [3]),
+            oh.make_tensor_value_info("X", F, [4, 3]),
+            oh.make_tensor_value_info("K", I64, []),
+            oh.make_tensor_value_info("bias", F, [3]),
+        ],
+        [oh.make_tensor_value_info("final", F, [3]), oh.make_tensor_value_info("peaks", F, [4, 1])],
+        17,
+    )
+    rng = np.random.default_rng(3)
+    feeds: dict[str, np.ndarray] = {
+        "S": rng.standard_normal(3).astype(np.float32),
+        "X": (rng.standard_normal((4, 3)) * 0.5).astype(np.float32),
+        "K": np.array(3, np.int64),
+        "bias": rng.standard_normal(3).astype(np.float32),
+    }
+    _compare(model, env, feeds)
+    with ortgpu.InferenceSession(model, env=env) as session:
+        (scan,) = [n for n in session._runner.model.nodes if n.op_type == "Scan"]
+        assert scan.inputs == ("S", "X", "K", "bias")
