@@ -483,6 +483,28 @@ CASES: list[Case] = [
     Case(
         "MaxUnpool", [_pooled, _pooled_indices], {"kernel_shape": [2, 2], "strides": [2, 2]}, opset=11, on_device=False
     ),
+    # DeformConv
+    Case(
+        "DeformConv",
+        [
+            floats(1, 4, 6, 5),
+            floats(4, 2, 3, 2),
+            floats(1, 24, 6, 5, scale=1.5),
+            floats(4),
+            floats(1, 12, 6, 5, low=0.0, high=1.0),
+        ],
+        {"group": 2, "offset_group": 2, "pads": [1, 0, 1, 1]},
+        opset=19,
+        on_device=False,
+    ),
+    Case(
+        "DeformConv",
+        [floats(2, 3, 7, 6), floats(2, 3, 2, 2), floats(2, 8, 3, 4, scale=2.0)],
+        {"strides": [2, 1], "dilations": [1, 2]},
+        opset=19,
+        on_device=False,
+        label="strided",
+    ),
     # RoiAlign
     Case(
         "RoiAlign",
@@ -561,6 +583,12 @@ def test_typed_refusals() -> None:
     with pytest.raises(UnsupportedOpError):
         get_operator("GridSample", 16).reference(
             [np.ones((1, 1, 2, 2), F32), np.zeros((1, 1, 1, 2), F32)], {"mode": "linear"}, []
+        )
+    with pytest.raises(UnsupportedOpError):  # onnx's reference and onnxruntime disagree on this output_shape
+        get_operator("MaxUnpool", 11).reference(
+            [np.ones((1, 1, 1, 1), F32), np.array([[[[0]]]], I64), np.array([1, 1, 3, 3], I64)],
+            {"kernel_shape": [2, 2], "strides": [2, 2]},
+            [],
         )
     with pytest.raises(ShapeError):  # an index outside the output
         get_operator("MaxUnpool", 11).reference(
