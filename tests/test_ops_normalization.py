@@ -232,8 +232,9 @@ CASES: list[Case] = [
         {"activation": "silu"},
         opset=27,
         outputs=2,
-        on_device=False,
     ),
+    Case("CausalConvWithState", [floats(1, 3, 2), floats(3, 1, 5)], opset=27, outputs=2, label="short"),
+    Case("CausalConvWithState", [floats(2, 3, 4), floats(3, 1, 1)], opset=27, outputs=2, label="one-tap"),
     Case(
         "LinearAttention",
         [

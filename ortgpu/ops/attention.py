@@ -267,7 +267,9 @@ def _attention_plan(
     total = past + sk
     if hkv <= 0 or hq % hkv:
         raise ShapeError(f"Attention: q heads ({hq}) must be a multiple of kv heads ({hkv})")
-    check_loop_budget("Attention", total * (head + 1) + 1, caps)
+    # Y walks the keys once (a head-long dot product each); mode-3 scores walk them twice
+    walks = 2 if len(outputs) > 3 and int(attrs.get("qk_matmul_output_mode", 0)) == 3 else 1
+    check_loop_budget("Attention", walks * total * (head + 1) + head + 1, caps)
     scale = float(attrs["scale"]) if "scale" in attrs else (1.0 / float(np.sqrt(head)) if head else 1.0)
     softcap = float(attrs.get("softcap", 0.0))
 
