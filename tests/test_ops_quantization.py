@@ -164,6 +164,25 @@ CASES: list[Case] = [
     Case("DynamicQuantizeLinear", [floats(9, low=0.5, high=4.0)], opset=11, outputs=3, label="positive"),
     Case("DynamicQuantizeLinear", [floats(9, low=-4.0, high=-0.5)], opset=11, outputs=3, label="negative"),
     Case("DynamicQuantizeLinear", [const(np.zeros(5), F32)], opset=11, outputs=3, label="zeros"),
+    Case("DynamicQuantizeLinear", [const(np.zeros(0), F32)], opset=11, outputs=3, label="empty"),
+    Case("DynamicQuantizeLinear", [floats(3, 700, scale=50.0)], opset=11, outputs=3, label="large"),
+    Case(
+        "DynamicQuantizeLinear",
+        [const([1e-40, 2e-41, -3e-42, 0.0], F32)],
+        opset=11,
+        outputs=3,
+        label="subnormal-scale",
+    ),
+    *[
+        Case("DynamicQuantizeLinear", [const(values, F32)], opset=11, outputs=3, label=label)
+        for label, values in (
+            ("nan", [1.0, np.nan, -2.0]),
+            ("plus-infinity", [1.0, np.inf, -2.0, np.nan]),
+            ("minus-infinity", [1.0, -np.inf, 2.0]),
+            ("both-infinities", [np.inf, 3.0, -np.inf]),
+            ("range-overflow", [3e38, -3e38, 1.0]),
+        )
+    ],
     # MatMulInteger, QLinearMatMul
     Case(
         "MatMulInteger", [quantized(4, 3, dtype=U8), quantized(3, 5, dtype=U8), const(12, U8), const(200, U8)], opset=10
@@ -389,7 +408,15 @@ CASES: list[Case] = [
 ]
 
 #: Ops with device kernels (their cases are planned on the device, except the variants listed as CPU-only).
-DEVICE_OPS = {"QuantizeLinear", "DequantizeLinear", "MatMulInteger", "QLinearMatMul", "ConvInteger", "QLinearConv"}
+DEVICE_OPS = {
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "MatMulInteger",
+    "QLinearMatMul",
+    "ConvInteger",
+    "QLinearConv",
+}
 CPU_VARIANTS = {
     "QuantizeLinear-opset21-blocked",
     "QuantizeLinear-opset21-blocked-ragged-output-dtype",

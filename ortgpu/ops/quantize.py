@@ -38,8 +38,27 @@ import onnx.helper
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from .._limits import element_count
-from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._kernel import (
+    Binding,
+    DeviceCaps,
+    KernelSpec,
+    NotOnDevice,
+    Operator,
+    OpPlan,
+    TensorInfo,
+    check_loop_budget,
+    reference_twin,
+)
 from ._registry import register
+from ._wgsl import (
+    LINEAR_INVOCATION,
+    check_binding_sizes,
+    grid_for,
+    kernel_entry,
+    storage_declaration,
+    store_statements,
+    workgroup_size_for,
+)
 from ._wgsl_kernels import Operand, elementwise_plan
 
 __all__ = [
@@ -52,8 +71,8 @@ __all__ = [
 ]
 
 #: ``div_bits(a, b)``: the bits of the correctly rounded f32 quotient of the f32 values with bits ``a`` and ``b``
-#: (round to nearest even), by long division of the significands.  Quotients below 2^-126 in magnitude come back as
-#: signed zeros (callers round them to integers, where both give 0); overflow gives infinity.
+#: (round to nearest even, subnormal quotients included), by long division of the significands; IEEE results for
+#: zeros, infinities and NaN.
 EXACT_DIVISION_WGSL = """
 fn significand_bits(bits: u32) -> vec2<u32> {
   let e = (bits >> 23u) & 0xffu;
@@ -85,11 +104,20 @@ fn div_bits(a: u32, b: u32) -> u32 {
     if (r >= m) { q = q | 1u; r = r - m; }
     r = r << 1u;
   }
+  if (e <= 0) {
+    // A subnormal quotient: q / 2^shift, rounded to nearest even with the remainder as sticky bit.
+    let shift = u32(2 - e);
+    if (shift >= 32u) { return sign; }
+    let kept = q >> shift;
+    let rest = q & ((1u << shift) - 1u);
+    let half = 1u << (shift - 1u);
+    let up = rest > half || (rest == half && (r != 0u || (kept & 1u) == 1u));
+    return sign | (kept + select(0u, 1u, up));
+  }
   var mantissa = q >> 1u;
   if ((q & 1u) == 1u && (r != 0u || (mantissa & 1u) == 1u)) { mantissa = mantissa + 1u; }
   if (mantissa == 0x1000000u) { mantissa = 0x800000u; e = e + 1; }
   if (e >= 255) { return sign | 0x7f800000u; }
-  if (e <= 0) { return sign; }
   return sign | (u32(e) << 23u) | (mantissa & 0x7fffffu);
 }
 """
@@ -369,6 +397,11 @@ class DynamicQuantizeLinear(Operator):
     """uint8 quantization with a scale and zero point from the input's range (which always includes 0).
 
     A range of 0 (all zeros) gives scale 1, as onnxruntime does; NaN is left out of the range and quantizes to 0.
+
+    On the device in two kernels: one workgroup finds the range (on order-preserving integer keys of the float
+    bits, NaN skipped) and writes the scale and zero point (divisions exact, as in QuantizeLinear); then an
+    elementwise kernel quantizes with them.  An infinite range (infinite inputs, or a range beyond float32) gives
+    scale infinity and zero point 0 (255 when the minimum is -inf, as onnxruntime computes it).
     """
 
     op_type = "DynamicQuantizeLinear"
@@ -387,11 +420,143 @@ class DynamicQuantizeLinear(Operator):
         finite = x[~np.isnan(x)]
         low = np.float32(min(0.0, float(finite.min()) if finite.size else 0.0))
         high = np.float32(max(0.0, float(finite.max()) if finite.size else 0.0))
-        scale = np.float32((high - low) / np.float32(255))
-        if scale == 0:
-            scale = np.float32(1)
-        zero_point = saturate_round(np.asarray(np.float32(0) - low / scale), np.dtype(np.uint8))
         with np.errstate(invalid="ignore", over="ignore"):
+            scale = np.float32((high - low) / np.float32(255))
+            if scale == 0:
+                scale = np.float32(1)
+            shifted = np.float32(0) - low / scale
+            # NaN (a range from -inf) saturates to 255 in onnxruntime's clamp; saturate_round would give 0.
+            zero_point = np.uint8(255) if np.isnan(shifted) else saturate_round(np.asarray(shifted), np.dtype(np.uint8))
             quotient = (x / scale).astype(np.float32)
         y = saturate_round(np.rint(quotient.astype(np.float64)) + float(zero_point), np.dtype(np.uint8))
         return [y, np.array(scale, dtype=np.float32), np.array(zero_point, dtype=np.uint8)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        x = inputs[0]
+        assert x is not None
+        if x.dtype != np.float32:
+            raise NotOnDevice(f"DynamicQuantizeLinear on {x.dtype.name} runs on the CPU")
+        count = x.size
+        workgroup = workgroup_size_for(caps.limits)
+        check_loop_budget("DynamicQuantizeLinear", -(-count // workgroup) + 2 * workgroup.bit_length(), caps)
+        check_binding_sizes("DynamicQuantizeLinear", [x, *outputs], caps)
+        range_wgsl = (
+            storage_declaration(0, "src", writable=False)
+            + storage_declaration(1, "scale_out", writable=True)
+            + storage_declaration(2, "zero_out", writable=True)
+            + EXACT_DIVISION_WGSL
+            + f"var<workgroup> lows: array<u32, {workgroup}>;\n"
+            + f"var<workgroup> highs: array<u32, {workgroup}>;\n"
+            # Float bits -> unsigned keys in the floats' order (-0 as +0).
+            + "fn key(bits: u32) -> u32 {\n"
+            "  if (bits == 0x80000000u) { return 0x80000000u; }\n"
+            "  return select(bits | 0x80000000u, ~bits, (bits & 0x80000000u) != 0u);\n"
+            "}\n"
+            "fn unkey(k: u32) -> u32 { return select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u); }\n"
+            f"@compute @workgroup_size({workgroup})\n"
+            "fn main(@builtin(local_invocation_index) lid: u32) {\n"
+            "  var low = 0x80000000u;\n"
+            "  var high = 0x80000000u;\n"
+            f"  for (var i = lid; i < {count}u; i = i + {workgroup}u) {{\n"
+            "    let bits = src[i];\n"
+            "    if ((bits & 0x7fffffffu) <= 0x7f800000u) {\n"
+            "      low = min(low, key(bits));\n"
+            "      high = max(high, key(bits));\n"
+            "    }\n"
+            "  }\n"
+            "  lows[lid] = low;\n"
+            "  highs[lid] = high;\n"
+            "  workgroupBarrier();\n"
+            f"  for (var half = {workgroup // 2}u; half > 0u; half = half / 2u) {{\n"
+            "    if (lid < half) {\n"
+            "      lows[lid] = min(lows[lid], lows[lid + half]);\n"
+            "      highs[lid] = max(highs[lid], highs[lid + half]);\n"
+            "    }\n"
+            "    workgroupBarrier();\n"
+            "  }\n"
+            "  if (lid == 0u) {\n"
+            "    let low_bits = unkey(lows[0]);\n"
+            "    let high_bits = unkey(highs[0]);\n"
+            "    var scale = 0x7f800000u;\n"
+            # -inf / inf is NaN: onnxruntime's clamp makes that zero point 255
+            "    var zero = select(0u, 255u, low_bits == 0xff800000u);\n"
+            "    if ((low_bits & 0x7fffffffu) < 0x7f800000u && high_bits < 0x7f800000u) {\n"
+            "      let range = bitcast<f32>(high_bits) - bitcast<f32>(low_bits);\n"
+            "      if (bitcast<u32>(range) < 0x7f800000u) {\n"
+            "        scale = div_bits(bitcast<u32>(range), bitcast<u32>(255.0));\n"
+            "        if (scale == 0u) { scale = bitcast<u32>(1.0); }\n"
+            "        let shifted = round(-bitcast<f32>(div_bits(low_bits, scale)));\n"
+            "        zero = u32(clamp(shifted, 0.0, 255.0));\n"
+            "      }\n"
+            "    }\n"
+            "    scale_out[0] = scale;\n"
+            "    zero_out[0] = zero;\n"
+            "  }\n"
+            "}\n"
+        )
+        range_bindings = (Binding("input", 0), Binding("output", 1), Binding("output", 2))
+
+        def reference(array: np.ndarray) -> list[np.ndarray]:
+            return DynamicQuantizeLinear().reference([array], {}, outputs)
+
+        range_kernel = KernelSpec(
+            name="DynamicQuantizeLinear",
+            wgsl=range_wgsl,
+            grid=(1, 1, 1),
+            bindings=range_bindings,
+            twin=reference_twin(reference, range_bindings, inputs, outputs),
+        )
+        kernels = [range_kernel]
+        if count:
+            kernels.append(self._quantize_kernel(x, outputs, caps, reference))
+        return OpPlan(kernels=tuple(kernels))
+
+    @staticmethod
+    def _quantize_kernel(x: TensorInfo, outputs: Sequence[TensorInfo], caps: DeviceCaps, reference: Any) -> KernelSpec:
+        """``y = saturate(round(x / scale) + zero_point)`` with the scale and zero point the range kernel wrote."""
+        count = x.size
+        workgroup = workgroup_size_for(caps.limits)
+        invocations = -(-count // 4)
+        wgsl = (
+            storage_declaration(0, "src", writable=False)
+            + storage_declaration(1, "scale_in", writable=False)
+            + storage_declaration(2, "zero_in", writable=False)
+            + storage_declaration(3, "dst", writable=True)
+            + EXACT_DIVISION_WGSL
+            + "fn value(j: u32) -> u32 {\n"
+            "  let bits = div_bits(src[j], scale_in[0]);\n"
+            "  let magnitude = bits & 0x7fffffffu;\n"
+            "  if (magnitude > 0x7f800000u) { return 0u; }\n"
+            "  if (magnitude == 0x7f800000u) { return select(255u, 0u, (bits >> 31u) == 1u); }\n"
+            "  let q = round(bitcast<f32>(bits)) + f32(zero_in[0] & 0xffu);\n"
+            "  return u32(clamp(q, 0.0, 255.0));\n"
+            "}\n"
+            + kernel_entry(
+                workgroup,
+                f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"
+                + store_statements(np.dtype(np.uint8), count, "value"),
+            )
+        )
+        bindings = (Binding("input", 0), Binding("output", 1), Binding("output", 2), Binding("output", 0))
+        y = outputs[0]
+
+        def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
+            # Writes y only (the scale and zero point are this kernel's read-only inputs).
+            values = arrays[0][: x.nbytes].view(np.float32).reshape(x.shape)
+            result = np.ascontiguousarray(reference(values)[0], dtype=np.uint8)
+            arrays[3][: y.nbytes] = result.reshape(-1).view(np.uint8)
+
+        return KernelSpec(
+            name="DynamicQuantizeLinear",
+            wgsl=wgsl,
+            grid=grid_for(invocations, workgroup, caps.limits),
+            bindings=bindings,
+            twin=twin,
+        )
