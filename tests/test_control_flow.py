@@ -423,3 +423,29 @@ def test_loop_nested_in_scan_reads_two_scopes_up(env: ortgpu_core.Env) -> None:
     with ortgpu.InferenceSession(model, env=env) as session:
         (scan,) = [n for n in session._runner.model.nodes if n.op_type == "Scan"]
         assert scan.inputs == ("S", "X", "K", "bias")
+
+
+def test_runaway_constant_loop_is_stopped_while_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """All inputs constant: the Loop is folded at load; a trip count of 2**63 - 1 with a condition that stays
+    true stops at the iteration limit with a typed error instead of hanging the load."""
+    from ortgpu.ops import control_flow
+
+    monkeypatch.setattr(control_flow, "MAX_LOOP_ITERATIONS", 50)
+    body = oh.make_graph(
+        [oh.make_node("Identity", ["c"], ["c2"]), oh.make_node("Cast", ["i"], ["fi"], to=F)],
+        "body",
+        [oh.make_tensor_value_info("i", I64, []), oh.make_tensor_value_info("c", B, [])],
+        [oh.make_tensor_value_info("c2", B, []), oh.make_tensor_value_info("fi", F, [])],
+    )
+    model = _model(
+        [
+            oh.make_node("Constant", [], ["M"], value=oh.make_tensor("m", I64, [], [2**63 - 1])),
+            oh.make_node("Constant", [], ["go"], value=oh.make_tensor("g", B, [], [True])),
+            oh.make_node("Loop", ["M", "go"], ["steps"], body=body),
+        ],
+        [],
+        [oh.make_tensor_value_info("steps", F, [None])],
+        13,
+    )
+    with pytest.raises(ModelError, match="more than 50 iterations"):
+        load_model(model)

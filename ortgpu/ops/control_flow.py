@@ -10,6 +10,9 @@ once on the constants and zeros.  ``If``'s condition and ``Loop``'s trip count a
 they are shape-deciding inputs (``ortgpu._propagate.SHAPE_INPUT_POSITIONS``): a plan needs their values.  A run
 whose shapes differ from the planned ones is a typed error of the executor, never a wrong value.
 
+Limits: a Loop stops with a typed error past :data:`MAX_LOOP_ITERATIONS` iterations or
+:data:`MAX_SCAN_OUTPUT_BYTES` of scan outputs (it may run while the model loads, folding constants).
+
 Sequence-, map- and optional-typed values (loop-carried sequences, branches returning sequences) are refused
 with a typed error when the model loads.
 """
@@ -30,7 +33,14 @@ from ._registry import register
 if TYPE_CHECKING:
     from .._subgraph import Subgraph
 
-__all__ = ["If", "Loop", "Scan8", "Scan9"]
+__all__ = ["If", "Loop", "Scan8", "Scan9", "MAX_LOOP_ITERATIONS", "MAX_SCAN_OUTPUT_BYTES"]
+
+#: The most iterations one Loop runs.  Loops run in the CPU interpreter (a few microseconds per body node and
+#: iteration), also while a model loads when all their inputs are constants (folding): a trip count like 2**63 - 1
+#: with a condition that never turns false would otherwise hang the load.
+MAX_LOOP_ITERATIONS = 1_000_000
+#: The most bytes a Loop's scan outputs may accumulate (they grow with the iterations, not with any input).
+MAX_SCAN_OUTPUT_BYTES = 4 << 30
 
 
 def _subgraph(attrs: Mapping[str, Any], name: str, op_type: str) -> Subgraph:
@@ -186,12 +196,25 @@ class Loop(_ControlFlow):
         keep = True if cond_input is None else bool(_scalar(cond_input, "Loop's condition"))
         scans: list[list[np.ndarray]] = [[] for _ in range(scan_count)]
         iteration = 0
+        scanned_bytes = 0
         while keep and (trip is None or iteration < trip):
+            if iteration >= MAX_LOOP_ITERATIONS:
+                raise ModelError(
+                    f"Loop: more than {MAX_LOOP_ITERATIONS} iterations (trip count {trip}); ortgpu's CPU interpreter "
+                    "stops there (a hostile or runaway loop would run for hours; it may also run while the model "
+                    "loads, to fold constants)"
+                )
             results = body.run([np.array(iteration, dtype=np.int64), np.array(keep, dtype=np.bool_), *carried], outer)
             keep = bool(_scalar(results[0], "the Loop body's condition output"))
             carried = results[1 : 1 + carried_count]
             for index, value in enumerate(results[1 + carried_count :]):
                 scans[index].append(value)
+                scanned_bytes += value.nbytes
+            if scanned_bytes > MAX_SCAN_OUTPUT_BYTES:
+                raise ModelError(
+                    f"Loop: its scan outputs grew past {MAX_SCAN_OUTPUT_BYTES} bytes after {iteration + 1} "
+                    "iterations; ortgpu refuses rather than exhaust memory"
+                )
             iteration += 1
         stacked = [
             _stack(
