@@ -482,3 +482,57 @@ def test_accumulators_wrap_in_int32() -> None:
     b = np.full((70000, 1), 255, U8)
     (y,) = get_operator("MatMulInteger", 10).reference([a, b], {}, [])
     assert y.dtype == np.int32 and int(y[0, 0]) == (255 * 255 * 70000 + 2**31) % 2**32 - 2**31
+
+
+def test_exact_division_is_correctly_rounded(op_device: BackendDevice) -> None:
+    """The WGSL long division behind QuantizeLinear/DynamicQuantizeLinear against numpy's float32 division, bit for
+    bit, on random bit patterns (every exponent, subnormals, zeros, infinities; NaN only as NaN)."""
+    from test_ops_elementwise import caps_of
+
+    from ortgpu.ops import Binding, KernelSpec, OpPlan, TensorInfo, reference_twin
+    from ortgpu.ops._runner import run_plan
+    from ortgpu.ops._wgsl import LINEAR_INVOCATION, grid_for, kernel_entry, storage_declaration, workgroup_size_for
+    from ortgpu.ops.quantize import EXACT_DIVISION_WGSL
+
+    rng = np.random.default_rng()
+    count = 1 << 16
+    a = rng.integers(0, 2**32, count, dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 2**32, count, dtype=np.uint64).astype(np.uint32)
+    # Nearby exponents too (quotients near 1, ties after rounding), and a few specials.
+    b[: count // 2] = (a[: count // 2] & 0xFF800000) ^ (b[: count // 2] & 0x807FFFFF)
+    b[:8] = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 1, 0x00800000, 0x7F7FFFFF, 0x3F800000], np.uint32)
+    infos = [TensorInfo((count,), np.dtype(np.uint32))] * 2
+    out = [TensorInfo((count,), np.dtype(np.uint32))]
+    caps = caps_of(op_device)
+    workgroup = workgroup_size_for(caps.limits)
+
+    def divide(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.asarray((x.view(F32) / y.view(F32)).astype(F32).view(np.uint32))
+
+    bindings = [Binding("input", 0), Binding("input", 1), Binding("output", 0)]
+    wgsl = (
+        storage_declaration(0, "a", writable=False)
+        + storage_declaration(1, "b", writable=False)
+        + storage_declaration(2, "dst", writable=True)
+        + EXACT_DIVISION_WGSL
+        + kernel_entry(
+            workgroup,
+            f"  let w = {LINEAR_INVOCATION};\n  if (w >= {count}u) {{ return; }}\n  dst[w] = div_bits(a[w], b[w]);\n",
+        )
+    )
+    kernel = KernelSpec(
+        "Divide",
+        wgsl,
+        grid_for(count, workgroup, caps.limits),
+        tuple(bindings),
+        reference_twin(divide, bindings, infos, out),
+    )
+    (got,) = run_plan(op_device, OpPlan(kernels=(kernel,)), [a, b], out)
+    want = divide(a, b)
+    nan = np.isnan(want.view(F32))
+    assert np.array_equal(np.isnan(got.view(F32)), nan)
+    mismatches = np.flatnonzero(got[~nan] != want[~nan])
+    assert mismatches.size == 0, (
+        f"{mismatches.size} quotients differ, e.g. {a[~nan][mismatches[:3]]} / {b[~nan][mismatches[:3]]}"
+    )
