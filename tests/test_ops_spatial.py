@@ -264,6 +264,10 @@ def test_resize_edges() -> None:
         resize.reference([np.ones((1, 2), F32), None, np.ones(2, F32)], {"mode": "area"}, [])
     with pytest.raises(UnsupportedOpError):  # interpolating integers
         resize.reference([np.ones((1, 2), np.int32), None, np.ones(2, F32)], {"mode": "linear"}, [])
+    # the output length is the exact floor of length x float32 scale, as onnx's shape inference computes it
+    # (10 x 0.7f = 6.9999999 -> 6; onnxruntime rounds the product to float32 first and gets 7)
+    out = resize.reference([np.zeros((1, 10), F32), None, np.array([1, 0.7], F32)], {"mode": "nearest"}, [])[0]
+    assert out.shape == (1, 6)
     # align_corners with scales: length_resized is length * scale (the ONNX node tests' definition)
     x = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], F32).reshape(1, 1, 2, 4)
     attrs = {"mode": "linear", "coordinate_transformation_mode": "align_corners"}

@@ -142,7 +142,8 @@ def resize_config(
             raise ShapeError(f"{op_type}: scales must be positive, got {values.tolist()}")
         for a, s in zip(axes, values):
             full_scales[a] = float(s)
-            out_shape[a] = int(np.floor(F32(x_shape[a]) * s))
+            # exact product of the float32 scale (as onnx shape inference and the spec: 10 x 0.7f = 6.99.. -> 6)
+            out_shape[a] = int(np.floor(float(x_shape[a]) * float(s)))
     else:
         assert sizes is not None
         wanted = [int(v) for v in np.asarray(sizes).reshape(-1)]
