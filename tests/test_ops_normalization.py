@@ -248,8 +248,23 @@ CASES: list[Case] = [
         {"q_num_heads": 4, "kv_num_heads": 2},
         opset=27,
         outputs=2,
-        on_device=False,
         label="gated-delta-gqa",
+    ),
+    Case(
+        "LinearAttention",
+        [floats(1, 4, 8), floats(1, 4, 8), floats(1, 4, 4), floats(1, 2, 4, 2), floats(1, 4, 2, scale=0.1)],
+        {"q_num_heads": 2, "kv_num_heads": 2, "update_rule": "gated", "scale": 0.5},
+        opset=27,
+        outputs=2,
+        label="gated-per-head-past",
+    ),
+    Case(
+        "LinearAttention",
+        [floats(2, 2, 6), floats(2, 2, 3), floats(2, 2, 3), absent(), absent(), floats(2, 2, 1, low=0.0, high=1.0)],
+        {"q_num_heads": 2, "kv_num_heads": 1, "update_rule": "delta"},
+        opset=27,
+        outputs=2,
+        label="delta-mqa",
     ),
 ]
 
