@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 import onnx
 
-from ortgpu_core._errors import InvalidModelError, ModelError, ShapeError, UnsupportedOpError
+from ortgpu_core._errors import InvalidModelError, ModelError, OrtGpuError, ShapeError, UnsupportedOpError
 
 from .ops import Operator, TensorInfo, get_operator
 
@@ -245,8 +245,8 @@ class Subgraph:
                         f"cannot run {node.describe()} in the {self.what}: its output shapes cannot be determined"
                     )
                 results, guesses = again, actual
-        except ModelError:
-            raise
+        except OrtGpuError as error:  # typed already: say where in the subgraph it happened
+            raise type(error)(f"in the {self.what}: {error}") from error
         except (ValueError, IndexError, TypeError, ArithmeticError) as error:
             raise ShapeError(f"{node.describe()} in the {self.what} failed: {str(error)[:300]}") from error
         except Exception as error:  # noqa: BLE001 - whatever else a reference raises: typed, with its reason

@@ -449,3 +449,33 @@ def test_runaway_constant_loop_is_stopped_while_loading(monkeypatch: pytest.Monk
     )
     with pytest.raises(ModelError, match="more than 50 iterations"):
         load_model(model)
+
+
+def test_scan_body_shapes_deciding_values_are_refused_not_guessed(env: ortgpu_core.Env) -> None:
+    """onnx cannot infer this Scan's outputs (its body reads an outer tensor), so the planner runs it on zeros;
+    the body's Reshape takes its shape from the fed ``shp``, whose zeros cannot stand for it: a typed refusal
+    naming the body, never a guessed shape."""
+    body = oh.make_graph(
+        [oh.make_node("Add", ["s", "x"], ["s2"]), oh.make_node("Reshape", ["x", "shp"], ["y"])],
+        "body",
+        [oh.make_tensor_value_info("s", F, [4]), oh.make_tensor_value_info("x", F, [4])],
+        [oh.make_tensor_value_info("s2", F, [4]), oh.make_tensor_value_info("y", F, [None, None])],
+    )
+    model = _model(
+        [oh.make_node("Scan", ["S", "X"], ["f", "ys"], body=body, num_scan_inputs=1)],
+        [
+            oh.make_tensor_value_info("S", F, [4]),
+            oh.make_tensor_value_info("X", F, [3, 4]),
+            oh.make_tensor_value_info("shp", I64, [2]),
+        ],
+        [oh.make_tensor_value_info("f", F, [4]), oh.make_tensor_value_info("ys", F, [None, None, None])],
+        17,
+    )
+    feeds: dict[str, np.ndarray] = {
+        "S": np.zeros(4, np.float32),
+        "X": np.ones((3, 4), np.float32),
+        "shp": np.array([2, 2], np.int64),
+    }
+    with ortgpu.InferenceSession(model, env=env) as session:
+        with pytest.raises(ModelError, match="in the body of Scan node 'Scan_0'"):
+            session.run(None, feeds)
