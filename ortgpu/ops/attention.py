@@ -253,6 +253,8 @@ def _attention_plan(
         raise NotOnDevice("Attention: softmax_precision other than float runs on the CPU")
     if (past_key is None) != (past_value is None) or (nonpad is not None and past_key is not None):
         raise NotOnDevice("Attention: past_key/past_value/nonpad_kv_seqlen combination runs on the CPU (it checks)")
+    if len(q.shape) not in (3, 4):
+        raise NotOnDevice("Attention: Q must be 3-D or 4-D; the CPU reference reports it")
     three_d = len(q.shape) == 3
     if three_d:
         hq, hkv = int(attrs.get("q_num_heads", 0)), int(attrs.get("kv_num_heads", 0))
@@ -263,6 +265,25 @@ def _attention_plan(
     else:
         batch, hq, sq, head = q.shape
         hkv, sk, dv = k.shape[1], k.shape[2], v.shape[3]
+    consistent = (
+        len(k.shape) == len(v.shape) == len(q.shape)
+        and (three_d or (k.shape[0] == v.shape[0] == batch and k.shape[3] == head and v.shape[:3] == k.shape[:3]))
+        and (not three_d or (k.shape[0] == v.shape[0] == batch and k.shape[1] == v.shape[1]))
+        and (
+            past_key is None
+            or past_value is None
+            or (
+                len(past_key.shape) == len(past_value.shape) == 4
+                and past_key.shape[:2] == (batch, hkv) == past_value.shape[:2]
+                and past_key.shape[3] == head
+                and past_value.shape[3] == dv
+                and past_key.shape[2] == past_value.shape[2]
+            )
+        )
+        and (not three_d or k.shape[2] // hkv == head)
+    )
+    if not consistent:
+        raise NotOnDevice("Attention: inconsistent Q/K/V/past shapes; the CPU reference reports them")
     past = 0 if past_key is None else int(past_key.shape[2])
     total = past + sk
     if hkv <= 0 or hq % hkv:
