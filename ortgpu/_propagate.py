@@ -11,6 +11,7 @@ budget of :mod:`ortgpu._limits`.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import numpy as np
@@ -241,6 +242,18 @@ def propagate(
             value = full[start:stop].copy()
             constants[node.outputs[0]] = value
             types[node.outputs[0]] = (tuple(value.shape), value.dtype)
+            folded.append(node.name)
+            continue
+        if (
+            node.op_type == "Size"
+            and node.domain in ("", "ai.onnx")
+            and node.inputs[0] in types
+            and is_concrete(types[node.inputs[0]][0])
+        ):
+            # Like Shape: the element count is known without the data, so its consumers fold too.
+            value = np.array(math.prod(_concrete(types[node.inputs[0]][0])), dtype=np.int64)
+            constants[node.outputs[0]] = value
+            types[node.outputs[0]] = ((), value.dtype)
             folded.append(node.name)
             continue
         if present_inputs and all(name in constants for name in present_inputs):
