@@ -128,7 +128,7 @@ CASES: list[Case] = [
     Case("Trilu", [floats(3, 4), const(2**40, I64)], opset=14, label="huge-k"),
     Case("Trilu", [floats(3, 4), const(-(2**40), I64)], {"upper": 0}, opset=14, label="huge-negative-k"),
     Case("Trilu", [floats(2, 0, 3)], opset=14, label="empty"),
-    # scatters (CPU)
+    # scatters: without a reduction on the device for constant indices, otherwise on the CPU
     Case(
         "ScatterElements",
         [floats(5, 3), distinct_rows(5, (2, 3)), floats(2, 3)],
@@ -155,6 +155,69 @@ CASES: list[Case] = [
         label="int32-add",
     ),
     Case("Scatter", [floats(5, 3), distinct_rows(5, (2, 3)), floats(2, 3)], opset=10, on_device=False),
+    Case(
+        "ScatterElements",
+        [floats(5, 3), distinct_rows(5, (2, 3)), floats(2, 3)],
+        opset=18,
+        constants=frozenset({1}),
+        label="constant",
+    ),
+    Case(
+        "ScatterElements",
+        [ints(6, 4, 3, dtype=I64), distinct_rows(6, (4, 2, 3)), ints(4, 2, 3, dtype=I64)],
+        opset=16,
+        constants=frozenset({1}),
+        label="constant-int64-smaller",
+    ),
+    Case(
+        "ScatterElements",
+        [halves(3, 7), const([[6, -1], [0, 2], [3, -4]], I64), halves(3, 2)],
+        {"axis": 1},
+        opset=13,
+        constants=frozenset({1}),
+        label="constant-float16-axis1",
+    ),
+    Case(
+        "Scatter",
+        [floats(5, 3), distinct_rows(5, (2, 3)), floats(2, 3)],
+        opset=10,
+        constants=frozenset({1}),
+        label="constant",
+    ),
+    Case(
+        "ScatterND",
+        [floats(4, 5, 6), const([[0, 1], [3, -2]], I64), floats(2, 6)],
+        opset=18,
+        constants=frozenset({1}),
+        label="constant",
+    ),
+    Case(
+        "ScatterND",
+        [
+            ints(4, 5, low=0, high=256, dtype=U8),
+            const([[1, 2], [3, 4], [0, 0]], I64),
+            ints(3, low=0, high=256, dtype=U8),
+        ],
+        opset=11,
+        constants=frozenset({1}),
+        label="constant-uint8-elements",
+    ),
+    Case(
+        "ScatterND",
+        [ints(3, 2, 4, dtype=I64), const([[2], [0]], I64), ints(2, 2, 4, dtype=I64)],
+        opset=13,
+        constants=frozenset({1}),
+        label="constant-int64-rows",
+    ),
+    # duplicate destinations without a reduction: ONNX leaves them undefined; here (and in onnxruntime) the last wins
+    Case(
+        "ScatterND",
+        [floats(4, 3), const([[1], [2], [1]], I64), floats(3, 3)],
+        opset=11,
+        constants=frozenset({1}),
+        label="constant-duplicates",
+        in_onnxruntime=False,
+    ),
     Case(
         "ScatterND",
         [floats(4, 5, 6), const([[0, 1], [3, -2]], I64), floats(2, 6)],
@@ -391,6 +454,9 @@ NUMPY_ORACLES.update(
             np.arange(3)[:, None, None] == np.where(i < 0, i + 3, i)[None], values[1], values[0]
         ),
         "EyeLike-opset9-uint64": lambda x: np.eye(3, dtype=np.uint64),
+        "ScatterND-opset11-constant-duplicates": lambda data, indices, updates: np.concatenate(
+            [data[:1], updates[2:3], updates[1:2], data[3:]]
+        ),
         "ReverseSequence-opset10-int8-4d": lambda x, lengths: np.concatenate(
             [np.concatenate([x[:3, :1][::-1], x[3:, :1]]), x[:, 1:][::-1]], axis=1
         ),

@@ -6,8 +6,13 @@ combines each update with what is already at its destination, in index order
 With ``none`` and duplicate indices ONNX leaves the result undefined; here the
 last update wins, as in onnxruntime.  Out-of-range indices are a typed error.
 
-These run on the CPU: a scatter with duplicate indices needs atomics (or an
-ordered pass) that WGSL offers only for 32-bit integers.
+Without a reduction they run on the device when the indices are a constant
+(range-checked when planned): each output element is a bit-exact copy of the
+data or of the last update aimed at it, found by scanning the candidate
+updates in order (for ScatterElements, the positions along the axis; for
+ScatterND, every index tuple).  Run-time indices stay on the CPU (a kernel
+could not report an out-of-range one, which would silently be dropped), as do
+reductions (a float16 sum rounds at every step; 64-bit sums need word pairs).
 """
 
 from __future__ import annotations
@@ -18,8 +23,20 @@ import numpy as np
 
 from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 
-from ._kernel import Operator, TensorInfo
+from .._limits import element_count
+from ._kernel import (
+    Binding,
+    DeviceCaps,
+    NotOnDevice,
+    Operator,
+    OpPlan,
+    TensorInfo,
+    check_loop_budget,
+    reference_twin,
+)
 from ._registry import register
+from ._wgsl import contiguous_strides, elements_per_invocation, wgsl_int
+from ._wgsl_kernels import gather_kernel
 
 __all__ = ["ScatterElements", "Scatter", "ScatterND"]
 
@@ -58,24 +75,32 @@ def _apply(output: np.ndarray, where: tuple[np.ndarray, ...], updates: np.ndarra
         _UFUNCS[reduction].at(output, where, updates)
 
 
-def scatter_elements(
-    data: np.ndarray, indices: np.ndarray, updates: np.ndarray, axis: int, reduction: str, op_type: str
-) -> np.ndarray:
-    rank = data.ndim
+def _elements_destinations(
+    data_shape: tuple[int, ...], indices: np.ndarray, updates_shape: tuple[int, ...], axis: int, op_type: str
+) -> tuple[np.ndarray, ...]:
+    """Where each update of a ScatterElements goes (checked shapes and indices)."""
+    rank = len(data_shape)
     if not -rank <= axis < rank:
         raise UnsupportedOpError(f"{op_type}: axis {axis} is out of range for rank {rank}")
     axis = axis + rank if axis < 0 else axis
-    if indices.shape != updates.shape or indices.ndim != rank:
+    if indices.shape != updates_shape or indices.ndim != rank:
         raise ShapeError(
-            f"{op_type}: indices {indices.shape} and updates {updates.shape} must have one shape of the data's rank"
+            f"{op_type}: indices {indices.shape} and updates {updates_shape} must have one shape of the data's rank"
         )
-    if any(n > s for d, (n, s) in enumerate(zip(indices.shape, data.shape)) if d != axis):
-        raise ShapeError(f"{op_type}: indices {indices.shape} exceed the data {data.shape} off the axis")
-    index = _normalised(indices, data.shape[axis], op_type)
+    if any(n > s for d, (n, s) in enumerate(zip(indices.shape, data_shape)) if d != axis):
+        raise ShapeError(f"{op_type}: indices {indices.shape} exceed the data {data_shape} off the axis")
+    index = _normalised(indices, data_shape[axis], op_type)
     where: list[np.ndarray] = list(np.indices(indices.shape, sparse=True))
     where[axis] = index
+    return tuple(np.broadcast_arrays(*where))
+
+
+def scatter_elements(
+    data: np.ndarray, indices: np.ndarray, updates: np.ndarray, axis: int, reduction: str, op_type: str
+) -> np.ndarray:
+    where = _elements_destinations(data.shape, indices, updates.shape, axis, op_type)
     output = np.array(data, order="C", copy=True)
-    _apply(output, tuple(np.broadcast_arrays(*where)), updates, reduction)
+    _apply(output, where, updates, reduction)
     return output
 
 
@@ -94,6 +119,51 @@ class ScatterElements(Operator):
         assert data is not None and indices is not None and updates is not None
         reduction = _reduction(self.op_type, attrs, self.opset)
         return [scatter_elements(data, indices, updates, int(attrs.get("axis", 0)), reduction, self.op_type)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        data, indices, updates = inputs[0], inputs[1], inputs[2]
+        assert data is not None and indices is not None and updates is not None
+        reduction = _reduction(self.op_type, attrs, self.opset) if self.op_type == "ScatterElements" else "none"
+        if reduction != "none":
+            raise NotOnDevice(f"{self.op_type}: reduction {reduction!r} runs on the CPU")
+        if 1 not in constants:
+            raise NotOnDevice(
+                f"{self.op_type}: indices computed at run time cannot be range-checked by a kernel; it runs on the CPU"
+            )
+        axis = int(attrs.get("axis", 0))
+        # The reference checks the shapes and every index (a typed error when planned).
+        _elements_destinations(data.shape, np.asarray(constants[1]), updates.shape, axis, self.op_type)
+        out = outputs[0]
+        if out.size == 0:
+            return OpPlan()
+        rank = len(data.shape)
+        axis = axis + rank if axis < 0 else axis
+        steps = indices.shape[axis]
+        check_loop_budget(self.op_type, steps * elements_per_invocation(out.dtype.itemsize), caps)
+        index_strides = contiguous_strides(indices.shape)
+        lines = ["fn source(j: u32) -> vec2<u32> {\n", "  var rest = j;\n", "  var base = 0u;\n"]
+        inside = ["true"]
+        for d in range(rank - 1, -1, -1):
+            lines.append(f"  let c{d} = rest % {data.shape[d]}u;\n  rest = rest / {data.shape[d]}u;\n")
+            if d != axis:
+                inside.append(f"c{d} < {indices.shape[d]}u")
+                lines.append(f"  base = base + c{d} * {index_strides[d]}u;\n")
+        lines.append("  var found = vec2<u32>(0u, j);\n")
+        lines.append(f"  if ({' && '.join(inside)}) {{\n")
+        lines.append(f"    for (var t = 0u; t < {steps}u; t = t + 1u) {{\n")
+        lines.append(f"      let u = base + t * {index_strides[axis]}u;\n")
+        lines.append("      var index = aux0(u);\n")
+        lines.append(f"      if (index < 0) {{ index = index + {wgsl_int(data.shape[axis])}; }}\n")
+        lines.append(f"      if (u32(index) == c{axis}) {{ found = vec2<u32>(1u, u); }}\n")
+        lines.append("    }\n  }\n  return found;\n}\n")
+        return _scatter_kernel(self.op_type, inputs, outputs, "".join(lines), caps, attrs, self)
 
 
 @register
@@ -143,3 +213,83 @@ class ScatterND(Operator):
         output = np.array(data, order="C", copy=True)
         _apply(output, where, updates.reshape((-1,) + data.shape[depth:]), reduction)
         return [output]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        data, indices, updates = inputs[0], inputs[1], inputs[2]
+        assert data is not None and indices is not None and updates is not None
+        reduction = _reduction(self.op_type, attrs, self.opset)
+        if reduction != "none":
+            raise NotOnDevice(f"ScatterND: reduction {reduction!r} runs on the CPU")
+        if 1 not in constants:
+            raise NotOnDevice(
+                "ScatterND: indices computed at run time cannot be range-checked by a kernel; it runs on the CPU"
+            )
+        constant = np.asarray(constants[1])
+        if constant.ndim < 1 or constant.shape[-1] > len(data.shape):
+            raise ShapeError(f"ScatterND: indices {constant.shape} for data of rank {len(data.shape)}")
+        depth = constant.shape[-1]
+        expected = tuple(constant.shape[:-1]) + tuple(data.shape[depth:])
+        if tuple(updates.shape) != expected:
+            raise ShapeError(f"ScatterND: updates have shape {updates.shape}, expected {expected}")
+        _normalised(constant.reshape(-1, depth), np.array(data.shape[:depth], dtype=np.int64), "ScatterND")
+        out = outputs[0]
+        if out.size == 0:
+            return OpPlan()
+        tuples = element_count(constant.shape[:-1])
+        slice_size = max(element_count(data.shape[depth:]), 1)
+        check_loop_budget("ScatterND", tuples * elements_per_invocation(out.dtype.itemsize), caps)
+        slice_strides = contiguous_strides(data.shape[:depth])
+        lines = [
+            "fn source(j: u32) -> vec2<u32> {\n",
+            f"  let wanted = i32(j / {slice_size}u);\n",
+            "  var found = vec2<u32>(0u, j);\n",
+            f"  for (var u = 0u; u < {tuples}u; u = u + 1u) {{\n",
+            "    var offset = 0;\n",
+        ]
+        for d in range(depth):
+            size = data.shape[d]
+            lines.append(f"    var i{d} = aux0(u * {depth}u + {d}u);\n")
+            lines.append(f"    if (i{d} < 0) {{ i{d} = i{d} + {wgsl_int(size)}; }}\n")
+            lines.append(f"    offset = offset + i{d} * {wgsl_int(slice_strides[d])};\n")
+        lines.append(f"    if (offset == wanted) {{ found = vec2<u32>(1u, u * {slice_size}u + j % {slice_size}u); }}\n")
+        lines.append("  }\n  return found;\n}\n")
+        return _scatter_kernel("ScatterND", inputs, outputs, "".join(lines), caps, attrs, self)
+
+
+def _scatter_kernel(
+    op_type: str,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    source: str,
+    caps: DeviceCaps,
+    attrs: Mapping[str, Any],
+    operator: Operator,
+) -> OpPlan:
+    """The gather kernel copying each output element from the data (source 0) or an update (source 1)."""
+    data, indices, updates = inputs[0], inputs[1], inputs[2]
+    assert data is not None and indices is not None and updates is not None
+    if updates.dtype != data.dtype:
+        raise ShapeError(f"{op_type}: updates of dtype {updates.dtype} for data of dtype {data.dtype}")
+    bindings = [Binding("input", 0), Binding("input", 2), Binding("input", 1), Binding("output", 0)]
+    attributes = dict(attrs)
+
+    def function(array: np.ndarray, update_array: np.ndarray, index_array: np.ndarray) -> np.ndarray:
+        return operator.reference([array, index_array, update_array], attributes, outputs)[0]
+
+    kernel = gather_kernel(
+        op_type,
+        [(bindings[0], data), (bindings[1], updates)],
+        [(bindings[2], indices)],
+        outputs[0],
+        source,
+        caps,
+        reference_twin(function, bindings, inputs, outputs),
+    )
+    return OpPlan(kernels=(kernel,))
