@@ -278,6 +278,13 @@ FLOAT16_CASES = [
     Case("LpNormalization", [halves(3, 5)], {"axis": 0}, opset=22, label="float16"),
     Case("MeanVarianceNormalization", [halves(2, 3, 4, 5)], opset=13, label="float16"),
     Case(
+        "RotaryEmbedding",
+        [halves(2, 3, 16), halves(10, 2), halves(10, 2), positions(2, 3, 10)],
+        {"num_heads": 2, "rotary_embedding_dim": 4},
+        opset=23,
+        label="float16",
+    ),
+    Case(
         "Attention",
         [halves(1, 2, 3, 4), halves(1, 2, 3, 4), halves(1, 2, 3, 4)],
         opset=23,

@@ -6,7 +6,8 @@ indexed by ``position_ids [B, S]``, or ``[B, S, rot / 2]`` without ``position_id
 of the rotated features (``x[j]``, ``x[j + rot / 2]``), or neighbours with ``interleaved`` (``x[2j]``,
 ``x[2j + 1]``): ``(x1, x2) -> (cos * x1 - sin * x2, sin * x1 + cos * x2)``.
 
-The device kernel computes one output element per invocation, in float32.  A position id outside the cache
+The device kernel computes one output element per invocation, in float32 (float16 tensors read and written as
+``f16`` where the device has ``shader-f16``).  A position id outside the cache
 (which the reference refuses) gives NaN there: the device cannot raise.
 """
 
@@ -18,9 +19,9 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError
 
-from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
-from ._tiling import THREADS, BindingTable, grid_for_groups, require_float32, single_kernel_plan, workgroup_index
+from ._tiling import THREADS, BindingTable, grid_for_groups, single_kernel_plan, workgroup_index
 
 __all__ = ["RotaryEmbedding"]
 
@@ -112,7 +113,12 @@ class RotaryEmbedding(Operator):
         x, cos, sin = inputs[0], inputs[1], inputs[2]
         assert x is not None and cos is not None and sin is not None
         positions = inputs[3] if len(inputs) > 3 else None
-        require_float32("RotaryEmbedding", [x, cos, sin] + list(outputs))
+        element = "f32" if x.dtype == np.float32 else "f16"
+        for info in [x, cos, sin] + list(outputs):
+            if info.dtype != x.dtype or not (x.dtype == np.float32 or (x.dtype == np.float16 and caps.has_f16)):
+                raise NotOnDevice(
+                    f"RotaryEmbedding: the WebGPU kernel computes float32, or float16 with shader-f16, not {info.dtype}"
+                )
         batch, sequence, heads, head, rotary = _geometry(x.shape, cos.shape, positions is not None, attrs)
         if cos.shape != sin.shape or (positions is not None and positions.shape != (batch, sequence)):
             raise ShapeError("RotaryEmbedding: cache or position_ids shapes do not match the input")
@@ -120,10 +126,10 @@ class RotaryEmbedding(Operator):
         if total == 0:
             return OpPlan()
         table = BindingTable()
-        x_name = table.add(Binding("input", 0))
-        cos_name = table.add(Binding("input", 1))
-        sin_name = table.add(Binding("input", 2))
-        output = table.add(Binding("output", 0), writable=True)
+        x_name = table.add(Binding("input", 0), element)
+        cos_name = table.add(Binding("input", 1), element)
+        sin_name = table.add(Binding("input", 2), element)
+        output = table.add(Binding("output", 0), element, writable=True)
         half = rotary // 2
         # token (b, s) of element i: 4-D [B, H, S, D] or 3-D [B, S, H * D]
         if len(x.shape) == 4:
@@ -136,7 +142,8 @@ class RotaryEmbedding(Operator):
             pid = table.add(Binding("input", 3), "u32")
             high = f"{pid}[token * 2u + 1u]" if words == 2 else f"select(0u, 0xffffffffu, {pid}[token] >= 0x80000000u)"
             row = f"""    let low = {pid}[token * {words}u];
-    if ({high} != 0u || low >= {int(cos.shape[0])}u) {{ {output}[i] = bitcast<f32>(0x7fc00000u); return; }}
+    var nan_bits = 0x7fc00000u;
+    if ({high} != 0u || low >= {int(cos.shape[0])}u) {{ {output}[i] = {element}(bitcast<f32>(nan_bits)); return; }}
     let row = low;"""
         else:
             row = "    let row = token;"
@@ -149,7 +156,8 @@ class RotaryEmbedding(Operator):
     let j = select(d - {half}u, d, first);
     let partner = select(i - {half}u, i + {half}u, first);"""
         grid = grid_for_groups(-(-total // THREADS), caps)
-        wgsl = f"""{table.declarations()}
+        enable = "enable f16;\n" if element == "f16" else ""
+        wgsl = f"""{enable}{table.declarations()}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
     let i = {workgroup_index(grid)} * {THREADS}u + li;
@@ -159,11 +167,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let token = {token};
 {row}
 {pair}
-    let c = {cos_name}[row * {half}u + j];
-    let s = {sin_name}[row * {half}u + j];
-    let v = {x_name}[i];
-    let w = {x_name}[partner];
-    {output}[i] = select(s * w + c * v, c * v - s * w, first);
+    let c = f32({cos_name}[row * {half}u + j]);
+    let s = f32({sin_name}[row * {half}u + j]);
+    let v = f32({x_name}[i]);
+    let w = f32({x_name}[partner]);
+    {output}[i] = {element}(select(s * w + c * v, c * v - s * w, first));
 }}
 """
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
