@@ -187,6 +187,15 @@ def _reduce_cases() -> list[Case]:
         Case("ReduceLogSumExp", [floats(3, 40, scale=60.0)], {"axes": [1]}, opset=13, label="large"),
         Case("ReduceLogSumExp", [const(np.full((2, 3), -np.inf), F32)], {"axes": [1]}, opset=13, label="minus-inf"),
         Case("ReduceL2", [ints(3, 5, low=-9, high=9)], {"axes": [1]}, opset=13, on_device=False, label="int32"),
+        Case("ReduceLogSum", [ints(3, 5, low=1, high=9)], {"axes": [1]}, opset=13, on_device=False, label="int32"),
+        Case(
+            "ReduceLogSumExp",
+            [ints(3, 5, low=-3, high=9, dtype=I64)],
+            {"axes": [1]},
+            opset=13,
+            on_device=False,
+            label="int64",
+        ),
         # products up to 2**51, across the word boundary (onnxruntime saturates int64 products that overflow, and
         # rounds above 2**53: the reference wraps exactly, so overflowing inputs are not compared)
         Case("ReduceProd", [ints(4, 3, low=-(2**17), high=2**17, dtype=I64)], {"axes": [1]}, opset=13, label="int64"),

@@ -401,7 +401,14 @@ def _other_reduction(kind: str, x: np.ndarray, axes: tuple[int, ...], keepdims: 
         squares = np.sum(wide * wide, axis=axes, keepdims=keepdims, dtype=wide.dtype)
         return np.asarray(np.sqrt(squares.astype(np.float64)))
     if integer:
-        raise UnsupportedOpError(f"Reduce ({kind}): integer inputs are not implemented; cast to float first")
+        # in float64, truncated toward zero by the caller's cast (as onnxruntime does)
+        result = _other_reduction(kind, x.astype(np.float64), axes, keepdims)
+        if not np.all(np.isfinite(result)):
+            raise UnsupportedOpError(
+                f"Reduce ({kind}): the result is not finite ({kind} of an empty or non-positive integer sum), which "
+                f"{x.dtype} cannot hold"
+            )
+        return np.asarray(np.trunc(result))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if kind == "logsum":
             return np.asarray(np.log(np.sum(wide, axis=axes, keepdims=keepdims)))
