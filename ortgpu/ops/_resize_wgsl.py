@@ -4,8 +4,9 @@ One invocation per output element (two for float16: the write rule of :mod:`._wg
 of every resized axis is computed with the same float32 operations as :func:`.resize.axis_coordinates`, the
 taps (1 for nearest, 2 for linear, 4 for cubic per resized axis) are unrolled, and the weighted sum nests the
 axes as the reference does (the first resized axis innermost).  Nearest resizes without extrapolation copy
-elements of any dtype bit for bit (a gather); the others compute float32/float16.  Antialiasing, integer
-linear/cubic and more than 64 taps per output run on the CPU.
+elements of any dtype bit for bit (a gather); the others compute float32/float16.  Antialiased downsampling
+loops over each axis's stretched filter window instead.  Integer linear/cubic and more than 64 unrolled taps
+per output run on the CPU.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, reference_twin
+from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget, reference_twin
 from ._tiling import wgsl_f32 as _wgsl_f32
 from ._wgsl import (
     LINEAR_INVOCATION,
@@ -178,6 +179,83 @@ def _value_kernel(config: ResizeConfig, x: TensorInfo, out: TensorInfo, caps: De
     return "".join(parts) + kernel_entry(workgroup, body), invocations
 
 
+def _antialias_kernel(config: ResizeConfig, x: TensorInfo, out: TensorInfo, caps: DeviceCaps) -> tuple[str, int]:
+    """WGSL of an antialiased linear/cubic resize: per resized axis, a loop over the filter window stretched
+    by ``1 / scale`` (``scale`` capped at 1), its weights normalised by their sum (the reference's taps)."""
+    rank = len(x.shape)
+    axes = [a for a in range(rank) if config.resized(a)]
+    strides = contiguous_strides(x.shape)
+    support = F32(1) if config.mode == "linear" else F32(2)
+    lines = ["fn value(j: u32) -> f32 {", "  var rest = j;", "  var outside = false;"]
+    for axis in reversed(range(rank)):
+        lines.append(f"  let c{axis} = rest % {out.shape[axis]}u;")
+        lines.append(f"  rest = rest / {out.shape[axis]}u;")
+    counts = {}
+    for axis in axes:
+        last = config.in_shape[axis] - 1
+        scale = min(F32(config.scales[axis]), F32(1))
+        window = F32(support / scale)
+        counts[axis] = 2 * int(np.ceil(window)) + 2
+        lines.append(f"  let x{axis} = {_coordinate(config, axis)};")
+        if config.transform == "tf_crop_and_resize":
+            lines.append(f"  if (x{axis} < 0.0f || x{axis} > {wgsl_f32(last)}) {{ outside = true; }}")
+        lines.append(f"  let lo{axis} = i32(floor(x{axis} - {wgsl_f32(window)}));")
+        lines.append(f"  var s{axis} = 0.0f;")
+        lines.append(
+            f"  for (var k = 0; k < {counts[axis]}; k = k + 1) {{ s{axis} = s{axis} + tap{axis}(lo{axis} + k, x{axis}); }}"
+        )
+    if config.transform == "tf_crop_and_resize":
+        lines.append(f"  if (outside) {{ return {wgsl_f32(config.extrapolation)}; }}")
+    lines.append("  var acc = 0.0f;")
+    indent = "  "
+    flat = [f"u32(c{a}) * {strides[a]}u" for a in range(rank) if a not in counts and strides[a]]
+    weight = []
+    for axis in reversed(axes):
+        last = config.in_shape[axis] - 1
+        lines.append(f"{indent}for (var k{axis} = 0; k{axis} < {counts[axis]}; k{axis} = k{axis} + 1) {{")
+        indent += "  "
+        lines.append(f"{indent}let i{axis} = lo{axis} + k{axis};")
+        lines.append(f"{indent}let w{axis} = select(0.0f, tap{axis}(i{axis}, x{axis}) / s{axis}, s{axis} != 0.0f);")
+        flat.append(f"u32(clamp(i{axis}, 0, {last})) * {strides[axis]}u")
+        weight.append(f"w{axis}")
+    lines.append(f"{indent}acc = acc + load0({' + '.join(flat) or '0u'}) * ({' * '.join(weight)});")
+    for _ in axes:
+        indent = indent[:-2]
+        lines.append(f"{indent}}}")
+    lines += ["  return acc;", "}"]
+    helpers = []
+    for axis in axes:
+        last = config.in_shape[axis] - 1
+        scale = min(F32(config.scales[axis]), F32(1))
+        if config.mode == "linear":
+            filt = "max(0.0f, 1.0f - abs(d))"
+        else:
+            a = F32(config.cubic_a)
+            k = [wgsl_f32(v) for v in (a + F32(2), a + F32(3), a, F32(5) * a, F32(8) * a, F32(4) * a)]
+            filt = f"cubic(abs(d), {', '.join(k)})"
+        exclude = f"  if (i < 0 || i > {last}) {{ return 0.0f; }}\n" if config.exclude_outside else ""
+        helpers.append(
+            f"fn tap{axis}(i: i32, x: f32) -> f32 {{\n{exclude}  let d = (f32(i) - x) * {wgsl_f32(scale)};\n"
+            f"  return {filt};\n}}\n"
+        )
+    iterations = 1
+    for axis in axes:
+        iterations = iterations * counts[axis]
+    check_loop_budget(config.op_type, iterations + sum(counts.values()), caps)
+    parts = [
+        storage_declaration(0, "src", writable=False),
+        storage_declaration(1, "dst", writable=True),
+        load_function("load0", "src", x.dtype),
+        _CUBIC if config.mode == "cubic" else "",
+        "".join(helpers),
+        "\n".join(lines) + "\n",
+    ]
+    invocations = -(-out.size // elements_per_invocation(out.dtype.itemsize))
+    guard = f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"
+    body = guard + store_statements(out.dtype, out.size, "value")
+    return "".join(parts) + kernel_entry(workgroup_size_for(caps.limits), body), invocations
+
+
 def _nearest_source(config: ResizeConfig, out: TensorInfo, strides: list[int]) -> str:
     """The gather kernel's ``source`` function of a nearest resize (no extrapolation)."""
     rank = len(out.shape)
@@ -215,8 +293,7 @@ def resize_plan(
     if x.size >= 2**31 or out.size >= 2**31:
         raise NotOnDevice(f"{config.op_type}: tensors beyond 2^31 elements run on the CPU")
     resized = [a for a in range(len(x.shape)) if config.resized(a)]
-    if config.antialias and config.mode != "nearest" and any(config.scales[a] < 1 for a in resized):
-        raise NotOnDevice(f"{config.op_type}: antialiased downsampling runs on the CPU")
+    antialias = config.antialias and config.mode != "nearest" and any(config.scales[a] < 1 for a in resized)
     bindings = [Binding("input", 0), Binding("output", 0)]
     twin = reference_twin(lambda array: resize_reference(array, config), bindings, inputs, outputs)
     extrapolates = config.transform == "tf_crop_and_resize"
@@ -226,10 +303,13 @@ def resize_plan(
         return OpPlan(kernels=(kernel,))
     if x.dtype.name not in ("float32", "float16"):
         raise NotOnDevice(f"{config.op_type}: {config.mode} resize of {x.dtype.name} runs on the CPU")
-    per_axis = {"nearest": 1, "linear": 2, "cubic": 4}[config.mode]
-    if per_axis ** len(resized) > MAX_TAPS:
-        raise NotOnDevice(f"{config.op_type}: {per_axis ** len(resized)} taps per output element run on the CPU")
     check_binding_sizes(config.op_type, [x, out], caps)
-    wgsl, invocations = _value_kernel(config, x, out, caps)
+    if antialias:
+        wgsl, invocations = _antialias_kernel(config, x, out, caps)
+    else:
+        per_axis = {"nearest": 1, "linear": 2, "cubic": 4}[config.mode]
+        if per_axis ** len(resized) > MAX_TAPS:
+            raise NotOnDevice(f"{config.op_type}: {per_axis ** len(resized)} taps per output element run on the CPU")
+        wgsl, invocations = _value_kernel(config, x, out, caps)
     grid = grid_for(invocations, workgroup_size_for(caps.limits), caps.limits)
     return OpPlan(kernels=(KernelSpec(config.op_type, wgsl, grid, tuple(bindings), twin),))
