@@ -280,7 +280,8 @@ class Subgraph:
             small = value.size <= _DATA_LIMIT
             if small:
                 constants[name] = value
-            key.append((value.dtype.str, value.shape, value.tobytes() if small else None))
+            data = (tuple(value.reshape(-1).tolist()) if value.dtype == object else value.tobytes()) if small else None
+            key.append((value.dtype.str, value.shape, data))
         cache_key = tuple(key)
         cached = self._infer_cache.get(cache_key)
         if cached is not None:
