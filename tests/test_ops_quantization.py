@@ -74,6 +74,13 @@ CASES: list[Case] = [
     Case("QuantizeLinear", [awkward(16, 33), const(0.1, F32), const(-7, I8)], opset=13, label="awkward-values"),
     Case(
         "QuantizeLinear",
+        [ties(4, 6, scale=0.5, span=300, dtype=np.float16), const(0.5, F32), const(3, U8)],
+        opset=21,
+        label="float16-input",
+        in_onnxruntime=False,  # onnxruntime binds x and the scale to one type: NUMPY_ORACLES judges
+    ),
+    Case(
+        "QuantizeLinear",
         [awkward(4, 3, 50), const([0.1, 3e-39, 7e30], F32), const([1, 2, 3], U16)],
         opset=21,
         label="awkward-scales-uint16",
@@ -429,6 +436,9 @@ CPU_VARIANTS = {
 for case in CASES:
     case.on_device = case.op_type in DEVICE_OPS and case.id not in CPU_VARIANTS
 
+NUMPY_ORACLES["QuantizeLinear-opset21-float16-input"] = lambda x, scale, zero: np.clip(
+    np.rint(x.astype(F32) / scale) + int(zero), 0, 255
+).astype(U8)
 NUMPY_ORACLES["MatMulInteger-opset10-per-row-per-column"] = lambda a, b, a_zero, b_zero: (
     (a.astype(np.int64) - a_zero.astype(np.int64)[:, None]) @ (b.astype(np.int64) - b_zero.astype(np.int64))
 ).astype(np.int32)

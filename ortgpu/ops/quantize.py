@@ -20,8 +20,8 @@ converted to f32 exactly (8/16-bit differences are exact in f32; int32 inputs
 are converted as ``f32(x >> 16) * 65536 + f32(x & 0xffff)``, two exact terms
 whose sum is rounded once, as numpy's conversion rounds).
 
-QuantizeLinear runs on the device for float32 inputs and float32 scales (per
-tensor and per axis).  WGSL's f32 division is not correctly rounded (2.5 ULP),
+QuantizeLinear runs on the device for float32/float16 inputs and float32 scales
+(per tensor and per axis).  WGSL's f32 division is not correctly rounded (2.5 ULP),
 which would move values across rounding ties, so the kernel divides on the
 bits: an exact long division of the 24-bit significands, rounded to nearest
 even (:data:`EXACT_DIVISION_WGSL`); NaN and infinities are recognised on the
@@ -273,8 +273,11 @@ class QuantizeLinear(Operator):
         assert x is not None and scale is not None
         zero_point = inputs[2] if len(inputs) > 2 else None
         out = outputs[0]
-        if x.dtype != np.float32 or scale.dtype != np.float32:
-            raise NotOnDevice("QuantizeLinear: inputs or scales other than float32 run on the CPU")
+        # float16 inputs convert to f32 exactly (the reference divides in the scale's float32 too).
+        if x.dtype not in (np.float32, np.float16) or scale.dtype != np.float32:
+            raise NotOnDevice(
+                "QuantizeLinear: inputs other than float32/float16 or scales other than float32 run on the CPU"
+            )
         if self.opset >= 23 and attrs.get("precision") and int(attrs["precision"]) != onnx.TensorProto.FLOAT:
             raise NotOnDevice("QuantizeLinear: a precision other than float32 runs on the CPU")
         if out.dtype.name not in ("uint8", "int8", "uint16", "int16"):
