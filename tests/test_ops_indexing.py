@@ -583,3 +583,12 @@ def test_unsupported_variants_are_typed() -> None:
     with pytest.raises(ModelError, match="TfIdfVectorizer"):
         get_operator("TfIdfVectorizer", 9).reference([np.zeros(3, I64)], {"pool_strings": ["a"]}, [])
     assert absent()(np.random.default_rng()) is None
+
+
+def test_ambiguous_inputs_are_refused() -> None:
+    """Where numpy and onnxruntime disagree and ONNX does not say: a typed refusal, not a guess."""
+    with pytest.raises(UnsupportedOpError, match="NaN"):
+        get_operator("Unique", 11).reference([np.array([1.0, np.nan, 1.0], np.float32)], {}, [])
+    attrs = dict(POOL, pool_int64s=[2, 3, 2, 4, 5, 6, 7, 8, 6, 7], mode="TF")
+    with pytest.raises(OrtGpuError, match="twice"):
+        get_operator("TfIdfVectorizer", 9).reference([np.zeros(3, I64)], attrs, [])

@@ -35,7 +35,11 @@ def _pool(attrs: Mapping[str, Any], max_gram: int) -> dict[tuple[int, ...], int]
         if (end - start) % n:
             raise ShapeError(f"TfIdfVectorizer: pool entries {start}..{end} do not split into {n}-grams")
         for offset in range(start, end, n):
-            found.setdefault(tuple(pool[offset : offset + n]), ordinal)
+            gram = tuple(pool[offset : offset + n])
+            if gram in found:
+                # onnxruntime refuses such pools too (which count would the output hold?)
+                raise ShapeError(f"TfIdfVectorizer: the n-gram {gram} appears twice in pool_int64s")
+            found[gram] = ordinal
             ordinal += 1
     return found
 
@@ -88,8 +92,15 @@ class TfIdfVectorizer(Operator):
         output = np.zeros((rows.shape[0], width), dtype=np.float32)
         for r, row in enumerate(rows):
             for ordinal, count in _count_row([int(t) for t in row], pool, range(min_gram, max_gram + 1), skips).items():
-                value = np.float32(count) if mode != "IDF" else np.float32(1)
-                if mode != "TF":
-                    value = value * weights[ordinal]
+                if mode == "TF":
+                    value = np.float32(count)
+                elif mode == "IDF":
+                    value = weights[ordinal]
+                else:
+                    # The weight added once per occurrence in float32, as onnxruntime sums it (not count * weight,
+                    # which can differ in the last bit).
+                    value = np.float32(0)
+                    for _ in range(count):
+                        value = np.float32(value + weights[ordinal])
                 output[r, indexes[ordinal]] = value
         return [output.reshape(width) if x.ndim == 1 else output]

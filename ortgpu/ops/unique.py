@@ -4,7 +4,8 @@ map and the counts (CPU).
 ``sorted=1`` (the default) orders them ascending (slices lexicographically);
 ``sorted=0`` keeps the order of first occurrence.  Output sizes depend on the
 input's values (a shape-deciding input): the node is planned only where the
-input is known.
+input is known.  Inputs holding NaN are refused: numpy keeps one NaN value,
+onnxruntime drops them, and ONNX does not say.
 """
 
 from __future__ import annotations
@@ -66,4 +67,9 @@ class Unique(Operator):
             if not -x.ndim <= axis < x.ndim:
                 raise UnsupportedOpError(f"Unique: axis {axis} is out of range for rank {x.ndim}")
             axis = axis + x.ndim if axis < 0 else axis
+        if x.dtype.kind == "f" and np.isnan(x).any():
+            # No agreed answer: numpy counts NaN once, onnxruntime drops NaN from the values.
+            raise UnsupportedOpError(
+                "Unique of a tensor holding NaN is not supported (NaN has no defined place among unique values)"
+            )
         return unique(x, axis, bool(int(attrs.get("sorted", 1))))
