@@ -473,7 +473,6 @@ CASES: list[Case] = [
         [floats(1, 2, 5, 4), floats(1, 3, 6, 2, low=-1.3, high=1.3)],
         {"mode": "bicubic", "padding_mode": "reflection", "align_corners": 1},
         opset=16,
-        on_device=False,
         label="bicubic",
     ),
     Case(
@@ -481,7 +480,6 @@ CASES: list[Case] = [
         [floats(1, 2, 3, 5, 4), floats(1, 2, 3, 6, 3, low=-1.3, high=1.3)],
         {"mode": "nearest", "padding_mode": "border"},
         opset=20,
-        on_device=False,
         label="3d",
     ),
     # AffineGrid

@@ -10,8 +10,8 @@ rank.  Conventions (those of onnxruntime, which follows PyTorch):
 * nearest rounds half to even; linear reads 2 taps and cubic 4 (Keys, a = -0.75) per axis; a tap outside
   the input reads 0 (zeros), the edge (border) or its reflection (reflection).
 
-4-D linear and nearest run on the device for float32/float16 (one invocation per output element, the same
-float32 unnormalisation, 4 or 1 taps); cubic and N-d run on the CPU.
+2-D and 3-D sampling runs on the device for float32/float16 (one invocation per output element, the same
+float32 unnormalisation, 1, 2 or 4 taps per axis unrolled); other ranks run on the CPU.
 """
 
 from __future__ import annotations
@@ -186,15 +186,15 @@ class GridSample(Operator):
         assert x is not None and grid is not None
         mode, padding, align = self._settings(len(x.shape), attrs)
         out = outputs[0]
-        if len(x.shape) != 4 or mode == "cubic":
-            raise NotOnDevice("GridSample: cubic and non-4-D sampling run on the CPU")
+        if len(x.shape) not in (4, 5):
+            raise NotOnDevice("GridSample: sampling over other than 2 or 3 spatial axes runs on the CPU")
         for info in (x, grid, out):
             if info.dtype.name not in ("float32", "float16"):
                 raise NotOnDevice(f"GridSample: {info.dtype.name} runs on the CPU")
         if out.size == 0:
             return OpPlan()
-        n, c, height, width = x.shape
-        if 0 in x.shape or tuple(grid.shape[:1]) != (n,) or tuple(grid.shape[3:]) != (2,):
+        rank = len(x.shape) - 2
+        if 0 in x.shape or tuple(grid.shape[:1]) != (x.shape[0],) or tuple(grid.shape[-1:]) != (rank,):
             raise NotOnDevice(f"GridSample: shapes X {x.shape}, grid {grid.shape} run on the CPU")
         if max(x.size, grid.size, out.size) >= 2**31:
             raise NotOnDevice("GridSample: tensors beyond 2^31 elements run on the CPU")
@@ -220,9 +220,18 @@ _REFLECT = """fn reflect(x: f32, low: f32, high: f32) -> f32 {
 """
 
 
-def _axis_wgsl(name: str, component: str, size: int, mode: str, padding: str, align: bool) -> list[str]:
-    """WGSL lines computing taps ``{name}0``/``{name}1`` (i32) and weights ``w{name}0``/``w{name}1``
-    (validity folded into the weights) of one axis from grid value ``component``."""
+_CUBIC_WGSL = """fn cubic(t: f32) -> f32 {
+  let d = abs(t);
+  if (d <= 1.0f) { return (1.25f * d - 2.25f) * d * d + 1.0f; }
+  if (d < 2.0f) { return ((-0.75f * d + 3.75f) * d - 6.0f) * d + 3.0f; }
+  return 0.0f;
+}
+"""
+
+
+def _axis_wgsl(name: str, component: str, size: int, mode: str, padding: str, align: bool) -> tuple[list[str], int]:
+    """WGSL lines computing the taps ``{name}{t}`` (i32) and weights ``w{name}{t}`` (validity folded into the
+    weights) of one spatial axis from grid value ``component``; and the tap count."""
     s = wgsl_f32(size)
     if align:
         coord = f"({component} + 1.0f) / 2.0f * {wgsl_f32(size - 1)}"
@@ -233,14 +242,14 @@ def _axis_wgsl(name: str, component: str, size: int, mode: str, padding: str, al
     lines = [f"  var p{name} = {coord};"]
     if mode == "nearest":
         lines.append(f"  p{name} = round(p{name});")
-    if padding == "border":
+    if padding == "border" and mode != "cubic":
         lines.append(f"  p{name} = clamp(p{name}, 0.0f, {wgsl_f32(size - 1)});")
     elif padding == "reflection":
         lines.append(f"  p{name} = reflect(p{name}, {low}, {high});")
     if mode == "nearest":
         lines += [f"  var {name}0 = i32(round(p{name}));", f"  var w{name}0 = 1.0f;"]
         taps = 1
-    else:
+    elif mode == "linear":
         lines += [
             f"  let f{name} = floor(p{name});",
             f"  var {name}0 = i32(f{name});",
@@ -249,6 +258,12 @@ def _axis_wgsl(name: str, component: str, size: int, mode: str, padding: str, al
             f"  var w{name}0 = 1.0f - w{name}1;",
         ]
         taps = 2
+    else:
+        lines += [f"  let f{name} = floor(p{name});", f"  let t{name} = p{name} - f{name};"]
+        for k, distance in enumerate(("+ 1.0f", "", "- 1.0f", "- 2.0f")):
+            lines.append(f"  var {name}{k} = i32(f{name}) + {k - 1};")
+            lines.append(f"  var w{name}{k} = cubic(t{name} {distance});")
+        taps = 4
     for t in range(taps):
         tap = f"{name}{t}"
         if padding == "zeros":
@@ -256,30 +271,42 @@ def _axis_wgsl(name: str, component: str, size: int, mode: str, padding: str, al
         elif padding == "reflection":
             lines.append(f"  {tap} = i32(reflect(f32({tap}), {low}, {high}));")
         lines.append(f"  {tap} = clamp({tap}, 0, {size - 1});")
-    return lines
+    return lines, taps
 
 
 def _device_kernel(
     x: TensorInfo, grid: TensorInfo, out: TensorInfo, mode: str, padding: str, align: bool, caps: DeviceCaps
 ) -> tuple[str, int]:
-    n, c, height, width = x.shape
-    out_h, out_w = out.shape[2], out.shape[3]
-    lines = [
-        "fn value(j: u32) -> f32 {",
-        f"  let ow = j % {out_w}u;",
-        f"  let oh = (j / {out_w}u) % {out_h}u;",
-        f"  let plane = j / {out_w * out_h}u;",
-        f"  let n = plane / {c}u;",
-        f"  let g = 2u * ((n * {out_h}u + oh) * {out_w}u + ow);",
-        f"  let base = plane * {height * width}u;",
-    ]
-    lines += _axis_wgsl("x", "loadg(g)", width, mode, padding, align)
-    lines += _axis_wgsl("y", "loadg(g + 1u)", height, mode, padding, align)
-    taps = 1 if mode == "nearest" else 2
+    c = x.shape[1]
+    spatial = x.shape[2:]
+    out_spatial = out.shape[2:]
+    rank = len(spatial)
+    points = 1
+    for size in out_spatial:
+        points *= size
+    image = 1
+    for size in spatial:
+        image *= size
+    lines = ["fn value(j: u32) -> f32 {", f"  let point = j % {points}u;", f"  let plane = j / {points}u;"]
+    lines += [f"  let n = plane / {c}u;", f"  let g = {rank}u * (n * {points}u + point);"]
+    lines.append(f"  let base = plane * {image}u;")
+    taps: list[int] = []
+    for axis in range(rank):
+        axis_lines, count = _axis_wgsl(
+            f"a{axis}_", f"loadg(g + {rank - 1 - axis}u)", spatial[axis], mode, padding, align
+        )
+        lines += axis_lines
+        taps.append(count)
+    strides = [1] * rank
+    for axis in range(rank - 2, -1, -1):
+        strides[axis] = strides[axis + 1] * spatial[axis + 1]
     terms = []
-    for ty in range(taps):  # the reference sums x taps innermost, y outermost
-        for tx in range(taps):
-            terms.append(f"loadx(base + u32(y{ty}) * {width}u + u32(x{tx})) * (wy{ty} * wx{tx})")
+    for combination in itertools.product(*(range(t) for t in taps)):  # the reference's order: axis 0 outermost
+        flat = " + ".join(f"u32(a{axis}_{t}) * {strides[axis]}u" for axis, t in enumerate(combination))
+        weight = " * ".join(f"wa{axis}_{t}" for axis, t in enumerate(combination))
+        terms.append(f"loadx(base + {flat}) * ({weight})")
+    if len(terms) > 64:
+        raise NotOnDevice(f"GridSample: {len(terms)} taps per output run on the CPU")
     lines.append("  return " + " + ".join(terms) + ";")
     lines.append("}")
     parts = [
@@ -289,6 +316,7 @@ def _device_kernel(
         load_function("loadx", "xs", x.dtype),
         load_function("loadg", "gs", grid.dtype),
         _REFLECT if padding == "reflection" else "",
+        _CUBIC_WGSL if mode == "cubic" else "",
         "\n".join(lines) + "\n",
     ]
     invocations = -(-out.size // elements_per_invocation(out.dtype.itemsize))
