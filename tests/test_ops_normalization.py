@@ -112,8 +112,15 @@ CASES: list[Case] = [
         {"training_mode": 1, "momentum": 0.8},
         opset=15,
         outputs=3,
-        on_device=False,
         label="training",
+    ),
+    Case(
+        "BatchNormalization",
+        [floats(3, 2, 2, 3), floats(2), floats(2), floats(2), floats(2, low=0.5, high=2.0)],
+        {"training_mode": 1, "epsilon": 0.01},
+        opset=14,
+        outputs=3,
+        label="training-4d",
     ),
     # Attention (CPU)
     Case("Attention", [floats(2, 3, 4, 8), floats(2, 3, 6, 8), floats(2, 3, 6, 8)], opset=23),

@@ -19,8 +19,10 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from .._limits import element_count
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
+from ._row_norm import RowNorm, row_norm_plan
 from ._tiling import (
     THREADS,
     BindingTable,
@@ -116,6 +118,76 @@ class BatchNormalization(_Checks):
             results.append(updated.reshape(running.shape).astype(running.dtype))
         return results[: max(1, len(outputs))]
 
+    def _plan_training(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+    ) -> OpPlan:
+        """Training mode: Y by the normalisation row kernel over every axis but the channel; the running statistics
+        by one invocation per channel (two walks over its elements)."""
+        x = inputs[0]
+        assert x is not None
+        require_float32("BatchNormalization", list(inputs) + list(outputs))
+        if len(x.shape) < 2 or any(p is None or tuple(p.shape) != (x.shape[1],) for p in inputs[1:5]):
+            raise NotOnDevice("BatchNormalization: training mode on the device takes [C] parameters only")
+        channels = int(x.shape[1])
+        spatial = element_count(x.shape[2:])
+        per_channel = int(x.shape[0]) * spatial
+        if per_channel == 0:
+            raise NotOnDevice("BatchNormalization: training over an empty batch runs on the CPU")
+        check_loop_budget("BatchNormalization", 2 * per_channel, caps)
+        epsilon = float(attrs.get("epsilon", 1e-5))
+        channel = f"return (at / {spatial}u) % {channels}u;"
+        spec = RowNorm("variance", epsilon, scale_input=1, scale_index=channel, bias_input=2, bias_index=channel)
+        axes = [0] + list(range(2, len(x.shape)))
+
+        def compute(full: list[np.ndarray | None]) -> list[np.ndarray]:
+            # Y does not read the running statistics, which its kernel does not bind
+            filled = [
+                np.zeros(info.shape, info.dtype) if array is None and info is not None else array
+                for array, info in zip(full, inputs)
+            ]
+            return self.reference(filled, attrs, outputs)
+
+        kernels = list(row_norm_plan("BatchNormalization", spec, axes, inputs, outputs[:1], caps, compute).kernels)
+        if len(outputs) > 1:
+            momentum = float(attrs.get("momentum", 0.9))
+            table = BindingTable()
+            x_name = table.add(Binding("input", 0))
+            mean_in, var_in = table.add(Binding("input", 3)), table.add(Binding("input", 4))
+            mean_out = table.add(Binding("output", 1), writable=True)
+            stores = f"{mean_out}[c] = {mean_in}[c] * m + mean * (1.0 - m);\n"
+            if len(outputs) > 2:
+                var_out = table.add(Binding("output", 2), writable=True)
+                stores += f"    {var_out}[c] = {var_in}[c] * m + variance * (1.0 - m);\n"
+            else:
+                stores += f"    _ = {var_in}[c];\n"
+            grid = grid_for_groups(-(-channels // THREADS), caps)
+            element = f"{x_name}[(k / {spatial}u) * {channels * spatial}u + c * {spatial}u + k % {spatial}u]"
+            wgsl = f"""{table.declarations()}
+@compute @workgroup_size({THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
+    let c = {workgroup_index(grid)} * {THREADS}u + li;
+    if (c >= {channels}u) {{ return; }}
+    var s = 0.0;
+    for (var k = 0u; k < {per_channel}u; k = k + 1u) {{ s = s + {element}; }}
+    let mean = s / f32({per_channel});
+    var q = 0.0;
+    for (var k = 0u; k < {per_channel}u; k = k + 1u) {{
+        let d = {element} - mean;
+        q = fma(d, d, q);
+    }}
+    let variance = q / f32({per_channel});
+    let m = {wgsl_f32(momentum)};
+    {stores}}}
+"""
+            kernels += list(
+                single_kernel_plan("BatchNormalization", wgsl, grid, table, compute, inputs, outputs, caps).kernels
+            )
+        return OpPlan(kernels=tuple(kernels))
+
     def plan(
         self,
         inputs: Sequence[TensorInfo | None],
@@ -126,7 +198,7 @@ class BatchNormalization(_Checks):
     ) -> OpPlan:
         self._check(attrs, len(outputs))
         if self._training(attrs):
-            raise NotOnDevice("BatchNormalization: training mode (batch statistics) runs on the CPU")
+            return self._plan_training(inputs, outputs, attrs, caps)
         x = inputs[0]
         assert x is not None
         require_float32("BatchNormalization", list(inputs) + list(outputs))
