@@ -364,12 +364,13 @@ def _resolve_unknown_dims(
         else:
             shape, dtype = types[name]
             inputs.append(np.zeros(_concrete(shape), dtype=dtype))
+    probe = "while learning its output shapes by running it on zeros (onnx's shape inference could not give them)"
     try:
         results = _reference(node, inputs, _output_infos_guess(node, types))
-    except ModelError:
-        raise
+    except ModelError as error:
+        raise type(error)(f"{node.describe()}, {probe}: {error}") from error
     except Exception as error:
-        raise ModelError(f"cannot infer the output shapes of {node.describe()}: {error}") from error
+        raise ModelError(f"cannot infer the output shapes of {node.describe()} ({probe}): {error}") from error
     for name, value in zip(node.outputs, results):
         if name:
             array = np.asarray(value)
