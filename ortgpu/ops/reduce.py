@@ -400,6 +400,13 @@ def _other_reduction(kind: str, x: np.ndarray, axes: tuple[int, ...], keepdims: 
     if kind == "l2":
         squares = np.sum(wide * wide, axis=axes, keepdims=keepdims, dtype=wide.dtype)
         return np.asarray(np.sqrt(squares.astype(np.float64)))
+    if integer and kind == "logsumexp":
+        # onnxruntime truncates its intermediate exponentials to the integer type ([7, 6, 7, 3, 6] gives 7, where
+        # log(sum(exp)) is 8.01): no answer is safe to give
+        raise UnsupportedOpError(
+            f"ReduceLogSumExp on {x.dtype} is not implemented (implementations disagree on integer rounding); "
+            "cast the input to float first"
+        )
     if integer:
         # in float64, truncated toward zero by the caller's cast (as onnxruntime does)
         result = _other_reduction(kind, x.astype(np.float64), axes, keepdims)
