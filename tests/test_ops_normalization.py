@@ -105,6 +105,7 @@ CASES: list[Case] = [
         label="zero-ratio",
     ),
     Case("Dropout", [floats(5)], {"ratio": 0.2}, opset=10, label="old"),
+    Case("Dropout", [floats(2, 3), const(0.4, np.float32)], opset=12, outputs=2, label="computed-ratio"),
     # BatchNormalization training mode (CPU)
     Case(
         "BatchNormalization",

@@ -79,12 +79,18 @@ class Dropout(Operator):
         x = inputs[0]
         assert x is not None
         values: list[np.ndarray | None] = [None] * len(inputs)
-        for position in (1, 2):
-            if position < len(inputs) and inputs[position] is not None:
-                if position not in constants:
-                    raise NotOnDevice("Dropout: ratio/training_mode are computed values; the CPU checks them")
-                values[position] = constants[position]
-        self._check(self._training(values, attrs), self._ratio(values, attrs))
+        if len(inputs) > 2 and inputs[2] is not None:
+            if 2 not in constants:
+                raise NotOnDevice("Dropout: training_mode is a computed value; the CPU checks it")
+            values[2] = constants[2]
+        training = self._training(values, attrs)
+        if training:
+            # the ratio matters in training mode only (ratio 0 drops nothing)
+            if len(inputs) > 1 and inputs[1] is not None:
+                if 1 not in constants:
+                    raise NotOnDevice("Dropout: the ratio is a computed value; the CPU checks it")
+                values[1] = constants[1]
+            self._check(training, self._ratio(values, attrs))
         if len(outputs) < 2 or outputs[1].size == 0:
             return OpPlan(alias={0: 0})
         mask = outputs[1]
