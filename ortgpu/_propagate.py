@@ -156,7 +156,13 @@ def _infer_with_onnx(
         value = constants.get(name)
         if value is not None and value.size <= _DATA_PROPAGATION_LIMIT:
             input_data[name] = onnx.numpy_helper.from_array(np.asarray(value, order="C"), name)
-    proto = onnx.helper.make_node(node.op_type, list(node.inputs), list(node.outputs), domain=node.domain or None)
+    declared = list(node.inputs)
+    # Control flow: the outer-scope names a body reads ride as trailing extra inputs (see ortgpu._subgraph); onnx
+    # knows them only as outer-scope values, so they stay out of the node and keep their types in input_types.
+    outer = next((tuple(v.outer_names) for v in node.attrs.values() if hasattr(v, "outer_names")), ())
+    if outer and len(declared) >= len(outer) and tuple(declared[-len(outer) :]) == outer:
+        declared = declared[: -len(outer)]
+    proto = onnx.helper.make_node(node.op_type, declared, list(node.outputs), domain=node.domain or None)
     proto.attribute.extend(_proto_attributes(node))
     opset_imports = [onnx.helper.make_opsetid(domain, version) for domain, version in opsets.items()]
     try:
