@@ -44,6 +44,7 @@ __all__ = [
     "DeviceProgram",
     "device_caps",
     "padded_bytes",
+    "host_io_names",
 ]
 
 #: A recorded plan with at least ``2 * EARLY_SUBMIT_DISPATCHES`` dispatches submits its first
@@ -310,6 +311,8 @@ class DeviceProgram(Generic[_Buffer]):
         # (handle, generation) of each input, then each output -> (the bind groups, weak references to the buffers)
         self._bind_groups: dict[tuple[tuple[int, int], ...], tuple[list[int], list[weakref.ref[Any]]]] = {}
         self._released = False
+        # Graph inputs and outputs that live on the host only (strings): no buffer; see run(host=...).
+        self._host_io = frozenset(host_io_names(plan))
         try:
             for size in plan.slot_sizes:
                 self._slots.append(allocate(padded_size(size)))
@@ -373,8 +376,8 @@ class DeviceProgram(Generic[_Buffer]):
     def _check_io(self, inputs: _BufferMap, outputs: _BufferMap) -> None:
         if self._released:
             raise ReleasedValueError("this DeviceProgram was released")
-        missing = [n for n in self.plan.input_infos if n not in inputs]
-        missing += [n for n in self.plan.output_infos if n not in outputs]
+        missing = [n for n in self.plan.input_infos if n not in inputs and n not in self._host_io]
+        missing += [n for n in self.plan.output_infos if n not in outputs and n not in self._host_io]
         if missing:
             raise ModelError(
                 f"no buffer given for {missing}; the plan needs inputs {sorted(self.plan.input_infos)} "
@@ -382,7 +385,8 @@ class DeviceProgram(Generic[_Buffer]):
             )
 
     def _bind_groups_for(self, inputs: _BufferMap, outputs: _BufferMap) -> list[int]:
-        buffers = [inputs[n] for n in self.plan.input_infos] + [outputs[n] for n in self.plan.output_infos]
+        buffers = [inputs[n] for n in self.plan.input_infos if n not in self._host_io]
+        buffers += [outputs[n] for n in self.plan.output_infos if n not in self._host_io]
         key = tuple((b.handle, b.generation) for b in buffers)
         cached = self._bind_groups.get(key)
         if cached is not None:
@@ -455,7 +459,7 @@ class DeviceProgram(Generic[_Buffer]):
             if step_index != after_step:
                 continue
             nbytes = self.plan.output_infos[output].nbytes
-            if nbytes == 0:
+            if nbytes == 0 or output in self._host_io:
                 continue
             source_buffer = self._buffer_of(source, inputs, outputs)
             target = outputs[output].handle
@@ -525,14 +529,27 @@ class DeviceProgram(Generic[_Buffer]):
             lists.append((step, commands))
         return lists
 
-    def run(self, inputs: _BufferMap, outputs: _BufferMap, submit: Callable[[CommandList], None]) -> None:
-        """Run the plan: device segments through ``submit``, CPU nodes on the host in between."""
+    def run(
+        self,
+        inputs: _BufferMap,
+        outputs: _BufferMap,
+        submit: Callable[[CommandList], None],
+        host: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """Run the plan: device segments through ``submit``, CPU nodes on the host in between.
+
+        ``host``: the values of the graph inputs that live on the host only (strings, :func:`host_io_names`),
+        by name; after the run it also holds the values CPU nodes computed (read host-only outputs with
+        :meth:`host_output`)."""
+        host = {} if host is None else host
         self._check_io(inputs, outputs)
+        absent = [n for n in self.plan.input_infos if n in self._host_io and n not in host]
+        if absent:
+            raise ModelError(f"no host value given for the string input(s) {absent}")
         if self.plan.capturable:
             submit(self.record(inputs, outputs))
             return
         groups = self._bind_groups_for(inputs, outputs)
-        host: dict[str, np.ndarray] = {}
         commands = CommandList()
         self._record_status_clear(commands)
         self._record_copies(commands, -1, inputs, outputs)
@@ -584,6 +601,10 @@ class DeviceProgram(Generic[_Buffer]):
             value = self.plan.constants[root]
         elif root in host:
             value = host[root]
+        elif info.dtype == object and info.size == 0:
+            return np.empty(info.shape, dtype=object)
+        elif info.dtype == object:
+            raise ModelError(f"string tensor {name!r} has no host value (strings never live on the device)")
         else:
             if info.nbytes == 0:
                 return np.zeros(info.shape, dtype=info.dtype)
@@ -613,8 +634,19 @@ class DeviceProgram(Generic[_Buffer]):
                 )
             array = np.asarray(array, dtype=info.dtype, order="C")
             host[name] = array
-            if info.nbytes:
+            if info.nbytes and info.dtype != object:
                 self.device.write_buffer(self._buffer_of(name, inputs, outputs), 0, padded_bytes(array))
+
+    def host_output(self, name: str, host: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Graph output ``name``, one that lives on the host only (a string), after :meth:`run` with ``host``."""
+        info = self.plan.output_infos[name]
+        root = self.plan.root(name)
+        value = self.plan.constants[root] if root in self.plan.constants else host.get(root)
+        if value is None and info.size == 0:  # an empty CPU step does not run
+            value = np.empty(info.shape, dtype=object)
+        if value is None:
+            raise ModelError(f"string output {name!r} has no host value after the run")
+        return np.asarray(value, dtype=object).reshape(info.shape).copy()
 
     # -- lifetime -----------------------------------------------------------------------
 
@@ -642,6 +674,13 @@ class DeviceProgram(Generic[_Buffer]):
             self._free(slot)
         if self._own_weights:
             self.weights.release()
+
+
+def host_io_names(plan: ExecutionPlan) -> list[str]:
+    """The graph inputs and outputs of ``plan`` that live on the host only (strings: numpy object arrays); they
+    have no device buffer, and :meth:`DeviceProgram.run` takes and gives their values in its ``host`` dict."""
+    names = [n for n, info in plan.input_infos.items() if info.dtype == object]
+    return names + [n for n, info in plan.output_infos.items() if info.dtype == object and n not in names]
 
 
 def _empty_step(step: PlannedStep) -> bool:

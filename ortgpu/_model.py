@@ -92,6 +92,8 @@ _NUMPY_DTYPES = frozenset(
         "uint32",
         "uint64",
         "bool",
+        # TensorProto.STRING: object arrays of str, host values only (nodes that touch them run on the CPU)
+        "object",
     )
 )
 
@@ -187,7 +189,7 @@ def onnx_dtype_to_numpy(elem_type: int, what: str) -> np.dtype[Any]:
         )
         raise UnsupportedOpError(
             f"{what} has element type {name}, which ortgpu does not support "
-            "(supported: float16/32/64, int8..int64, uint8..uint64, bool)"
+            "(supported: float16/32/64, int8..int64, uint8..uint64, bool, string)"
         )
     return dtype
 
@@ -228,12 +230,23 @@ def _attribute_value(
 def _to_array(tensor: onnx.TensorProto, what: str) -> np.ndarray:
     """``tensor``'s data as a C-contiguous array; its data disagreeing with its shape is an ``InvalidModelError``."""
     try:
-        return np.asarray(onnx.numpy_helper.to_array(tensor), order="C")
+        array = np.asarray(onnx.numpy_helper.to_array(tensor), order="C")
+        if array.dtype == object:  # STRING: onnx gives str (or bytes from old exporters): always str
+            array = _as_str_objects(array)
+        return array
     except (ValueError, TypeError, OverflowError, MemoryError) as error:
         raise InvalidModelError(
             f"{what} (shape {list(tensor.dims)}) cannot be read: {str(error)[:200]}; its data does not match its "
             "shape and type, the model is corrupt"
         ) from None
+
+
+def _as_str_objects(array: np.ndarray) -> np.ndarray:
+    """A STRING tensor's data as an object array of ``str`` (bytes decoded as UTF-8)."""
+    out = np.empty(array.shape, dtype=object)
+    for index, item in np.ndenumerate(array):
+        out[index] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
+    return out
 
 
 # ---------------------------------------------------------------------------

@@ -51,7 +51,16 @@ __all__ = [
     "ExecutionPlan",
     "plan_model",
     "FUSABLE_PRODUCERS",
+    "HOST_REASON",
 ]
+
+#: Why a node that reads or writes a string tensor runs on the CPU.
+HOST_REASON = "string tensors live on the host"
+
+
+def _is_host(info: TensorInfo | None) -> bool:
+    """Whether a tensor lives on the host only: strings (numpy object arrays) never go to the device."""
+    return info is not None and info.dtype == object
 
 
 def _tensor_info(name: str, types: Mapping[str, tuple[Shape, np.dtype[Any]]], node: GraphNode | None) -> TensorInfo:
@@ -69,6 +78,8 @@ def _tensor_info(name: str, types: Mapping[str, tuple[Shape, np.dtype[Any]]], no
 
 
 def _check_size(name: str, info: TensorInfo, caps: DeviceCaps, what: str) -> None:
+    if _is_host(info):
+        return  # never on the device
     limits = caps.limits
     for limit_name, limit in (
         ("max_buffer_size", limits.max_buffer_size),
@@ -169,6 +180,7 @@ def _plan(
     steps = _plan_steps(ctx, nodes, allow_cpu, fuse)
     memory = plan_memory(steps, input_infos, output_names, infos, constants, caps)
     used_constants, uploaded = uploaded_constants(memory, constants)
+    uploaded = {name for name in uploaded if used_constants[name].dtype != object}  # strings stay on the host
     placement: list[tuple[str, str, str, str]] = [
         (node_name, op_type, str(step.placement), step.reason)
         for step in memory.steps
@@ -268,7 +280,7 @@ def _plan_steps(ctx: RewriteContext, nodes: Sequence[GraphNode], allow_cpu: bool
                 delayed[step.node_names[-1]] = step
                 continue
         if step is None:
-            step = plan_node(ctx, node, operator, attrs)
+            step = _host_step(ctx, node, operator, attrs) or plan_node(ctx, node, operator, attrs)
         if step.placement == "cpu":
             cpu_problems.append(f"{node.describe()}: {step.reason}")
         steps.append(step)
@@ -277,6 +289,28 @@ def _plan_steps(ctx: RewriteContext, nodes: Sequence[GraphNode], allow_cpu: bool
             "these nodes cannot run on the WebGPU device (allow_cpu=False): " + "; ".join(cpu_problems)
         )
     return steps
+
+
+def _host_step(ctx: RewriteContext, node: GraphNode, operator: Any, attrs: Mapping[str, Any]) -> PlannedStep | None:
+    """The CPU step of a node that reads or writes a string tensor (those live on the host), else None.  The
+    operator's ``plan`` is not asked: no kernel could bind such a tensor."""
+    input_infos = ctx.infos_of(node.inputs)
+    output_infos = tuple(ctx.infos[name] if name else TensorInfo((0,), np.dtype(np.float32)) for name in node.outputs)
+    if not any(_is_host(info) for info in input_infos + output_infos):
+        return None
+    return PlannedStep(
+        (node.name,),
+        (node.op_type,),
+        "cpu",
+        HOST_REASON,
+        operator,
+        attrs,
+        tuple(node.inputs),
+        tuple(node.outputs),
+        input_infos,
+        output_infos,
+        None,
+    )
 
 
 def plan_model(

@@ -43,7 +43,7 @@ from ortgpu_core.backends.protocol import BackendDevice
 
 from ._capture import AnyBinding, AnyValue, GraphRegistry, verify_replay
 from ._device_caches import _pipeline_cache, _serial_lock
-from ._executor import DeviceProgram, WeightStore, device_caps
+from ._executor import DeviceProgram, WeightStore, device_caps, host_io_names
 from ._limits import max_cached_plans
 from ._model import LoadedModel, ValueInfo
 from ._planner import ExecutionPlan, plan_model
@@ -168,14 +168,20 @@ class SessionRunner:
             staged = self.staged_run(
                 {n: a.shape for n, a in arrays.items()}, {n: a.dtype for n, a in arrays.items()}, arrays
             )
+            host: dict[str, np.ndarray] = {}  # strings: host values only, no staging buffer
             for name, array in arrays.items():
-                if array.nbytes:
+                if array.dtype == object:
+                    host[name] = array
+                elif array.nbytes:
                     staged.inputs[name].write(array)
-            staged.program.run(staged.inputs, staged.outputs, self.submit)
+            staged.program.run(staged.inputs, staged.outputs, self.submit, host)
             results = {}
             for name in order:
                 info = staged.plan.output_infos[name]
-                results[name] = staged.outputs[name].read(info.shape, info.dtype)
+                if info.dtype == object:
+                    results[name] = staged.program.host_output(name, host)
+                else:
+                    results[name] = staged.outputs[name].read(info.shape, info.dtype)
             staged.program.raise_data_errors()
         return [results[name] for name in order]
 
@@ -186,6 +192,7 @@ class SessionRunner:
             plan = self.plan_for(
                 shapes, {n: v.dtype for n, v in values.items()}, self.values_deciding_shapes(values, {})
             )
+            _refuse_strings(plan)
             outputs = {n: self.allocator.empty(info.shape, info.dtype) for n, info in plan.output_infos.items()}
             self.run_bound(plan, dict(values), {}, dict(outputs))
         return [outputs[name] for name in order]
@@ -227,6 +234,8 @@ class SessionRunner:
             role = "output" if kind == "output" else "input"
             raise InvalidArgumentError(f"the model has no {role} {name!r}; its {role}s are {sorted(infos)}")
         info = infos[name]
+        if info.dtype == object:
+            raise DtypeError(_STRINGS_UNBOUND.format(names=[name]))
         if kind == "cpu-input":
             assert isinstance(value, np.ndarray)
             dtype, shape = value.dtype, tuple(value.shape)
@@ -254,7 +263,7 @@ class SessionRunner:
         if self.model.value_dependent_inputs:
             chosen = values or {}
             key += tuple(
-                (name, str(chosen[name].dtype), chosen[name].tobytes()) if name in chosen else (name, None)
+                (name, str(chosen[name].dtype), _value_key(chosen[name])) if name in chosen else (name, None)
                 for name in sorted(self.model.value_dependent_inputs)
             )
         return key
@@ -342,8 +351,17 @@ class SessionRunner:
             plan = self.plan_for(shapes, dtypes, values)
             program = self.new_program(plan)
             try:
-                inputs = {n: self.allocator._allocate(padded_size(i.nbytes)) for n, i in plan.input_infos.items()}
-                outputs = {n: self.allocator._allocate(padded_size(i.nbytes)) for n, i in plan.output_infos.items()}
+                host_only = set(host_io_names(plan))  # strings get no staging buffer
+                inputs = {
+                    n: self.allocator._allocate(padded_size(i.nbytes))
+                    for n, i in plan.input_infos.items()
+                    if n not in host_only
+                }
+                outputs = {
+                    n: self.allocator._allocate(padded_size(i.nbytes))
+                    for n, i in plan.output_infos.items()
+                    if n not in host_only
+                }
             except BaseException:
                 program.release()
                 raise
@@ -371,6 +389,7 @@ class SessionRunner:
         outputs: dict[str, AnyValue],
     ) -> None:
         """An ordinary run over bound values (host values go through staging buffers)."""
+        _refuse_strings(plan)
         program, cached = self.program_for(plan)
         staged: list[DeviceBuffer] = []
         try:
@@ -467,6 +486,24 @@ class SessionRunner:
                 f"captured graph can only replay device work; use a model whose nodes all run on WebGPU"
             )
         return plan
+
+
+_STRINGS_UNBOUND = (
+    "the model's inputs/outputs {names} are strings, which live on the host only and cannot be bound to OrtValues "
+    "or an IOBinding; run this model with session.run() on numpy arrays"
+)
+
+
+def _refuse_strings(plan: ExecutionPlan) -> None:
+    """A :class:`DtypeError` when ``plan`` has string inputs or outputs (bound runs take device values only)."""
+    strings = host_io_names(plan)
+    if strings:
+        raise DtypeError(_STRINGS_UNBOUND.format(names=strings))
+
+
+def _value_key(value: np.ndarray) -> Any:
+    """A hashable key for an input's value (strings by their text: an object array's bytes are pointers)."""
+    return tuple(value.ravel().tolist()) if value.dtype == object else value.tobytes()
 
 
 def _free_native(release: Callable[[], object]) -> None:

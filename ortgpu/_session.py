@@ -314,6 +314,8 @@ class InferenceSession(NotCopyable):
         for name, array in input_feed.items():
             if not isinstance(array, np.ndarray):
                 raise ArgumentTypeError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
+            if self._runner.input_infos[name].dtype == object and array.dtype.kind in "US":
+                array = _as_string_objects(array)  # a string input: numpy str/bytes arrays as object arrays of str
             self._runner.check_info(name, self._runner.input_infos[name], array.dtype, tuple(array.shape), "input")
             arrays[name] = array
         return self._runner.run_arrays(arrays, order)
@@ -389,3 +391,12 @@ class InferenceSession(NotCopyable):
     @property
     def captured_graph_ids(self) -> list[int]:
         return self._runner.graphs.ids()
+
+
+def _as_string_objects(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """A numpy ``str_``/``bytes_`` array as an object array of ``str`` (bytes decoded as UTF-8), as string inputs
+    are held."""
+    out = np.empty(array.shape, dtype=object)
+    for index, item in np.ndenumerate(array):
+        out[index] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
+    return out

@@ -19,6 +19,8 @@ change a result here.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -55,7 +57,7 @@ def onnx_dtype(code: int, op_type: str, opset: int) -> np.dtype[Any]:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(code)))
     except (KeyError, ValueError, TypeError):
         raise UnsupportedOpError(f"{op_type} (opset {opset}): data type {code} is not supported") from None
-    if dtype.kind not in "fiub":
+    if dtype.kind not in "fiubO":
         raise UnsupportedOpError(f"{op_type} (opset {opset}): data type {dtype} is not supported")
     return dtype
 
@@ -111,7 +113,12 @@ def _convert(source: np.dtype[Any], target: np.dtype[Any], op_type: str = "Cast"
 
 
 def cast_array(x: np.ndarray, target: np.dtype[Any], op_type: str, opset: int) -> np.ndarray:
-    """``x`` converted to ``target`` as onnxruntime's Cast does (C truncation and wrap-around)."""
+    """``x`` converted to ``target`` as onnxruntime's Cast does (C truncation and wrap-around).  Strings (object
+    arrays of ``str``): see :func:`_to_strings` and :func:`_from_strings`."""
+    if target.kind == "O":
+        return x.copy() if x.dtype == object else _to_strings(x)
+    if x.dtype == object:
+        return _from_strings(x, target, op_type, opset)
     if x.dtype.kind not in "fiub":
         raise UnsupportedOpError(f"{op_type} (opset {opset}): source dtype {x.dtype} is not supported")
     with np.errstate(invalid="ignore", over="ignore"):
@@ -121,6 +128,68 @@ def cast_array(x: np.ndarray, target: np.dtype[Any], op_type: str, opset: int) -
             # C truncation; going through int64 gives C's wrap-around for narrow targets.
             return np.asarray(np.trunc(x).astype(np.int64).astype(target))
         return np.asarray(x.astype(target))
+
+
+def _to_strings(x: np.ndarray) -> np.ndarray:
+    """Numbers as onnxruntime writes them: floats with ``%.8g`` ("INF", "-INF", "NaN"), integers in decimal,
+    bools as "1"/"0"."""
+    out = np.empty(x.shape, dtype=object)
+    for index, value in np.ndenumerate(x):
+        if x.dtype.kind == "f":
+            number = float(value)
+            if math.isnan(number):
+                out[index] = "NaN"
+            elif math.isinf(number):
+                out[index] = "INF" if number > 0 else "-INF"
+            else:
+                out[index] = "%.8g" % number
+        else:
+            out[index] = str(int(value))
+    return out
+
+
+#: What the spec allows in a string cast to a number (plain or scientific decimals, INF/NaN in any case); other
+#: text (hex, digit separators, trailing characters) is undefined behaviour there, and refused here.
+_DECIMAL = re.compile(
+    r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf|infinity|nan)", re.ASCII | re.IGNORECASE
+)
+_INTEGER = re.compile(r"\s*[+-]?\d+", re.ASCII)
+
+
+def _from_strings(x: np.ndarray, target: np.dtype[Any], op_type: str, opset: int) -> np.ndarray:
+    """Strings parsed as numbers of ``target``: floats from plain or scientific decimals and INF/NaN (any case),
+    integers (and bools) from integer decimals, wrapped to narrow types as onnxruntime does; other text is
+    refused (the spec leaves it undefined)."""
+    out = np.empty(x.shape, dtype=target)
+    for index, text in np.ndenumerate(x):
+        if not isinstance(text, str):
+            raise UnsupportedOpError(f"{op_type} (opset {opset}): a string tensor holds a {type(text).__name__}")
+        if target.kind == "f":
+            if not _DECIMAL.fullmatch(text):
+                raise UnsupportedOpError(
+                    f"{op_type} (opset {opset}): cannot convert the string {text[:40]!r} to {target.name} (the spec "
+                    "defines plain and scientific decimals, INF and NaN only)"
+                )
+            number = np.float64(float(text))
+            out[index] = number.astype(np.float32).astype(target) if target == np.float16 else number
+            continue
+        if not _INTEGER.fullmatch(text):
+            raise UnsupportedOpError(
+                f"{op_type} (opset {opset}): cannot convert the string {text[:40]!r} to {target.name} (the spec "
+                "defines integer decimals only)"
+            )
+        value = int(text)
+        if not -(2**63) <= value < 2**64:
+            raise UnsupportedOpError(f"{op_type} (opset {opset}): the string {text[:40]!r} is out of the int64 range")
+        if target.kind == "b":
+            out[index] = value != 0
+        else:
+            bits = target.itemsize * 8
+            value %= 2**bits  # keep the low bits (C's conversions), then read them as the target type
+            if target.kind == "i" and value >= 2 ** (bits - 1):
+                value -= 2**bits
+            out[index] = value
+    return out
 
 
 @register
@@ -155,6 +224,8 @@ class Cast(Operator):
         x = inputs[0]
         assert x is not None
         target = outputs[0].dtype
+        if x.dtype.kind == "O" or target.kind == "O":
+            raise NotOnDevice("string tensors live on the host")
         if x.dtype == target:
             return OpPlan(alias={0: 0})
         require_device_dtype(self.op_type, x.dtype, _DEVICE_DTYPES)
@@ -188,6 +259,6 @@ class CastLike(Cast):
     def target(self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> np.dtype[Any]:
         like = inputs[1]
         assert like is not None
-        if like.dtype.kind not in "fiub":
+        if like.dtype.kind not in "fiubO":
             raise UnsupportedOpError(f"CastLike (opset {self.opset}): target dtype {like.dtype} is not supported")
         return like.dtype

@@ -43,6 +43,8 @@ class ComparisonOperator(Operator):
     #: WGSL comparison operator for scalar compute types.
     symbol = ""
     allows_bool = False
+    #: Whether string tensors (object arrays, on the host) compare too (Equal).
+    allows_string = False
 
     def reference(
         self,
@@ -56,6 +58,12 @@ class ComparisonOperator(Operator):
             raise UnsupportedOpError(
                 f"{self.op_type} (opset {self.opset}): inputs of different dtypes {a.dtype} and {b.dtype}"
             )
+        if a.dtype == object and self.allows_string:
+            return [
+                np.asarray(type(self).numpy_function(a, b), dtype=np.bool_).reshape(
+                    np.broadcast_shapes(a.shape, b.shape)
+                )
+            ]
         if a.dtype.kind not in "fiu" and not (self.allows_bool and a.dtype.kind == "b"):
             raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}) does not support dtype {a.dtype.name}")
         return [np.asarray(type(self).numpy_function(a, b), dtype=np.bool_)]
@@ -97,6 +105,7 @@ class Equal(ComparisonOperator):
     since_version = 1
     symbol = "=="
     allows_bool = True
+    allows_string = True
     numpy_function = staticmethod(np.equal)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from .._limits import element_count
-from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
+from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 
 __all__ = ["AliasOperator", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "axes_argument"]
@@ -56,6 +56,8 @@ class AliasOperator(Operator):
         caps: DeviceCaps,
         constants: Mapping[int, np.ndarray],
     ) -> OpPlan:
+        if any(info is not None and info.dtype == object for info in inputs):
+            raise NotOnDevice("string tensors live on the host")
         return OpPlan(alias={0: 0})
 
 
