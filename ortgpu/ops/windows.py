@@ -62,13 +62,23 @@ class _Window(Operator):
         if size < 0:
             raise ShapeError(f"{self.op_type}: size {size} is negative")
         periodic = bool(int(attrs.get("periodic", 1)))
+        dtype = _output_dtype(self.op_type, attrs)
         period = size if periodic else size - 1
+        if size == 1 and period == 0:
+            # 2 pi n / (size - 1) is 0 / 0: onnxruntime returns NaN, which no integer type holds.
+            if dtype.kind != "f":
+                raise UnsupportedOpError(
+                    f"{self.op_type}: a symmetric window of one sample is NaN; {dtype} cannot hold it"
+                )
+            return [np.full(1, np.nan, dtype=dtype)]
         n = np.arange(size, dtype=np.float64)
-        phase = 2 * np.pi * n / period if period > 0 else np.zeros(size)
+        phase = 2 * np.pi * n / max(period, 1)
         values = np.zeros(size, dtype=np.float64)
-        for k, a in enumerate(self.coefficients):
-            values += (-1) ** k * a * np.cos(k * phase)
-        return [_cast(values, _output_dtype(self.op_type, attrs))]
+        # Highest term first: the peaks then sum to exactly 1 (0.08 + 0.5 + 0.42), as onnxruntime's do, so that
+        # integer output types truncate them to 1 as it does.
+        for k in reversed(range(len(self.coefficients))):
+            values += (-1) ** k * self.coefficients[k] * np.cos(k * phase)
+        return [_cast(values, dtype)]
 
 
 @register
