@@ -375,6 +375,18 @@ CASES: list[Case] = [
         if (op, size) != ("BlackmanWindow", 1)
     ],
     Case("HannWindow", [const(9, np.int32)], {"output_datatype": onnx.TensorProto.DOUBLE}, opset=17, label="double"),
+    *[
+        Case(
+            op,
+            [const(size, np.int64)],
+            {"periodic": size % 2, "output_datatype": onnx.TensorProto.INT64},
+            opset=17,
+            label=f"int64-{size}",
+        )
+        for op in ("HannWindow", "HammingWindow", "BlackmanWindow")
+        for size in (16, 33, 1000)
+    ],
+    Case("BlackmanWindow", [const(1, np.int64)], {"periodic": 0}, opset=17, label="one-sample-symmetric"),
     Case(
         "MelWeightMatrix",
         [const(10, np.int64), const(64, np.int64), const(16000, np.int64), const(20.0, F32), const(7000.0, F32)],
