@@ -224,6 +224,12 @@ CASES: list[Case] = [
         outputs=4,
         label="capped-scores",
     ),
+    Case(
+        "Attention",
+        [floats(1, 1, 3, 4), floats(1, 1, 5, 4), floats(1, 1, 5, 4), bools(3, 5)],
+        opset=23,
+        label="odd-bool-mask",
+    ),
     # newer operators
     Case("TensorScatter", [floats(2, 3, 6, 4), floats(2, 3, 2, 4), const([1, 4], I64)], opset=24, label="linear"),
     Case(
