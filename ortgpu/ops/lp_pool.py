@@ -81,6 +81,8 @@ class LpPool(Operator):
         require_float32("LpPool", [x, outputs[0]])
         geometry = self._geometry(x.shape, attrs)
         p = _p(attrs, "LpPool")
+        if tuple(outputs[0].shape) != tuple(x.shape[:2]) + geometry.out:
+            raise NotOnDevice(f"LpPool: the planned output shape {outputs[0].shape} differs from its windows")
         if outputs[0].size == 0:
             return OpPlan()
         wgsl, grid, table = _pool_kernel("LpPool", x, geometry, False, caps, power=p)
