@@ -164,7 +164,21 @@ CASES: list[Case] = [
         "DequantizeLinear",
         [quantized(4, 9, dtype=U8), scales(dtype=np.float16), const(7, U8)],
         opset=19,
+        constants=frozenset({1}),
         label="float16",
+    ),
+    Case(
+        "DequantizeLinear",
+        [quantized(4, 9, dtype=U8), scales(dtype=np.float16), const(7, U8)],
+        opset=19,
+        label="float16-runtime-scale",
+    ),
+    Case(
+        "DequantizeLinear",
+        [quantized(4, 9, dtype=I8), const(300.0, np.float16), const(0, I8)],
+        opset=19,
+        constants=frozenset({1}),
+        label="float16-large",
     ),
     # DynamicQuantizeLinear
     Case("DynamicQuantizeLinear", [floats(4, 7, scale=3.0)], opset=11, outputs=3),
@@ -441,6 +455,8 @@ CPU_VARIANTS = {
     "QuantizeLinear-opset21-blocked-ragged-output-dtype",
     "QuantizeLinear-opset19-float16",
     "DequantizeLinear-opset21-blocked",
+    "DequantizeLinear-opset19-float16-runtime-scale",
+    "DequantizeLinear-opset19-float16-large",  # 300 * 255 may exceed float16: the CPU
     "MatMulInteger-opset10-per-row-per-column",
     "QLinearMatMul-opset10",  # scales fed at run time
     "QLinearConv-opset10",  # scales fed at run time

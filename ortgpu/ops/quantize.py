@@ -369,6 +369,16 @@ class DequantizeLinear(Operator):
             raise NotOnDevice("DequantizeLinear: scales and outputs other than float32/float16 run on the CPU")
         if int(attrs.get("block_size", 0)) > 0:
             raise NotOnDevice("DequantizeLinear: blocked quantization runs on the CPU")
+        if out.dtype.name == "float16":
+            # WGSL leaves pack2x16float of values beyond float16's range indeterminate: the device writes float16
+            # only where constant scales bound every product inside it.
+            span = 0 if x.dtype.name == "int32" else int(np.iinfo(x.dtype).max) - int(np.iinfo(x.dtype).min)
+            bound = float(np.abs(np.asarray(constants[1], np.float64)).max()) * span if 1 in constants else np.inf
+            if not bound <= 65504.0 or x.dtype.name == "int32":
+                raise NotOnDevice(
+                    "DequantizeLinear: float16 outputs that could exceed float16's range run on the CPU (WGSL leaves "
+                    "their conversion indeterminate)"
+                )
         if x.dtype.name == "int32" and zero_point is not None:
             raise NotOnDevice("DequantizeLinear: int32 with a zero point input runs on the CPU (it must be 0)")
         broadcast_shape = _per_axis_shape(self.op_type, x.shape, scale.shape, attrs, self.opset)
