@@ -194,7 +194,8 @@ class QLinearMatMul(Operator):
         multiplier = (a_scale.astype(np.float32).reshape(()) * b_scale.astype(np.float32).reshape(())) / (
             y_scale.astype(np.float32).reshape(())
         )
-        if not np.isfinite(multiplier):
+        # Every scaled sum must stay finite (WGSL need not produce infinities): |sum| < 2^31.
+        if not np.isfinite(multiplier) or abs(float(multiplier)) * 2.0**31 >= 3.4e38:
             raise NotOnDevice("QLinearMatMul: a non-finite requantization multiplier runs on the CPU")
         operator = QLinearMatMul()
         operator.opset = self.opset
