@@ -65,4 +65,6 @@ class NodePlacement:
 def _node_arg(info: ValueInfo) -> NodeArg:
     from ortgpu_core._dtypes import onnx_type_name
 
-    return NodeArg(info.name, list(info.shape), onnx_type_name(info.dtype), info.dtype)
+    # Strings (object arrays, host values only) are no device dtype of the core: named here, as onnxruntime does.
+    type_name = "tensor(string)" if info.dtype == object else onnx_type_name(info.dtype)
+    return NodeArg(info.name, list(info.shape), type_name, info.dtype)

@@ -453,6 +453,16 @@ def test_string_inputs_cannot_be_bound(env: ortgpu.Env) -> None:
             binding.bind_cpu_input("X", _strings("a", "b"))
 
 
+def test_string_node_args_and_ort_values(env: ortgpu.Env) -> None:
+    model = _model([helper.make_node("Identity", ["X"], ["Y"])], [("X", S, [2])], [("Y", S)])
+    with ortgpu.InferenceSession(model, env=env) as session:
+        assert [arg.type for arg in session.get_inputs() + session.get_outputs()] == ["tensor(string)"] * 2
+        with pytest.raises(ortgpu.DtypeError):
+            session.allocator.empty((2,), object)  # strings never live on the device
+        with pytest.raises(ortgpu.DtypeError, match="strings"):
+            session.io_binding().bind_output("Y", session.allocator.empty((2,), "float32"))
+
+
 def test_string_feed_of_wrong_dtype_is_refused(env: ortgpu.Env) -> None:
     model = _model([helper.make_node("Identity", ["X"], ["Y"])], [("X", S, [2])], [("Y", S)])
     with ortgpu.InferenceSession(model, env=env) as session, pytest.raises(OrtGpuError):
