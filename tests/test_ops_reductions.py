@@ -313,8 +313,14 @@ def _other_cases() -> list[Case]:
             label="broadcast-one",
         ),
         Case("Einsum", [floats(2, 3, 3)], {"equation": "bii->b"}, opset=12, on_device=False, label="diagonal"),
-        Case("Det", [floats(4, 4)], opset=11, on_device=False),
-        Case("Det", [floats(2, 3, 3, 3)], opset=11, on_device=False, label="batch"),
+        Case("Det", [floats(4, 4)], opset=11),
+        Case("Det", [floats(2, 3, 3, 3)], opset=11, label="batch"),
+        Case("Det", [floats(5, 1, 1)], opset=11, label="order-1"),
+        Case("Det", [floats(3, 8, 8)], opset=11, label="order-8"),  # float32 elimination: error grows with order
+        Case("Det", [const(np.array([[1, 2, 3], [2, 4, 6], [0, 1, 5]]), F32)], opset=11, label="singular"),
+        Case("Det", [const(np.array([[0, 1], [1, 0]]), F32)], opset=11, label="swap"),
+        Case("Det", [floats(2, 17, 17)], opset=11, on_device=False, label="order-17"),
+        Case("Det", [floats(2, 0, 0)], opset=11, on_device=False, label="order-0"),
     ]
 
 
