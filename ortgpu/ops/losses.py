@@ -1,4 +1,4 @@
-"""NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (CPU references).
+"""NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss.
 
 Both take scores of shape ``(N, C, d1, ..., dk)`` and class labels of shape ``(N, d1, ..., dk)``, an optional
 per-class ``weight`` of shape ``(C,)``, an optional ``ignore_index`` (a label value whose samples contribute

@@ -1,4 +1,4 @@
-"""TopK: the ``k`` largest (or smallest) elements along ``axis`` and their int64 indices (CPU reference).
+"""TopK: the ``k`` largest (or smallest) elements along ``axis`` and their int64 indices.
 
 ``k`` is an attribute before opset 10 and a one-element int64 input from 10; ``largest`` and ``sorted`` exist from
 opset 11.  Equal values keep the lower index first (the spec's tie rule), for largest and smallest alike.  The
