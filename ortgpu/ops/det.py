@@ -1,4 +1,4 @@
-"""Det: the determinant of each square matrix in the last two axes (CPU reference).
+"""Det: the determinant of each square matrix in the last two axes.
 
 The input has shape ``(*, M, M)`` and the output ``(*)``; numpy's LU-based ``linalg.det`` computes it in float64
 and the result is cast back to the input's float dtype (``M = 0`` gives 1, the empty product).
