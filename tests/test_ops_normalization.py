@@ -230,6 +230,17 @@ CASES: list[Case] = [
         opset=23,
         label="odd-bool-mask",
     ),
+    # size-0 edges
+    Case("InstanceNormalization", [floats(0, 3, 4), floats(3), floats(3)], opset=22, label="empty-batch"),
+    Case("LpNormalization", [floats(0, 4)], {"axis": -1}, opset=22, label="empty"),
+    Case("LRN", [floats(0, 3, 2, 2)], {"size": 3}, opset=13, label="empty"),
+    Case(
+        "TensorScatter",
+        [floats(2, 4, 3), floats(2, 0, 3), const([1, 2], I64)],
+        {"axis": 1},
+        opset=24,
+        label="empty-update",
+    ),
     # newer operators
     Case("TensorScatter", [floats(2, 3, 6, 4), floats(2, 3, 2, 4), const([1, 4], I64)], opset=24, label="linear"),
     Case(
@@ -307,8 +318,10 @@ FLOAT16_CASES = [
     ),
 ]
 
-#: what onnxruntime refuses but the definition allows: an attn_mask shorter than the keys (the rest is padding)
+#: what onnxruntime refuses but the definition allows: an attn_mask shorter than the keys (the rest is padding), no
+#: queries (an empty Y)
 SPEC_ONLY_CASES = [
+    Case("Attention", [floats(1, 2, 0, 4), floats(1, 2, 3, 4), floats(1, 2, 3, 4)], opset=23, label="no-queries"),
     Case(
         "Attention",
         [
