@@ -491,7 +491,23 @@ CASES: list[Case] = [
         [floats(2, 12, 9), const([5, 5], I64), const([2, 2], I64)],
         {"strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1]},
         opset=18,
+        constants=frozenset({1, 2}),
+    ),
+    Case(
+        "Col2Im",
+        [floats(1, 6, 36), const([3, 4, 5], I64), const([1, 2, 3], I64)],
+        {"dilations": [1, 2, 1], "pads": [0, 1, 0, 0, 1, 0]},
+        opset=18,
+        constants=frozenset({1, 2}),
+        label="3d",
+    ),
+    Case(
+        "Col2Im",
+        [floats(2, 12, 9), const([5, 5], I64), const([2, 2], I64)],
+        {"strides": [2, 2], "pads": [1, 1, 1, 1]},
+        opset=18,
         on_device=False,
+        label="runtime-shapes",
     ),
     # MaxUnpool
     Case(
