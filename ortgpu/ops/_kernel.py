@@ -45,6 +45,7 @@ __all__ = [
     "NotOnDevice",
     "reference_twin",
     "STATUS_BYTES",
+    "flagging_twin",
 ]
 
 
@@ -236,3 +237,20 @@ def reference_twin(
             arrays[slot][: info.nbytes] = value.reshape(-1).view(np.uint8)
 
     return twin
+
+
+def flagging_twin(twin: KernelTwin, bindings: Sequence[Binding]) -> KernelTwin:
+    """``twin`` for a kernel that binds the program's status words: where ``twin`` raises
+    ``InvalidArgumentError`` (invalid data, say an index out of range), the wrapped twin sets the status word
+    instead, as the WGSL does (the outputs are then not valid, and the run raises)."""
+    from ortgpu_core._errors import InvalidArgumentError
+
+    slot = next(slot for slot, binding in enumerate(bindings) if binding.kind == "status")
+
+    def flagging(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
+        try:
+            twin(arrays, grid)
+        except InvalidArgumentError:
+            arrays[slot][:4] = np.frombuffer(np.uint32(1).tobytes(), dtype=np.uint8)
+
+    return flagging

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ortgpu_core._errors import InvalidArgumentError
 from ortgpu_core.backends.protocol import KernelTwin
 
 from .._limits import element_count
@@ -197,7 +198,12 @@ def whole_op_twin(
     outputs: Sequence[TensorInfo],
 ) -> KernelTwin:
     """A twin computing the whole node: ``compute`` receives a list as long as ``inputs`` (``None`` where the
-    kernel binds no buffer) and returns the outputs, which the twin writes into the bound output buffers."""
+    kernel binds no buffer) and returns the outputs, which the twin writes into the bound output buffers.
+
+    A kernel that binds the program's status words flags invalid data there instead of failing; its twin does the
+    same: an ``InvalidArgumentError`` from ``compute`` sets the status word (the outputs are then not valid, as on
+    the device)."""
+    status_slot = next((slot for slot, binding in enumerate(bindings) if binding.kind == "status"), None)
 
     def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
         full: list[np.ndarray | None] = [None] * len(inputs)
@@ -206,7 +212,13 @@ def whole_op_twin(
                 info = inputs[binding.index]
                 assert info is not None
                 full[binding.index] = arrays[slot][: info.nbytes].view(info.dtype).reshape(info.shape)
-        results = compute(full)
+        try:
+            results = compute(full)
+        except InvalidArgumentError:
+            if status_slot is None:
+                raise
+            arrays[status_slot][:4] = np.frombuffer(np.uint32(1).tobytes(), dtype=np.uint8)
+            return
         for slot, binding in enumerate(bindings):
             if binding.kind == "output":
                 out = outputs[binding.index]

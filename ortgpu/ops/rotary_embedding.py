@@ -8,7 +8,8 @@ of the rotated features (``x[j]``, ``x[j + rot / 2]``), or neighbours with ``int
 
 The device kernel computes one output element per invocation, in float32 (float16 tensors read and written as
 ``f16`` where the device has ``shader-f16``).  A position id outside the cache
-(which the reference refuses) gives NaN there: the device cannot raise.
+(which the reference refuses) gives NaN there and flags the run in the program's status words, so the run raises
+``InvalidArgumentError`` as the reference does.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import ShapeError
+from ortgpu_core._errors import InvalidArgumentError, ShapeError
 
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
@@ -81,7 +82,7 @@ class RotaryEmbedding(Operator):
             if positions.shape != (batch, sequence):
                 raise ShapeError(f"RotaryEmbedding: position_ids must be [{batch}, {sequence}], got {positions.shape}")
             if positions.size and (positions.min() < 0 or positions.max() >= cos.shape[0]):
-                raise ShapeError(f"RotaryEmbedding: position ids must lie in [0, {cos.shape[0]})")
+                raise InvalidArgumentError(f"RotaryEmbedding: position ids must lie in [0, {cos.shape[0]})")
             cos, sin = cos[positions], sin[positions]
         # [B, S, H, D] view of the input
         view = x.transpose(0, 2, 1, 3) if x.ndim == 4 else x.reshape(batch, sequence, heads, head)
@@ -141,9 +142,15 @@ class RotaryEmbedding(Operator):
             words = positions.dtype.itemsize // 4
             pid = table.add(Binding("input", 3), "u32")
             high = f"{pid}[token * 2u + 1u]" if words == 2 else f"select(0u, 0xffffffffu, {pid}[token] >= 0x80000000u)"
+            # An id outside the cache: NaN there, and the run is flagged (it raises InvalidArgumentError).
+            status = table.add(Binding("status"), "atomic<u32>", writable=True)
             row = f"""    let low = {pid}[token * {words}u];
     var nan_bits = 0x7fc00000u;
-    if ({high} != 0u || low >= {int(cos.shape[0])}u) {{ {output}[i] = {element}(bitcast<f32>(nan_bits)); return; }}
+    if ({high} != 0u || low >= {int(cos.shape[0])}u) {{
+        atomicOr(&{status}[0], 1u);
+        {output}[i] = {element}(bitcast<f32>(nan_bits));
+        return;
+    }}
     let row = low;"""
         else:
             row = "    let row = token;"

@@ -4,8 +4,8 @@ positions modulo the cache length, ``"linear"`` requires them to fit.
 
 The device kernel is a gather (:func:`._wgsl_kernels.gather_kernel`): each output element is copied from the
 update when its position was written, else from the past cache.  Write indices outside the cache in linear mode
-(refused by the reference) are checked only when ``write_indices`` is a constant: on the device such writes
-are dropped.
+are refused: constant ones when planning, ones read at run time by the kernel, which flags the run in the program's
+status words (it raises ``InvalidArgumentError``, as the reference does; the writes are dropped meanwhile).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import ShapeError, UnsupportedOpError
+from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 
 from .._limits import element_count
-from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo, reference_twin
+from ._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo, flagging_twin, reference_twin
 from ._registry import register
 from ._wgsl_kernels import gather_kernel
 
@@ -70,7 +70,9 @@ class TensorScatter(Operator):
         if steps and length == 0:
             raise ShapeError("TensorScatter: cannot write into an empty cache")
         if not circular and steps and (np.any(starts < 0) or np.any(starts + steps > length)):
-            raise ShapeError(f"TensorScatter: linear mode needs 0 <= write index and index + {steps} <= {length}")
+            raise InvalidArgumentError(
+                f"TensorScatter: linear mode needs 0 <= write index and index + {steps} <= {length}"
+            )
         present = past.copy()
         for b in range(past.shape[0]):
             positions = starts[b] + np.arange(steps)
@@ -104,12 +106,16 @@ class TensorScatter(Operator):
         inner = element_count(past.shape[axis + 1 :])
         per_batch = element_count(past.shape[1:])
         start = "0" if indices is None else "aux0(b)"
+        # Linear mode with write indices read at run time: one that does not fit is flagged (the run raises
+        # InvalidArgumentError, as the reference does), its writes dropped meanwhile.
+        checked = indices is not None and not circular and 2 not in constants and steps > 0
+        check = f"\n  if (w < 0 || w > {length - steps}) {{ atomicOr(&status[0], 1u); }}" if checked else ""
         offset = f"((c - w) % {length} + {length}) % {length}" if circular else "c - w"
         source = f"""fn source(j: u32) -> vec2<u32> {{
   let b = j / {per_batch}u;
   let c = i32((j / {inner}u) % {length}u);
   let w = i32({start});
-  let o = {offset};
+  let o = {offset};{check}
   if (o < 0 || o >= {steps}) {{ return vec2<u32>(0u, j); }}
   let outer = j / {inner * length}u;
   let k = (outer * {steps}u + u32(o)) * {inner}u + j % {inner}u;
@@ -120,6 +126,10 @@ class TensorScatter(Operator):
         auxiliaries = [] if indices is None else [(Binding("input", 2), indices)]
         bindings = [b for b, _ in sources] + [b for b, _ in auxiliaries] + [Binding("output", 0)]
         compute = lambda *arrays: self.reference(list(arrays), attrs, outputs)[0]  # noqa: E731
-        twin = reference_twin(compute, bindings, inputs, outputs)
-        kernel = gather_kernel("TensorScatter", sources, auxiliaries, out, source, caps, twin)
+        if checked:
+            bindings.append(Binding("status"))
+            twin = flagging_twin(reference_twin(compute, bindings, inputs, outputs), bindings)
+        else:
+            twin = reference_twin(compute, bindings, inputs, outputs)
+        kernel = gather_kernel("TensorScatter", sources, auxiliaries, out, source, caps, twin, status=checked)
         return OpPlan(kernels=(kernel,))
