@@ -155,6 +155,59 @@ CASES: list[Case] = [
         label="int32-add",
     ),
     Case("Scatter", [floats(5, 3), distinct_rows(5, (2, 3)), floats(2, 3)], opset=10, on_device=False),
+    # reductions with constant indices: a kernel for integers and float32 add/mul, the CPU for float max/min
+    *[
+        Case(
+            "ScatterElements",
+            [floats(4, 5), ints(4, 3, low=-5, high=5, dtype=I64), floats(4, 3)],
+            {"axis": -1, "reduction": reduction},
+            opset=18,
+            constants=frozenset({1}),
+            on_device=reduction in ("add", "mul"),
+            label=f"constant-{reduction}",
+        )
+        for reduction in ("add", "mul", "max", "min")
+    ],
+    *[
+        Case(
+            "ScatterElements",
+            [
+                ints(6, 5, low=low, high=high, dtype=dtype),
+                ints(9, 5, low=0, high=6, dtype=I64),
+                ints(9, 5, low=low, high=high, dtype=dtype),
+            ],
+            {"reduction": reduction},
+            opset=18,
+            constants=frozenset({1}),
+            label=f"constant-{np.dtype(dtype).name}-{reduction}",
+        )
+        for dtype, low, high, reduction in (
+            (np.int32, -(2**31), 2**31, "add"),
+            (np.int32, -50000, 50000, "mul"),
+            (U8, 0, 256, "max"),
+            (np.int8, -128, 128, "min"),
+        )
+    ],
+    *[
+        Case(
+            "ScatterND",
+            [floats(4, 5), const([[1], [3], [1]], I64), floats(3, 5)],
+            {"reduction": reduction},
+            opset=18,
+            constants=frozenset({1}),
+            on_device=reduction in ("add", "mul"),
+            label=f"constant-{reduction}",
+        )
+        for reduction in ("add", "mul", "max", "min")
+    ],
+    Case(
+        "ScatterND",
+        [ints(4, 5), const([[1, 2], [1, 2], [0, 0], [1, 2]], I64), ints(4)],
+        {"reduction": "add"},
+        opset=16,
+        constants=frozenset({1}),
+        label="constant-int32-elements-add",
+    ),
     Case(
         "ScatterElements",
         [floats(5, 3), distinct_rows(5, (2, 3)), floats(2, 3)],

@@ -6,17 +6,20 @@ combines each update with what is already at its destination, in index order
 With ``none`` and duplicate indices ONNX leaves the result undefined; here the
 last update wins, as in onnxruntime.  Out-of-range indices are a typed error.
 
-Without a reduction they run on the device when the indices are a constant
-(range-checked when planned): each output element is a bit-exact copy of the
-data or of the last update aimed at it, found by scanning the candidate
-updates in order (for ScatterElements, the positions along the axis; for
-ScatterND, every index tuple).  Run-time indices stay on the CPU (a kernel
-could not report an out-of-range one, which would silently be dropped), as do
-reductions (a float16 sum rounds at every step; 64-bit sums need word pairs).
+They run on the device when the indices are a constant (range-checked when
+planned): each output element scans its candidate updates in order (for
+ScatterElements, the positions along the axis; for ScatterND, every index
+tuple) and is a bit-exact copy of the data or of the last update aimed at it,
+or, with a reduction, the data combined with those updates in the reference's
+order (8/16/32-bit integers, which wrap alike; float32 add/mul, correctly
+rounded at each step).  Run-time indices stay on the CPU (a kernel could not
+report an out-of-range one, which would silently be dropped), as do float16
+reductions (rounded at every step), float max/min (NaN) and 64-bit reductions.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -27,6 +30,7 @@ from .._limits import element_count
 from ._kernel import (
     Binding,
     DeviceCaps,
+    KernelSpec,
     NotOnDevice,
     Operator,
     OpPlan,
@@ -35,7 +39,20 @@ from ._kernel import (
     reference_twin,
 )
 from ._registry import register
-from ._wgsl import contiguous_strides, elements_per_invocation, wgsl_int
+from ._wgsl import (
+    LINEAR_INVOCATION,
+    check_binding_sizes,
+    contiguous_strides,
+    elements_per_invocation,
+    grid_for,
+    kernel_entry,
+    load_function,
+    storage_declaration,
+    store_statements,
+    wgsl_compute_type,
+    wgsl_int,
+    workgroup_size_for,
+)
 from ._wgsl_kernels import gather_kernel
 
 __all__ = ["ScatterElements", "Scatter", "ScatterND"]
@@ -131,8 +148,7 @@ class ScatterElements(Operator):
         data, indices, updates = inputs[0], inputs[1], inputs[2]
         assert data is not None and indices is not None and updates is not None
         reduction = _reduction(self.op_type, attrs, self.opset) if self.op_type == "ScatterElements" else "none"
-        if reduction != "none":
-            raise NotOnDevice(f"{self.op_type}: reduction {reduction!r} runs on the CPU")
+        _check_device_reduction(self.op_type, reduction, data.dtype)
         if 1 not in constants:
             raise NotOnDevice(
                 f"{self.op_type}: indices computed at run time cannot be range-checked by a kernel; it runs on the CPU"
@@ -163,7 +179,7 @@ class ScatterElements(Operator):
         lines.append(f"      if (index < 0) {{ index = index + {wgsl_int(data.shape[axis])}; }}\n")
         lines.append(f"      if (u32(index) == c{axis}) {{ found = vec2<u32>(1u, u); }}\n")
         lines.append("    }\n  }\n  return found;\n}\n")
-        return _scatter_kernel(self.op_type, inputs, outputs, "".join(lines), caps, attrs, self)
+        return _scatter_kernel(self.op_type, inputs, outputs, "".join(lines), caps, attrs, self, reduction)
 
 
 @register
@@ -225,8 +241,7 @@ class ScatterND(Operator):
         data, indices, updates = inputs[0], inputs[1], inputs[2]
         assert data is not None and indices is not None and updates is not None
         reduction = _reduction(self.op_type, attrs, self.opset)
-        if reduction != "none":
-            raise NotOnDevice(f"ScatterND: reduction {reduction!r} runs on the CPU")
+        _check_device_reduction("ScatterND", reduction, data.dtype)
         if 1 not in constants:
             raise NotOnDevice(
                 "ScatterND: indices computed at run time cannot be range-checked by a kernel; it runs on the CPU"
@@ -260,7 +275,25 @@ class ScatterND(Operator):
             lines.append(f"    offset = offset + i{d} * {wgsl_int(slice_strides[d])};\n")
         lines.append(f"    if (offset == wanted) {{ found = vec2<u32>(1u, u * {slice_size}u + j % {slice_size}u); }}\n")
         lines.append("  }\n  return found;\n}\n")
-        return _scatter_kernel("ScatterND", inputs, outputs, "".join(lines), caps, attrs, self)
+        return _scatter_kernel("ScatterND", inputs, outputs, "".join(lines), caps, attrs, self, reduction)
+
+
+#: WGSL of each reduction on two values of the element's compute type.
+_COMBINE = {"add": "a + b", "mul": "a * b", "max": "max(a, b)", "min": "min(a, b)"}
+
+
+def _check_device_reduction(op_type: str, reduction: str, dtype: np.dtype[Any]) -> None:
+    """Raise NotOnDevice unless the kernel computes ``reduction`` on ``dtype`` exactly as the reference does."""
+    if reduction == "none":
+        return
+    if dtype.name in ("int32", "uint32", "int16", "uint16", "int8", "uint8"):
+        return  # i32/u32 arithmetic wraps like numpy's, and the store keeps the low bits
+    if dtype.name == "float32" and reduction in ("add", "mul"):
+        return  # correctly rounded f32 steps, in the reference's order
+    raise NotOnDevice(
+        f"{op_type}: reduction {reduction!r} on {dtype.name} runs on the CPU (float16 rounds every step, NaN has no "
+        "WGSL max/min order, 64-bit values need word pairs)"
+    )
 
 
 def _scatter_kernel(
@@ -271,8 +304,12 @@ def _scatter_kernel(
     caps: DeviceCaps,
     attrs: Mapping[str, Any],
     operator: Operator,
+    reduction: str = "none",
 ) -> OpPlan:
-    """The gather kernel copying each output element from the data (source 0) or an update (source 1)."""
+    """The kernel of a scatter: ``source`` is a WGSL ``fn source(j) -> vec2<u32>`` scanning the candidate updates of
+    output element ``j`` in order, ``found = vec2<u32>(1u, k)`` on each update ``k`` aimed at it.  Without a reduction
+    it is a gather kernel (the last update wins, bit-exact); with one, the same scan combines the updates into the
+    data element."""
     data, indices, updates = inputs[0], inputs[1], inputs[2]
     assert data is not None and indices is not None and updates is not None
     if updates.dtype != data.dtype:
@@ -283,13 +320,45 @@ def _scatter_kernel(
     def function(array: np.ndarray, update_array: np.ndarray, index_array: np.ndarray) -> np.ndarray:
         return operator.reference([array, index_array, update_array], attributes, outputs)[0]
 
-    kernel = gather_kernel(
-        op_type,
-        [(bindings[0], data), (bindings[1], updates)],
-        [(bindings[2], indices)],
-        outputs[0],
-        source,
-        caps,
-        reference_twin(function, bindings, inputs, outputs),
+    twin = reference_twin(function, bindings, inputs, outputs)
+    out = outputs[0]
+    if reduction == "none":
+        kernel = gather_kernel(
+            op_type, [(bindings[0], data), (bindings[1], updates)], [(bindings[2], indices)], out, source, caps, twin
+        )
+        return OpPlan(kernels=(kernel,))
+    compute = wgsl_compute_type(data.dtype)
+    value = (
+        source.replace("fn source(j: u32) -> vec2<u32> {", f"fn value(j: u32) -> {compute} {{")
+        .replace("var found = vec2<u32>(0u, j);", "var acc = load_data(j);")
+        .replace("return found;", "return acc;")
+    )
+    value = re.sub(r"found = vec2<u32>\(1u, ([^;]*)\);", r"acc = combine(acc, load_update(\1));", value)
+    check_binding_sizes(op_type, [data, updates, indices, out], caps)
+    count = out.size
+    invocations = -(-count // elements_per_invocation(out.dtype.itemsize))
+    workgroup = workgroup_size_for(caps.limits)
+    wgsl = (
+        storage_declaration(0, "data", writable=False)
+        + storage_declaration(1, "updates", writable=False)
+        + storage_declaration(2, "auxbuf0", writable=False)
+        + storage_declaration(3, "dst", writable=True)
+        + load_function("load_data", "data", data.dtype)
+        + load_function("load_update", "updates", updates.dtype)
+        + load_function("aux0", "auxbuf0", indices.dtype)
+        + f"fn combine(a: {compute}, b: {compute}) -> {compute} {{ return {_COMBINE[reduction]}; }}\n"
+        + value
+        + kernel_entry(
+            workgroup,
+            f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"
+            + store_statements(out.dtype, count, "value"),
+        )
+    )
+    kernel = KernelSpec(
+        name=op_type,
+        wgsl=wgsl,
+        grid=grid_for(invocations, workgroup, caps.limits),
+        bindings=tuple(bindings),
+        twin=twin,
     )
     return OpPlan(kernels=(kernel,))
