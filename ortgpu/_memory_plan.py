@@ -112,7 +112,8 @@ def plan_memory(
     planned_steps: list[PlannedStep] = []
     for index, step in enumerate(steps):
         for name in step.outputs:
-            if name and tensors[name].storage == "intermediate":
+            if name and tensors[name].storage == "intermediate" and tensors[name].info.dtype != object:
+                # (string tensors live on the host: no device slot)
                 slot = _take_slot(padded_size(tensors[name].info.nbytes), slot_sizes, free_slots)
                 slot_of[name] = slot
                 dying_at.setdefault(last_use.get(name, index), []).append(name)

@@ -59,7 +59,11 @@ def _constant_node_value(node: GraphNode) -> np.ndarray:
         return np.array(attrs["value_int"], dtype=np.int64)
     if "value_ints" in attrs:
         return np.array(attrs["value_ints"], dtype=np.int64)
-    raise UnsupportedOpError(f"{node.describe()}: only numeric Constant values are supported (got {sorted(attrs)})")
+    if "value_string" in attrs:
+        return np.array(attrs["value_string"], dtype=object)
+    if "value_strings" in attrs:
+        return np.array(list(attrs["value_strings"]), dtype=object)
+    raise UnsupportedOpError(f"{node.describe()}: this kind of Constant value is not supported (got {sorted(attrs)})")
 
 
 def _type_proto(shape: Shape, dtype: np.dtype[Any]) -> onnx.TypeProto:
@@ -425,6 +429,10 @@ SHAPE_INPUT_POSITIONS: dict[str, tuple[int, ...]] = {
     "HannWindow": (0,),
     "HammingWindow": (0,),
     "MelWeightMatrix": (0, 1),
+    "StringSplit": (0,),  # the number of pieces depends on the text
+    "StringNormalizer": (0,),  # stopwords removed from a 1-D input shorten it
+    "CumSum": (1,),  # the axis: a kernel per axis, planned for its value
+    "CumProd": (1,),
     # Control flow (ortgpu.ops.control_flow): the trip count and condition decide a Loop's scan-output length,
     # the condition which branch (and so which shapes) an If gives.
     "Loop": (0, 1),

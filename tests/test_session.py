@@ -116,17 +116,18 @@ def test_truncated_model_file(tmp_path: object, env: ortgpu.Env) -> None:
 
 
 def test_unsupported_operator_names_op_node_and_opset(env: ortgpu.Env) -> None:
-    node = helper.make_node("Det", ["X"], ["Y"], name="my_det")
+    node = helper.make_node("ImageDecoder", ["X"], ["Y"], name="my_decoder")
     graph = helper.make_graph(
         [node],
         "g",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 2])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("X", TensorProto.UINT8, [16])],
+        [helper.make_tensor_value_info("Y", TensorProto.UINT8, None)],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
     with pytest.raises(ortgpu.UnsupportedOpError) as raised:
         ortgpu.InferenceSession(model.SerializeToString(), env=env)
-    assert "Det" in str(raised.value) and "my_det" in str(raised.value) and "17" in str(raised.value)
+    message = str(raised.value)
+    assert "ImageDecoder" in message and "my_decoder" in message and "20" in message
 
 
 def float64_model() -> bytes:
