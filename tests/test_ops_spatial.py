@@ -541,7 +541,13 @@ CASES: list[Case] = [
         [floats(2, 3, 8, 9), _boxes, const([0, 1, 1], I64)],
         {"output_height": 2, "output_width": 3, "sampling_ratio": 2, "spatial_scale": 0.5},
         opset=16,
-        on_device=False,
+    ),
+    Case(
+        "RoiAlign",
+        [floats(2, 3, 8, 9), _boxes, const([1, 1, 0], I64)],
+        {"mode": "max", "output_height": 3, "output_width": 2, "sampling_ratio": 3},
+        opset=16,
+        label="max-device",
     ),
     Case(
         "RoiAlign",
@@ -549,7 +555,7 @@ CASES: list[Case] = [
         {"mode": "max"},
         opset=10,
         on_device=False,
-        label="max",
+        label="adaptive-sampling",
     ),
 ]
 
