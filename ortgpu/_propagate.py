@@ -183,9 +183,11 @@ def _infer_with_onnx(
 
 def _proto_attributes(node: GraphNode) -> list[onnx.AttributeProto]:
     original = node.attrs.get("__proto_attributes__")
-    if isinstance(original, tuple):
-        return list(original)
-    return []
+    attributes = list(original) if isinstance(original, tuple) else []
+    if node.op_type == "STFT" and node.domain == "" and not any(a.name == "onesided" for a in attributes):
+        # onnx's STFT inference reads a missing onesided as 0; the spec's default (and the reference's) is 1.
+        attributes.append(onnx.helper.make_attribute("onesided", 1))
+    return attributes
 
 
 def _reference(
@@ -423,7 +425,7 @@ SHAPE_INPUT_POSITIONS: dict[str, tuple[int, ...]] = {
     "Unique": (0,),
     "Compress": (1,),
     "NonMaxSuppression": (0, 1, 2, 3, 4),
-    "DFT": (1,),
+    "DFT": (1, 2),  # dft_length, and from opset 20 the axis
     "STFT": (1, 3),
     "BlackmanWindow": (0,),
     "HannWindow": (0,),

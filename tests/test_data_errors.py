@@ -101,3 +101,63 @@ def test_captured_graph_reports_bad_indices_where_it_reads_back(env: ortgpu.Env)
         (out,) = graph.replay_and_read()
         np.testing.assert_array_equal(out, reference.run(None, {"ids": good})[0])
         graph.release()
+
+
+def _single_node(op_type: str, inputs: list[tuple[str, int, list[int]]], opset: int, **attrs: object) -> bytes:
+    node = helper.make_node(op_type, [name for name, _, _ in inputs], ["Y"], **attrs)
+    graph = helper.make_graph(
+        [node],
+        op_type,
+        [helper.make_tensor_value_info(name, dtype, shape) for name, dtype, shape in inputs],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+    )
+    return bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString())
+
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+RNG = np.random.default_rng(5)
+FLAGGED = {
+    # op: (model, feeds with valid data, the name and an invalid value of the data input)
+    "NegativeLogLikelihoodLoss": (
+        _single_node("NegativeLogLikelihoodLoss", [("X", F, [3, 4]), ("T", I64, [3])], 13, reduction="none"),
+        {"X": RNG.standard_normal((3, 4)).astype(np.float32), "T": np.array([0, 3, 1], np.int64)},
+        ("T", np.array([0, 4, 1], np.int64)),
+    ),
+    "RotaryEmbedding": (
+        _single_node(
+            "RotaryEmbedding", [("X", F, [1, 2, 3, 4]), ("C", F, [5, 2]), ("S", F, [5, 2]), ("P", I64, [1, 3])], 23
+        ),
+        {
+            "X": RNG.standard_normal((1, 2, 3, 4)).astype(np.float32),
+            "C": RNG.standard_normal((5, 2)).astype(np.float32),
+            "S": RNG.standard_normal((5, 2)).astype(np.float32),
+            "P": np.array([[0, 4, 2]], np.int64),
+        },
+        ("P", np.array([[0, 5, 2]], np.int64)),
+    ),
+    "TensorScatter": (
+        _single_node("TensorScatter", [("K", F, [2, 6, 3]), ("U", F, [2, 2, 3]), ("W", I64, [2])], 24, axis=1),
+        {
+            "K": RNG.standard_normal((2, 6, 3)).astype(np.float32),
+            "U": RNG.standard_normal((2, 2, 3)).astype(np.float32),
+            "W": np.array([0, 4], np.int64),
+        },
+        ("W", np.array([0, 5], np.int64)),
+    ),
+}
+
+
+@pytest.mark.parametrize("op_type", sorted(FLAGGED))
+def test_other_kernels_flag_invalid_data(env: ortgpu.Env, op_type: str) -> None:
+    """Labels, position ids and write indices read at run time: on the device when valid, and a typed error (as
+    in the reference, and onnxruntime where it has the operator) when not."""
+    model, feeds, (name, bad) = FLAGGED[op_type]
+    with ortgpu.InferenceSession(model, env=env) as session:
+        placement = session.get_node_placement({n: a.shape for n, a in feeds.items()})
+        assert [p.placement for p in placement] == ["webgpu"], placement
+        (good,) = session.run(None, feeds)
+        assert np.isfinite(good).all()
+        with pytest.raises(InvalidArgumentError):
+            session.run(None, {**feeds, name: bad})
+        (again,) = session.run(None, feeds)
+        np.testing.assert_array_equal(again, good)

@@ -17,8 +17,9 @@ label outside ``[0, C)`` that is not ``ignore_index`` (onnxruntime refuses such 
 The device plan (float32 scores and weights, int32/int64 labels) runs one invocation per sample: the log-softmax
 of its C scores where needed (also written out as ``log_prob``), then its loss and weight, written to the output
 (``none``) or to a scratch buffer that a second kernel, one workgroup, sums (``sum``) and divides by the summed
-weights (``mean``).  A label that is out of range gives NaN there (the kernel cannot raise; its twin raises as the
-reference does); int64 labels are compared on both words.
+weights (``mean``).  A label that is out of range gives NaN there and flags the run in the program's status words,
+so the run raises ``InvalidArgumentError`` as the reference does (its twin flags the same way); int64 labels are
+compared on both words.
 """
 
 from __future__ import annotations
@@ -30,7 +31,17 @@ import numpy as np
 from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 
 from .._limits import element_count
-from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
+from ._kernel import (
+    Binding,
+    DeviceCaps,
+    KernelSpec,
+    NotOnDevice,
+    Operator,
+    OpPlan,
+    TensorInfo,
+    check_loop_budget,
+    flagging_twin,
+)
 from ._registry import register
 from ._tiling import THREADS, workgroup_reduce_functions
 from ._wgsl import (
@@ -250,10 +261,15 @@ def plan_loss(
     if log_prob:
         bindings.append(Binding("output", 1))
         names.append("log_prob")
+    # A label neither in [0, C) nor ignore_index flags the run (it raises InvalidArgumentError, as the reference).
+    bindings.append(Binding("status"))
     check_binding_count(op_type, len(bindings), caps)
     check_binding_sizes(op_type, [x, labels, weight, *outputs], caps)
-    declarations = "".join(
-        storage_declaration(slot, name, writable=name in ("losses", "log_prob")) for slot, name in enumerate(names)
+    declarations = (
+        "".join(
+            storage_declaration(slot, name, writable=name in ("losses", "log_prob")) for slot, name in enumerate(names)
+        )
+        + f"@group(0) @binding({len(names)}) var<storage, read_write> status: array<atomic<u32>>;\n"
     )
     # label of sample s: (value as i32 clamped into [0, C), valid, ignored)
     if pair:
@@ -305,6 +321,7 @@ def plan_loss(
         "  if (s >= SAMPLES) { return; }\n"
         "  let base = (s / INNER) * CLASSES * INNER + s % INNER;\n" + label_code + softmax_code + "  let k = c;\n"
         f"  let picked = {score} - {shift};\n"
+        "  if (!valid && !ignored) { atomicOr(&status[0], 1u); }\n"
         f"  let nan = bitcast<f32>(0x7fc00000u);\n"
         f"  let w = select(select(nan, {weight_code}, valid), 0.0, ignored);\n"
         "  let loss = select(select(nan, -picked * w, valid), 0.0, ignored);\n" + store
@@ -340,7 +357,8 @@ def plan_loss(
             lp = wide.astype(np.float32).reshape(-1)
             arrays[slot + 1][: lp.nbytes] = lp.view(np.uint8)
 
-    kernels = [KernelSpec(op_type, wgsl, grid_for(samples, workgroup, caps.limits), kernel_bindings, per_sample_twin)]
+    twin = flagging_twin(per_sample_twin, kernel_bindings)
+    kernels = [KernelSpec(op_type, wgsl, grid_for(samples, workgroup, caps.limits), kernel_bindings, twin)]
     if not reduce:
         return OpPlan(kernels=tuple(kernels))
     finish = "a" if reduction == "sum" else "a / b"
