@@ -525,14 +525,12 @@ CASES: list[Case] = [
         ],
         {"group": 2, "offset_group": 2, "pads": [1, 0, 1, 1]},
         opset=19,
-        on_device=False,
     ),
     Case(
         "DeformConv",
         [floats(2, 3, 7, 6), floats(2, 3, 2, 2), floats(2, 8, 3, 4, scale=2.0)],
         {"strides": [2, 1], "dilations": [1, 2]},
         opset=19,
-        on_device=False,
         label="strided",
     ),
     # RoiAlign
