@@ -483,8 +483,17 @@ CASES: list[Case] = [
         label="3d",
     ),
     # AffineGrid
-    Case("AffineGrid", [_theta(2), const([2, 3, 4, 5], I64)], {"align_corners": 1}, opset=20, on_device=False),
-    Case("AffineGrid", [_theta(3), const([2, 3, 2, 4, 5], I64)], opset=20, on_device=False, label="3d"),
+    Case("AffineGrid", [_theta(2), const([2, 3, 4, 5], I64)], {"align_corners": 1}, opset=20, constants=frozenset({1})),
+    Case("AffineGrid", [_theta(3), const([2, 3, 2, 4, 5], I64)], opset=20, constants=frozenset({1}), label="3d"),
+    Case(
+        "AffineGrid",
+        [_theta(3), const([2, 3, 1, 4, 1], I64)],
+        {"align_corners": 0},
+        opset=20,
+        constants=frozenset({1}),
+        label="unit-axes",
+    ),
+    Case("AffineGrid", [_theta(2), const([2, 3, 4, 5], I64)], opset=20, on_device=False, label="runtime-size"),
     # Col2Im
     Case(
         "Col2Im",
@@ -610,6 +619,10 @@ def test_typed_refusals() -> None:
         get_operator("Pad", 13).reference([np.ones((2, 3), F32), np.array([0, 3, 0, 0], I64)], {"mode": "reflect"}, [])
     with pytest.raises(UnsupportedOpError):
         get_operator("Pad", 18).reference([np.ones((2, 3), F32), np.array([0, 1, 0, 0], I64)], {"mode": "wrap"}, [])
+    with pytest.raises(UnsupportedOpError):  # onnxruntime, onnx's reference and PyTorch disagree here
+        get_operator("AffineGrid", 20).reference(
+            [np.zeros((1, 2, 3), F32), np.array([1, 1, 1, 3], I64)], {"align_corners": 1}, []
+        )
     with pytest.raises(UnsupportedOpError):  # GlobalMaxPool is defined on floats
         get_operator("GlobalMaxPool", 1).reference([np.ones((1, 2, 3), np.int32)], {}, [])
     with pytest.raises(ShapeError):
