@@ -71,8 +71,29 @@ POOL = {
 }
 
 CASES: list[Case] = [
-    # GatherElements: a kernel for constant indices, the CPU for run-time ones
-    Case("GatherElements", [floats(3, 4), ints(2, 4, low=-3, high=3, dtype=I64)], opset=13, on_device=False),
+    # GatherElements: a kernel for constant indices and for run-time ones (checked by the kernel: status flag)
+    Case("GatherElements", [floats(3, 4), ints(2, 4, low=-3, high=3, dtype=I64)], opset=13),
+    Case(
+        "GatherElements",
+        [ints(4, 5, 6, dtype=I64), ints(3, 2, 9, low=-6, high=6)],
+        {"axis": -1},
+        opset=13,
+        label="runtime-int32-int64-last-axis-smaller",
+    ),
+    Case(
+        "GatherElements",
+        [halves(5, 3), ints(7, 3, low=-5, high=5, dtype=I64)],
+        opset=13,
+        label="runtime-float16",
+    ),
+    Case(
+        "GatherElements",
+        [ints(3, 7, low=0, high=256, dtype=U8), ints(3, 5, low=-7, high=7)],
+        {"axis": 1},
+        opset=11,
+        label="runtime-uint8",
+    ),
+    Case("GatherElements", [floats(3, 4), ints(0, 4, low=0, high=3, dtype=I64)], opset=13, label="runtime-empty"),
     Case(
         "GatherElements",
         [floats(3, 4), ints(2, 4, low=-3, high=3, dtype=I64)],
@@ -128,12 +149,11 @@ CASES: list[Case] = [
     Case("Trilu", [floats(3, 4), const(2**40, I64)], opset=14, label="huge-k"),
     Case("Trilu", [floats(3, 4), const(-(2**40), I64)], {"upper": 0}, opset=14, label="huge-negative-k"),
     Case("Trilu", [floats(2, 0, 3)], opset=14, label="empty"),
-    # scatters: without a reduction on the device for constant indices, otherwise on the CPU
+    # scatters: run-time indices on the device (checked by the kernel: status flag), reductions where exact
     Case(
         "ScatterElements",
         [floats(5, 3), distinct_rows(5, (2, 3)), floats(2, 3)],
         opset=18,
-        on_device=False,
     ),
     *[
         Case(
@@ -141,7 +161,7 @@ CASES: list[Case] = [
             [floats(4, 5), ints(4, 3, low=-5, high=5, dtype=I64), floats(4, 3)],
             {"axis": -1, "reduction": reduction},
             opset=18,
-            on_device=False,
+            on_device=reduction in ("add", "mul"),
             label=reduction,
         )
         for reduction in ("add", "mul", "max", "min")
@@ -151,10 +171,30 @@ CASES: list[Case] = [
         [ints(4, 5), ints(6, 5, low=0, high=4, dtype=I64), ints(6, 5)],
         {"reduction": "add"},
         opset=16,
-        on_device=False,
         label="int32-add",
     ),
-    Case("Scatter", [floats(5, 3), distinct_rows(5, (2, 3)), floats(2, 3)], opset=10, on_device=False),
+    Case("Scatter", [floats(5, 3), distinct_rows(5, (2, 3)), floats(2, 3)], opset=10),
+    Case(
+        "ScatterElements",
+        [halves(3, 7), const([[6, -1], [0, 2], [3, -4]], np.int32), halves(3, 2)],
+        {"axis": 1},
+        opset=13,
+        label="runtime-int32-float16-axis1",
+    ),
+    Case(
+        "ScatterElements",
+        [ints(6, 4, 3, dtype=I64), distinct_rows(6, (4, 2, 3)), ints(4, 2, 3, dtype=I64)],
+        opset=16,
+        label="runtime-int64-smaller",
+    ),
+    # duplicates without a reduction: the last in index order wins (deterministic: one invocation per element)
+    Case(
+        "ScatterElements",
+        [floats(4, 2), const([[1, 0], [1, 3], [1, 0]], I64), floats(3, 2)],
+        opset=18,
+        label="runtime-duplicates",
+        in_onnxruntime=False,
+    ),
     # reductions with constant indices: a kernel for integers and float32 add/mul, the CPU for float max/min
     *[
         Case(
@@ -275,7 +315,37 @@ CASES: list[Case] = [
         "ScatterND",
         [floats(4, 5, 6), const([[0, 1], [3, -2]], I64), floats(2, 6)],
         opset=18,
+    ),
+    Case(
+        "ScatterND",
+        [
+            ints(4, 5, low=0, high=256, dtype=U8),
+            const([[1, 2], [3, 4], [0, 0]], I64),
+            ints(3, low=0, high=256, dtype=U8),
+        ],
+        opset=11,
+        label="runtime-uint8-elements",
+    ),
+    Case(
+        "ScatterND",
+        [floats(4, 3), const([[1], [2], [1]], I64), floats(3, 3)],
+        opset=11,
+        label="runtime-duplicates",
+        in_onnxruntime=False,
+    ),
+    Case(
+        "ScatterND",
+        [ints(4, 5), const([[1, 2], [1, 2], [0, 0], [1, 2]], I64), ints(4)],
+        {"reduction": "add"},
+        opset=16,
+        label="runtime-int32-elements-add",
+    ),
+    Case(
+        "ScatterND",
+        [floats(2, 0), const([[1], [0]], I64), floats(2, 0)],
+        opset=11,
         on_device=False,
+        label="runtime-empty-slices",
     ),
     *[
         Case(
@@ -283,7 +353,7 @@ CASES: list[Case] = [
             [floats(4, 5), const([[1], [3], [1]], I64), floats(3, 5)],
             {"reduction": reduction},
             opset=18,
-            on_device=False,
+            on_device=reduction in ("add", "mul"),
             label=reduction,
         )
         for reduction in ("add", "mul", "max", "min")
@@ -293,10 +363,10 @@ CASES: list[Case] = [
         [ints(4, 5, dtype=I64), const([[1, 2], [1, 2], [0, 0]], I64), ints(3, dtype=I64)],
         {"reduction": "add"},
         opset=16,
-        on_device=False,
+        on_device=False,  # 64-bit reductions stay on the CPU
         label="elements-int64",
     ),
-    # OneHot (a kernel once depth is known), GatherND (CPU), EyeLike (a kernel)
+    # OneHot (a kernel once depth is known), GatherND (a kernel; run-time indices flag), EyeLike (a kernel)
     Case(
         "OneHot",
         [ints(2, 3, low=-6, high=8, dtype=I64), const(5, I64), const([0.0, 3.0], np.float32)],
@@ -346,7 +416,27 @@ CASES: list[Case] = [
         label="int32-bool",
         in_onnxruntime=False,
     ),
-    Case("GatherND", [floats(2, 3, 4), const([[1, -1], [0, 2]], I64)], opset=13, on_device=False),
+    Case("GatherND", [floats(2, 3, 4), const([[1, -1], [0, 2]], I64)], opset=13),
+    Case(
+        "GatherND",
+        [halves(2, 3, 4, 5), const([[[1, -2], [0, 0], [2, 1]], [[0, 3], [1, 1], [2, 2]]], I64)],
+        {"batch_dims": 1},
+        opset=13,
+        label="runtime-batch-dims-float16-slices",
+    ),
+    Case(
+        "GatherND",
+        [ints(3, 4, low=0, high=256, dtype=U8), ints(5, 1, low=-3, high=3, dtype=I64)],
+        opset=11,
+        label="runtime-uint8-rows",
+    ),
+    Case(
+        "GatherND",
+        [floats(3, 0), const([[2], [0]], I64)],
+        opset=11,
+        on_device=False,
+        label="runtime-empty-slices",
+    ),
     Case(
         "GatherND",
         [floats(2, 3, 4), const([[1, -1], [0, 2]], I64)],
@@ -451,7 +541,20 @@ CASES: list[Case] = [
         "ReverseSequence",
         [floats(4, 3, 2), const([4, 1, 2], I64)],
         opset=10,
+    ),
+    Case(
+        "ReverseSequence",
+        [ints(3, 5, dtype=I64), const([0, 5, 3], I64)],
+        {"batch_axis": 0, "time_axis": 1},
+        opset=10,
+        label="runtime-batch-first",
+    ),
+    Case(
+        "ReverseSequence",
+        [floats(0, 3, 2), const([0, 0, 0], I64)],
+        opset=10,
         on_device=False,
+        label="runtime-empty",
     ),
     Case(
         "ReverseSequence",
@@ -509,6 +612,18 @@ NUMPY_ORACLES.update(
         "EyeLike-opset9-uint64": lambda x: np.eye(3, dtype=np.uint64),
         "ScatterND-opset11-constant-duplicates": lambda data, indices, updates: np.concatenate(
             [data[:1], updates[2:3], updates[1:2], data[3:]]
+        ),
+        "ScatterND-opset11-runtime-duplicates": lambda data, indices, updates: np.concatenate(
+            [data[:1], updates[2:3], updates[1:2], data[3:]]
+        ),
+        "ScatterElements-opset18-runtime-duplicates": lambda data, indices, updates: np.array(
+            [
+                [data[0, 0], updates[2, 1]],
+                [updates[2, 0], data[1, 1]],
+                [data[2, 0], data[2, 1]],
+                [data[3, 0], updates[1, 1]],
+            ],
+            dtype=np.float32,
         ),
         "ReverseSequence-opset10-int8-4d": lambda x, lengths: np.concatenate(
             [np.concatenate([x[:3, :1][::-1], x[3:, :1]]), x[:, 1:][::-1]], axis=1
@@ -611,19 +726,50 @@ def test_gather_elements_constant_out_of_range_is_refused_when_planned(op_device
 
 
 def test_gather_elements_runtime_indices_out_of_range_in_a_session(backend_name: str) -> None:
-    """Run-time indices never reach a clamping kernel: an out-of-range one is a typed error."""
+    """Run-time indices run on the device; an out-of-range one flags the run: a typed error, not a clamped value."""
     env = ortgpu.Env(backend=backend_name)
     try:
         node = onnx.helper.make_node("GatherElements", ["x", "i"], ["y"], axis=0)
         x = np.arange(12, dtype=np.float32).reshape(3, 4)
         good = np.array([[2, -1, 0, 1]], I64)
         with ortgpu.InferenceSession(_model(node, {"x": x, "i": good}, {}, 13), env=env) as session:
+            assert [p.placement for p in session.get_node_placement({"x": x.shape, "i": good.shape})] == ["webgpu"]
             (got,) = session.run(None, {"x": x, "i": good})
             np.testing.assert_array_equal(got, np.take_along_axis(x, good % 3, axis=0))
-            with pytest.raises(OrtGpuError, match="GatherElements"):
+            with pytest.raises(InvalidArgumentError):
                 session.run(None, {"x": x, "i": np.array([[3, 0, 0, 0]], I64)})
     finally:
         env.close()
+
+
+EMPTY = {
+    # op: (opset, attributes, input shapes, output shape): run-time indices no kernel could check (or read through)
+    "GatherElements": (13, {"axis": 1}, [(3, 0), (3, 2), None], (3, 2)),
+    "GatherND": (13, {}, [(3, 0, 2), (4, 2), None], (4, 2)),
+    "GatherND-empty-slices": (13, {}, [(3, 0), (2, 1), None], (2, 0)),
+    "ScatterElements": (18, {}, [(0, 3), (2, 3), (2, 3)], (0, 3)),
+    "ScatterND": (18, {}, [(2, 0), (2, 1), (2, 0)], (2, 0)),
+    "ReverseSequence": (10, {}, [(0, 3, 2), (3,), None], (0, 3, 2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EMPTY))
+def test_runtime_indices_of_empty_tensors_run_on_the_cpu(case: str, op_device: BackendDevice) -> None:
+    """Indices into an empty axis are all invalid, and those of an empty output are read by no invocation: the CPU
+    checks them (its reference raises the typed error)."""
+    from test_ops_elementwise import caps_of
+
+    from ortgpu.ops import NotOnDevice, TensorInfo
+
+    opset, attrs, shapes, out_shape = EMPTY[case]
+    op_type = case.split("-")[0]
+    dtypes = [np.float32, I64, np.float32]
+    infos = [None if shape is None else TensorInfo(shape, np.dtype(t)) for shape, t in zip(shapes, dtypes)]
+    infos = infos if infos[-1] is not None else infos[:-1]
+    with pytest.raises(NotOnDevice, match=op_type):
+        get_operator(op_type, opset).plan(
+            infos, [TensorInfo(out_shape, np.dtype(np.float32))], attrs, caps_of(op_device), {}
+        )
 
 
 def test_unsupported_variants_are_typed() -> None:

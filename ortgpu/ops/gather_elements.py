@@ -3,11 +3,13 @@
 The output has the indices' shape; every other axis of the indices may be
 shorter than the data's.  Negative indices count from the end of the axis.
 
-On the device (a bit-exact copy, any dtype of 1, 2, 4 or 8 bytes) when the
-indices are a plan-time constant, which is range-checked when planned.  A
-kernel cannot report an error, and an out-of-range index must never become a
-clamped (silently wrong) value, so indices computed at run time are gathered on
-the CPU, where the reference refuses them with a typed error (as onnxruntime does).
+On the device (a bit-exact copy, any dtype of 1, 2, 4 or 8 bytes).  Constant
+indices are range-checked when planned.  Indices read at run time are checked
+by the kernel: an out-of-range one (or an int64 whose high word is not the sign
+extension of its low word) is clamped, so the read stays inside the data, and
+flags the run in the program's status words, so the run raises
+``InvalidArgumentError`` (as the reference and onnxruntime refuse it) instead of
+returning the clamped value.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import numpy as np
 
 from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 
-from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, flagging_twin, reference_twin
 from ._registry import register
+from ._run_time_indices import index_lines, require_index_dtype
 from ._wgsl import contiguous_strides, wgsl_int
 from ._wgsl_kernels import gather_kernel
 
@@ -94,12 +97,13 @@ class GatherElements(Operator):
         _check_shapes(data.shape, indices.shape, axis)
         out = outputs[0]
         size = data.shape[axis]
-        if 1 not in constants:
-            raise NotOnDevice(
-                "GatherElements: indices computed at run time cannot be range-checked by a kernel (an out-of-range "
-                "index must be an error, not a clamped value); it runs on the CPU"
-            )
-        _normalised(np.asarray(constants[1]), size, "a constant")
+        checked = 1 not in constants
+        if checked:
+            require_index_dtype("GatherElements", indices.dtype)
+            if size == 0 and out.size:
+                raise NotOnDevice("GatherElements: every index into an empty axis is invalid; the CPU refuses them")
+        else:
+            _normalised(np.asarray(constants[1]), size, "a constant")
         if out.size == 0:
             return OpPlan()
         strides = contiguous_strides(data.shape)
@@ -108,16 +112,15 @@ class GatherElements(Operator):
             lines.append(f"  let c{d} = i32(rest % {indices.shape[d]}u);\n  rest = rest / {indices.shape[d]}u;\n")
             if d != axis:
                 lines.append(f"  offset = offset + c{d} * {wgsl_int(strides[d])};\n")
-        lines.append("  var index = aux0(j);\n")
-        lines.append(f"  if (index < 0) {{ index = index + {wgsl_int(size)}; }}\n")
-        # Constant indices were checked above; the clamp only keeps the read inside the buffer.
-        lines.append(f"  index = clamp(index, 0, {wgsl_int(size - 1)});\n")
+        # Constant indices were checked above (the clamp only keeps the read inside the buffer); run-time ones flag.
+        lines.append(index_lines("index", "j", indices.dtype, -size, size - 1, checked=checked, wrap=size))
         lines.append(f"  return vec2<u32>(0u, u32(offset + index * {wgsl_int(strides[axis])}));\n}}\n")
         bindings = [Binding("input", 0), Binding("input", 1), Binding("output", 0)]
 
         def function(array: np.ndarray, index_array: np.ndarray) -> np.ndarray:
             return gather_elements(array, index_array, axis)
 
+        twin = reference_twin(function, bindings, inputs, outputs)
         kernel = gather_kernel(
             "GatherElements",
             [(bindings[0], data)],
@@ -125,6 +128,8 @@ class GatherElements(Operator):
             out,
             "".join(lines),
             caps,
-            reference_twin(function, bindings, inputs, outputs),
+            # the reference's InvalidArgumentError becomes the status flag, as in the WGSL
+            flagging_twin(twin, bindings + [Binding("status")]) if checked else twin,
+            status=checked,
         )
         return OpPlan(kernels=(kernel,))

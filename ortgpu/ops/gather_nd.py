@@ -1,12 +1,15 @@
-"""GatherND: gather slices of ``data`` addressed by the index tuples in the last axis of ``indices`` (CPU).
+"""GatherND: gather slices of ``data`` addressed by the index tuples in the last axis of ``indices``.
 
 ``batch_dims`` (opset 12) leading axes are shared by data and indices: each
 batch gathers from its own slice.  Negative indices count from the end; an
 index out of range is a typed error, as in onnxruntime.
 
-On the device (a bit-exact copy, any dtype) when the indices are a constant,
-range-checked when planned; indices computed at run time run on the CPU (a
-kernel cannot report an out-of-range index, and must not clamp it).
+On the device (a bit-exact copy, any dtype).  Constant indices are
+range-checked when planned; indices read at run time are checked by the kernel:
+an out-of-range entry (or an int64 whose high word is not the sign extension of
+its low word) is clamped, so the read stays inside the data, and flags the run
+in the program's status words, so it raises ``InvalidArgumentError`` instead of
+returning the clamped slice.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import numpy as np
 from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 
 from .._limits import element_count
-from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, flagging_twin, reference_twin
 from ._registry import register
+from ._run_time_indices import index_lines, require_index_dtype
 from ._wgsl import contiguous_strides, wgsl_int
 from ._wgsl_kernels import gather_kernel
 
@@ -85,17 +89,26 @@ class GatherND(Operator):
         data, indices = inputs[0], inputs[1]
         assert data is not None and indices is not None
         batch_dims = int(attrs.get("batch_dims", 0))
-        if 1 not in constants:
-            raise NotOnDevice(
-                "GatherND: indices computed at run time cannot be range-checked by a kernel; it runs on the CPU"
-            )
-        constant = np.asarray(constants[1])
-        # The reference checks shapes and every index (a typed error when planned).
-        _checked_tuples(data.shape, constant, batch_dims)
+        checked = 1 not in constants
+        if checked:
+            require_index_dtype("GatherND", indices.dtype)
+            # the reference checks the shapes (a typed error when planned); zeros are valid unless a bound is 0
+            try:
+                _checked_tuples(data.shape, np.zeros(indices.shape, indices.dtype), batch_dims)
+            except InvalidArgumentError:
+                raise NotOnDevice(
+                    "GatherND: index tuples into an empty axis are all invalid; the CPU refuses them"
+                ) from None
+        else:
+            # the reference checks shapes and every index (a typed error when planned)
+            _checked_tuples(data.shape, np.asarray(constants[1]), batch_dims)
         out = outputs[0]
-        if out.size == 0:
-            return OpPlan()
         depth = indices.shape[-1]
+        if out.size == 0:
+            if checked and indices.size:
+                # empty slices: no invocation would read (and check) the index tuples
+                raise NotOnDevice("GatherND: index tuples of empty slices are checked on the CPU")
+            return OpPlan()
         tuples_per_batch = element_count(indices.shape[batch_dims:-1])
         slice_size = element_count(data.shape[batch_dims + depth :])
         batch_size = element_count(data.shape[batch_dims:])
@@ -107,8 +120,9 @@ class GatherND(Operator):
         ]
         for d in range(depth):
             size = data.shape[batch_dims + d]
-            lines.append(f"  var i{d} = aux0(g * {depth}u + {d}u);\n")
-            lines.append(f"  if (i{d} < 0) {{ i{d} = i{d} + {wgsl_int(size)}; }}\n")
+            lines.append(
+                index_lines(f"i{d}", f"g * {depth}u + {d}u", indices.dtype, -size, size - 1, checked=checked, wrap=size)
+            )
             lines.append(f"  offset = offset + i{d} * {wgsl_int(strides[d])};\n")
         lines.append("  return vec2<u32>(0u, u32(offset));\n}\n")
         bindings = [Binding("input", 0), Binding("input", 1), Binding("output", 0)]
@@ -116,6 +130,7 @@ class GatherND(Operator):
         def function(array: np.ndarray, index_array: np.ndarray) -> np.ndarray:
             return gather_nd(array, index_array, batch_dims)
 
+        twin = reference_twin(function, bindings, inputs, outputs)
         kernel = gather_kernel(
             "GatherND",
             [(bindings[0], data)],
@@ -123,6 +138,8 @@ class GatherND(Operator):
             out,
             "".join(lines),
             caps,
-            reference_twin(function, bindings, inputs, outputs),
+            # the reference's InvalidArgumentError becomes the status flag, as in the WGSL
+            flagging_twin(twin, bindings + [Binding("status")]) if checked else twin,
+            status=checked,
         )
         return OpPlan(kernels=(kernel,))

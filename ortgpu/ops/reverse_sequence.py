@@ -1,9 +1,11 @@
 """ReverseSequence: reverse the first ``sequence_lens[b]`` steps along ``time_axis`` of each batch ``b``.
 
-On the device (a bit-exact copy, any dtype) when ``sequence_lens`` is a
-constant, checked when planned; lengths computed at run time run on the CPU,
-where a length outside ``[0, steps]`` is a typed error (a kernel could only
-clamp it).
+On the device (a bit-exact copy, any dtype).  A constant ``sequence_lens`` is
+checked when planned; lengths read at run time are checked by the kernel: one
+outside ``[0, steps]`` (or an int64 whose high word is not the sign extension
+of its low word) is clamped, so reads stay inside the input, and flags the run
+in the program's status words, so it raises ``InvalidArgumentError`` (as the
+reference does) instead of returning the clamped reversal.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import numpy as np
 from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 
 from .._limits import element_count
-from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
+from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, flagging_twin, reference_twin
 from ._registry import register
+from ._run_time_indices import index_lines, require_index_dtype
 from ._wgsl_kernels import gather_kernel
 
 __all__ = ["ReverseSequence"]
@@ -69,18 +72,21 @@ class ReverseSequence(Operator):
         x, lengths = inputs[0], inputs[1]
         assert x is not None and lengths is not None
         batch_axis, time_axis = self._axes(len(x.shape), attrs)
-        if 1 not in constants:
-            raise NotOnDevice(
-                "ReverseSequence: lengths computed at run time cannot be range-checked by a kernel; it runs on the CPU"
-            )
         steps = x.shape[time_axis]
-        constant = np.asarray(constants[1])
-        if constant.shape != (x.shape[batch_axis],):
-            raise ShapeError(f"ReverseSequence: sequence_lens {constant.shape} for batch size {x.shape[batch_axis]}")
-        if constant.size and (constant.min() < 0 or constant.max() > steps):
-            raise InvalidArgumentError(f"ReverseSequence: a sequence length is outside [0, {steps}]")
+        if tuple(lengths.shape) != (x.shape[batch_axis],):
+            raise ShapeError(f"ReverseSequence: sequence_lens {lengths.shape} for batch size {x.shape[batch_axis]}")
+        checked = 1 not in constants
+        if checked:
+            require_index_dtype("ReverseSequence", lengths.dtype)
+        else:
+            constant = np.asarray(constants[1])
+            if constant.size and (constant.min() < 0 or constant.max() > steps):
+                raise InvalidArgumentError(f"ReverseSequence: a sequence length is outside [0, {steps}]")
         out = outputs[0]
         if out.size == 0:
+            if checked and lengths.size:
+                # no invocation would read (and check) the lengths
+                raise NotOnDevice("ReverseSequence: the lengths of an empty input are checked on the CPU")
             return OpPlan()
         inner = element_count(x.shape[2:])
         time_stride = inner * (x.shape[1] if time_axis == 0 else 1)
@@ -91,7 +97,8 @@ class ReverseSequence(Operator):
             f"  let rest = j / {inner}u;\n"
             f"  let c1 = rest % {x.shape[1]}u;\n"
             f"  let c0 = rest / {x.shape[1]}u;\n"
-            f"  let length = u32(aux0({coordinate_batch}));\n"
+            + index_lines("count", coordinate_batch, lengths.dtype, 0, steps, checked=checked)
+            + "  let length = u32(count);\n"
             f"  let t = select({coordinate_time}, length - 1u - {coordinate_time}, {coordinate_time} < length);\n"
             f"  return vec2<u32>(0u, t * {time_stride}u + {coordinate_batch} * {batch_stride}u + j % {inner}u);\n"
             "}\n"
@@ -102,6 +109,7 @@ class ReverseSequence(Operator):
         def function(array: np.ndarray, length_array: np.ndarray) -> np.ndarray:
             return operator.reference([array, length_array], attributes, outputs)[0]
 
+        twin = reference_twin(function, bindings, inputs, outputs)
         kernel = gather_kernel(
             "ReverseSequence",
             [(bindings[0], x)],
@@ -109,6 +117,8 @@ class ReverseSequence(Operator):
             out,
             source,
             caps,
-            reference_twin(function, bindings, inputs, outputs),
+            # the reference's InvalidArgumentError becomes the status flag, as in the WGSL
+            flagging_twin(twin, bindings + [Binding("status")]) if checked else twin,
+            status=checked,
         )
         return OpPlan(kernels=(kernel,))

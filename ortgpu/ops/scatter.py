@@ -6,15 +6,19 @@ combines each update with what is already at its destination, in index order
 With ``none`` and duplicate indices ONNX leaves the result undefined; here the
 last update wins, as in onnxruntime.  Out-of-range indices are a typed error.
 
-They run on the device when the indices are a constant (range-checked when
-planned): each output element scans its candidate updates in order (for
-ScatterElements, the positions along the axis; for ScatterND, every index
-tuple) and is a bit-exact copy of the data or of the last update aimed at it,
-or, with a reduction, the data combined with those updates in the reference's
-order (8/16/32-bit integers, which wrap alike; float32 add/mul, correctly
-rounded at each step).  Run-time indices stay on the CPU (a kernel could not
-report an out-of-range one, which would silently be dropped), as do float16
-reductions (rounded at every step), float max/min (NaN) and 64-bit reductions.
+They run on the device: each output element scans its candidate updates in
+order (for ScatterElements, the positions along the axis; for ScatterND, every
+index tuple) and is a bit-exact copy of the data or of the last update aimed at
+it (so duplicate indices without a reduction give the last update, in index
+order, deterministically, whether the indices are constant or read at run time:
+no two invocations write one element), or, with a reduction, the data combined
+with those updates in the reference's order (8/16/32-bit integers, which wrap
+alike; float32 add/mul, correctly rounded at each step).  Constant indices are
+range-checked when planned; indices read at run time are checked by the kernel:
+an out-of-range one (or an int64 whose high word is not the sign extension of
+its low word) flags the run in the program's status words, so it raises
+``InvalidArgumentError`` as the reference does.  Float16 reductions (rounded at
+every step), float max/min (NaN) and 64-bit reductions run on the CPU.
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ from ._kernel import (
     OpPlan,
     TensorInfo,
     check_loop_budget,
+    flagging_twin,
     reference_twin,
 )
 from ._registry import register
+from ._run_time_indices import STATUS_DECLARATION, index_lines, require_index_dtype
 from ._wgsl import (
     LINEAR_INVOCATION,
+    check_binding_count,
     check_binding_sizes,
     contiguous_strides,
     elements_per_invocation,
@@ -149,18 +156,29 @@ class ScatterElements(Operator):
         assert data is not None and indices is not None and updates is not None
         reduction = _reduction(self.op_type, attrs, self.opset) if self.op_type == "ScatterElements" else "none"
         _check_device_reduction(self.op_type, reduction, data.dtype)
-        if 1 not in constants:
-            raise NotOnDevice(
-                f"{self.op_type}: indices computed at run time cannot be range-checked by a kernel; it runs on the CPU"
-            )
         axis = int(attrs.get("axis", 0))
-        # The reference checks the shapes and every index (a typed error when planned).
-        _elements_destinations(data.shape, np.asarray(constants[1]), updates.shape, axis, self.op_type)
+        checked = 1 not in constants
+        if checked:
+            require_index_dtype(self.op_type, indices.dtype)
+            # the reference checks the shapes (a typed error when planned); zeros are valid unless the axis is empty
+            shape_only = np.zeros(indices.shape, indices.dtype)
+            try:
+                _elements_destinations(data.shape, shape_only, updates.shape, axis, self.op_type)
+            except InvalidArgumentError:
+                raise NotOnDevice(
+                    f"{self.op_type}: every index into an empty axis is invalid; the CPU refuses them"
+                ) from None
+        else:
+            # The reference checks the shapes and every index (a typed error when planned).
+            _elements_destinations(data.shape, np.asarray(constants[1]), updates.shape, axis, self.op_type)
         out = outputs[0]
         if out.size == 0:
+            if checked and indices.size:
+                raise NotOnDevice(f"{self.op_type}: the indices of an empty output are checked on the CPU")
             return OpPlan()
         rank = len(data.shape)
         axis = axis + rank if axis < 0 else axis
+        size = data.shape[axis]
         steps = indices.shape[axis]
         check_loop_budget(self.op_type, steps * elements_per_invocation(out.dtype.itemsize), caps)
         index_strides = contiguous_strides(indices.shape)
@@ -175,11 +193,13 @@ class ScatterElements(Operator):
         lines.append(f"  if ({' && '.join(inside)}) {{\n")
         lines.append(f"    for (var t = 0u; t < {steps}u; t = t + 1u) {{\n")
         lines.append(f"      let u = base + t * {index_strides[axis]}u;\n")
-        lines.append("      var index = aux0(u);\n")
-        lines.append(f"      if (index < 0) {{ index = index + {wgsl_int(data.shape[axis])}; }}\n")
+        # every index is scanned by the output elements sharing its off-axis coordinates (the axis is not empty)
+        lines.append(
+            index_lines("index", "u", indices.dtype, -size, size - 1, checked=checked, wrap=size, indent="      ")
+        )
         lines.append(f"      if (u32(index) == c{axis}) {{ found = vec2<u32>(1u, u); }}\n")
         lines.append("    }\n  }\n  return found;\n}\n")
-        return _scatter_kernel(self.op_type, inputs, outputs, "".join(lines), caps, attrs, self, reduction)
+        return _scatter_kernel(self.op_type, inputs, outputs, "".join(lines), caps, attrs, self, reduction, checked)
 
 
 @register
@@ -227,7 +247,7 @@ class ScatterND(Operator):
         tuples = _normalised(tuples, bounds, self.op_type)
         where = tuple(tuples[:, d] for d in range(depth))
         output = np.array(data, order="C", copy=True)
-        _apply(output, where, updates.reshape((-1,) + data.shape[depth:]), reduction)
+        _apply(output, where, updates.reshape((len(tuples),) + data.shape[depth:]), reduction)
         return [output]
 
     def plan(
@@ -242,25 +262,28 @@ class ScatterND(Operator):
         assert data is not None and indices is not None and updates is not None
         reduction = _reduction(self.op_type, attrs, self.opset)
         _check_device_reduction("ScatterND", reduction, data.dtype)
-        if 1 not in constants:
-            raise NotOnDevice(
-                "ScatterND: indices computed at run time cannot be range-checked by a kernel; it runs on the CPU"
-            )
-        constant = np.asarray(constants[1])
-        if constant.ndim < 1 or constant.shape[-1] > len(data.shape):
-            raise ShapeError(f"ScatterND: indices {constant.shape} for data of rank {len(data.shape)}")
-        depth = constant.shape[-1]
-        expected = tuple(constant.shape[:-1]) + tuple(data.shape[depth:])
+        if len(indices.shape) < 1 or indices.shape[-1] > len(data.shape):
+            raise ShapeError(f"ScatterND: indices {indices.shape} for data of rank {len(data.shape)}")
+        depth = indices.shape[-1]
+        expected = tuple(indices.shape[:-1]) + tuple(data.shape[depth:])
         if tuple(updates.shape) != expected:
             raise ShapeError(f"ScatterND: updates have shape {updates.shape}, expected {expected}")
-        _normalised(constant.reshape(-1, depth), np.array(data.shape[:depth], dtype=np.int64), "ScatterND")
+        checked = 1 not in constants
+        if checked:
+            require_index_dtype("ScatterND", indices.dtype)
+        else:
+            constant = np.asarray(constants[1]).reshape(-1, depth)
+            _normalised(constant, np.array(data.shape[:depth], dtype=np.int64), "ScatterND")
         out = outputs[0]
         if out.size == 0:
+            if checked and indices.size:
+                raise NotOnDevice("ScatterND: the indices of an empty output are checked on the CPU")
             return OpPlan()
-        tuples = element_count(constant.shape[:-1])
+        tuples = element_count(indices.shape[:-1])
         slice_size = max(element_count(data.shape[depth:]), 1)
         check_loop_budget("ScatterND", tuples * elements_per_invocation(out.dtype.itemsize), caps)
         slice_strides = contiguous_strides(data.shape[:depth])
+        # every output element scans every index tuple, so each entry is checked
         lines = [
             "fn source(j: u32) -> vec2<u32> {\n",
             f"  let wanted = i32(j / {slice_size}u);\n",
@@ -270,12 +293,16 @@ class ScatterND(Operator):
         ]
         for d in range(depth):
             size = data.shape[d]
-            lines.append(f"    var i{d} = aux0(u * {depth}u + {d}u);\n")
-            lines.append(f"    if (i{d} < 0) {{ i{d} = i{d} + {wgsl_int(size)}; }}\n")
+            position = f"u * {depth}u + {d}u"
+            lines.append(
+                index_lines(
+                    f"i{d}", position, indices.dtype, -size, size - 1, checked=checked, wrap=size, indent="    "
+                )
+            )
             lines.append(f"    offset = offset + i{d} * {wgsl_int(slice_strides[d])};\n")
         lines.append(f"    if (offset == wanted) {{ found = vec2<u32>(1u, u * {slice_size}u + j % {slice_size}u); }}\n")
         lines.append("  }\n  return found;\n}\n")
-        return _scatter_kernel("ScatterND", inputs, outputs, "".join(lines), caps, attrs, self, reduction)
+        return _scatter_kernel("ScatterND", inputs, outputs, "".join(lines), caps, attrs, self, reduction, checked)
 
 
 #: WGSL of each reduction on two values of the element's compute type.
@@ -305,11 +332,12 @@ def _scatter_kernel(
     attrs: Mapping[str, Any],
     operator: Operator,
     reduction: str = "none",
+    checked: bool = False,
 ) -> OpPlan:
     """The kernel of a scatter: ``source`` is a WGSL ``fn source(j) -> vec2<u32>`` scanning the candidate updates of
     output element ``j`` in order, ``found = vec2<u32>(1u, k)`` on each update ``k`` aimed at it.  Without a reduction
     it is a gather kernel (the last update wins, bit-exact); with one, the same scan combines the updates into the
-    data element."""
+    data element.  ``checked``: ``source`` flags invalid run-time indices in the status words (bound last)."""
     data, indices, updates = inputs[0], inputs[1], inputs[2]
     assert data is not None and indices is not None and updates is not None
     if updates.dtype != data.dtype:
@@ -321,10 +349,21 @@ def _scatter_kernel(
         return operator.reference([array, index_array, update_array], attributes, outputs)[0]
 
     twin = reference_twin(function, bindings, inputs, outputs)
+    if checked:
+        # the reference's InvalidArgumentError becomes the status flag, as in the WGSL
+        bindings.append(Binding("status"))
+        twin = flagging_twin(twin, bindings)
     out = outputs[0]
     if reduction == "none":
         kernel = gather_kernel(
-            op_type, [(bindings[0], data), (bindings[1], updates)], [(bindings[2], indices)], out, source, caps, twin
+            op_type,
+            [(bindings[0], data), (bindings[1], updates)],
+            [(bindings[2], indices)],
+            out,
+            source,
+            caps,
+            twin,
+            status=checked,
         )
         return OpPlan(kernels=(kernel,))
     compute = wgsl_compute_type(data.dtype)
@@ -334,6 +373,7 @@ def _scatter_kernel(
         .replace("return found;", "return acc;")
     )
     value = re.sub(r"found = vec2<u32>\(1u, ([^;]*)\);", r"acc = combine(acc, load_update(\1));", value)
+    check_binding_count(op_type, len(bindings), caps)
     check_binding_sizes(op_type, [data, updates, indices, out], caps)
     count = out.size
     invocations = -(-count // elements_per_invocation(out.dtype.itemsize))
@@ -343,6 +383,7 @@ def _scatter_kernel(
         + storage_declaration(1, "updates", writable=False)
         + storage_declaration(2, "auxbuf0", writable=False)
         + storage_declaration(3, "dst", writable=True)
+        + (STATUS_DECLARATION.format(binding=4) if checked else "")
         + load_function("load_data", "data", data.dtype)
         + load_function("load_update", "updates", updates.dtype)
         + load_function("aux0", "auxbuf0", indices.dtype)
