@@ -435,6 +435,7 @@ SHAPE_INPUT_POSITIONS: dict[str, tuple[int, ...]] = {
     "StringNormalizer": (0,),  # stopwords removed from a 1-D input shorten it
     "CumSum": (1,),  # the axis: a kernel per axis, planned for its value
     "CumProd": (1,),
+    "AffineGrid": (1,),  # the output size
     # Control flow (ortgpu.ops.control_flow): the trip count and condition decide a Loop's scan-output length,
     # the condition which branch (and so which shapes) an If gives.
     "Loop": (0, 1),

@@ -46,7 +46,7 @@ if os.path.dirname(HERE) not in sys.path:
     sys.path.insert(0, os.path.dirname(HERE))
 
 from ortgpu._model import _NUMPY_DTYPES  # noqa: E402 - the dtypes numpy (and so ortgpu) can hold
-from ortgpu_core._errors import ModelError  # noqa: E402
+from ortgpu_core._errors import InvalidArgumentError, ModelError  # noqa: E402
 
 #: Floors that keep what was reached (issue 12): passing counted cases on each backend, and counted cases
 #: passing wholly on WebGPU on the wgpu backend.  Raise them as operators land; never lower them to pass.
@@ -205,7 +205,7 @@ def run_case(case: Any, env: Any) -> CaseResult:
                         return result("wrong", f"{name}: {problem}")
         finally:
             sess.close()
-    except ModelError as error:
+    except (ModelError, InvalidArgumentError) as error:  # typed refusals: of the model, or of its data
         return result("refused", f"{type(error).__name__}: {error}")
     except Exception as error:  # noqa: BLE001 - reported per case
         return result("error", " ".join(f"{type(error).__name__}: {error}".split())[:300])

@@ -14,7 +14,9 @@ Device memory layout is numpy's C-contiguous layout for every dtype, bit for
 bit (bool and uint8 are bytes, int64 is 8 bytes little-endian, float16 is 2
 bytes), so uploads and readbacks never convert.  Kernels read and write
 sub-word types by packing them into ``u32`` words, and read int64 indices
-through their low word (valid for indices in int32 range).
+through their low word (valid for indices in int32 range); kernels reading
+indices at run time also check the high word and flag any index out of range
+in the program's status words (``Binding("status")``).
 
 Each :class:`KernelSpec` carries its own numpy twin (``twin``) that does to the
 bound byte arrays what its WGSL does: the fake backend runs twins instead of

@@ -130,7 +130,13 @@ def _window_counts(
         count = (-(-span // s) if ceil_mode else _divide_toward_zero(span, s)) + 1
         if ceil_mode and (count - 1) * s >= size + b:
             count -= 1  # the last window would start in the end padding
-        out.append(max(0, count))
+        if count < 0:
+            # onnxruntime refuses it ("Calculated output dimension is negative"); an empty output would hide it
+            raise ShapeError(
+                f"a window spanning {extent} elements over {size} padded by {b} and {e} gives a negative output size; "
+                "use a smaller kernel or dilation, or more padding"
+            )
+        out.append(count)
     return out
 
 

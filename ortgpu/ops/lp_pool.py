@@ -58,6 +58,16 @@ class LpPool(Operator):
     op_type = "LpPool"
     since_version = 1
 
+    def output_shapes(
+        self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]
+    ) -> list[tuple[int, ...]] | None:
+        """The window count of :func:`.conv.spatial_geometry`, as for MaxPool (onnx's inference differs at ceil-mode
+        edges)."""
+        x = inputs[0]
+        if x is None or len(x.shape) < 3:
+            return None
+        return [tuple(x.shape[:2]) + self._geometry(x.shape, attrs).out]
+
     def _geometry(self, x_shape: Sequence[int], attrs: Mapping[str, Any]) -> SpatialGeometry:
         _check_input(x_shape, "LpPool")
         if "kernel_shape" not in attrs:

@@ -222,6 +222,17 @@ class MaxPool(Operator):
     op_type = "MaxPool"
     since_version = 1
 
+    def output_shapes(
+        self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]
+    ) -> list[tuple[int, ...]] | None:
+        """The window count of :func:`.conv.spatial_geometry` (as onnxruntime counts ceil-mode windows; onnx's
+        inference counts one more where the last would start in the end padding)."""
+        x = inputs[0]
+        if x is None or len(x.shape) < 3:
+            return None
+        shape = tuple(x.shape[:2]) + _geometry(self.op_type, x.shape, attrs, self.opset).out
+        return [shape, shape]  # Y, and MaxPool's optional Indices
+
     def reference(
         self,
         inputs: Sequence[np.ndarray | None],
@@ -266,6 +277,17 @@ class AveragePool(Operator):
 
     op_type = "AveragePool"
     since_version = 1
+
+    def output_shapes(
+        self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]
+    ) -> list[tuple[int, ...]] | None:
+        """The window count of :func:`.conv.spatial_geometry` (as onnxruntime counts ceil-mode windows; onnx's
+        inference counts one more where the last would start in the end padding)."""
+        x = inputs[0]
+        if x is None or len(x.shape) < 3:
+            return None
+        shape = tuple(x.shape[:2]) + _geometry(self.op_type, x.shape, attrs, self.opset).out
+        return [shape, shape]  # Y, and MaxPool's optional Indices
 
     def reference(
         self,
