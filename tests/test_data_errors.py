@@ -30,7 +30,9 @@ def _embedding(index_type: int) -> bytes:
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3, 4])],
         [numpy_helper.from_array(TABLE, "table")],
     )
-    return bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9  # onnxruntime 1.31 (the GPU machine's) reads IR versions up to 13
+    return bytes(model.SerializeToString())
 
 
 BAD_INDICES = {
@@ -111,7 +113,9 @@ def _single_node(op_type: str, inputs: list[tuple[str, int, list[int]]], opset: 
         [helper.make_tensor_value_info(name, dtype, shape) for name, dtype, shape in inputs],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
     )
-    return bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString())
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return bytes(model.SerializeToString())
 
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64

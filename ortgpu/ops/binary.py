@@ -107,8 +107,19 @@ class BinaryOperator(Operator):
             )
         require_device_dtype(self.op_type, a.dtype, _DEVICE_DTYPES)
         return elementwise_plan(
-            self.op_type, [Operand(0, a), Operand(1, b)], outputs, self.expression(a.dtype), caps, function, inputs
+            self.op_type,
+            [Operand(0, a), Operand(1, b)],
+            outputs,
+            self.expression(a.dtype),
+            caps,
+            function,
+            inputs,
+            helpers=self.wgsl_helpers(a.dtype),
         )
+
+    def wgsl_helpers(self, dtype: np.dtype[Any]) -> str:
+        """WGSL functions :meth:`expression` calls (none by default)."""
+        return ""
 
 
 @register
@@ -146,9 +157,23 @@ class Mul(BinaryOperator):
 
 @register
 class Div(BinaryOperator):
+    """Div; float32 on the device is correctly rounded, like numpy and onnxruntime's CPU: WGSL's ``/`` may be off by
+    2.5 ulp (the H200's was), which flipped a later Round (DynamicQuantizeLinear's expansion gave 25 for 26), so the
+    quotient is computed on the bits (:data:`~ortgpu.ops.quantize.EXACT_DIVISION_WGSL`)."""
+
     op_type = "Div"
     since_version = 1
     symbol = "/"
+
+    def expression(self, dtype: np.dtype[Any]) -> str:
+        if dtype == np.float32:
+            return "bitcast<f32>(div_bits(bitcast<u32>(x0), bitcast<u32>(x1)))"
+        return super().expression(dtype)
+
+    def wgsl_helpers(self, dtype: np.dtype[Any]) -> str:
+        from .quantize import EXACT_DIVISION_WGSL  # noqa: PLC0415 - quantize imports this module
+
+        return EXACT_DIVISION_WGSL if dtype == np.float32 else ""
 
     def compute(self, a: np.ndarray, b: np.ndarray) -> Any:
         if a.dtype.kind in "iu":

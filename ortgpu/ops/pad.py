@@ -259,12 +259,16 @@ def pad_plan(
         elif mode == "edge":
             lines.append(f"  i{axis} = clamp(i{axis}, 0, {length - 1});")
         elif mode == "wrap":
-            lines.append(f"  i{axis} = ((i{axis} % {length}) + {length}) % {length};")
+            # Unsigned remainders only: shifted by a multiple of the length past the front padding, the index is
+            # never negative (the signed-remainder form read wrong elements on the H200's driver).
+            shift = (max(pad_begin, 0) // length + 1) * length
+            lines.append(f"  i{axis} = i32(u32(i{axis} + {shift}) % {length}u);")
         elif length == 1:
             lines.append(f"  i{axis} = 0;")
         else:
             period = 2 * (length - 1)
-            lines.append(f"  i{axis} = ((i{axis} % {period}) + {period}) % {period};")
+            shift = (max(pad_begin, 0) // period + 1) * period
+            lines.append(f"  i{axis} = i32(u32(i{axis} + {shift}) % {period}u);")
             lines.append(f"  if (i{axis} >= {length}) {{ i{axis} = {period} - i{axis}; }}")
         lines.append(f"  k = k + (i{axis} + {crop_begin}) * {strides[axis]};")
     lines += ["  return raw0(u32(k));", "}"]
