@@ -173,7 +173,7 @@ def run_onnxruntime(model: onnx.ModelProto, arrays: Sequence[np.ndarray | None])
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
-    """float: ||a - e|| / ||e|| < 1e-4 over finite values, same NaN/inf positions; others: exact."""
+    """float: ||a - e|| / ||e|| < 1e-4 (float16: 1e-3) over finite values, same NaN/inf positions; others: exact."""
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
     if expected.dtype.kind != "f":
@@ -187,7 +187,10 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
     assert np.array_equal(a[~finite & ~np.isnan(e)], e[~finite & ~np.isnan(e)]), f"{what}: infinities differ"
     norm = max(float(np.linalg.norm(e[finite])), 1e-30)
     error = float(np.linalg.norm(a[finite] - e[finite]))
-    assert error <= 1e-4 * norm, f"{what}: relative error {error / norm:.3g}"
+    # float16 results: an f32 intermediate one ulp off (a GPU's inverseSqrt or exp) flips an f16 rounding, one f16
+    # ulp (~1e-3 relative); lavapipe happens to agree bit for bit, the H200 does not
+    limit = 1e-3 if expected.dtype == np.float16 else 1e-4
+    assert error <= limit * norm, f"{what}: relative error {error / norm:.3g}"
 
 
 def make_inputs(case: Case) -> list[np.ndarray | None]:

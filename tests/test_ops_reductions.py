@@ -469,8 +469,8 @@ def test_nan_rows_match_the_reference_on_the_device(op_device: BackendDevice, le
 
 
 def test_out_of_range_labels_on_the_device(op_device: BackendDevice, backend_name: str) -> None:
-    """The kernel cannot raise: an out-of-range label gives NaN (never a plausible loss); the twin raises, as the
-    reference and onnxruntime do."""
+    """An out-of-range label flags the run in the program's status words (the kernel cannot raise; it writes NaN
+    there), so running the plan raises InvalidArgumentError on both backends, as the reference and onnxruntime do."""
     from ortgpu.ops._runner import run_plan
 
     x = np.zeros((3, 4), F32)
@@ -486,12 +486,11 @@ def test_out_of_range_labels_on_the_device(op_device: BackendDevice, backend_nam
                 caps_of(op_device),
                 {},
             )
-            if backend_name == "fake":
-                with pytest.raises(InvalidArgumentError, match="label 9"):
-                    run_plan(op_device, plan, [x, target], [output])
-                continue
-            (loss,) = run_plan(op_device, plan, [x, target], [output])
-            assert np.isnan(loss.reshape(-1)[1 if reduction == "none" else 0])
+            assert any(b.kind == "status" for kernel in plan.kernels for b in kernel.bindings)
+            with pytest.raises(InvalidArgumentError, match="invalid data"):
+                run_plan(op_device, plan, [x, target], [output])
+            (loss,) = run_plan(op_device, plan, [x, np.array([0, 3, 1], I64)], [output])
+            assert np.isfinite(loss).all()
 
 
 @pytest.mark.parametrize("largest", [1, 0])

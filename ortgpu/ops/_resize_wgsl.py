@@ -30,6 +30,7 @@ from ._wgsl import (
     workgroup_size_for,
 )
 from ._wgsl_kernels import gather_kernel
+from .quantize import EXACT_DIVISION_WGSL
 from .resize import F32, ResizeConfig, align_denominator, crop_terms, half_pixel_symmetric_offset, resize_reference
 
 __all__ = ["resize_plan"]
@@ -44,6 +45,14 @@ def wgsl_f32(value: float | np.floating[Any]) -> str:
 MAX_TAPS = 64
 
 
+#: ``fn fdiv(a, b)``: a correctly rounded f32 quotient, as the reference's float32 arithmetic gives (WGSL's ``/`` may
+#: be 2.5 ulp off, and the H200's was: a nearest ``ceil`` of an exact half-pixel coordinate picked the next row).
+_FDIV = (
+    EXACT_DIVISION_WGSL
+    + "fn fdiv(a: f32, b: f32) -> f32 { return bitcast<f32>(div_bits(bitcast<u32>(a), bitcast<u32>(b))); }\n"
+)
+
+
 def _coordinate(config: ResizeConfig, axis: int) -> str:
     """WGSL f32 expression of the source coordinate of output position ``c{axis}``."""
     length_in = config.in_shape[axis]
@@ -53,24 +62,24 @@ def _coordinate(config: ResizeConfig, axis: int) -> str:
     s = wgsl_f32(scale)
     t = config.transform
     if t == "half_pixel" or (t == "pytorch_half_pixel" and length_out > 1):
-        return f"(({c} + 0.5f) / {s} - 0.5f)"
+        return f"(fdiv({c} + 0.5f, {s}) - 0.5f)"
     if t == "pytorch_half_pixel":
         return "0.0f"
     if t == "half_pixel_symmetric":
         offset = wgsl_f32(half_pixel_symmetric_offset(length_in, length_out, scale))
-        return f"({offset} + ({c} + 0.5f) / {s} - 0.5f)"
+        return f"({offset} + fdiv({c} + 0.5f, {s}) - 0.5f)"
     if t == "align_corners":
         if length_out == 1:
             return "0.0f"
-        return f"(f32(c{axis} * {length_in - 1}u) / {wgsl_f32(align_denominator(config, axis))})"
+        return f"fdiv(f32(c{axis} * {length_in - 1}u), {wgsl_f32(align_denominator(config, axis))})"
     if t == "asymmetric":
-        return f"({c} / {s})"
+        return f"fdiv({c}, {s})"
     if t == "tf_half_pixel_for_nn":
-        return f"(({c} + 0.5f) / {s})"
+        return f"fdiv({c} + 0.5f, {s})"
     start, span = crop_terms(config, axis)
     if length_out == 1:
         return wgsl_f32(span)
-    return f"({wgsl_f32(start)} + ({c} * {wgsl_f32(span)}) / {wgsl_f32(length_out - 1)})"
+    return f"({wgsl_f32(start)} + fdiv({c} * {wgsl_f32(span)}, {wgsl_f32(length_out - 1)}))"
 
 
 def _nearest(config: ResizeConfig, axis: int, x: str) -> str:
@@ -170,6 +179,7 @@ def _value_kernel(config: ResizeConfig, x: TensorInfo, out: TensorInfo, caps: De
         storage_declaration(1, "dst", writable=True),
         load_function("load0", "src", x.dtype),
         _CUBIC if config.mode == "cubic" else "",
+        _FDIV,
         "\n".join(lines) + "\n",
     ]
     invocations = -(-out.size // elements_per_invocation(out.dtype.itemsize))
@@ -247,6 +257,7 @@ def _antialias_kernel(config: ResizeConfig, x: TensorInfo, out: TensorInfo, caps
         storage_declaration(1, "dst", writable=True),
         load_function("load0", "src", x.dtype),
         _CUBIC if config.mode == "cubic" else "",
+        _FDIV,
         "".join(helpers),
         "\n".join(lines) + "\n",
     ]
@@ -272,7 +283,7 @@ def _nearest_source(config: ResizeConfig, out: TensorInfo, strides: list[int]) -
             terms.append(f"c{axis} * {strides[axis]}u")
     lines.append(f"  return vec2<u32>(0u, {' + '.join(terms) or '0u'});")
     lines.append("}")
-    return "\n".join(lines) + "\n"
+    return _FDIV + "\n".join(lines) + "\n"
 
 
 def resize_plan(

@@ -110,7 +110,14 @@ class TensorScatter(Operator):
         # InvalidArgumentError, as the reference does), its writes dropped meanwhile.
         checked = indices is not None and not circular and 2 not in constants and steps > 0
         check = f"\n  if (w < 0 || w > {length - steps}) {{ atomicOr(&status[0], 1u); }}" if checked else ""
-        offset = f"((c - w) % {length} + {length}) % {length}" if circular else "c - w"
+        # unsigned remainders only (the signed-remainder form was wrong on the H200's driver): w wraps into
+        # [0, length) first, so c - w + length is never negative
+        offset = (
+            f"i32((u32(c) + {length}u - select(u32(w) % {length}u, ({length}u - u32(-w) % {length}u) % {length}u, "
+            f"w < 0)) % {length}u)"
+            if circular
+            else "c - w"
+        )
         source = f"""fn source(j: u32) -> vec2<u32> {{
   let b = j / {per_batch}u;
   let c = i32((j / {inner}u) % {length}u);

@@ -2,9 +2,9 @@
 
 Interior nodes are the ``nodes_*`` tuples (feature, mode, split, true/false child, whether each child is a leaf),
 leaves the ``leaf_*`` tuples (target, weight); ``tree_roots`` start each tree.  Each sample walks every tree to one
-leaf; a target's leaves are aggregated (SUM, AVERAGE over the trees, MIN or MAX; a target no leaf reached is 0)
-and ``post_transform`` applied.  A NaN feature follows the branch ``nodes_missing_value_tracks_true`` names, except
-at ``BRANCH_NEQ`` (NaN != split is true), as onnxruntime does.  ``BRANCH_MEMBER`` compares the value exactly, as the
+leaf; a target's leaves are aggregated (SUM, AVERAGE over the trees, MIN or MAX; a target no leaf reached is 0);
+``post_transform`` NONE only (see the refusal).  A NaN feature follows the branch ``nodes_missing_value_tracks_true``
+names, except at ``BRANCH_NEQ`` (NaN != split is true), as onnxruntime does.  ``BRANCH_MEMBER`` compares the value exactly, as the
 spec and its test data do (onnxruntime accepts only integer members and differs on fractional values).
 Computed in float64, returned in the input's dtype.
 """
@@ -77,63 +77,6 @@ def _goes_true(mode: int, value: float, split: float, members: set[float] | None
         return value != split
     assert members is not None
     return value in members
-
-
-def _erfinv(y: np.ndarray) -> np.ndarray:
-    """The inverse error function in float64: Giles' single-precision approximation, then Newton steps on erf."""
-    erf = np.vectorize(math.erf, otypes=[np.float64])
-    y = np.asarray(y, dtype=np.float64)
-    inside = np.abs(y) < 1
-    safe = np.where(inside, y, 0.0)
-    w = -np.log((1.0 - safe) * (1.0 + safe))
-    central = w < 5.0
-    wc, wt = w - 2.5, np.sqrt(np.maximum(w, 5.0)) - 3.0
-    pc = 2.81022636e-08
-    for c in (
-        3.43273939e-07,
-        -3.5233877e-06,
-        -4.39150654e-06,
-        0.00021858087,
-        -0.00125372503,
-        -0.00417768164,
-        0.246640727,
-        1.50140941,
-    ):
-        pc = c + pc * wc
-    pt = -0.000200214257
-    for c in (
-        0.000100950558,
-        0.00134934322,
-        -0.00367342844,
-        0.00573950773,
-        -0.0076224613,
-        0.00943887047,
-        1.00167406,
-        2.83297682,
-    ):
-        pt = c + pt * wt
-    x = np.where(central, pc, pt) * safe
-    for _ in range(3):
-        x = x - (erf(x) - safe) / (2.0 / math.sqrt(math.pi) * np.exp(-x * x))
-    return np.where(inside, x, np.where(y == 1, np.inf, np.where(y == -1, -np.inf, np.nan)))
-
-
-def _post_transform(scores: np.ndarray, transform: int) -> np.ndarray:
-    if transform == 0:
-        return scores
-    if transform == 2:
-        return 1.0 / (1.0 + np.exp(-scores))
-    if transform in (1, 3):
-        keep = np.ones_like(scores, dtype=bool) if transform == 1 else scores != 0
-        shifted = np.where(keep, scores, -np.inf)
-        peak = np.max(shifted, axis=1, keepdims=True)
-        peak = np.where(np.isfinite(peak), peak, 0.0)
-        exps = np.where(keep, np.exp(shifted - peak), 0.0)
-        total = np.sum(exps, axis=1, keepdims=True)
-        return np.where(total > 0, exps / np.where(total > 0, total, 1.0), 0.0)
-    if transform == 4:
-        return np.sqrt(2.0) * _erfinv(2.0 * scores - 1.0)
-    raise UnsupportedOpError(f"TreeEnsemble: post_transform {transform} is not one of 0..4")
 
 
 @register
@@ -229,4 +172,4 @@ class TreeEnsemble(Operator):
                     scores[row, target] = min(values)
                 else:
                     scores[row, target] = max(values)
-        return [_post_transform(scores, transform).astype(x.dtype)]
+        return [scores.astype(x.dtype)]
