@@ -130,6 +130,11 @@ class _ArgReduce(Operator):
         else:
             operator = (">" if self.largest else "<") + ("=" if last else "")
             better = f"(v {operator} best)"
+            if x.dtype.kind == "f":
+                # NaN by its bits: a comparison with NaN is false in IEEE, which GPU drivers need not keep (the H200
+                # let a NaN replace the best)
+                nan = "((bitcast<u32>({}) & 0x7fffffffu) > 0x7f800000u)"
+                better = f"(!{nan.format('v')} && !{nan.format('best')} && {better})"
         wgsl = (
             storage_declaration(0, "src", writable=False)
             + storage_declaration(1, "dst", writable=True)
