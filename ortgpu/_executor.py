@@ -37,6 +37,7 @@ from ._planner import ExecutionPlan, PlannedStep
 from .ops import DeviceCaps, KernelSpec, TensorInfo
 from .ops._kernel import STATUS_BYTES, loop_budget_for
 from .ops._runner import padded_size
+from .ops.sequences import element_dtype_of, element_shapes_of, is_sequence_dtype, items
 
 __all__ = [
     "PipelineCache",
@@ -604,7 +605,9 @@ class DeviceProgram(Generic[_Buffer]):
         elif info.dtype == object and info.size == 0:
             return np.empty(info.shape, dtype=object)
         elif info.dtype == object:
-            raise ModelError(f"string tensor {name!r} has no host value (strings never live on the device)")
+            raise ModelError(
+                f"host value {name!r} (a string tensor or a sequence) has no value (those never live on the device)"
+            )
         else:
             if info.nbytes == 0:
                 return np.zeros(info.shape, dtype=info.dtype)
@@ -632,6 +635,8 @@ class DeviceProgram(Generic[_Buffer]):
                     f"node {step.name!r} ({step.op_type}) produced shape {array.shape} on the CPU; "
                     f"shape inference said {info.shape}"
                 )
+            if is_sequence_dtype(info.dtype):
+                _check_sequence(step, name, info, array)
             array = np.asarray(array, dtype=info.dtype, order="C")
             host[name] = array
             if info.nbytes and info.dtype != object:
@@ -645,7 +650,7 @@ class DeviceProgram(Generic[_Buffer]):
         if value is None and info.size == 0:  # an empty CPU step does not run
             value = np.empty(info.shape, dtype=object)
         if value is None:
-            raise ModelError(f"string output {name!r} has no host value after the run")
+            raise ModelError(f"host output {name!r} (a string tensor or a sequence) has no value after the run")
         return np.asarray(value, dtype=object).reshape(info.shape).copy()
 
     # -- lifetime -----------------------------------------------------------------------
@@ -674,6 +679,24 @@ class DeviceProgram(Generic[_Buffer]):
             self._free(slot)
         if self._own_weights:
             self.weights.release()
+
+
+def _check_sequence(step: PlannedStep, name: str, info: TensorInfo, value: np.ndarray) -> None:
+    """A sequence a CPU node produced must have the element shapes (and dtype) the plan was made for: the shapes
+    of what reads it were planned from them (a run that differs is a typed error, never a wrong shape)."""
+    planned_shapes = element_shapes_of(info.dtype)
+    planned_dtype = element_dtype_of(info.dtype)
+    arrays = items(value, f"node {step.name!r} ({step.op_type}) output {name!r}")
+    shapes = tuple(tuple(int(d) for d in a.shape) for a in arrays)
+    if planned_shapes is not None and shapes != planned_shapes:
+        raise ModelError(
+            f"node {step.name!r} ({step.op_type}) produced a sequence {name!r} with element shapes {list(shapes)} on "
+            f"the CPU; the plan was made for {list(planned_shapes)} (they depend on values the plan could not know)"
+        )
+    if planned_dtype is not None and any(a.dtype != planned_dtype for a in arrays):
+        raise ModelError(
+            f"node {step.name!r} ({step.op_type}) produced a sequence {name!r} whose elements are not {planned_dtype}"
+        )
 
 
 def host_io_names(plan: ExecutionPlan) -> list[str]:

@@ -49,6 +49,7 @@ from ._propagate import (
 )
 from ._subgraph import CONTROL_FLOW_OPS, Subgraph, count_nodes, is_control_flow, outer_names
 from .ops import get_operator
+from .ops.sequences import is_sequence_dtype, sequence_dtype
 
 __all__ = [
     "Dim",
@@ -411,10 +412,19 @@ def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
     if what == "graph output" and not _has_type(value):
         # Loader tolerance (as onnxruntime): an output without a type takes the one shape inference gives it.
         return ValueInfo(value.name, (), np.dtype(np.float32), typed=False)
+    if value.type.HasField("sequence_type"):
+        # A sequence of tensors: a host value (see ortgpu.ops.sequences); its element dtype is recorded, the
+        # element shapes come with each run's value.
+        element = value.type.sequence_type.elem_type
+        if not element.HasField("tensor_type") or element.tensor_type.elem_type == 0:
+            raise UnsupportedOpError(
+                f"{what} {value.name!r} is a sequence of {element.WhichOneof('value') or 'untyped values'}; ortgpu "
+                "supports sequences of typed tensors only"
+            )
+        elem_dtype = onnx_dtype_to_numpy(element.tensor_type.elem_type, f"{what} {value.name!r}")
+        return ValueInfo(value.name, (), sequence_dtype(np.dtype(elem_dtype)))
     if not value.type.HasField("tensor_type"):
-        raise UnsupportedOpError(
-            f"{what} {value.name!r} is not a tensor (sequences, maps and optionals are not supported)"
-        )
+        raise UnsupportedOpError(f"{what} {value.name!r} is not a tensor (maps and optionals are not supported)")
     dtype = onnx_dtype_to_numpy(value.type.tensor_type.elem_type, f"{what} {value.name!r}")
     dims: list[Dim] = []
     if value.type.tensor_type.HasField("shape"):
@@ -560,6 +570,8 @@ def _refine_output(value: ValueInfo, types: Mapping[str, tuple[Shape, np.dtype[A
                 f"graph output {value.name!r} has no type and none can be inferred; give it a type in the model"
             )
         return value
+    if is_sequence_dtype(value.dtype):
+        return value  # a sequence: its element shapes come with each run
     shape, inferred_dtype = types[value.name]
     if not value.typed:
         value = ValueInfo(value.name, value.shape, inferred_dtype)

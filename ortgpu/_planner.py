@@ -43,6 +43,7 @@ from ._rewrites import (
 )
 from .ops import DeviceCaps, TensorInfo, get_operator
 from .ops._runner import padded_size
+from .ops.sequences import SEQUENCE_REASON, element_dtype_of, element_shapes_of, is_sequence_dtype, sequence_dtype
 
 __all__ = [
     "Placement",
@@ -113,6 +114,16 @@ def _input_infos(
             given_dtype = np.dtype(input_dtypes[value.name])
             if given_dtype != dtype:
                 raise DtypeError(f"input {value.name!r} expects dtype {dtype.name}; got {given_dtype.name}")
+            if is_sequence_dtype(dtype):
+                # A sequence input: the given dtype carries this run's element shapes (the plan is for them).
+                if not is_sequence_dtype(given_dtype) or element_shapes_of(given_dtype) is None:
+                    raise ModelError(f"input {value.name!r} is a sequence: plan it with its element shapes")
+                if element_dtype_of(given_dtype) not in (None, element_dtype_of(dtype)):
+                    raise DtypeError(
+                        f"input {value.name!r} is a sequence of {element_dtype_of(dtype)}; got elements of "
+                        f"{element_dtype_of(given_dtype)}"
+                    )
+                dtype = sequence_dtype(element_dtype_of(dtype), element_shapes_of(given_dtype))
         infos[value.name] = TensorInfo(shape, dtype)
     unknown = set(input_shapes) - {v.name for v in model.inputs}
     if unknown:
@@ -298,11 +309,12 @@ def _host_step(ctx: RewriteContext, node: GraphNode, operator: Any, attrs: Mappi
     output_infos = tuple(ctx.infos[name] if name else TensorInfo((0,), np.dtype(np.float32)) for name in node.outputs)
     if not any(_is_host(info) for info in input_infos + output_infos):
         return None
+    sequences = any(info is not None and is_sequence_dtype(info.dtype) for info in input_infos + output_infos)
     return PlannedStep(
         (node.name,),
         (node.op_type,),
         "cpu",
-        HOST_REASON,
+        SEQUENCE_REASON if sequences else HOST_REASON,
         operator,
         attrs,
         tuple(node.inputs),

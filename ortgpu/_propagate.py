@@ -25,6 +25,7 @@ from ortgpu_core._errors import ModelError, UnsupportedOpError
 
 from ._limits import FoldBudget, LoadLimits, check_shape_probe, keep_folded, may_fold
 from .ops import TensorInfo, get_operator
+from .ops.sequences import box, element_dtype_of, element_shapes_of, is_sequence_dtype
 
 if TYPE_CHECKING:
     from ._model import GraphNode
@@ -130,6 +131,10 @@ def _infer_cached(
     cache: dict[tuple[Any, ...], list[tuple[Shape, np.dtype[Any]] | None]],
 ) -> dict[str, tuple[Shape, np.dtype[Any]]]:
     """:func:`_infer_with_onnx` through ``cache`` (one per propagation: the opsets are fixed), by output position."""
+    if any(name and name in types and is_sequence_dtype(types[name][1]) for name in node.inputs):
+        # onnx would read a sequence (an object-dtype host value here) as a string tensor: its outputs are
+        # learnt by running the node (see _resolve_unknown_dims), never from a wrong inference.
+        return {}
     key = _inference_key(node, types, constants)
     if key is None:
         return _infer_with_onnx(node, types, constants, opsets)
@@ -342,6 +347,9 @@ def _fold(
     out = []
     for name, value in zip(node.outputs, results):
         array = np.asarray(value)
+        if is_sequence_dtype(array.dtype):  # a sequence value (a box): kept as it is, its dtype says its shapes
+            out.append(array)
+            continue
         if name in types and types[name][1] != array.dtype:
             array = array.astype(types[name][1])
         out.append(np.asarray(array, order="C"))
@@ -373,6 +381,8 @@ def _resolve_unknown_dims(
             inputs.append(None)
         elif name in constants:
             inputs.append(constants[name])
+        elif is_sequence_dtype(types[name][1]):
+            inputs.append(_zeros_sequence(node, name, types[name][1]))
         else:
             shape, dtype = types[name]
             inputs.append(np.zeros(_concrete(shape), dtype=dtype))
@@ -386,8 +396,21 @@ def _resolve_unknown_dims(
     for name, value in zip(node.outputs, results):
         if name:
             array = np.asarray(value)
-            dtype = types[name][1] if name in types else array.dtype
+            # A sequence output keeps the element shapes the run gave in its dtype; the executor checks every
+            # run's element shapes against them (a shape that depends on values is an error, never a guess).
+            dtype = array.dtype if is_sequence_dtype(array.dtype) else types[name][1] if name in types else array.dtype
             types[name] = (tuple(array.shape), dtype)
+
+
+def _zeros_sequence(node: GraphNode, name: str, dtype: np.dtype[Any]) -> np.ndarray:
+    """A sequence of zero tensors with the element shapes ``dtype`` records (what a probe runs on)."""
+    shapes = element_shapes_of(dtype)
+    element = element_dtype_of(dtype)
+    if shapes is None or element is None:
+        raise ModelError(
+            f"cannot infer the output shapes of {node.describe()}: the element shapes of sequence {name!r} are unknown"
+        )
+    return box([np.zeros(shape, dtype=element) for shape in shapes], element)
 
 
 #: Input positions whose values (not just shapes) decide an operator's output shape.
@@ -440,6 +463,11 @@ SHAPE_INPUT_POSITIONS: dict[str, tuple[int, ...]] = {
     # the condition which branch (and so which shapes) an If gives.
     "Loop": (0, 1),
     "If": (0,),
+    # Sequences (ortgpu.ops.sequences): positions pick which element (and so which shape) a node gives.
+    "SequenceAt": (1,),
+    "SequenceInsert": (2,),
+    "SequenceErase": (1,),
+    "SplitToSequence": (1,),
 }
 
 

@@ -65,6 +65,12 @@ class NodePlacement:
 def _node_arg(info: ValueInfo) -> NodeArg:
     from ortgpu_core._dtypes import onnx_type_name
 
+    from .ops.sequences import element_dtype_of
+
     # Strings (object arrays, host values only) are no device dtype of the core: named here, as onnxruntime does.
     type_name = "tensor(string)" if info.dtype == object else onnx_type_name(info.dtype)
+    element = element_dtype_of(info.dtype)
+    if element is not None:  # a sequence of tensors (a host value), named as onnxruntime does
+        inner = "tensor(string)" if element.kind == "O" else onnx_type_name(element)
+        type_name = f"seq({inner})"
     return NodeArg(info.name, list(info.shape), type_name, info.dtype)

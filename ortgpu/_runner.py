@@ -47,6 +47,7 @@ from ._executor import DeviceProgram, WeightStore, device_caps, host_io_names
 from ._limits import max_cached_plans
 from ._model import LoadedModel, ValueInfo
 from ._planner import ExecutionPlan, plan_model
+from .ops.sequences import element_dtype_of, element_shapes_of, is_box, is_sequence_dtype, items
 
 if TYPE_CHECKING:
     from ortgpu_core._graph import CapturedGraph
@@ -256,10 +257,20 @@ class SessionRunner:
             raise ShapeError(f"{kind} {name!r} has shape {list(info.shape)} in the model, got {list(shape)}")
 
     def plan_key(
-        self, shapes: Mapping[str, tuple[int, ...]], values: Mapping[str, np.ndarray] | None
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        values: Mapping[str, np.ndarray] | None,
+        dtypes: Mapping[str, np.dtype[Any]] | None = None,
     ) -> tuple[Any, ...]:
-        """Plans are cached per input-shape signature, plus the values of inputs that decide shapes by value."""
+        """Plans are cached per input-shape signature (a sequence input's: its element dtype and shapes, which its
+        dtype carries), plus the values of inputs that decide shapes by value."""
         key: tuple[Any, ...] = tuple(sorted((name, tuple(shape)) for name, shape in shapes.items()))
+        if dtypes is not None:
+            key += tuple(
+                (name, str(element_dtype_of(dtype)), element_shapes_of(dtype))
+                for name, dtype in sorted(dtypes.items())
+                if is_sequence_dtype(dtype)
+            )
         if self.model.value_dependent_inputs:
             chosen = values or {}
             key += tuple(
@@ -274,7 +285,7 @@ class SessionRunner:
         dtypes: Mapping[str, np.dtype[Any]],
         values: Mapping[str, np.ndarray] | None = None,
     ) -> ExecutionPlan:
-        key = self.plan_key(shapes, values)
+        key = self.plan_key(shapes, values, dtypes)
         with self.lock:
             plan = self.plans.get(key)
             if plan is not None:
@@ -343,7 +354,7 @@ class SessionRunner:
         dtypes: Mapping[str, np.dtype[Any]],
         values: Mapping[str, np.ndarray],
     ) -> _StagedRun:
-        key = self.plan_key(shapes, values)
+        key = self.plan_key(shapes, values, dtypes)
         staged = self.staged.get(key)
         if staged is not None:
             self.plans.move_to_end(key)  # a staged run's plan is cached: they are dropped together
@@ -489,8 +500,8 @@ class SessionRunner:
 
 
 _STRINGS_UNBOUND = (
-    "the model's inputs/outputs {names} are strings, which live on the host only and cannot be bound to OrtValues "
-    "or an IOBinding; run this model with session.run() on numpy arrays"
+    "the model's inputs/outputs {names} are strings or sequences, which live on the host only and cannot be bound "
+    "to OrtValues or an IOBinding; run this model with session.run() on numpy arrays (lists of them for sequences)"
 )
 
 
@@ -502,7 +513,10 @@ def _refuse_strings(plan: ExecutionPlan) -> None:
 
 
 def _value_key(value: np.ndarray) -> Any:
-    """A hashable key for an input's value (strings by their text: an object array's bytes are pointers)."""
+    """A hashable key for an input's value (strings by their text: an object array's bytes are pointers; a
+    sequence by its elements' dtypes, shapes and bytes)."""
+    if is_box(value):
+        return tuple((a.dtype.str, a.shape, _value_key(a)) for a in items(value, "sequence"))
     return tuple(value.ravel().tolist()) if value.dtype == object else value.tobytes()
 
 

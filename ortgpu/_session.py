@@ -43,13 +43,14 @@ from ortgpu_core import (
     get_env,
 )
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
-from ortgpu_core._errors import NotCopyable
+from ortgpu_core._errors import DtypeError, NotCopyable
 from ortgpu_core._graph import CapturedGraph
 
 from ._capture import check_graph_id
 from ._model import load_model
 from ._run_options import NodeArg, NodePlacement, RunOptions, _node_arg
 from ._runner import AnyBinding, AnyValue, SessionRunner
+from .ops.sequences import box, element_dtype_of, is_sequence_dtype, items
 
 __all__ = ["InferenceSession"]
 
@@ -117,7 +118,8 @@ class InferenceSession(NotCopyable):
         )
         try:
             model = self._runner.model
-            if not self.allow_cpu_fallback and all(isinstance(d, int) for i in model.inputs for d in i.shape):
+            static = all(isinstance(d, int) for i in model.inputs for d in i.shape)
+            if static and not self.allow_cpu_fallback and not any(is_sequence_dtype(i.dtype) for i in model.inputs):
                 # Static model: report forbidden CPU placement now, not at the first run.
                 self._runner.plan_for(
                     {i.name: tuple(int(d) for d in i.shape if isinstance(d, int)) for i in model.inputs},
@@ -175,12 +177,13 @@ class InferenceSession(NotCopyable):
     def get_node_placement(
         self,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
-        input_values: Mapping[str, npt.NDArray[Any]] | None = None,
+        input_values: Mapping[str, npt.NDArray[Any] | list[npt.NDArray[Any]]] | None = None,
     ) -> list[NodePlacement]:
         """Where each node runs for ``input_shapes`` (default: the model's static shapes).
 
         Models whose shapes depend on input values (a Reshape's shape or Slice bounds fed as inputs)
-        are planned for ``input_values`` too (name -> array; required for those inputs).
+        are planned for ``input_values`` too (name -> array; required for those inputs).  A sequence input is
+        planned for its element shapes: give its value (a list of arrays) in ``input_values``.
         """
         shapes = dict(input_shapes) if input_shapes is not None else {}
         for info in self._runner.model.inputs:
@@ -190,10 +193,23 @@ class InferenceSession(NotCopyable):
                         f"input {info.name!r} has dynamic shape {list(info.shape)}: pass input_shapes={{...}} to say which shapes to plan for"
                     )
                 shapes[info.name] = tuple(int(d) for d in info.shape)  # type: ignore[arg-type]
-        values = {name: np.asarray(value) for name, value in (input_values or {}).items()}
-        plan = self._runner.plan_for(
-            {k: tuple(v) for k, v in shapes.items()}, {i.name: i.dtype for i in self._runner.model.inputs}, values
-        )
+        dtypes = {i.name: i.dtype for i in self._runner.model.inputs}
+        values: dict[str, np.ndarray] = {}
+        for name, value in (input_values or {}).items():
+            given = self._runner.input_infos.get(name)
+            if given is not None and is_sequence_dtype(given.dtype):
+                values[name] = _as_sequence(name, value, given.dtype)
+                dtypes[name] = values[name].dtype
+                shapes[name] = ()
+            else:
+                values[name] = np.asarray(value)
+        missing = [n for n, d in dtypes.items() if is_sequence_dtype(d) and n not in values]
+        if missing:
+            raise InvalidArgumentError(
+                f"inputs {missing} are sequences: pass their values (lists of arrays) in input_values, their element "
+                "shapes decide the plan"
+            )
+        plan = self._runner.plan_for({k: tuple(v) for k, v in shapes.items()}, dtypes, values)
         return [NodePlacement(name, op_type, where, reason) for name, op_type, where, reason in plan.placement]  # type: ignore[arg-type]
 
     # -- lifetime --------------------------------------------------------------------
@@ -302,23 +318,34 @@ class InferenceSession(NotCopyable):
     def run(
         self,
         output_names: Sequence[str] | None,
-        input_feed: Mapping[str, npt.NDArray[Any]],
+        input_feed: Mapping[str, npt.NDArray[Any] | list[npt.NDArray[Any]]],
         run_options: RunOptions | None = None,
-    ) -> list[npt.NDArray[Any]]:
-        """Run the model on host arrays; returns host arrays in ``output_names`` order (all outputs if None)."""
+    ) -> list[Any]:
+        """Run the model on host arrays; returns host arrays in ``output_names`` order (all outputs if None).
+        Sequence inputs and outputs (``seq(tensor(...))``) are lists of arrays."""
         self._runner.check_open("run")
         self._refuse_graph_id(run_options, "run()")
         self._check_feeds(input_feed)
         order = self._output_order(output_names)
         arrays: dict[str, np.ndarray] = {}
         for name, array in input_feed.items():
+            if is_sequence_dtype(self._runner.input_infos[name].dtype):
+                arrays[name] = _as_sequence(name, array, self._runner.input_infos[name].dtype)
+                continue
             if not isinstance(array, np.ndarray):
                 raise ArgumentTypeError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
             if self._runner.input_infos[name].dtype == object and array.dtype.kind in "US":
                 array = _as_string_objects(array)  # a string input: numpy str/bytes arrays as object arrays of str
             self._runner.check_info(name, self._runner.input_infos[name], array.dtype, tuple(array.shape), "input")
             arrays[name] = array
-        return self._runner.run_arrays(arrays, order)
+        results = self._runner.run_arrays(arrays, order)
+        # Sequence outputs come back as lists of arrays (copies: the run's values are not shared).
+        return [
+            [np.array(a) for a in items(value, name)]
+            if is_sequence_dtype(self._runner.output_infos[name].dtype)
+            else value
+            for name, value in zip(order, results)
+        ]
 
     def run_with_ort_values(
         self,
@@ -391,6 +418,22 @@ class InferenceSession(NotCopyable):
     @property
     def captured_graph_ids(self) -> list[int]:
         return self._runner.graphs.ids()
+
+
+def _as_sequence(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
+    """A sequence input (a list or tuple of numpy arrays of the model's element dtype) as ortgpu's host value."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(a, np.ndarray) for a in value):
+        raise ArgumentTypeError(
+            f"input {name!r} is a sequence: pass a list of numpy arrays, got {type(value).__name__}"
+        )
+    element = element_dtype_of(dtype)
+    for index, array in enumerate(value):
+        if element is not None and array.dtype != element:
+            raise DtypeError(
+                f"input {name!r} is a sequence of {element}; its element {index} has dtype {array.dtype} (ortgpu "
+                "never casts silently)"
+            )
+    return box([np.array(a) for a in value], element)
 
 
 def _as_string_objects(array: npt.NDArray[Any]) -> npt.NDArray[Any]:

@@ -1,4 +1,4 @@
-"""A CPU interpreter for the subgraphs of control-flow operators (``If``, ``Loop``, ``Scan``).
+"""A CPU interpreter for the subgraphs of control-flow operators (``If``, ``Loop``, ``Scan``, ``SequenceMap``).
 
 How subgraphs reach an operator
 -------------------------------
@@ -33,6 +33,7 @@ import onnx
 from ortgpu_core._errors import InvalidModelError, ModelError, OrtGpuError, ShapeError, UnsupportedOpError
 
 from .ops import Operator, TensorInfo, get_operator
+from .ops.sequences import is_box
 
 if TYPE_CHECKING:
     from ._model import GraphNode
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["CONTROL_FLOW_OPS", "Subgraph", "count_nodes", "outer_names", "free_names", "is_control_flow"]
 
 #: Default-domain operators whose subgraph attributes ortgpu runs (on the CPU).
-CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 #: Inputs up to this many elements are given to onnx's shape inference as data (shape tensors, axes, scalars),
 #: and are part of its cache key.
@@ -142,10 +143,12 @@ class Subgraph:
             subgraph._initializers[tensor.name] = _to_array(tensor, f"initializer {tensor.name!r} of the {what}")
         for value in list(graph.input) + list(graph.output):
             kind = value.type.WhichOneof("value")
+            if kind == "sequence_type" and value.type.sequence_type.elem_type.HasField("tensor_type"):
+                continue  # a sequence of tensors: a host value (ortgpu.ops.sequences), as in the main graph
             if kind not in (None, "tensor_type"):
                 raise UnsupportedOpError(
                     f"the {what} has input or output {value.name!r} of type {kind}; ortgpu runs subgraphs on "
-                    "tensors only (no sequences, maps or optionals)"
+                    "tensors and sequences of tensors only (no maps or optionals)"
                 )
         for index, proto in enumerate(graph.node):
             domain = "" if proto.domain == "ai.onnx" else proto.domain
@@ -269,6 +272,8 @@ class Subgraph:
         from ._propagate import _apply_operator_shapes, _infer_with_onnx
 
         node = step.node
+        if any(is_box(value) for value in values):
+            return {}  # onnx would read a sequence (an object box) as a string tensor: the node's run decides
         key: list[Any] = [id(step)]
         types: dict[str, Any] = {}
         constants: dict[str, np.ndarray] = {}

@@ -101,6 +101,8 @@ def as_array(value: Any) -> Any:
         return numpy_helper.to_array(value)
     if isinstance(value, np.generic):
         return np.asarray(value)
+    if isinstance(value, list):  # a sequence: a list of arrays, as sessions take and give them
+        return [as_array(item) for item in value]
     return value
 
 
@@ -140,8 +142,19 @@ class CaseResult:
     operators: frozenset[tuple[str, str]] = frozenset()
 
 
-def compare(expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float) -> str:
-    """ "" when ``actual`` matches ``expected`` as onnx's backend runner checks it, else why not."""
+def compare(expected: Any, actual: Any, rtol: float, atol: float) -> str:
+    """ "" when ``actual`` matches ``expected`` as onnx's backend runner checks it, else why not (sequences:
+    lists of arrays, element by element)."""
+    if isinstance(expected, list) or isinstance(actual, list):
+        if not isinstance(expected, list) or not isinstance(actual, list):
+            return f"got {type(actual).__name__}, expected {type(expected).__name__}"
+        if len(actual) != len(expected):
+            return f"sequence of {len(actual)} tensors != expected {len(expected)}"
+        for index, (want, got) in enumerate(zip(expected, actual)):
+            problem = compare(np.asarray(want), got, rtol, atol)
+            if problem:
+                return f"element {index}: {problem}"
+        return ""
     if expected.dtype != actual.dtype:
         return f"dtype {actual.dtype} != expected {expected.dtype}"
     if expected.shape != actual.shape:
@@ -158,7 +171,8 @@ def compare(expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float) 
 
 def _placement(sess: Any, feeds: dict[str, np.ndarray]) -> list[Any]:
     """``sess.get_node_placement`` for these feeds (their values decide shapes in some models)."""
-    return list(sess.get_node_placement({name: tuple(a.shape) for name, a in feeds.items()}, input_values=feeds))
+    shapes = {name: tuple(a.shape) if isinstance(a, np.ndarray) else () for name, a in feeds.items()}
+    return list(sess.get_node_placement(shapes, input_values=feeds))
 
 
 def run_case(case: Any, env: Any) -> CaseResult:
@@ -200,7 +214,8 @@ def run_case(case: Any, env: Any) -> CaseResult:
                         placed.setdefault((domains.get(op_type, "ai.onnx"), op_type), set()).add(p.placement)
                 rtol = TOLERANCE_OVERRIDES.get(case.name, (case.rtol, ""))[0]
                 for name, want, got in zip(sess.output_names, expected, outputs):
-                    problem = compare(np.asarray(as_array(want)), got, rtol, case.atol)
+                    want = as_array(want)
+                    problem = compare(want if isinstance(want, list) else np.asarray(want), got, rtol, case.atol)
                     if problem:
                         return result("wrong", f"{name}: {problem}")
         finally:
@@ -270,6 +285,8 @@ def report(results: list[CaseResult], seconds: float, workers: int, backend: str
     lines.append(f"{'TOTAL':26s} {t.counted:5d} {t.passed:5d} {t.webgpu:6d} {t.refused:7d} {wrong:5d} {errors:5d}")
     lines.append("")
     outside = [r for r in results if not r.counted]
+    everything = sum(r.status == "pass" for r in results)
+    lines.append(f"all node tests: {everything} of {len(results)} pass")
     lines.append(
         f"passed {t.passed}/{t.counted} counted cases of {len(results)} node tests; wholly on WebGPU {t.webgpu}; "
         f"refused {t.refused}; {len(outside)} more cases use dtypes numpy cannot hold (passed "

@@ -13,8 +13,8 @@ whose shapes differ from the planned ones is a typed error of the executor, neve
 Limits: a Loop stops with a typed error past :data:`MAX_LOOP_ITERATIONS` iterations or
 :data:`MAX_SCAN_OUTPUT_BYTES` of scan outputs (it may run while the model loads, folding constants).
 
-Sequence-, map- and optional-typed values (loop-carried sequences, branches returning sequences) are refused
-with a typed error when the model loads.
+Loop-carried sequences and branches returning sequences are host values (lists of arrays, see
+:mod:`ortgpu.ops.sequences`); map- and optional-typed values are refused with a typed error when the model loads.
 """
 
 from __future__ import annotations
