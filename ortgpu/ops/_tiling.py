@@ -22,11 +22,19 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import InvalidArgumentError
 from ortgpu_core.backends.protocol import KernelTwin
 
 from .._limits import element_count
-from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget
+from ._kernel import (
+    Binding,
+    DeviceCaps,
+    KernelSpec,
+    NotOnDevice,
+    OpPlan,
+    TensorInfo,
+    check_loop_budget,
+    flagging_twin,
+)
 
 __all__ = [
     "THREADS",
@@ -203,7 +211,6 @@ def whole_op_twin(
     A kernel that binds the program's status words flags invalid data there instead of failing; its twin does the
     same: an ``InvalidArgumentError`` from ``compute`` sets the status word (the outputs are then not valid, as on
     the device)."""
-    status_slot = next((slot for slot, binding in enumerate(bindings) if binding.kind == "status"), None)
 
     def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
         full: list[np.ndarray | None] = [None] * len(inputs)
@@ -212,20 +219,14 @@ def whole_op_twin(
                 info = inputs[binding.index]
                 assert info is not None
                 full[binding.index] = arrays[slot][: info.nbytes].view(info.dtype).reshape(info.shape)
-        try:
-            results = compute(full)
-        except InvalidArgumentError:
-            if status_slot is None:
-                raise
-            arrays[status_slot][:4] = np.frombuffer(np.uint32(1).tobytes(), dtype=np.uint8)
-            return
+        results = compute(full)
         for slot, binding in enumerate(bindings):
             if binding.kind == "output":
                 out = outputs[binding.index]
                 value = np.ascontiguousarray(np.asarray(results[binding.index], dtype=out.dtype).reshape(out.shape))
                 arrays[slot][: out.nbytes] = value.reshape(-1).view(np.uint8)
 
-    return twin
+    return flagging_twin(twin, bindings) if any(b.kind == "status" for b in bindings) else twin
 
 
 def single_kernel_plan(
