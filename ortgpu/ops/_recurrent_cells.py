@@ -68,6 +68,9 @@ class Activation:
     name: str
     function: Function
     clip: float | None
+    #: the bound parameters (0.0 where the function takes none): the WGSL kernels bake them in
+    alpha: float = 0.0
+    beta: float = 0.0
 
     def __call__(self, x: Array) -> Array:
         if self.clip is not None:
@@ -124,5 +127,5 @@ def activations_for(
                 + " listed: its default is not agreed on (onnxruntime takes 0, the ONNX operator's default "
                 "differs), so ortgpu does not guess; give the values explicitly"
             )
-        bound.append(Activation(name, kind.make(float(alpha), float(beta)), clip))
+        bound.append(Activation(name, kind.make(float(alpha), float(beta)), clip, float(alpha), float(beta)))
     return [bound[d * per_direction : (d + 1) * per_direction] for d in range(num_directions)]

@@ -22,7 +22,7 @@ rounded once), and the operators stay on the CPU (``plan`` raises :class:`NotOnD
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -30,6 +30,8 @@ from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._recurrent_cells import Activation, activations_for, decode_names
+from ._recurrent_plan import device_plan as _device_plan
+from ._recurrent_wgsl import Config
 from ._registry import register
 
 __all__ = ["RNN", "GRU", "LSTM"]
@@ -54,10 +56,90 @@ class _Recurrent(Operator):
         caps: DeviceCaps,
         constants: Mapping[int, np.ndarray],
     ) -> OpPlan:
-        raise NotOnDevice(
-            f"{self.op_type}: the recurrence runs one time step after another (each step needs the previous "
-            "hidden state); it runs on the CPU"
+        cfg, functions = self._device_config(inputs, outputs, attrs)
+        return _device_plan(self, cfg, functions, inputs, outputs, attrs, caps)
+
+    def _device_config(
+        self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo], attrs: Mapping[str, Any]
+    ) -> tuple[Config, list[list[Activation]]]:
+        """What the kernels bake in; :class:`NotOnDevice` for what they do not run (invalid nodes included:
+        the reference then raises the typed error at run time)."""
+        op = self.op_type
+
+        def given(index: int) -> TensorInfo | None:
+            return inputs[index] if len(inputs) > index else None
+
+        x, w, r = given(0), given(1), given(2)
+        if x is None or w is None or r is None:
+            raise NotOnDevice(f"{op}: inputs X, W and R are required")
+        for index in (0, 1, 2, 3, 5, 6, 7):
+            info = given(index)
+            if info is not None and info.dtype != np.float32:
+                raise NotOnDevice(f"{op}: the WebGPU kernels compute float32 only, not {info.dtype}; it runs on the CPU")
+        lengths = given(4)
+        if lengths is not None and lengths.dtype != np.int32:
+            raise NotOnDevice(f"{op}: sequence_lens of dtype {lengths.dtype} (int32 expected)")
+        layout = int(attrs.get("layout", 0)) if self.opset >= 14 else 0
+        direction = attrs.get("direction", "forward")
+        direction = direction.decode() if isinstance(direction, bytes) else str(direction)
+        if layout not in (0, 1) or direction not in ("forward", "reverse", "bidirectional"):
+            raise NotOnDevice(f"{op}: layout {layout} / direction {direction!r} is not defined")
+        if len(x.shape) != 3 or len(w.shape) != 3 or len(r.shape) != 3:
+            raise NotOnDevice(f"{op}: X, W and R must be 3-D")
+        seq, batch, input_size = (x.shape[1], x.shape[0], x.shape[2]) if layout == 1 else x.shape
+        directions = 2 if direction == "bidirectional" else 1
+        hidden = int(attrs["hidden_size"]) if "hidden_size" in attrs else int(r.shape[-1])
+        gh = self.gates * hidden
+        state_shape = (batch, directions, hidden) if layout == 1 else (directions, batch, hidden)
+        expected = {
+            1: (directions, gh, input_size),
+            2: (directions, gh, hidden),
+            3: (directions, 2 * gh),
+            4: (batch,),
+            5: state_shape,
+            6: state_shape,
+            7: (directions, 3 * hidden),
+        }
+        for index, shape in expected.items():
+            info = given(index)
+            if info is not None and tuple(info.shape) != shape:
+                raise NotOnDevice(f"{op}: input {index} has shape {info.shape}; expected {shape}")
+        if min(seq, batch, input_size, hidden) <= 0:
+            raise NotOnDevice(f"{op}: an empty dimension (seq {seq}, batch {batch}, hidden {hidden}); runs on the CPU")
+        clip_value = attrs.get("clip")
+        try:
+            functions = activations_for(
+                op,
+                self.default_activations,
+                directions,
+                decode_names(attrs.get("activations")),
+                [float(a) for a in attrs.get("activation_alpha", ()) or ()],
+                [float(b) for b in attrs.get("activation_beta", ()) or ()],
+                None if clip_value is None else float(clip_value),
+            )
+        except UnsupportedOpError as error:
+            raise NotOnDevice(str(error)) from error
+        present = tuple(len(outputs) > k and outputs[k].size > 0 for k in range(3))
+        cfg = Config(
+            op_type=op,
+            gates=self.gates,
+            seq=int(seq),
+            batch=int(batch),
+            input_size=int(input_size),
+            hidden=hidden,
+            directions=directions,
+            direction=direction,
+            layout=layout,
+            has_bias=given(3) is not None,
+            has_lengths=lengths is not None,
+            has_h0=given(5) is not None,
+            has_c0=op == "LSTM" and given(6) is not None,
+            has_peepholes=op == "LSTM" and given(7) is not None,
+            linear_before_reset=op == "GRU" and bool(int(attrs.get("linear_before_reset", 0))),
+            input_forget=op == "LSTM" and bool(int(attrs.get("input_forget", 0))),
+            outputs=(present[0], present[1], present[2] and op == "LSTM"),
         )
+        return cfg, functions
 
     # -- the cell of one direction: subclasses ----------------------------------------------
 
@@ -134,28 +216,29 @@ class _Recurrent(Operator):
         )
 
         wide_x = xs.astype(np.float64)
+        # Every step's input projection at once: [directions, seq, batch, gates*hidden].
+        x_proj = np.stack([wide_x @ w[d].astype(np.float64).T + wb[d] for d in range(num_directions)])
+        reverse = [direction == "reverse" or d == 1 for d in range(num_directions)]
         y = np.zeros((seq_length, num_directions, batch, hidden))
-        finals: list[list[Array]] = [[] for _ in self.state_inputs]
-        for d in range(num_directions):
-            reverse = direction == "reverse" or d == 1
-            # Every step's input projection at once: [seq, batch, gates*hidden].
-            x_proj = wide_x @ w[d].astype(np.float64).T + wb[d]
-            states = [s[d].astype(np.float64) for s in initial]
-            peephole = None if peepholes is None else peepholes[d].astype(np.float64)
-            steps = range(seq_length - 1, -1, -1) if reverse else range(seq_length)
-            for t in steps:
-                new = self.step(x_proj[t], states, r[d].astype(np.float64), rb[d], peephole, functions[d], attrs)
-                valid = (t < lengths)[:, None]
-                # Past a sequence's length its state stays (Y_h is the last valid step) and Y stays zero.
-                states = [np.where(valid, n, s) for n, s in zip(new, states)]
-                y[t, d] = np.where(valid, new[0], 0.0)
-            # A sequence of length 0 has zero final states, as in onnxruntime (not its initial state: the spec
-            # leaves this case open, and zero matches its Y, which is all zeros).
-            empty = (lengths == 0)[:, None]
-            for index, state in enumerate(states):
-                finals[index].append(np.where(empty, 0.0, state))
+        states = self.recur(
+            x_proj,
+            r.astype(np.float64),
+            rb,
+            lengths,
+            [s.astype(np.float64) for s in initial],
+            peepholes,
+            functions,
+            attrs,
+            reverse,
+            range(seq_length),
+            y,
+        )
+        # A sequence of length 0 has zero final states, as in onnxruntime (not its initial state: the spec
+        # leaves this case open, and zero matches its Y, which is all zeros).
+        empty = (lengths <= 0)[None, :, None]
+        finals = [np.where(empty, 0.0, state) for state in states]
 
-        results = [y] + [np.stack(f) for f in finals]
+        results = [y] + finals
         if layout == 1:
             results = [np.transpose(y, (2, 0, 1, 3))] + [np.swapaxes(f, 0, 1) for f in results[1:]]
         return [np.ascontiguousarray(v.astype(dtype)) for v in results]
@@ -180,6 +263,42 @@ class _Recurrent(Operator):
                 f"{self.op_type}: sequence_lens {lengths.tolist()} must lie in [0, seq_length={seq_length}]"
             )
         return lengths
+
+    def recur(
+        self,
+        x_proj: Array,
+        r: Array,
+        rb: Array,
+        lengths: Array,
+        states: list[Array],
+        peepholes: Array | None,
+        functions: list[list[Activation]],
+        attrs: Mapping[str, Any],
+        reverse: Sequence[bool],
+        steps: Iterable[int],
+        y: Array | None,
+    ) -> list[Array]:
+        """Run ``steps`` (step numbers: step ``s`` is time ``s``, or ``seq - 1 - s`` in a reverse direction) of
+        every direction; returns the new states ([directions, batch, hidden] each, hidden first) and writes Y's
+        rows of those steps into ``y`` ([seq, directions, batch, hidden]) when given.
+
+        ``x_proj`` is ``X W^T + Wb`` ([directions, seq, batch, gates*hidden]); past a sequence's length the
+        state stays (Y_h is the last valid step) and Y's row is zero.  The reference runs every step at once;
+        the device twins run the kernels' steps with it."""
+        seq_length = x_proj.shape[1]
+        states = [np.array(s, dtype=np.float64) for s in states]
+        steps = list(steps)
+        for d in range(x_proj.shape[0]):
+            peephole = None if peepholes is None else peepholes[d]
+            for s in steps:
+                t = seq_length - 1 - s if reverse[d] else s
+                new = self.step(x_proj[d, t], [st[d] for st in states], r[d], rb[d], peephole, functions[d], attrs)
+                valid = (t < lengths)[:, None]
+                for state, value in zip(states, new):
+                    state[d] = np.where(valid, value, state[d])
+                if y is not None:
+                    y[t, d] = np.where(valid, new[0], 0.0)
+        return states
 
 
 @register

