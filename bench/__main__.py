@@ -7,12 +7,23 @@ Examples::
     python -m bench --model matmul-1024-4096 --vs onnxruntime   # compute-bound: 8 x [1024, 4096] x [4096, 4096]
     python -m bench --model conv-64-56 --batch 64              # 8 x Conv 3x3 64->64 on [64, 64, 56, 56]
     python -m bench --overhead            # host cost per replayed dispatch vs wgpu-py's classes
+    python -m bench --model lstm-ocr --batch 8 --vs onnxruntime  # CRNN recognizer: 3 x Conv, 2 x biLSTM 128
+    python -m bench --model vad --vs onnxruntime                 # Silero-like VAD: If on sr, LSTM 128, state
 
-Models: ``mlp16``, ``resnet``, ``bert``; ``matmul-M-K`` (8 x MatMul ``[M, K] x [K, K]``; M is the batch, so
+Models: ``mlp16``, ``resnet``, ``bert``; ``lstm-ocr`` (a CRNN text recognizer: image ``[batch, 1, 32, 128]``,
+three Conv + Relu + MaxPool stages, two bidirectional LSTM layers of 128, 100 classes per column, see
+``bench/recurrent_models.py``); ``vad`` (a Silero-like voice-activity detector, batch 1: a 512-sample chunk at
+``sr = 16000``, an ``If`` on ``sr`` choosing the front end, an LSTM of 128 with state in and out);
+``matmul-M-K`` (8 x MatMul ``[M, K] x [K, K]``; M is the batch, so
 ``--batch`` must be left at 1 or equal M); ``conv-C-S`` (8 x (Conv 3x3 pad 1, C -> C channels, bias, Relu) on
 ``[batch, C, S, S]``); or the path of an ``.onnx`` file. The FLOPs of one run (2 x the multiply-adds of the MatMul,
-Gemm, Conv and ConvTranspose nodes, see ``bench/flops.py``) are printed, and every result gets its achieved TFLOP/s
-at p50 (FLOPs per run / p50 time at that boundary).
+Gemm, Conv, ConvTranspose, LSTM, GRU and RNN nodes of the main graph, see ``bench/flops.py``) are printed, and
+every result gets its achieved TFLOP/s at p50 (FLOPs per run / p50 time at that boundary).
+
+With ``--vs onnxruntime`` the recurrent models also get an onnxruntime CPU-provider arm (``--peer-cpu``), their
+usual deployment. Where ortgpu refuses to capture a model (``ortgpu.CaptureStateError``: a node placed on the CPU,
+an input whose value decides the plan), the captured arms are skipped, the reason is printed and recorded in the
+JSON as ``capture_refused``, and the other arms are reported.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import ortgpu
 from .flops import model_flops
 from .harness import ArmResult, OrtgpuArms, median_ms, summarize, time_loop
 from .models import conv_chain, matmul_chain, mlp, random_feeds, resnet, transformer_encoder
+from .recurrent_models import crnn_recognizer, silero_like_vad, vad_feeds
 
 #: The captured arm that reads its outputs with graph.replay_and_read() (end_to_end only).
 READ_ARM = "ortgpu capture on, replay_and_read"
@@ -50,9 +62,18 @@ BOUNDARIES = {
 
 
 MODEL_FORMS = (
-    "mlp16 | resnet | bert | matmul-M-K (8 x MatMul [M,K]x[K,K]; M is the batch) | "
+    "mlp16 | resnet | bert | lstm-ocr | vad (batch 1) | matmul-M-K (8 x MatMul [M,K]x[K,K]; M is the batch) | "
     "conv-C-S (8 x Conv3x3+bias+Relu, C->C channels, input [batch,C,S,S]) | path to an .onnx file"
 )
+#: Recurrent models: their outputs pass through long chains of LSTM steps, compared with the peers at this relative
+#: error (the others at PEER_TOLERANCE); with --vs onnxruntime they get an onnxruntime CPU-provider arm too.
+RECURRENT_MODELS = ("lstm-ocr", "vad")
+RECURRENT_TOLERANCE = 1e-4
+PEER_TOLERANCE = 1e-3
+#: The VAD's input sizes (Silero VAD: 512 samples at 16 kHz, state [1, 1, 128] for h and c).
+VAD_CHUNK, VAD_HIDDEN, VAD_RATE = 512, 128, 16000
+OCR_HEIGHT, OCR_WIDTH = 32, 128
+
 _SIZED = {
     "matmul": re.compile(r"matmul-([1-9][0-9]*)-([1-9][0-9]*)"),
     "conv": re.compile(r"conv-([1-9][0-9]*)-([1-9][0-9]*)"),
@@ -77,7 +98,9 @@ def check_model(name: str, batch: int) -> None:
         if kind == "matmul" and batch not in (1, m):
             raise ValueError(f"--batch {batch} does not apply to {name}: its batch is M = {m} (leave --batch at 1)")
         return
-    if name in ("mlp16", "resnet", "bert") or os.path.isfile(name):
+    if name == "vad" and batch != 1:
+        raise ValueError(f"--batch {batch} does not apply to vad: it runs one stream's chunk (leave --batch at 1)")
+    if name in ("mlp16", "resnet", "bert", *RECURRENT_MODELS) or os.path.isfile(name):
         return
     raise ValueError(
         f"unknown model {name!r}: expected one of {MODEL_FORMS}, e.g. matmul-1024-4096 or conv-64-56 (positive integers)"
@@ -100,12 +123,27 @@ def build_model(name: str, batch: int) -> tuple[onnx.ModelProto, dict[str, tuple
     if name == "bert":
         model = transformer_encoder(batch=batch, seq=128, vocab=30522, d_model=384, heads=12, ffn=1536, layers=6)
         return model, {"ids": (batch, 128)}
+    if name == "lstm-ocr":
+        model = onnx.load_from_string(crnn_recognizer(batch=batch, width=OCR_WIDTH))
+        return model, {"image": (batch, 1, OCR_HEIGHT, OCR_WIDTH)}
+    if name == "vad":
+        state = (1, 1, VAD_HIDDEN)
+        model = onnx.load_from_string(silero_like_vad(hidden=VAD_HIDDEN))
+        return model, {"audio": (VAD_CHUNK,), "sr": (), "h": state, "c": state}
     model = onnx.load(name)
     shapes = {}
     for value in model.graph.input:
         dims = [d.dim_value if d.HasField("dim_value") else batch for d in value.type.tensor_type.shape.dim]
         shapes[value.name] = tuple(dims)
     return model, shapes
+
+
+def model_feeds(name: str, model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> dict[str, npt.NDArray[Any]]:
+    """The inputs the bench feeds: random (floats ~ N(0, 1), integers in [0, 100)); the VAD's are a real sample
+    rate (its value picks the ``If`` branch) and small audio and state values."""
+    if name == "vad":
+        return vad_feeds(model, VAD_RATE)
+    return random_feeds(model, shapes, high=100)
 
 
 def _progress(label: str, total: int) -> Any:
@@ -165,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="also time onnxruntime in this process (its WebGPU plugin EP if installed, else CPU)",
     )
+    parser.add_argument(
+        "--peer-cpu",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="with --vs onnxruntime, also time onnxruntime's CPU provider next to its WebGPU EP (auto: for the "
+        "recurrent models lstm-ocr and vad; without the WebGPU EP the peer is the CPU provider anyway)",
+    )
     parser.add_argument("--iterations", type=int, default=200, help="timed iterations per arm and boundary")
     parser.add_argument("--warmup", type=int, default=20, help="untimed iterations before each timed loop")
     parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu", help="device backend (default wgpu)")
@@ -222,8 +267,12 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         batch = shapes["X"][0] if args.model.startswith("matmul-") else args.batch
         flops = model_flops(model, shapes)
         report["flops_per_run"] = flops
-        print(f"model: {flops / 1e9:.3f} GFLOP per run (MatMul, Gemm, Conv, ConvTranspose)")
-        feeds = random_feeds(model, shapes, high=100)
+        print(
+            f"model: {flops / 1e9:.3f} GFLOP per run (MatMul, Gemm, Conv, ConvTranspose, LSTM, GRU, RNN; "
+            "not inside If/Loop/Scan)"
+        )
+        feeds = model_feeds(args.model, model, shapes)
+        tolerance = RECURRENT_TOLERANCE if args.model in RECURRENT_MODELS else PEER_TOLERANCE
         model_bytes = model.SerializeToString()
         report["model"] = {"name": args.model, "batch": batch, "inputs": {k: list(v) for k, v in shapes.items()}}
         arms = OrtgpuArms(model_bytes, feeds, env)
@@ -247,8 +296,14 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                     _progress("ortgpu run() numpy in/out", args.iterations),
                 )
                 results.append(ArmResult("ortgpu run() numpy in/out", "end_to_end", seconds))
+            graph = None
             if args.capture in ("on", "both"):
-                graph = arms.capture()
+                try:
+                    graph = arms.capture()
+                except ortgpu.CaptureStateError as error:  # a documented refusal: report it, time the other arms
+                    report["capture_refused"] = str(error)
+                    print(f"ortgpu capture on: refused ({error}); its arms are not timed")
+            if graph is not None:
                 report["dispatches"] = graph.dispatch_count
                 replayed = arms.captured_end_to_end()
                 report["capture_vs_uncaptured_rel_error"] = _check_equal("capture on vs off", replayed, reference, 1e-6)
@@ -283,16 +338,22 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         finally:
             arms.close()
         if args.vs == "onnxruntime":
-            from .peer import OnnxruntimeArms, peer_versions
+            from .peer import OnnxruntimeArms, peer_versions, webgpu_ep_available
 
             report["versions"].update(peer_versions())
             modes = {"off": [False], "on": [True], "both": [False, True]}[args.capture]
-            for capture in modes:
+            configurations = [("auto", capture) for capture in modes]
+            cpu_arm = args.peer_cpu == "on" or (args.peer_cpu == "auto" and args.model in RECURRENT_MODELS)
+            if cpu_arm and webgpu_ep_available():  # without the WebGPU EP, "auto" is the CPU provider already
+                configurations.append(("cpu", False))
+            for provider, capture in configurations:
                 try:
-                    peer = OnnxruntimeArms(model_bytes, feeds, capture=capture)
+                    peer = OnnxruntimeArms(model_bytes, feeds, capture=capture, provider=provider)
+                    outputs = peer.end_to_end()  # a captured peer records its graph here: it may refuse now too
                 except Exception as error:  # the peer may not support a configuration; say so, keep going
-                    print(f"onnxruntime capture {'on' if capture else 'off'}: could not run ({error})", file=sys.stderr)
-                    report.setdefault("peer_errors", {})[f"capture {'on' if capture else 'off'}"] = str(error)
+                    what = f"{'CPUExecutionProvider ' if provider == 'cpu' else ''}capture {'on' if capture else 'off'}"
+                    print(f"onnxruntime {what}: could not run ({error})", file=sys.stderr)
+                    report.setdefault("peer_errors", {})[what] = str(error)
                     continue
                 label = f"onnxruntime {peer.provider} capture {'on' if capture else 'off'}"
                 report.setdefault("peer", {})[label] = {
@@ -305,8 +366,9 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                         f"note: {label} run_only does not wait for its GPU work (onnxruntime has no wait for this "
                         f"EP; synchronize_outputs() returns early): it times the host call; compare end_to_end"
                     )
-                outputs = peer.end_to_end()
-                report.setdefault("peer_vs_ortgpu_rel_error", {})[label] = _check_equal(label, outputs, reference, 1e-3)
+                report.setdefault("peer_vs_ortgpu_rel_error", {})[label] = _check_equal(
+                    label, outputs, reference, tolerance
+                )
                 for boundary, step in (("end_to_end", peer.end_to_end), ("run_only", peer.run_only)):
                     seconds = time_loop(
                         step, args.warmup, args.iterations, _progress(f"{label} {boundary}", args.iterations)

@@ -1,4 +1,5 @@
-"""FLOPs of one run of a model: 2 x the multiply-adds of its MatMul, Gemm, Conv and ConvTranspose nodes.
+"""FLOPs of one run of a model: 2 x the multiply-adds of its MatMul, Gemm, Conv, ConvTranspose, LSTM, GRU and RNN
+nodes.
 
 Shapes come from onnx shape inference after the graph inputs' dims are fixed to the sizes the benchmark feeds.
 onnx's inference does not follow shapes computed at run time (``Shape -> Gather -> Slice`` as exporters write
@@ -16,6 +17,10 @@ Per node (multiply-adds, before the factor 2):
   dilations all enter through the inferred output shape.
 * ConvTranspose, weight ``[C, M/group, k1, k2, ...]``: every input element meets ``M/group * k1 * k2 * ...``
   weights: ``numel(X) * M/group * k1 * k2 * ...`` (products that ``pads`` crop away are counted too).
+* LSTM, GRU, RNN, ``W [directions, gates * H, I]`` and ``R [directions, gates * H, H]``: every time step of every
+  sequence and direction multiplies its input by ``W`` and its state by ``R``: ``T * batch * directions * gates * H *
+  (I + H)`` (``X`` is ``[T, batch, I]``, or ``[batch, T, I]`` with ``layout = 1``; ``sequence_lens`` is ignored, so
+  padded steps count; gate nonlinearities and the elementwise cell updates are not counted).
 """
 
 from __future__ import annotations
@@ -138,6 +143,12 @@ def node_macs(node: onnx.NodeProto, known: dict[str, tuple[int, ...]]) -> int:
         if x is None or w is None or len(w) < 2:
             return 0
         return math.prod(x) * math.prod(w[1:])
+    if op in ("LSTM", "GRU", "RNN"):
+        x, w, r = operand(0), operand(1), operand(2)
+        if x is None or w is None or r is None or len(x) != 3 or len(w) != 3 or len(r) != 3:
+            return 0
+        sequence = x[1] * x[0]  # steps x batch, in either layout
+        return sequence * w[0] * w[1] * (w[2] + r[2])
     return 0
 
 
@@ -255,8 +266,8 @@ def _fold_small_constants(model: onnx.ModelProto, passes: int = 8) -> onnx.Model
 
 
 def model_flops(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> float:
-    """2 x the multiply-adds of every MatMul, Gemm, Conv and ConvTranspose node of ``model``'s main graph when its
-    inputs have ``shapes`` (a name -> shape map; inputs not named keep the dims the model declares)."""
+    """2 x the multiply-adds of every MatMul, Gemm, Conv, ConvTranspose, LSTM, GRU and RNN node of ``model``'s main
+    graph when its inputs have ``shapes`` (a name -> shape map; inputs not named keep the dims the model declares)."""
     inferred = _fold_small_constants(_with_fixed_inputs(model, shapes))
     known = _known_shapes(inferred.graph)
     return 2.0 * float(sum(node_macs(node, known) for node in inferred.graph.node))

@@ -1,4 +1,5 @@
-"""The comparison peer: onnxruntime, with its WebGPU plugin EP when installed, else its CPU provider.
+"""The comparison peer: onnxruntime, with its WebGPU plugin EP when installed, else its CPU provider (or the CPU
+provider on request: ``provider="cpu"``, the arm that small recurrent models are usually deployed on).
 
 Same model, same I/O pattern (fixed inputs and outputs bound through an
 IOBinding, updated in place) and the same boundaries as the ortgpu arms.
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy.typing as npt
 
-__all__ = ["OnnxruntimeArms", "peer_versions"]
+__all__ = ["OnnxruntimeArms", "peer_versions", "webgpu_ep_available"]
 
 _registered = False
 
@@ -27,6 +28,11 @@ def _webgpu_ep_device() -> Any | None:
         ort.register_execution_provider_library("webgpu", webgpu_ep.get_library_path())
         _registered = True
     return next((d for d in ort.get_ep_devices() if d.ep_name == webgpu_ep.get_ep_name()), None)
+
+
+def webgpu_ep_available() -> bool:
+    """Whether onnxruntime's WebGPU plugin EP is installed (then ``provider="auto"`` uses it)."""
+    return _webgpu_ep_device() is not None
 
 
 def peer_versions() -> dict[str, str]:
@@ -49,12 +55,17 @@ def peer_versions() -> dict[str, str]:
 class OnnxruntimeArms:
     """One onnxruntime session (graph capture on or off) with fixed bound I/O."""
 
-    def __init__(self, model_bytes: bytes, feeds: dict[str, npt.NDArray[Any]], *, capture: bool) -> None:
+    def __init__(
+        self, model_bytes: bytes, feeds: dict[str, npt.NDArray[Any]], *, capture: bool, provider: str = "auto"
+    ) -> None:
+        """``provider``: ``"auto"`` (the WebGPU plugin EP when installed, else the CPU provider) or ``"cpu"``."""
         import onnxruntime as ort
 
+        if provider not in ("auto", "cpu"):
+            raise ValueError(f"provider must be 'auto' or 'cpu', not {provider!r}")
         self.capture = capture
         options = ort.SessionOptions()
-        device = _webgpu_ep_device()
+        device = _webgpu_ep_device() if provider == "auto" else None
         if device is not None:
             options.add_provider_for_devices([device], {"enableGraphCapture": "1" if capture else "0"})
             self.provider = "WebGpuExecutionProvider"

@@ -51,7 +51,13 @@ def _scale(fan_in: int) -> float:
     return min(0.3, 2.0 / float(np.sqrt(fan_in)))
 
 
-def _model(nodes: list[onnx.NodeProto], inputs: list, outputs: list, initializers: list, opset: int = 17) -> bytes:
+def _model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    initializers: list[onnx.TensorProto],
+    opset: int = 17,
+) -> bytes:
     graph = helper.make_graph(nodes, "recurrent", inputs, outputs, initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 9
@@ -82,7 +88,7 @@ def lstm_recognizer(
     nodes: list[onnx.NodeProto] = []
     source, c_in = "image", 1
     for stage, (c_out, (pool_rows, pool_columns)) in enumerate(zip(conv_channels, pools)):
-        suffix = "" if stage == 0 else str(stage + 1)
+        suffix = "" if stage == 0 else f"_{stage + 1}"
         init.append(
             numpy_helper.from_array(_weights(rng, c_out, c_in, 3, 3, scale=_scale(9 * c_in)), f"conv_w{suffix}")
         )

@@ -486,3 +486,127 @@ def test_profile_top_limits_rows(backend_name: str, model_path: str, capsys: pyt
     assert bench_profile.main(["--model", model_path, "--backend", backend_name, "--repeats", "2", "--top", "1"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 4  # header, columns, one row, by op
+
+
+# -- the recurrent models (issue 13): lstm-ocr and vad, with onnxruntime's CPU provider as a peer -----------------
+
+CPU_PEER = "onnxruntime CPUExecutionProvider capture off"
+
+
+def _recurrent_flops(batch: int) -> float:
+    """2 x the multiply-adds of ``lstm-ocr``: three Conv 3x3 stages (1 -> 32 -> 64 -> 128 channels on 32 x 128,
+    pooled to 16 x 64, 8 x 32, 4 x 32), two bidirectional LSTM layers of 128 over 32 columns (4 gates, inputs 512
+    then 256), a [256, 100] classifier per column."""
+    conv = 32 * 32 * 128 * 1 * 9 + 64 * 16 * 64 * 32 * 9 + 128 * 8 * 32 * 64 * 9
+    lstm = 32 * 2 * 4 * 128 * ((512 + 128) + (256 + 128))
+    return 2.0 * batch * (conv + lstm + 32 * 256 * 100)
+
+
+@pytest.mark.parametrize(("model", "batch"), [("vad", 1), ("lstm-ocr", 1), ("lstm-ocr", 2)])
+def test_bench_recurrent_models(
+    backend_name: str, model: str, batch: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    json_path = tmp_path / "out.json"
+    argv = small_args(model, backend_name, "--batch", str(batch), "--vs", "onnxruntime", "--json", str(json_path))
+    assert run_bench(*argv) == 0  # a refused capture is reported, not raised
+    out, err = capsys.readouterr()
+    report = json.loads(json_path.read_text())
+
+    inputs = (
+        {"audio": [512], "sr": [], "h": [1, 1, 128], "c": [1, 1, 128]}
+        if model == "vad"
+        else {"image": [batch, 1, 32, 128]}
+    )
+    assert report["model"] == {"name": model, "batch": batch, "inputs": inputs}
+    if model == "lstm-ocr":  # the LSTMs are counted (the VAD's LSTM reads the If's output, of no inferable shape)
+        assert report["flops_per_run"] == _recurrent_flops(batch)
+
+    # The captured arms: timed and equal to the uncaptured run, or refused with the session's reason, printed and
+    # recorded, and the other arms still reported.
+    refused = report.get("capture_refused")
+    if refused is not None:
+        assert refused.startswith("cannot capture: ")
+        assert f"ortgpu capture on: refused ({refused}); its arms are not timed" in out
+        assert "dispatches" not in report and "capture_vs_uncaptured_rel_error" not in report
+        ours = ORTGPU_ARMS["off"]
+    else:
+        assert report["capture_vs_uncaptured_rel_error"] <= 1e-6 and report["dispatches"] > 0
+        ours = ortgpu_arms("off", backend_name) | ortgpu_arms("on", backend_name)
+
+    # The peers: onnxruntime's CPU provider always (its WebGPU EP too where installed), agreeing to 1e-4.
+    webgpu = bench_peer.webgpu_ep_available()
+    peers = {CPU_PEER} | (
+        {f"onnxruntime WebGpuExecutionProvider capture {m}" for m in ("off", "on")} - set(report.get("peer_errors", {}))
+        if webgpu
+        else set()
+    )
+    assert CPU_PEER in report["peer"] and report["peer"][CPU_PEER]["provider"] == "CPUExecutionProvider"
+    assert report["peer"][CPU_PEER]["run_only_waits_for_device"] is True
+    assert set(report["peer_vs_ortgpu_rel_error"]) == set(report["peer"])
+    assert all(0.0 <= e <= 1e-4 for e in report["peer_vs_ortgpu_rel_error"].values())
+    if not webgpu:
+        assert set(report["peer"]) == peers
+        assert report["peer_errors"] == {
+            "capture on": "onnxruntime's CPU provider has no graph capture (install "
+            "onnxruntime-ep-webgpu for a captured peer arm)"
+        }
+        check_results(report["results"], ours | {f"{CPU_PEER}/{b}" for b in bench_main.BOUNDARIES})
+    assert f"ratio {CPU_PEER} / ortgpu, end_to_end: " in out
+    assert report["ratios"][f"{CPU_PEER} / ortgpu, end_to_end"] == pytest.approx(
+        float(np.median(report["results"][f"{CPU_PEER}/end_to_end"]["raw_s"]))
+        / float(np.median(report["results"]["ortgpu capture off/end_to_end"]["raw_s"]))
+    )
+    assert f"{CPU_PEER} end_to_end: {ITERATIONS}/{ITERATIONS}\n" in err
+    assert {f"{arm}/{boundary}" for arm, boundary in table_rows(out)} == set(report["results"])
+
+
+def test_bench_vad_refuses_a_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:  # argparse's error exit
+        run_bench("--model", "vad", "--batch", "2", "--backend", "fake")
+    assert raised.value.code == 2
+    assert "--batch 2 does not apply to vad: it runs one stream's chunk" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("peer_cpu", ["auto", "on", "off"])
+@pytest.mark.parametrize("recurrent", [True, False], ids=["vad", "mlp"])
+def test_bench_cpu_peer_next_to_the_webgpu_ep(
+    backend_name: str,
+    model_path: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    peer_cpu: str,
+    recurrent: bool,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Where the WebGPU EP is installed (simulated here: the "auto" peer's arms are relabelled), --peer-cpu adds a
+    CPU-provider arm: by default for the recurrent models only."""
+    calls: list[tuple[str, bool]] = []
+
+    class Spy(bench_peer.OnnxruntimeArms):
+        def __init__(self, *args: Any, capture: bool, provider: str = "auto") -> None:
+            calls.append((provider, capture))
+            super().__init__(*args, capture=capture, provider=provider)
+            if provider == "auto":
+                self.provider = "SimulatedWebGpuExecutionProvider"
+
+    monkeypatch.setattr(bench_peer, "webgpu_ep_available", lambda: True)
+    monkeypatch.setattr(bench_peer, "OnnxruntimeArms", Spy)
+    json_path = tmp_path / "out.json"
+    model = "vad" if recurrent else model_path
+    argv = small_args(model, backend_name, "--vs", "onnxruntime", "--peer-cpu", peer_cpu, "--json", str(json_path))
+    assert run_bench(*argv) == 0
+    capsys.readouterr()
+    report = json.loads(json_path.read_text())
+    cpu = peer_cpu == "on" or (peer_cpu == "auto" and recurrent)
+    assert calls == [("auto", False), ("auto", True)] + ([("cpu", False)] if cpu else [])
+    peers = {"onnxruntime SimulatedWebGpuExecutionProvider capture off"} | ({CPU_PEER} if cpu else set())
+    assert set(report["peer"]) == peers
+    assert {key.rsplit("/", 1)[0] for key in report["results"] if key.startswith("onnxruntime")} == peers
+
+
+def test_flops_count_recurrent_nodes() -> None:
+    """GRU ``x [7, 3, 6]``, ``W [1, 30, 6]``, ``R [1, 30, 10]``: 7 steps x 3 sequences x 30 gate rows x (6 + 10)."""
+    from bench.flops import model_flops
+    from bench.recurrent_models import gru_encoder
+
+    assert model_flops(onnx.load_from_string(gru_encoder()), {}) == 2.0 * 7 * 3 * 30 * (6 + 10)

@@ -10,6 +10,8 @@ with a CPU node cannot be captured).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnxruntime
 import pytest
@@ -43,7 +45,7 @@ def _feeds(name: str, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
     ]
 
 
-MODELS = {
+MODELS: dict[str, Callable[[], bytes]] = {
     "lstm_recognizer": lstm_recognizer,
     "gru_encoder": gru_encoder,
     "streaming_vad": streaming_vad,
