@@ -16,7 +16,7 @@ an uncaptured run.
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol, Union
+from typing import Any, Callable, Protocol, Union
 
 import numpy as np
 
@@ -49,7 +49,9 @@ class CaptureHost(GraphOwner, Protocol):
     lock: Any  # the session's run lock (a threading.RLock)
     allocator: SessionAllocator
 
-    def bound_plan(self, binding: AnyBinding, *, for_capture: bool) -> ExecutionPlan: ...
+    def bound_plan(
+        self, binding: AnyBinding, *, for_capture: bool, deciding: dict[str, np.ndarray] | None = None
+    ) -> ExecutionPlan: ...
     def new_program(self, plan: ExecutionPlan) -> DeviceProgram[DeviceBuffer]: ...
     def run_bound(
         self, plan: ExecutionPlan, inputs: dict[str, AnyValue], cpu_inputs: dict[str, Any], outputs: dict[str, AnyValue]
@@ -126,7 +128,8 @@ class GraphRegistry:
         program: DeviceProgram[DeviceBuffer] | None = None
         try:
             with host.lock:
-                plan = host.bound_plan(frozen, for_capture=True)
+                deciding: dict[str, np.ndarray] = {}
+                plan = host.bound_plan(frozen, for_capture=True, deciding=deciding)
                 pins = PinSet._create(label, frozen._pinned_buffers())
                 program = host.new_program(plan)
                 inputs = frozen.inputs()
@@ -140,7 +143,8 @@ class GraphRegistry:
                 # capture returns.
                 host.submit(commands.freeze())
                 program.raise_data_errors()  # the capture run read an index out of range: no graph
-                graph = CapturedGraph._create(session, host, label, frozen, commands, pins, program)
+                guard = _value_guard(label, {name: inputs[name] for name in deciding}, deciding) if deciding else None
+                graph = CapturedGraph._create(session, host, label, frozen, commands, pins, program, guard)
         except BaseException:
             if pins is not None:
                 pins.release()
@@ -152,6 +156,31 @@ class GraphRegistry:
             raise
         self._graphs[graph_id] = graph
         return graph
+
+
+def _value_guard(label: GraphLabel, values: dict[str, AnyValue], captured: dict[str, np.ndarray]) -> Callable[[], None]:
+    """What a graph runs before each replay when input values decided its work (an ``If`` branch, a ``Loop``'s
+    trip count, a shape): read those inputs back and refuse the replay if any holds another value than at capture,
+    since the recorded work would not follow it."""
+    expected = {name: (array.dtype, array.shape, array.tobytes()) for name, array in captured.items()}
+
+    def guard() -> None:
+        for name, value in values.items():
+            now = value.to_numpy()
+            if (now.dtype, now.shape, now.tobytes()) != expected[name]:
+                raise CaptureStateError(
+                    f"graph {label} was captured for input {name!r} = {_show(captured[name])}, whose value decided "
+                    f"the recorded work (a branch, a trip count or a shape); it now holds {_show(now)}, and a replay "
+                    f"would not follow it. Capture a graph per value (another graph_id), or release this one and "
+                    f"capture again, or run uncaptured (gpu_graph_id=-1)"
+                )
+
+    return guard
+
+
+def _show(array: np.ndarray) -> str:
+    text = np.array2string(array, threshold=8, edgeitems=2)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _buffer(value: OrtValue[CPU] | OrtValue[WebGPU]) -> DeviceBuffer:
@@ -205,6 +234,7 @@ def check_replay_binding(graph: CapturedGraph, binding: AnyBinding) -> None:
 def verify_replay(host: CaptureHost, graph: CapturedGraph) -> None:
     """Poison the outputs, replay, and compare with an uncaptured run of the same inputs."""
     host.check_open("replay a captured graph")
+    graph._check_inputs()  # a replay that would be refused must not poison the outputs first
     frozen = graph.binding
     outputs = frozen.outputs()
     for value in outputs.values():

@@ -108,6 +108,8 @@ class ValueInfo:
     dtype: np.dtype[Any]
     #: False for a graph output the model gives no type (its dtype then comes from inference).
     typed: bool = True
+    #: False where neither the model nor inference gives a rank (``shape`` is then ``()`` and says nothing).
+    ranked: bool = True
 
 
 @dataclass(frozen=True)
@@ -411,7 +413,7 @@ def _topological(nodes: list[GraphNode], graph: onnx.GraphProto) -> list[GraphNo
 def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
     if what == "graph output" and not _has_type(value):
         # Loader tolerance (as onnxruntime): an output without a type takes the one shape inference gives it.
-        return ValueInfo(value.name, (), np.dtype(np.float32), typed=False)
+        return ValueInfo(value.name, (), np.dtype(np.float32), typed=False, ranked=False)
     if value.type.HasField("sequence_type"):
         # A sequence of tensors: a host value (see ortgpu.ops.sequences); its element dtype is recorded, the
         # element shapes come with each run's value.
@@ -427,6 +429,8 @@ def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
         raise UnsupportedOpError(f"{what} {value.name!r} is not a tensor (maps and optionals are not supported)")
     dtype = onnx_dtype_to_numpy(value.type.tensor_type.elem_type, f"{what} {value.name!r}")
     dims: list[Dim] = []
+    if not value.type.tensor_type.HasField("shape"):
+        return ValueInfo(value.name, (), dtype, ranked=False)  # any rank: inference may tell
     if value.type.tensor_type.HasField("shape"):
         for index, dim in enumerate(value.type.tensor_type.shape.dim):
             if dim.HasField("dim_value") and dim.dim_value >= 0:
@@ -574,8 +578,8 @@ def _refine_output(value: ValueInfo, types: Mapping[str, tuple[Shape, np.dtype[A
         return value  # a sequence: its element shapes come with each run
     shape, inferred_dtype = types[value.name]
     if not value.typed:
-        value = ValueInfo(value.name, value.shape, inferred_dtype)
-    if not value.shape and shape:
+        value = ValueInfo(value.name, value.shape, inferred_dtype, ranked=value.ranked)
+    if not value.ranked or (not value.shape and shape):
         return ValueInfo(value.name, shape, value.dtype)
     if len(shape) == len(value.shape):
         merged = tuple(d if isinstance(d, int) or i is None else i for d, i in zip(value.shape, shape))

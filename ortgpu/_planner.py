@@ -26,6 +26,7 @@ import numpy as np
 
 from ortgpu_core._errors import DtypeError, ModelError, ShapeError, UnsupportedOpError
 
+from ._expand_control_flow import Expansion
 from ._limits import FoldBudget
 from ._memory_plan import plan_memory, uploaded_constants
 from ._model import GraphNode, LoadedModel
@@ -176,7 +177,10 @@ def _plan(
         folded += folded_norms
     # Folding shares the model's budget with the load (what the load folded is still held).
     budget = FoldBudget(model.limits.max_fold_bytes, spent=model.folded_bytes)
-    nodes, folded_here = propagate(nodes, types, constants, model.opsets, concrete=True, budget=budget)
+    expansions: list[Expansion] = []
+    nodes, folded_here = propagate(
+        nodes, types, constants, model.opsets, concrete=True, budget=budget, expansions=expansions
+    )
     folded += folded_here
     consumers: dict[str, list[GraphNode]] = {}
     for node in nodes:
@@ -192,11 +196,7 @@ def _plan(
     memory = plan_memory(steps, input_infos, output_names, infos, constants, caps)
     used_constants, uploaded = uploaded_constants(memory, constants)
     uploaded = {name for name in uploaded if used_constants[name].dtype != object}  # strings stay on the host
-    placement: list[tuple[str, str, str, str]] = [
-        (node_name, op_type, str(step.placement), step.reason)
-        for step in memory.steps
-        for node_name, op_type in zip(step.node_names, step.op_types)
-    ]
+    placement = _placement(memory.steps, expansions)
     return ExecutionPlan(
         caps=caps,
         input_infos=dict(input_infos),
@@ -210,6 +210,43 @@ def _plan(
         placement=placement,
         folded_nodes=folded,
     )
+
+
+def _placement(steps: Sequence[PlannedStep], expansions: Sequence[Expansion]) -> list[tuple[str, str, str, str]]:
+    """Where each node runs: every step's nodes; a control-flow node the plan expanded, before its nodes (on the
+    device when they all are); the nodes inside a control-flow node that runs whole, after it (on the CPU)."""
+    rows: list[tuple[str, str, str, str]] = []
+    for step in steps:
+        for node_name, op_type in zip(step.node_names, step.op_types):
+            rows.append((node_name, op_type, str(step.placement), step.reason))
+            if step.placement == "cpu" and step.operator is not None and step.op_types == (op_type,):
+                rows.extend(_subgraph_rows(node_name, op_type, step.attrs))
+    for expansion in sorted(expansions, key=lambda e: -len(e.prefix)):  # nested ones first: outer rows go above
+        mine = [index for index, row in enumerate(rows) if row[0].startswith(expansion.prefix)]
+        if not mine:
+            continue  # everything it ran was folded into constants
+        where = "webgpu" if all(rows[index][2] == "webgpu" for index in mine) else "cpu"
+        owner = expansion.owner
+        reason = f"{expansion.how}; its nodes are listed as {expansion.prefix!r}..."
+        rows.insert(mine[0], (owner.name, owner.op_type, where, reason))
+    return rows
+
+
+def _subgraph_rows(owner: str, op_type: str, attrs: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Rows for the nodes of the subgraphs of a control-flow node that runs whole on the CPU (nested included)."""
+    from ._subgraph import Subgraph
+
+    rows: list[tuple[str, str, str, str]] = []
+    for attribute, value in attrs.items():
+        if not isinstance(value, Subgraph):
+            continue
+        part = attribute.removesuffix("_branch")
+        for inner in value.nodes():
+            name = f"{owner}/{part}/{inner.name}"
+            reason = f"inside {op_type} node {owner!r} ({attribute}), which runs on the CPU"
+            rows.append((name, inner.op_type, "cpu", reason))
+            rows.extend(_subgraph_rows(name, inner.op_type, inner.attrs))
+    return rows
 
 
 def _checked_infos(

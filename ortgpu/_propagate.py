@@ -23,6 +23,7 @@ import onnx.shape_inference
 
 from ortgpu_core._errors import ModelError, UnsupportedOpError
 
+from ._expand_control_flow import EXPANDABLE, Expansion, expand
 from ._limits import FoldBudget, LoadLimits, check_shape_probe, keep_folded, may_fold
 from .ops import TensorInfo, get_operator
 from .ops.sequences import box, element_dtype_of, element_shapes_of, is_sequence_dtype
@@ -217,6 +218,8 @@ def propagate(
     *,
     concrete: bool,
     budget: FoldBudget | None = None,
+    expansions: list[Expansion] | None = None,
+    _cache: dict[tuple[Any, ...], list[tuple[Shape, np.dtype[Any]] | None]] | None = None,
 ) -> tuple[list[GraphNode], list[str]]:
     """Infer every tensor's type and fold what is computable; updates ``types`` and ``constants``.
 
@@ -225,13 +228,33 @@ def propagate(
     is found by running the node's reference on zeros, and an unresolvable one
     is an error.  Folding creates at most ``budget``'s bytes of constants (default:
     :data:`ortgpu._limits.DEFAULT_MAX_FOLD_BYTES`); nodes it cannot afford stay.
+
+    With ``expansions`` (a list to fill), control flow whose decisions are constants by now is replaced by the
+    nodes it runs (:mod:`ortgpu._expand_control_flow`); each replacement is recorded there.
     """
     if budget is None:
         budget = FoldBudget(LoadLimits().max_fold_bytes)
     remaining: list[GraphNode] = []
     folded: list[str] = []
-    inference_cache: dict[tuple[Any, ...], list[tuple[Shape, np.dtype[Any]] | None]] = {}
+    inference_cache: dict[tuple[Any, ...], list[tuple[Shape, np.dtype[Any]] | None]] = {} if _cache is None else _cache
+    found = expansions
+
+    def run(inner: list[GraphNode]) -> tuple[list[GraphNode], list[str]]:
+        return propagate(
+            inner, types, constants, opsets, concrete=concrete, budget=budget, expansions=found, _cache=inference_cache
+        )
+
     for node in nodes:
+        if expansions is not None and node.op_type in EXPANDABLE and node.domain in ("", "ai.onnx"):
+            mark = len(expansions)
+            expansion = expand(node, types, constants, run)
+            if expansion is None:
+                del expansions[mark:]  # nested expansions of an attempt that was given up
+            else:
+                expansions.append(expansion)
+                remaining.extend(expansion.nodes)
+                folded.extend(expansion.folded)
+                continue
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             value = _constant_node_value(node)
             constants[node.outputs[0]] = value

@@ -54,12 +54,22 @@ class NodeArg:
 
 @dataclass(frozen=True)
 class NodePlacement:
-    """Where one node runs: ``placement`` is "webgpu" or "cpu"; ``reason`` says why when on the CPU."""
+    """Where one node runs: ``placement`` is "webgpu" or "cpu"; ``reason`` says why (on the CPU), or how (a kernel,
+    a fused step, control flow expanded when planning).
+
+    Nodes inside control flow are listed too, named ``owner/part/node`` (``part``: ``then``, ``else``, ``body``, or
+    ``iterN`` for an unrolled iteration).  ``capturable``: whether a captured graph can replay this node (device
+    work only: a graph with any node on the CPU cannot be captured).
+    """
 
     node: str
     op_type: str
     placement: Literal["webgpu", "cpu"]
     reason: str
+
+    @property
+    def capturable(self) -> bool:
+        return self.placement == "webgpu"
 
 
 def _node_arg(info: ValueInfo) -> NodeArg:

@@ -52,7 +52,11 @@ from .ops.sequences import element_dtype_of, element_shapes_of, is_box, is_seque
 if TYPE_CHECKING:
     from ortgpu_core._graph import CapturedGraph
 
-__all__ = ["SessionRunner", "AnyValue", "AnyBinding"]
+__all__ = ["SessionRunner", "AnyValue", "AnyBinding", "MAX_GUARDED_BYTES"]
+
+#: The most bytes of value-deciding inputs (a sample rate, a trip count, a target shape) a captured graph may depend
+#: on: each replay reads them back and compares them with their values at capture.
+MAX_GUARDED_BYTES = 4096
 
 
 @dataclass
@@ -253,6 +257,8 @@ class SessionRunner:
                 f"{kind} {name!r} has dtype {info.dtype} in the model, got {dtype}; ortgpu never casts silently: "
                 f"provide {info.dtype} data"
             )
+        if not info.ranked:
+            return  # the model gives this value no rank: the plan checks the shape it gets
         if len(shape) != len(info.shape) or any(isinstance(d, int) and d != s for d, s in zip(info.shape, shape)):
             raise ShapeError(f"{kind} {name!r} has shape {list(info.shape)} in the model, got {list(shape)}")
 
@@ -442,7 +448,11 @@ class SessionRunner:
                 for buffer in staged:
                     buffer.release("transient staging buffer")
 
-    def bound_plan(self, binding: AnyBinding, *, for_capture: bool) -> ExecutionPlan:
+    def bound_plan(
+        self, binding: AnyBinding, *, for_capture: bool, deciding: dict[str, np.ndarray] | None = None
+    ) -> ExecutionPlan:
+        """The plan for a binding's values; ``deciding`` (a dict to fill) receives the host copies of the inputs whose
+        values decided it (what a captured graph re-checks before each replay)."""
         inputs, outputs, cpu_inputs = binding.inputs(), binding.outputs(), binding.cpu_inputs()
         missing = [n for n in self.input_names if n not in inputs and n not in cpu_inputs]
         if missing:
@@ -478,12 +488,18 @@ class SessionRunner:
         shapes.update({n: tuple(a.shape) for n, a in cpu_inputs.items()})
         dtypes = {n: v.dtype for n, v in inputs.items()}
         dtypes.update({n: a.dtype for n, a in cpu_inputs.items()})
-        if for_capture and self.model.value_dependent_inputs:
-            raise CaptureStateError(
-                f"cannot capture: inputs {sorted(self.model.value_dependent_inputs)} decide tensor shapes by their values, "
-                f"which a captured graph cannot follow; run this model with gpu_graph_id=-1"
-            )
-        plan = self.plan_for(shapes, dtypes, self.values_deciding_shapes(inputs, cpu_inputs))
+        values = self.values_deciding_shapes(inputs, cpu_inputs)
+        if for_capture and values:
+            size = sum(value.nbytes for value in values.values())
+            if size > MAX_GUARDED_BYTES:
+                raise CaptureStateError(
+                    f"cannot capture: inputs {sorted(values)} decide shapes, branches or trip counts by their values "
+                    f"({size} bytes), and a captured graph re-reads such inputs before every replay to refuse a "
+                    f"changed value (up to {MAX_GUARDED_BYTES} bytes); run this model with gpu_graph_id=-1"
+                )
+        if deciding is not None:
+            deciding.update(values)
+        plan = self.plan_for(shapes, dtypes, values)
         for name, info in plan.output_infos.items():
             value = outputs[name]
             if tuple(value.shape()) != info.shape or value.dtype != info.dtype:
@@ -493,8 +509,8 @@ class SessionRunner:
                 )
         if for_capture and not plan.capturable:
             raise CaptureStateError(
-                f"cannot capture: nodes {plan.cpu_nodes} run on the CPU (see session.get_node_placement()), and a "
-                f"captured graph can only replay device work; use a model whose nodes all run on WebGPU"
+                f"cannot capture: nodes {plan.cpu_nodes} run on the CPU (see session.get_node_placement(), which says "
+                f"why), and a captured graph can only replay device work; run this model with gpu_graph_id=-1"
             )
         return plan
 

@@ -182,6 +182,16 @@ class Subgraph:
             subgraph._steps.append(_Step(node, operator, attrs, extras=extras))
         return subgraph
 
+    @property
+    def initializers(self) -> Mapping[str, np.ndarray]:
+        """The graph's own initializers, by name."""
+        return self._initializers
+
+    def nodes(self) -> list[GraphNode]:
+        """The graph's nodes, checked and converted (Constant nodes included), in order; a nested control-flow
+        node carries the outer-scope names its subgraphs read as trailing inputs."""
+        return [step.node for step in self._steps]
+
     def run(self, inputs: Sequence[np.ndarray], outer: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The graph's outputs for values of its inputs (in order) and of the outer-scope names it reads."""
         if len(inputs) != len(self.graph.input):

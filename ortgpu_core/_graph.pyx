@@ -124,6 +124,7 @@ cdef class CapturedGraph:
     cdef object _program
     cdef bint _released
     cdef object _lock  # serializes replay with release, so a replay never submits freed bind groups
+    cdef object _guard  # None, or a callable raising CaptureStateError when the graph's decided inputs changed
     cdef readonly unsigned long long replays
 
     # A copy would be a second owner of the pins, the lock on the binding and the recorded work: releasing it
@@ -137,9 +138,11 @@ cdef class CapturedGraph:
         raise ArgumentTypeError("CapturedGraph objects are made by session.capture(binding, graph_id)")
 
     @staticmethod
-    def _create(session, owner, label, FrozenIOBinding binding, CommandList commands, PinSet pins, program):
+    def _create(session, owner, label, FrozenIOBinding binding, CommandList commands, PinSet pins, program, guard=None):
         """Internal: capture has locked the origin binding for ``label`` and pinned the buffers (``pins``);
-        ``owner`` (a GraphOwner, the session's runner) submits, verifies and forgets the graph."""
+        ``owner`` (a GraphOwner, the session's runner) submits, verifies and forgets the graph.  ``guard`` (None,
+        or a callable) runs before every replay's submission and raises ``CaptureStateError`` when an input whose
+        value decided the recorded work (a branch, a trip count, a shape) holds another value now."""
         cdef CapturedGraph graph = CapturedGraph.__new__(CapturedGraph)
         graph.graph_id = label.graph_id
         graph.label = label
@@ -153,6 +156,7 @@ cdef class CapturedGraph:
         graph._program = program
         graph._released = False
         graph._lock = threading.Lock()
+        graph._guard = guard
         graph.replays = 0
         return graph
 
@@ -213,6 +217,8 @@ cdef class CapturedGraph:
         with self._lock:
             self._check_not_released()
             self._owner.check_open("replay a captured graph")
+            if self._guard is not None:
+                self._guard()
             self._submit(self._commands)
             self.replays += 1
 
@@ -235,6 +241,8 @@ cdef class CapturedGraph:
         with self._lock:
             self._check_not_released()
             self._owner.check_open("replay a captured graph")
+            if self._guard is not None:
+                self._guard()
             for item in self._binding.get_outputs():  # device values: capture refuses host-bound outputs
                 value = <OrtValue>item
                 value._check_usable("read the value")
@@ -249,11 +257,21 @@ cdef class CapturedGraph:
                 self._program.raise_data_errors()
         return arrays
 
+    def _check_inputs(self):
+        """Internal: raise ``CaptureStateError`` if an input whose value decided the recorded work holds another
+        value now (what every replay checks first; verify mode checks it before it poisons the outputs)."""
+        with self._lock:
+            self._check_not_released()
+            if self._guard is not None:
+                self._guard()
+
     def _replay_unchecked(self):
         """Internal: submit without the verify indirection (used by verification itself)."""
         with self._lock:
             if self._released:
                 raise CaptureStateError(f"graph {self.label} was released and can no longer be replayed")
+            if self._guard is not None:
+                self._guard()
             self._submit(self._commands)
             self.replays += 1
 

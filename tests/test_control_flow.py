@@ -105,9 +105,21 @@ def test_loop_with_nested_if_and_outer_scope_reads(env: ortgpu_core.Env) -> None
         final, sums = _compare(model, env, {"M": np.array(trips, np.int64), "X": x, "Y": y})
         assert sums.shape == (trips,)
     with ortgpu.InferenceSession(model, env=env) as session:
-        placements = {p.op_type: p for p in session.get_node_placement(input_values={"M": np.array(2, np.int64)})}
-        assert placements["Loop"].placement == "cpu"
-        assert "control flow runs on the CPU" in placements["Loop"].reason
+        # The trip count is known when planning: the loop is unrolled (each iteration's If inlined) onto the device.
+        rows = session.get_node_placement(input_values={"M": np.array(2, np.int64)})
+        loop = next(p for p in rows if p.op_type == "Loop")
+        assert loop.placement == "webgpu" and "unrolled: 2 iterations" in loop.reason, rows
+        inlined = [p for p in rows if p.node.startswith(f"{loop.node}/iter1/") and p.op_type == "If"]
+        assert inlined and "branch inlined" in inlined[0].reason, rows
+        assert all(p.placement == "webgpu" and p.capturable for p in rows), rows
+        # Zero trips leave a scan output whose shape only the interpreter's rules give: the loop runs whole.
+        rows = session.get_node_placement(input_values={"M": np.array(0, np.int64)})
+        loop = next(p for p in rows if p.op_type == "Loop")
+        assert loop.placement == "cpu" and not loop.capturable
+        body_rows = [p for p in rows if p.node.startswith(f"{loop.node}/body/")]
+        assert {p.op_type for p in body_rows} >= {"Mod", "Equal", "If", "ReduceSum"}
+        assert all(p.placement == "cpu" and "which runs on the CPU" in p.reason for p in body_rows)
+        assert any(p.node.startswith(f"{loop.node}/body/") and "/then/" in p.node for p in body_rows)
 
 
 def _early_exit_loop() -> bytes:

@@ -129,7 +129,12 @@ class _ControlFlow(Operator):
         caps: DeviceCaps,
         constants: Mapping[int, np.ndarray],
     ) -> OpPlan:
-        raise NotOnDevice(f"{self.op_type}: control flow runs on the CPU (its subgraph runs node by node in numpy)")
+        raise NotOnDevice(
+            f"{self.op_type}: {self.why_whole}; it runs whole on the CPU (its subgraph node by node in numpy)"
+        )
+
+    #: Why the planner could not expand the node into plain nodes (see :mod:`ortgpu._expand_control_flow`).
+    why_whole = "control flow"
 
 
 @register
@@ -138,6 +143,7 @@ class If(_ControlFlow):
 
     op_type = "If"
     since_version = 1
+    why_whole = "its condition is computed on the device from data, not known when planning"
 
     def reference(
         self,
@@ -170,6 +176,11 @@ class Loop(_ControlFlow):
 
     op_type = "Loop"
     since_version = 1
+    why_whole = (
+        "its iterations are not known when planning (a trip count or condition computed from data, a body whose "
+        "condition depends on data), or unrolling it would exceed ortgpu._expand_control_flow.MAX_EXPANDED_NODES "
+        "nodes, or it runs zero times with scan outputs"
+    )
 
     def reference(
         self,
@@ -251,6 +262,7 @@ class Scan8(_ControlFlow):
 
     op_type = "Scan"
     since_version = 8
+    why_whole = "Scan-8 (batch axis and sequence_lens) is not expanded into plain nodes"
 
     def reference(
         self,
@@ -333,6 +345,7 @@ class Scan9(_ControlFlow):
 
     op_type = "Scan"
     since_version = 9
+    why_whole = "its length is zero, or unrolling it would exceed ortgpu._expand_control_flow.MAX_EXPANDED_NODES nodes"
 
     def reference(
         self,
