@@ -401,6 +401,8 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                     mine = on if "capture on" in name else off
                     if mine:
                         ratios[f"{name} / ortgpu, {boundary}"] = value / mine
+                    if "CPUExecutionProvider" in name and on:  # no capture there: its rival is ortgpu's best arm
+                        ratios[f"{name} / ortgpu capture on, {boundary}"] = value / on
         for text, value in ratios.items():
             print(f"ratio {text}: {value:.2f}x")
         for arm, parts in report.get("breakdown_ms", {}).items():

@@ -168,6 +168,9 @@ def test_bench_both_arms_vs_onnxruntime_json(
     if backend_name == "wgpu":
         expected_ratios.add(AHEAD_RATIO)
     expected_ratios |= {f"{label} / ortgpu, {b}" for label in peers for b in bench_main.BOUNDARIES}
+    # onnxruntime's CPU provider, which has no capture, against ortgpu's captured arm too
+    cpu_peers = {label for label in peers if "CPUExecutionProvider" in label}
+    expected_ratios |= {f"{label} / ortgpu capture on, {b}" for label in cpu_peers for b in bench_main.BOUNDARIES}
     assert set(ratios) == expected_ratios
     results = report["results"]
     for boundary in bench_main.BOUNDARIES:
@@ -178,6 +181,8 @@ def test_bench_both_arms_vs_onnxruntime_json(
             theirs = float(np.median(results[f"{label}/{boundary}"]["raw_s"]))
             mine = on if label.endswith("capture on") else off
             assert ratios[f"{label} / ortgpu, {boundary}"] == pytest.approx(theirs / mine)
+            if label in cpu_peers:
+                assert ratios[f"{label} / ortgpu capture on, {boundary}"] == pytest.approx(theirs / on)
     read = float(np.median(results["ortgpu capture on, replay_and_read/end_to_end"]["raw_s"]))
     off = float(np.median(results["ortgpu capture off/end_to_end"]["raw_s"]))
     assert ratios["capture off / on with replay_and_read, end_to_end"] == pytest.approx(off / read)
@@ -551,6 +556,13 @@ def test_bench_recurrent_models(
         }
     check_results(report["results"], ours | {f"{label}/{b}" for label in report["peer"] for b in bench_main.BOUNDARIES})
     assert f"ratio {CPU_PEER} / ortgpu, end_to_end: " in out
+    if refused is None:
+        assert report["ratios"][f"{CPU_PEER} / ortgpu capture on, end_to_end"] == pytest.approx(
+            float(np.median(report["results"][f"{CPU_PEER}/end_to_end"]["raw_s"]))
+            / float(np.median(report["results"]["ortgpu capture on/end_to_end"]["raw_s"]))
+        )
+    else:
+        assert not any(key.endswith(" / ortgpu capture on, end_to_end") for key in report["ratios"])
     assert report["ratios"][f"{CPU_PEER} / ortgpu, end_to_end"] == pytest.approx(
         float(np.median(report["results"][f"{CPU_PEER}/end_to_end"]["raw_s"]))
         / float(np.median(report["results"]["ortgpu capture off/end_to_end"]["raw_s"]))
