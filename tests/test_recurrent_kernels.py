@@ -26,7 +26,7 @@ from ortgpu.ops import _recurrent_plan, get_operator
 F32 = np.float32
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 OUTPUTS = {"RNN": 2, "GRU": 2, "LSTM": 3}
-NON_DEFAULT = {
+NON_DEFAULT: dict[str, dict[str, list[Any]]] = {
     "RNN": {"activations": ["Softsign"]},
     "GRU": {"activations": ["HardSigmoid", "Elu"], "activation_alpha": [0.25, 0.9], "activation_beta": [0.45]},
     "LSTM": {"activations": ["Sigmoid", "Softplus", "LeakyRelu"], "activation_alpha": [0.2]},
@@ -194,9 +194,7 @@ SEEDS = list(range(12))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_random_configurations_match_onnxruntime_and_the_reference(
-    seed: int, path: str, env: ortgpu_core.Env
-) -> None:
+def test_random_configurations_match_onnxruntime_and_the_reference(seed: int, path: str, env: ortgpu_core.Env) -> None:
     case = _random_case(seed)
     arrays = _inputs(case, np.random.default_rng(1000 + seed))
     expected = _onnxruntime(case, arrays)
@@ -215,3 +213,97 @@ def test_random_configurations_match_onnxruntime_and_the_reference(
         assert ours.dtype == F32
         _close(ours, theirs, 2e-5, f"{case} output {index} vs onnxruntime")
         _close(ours, exact.astype(F32), 2e-5, f"{case} output {index} vs reference")
+
+
+def _session_case(op_type: str = "LSTM") -> Case:
+    return Case(op_type, {"direction": "bidirectional"}, seq=6, batch=3, hidden=5, lengths=(6, 2, 0))
+
+
+@pytest.mark.parametrize("op_type", ["GRU", "LSTM"])
+def test_sequence_lens_change_between_runs_without_replanning(op_type: str, path: str, env: ortgpu_core.Env) -> None:
+    case = _session_case(op_type)
+    arrays = _inputs(case, np.random.default_rng(5))
+    with ortgpu.InferenceSession(_model(case, arrays, 0), env=env) as session:
+        for lengths in ((6, 2, 0), (1, 6, 3), (0, 0, 6), (6, 6, 6)):
+            arrays[4] = np.array(lengths, np.int32)
+            case.lengths = lengths
+            actual = session.run(None, _feeds(arrays))
+            for index, (ours, theirs) in enumerate(zip(actual, _onnxruntime(case, arrays))):
+                _close(np.asarray(ours), theirs, 2e-5, f"lengths {lengths} output {index}")
+
+
+@pytest.mark.parametrize("lengths", [(7, 1, 2), (-1, 3, 2)], ids=["too-long", "negative"])
+def test_invalid_sequence_lens_raise(lengths: tuple[int, ...], path: str, env: ortgpu_core.Env) -> None:
+    case = _session_case("RNN")
+    arrays = _inputs(case, np.random.default_rng(6))
+    with ortgpu.InferenceSession(_model(case, arrays, 0), env=env) as session:
+        assert session.run(None, _feeds(arrays))  # valid lengths run
+        arrays[4] = np.array(lengths, np.int32)
+        with pytest.raises(ortgpu.InvalidArgumentError):
+            session.run(None, _feeds(arrays))
+        arrays[4] = np.array((3, 6, 0), np.int32)  # and the session still runs afterwards
+        case.lengths = (3, 6, 0)
+        for ours, theirs in zip(session.run(None, _feeds(arrays)), _onnxruntime(case, arrays)):
+            _close(np.asarray(ours), theirs, 2e-5, "after an invalid run")
+
+
+def test_realistic_sizes_are_accurate(env: ortgpu_core.Env) -> None:
+    """Hidden 64, 32 steps, bidirectional LSTM with lengths: float32 on the device vs the float64 reference."""
+    case = Case("LSTM", {"direction": "bidirectional"}, seq=32, batch=2, input_size=24, hidden=64, lengths=(32, 17))
+    arrays = _inputs(case, np.random.default_rng(8))
+    for index in (1, 2, 3, 5, 6, 7):  # trained-like weights (+-1/sqrt(hidden)): not chaotic over 32 steps
+        value = arrays[index]
+        if value is not None:
+            arrays[index] = (value * (2.0 / np.sqrt(case.hidden))).astype(F32)
+    reference = _reference(case, arrays)
+    with ortgpu.InferenceSession(_model(case, arrays, 0), env=env) as session:
+        actual = session.run(None, _feeds(arrays))
+    for index, (ours, exact) in enumerate(zip(actual, reference)):
+        error = np.max(np.abs(np.asarray(ours, np.float64) - exact)) / np.max(np.abs(exact))
+        assert error < 1e-5, f"output {index}: relative error {error:.2e}"
+
+
+def test_placement_says_webgpu_for_float32_and_cpu_for_float64(env: ortgpu_core.Env) -> None:
+    case = _session_case("GRU")
+    arrays = _inputs(case, np.random.default_rng(9))
+    with ortgpu.InferenceSession(_model(case, arrays, 0), env=env) as session:
+        (placement,) = session.get_node_placement()
+        assert placement.placement == "webgpu" and placement.capturable
+    wide = [None if a is None or a.dtype != F32 else a.astype(np.float64) for a in arrays]
+    wide[4] = arrays[4]
+    model = onnx.load_from_string(_model(case, arrays, 0))
+    for value in list(model.graph.input) + list(model.graph.output):
+        if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            value.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    with ortgpu.InferenceSession(model.SerializeToString(), env=env) as session:
+        (placement,) = session.get_node_placement()
+        assert placement.placement == "cpu" and "float32" in placement.reason
+
+
+def test_captured_lstm_replays_with_changed_inputs_and_lengths(path: str, env: ortgpu_core.Env) -> None:
+    case = _session_case("LSTM")
+    rng = np.random.default_rng(10)
+    arrays = _inputs(case, rng)
+    with ortgpu.InferenceSession(_model(case, arrays, 0), env=env, graph_capture=True) as session:
+        values = {name: session.allocator.from_numpy(a) for name, a in _feeds(arrays).items()}
+        expected = _onnxruntime(case, arrays)
+        outs = [session.allocator.empty(e.shape, "float32") for e in expected]
+        binding = session.io_binding()
+        for name, value in values.items():
+            binding.bind_input(name, value)
+        for index, value in enumerate(outs):
+            binding.bind_output(f"out{index}", value)
+        with session.capture(binding, graph_id=0) as graph:
+            for index, value in enumerate(outs):
+                _close(value.to_numpy(), expected[index], 2e-5, f"capture run output {index}")
+            for lengths in ((1, 6, 3), (0, 4, 6), (6, 6, 6)):
+                x = rng.standard_normal((case.seq, case.batch, case.input_size)).astype(F32)
+                arrays[0], arrays[4] = x, np.array(lengths, np.int32)
+                values["in0"].update_inplace(x)
+                values["in4"].update_inplace(np.array(lengths, np.int32))
+                case.lengths = lengths
+                graph.replay()
+                for index, (value, theirs) in enumerate(zip(outs, _onnxruntime(case, arrays))):
+                    _close(value.to_numpy(), theirs, 2e-5, f"replay with lengths {lengths} output {index}")
+        for value in list(values.values()) + outs:
+            value.release()

@@ -2,8 +2,9 @@
 
 Scratch buffers (float32): 0 ``xp`` ``[directions, seq, batch, gates*hidden]`` (the input projection with its
 biases), 1 the hidden state ``[directions, batch, hidden]``, 2 ``aux`` (LSTM's cell state, the peepholes, GRU's
-candidate recurrent bias), and on the per-step path 3 the other hidden-state buffer of the ping-pong and 4 (GRU
-without ``linear_before_reset``) ``r * h`` and ``z`` between its two phases.
+candidate recurrent bias), 3 R transposed ``[directions, hidden, gates*hidden]`` (coalesced reads), and on the
+per-step path 4 the other hidden-state buffer of the ping-pong and 5 (GRU without ``linear_before_reset``)
+``r * h`` and ``z`` between its two phases.
 
 Which recurrence runs: :func:`persistent_fits` (the persistent kernel where the hidden size fits one workgroup and
 the driver's loop budget allows it), else one dispatch per step.  ``PERSISTENT_MAX_HIDDEN`` caps the persistent
@@ -43,6 +44,7 @@ from ._recurrent_wgsl import (
     prepare_kernel,
     project_kernel,
     step_kernel,
+    transpose_kernel,
 )
 from ._tiling import grid_for_groups
 
@@ -81,7 +83,7 @@ class _Slots:
     """Typed views of a kernel's bound buffers by what they are bound to."""
 
     def __init__(self, bindings: Sequence[Binding], arrays: Sequence[np.ndarray]) -> None:
-        self._slots = {(b.kind, b.index): slot for slot, b in enumerate(bindings)}
+        self._slots: dict[tuple[str, int], int] = {(b.kind, b.index): slot for slot, b in enumerate(bindings)}
         self._arrays = arrays
 
     def has(self, kind: str, index: int) -> bool:
@@ -92,7 +94,8 @@ class _Slots:
         raw = self._arrays[self._slots[(kind, index)]]
         itemsize = np.dtype(dtype).itemsize
         count = int(np.prod(shape))
-        return raw[offset * itemsize : (offset + count) * itemsize].view(dtype).reshape(shape)
+        view: Array = raw[offset * itemsize : (offset + count) * itemsize].view(dtype).reshape(shape)
+        return view
 
 
 def _kernel_states(cfg: Config, value: Array) -> Array:
@@ -152,8 +155,19 @@ class _Parts:
         return slots.view("scratch", 0, F32, (c.directions, c.seq, c.batch, c.gh)).astype(np.float64)
 
     def _r(self, slots: _Slots) -> Array:
+        """R ([D, gates*hidden, hidden]) from its transposed copy in scratch 3."""
         c = self.cfg
-        return slots.view("input", 2, F32, (c.directions, c.gh, c.hidden)).astype(np.float64)
+        return np.swapaxes(slots.view("scratch", 3, F32, (c.directions, c.hidden, c.gh)), 1, 2).astype(np.float64)
+
+    def transpose(self, bindings: Sequence[Binding]) -> Twin:
+        c = self.cfg
+
+        def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
+            slots = _Slots(bindings, arrays)
+            r = slots.view("input", 2, F32, (c.directions, c.gh, c.hidden))
+            slots.view("scratch", 3, F32, (c.directions, c.hidden, c.gh))[...] = np.swapaxes(r, 1, 2)
+
+        return twin
 
     def _output(self, slots: _Slots, index: int) -> Array | None:
         if not slots.has("output", index):
@@ -177,9 +191,7 @@ class _Parts:
             slots = _Slots(bindings, arrays)
             hstate = slots.view("scratch", 1, F32, self.state_shape)
             aux = slots.view("scratch", 2, F32, (c.aux_floats,))
-            hstate[...] = (
-                _kernel_states(c, slots.view("input", 5, F32, _node_shape(c))) if c.has_h0 else 0.0
-            )
+            hstate[...] = _kernel_states(c, slots.view("input", 5, F32, _node_shape(c))) if c.has_h0 else 0.0
             aux[: c.dbh] = (
                 _kernel_states(c, slots.view("input", 6, F32, _node_shape(c))).reshape(-1) if c.has_c0 else 0.0
             )
@@ -276,7 +288,7 @@ class _Parts:
 
     def final(self, bindings: Sequence[Binding]) -> Twin:
         c = self.cfg
-        last = 1 if c.seq % 2 == 0 else 3
+        last = 1 if c.seq % 2 == 0 else 4
 
         def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
             slots = _Slots(bindings, arrays)
@@ -327,7 +339,9 @@ def device_plan(
     state_grid = grid_for_groups(-(-cfg.dbh // GROUP), caps)
     kernels: list[KernelSpec] = []
 
-    def add(wgsl: str, bindings: tuple[Binding, ...], grid: tuple[int, int, int], twin: Twin, params: bytes = b"") -> None:
+    def add(
+        wgsl: str, bindings: tuple[Binding, ...], grid: tuple[int, int, int], twin: Twin, params: bytes = b""
+    ) -> None:
         if _storage_count(bindings) > limits.max_storage_buffers_per_shader_stage:
             raise NotOnDevice(f"{name}: a kernel needs {_storage_count(bindings)} storage buffers; the device allows "
                               f"{limits.max_storage_buffers_per_shader_stage}")  # fmt: skip
@@ -341,7 +355,11 @@ def device_plan(
     project_grid = grid_for_groups(-(-cfg.xp_floats // GROUP), caps)
     wgsl, bindings = project_kernel(cfg, project_grid)
     add(wgsl, bindings, project_grid, parts.project(bindings))
-    scratch = [xp_bytes, cfg.dbh * 4, cfg.aux_floats * 4]
+    rt_floats = cfg.directions * cfg.gh * cfg.hidden
+    rt_grid = grid_for_groups(-(-rt_floats // GROUP), caps)
+    wgsl, bindings = transpose_kernel(cfg, rt_grid)
+    add(wgsl, bindings, rt_grid, parts.transpose(bindings))
+    scratch = [xp_bytes, cfg.dbh * 4, cfg.aux_floats * 4, rt_floats * 4]
     persistent = persistent_fits(cfg, caps)
     if FORCE_PERSISTENT and not persistent:
         raise NotOnDevice(f"{name}: the persistent kernel does not fit (FORCE_PERSISTENT)")
@@ -356,7 +374,7 @@ def device_plan(
         scratch.append(2 * cfg.dbh * 4)
     for step in range(cfg.seq):
         params = struct.pack("<4I", step, 0, 0, 0)
-        source, target = (1, 3) if step % 2 == 0 else (3, 1)
+        source, target = (1, 4) if step % 2 == 0 else (4, 1)
         if cfg.two_phase:
             wgsl, bindings = step_kernel(cfg, functions, state_grid, step, 1)
             add(wgsl, bindings, state_grid, _no_op, params)

@@ -44,6 +44,7 @@ __all__ = [
     "project_kernel",
     "persistent_kernel",
     "step_kernel",
+    "transpose_kernel",
     "final_kernel",
     "persistent_workgroup",
 ]
@@ -204,13 +205,13 @@ def activation_functions(functions: Sequence[Sequence[Activation]]) -> str:
 
 def _index_functions(cfg: Config) -> str:
     """WGSL index functions of the node's tensors (layout 0 or 1), the step order, the length of a row."""
-    S, B, D, H, I = _u(cfg.seq), _u(cfg.batch), _u(cfg.directions), _u(cfg.hidden), _u(cfg.input_size)
+    S, B, D, H, IN = _u(cfg.seq), _u(cfg.batch), _u(cfg.directions), _u(cfg.hidden), _u(cfg.input_size)
     if cfg.layout == 0:
-        x_at = f"(t * {B} + b) * {I} + k"
+        x_at = f"(t * {B} + b) * {IN} + k"
         y_at = f"((t * {D} + d) * {B} + b) * {H} + j"
         st_at = f"(d * {B} + b) * {H} + j"
     else:
-        x_at = f"(b * {S} + t) * {I} + k"
+        x_at = f"(b * {S} + t) * {IN} + k"
         y_at = f"((b * {S} + t) * {D} + d) * {H} + j"
         st_at = f"(b * {D} + d) * {H} + j"
     reverse = {"forward": "false", "reverse": "true", "bidirectional": "d == 1u"}[cfg.direction]
@@ -319,7 +320,7 @@ def project_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[
     if cfg.has_bias:
         table.add(Binding("input", 3), "bias")
     table.add(Binding("scratch", 0), "xp", writable=True)
-    GH, B, S, I, H = cfg.gh, cfg.batch, cfg.seq, cfg.input_size, cfg.hidden
+    GH, B, S, IN, H = cfg.gh, cfg.batch, cfg.seq, cfg.input_size, cfg.hidden
     if not cfg.has_bias:
         bias = "0.0"
     else:
@@ -335,14 +336,31 @@ def project_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[
         f"    let b = (i / {_u(GH)}) % {_u(B)};\n"
         f"    let t = (i / {_u(GH * B)}) % {_u(S)};\n"
         f"    let d = i / {_u(GH * B * S)};\n"
-        f"    let wrow = (d * {_u(GH)} + row) * {_u(I)};\n"
+        f"    let wrow = (d * {_u(GH)} + row) * {_u(IN)};\n"
         "    var acc = 0.0;\n"
-        f"    for (var k = 0u; k < {_u(I)}; k = k + 1u) {{\n"
+        f"    for (var k = 0u; k < {_u(IN)}; k = k + 1u) {{\n"
         "        acc = acc + x[x_at(t, b, k)] * w[wrow + k];\n"
         "    }\n"
         f"    xp[i] = acc + {bias};\n"
     )
     wgsl = table.text() + _index_functions(cfg) + _flat_main(cfg.xp_floats, grid) + body + "}\n"
+    return wgsl, tuple(table.bindings)
+
+
+def transpose_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Binding, ...]]:
+    """R ``[direction, gates*hidden, hidden]`` transposed into scratch 3 ``[direction, hidden, gates*hidden]``:
+    the recurrence's invocations (one per unit) then read consecutive words at each ``k`` (coalesced)."""
+    table = _Table()
+    table.add(Binding("input", 2), "r")
+    table.add(Binding("scratch", 3), "rt", writable=True)
+    GH, H = cfg.gh, cfg.hidden
+    body = (
+        f"    let row = i % {_u(GH)};\n"
+        f"    let k = (i / {_u(GH)}) % {_u(H)};\n"
+        f"    let d = i / {_u(GH * H)};\n"
+        f"    rt[i] = r[(d * {_u(GH)} + row) * {_u(H)} + k];\n"
+    )
+    wgsl = table.text() + _flat_main(cfg.directions * GH * H, grid) + body + "}\n"
     return wgsl, tuple(table.bindings)
 
 
@@ -365,11 +383,10 @@ def _gate_math(cfg: Config) -> tuple[str, str]:
             # linear_before_reset: the candidate's recurrent product (and its bias) apart from xp.
             setup.append(f"        let {name} = xp[xbase + {_u(g * H)}];\n")
             setup.append(f"        var ahr = aux[{_u(cfg.aux_rbh)} + d * {_u(H)} + jj];\n")
-            update.append(f"            ahr = ahr + hk * r[rbase + {_u(g * H * H)} + k];\n")
+            update.append(f"            ahr = ahr + hk * rt[rbase + k * {_u(GH)} + {_u(g * H)}];\n")
             continue
         setup.append(f"        var {name} = xp[xbase + {_u(g * H)}];\n")
-        update.append(f"            {name} = {name} + hk * r[rbase + {_u(g * H * H)} + k];\n")
-    del GH
+        update.append(f"            {name} = {name} + hk * rt[rbase + k * {_u(GH)} + {_u(g * H)}];\n")
     return "".join(setup), "".join(update)
 
 
@@ -399,7 +416,7 @@ def persistent_kernel(
     unit ``j``; the hidden state in workgroup memory."""
     table = _Table()
     table.add(Binding("scratch", 0), "xp")
-    table.add(Binding("input", 2), "r")
+    table.add(Binding("scratch", 3), "rt")
     table.add(Binding("scratch", 1), "hstate")
     if cfg.op_type == "LSTM" or cfg.linear_before_reset:
         table.add(Binding("scratch", 2), "aux")
@@ -432,7 +449,7 @@ def persistent_kernel(
         "    }\n",
         "    hs[j] = h;\n",
         "    workgroupBarrier();\n",
-        f"    let rbase = (d * {_u(GH)} + j) * {_u(H)};\n",
+        f"    let rbase = d * {_u(H * GH)} + jj;\n",
         f"    for (var s = 0u; s < {_u(S)}; s = s + 1u) {{\n",
         "        let t = time_of(s, d);\n",
         "        let valid = i32(t) < len;\n",
@@ -453,7 +470,7 @@ def persistent_kernel(
             "        workgroupBarrier();\n",
             "        if (owner) {\n",
             f"            for (var k = 0u; k < {_u(H)}; k = k + 1u) {{\n",
-            f"                ah = ah + rh[k] * r[rbase + {_u(2 * H * H)} + k];\n",
+            f"                ah = ah + rh[k] * rt[rbase + k * {_u(GH)} + {_u(2 * H)}];\n",
             "            }\n",
             "        }\n",
         ]
@@ -485,21 +502,21 @@ def step_kernel(
     phase: int,
 ) -> tuple[str, tuple[Binding, ...]]:
     """One time step (the step number in the ``params`` uniform, so every step shares one pipeline), one
-    invocation per (direction, batch, unit).  Hidden state from scratch 1 (even steps) or 3 (odd) into the other;
+    invocation per (direction, batch, unit).  Hidden state from scratch 1 (even steps) or 4 (odd) into the other;
     the cell state updated in place in aux.  GRU without ``linear_before_reset`` runs two phases: 1 writes
-    ``r * h`` and ``z`` into scratch 4, 2 the candidate and the new state (``phase`` 0: a single phase)."""
+    ``r * h`` and ``z`` into scratch 5, 2 the candidate and the new state (``phase`` 0: a single phase)."""
     table = _Table()
-    source, target = (1, 3) if step % 2 == 0 else (3, 1)
+    source, target = (1, 4) if step % 2 == 0 else (4, 1)
     H, B, S, GH = cfg.hidden, cfg.batch, cfg.seq, cfg.gh
     table.add(Binding("params"), "params")
     table.add(Binding("scratch", 0), "xp")
-    table.add(Binding("input", 2), "r")
+    table.add(Binding("scratch", 3), "rt")
     table.add(Binding("scratch", source), "hin")
     if phase == 1:
-        table.add(Binding("scratch", 4), "zr", writable=True)
+        table.add(Binding("scratch", 5), "zr", writable=True)
     else:
         if phase == 2:
-            table.add(Binding("scratch", 4), "zr")
+            table.add(Binding("scratch", 5), "zr")
         table.add(Binding("scratch", target), "hout", writable=True)
     needs_aux = phase == 0 and (cfg.op_type == "LSTM" or cfg.linear_before_reset)
     if needs_aux:
@@ -516,7 +533,7 @@ def step_kernel(
         f"    let hbase = (d * {_u(B)} + b) * {_u(H)};\n",
         "    let jj = j;\n",
         "    let h = hin[i];\n",
-        f"    let rbase = (d * {_u(GH)} + j) * {_u(H)};\n",
+        f"    let rbase = d * {_u(H * GH)} + jj;\n",
         f"    let xbase = ((d * {_u(S)} + t) * {_u(B)} + b) * {_u(GH)} + j;\n",
     ]
     if phase != 1:
@@ -527,7 +544,7 @@ def step_kernel(
         lines += [
             f"    var ah = xp[xbase + {_u(2 * H)}];\n",
             f"    for (var k = 0u; k < {_u(H)}; k = k + 1u) {{\n",
-            f"        ah = ah + zr[hbase + k] * r[rbase + {_u(2 * H * H)} + k];\n",
+            f"        ah = ah + zr[hbase + k] * rt[rbase + k * {_u(GH)} + {_u(2 * H)}];\n",
             "    }\n",
             f"    let zg = zr[{_u(cfg.dbh)} + i];\n",
         ]
@@ -566,7 +583,7 @@ def final_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Bi
     unit)."""
     table = _Table()
     if cfg.outputs[1]:
-        table.add(Binding("scratch", 1 if cfg.seq % 2 == 0 else 3), "hfinal")
+        table.add(Binding("scratch", 1 if cfg.seq % 2 == 0 else 4), "hfinal")
     if cfg.outputs[2]:
         table.add(Binding("scratch", 2), "aux")
     if cfg.has_lengths:

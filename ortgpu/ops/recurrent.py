@@ -16,8 +16,12 @@ A sequence shorter than ``seq_length`` stops at its length: its later rows of Y 
 last valid step (for the reverse direction, which starts at the sequence's last valid step, the step at 0); a
 sequence of length 0 has all-zero outputs, Y_h / Y_c included (as in onnxruntime).
 
-The recurrence is sequential by nature: the steps run in numpy in float64 (inputs widened once, outputs
-rounded once), and the operators stay on the CPU (``plan`` raises :class:`NotOnDevice`).
+``reference`` runs the steps in numpy in float64 (inputs widened once, outputs rounded once).  ``plan`` runs float32
+nodes on the device (:mod:`ortgpu.ops._recurrent_plan`, WGSL in :mod:`ortgpu.ops._recurrent_wgsl`): the input
+projection of every step in one kernel, then the recurrence in one persistent dispatch (a workgroup per direction
+and batch row, where the hidden size fits a workgroup) or one dispatch per step; ``sequence_lens`` is read at run
+time (invalid lengths make the run raise ``InvalidArgumentError``).  float16 and float64 nodes, empty dimensions
+and invalid nodes run on the CPU (:class:`NotOnDevice`, with the reason).
 """
 
 from __future__ import annotations
@@ -75,7 +79,9 @@ class _Recurrent(Operator):
         for index in (0, 1, 2, 3, 5, 6, 7):
             info = given(index)
             if info is not None and info.dtype != np.float32:
-                raise NotOnDevice(f"{op}: the WebGPU kernels compute float32 only, not {info.dtype}; it runs on the CPU")
+                raise NotOnDevice(
+                    f"{op}: the WebGPU kernels compute float32 only, not {info.dtype}; it runs on the CPU"
+                )
         lengths = given(4)
         if lengths is not None and lengths.dtype != np.int32:
             raise NotOnDevice(f"{op}: sequence_lens of dtype {lengths.dtype} (int32 expected)")
