@@ -180,13 +180,18 @@ def _close(actual: np.ndarray, expected: np.ndarray, tolerance: float, what: str
     np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance, err_msg=what)
 
 
-@pytest.fixture(params=["persistent", "per-step"])
+@pytest.fixture(params=["persistent", "persistent-split", "per-step"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Force one recurrence path (the persistent kernel is required, or never taken)."""
-    if request.param == "persistent":
-        monkeypatch.setattr(_recurrent_plan, "FORCE_PERSISTENT", True)
-    else:
+    """Force one recurrence path: the persistent kernel with one invocation per unit, with up to 4 per unit (each
+    summing a share of ``k``, shares of 1 and uneven ones included at these small sizes), or one dispatch per
+    step."""
+    if request.param == "per-step":
         monkeypatch.setattr(_recurrent_plan, "PERSISTENT_MAX_HIDDEN", 0)
+    else:
+        monkeypatch.setattr(_recurrent_plan, "FORCE_PERSISTENT", True)
+        split = request.param == "persistent-split"
+        monkeypatch.setattr(_recurrent_plan, "MAX_SPLIT", 4 if split else 1)
+        monkeypatch.setattr(_recurrent_plan, "SPLIT_MIN_CHUNK", 1)
     yield str(request.param)
 
 
@@ -307,3 +312,39 @@ def test_captured_lstm_replays_with_changed_inputs_and_lengths(path: str, env: o
                     _close(value.to_numpy(), theirs, 2e-5, f"replay with lengths {lengths} output {index}")
         for value in list(values.values()) + outs:
             value.release()
+
+
+def test_the_path_choice_follows_the_device_limits() -> None:
+    """Split 4 where 1024 invocations fit (hidden 256), one invocation per unit where a workgroup holds 256, the
+    per-step path where the hidden size exceeds a workgroup or lavapipe's loop budget would stop the loops."""
+    import dataclasses
+
+    from ortgpu.ops import DeviceCaps
+    from ortgpu.ops._kernel import LLVMPIPE_LOOP_BUDGET
+    from ortgpu.ops._recurrent_wgsl import Config
+    from ortgpu_core.backends.fake import DEFAULT_FAKE_LIMITS
+
+    def config(hidden: int, seq: int) -> Config:
+        flags = dict.fromkeys(
+            ("has_bias", "has_lengths", "has_h0", "has_c0", "has_peepholes", "linear_before_reset", "input_forget"),
+            False,
+        )
+        return Config("LSTM", 4, seq, 1, 8, hidden, 1, "forward", 0, outputs=(True, True, True), **flags)
+
+    large = dataclasses.replace(
+        DEFAULT_FAKE_LIMITS,
+        max_compute_invocations_per_workgroup=1024,
+        max_compute_workgroup_size_x=1024,
+        max_compute_workgroup_storage_size=49152,
+    )
+    gpu = DeviceCaps(frozenset(), large)
+    assert _recurrent_plan.persistent_split(config(256, 100), gpu) == 4
+    assert _recurrent_plan.persistent_split(config(64, 100), gpu) == 4  # shares of 16
+    assert _recurrent_plan.persistent_split(config(1024, 100), gpu) == 1
+    assert _recurrent_plan.persistent_split(config(2048, 100), gpu) == 0
+    small = DeviceCaps(frozenset(), DEFAULT_FAKE_LIMITS)
+    assert _recurrent_plan.persistent_split(config(256, 100), small) == 1
+    assert _recurrent_plan.persistent_split(config(288, 100), small) == 0
+    lavapipe = DeviceCaps(frozenset(), large, LLVMPIPE_LOOP_BUDGET)
+    assert _recurrent_plan.persistent_split(config(64, 100), lavapipe) == 4
+    assert _recurrent_plan.persistent_split(config(256, 2000), lavapipe) == 0  # 2000 * (256 / 4 + 1) iterations

@@ -40,9 +40,11 @@ from ._recurrent_wgsl import (
     Config,
     final_kernel,
     persistent_kernel,
+    persistent_split_kernel,
     persistent_workgroup,
     prepare_kernel,
     project_kernel,
+    split_shared_floats,
     step_kernel,
     transpose_kernel,
 )
@@ -51,10 +53,22 @@ from ._tiling import grid_for_groups
 if TYPE_CHECKING:
     from .recurrent import _Recurrent
 
-__all__ = ["PERSISTENT_MAX_HIDDEN", "FORCE_PERSISTENT", "persistent_fits", "device_plan"]
+__all__ = [
+    "PERSISTENT_MAX_HIDDEN",
+    "MAX_SPLIT",
+    "SPLIT_MIN_CHUNK",
+    "FORCE_PERSISTENT",
+    "persistent_split",
+    "persistent_fits",
+    "device_plan",
+]
 
 #: The largest hidden size the persistent kernel takes (also bounded by the device's workgroup size).
 PERSISTENT_MAX_HIDDEN = 1024
+#: The most invocations per hidden unit of the persistent kernel (each sums a share of the recurrent product).
+MAX_SPLIT = 8
+#: The least share of the hidden state's ``k`` one invocation sums when a unit is split.
+SPLIT_MIN_CHUNK = 16
 #: Tests: require the persistent kernel (NotOnDevice where it does not fit) instead of falling back per step.
 FORCE_PERSISTENT = False
 
@@ -63,20 +77,35 @@ F32 = np.dtype(np.float32)
 Twin = Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]
 
 
-def persistent_fits(cfg: Config, caps: DeviceCaps) -> bool:
-    """Whether the persistent kernel runs this node: the hidden size fits one workgroup (and
-    ``PERSISTENT_MAX_HIDDEN``), and the driver's loop budget covers every step's loops."""
+def persistent_split(cfg: Config, caps: DeviceCaps) -> int:
+    """Invocations per hidden unit of the persistent kernel for this node: 0 where it does not run it (the hidden
+    size does not fit one workgroup or ``PERSISTENT_MAX_HIDDEN``, or the driver's loop budget would stop its
+    loops), else the largest power of two up to ``MAX_SPLIT`` that fits the workgroup limits and leaves each
+    invocation at least ``SPLIT_MIN_CHUNK`` of the hidden state's ``k``."""
     limits = caps.limits
     group = persistent_workgroup(cfg.hidden)
+    largest = min(limits.max_compute_invocations_per_workgroup, limits.max_compute_workgroup_size_x)
     if cfg.hidden > PERSISTENT_MAX_HIDDEN:
-        return False
-    if group > limits.max_compute_invocations_per_workgroup or group > limits.max_compute_workgroup_size_x:
-        return False
-    if 2 * group * 4 > limits.max_compute_workgroup_storage_size:
-        return False
+        return 0
     phases = 2 if cfg.two_phase else 1
-    iterations = cfg.seq * (phases * cfg.hidden + 1)
-    return caps.loop_budget is None or iterations < caps.loop_budget
+    split = MAX_SPLIT
+    while split > 1 and not (
+        split * group <= largest
+        and split * SPLIT_MIN_CHUNK <= cfg.hidden
+        and split_shared_floats(cfg, split) * 4 <= limits.max_compute_workgroup_storage_size
+    ):
+        split //= 2
+    if group > largest or split_shared_floats(cfg, split) * 4 > limits.max_compute_workgroup_storage_size:
+        return 0
+    iterations = cfg.seq * (phases * -(-cfg.hidden // split) + 1)
+    if caps.loop_budget is not None and iterations >= caps.loop_budget:
+        return 0
+    return split
+
+
+def persistent_fits(cfg: Config, caps: DeviceCaps) -> bool:
+    """Whether the persistent kernel runs this node (see :func:`persistent_split`)."""
+    return persistent_split(cfg, caps) > 0
 
 
 class _Slots:
@@ -360,12 +389,15 @@ def device_plan(
     wgsl, bindings = transpose_kernel(cfg, rt_grid)
     add(wgsl, bindings, rt_grid, parts.transpose(bindings))
     scratch = [xp_bytes, cfg.dbh * 4, cfg.aux_floats * 4, rt_floats * 4]
-    persistent = persistent_fits(cfg, caps)
-    if FORCE_PERSISTENT and not persistent:
+    split = persistent_split(cfg, caps)
+    if FORCE_PERSISTENT and not split:
         raise NotOnDevice(f"{name}: the persistent kernel does not fit (FORCE_PERSISTENT)")
-    if persistent:
+    if split:
         grid = grid_for_groups(cfg.directions * cfg.batch, caps)
-        wgsl, bindings = persistent_kernel(cfg, functions, grid)
+        if split > 1:
+            wgsl, bindings = persistent_split_kernel(cfg, functions, grid, split)
+        else:
+            wgsl, bindings = persistent_kernel(cfg, functions, grid)
         add(wgsl, bindings, grid, parts.persistent(bindings))
         return OpPlan(kernels=tuple(kernels), scratch_sizes=tuple(scratch))
     check_loop_budget(name, cfg.hidden, caps)
