@@ -348,3 +348,26 @@ def test_the_path_choice_follows_the_device_limits() -> None:
     lavapipe = DeviceCaps(frozenset(), large, LLVMPIPE_LOOP_BUDGET)
     assert _recurrent_plan.persistent_split(config(64, 100), lavapipe) == 4
     assert _recurrent_plan.persistent_split(config(256, 2000), lavapipe) == 0  # 2000 * (256 / 4 + 1) iterations
+
+
+def test_what_stays_on_the_cpu_says_why() -> None:
+    from ortgpu.ops import DeviceCaps, NotOnDevice, TensorInfo
+    from ortgpu_core.backends.fake import DEFAULT_FAKE_LIMITS
+
+    caps = DeviceCaps(frozenset({"shader-f16"}), DEFAULT_FAKE_LIMITS)
+    lstm = get_operator("LSTM", 14)
+
+    def infos(seq: int, batch: int, dtype: Any) -> list[TensorInfo | None]:
+        t = np.dtype(dtype)
+        return [TensorInfo((seq, batch, 3), t), TensorInfo((1, 16, 3), t), TensorInfo((1, 16, 4), t)]
+
+    out = [TensorInfo((0,), np.dtype(F32))]
+    for dtype in (np.float16, np.float64):
+        with pytest.raises(NotOnDevice, match="float32 only"):
+            lstm.plan(infos(2, 1, dtype), out, {"hidden_size": 4}, caps, {})
+    for seq, batch in ((0, 1), (2, 0)):
+        with pytest.raises(NotOnDevice, match="empty dimension"):
+            lstm.plan(infos(seq, batch, F32), out, {"hidden_size": 4}, caps, {})
+    with pytest.raises(NotOnDevice, match="Gelu"):
+        lstm.plan(infos(2, 1, F32), out, {"hidden_size": 4, "activations": ["Gelu", "Tanh", "Tanh"]}, caps, {})
+    assert lstm.plan(infos(2, 1, F32), [TensorInfo((2, 1, 1, 4), np.dtype(F32))], {"hidden_size": 4}, caps, {})
