@@ -4,7 +4,8 @@
 # Silero-like VAD (batch 1) and the CRNN recognizer (batch 1 and 8), ortgpu captured and uncaptured against
 # onnxruntime's WebGPU EP and its CPU provider. A captured arm ortgpu refuses (CaptureStateError: a node on the CPU,
 # or an input whose value decides the plan) is reported as refused, with the reason, in the text and the JSON.
-# Writes under $OUT: build.log, tests.log, <model>_b<batch>.txt and .json. About 3-5 minutes.
+# Writes under $OUT (8 files, the most that come back): build.log, tests.log, <model>_b<batch>.txt (stdout, then
+# the stderr lines that are not progress) and .json. About 2-4 minutes.
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -20,8 +21,8 @@ for run in vad:1:200 lstm-ocr:1:200 lstm-ocr:8:100; do
   IFS=: read -r model batch iterations <<< "$run"
   name="${model}_b${batch}"
   timeout 120 python3 -m bench --model "$model" --batch "$batch" --capture both --vs onnxruntime \
-    --iterations "$iterations" --warmup 20 --json "$OUT/$name.json" > "$OUT/$name.txt" 2> "$OUT/$name.err"
+    --iterations "$iterations" --warmup 20 --json "$OUT/$name.json" > "$OUT/$name.txt" 2> "/tmp/$name.err"
   echo "bench $name rc=$?"
-  grep -E "GFLOP|refused|could not run|^ortgpu|^onnxruntime|^ratio" "$OUT/$name.txt" | cut -c1-300
-  grep -E "could not run|Error|error" "$OUT/$name.err" | cut -c1-300 | head -5
+  tr '\r' '\n' < "/tmp/$name.err" | grep -vE "^ *$|: [0-9]+/[0-9]+$" >> "$OUT/$name.txt"
+  grep -E "GFLOP|refused|could not run|differ|^ortgpu|^onnxruntime|^ratio|Error" "$OUT/$name.txt" | cut -c1-300
 done
