@@ -4,8 +4,9 @@ LSTM text recognizer, a GRU encoder fed ``sequence_lens``, a streaming voice-act
 outputs and an ``If`` on its sample rate, and a ``Loop`` that decodes greedily for a fixed number of steps.
 
 The model builders live in ``bench/recurrent_models.py`` (``python -m bench`` runs larger instances of two of
-them). These run their recurrent and control-flow nodes on the CPU today (``get_node_placement`` says so; a graph
-with a CPU node cannot be captured).
+them). Every node of these runs on the device: the recurrent operators as WGSL kernels, the ``If`` inlined for the
+planned sample rate, the ``Loop`` unrolled (``get_node_placement`` says so); tests/test_capture_control_flow.py
+captures them.
 """
 
 from __future__ import annotations
@@ -72,5 +73,10 @@ def test_recurrent_model_matches_onnxruntime(env: ortgpu.Env, name: str) -> None
             {n: a.shape for n, a in _feeds(name, np.random.default_rng(0))[0].items()},
             input_values=_feeds(name, np.random.default_rng(0))[0],
         )
-        cpu = {p.op_type for p in placement if p.placement == "cpu"}
-        assert cpu & {"LSTM", "GRU", "If", "Loop"}, placement  # the recurrent/control-flow nodes, on the CPU today
+        assert all(p.placement == "webgpu" and p.capturable for p in placement), placement
+        recurrent = [p for p in placement if p.op_type in ("LSTM", "GRU", "If", "Loop")]
+        assert recurrent, placement
+        for row in recurrent:
+            if row.op_type in ("If", "Loop"):  # expanded when planning: the row says how, its nodes follow
+                assert "inlined" in row.reason or "unrolled" in row.reason, row
+                assert any(p.node.startswith(row.node + "/") for p in placement), placement
