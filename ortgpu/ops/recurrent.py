@@ -26,6 +26,7 @@ and invalid nodes run on the CPU (:class:`NotOnDevice`, with the reason).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -125,6 +126,9 @@ class _Recurrent(Operator):
             )
         except UnsupportedOpError as error:
             raise NotOnDevice(str(error)) from error
+        if op == "LSTM":
+            # h(C_t) takes no clip (see LSTM.step)
+            functions = [[f, g, dataclasses.replace(h, clip=None)] for f, g, h in functions]
         present = tuple(len(outputs) > k and outputs[k].size > 0 for k in range(3))
         cfg = Config(
             op_type=op,
@@ -364,7 +368,8 @@ class GRU(_Recurrent):
 
 @register
 class LSTM(_Recurrent):
-    """LSTM-7/14, gates i, o, f, c, with peepholes P (i, o, f) and ``input_forget`` (f = 1 - i)."""
+    """LSTM-7/14, gates i, o, f, c, with peepholes P (i, o, f) and ``input_forget`` (f = 1 - i); ``clip`` bounds
+    the gates' and the candidate's activation inputs, not the cell state's output activation (as onnxruntime)."""
 
     op_type = "LSTM"
     since_version = 7
@@ -395,4 +400,6 @@ class LSTM(_Recurrent):
             forget = f(pre[:, 2 * n : 3 * n] + p_f * c)
         cell = forget * c + i * g(pre[:, 3 * n :])
         o = f(pre[:, n : 2 * n] + p_o * cell)
-        return [o * act_h(cell), cell]
+        # clip bounds the input of every activation but this one, h(C_t), as in onnxruntime (the spec's wording
+        # would clip it too; onnxruntime is what models are checked against)
+        return [o * act_h.function(cell), cell]
