@@ -283,7 +283,29 @@ def test_placement_says_webgpu_for_float32_and_cpu_for_float64(env: ortgpu_core.
             value.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
     with ortgpu.InferenceSession(model.SerializeToString(), env=env) as session:
         (placement,) = session.get_node_placement()
-        assert placement.placement == "cpu" and "float32" in placement.reason
+        assert placement.placement == "cpu" and "float64" in placement.reason
+
+
+@pytest.mark.parametrize("op_type", ["RNN", "GRU", "LSTM"])
+def test_float16_runs_on_the_device_in_float32(op_type: str, path: str, env: ortgpu_core.Env) -> None:
+    """float16 tensors (shader-f16: lavapipe, the fake, GPUs) are read and written as f16, computed in f32: the
+    results are the float64 reference's rounded to float16, to a unit or two of float16's last place."""
+    case = Case(op_type, {"direction": "bidirectional"}, seq=5, hidden=6, lengths=(5, 2, 0))
+    arrays = [
+        None if a is None or a.dtype != F32 else a.astype(np.float16) for a in _inputs(case, np.random.default_rng(12))
+    ]
+    arrays[4] = np.array(case.lengths, np.int32)
+    model = onnx.load_from_string(_model(case, arrays, 0))
+    for value in model.graph.output:
+        value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
+    reference = _reference(case, [a if a is None or a.dtype != np.float16 else a.astype(F32) for a in arrays])
+    with ortgpu.InferenceSession(model.SerializeToString(), env=env) as session:
+        (placement,) = session.get_node_placement()
+        assert placement.placement == "webgpu", placement.reason
+        actual = session.run(None, _feeds(arrays))
+    for index, (ours, exact) in enumerate(zip(actual, reference)):
+        assert np.asarray(ours).dtype == np.float16
+        _close(np.asarray(ours, np.float64), exact, 2e-3, f"{op_type} float16 output {index}")
 
 
 def test_captured_lstm_replays_with_changed_inputs_and_lengths(path: str, env: ortgpu_core.Env) -> None:
@@ -326,11 +348,8 @@ def test_the_path_choice_follows_the_device_limits() -> None:
     from ortgpu_core.backends.fake import DEFAULT_FAKE_LIMITS
 
     def config(hidden: int, seq: int) -> Config:
-        flags = dict.fromkeys(
-            ("has_bias", "has_lengths", "has_h0", "has_c0", "has_peepholes", "linear_before_reset", "input_forget"),
-            False,
-        )
-        return Config("LSTM", 4, seq, 1, 8, hidden, 1, "forward", 0, outputs=(True, True, True), **flags)
+        no = False
+        return Config("LSTM", 4, seq, 1, 8, hidden, 1, "forward", 0, no, no, no, no, no, no, no, (True, True, True))
 
     large = dataclasses.replace(
         DEFAULT_FAKE_LIMITS,
@@ -363,9 +382,12 @@ def test_what_stays_on_the_cpu_says_why() -> None:
         return [TensorInfo((seq, batch, 3), t), TensorInfo((1, 16, 3), t), TensorInfo((1, 16, 4), t)]
 
     out = [TensorInfo((0,), np.dtype(F32))]
-    for dtype in (np.float16, np.float64):
-        with pytest.raises(NotOnDevice, match="float32 only"):
-            lstm.plan(infos(2, 1, dtype), out, {"hidden_size": 4}, caps, {})
+    with pytest.raises(NotOnDevice, match="float32 and float16 only, not float64"):
+        lstm.plan(infos(2, 1, np.float64), out, {"hidden_size": 4}, caps, {})
+    no_f16 = DeviceCaps(frozenset(), DEFAULT_FAKE_LIMITS)
+    with pytest.raises(NotOnDevice, match="float32 only, not float16"):
+        lstm.plan(infos(2, 1, np.float16), out, {"hidden_size": 4}, no_f16, {})
+    assert lstm.plan(infos(2, 1, np.float16), [TensorInfo((2, 1, 1, 4), np.dtype(np.float16))], {}, caps, {})
     for seq, batch in ((0, 1), (2, 0)):
         with pytest.raises(NotOnDevice, match="empty dimension"):
             lstm.plan(infos(seq, batch, F32), out, {"hidden_size": 4}, caps, {})

@@ -157,6 +157,8 @@ class _Parts:
         self.state_shape = (c.directions, c.batch, c.hidden)
         self.x_shape = (c.batch, c.seq, c.input_size) if c.layout == 1 else (c.seq, c.batch, c.input_size)
         self.reverse = [c.direction == "reverse" or d == 1 for d in range(c.directions)]
+        #: the node's float type (the scratch buffers are float32 either way)
+        self.dtype = np.dtype(np.float16 if c.element == "f16" else np.float32)
 
     # -- reading the scratch ----------------------------------------------------------------------------------
 
@@ -193,7 +195,7 @@ class _Parts:
 
         def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
             slots = _Slots(bindings, arrays)
-            r = slots.view("input", 2, F32, (c.directions, c.gh, c.hidden))
+            r = slots.view("input", 2, self.dtype, (c.directions, c.gh, c.hidden))
             slots.view("scratch", 3, F32, (c.directions, c.hidden, c.gh))[...] = np.swapaxes(r, 1, 2)
 
         return twin
@@ -220,14 +222,14 @@ class _Parts:
             slots = _Slots(bindings, arrays)
             hstate = slots.view("scratch", 1, F32, self.state_shape)
             aux = slots.view("scratch", 2, F32, (c.aux_floats,))
-            hstate[...] = _kernel_states(c, slots.view("input", 5, F32, _node_shape(c))) if c.has_h0 else 0.0
+            hstate[...] = _kernel_states(c, slots.view("input", 5, self.dtype, _node_shape(c))) if c.has_h0 else 0.0
             aux[: c.dbh] = (
-                _kernel_states(c, slots.view("input", 6, F32, _node_shape(c))).reshape(-1) if c.has_c0 else 0.0
+                _kernel_states(c, slots.view("input", 6, self.dtype, _node_shape(c))).reshape(-1) if c.has_c0 else 0.0
             )
-            peep = slots.view("input", 7, F32, (c.directions * 3 * c.hidden,)) if c.has_peepholes else 0.0
+            peep = slots.view("input", 7, self.dtype, (c.directions * 3 * c.hidden,)) if c.has_peepholes else 0.0
             aux[c.aux_peepholes : c.aux_rbh] = peep
             if c.linear_before_reset and c.has_bias:
-                bias = slots.view("input", 3, F32, (c.directions, 2 * c.gh))
+                bias = slots.view("input", 3, self.dtype, (c.directions, 2 * c.gh))
                 aux[c.aux_rbh :] = bias[:, c.gh + 2 * c.hidden :].reshape(-1)
             else:
                 aux[c.aux_rbh :] = 0.0
@@ -245,13 +247,13 @@ class _Parts:
 
         def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
             slots = _Slots(bindings, arrays)
-            x = slots.view("input", 0, F32, self.x_shape).astype(np.float64)
+            x = slots.view("input", 0, self.dtype, self.x_shape).astype(np.float64)
             if c.layout == 1:
                 x = np.swapaxes(x, 0, 1)
-            w = slots.view("input", 1, F32, (c.directions, c.gh, c.input_size)).astype(np.float64)
+            w = slots.view("input", 1, self.dtype, (c.directions, c.gh, c.input_size)).astype(np.float64)
             bias = np.zeros((c.directions, c.gh))
             if c.has_bias:
-                b = slots.view("input", 3, F32, (c.directions, 2 * c.gh)).astype(np.float64)
+                b = slots.view("input", 3, self.dtype, (c.directions, 2 * c.gh)).astype(np.float64)
                 rb = b[:, c.gh :].copy()
                 if c.linear_before_reset:
                     rb[:, 2 * c.hidden :] = 0.0

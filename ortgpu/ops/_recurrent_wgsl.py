@@ -78,6 +78,8 @@ class Config:
     input_forget: bool
     #: which outputs are present (Y, Y_h, Y_c)
     outputs: tuple[bool, bool, bool]
+    #: the WGSL type of the node's float tensors (the kernels compute in f32 either way)
+    element: str = "f32"
 
     @property
     def gh(self) -> int:
@@ -231,13 +233,16 @@ def _length(cfg: Config) -> str:
 
 
 class _Table:
-    """Binding slots of one kernel and their declarations."""
+    """Binding slots of one kernel and their declarations (the node's float tensors as ``tensor_element``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tensor_element: str) -> None:
+        self.tensor_element = tensor_element
         self.bindings: list[Binding] = []
         self.lines: list[str] = []
 
     def add(self, binding: Binding, name: str, element: str = "f32", writable: bool = False) -> None:
+        if binding.kind in ("input", "output") and element == "f32":
+            element = self.tensor_element
         slot = len(self.bindings)
         self.bindings.append(binding)
         if binding.kind == "params":
@@ -248,6 +253,12 @@ class _Table:
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
+
+
+def _finish(cfg: Config, wgsl: str) -> str:
+    """A kernel's WGSL for the node's float type: ``OUT(v)`` converts to it; float16 needs ``enable f16``."""
+    wgsl = wgsl.replace("OUT(", f"{cfg.element}(")
+    return ("enable f16;\n" + wgsl) if cfg.element == "f16" else wgsl
 
 
 def _flat_main(total: int, grid: tuple[int, int, int]) -> str:
@@ -276,7 +287,7 @@ def _dbj(cfg: Config) -> str:
 def prepare_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Binding, ...]]:
     """Initial states, cell state, peepholes and the candidate's recurrent bias into the scratch buffers;
     ``sequence_lens`` checked.  One invocation per (direction, batch, unit).  Scratch 1: hidden state, 2: aux."""
-    table = _Table()
+    table = _Table(cfg.element)
     if cfg.has_h0:
         table.add(Binding("input", 5), "init_h")
     if cfg.has_c0:
@@ -293,13 +304,13 @@ def prepare_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[
     table.add(Binding("scratch", 2), "aux", writable=True)
     H = cfg.hidden
     body = [_dbj(cfg)]
-    body.append(f"    hstate[i] = {'init_h[st_at(d, b, j)]' if cfg.has_h0 else '0.0'};\n")
-    body.append(f"    aux[i] = {'init_c[st_at(d, b, j)]' if cfg.has_c0 else '0.0'};\n")
+    body.append(f"    hstate[i] = {'f32(init_h[st_at(d, b, j)])' if cfg.has_h0 else '0.0'};\n")
+    body.append(f"    aux[i] = {'f32(init_c[st_at(d, b, j)])' if cfg.has_c0 else '0.0'};\n")
     body.append("    if (b == 0u) {\n")
     for g in range(3):
-        value = f"peep[d * {_u(3 * H)} + {_u(g * H)} + j]" if cfg.has_peepholes else "0.0"
+        value = f"f32(peep[d * {_u(3 * H)} + {_u(g * H)} + j])" if cfg.has_peepholes else "0.0"
         body.append(f"        aux[{_u(cfg.aux_peepholes)} + d * {_u(3 * H)} + {_u(g * H)} + j] = {value};\n")
-    value = f"bias[d * {_u(2 * cfg.gh)} + {_u(cfg.gh + 2 * H)} + j]" if rbh else "0.0"
+    value = f"f32(bias[d * {_u(2 * cfg.gh)} + {_u(cfg.gh + 2 * H)} + j])" if rbh else "0.0"
     body.append(f"        aux[{_u(cfg.aux_rbh)} + d * {_u(H)} + j] = {value};\n")
     body.append("    }\n")
     if cfg.has_lengths:
@@ -310,13 +321,13 @@ def prepare_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[
             "    }\n"
         )
     wgsl = table.text() + _index_functions(cfg) + _flat_main(cfg.dbh, grid) + "".join(body) + "}\n"
-    return wgsl, tuple(table.bindings)
+    return _finish(cfg, wgsl), tuple(table.bindings)
 
 
 def project_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Binding, ...]]:
     """``xp[d, t, b, row] = sum_k X[t, b, k] W[d, row, k] + Wb[d, row] (+ Rb[d, row])``, one invocation per
     element.  Scratch 0: xp."""
-    table = _Table()
+    table = _Table(cfg.element)
     table.add(Binding("input", 0), "x")
     table.add(Binding("input", 1), "w")
     if cfg.has_bias:
@@ -326,8 +337,8 @@ def project_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[
     if not cfg.has_bias:
         bias = "0.0"
     else:
-        wb = f"bias[d * {_u(2 * GH)} + row]"
-        rb = f"bias[d * {_u(2 * GH)} + {_u(GH)} + row]"
+        wb = f"f32(bias[d * {_u(2 * GH)} + row])"
+        rb = f"f32(bias[d * {_u(2 * GH)} + {_u(GH)} + row])"
         if cfg.linear_before_reset:
             # GRU's candidate adds Rb inside the reset gate's product: not folded (the recurrence adds it).
             bias = f"{wb} + select({rb}, 0.0, row >= {_u(2 * H)})"
@@ -341,18 +352,18 @@ def project_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[
         f"    let wrow = (d * {_u(GH)} + row) * {_u(IN)};\n"
         "    var acc = 0.0;\n"
         f"    for (var k = 0u; k < {_u(IN)}; k = k + 1u) {{\n"
-        "        acc = acc + x[x_at(t, b, k)] * w[wrow + k];\n"
+        "        acc = acc + f32(x[x_at(t, b, k)]) * f32(w[wrow + k]);\n"
         "    }\n"
         f"    xp[i] = acc + {bias};\n"
     )
     wgsl = table.text() + _index_functions(cfg) + _flat_main(cfg.xp_floats, grid) + body + "}\n"
-    return wgsl, tuple(table.bindings)
+    return _finish(cfg, wgsl), tuple(table.bindings)
 
 
 def transpose_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Binding, ...]]:
     """R ``[direction, gates*hidden, hidden]`` transposed into scratch 3 ``[direction, hidden, gates*hidden]``:
     the recurrence's invocations (one per unit) then read consecutive words at each ``k`` (coalesced)."""
-    table = _Table()
+    table = _Table(cfg.element)
     table.add(Binding("input", 2), "r")
     table.add(Binding("scratch", 3), "rt", writable=True)
     GH, H = cfg.gh, cfg.hidden
@@ -360,10 +371,10 @@ def transpose_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tupl
         f"    let row = i % {_u(GH)};\n"
         f"    let k = (i / {_u(GH)}) % {_u(H)};\n"
         f"    let d = i / {_u(GH * H)};\n"
-        f"    rt[i] = r[(d * {_u(GH)} + row) * {_u(H)} + k];\n"
+        f"    rt[i] = f32(r[(d * {_u(GH)} + row) * {_u(H)} + k]);\n"
     )
     wgsl = table.text() + _flat_main(cfg.directions * GH * H, grid) + body + "}\n"
-    return wgsl, tuple(table.bindings)
+    return _finish(cfg, wgsl), tuple(table.bindings)
 
 
 def persistent_workgroup(hidden: int) -> int:
@@ -416,7 +427,7 @@ def persistent_kernel(
 ) -> tuple[str, tuple[Binding, ...]]:
     """The whole recurrence in one dispatch: workgroup ``(d, b)`` loops over the steps, invocation ``j`` owns
     unit ``j``; the hidden state in workgroup memory."""
-    table = _Table()
+    table = _Table(cfg.element)
     table.add(Binding("scratch", 0), "xp")
     table.add(Binding("scratch", 3), "rt")
     table.add(Binding("scratch", 1), "hstate")
@@ -481,19 +492,19 @@ def persistent_kernel(
     lines.append(_cell_update(cfg))
     lines.append("        if (owner) {\n")
     if cfg.outputs[0]:
-        lines.append("            y[y_at(t, d, b, j)] = select(0.0, hn, valid);\n")
+        lines.append("            y[y_at(t, d, b, j)] = OUT(select(0.0, hn, valid));\n")
     lines.append("            h = select(h, hn, valid);\n")
     if cfg.op_type == "LSTM":
         lines.append("            c = select(c, cn, valid);\n")
     lines += ["            hs[j] = h;\n", "        }\n", "        workgroupBarrier();\n", "    }\n"]
     lines.append("    if (owner) {\n")
     if cfg.outputs[1]:
-        lines.append("        y_h[st_at(d, b, j)] = select(h, 0.0, len <= 0i);\n")
+        lines.append("        y_h[st_at(d, b, j)] = OUT(select(h, 0.0, len <= 0i));\n")
     if cfg.outputs[2]:
-        lines.append("        y_c[st_at(d, b, j)] = select(c, 0.0, len <= 0i);\n")
+        lines.append("        y_c[st_at(d, b, j)] = OUT(select(c, 0.0, len <= 0i));\n")
     lines.append("    }\n}\n")
     wgsl = table.text() + _index_functions(cfg) + activation_functions(functions) + "".join(lines)
-    return wgsl, tuple(table.bindings)
+    return _finish(cfg, wgsl), tuple(table.bindings)
 
 
 def _phase_accumulators(cfg: Config) -> list[tuple[str, str, int]]:
@@ -526,7 +537,7 @@ def persistent_split_kernel(
     for unit ``j`` (partial sums in workgroup memory, added in a fixed order by ``p == 0``, which owns the unit's
     state), so each step's dependent chain of loads is ``split`` times shorter (a workgroup per direction and
     batch row leaves most of a large GPU idle: latency, not throughput, bounds a step)."""
-    table = _Table()
+    table = _Table(cfg.element)
     table.add(Binding("scratch", 0), "xp")
     table.add(Binding("scratch", 3), "rt")
     table.add(Binding("scratch", 1), "hstate")
@@ -634,19 +645,19 @@ def persistent_split_kernel(
         lines.append("        }\n")
     lines.append("        if (owner) {\n")
     if cfg.outputs[0]:
-        lines.append("            y[y_at(t, d, b, j)] = select(0.0, nh, valid);\n")
+        lines.append("            y[y_at(t, d, b, j)] = OUT(select(0.0, nh, valid));\n")
     lines.append("            h = select(h, nh, valid);\n")
     if cfg.op_type == "LSTM":
         lines.append("            c = select(c, nc, valid);\n")
     lines += ["            hs[j] = h;\n", "        }\n", "        workgroupBarrier();\n", "    }\n"]
     lines.append("    if (owner) {\n")
     if cfg.outputs[1]:
-        lines.append("        y_h[st_at(d, b, j)] = select(h, 0.0, len <= 0i);\n")
+        lines.append("        y_h[st_at(d, b, j)] = OUT(select(h, 0.0, len <= 0i));\n")
     if cfg.outputs[2]:
-        lines.append("        y_c[st_at(d, b, j)] = select(c, 0.0, len <= 0i);\n")
+        lines.append("        y_c[st_at(d, b, j)] = OUT(select(c, 0.0, len <= 0i));\n")
     lines.append("    }\n}\n")
     wgsl = table.text() + _index_functions(cfg) + activation_functions(functions) + "".join(lines)
-    return wgsl, tuple(table.bindings)
+    return _finish(cfg, wgsl), tuple(table.bindings)
 
 
 def step_kernel(
@@ -660,7 +671,7 @@ def step_kernel(
     invocation per (direction, batch, unit).  Hidden state from scratch 1 (even steps) or 4 (odd) into the other;
     the cell state updated in place in aux.  GRU without ``linear_before_reset`` runs two phases: 1 writes
     ``r * h`` and ``z`` into scratch 5, 2 the candidate and the new state (``phase`` 0: a single phase)."""
-    table = _Table()
+    table = _Table(cfg.element)
     source, target = (1, 4) if step % 2 == 0 else (4, 1)
     H, B, S, GH = cfg.hidden, cfg.batch, cfg.seq, cfg.gh
     table.add(Binding("params"), "params")
@@ -718,7 +729,7 @@ def step_kernel(
     else:
         lines.append(_cell_update(cfg).replace("        ", "    "))
         if cfg.outputs[0]:
-            lines.append("    y[y_at(t, d, b, j)] = select(0.0, hn, valid);\n")
+            lines.append("    y[y_at(t, d, b, j)] = OUT(select(0.0, hn, valid));\n")
         lines.append("    hout[i] = select(h, hn, valid);\n")
         if cfg.op_type == "LSTM":
             lines.append("    aux[i] = select(c, cn, valid);\n")
@@ -730,13 +741,13 @@ def step_kernel(
         + "".join(lines)
         + "}\n"
     )
-    return wgsl, tuple(table.bindings)
+    return _finish(cfg, wgsl), tuple(table.bindings)
 
 
 def final_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Binding, ...]]:
     """``Y_h`` / ``Y_c`` from the last step's state (zero for a sequence of length 0), per (direction, batch,
     unit)."""
-    table = _Table()
+    table = _Table(cfg.element)
     if cfg.outputs[1]:
         table.add(Binding("scratch", 1 if cfg.seq % 2 == 0 else 4), "hfinal")
     if cfg.outputs[2]:
@@ -748,8 +759,8 @@ def final_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Bi
             table.add(Binding("output", index), name, writable=True)
     lines = [_dbj(cfg), f"    let len = {_length(cfg)};\n"]
     if cfg.outputs[1]:
-        lines.append("    y_h[st_at(d, b, j)] = select(hfinal[i], 0.0, len <= 0i);\n")
+        lines.append("    y_h[st_at(d, b, j)] = OUT(select(hfinal[i], 0.0, len <= 0i));\n")
     if cfg.outputs[2]:
-        lines.append("    y_c[st_at(d, b, j)] = select(aux[i], 0.0, len <= 0i);\n")
+        lines.append("    y_c[st_at(d, b, j)] = OUT(select(aux[i], 0.0, len <= 0i));\n")
     wgsl = table.text() + _index_functions(cfg) + _flat_main(cfg.dbh, grid) + "".join(lines) + "}\n"
-    return wgsl, tuple(table.bindings)
+    return _finish(cfg, wgsl), tuple(table.bindings)

@@ -20,8 +20,9 @@ sequence of length 0 has all-zero outputs, Y_h / Y_c included (as in onnxruntime
 nodes on the device (:mod:`ortgpu.ops._recurrent_plan`, WGSL in :mod:`ortgpu.ops._recurrent_wgsl`): the input
 projection of every step in one kernel, then the recurrence in one persistent dispatch (a workgroup per direction
 and batch row, where the hidden size fits a workgroup) or one dispatch per step; ``sequence_lens`` is read at run
-time (invalid lengths make the run raise ``InvalidArgumentError``).  float16 and float64 nodes, empty dimensions
-and invalid nodes run on the CPU (:class:`NotOnDevice`, with the reason).
+time (invalid lengths make the run raise ``InvalidArgumentError``).  float16 nodes run there too where the device
+has ``shader-f16`` (computed in float32); float64 nodes, empty dimensions and invalid nodes run on the CPU
+(:class:`NotOnDevice`, with the reason).
 """
 
 from __future__ import annotations
@@ -61,11 +62,15 @@ class _Recurrent(Operator):
         caps: DeviceCaps,
         constants: Mapping[int, np.ndarray],
     ) -> OpPlan:
-        cfg, functions = self._device_config(inputs, outputs, attrs)
+        cfg, functions = self._device_config(inputs, outputs, attrs, caps)
         return _device_plan(self, cfg, functions, inputs, outputs, attrs, caps)
 
     def _device_config(
-        self, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo], attrs: Mapping[str, Any]
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
     ) -> tuple[Config, list[list[Activation]]]:
         """What the kernels bake in; :class:`NotOnDevice` for what they do not run (invalid nodes included:
         the reference then raises the typed error at run time)."""
@@ -77,12 +82,16 @@ class _Recurrent(Operator):
         x, w, r = given(0), given(1), given(2)
         if x is None or w is None or r is None:
             raise NotOnDevice(f"{op}: inputs X, W and R are required")
-        for index in (0, 1, 2, 3, 5, 6, 7):
+        # float32, or float16 where the device has shader-f16 (read and written as f16, computed in f32)
+        dtype = x.dtype
+        device_types = (np.float32, np.float16) if caps.has_f16 else (np.float32,)
+        if dtype not in device_types:
+            names = " and ".join(np.dtype(t).name for t in device_types)
+            raise NotOnDevice(f"{op}: the WebGPU kernels take {names} only, not {dtype}; it runs on the CPU")
+        for index in (1, 2, 3, 5, 6, 7):
             info = given(index)
-            if info is not None and info.dtype != np.float32:
-                raise NotOnDevice(
-                    f"{op}: the WebGPU kernels compute float32 only, not {info.dtype}; it runs on the CPU"
-                )
+            if info is not None and info.dtype != dtype:
+                raise NotOnDevice(f"{op}: input {index} is {info.dtype}, X is {dtype}")
         lengths = given(4)
         if lengths is not None and lengths.dtype != np.int32:
             raise NotOnDevice(f"{op}: sequence_lens of dtype {lengths.dtype} (int32 expected)")
@@ -148,6 +157,7 @@ class _Recurrent(Operator):
             linear_before_reset=op == "GRU" and bool(int(attrs.get("linear_before_reset", 0))),
             input_forget=op == "LSTM" and bool(int(attrs.get("input_forget", 0))),
             outputs=(present[0], present[1], present[2] and op == "LSTM"),
+            element="f16" if dtype == np.float16 else "f32",
         )
         return cfg, functions
 
