@@ -86,7 +86,10 @@ class OrtgpuArms:
         self.session = ortgpu.InferenceSession(model_bytes, env=env, device=self.device, graph_capture=True)
         shared = env.shared_allocator(self.device)
         self.feeds = feeds
-        self.inputs = {name: shared.from_numpy(array) for name, array in feeds.items()}
+        # Inputs whose values decide the plan (the VAD's sample rate) stay host arrays: the plan folds them, and
+        # a captured graph checks them on the host before each replay instead of reading a device value back.
+        self.host_inputs = {name: feeds[name] for name in self.session.value_deciding_inputs if name in feeds}
+        self.inputs = {name: shared.from_numpy(array) for name, array in feeds.items() if name not in self.host_inputs}
         reference = self.session.run(None, feeds, ortgpu.RunOptions(gpu_graph_id=-1))
         self.outputs = {
             name: self.session.allocator.empty(array.shape, array.dtype)
@@ -95,6 +98,8 @@ class OrtgpuArms:
         self.binding = self.session.io_binding()
         for name, value in self.inputs.items():
             self.binding.bind_input(name, value)
+        for name, array in self.host_inputs.items():
+            self.binding.bind_cpu_input(name, array)
         for name, value in self.outputs.items():
             self.binding.bind_output(name, value)
         self._ordinary = ortgpu.RunOptions(gpu_graph_id=-1)

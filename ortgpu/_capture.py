@@ -135,7 +135,7 @@ class GraphRegistry:
                 inputs = frozen.inputs()
                 outputs = frozen.outputs()
                 commands = program.record(
-                    {n: _buffer(v) for n, v in inputs.items()},
+                    {n: _buffer(v) for n, v in inputs.items() if n not in plan.unread_inputs},
                     {n: _buffer(v) for n, v in outputs.items()},
                 )
                 # The capture run itself, of the list frozen as the graph will hold it: a backend that encodes a
@@ -143,7 +143,8 @@ class GraphRegistry:
                 # capture returns.
                 host.submit(commands.freeze())
                 program.raise_data_errors()  # the capture run read an index out of range: no graph
-                guard = _value_guard(label, {name: inputs[name] for name in deciding}, deciding) if deciding else None
+                bound: dict[str, AnyValue | np.ndarray] = {**frozen.cpu_inputs(), **inputs}
+                guard = _value_guard(label, {name: bound[name] for name in deciding}, deciding) if deciding else None
                 graph = CapturedGraph._create(session, host, label, frozen, commands, pins, program, guard)
         except BaseException:
             if pins is not None:
@@ -158,15 +159,18 @@ class GraphRegistry:
         return graph
 
 
-def _value_guard(label: GraphLabel, values: dict[str, AnyValue], captured: dict[str, np.ndarray]) -> Callable[[], None]:
+def _value_guard(
+    label: GraphLabel, values: dict[str, AnyValue | np.ndarray], captured: dict[str, np.ndarray]
+) -> Callable[[], None]:
     """What a graph runs before each replay when input values decided its work (an ``If`` branch, a ``Loop``'s
-    trip count, a shape): read those inputs back and refuse the replay if any holds another value than at capture,
-    since the recorded work would not follow it."""
+    trip count, a shape): read those inputs (a device value: a synchronous read back; a host array bound with
+    ``bind_cpu_input``: a look at it) and refuse the replay if any holds another value than at capture, since the
+    recorded work would not follow it."""
     expected = {name: (array.dtype, array.shape, array.tobytes()) for name, array in captured.items()}
 
     def guard() -> None:
         for name, value in values.items():
-            now = value.to_numpy()
+            now = value if isinstance(value, np.ndarray) else value.to_numpy()
             if (now.dtype, now.shape, now.tobytes()) != expected[name]:
                 raise CaptureStateError(
                     f"graph {label} was captured for input {name!r} = {_show(captured[name])}, whose value decided "
@@ -248,7 +252,7 @@ def verify_replay(host: CaptureHost, graph: CapturedGraph) -> None:
     scratch = {name: host.allocator.empty(value.shape(), value.dtype) for name, value in outputs.items()}
     try:
         with host.lock:
-            host.run_bound(plan, frozen.inputs(), {}, dict(scratch))
+            host.run_bound(plan, frozen.inputs(), frozen.cpu_inputs(), dict(scratch))
         for name, value in scratch.items():
             expected = value.to_numpy()
             same = np.array_equal(replayed[name], expected, equal_nan=expected.dtype.kind == "f")

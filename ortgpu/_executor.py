@@ -313,7 +313,10 @@ class DeviceProgram(Generic[_Buffer]):
         self._bind_groups: dict[tuple[tuple[int, int], ...], tuple[list[int], list[weakref.ref[Any]]]] = {}
         self._released = False
         # Graph inputs and outputs that live on the host only (strings): no buffer; see run(host=...).
+        # Host-only values (strings) and inputs the plan never reads (folded values) get no buffer.
         self._host_io = frozenset(host_io_names(plan))
+        # Host-only values and inputs the plan never reads (values folded into it) get no buffer.
+        self._no_buffer = self._host_io | plan.unread_inputs
         try:
             for size in plan.slot_sizes:
                 self._slots.append(allocate(padded_size(size)))
@@ -377,7 +380,7 @@ class DeviceProgram(Generic[_Buffer]):
     def _check_io(self, inputs: _BufferMap, outputs: _BufferMap) -> None:
         if self._released:
             raise ReleasedValueError("this DeviceProgram was released")
-        missing = [n for n in self.plan.input_infos if n not in inputs and n not in self._host_io]
+        missing = [n for n in self.plan.input_infos if n not in inputs and n not in self._no_buffer]
         missing += [n for n in self.plan.output_infos if n not in outputs and n not in self._host_io]
         if missing:
             raise ModelError(
@@ -386,7 +389,7 @@ class DeviceProgram(Generic[_Buffer]):
             )
 
     def _bind_groups_for(self, inputs: _BufferMap, outputs: _BufferMap) -> list[int]:
-        buffers = [inputs[n] for n in self.plan.input_infos if n not in self._host_io]
+        buffers = [inputs[n] for n in self.plan.input_infos if n not in self._no_buffer]
         buffers += [outputs[n] for n in self.plan.output_infos if n not in self._host_io]
         key = tuple((b.handle, b.generation) for b in buffers)
         cached = self._bind_groups.get(key)

@@ -18,6 +18,7 @@ from .ops import DeviceCaps, Operator, OpPlan, TensorInfo
 
 __all__ = [
     "Placement",
+    "PlacementRow",
     "Storage",
     "PlannedStep",
     "PlannedTensor",
@@ -79,6 +80,11 @@ def root_of(tensors: Mapping[str, PlannedTensor], name: str) -> str:
     return tensor.name
 
 
+#: Where one node runs: (node name, op type, "webgpu" or "cpu", reason, the control-flow node that runs it whole as
+#: part of its subgraph, or "").
+PlacementRow = tuple[str, str, str, str, str]
+
+
 @dataclass
 class ExecutionPlan:
     """Everything needed to run a model for one input-shape signature.
@@ -100,7 +106,7 @@ class ExecutionPlan:
     constants: dict[str, np.ndarray]
     constant_keys: dict[str, Hashable]
     output_copies: list[tuple[int, str, str]]
-    placement: list[tuple[str, str, str, str]]
+    placement: list[PlacementRow]
     folded_nodes: list[str] = field(default_factory=list)
 
     @property
@@ -111,12 +117,20 @@ class ExecutionPlan:
     def capturable(self) -> bool:
         return not any(step.placement == "cpu" for step in self.steps)
 
+    @property
+    def unread_inputs(self) -> frozenset[str]:
+        """Graph inputs no step reads and no output copies: inputs whose values were folded into the plan (a sample
+        rate that chose an ``If`` branch), or that no output depends on.  They need no device buffer."""
+        read = {name for step in self.steps for name in step.inputs if name}
+        read.update(source for _, _, source in self.output_copies)
+        return frozenset(name for name in self.input_infos if name not in read)
+
     def root(self, name: str) -> str:
         """The tensor whose buffer ``name`` lives in (following aliases)."""
         return root_of(self.tensors, name)
 
     def describe(self) -> str:
         lines = [f"{len(self.steps)} steps, {len(self.slot_sizes)} buffer slots ({sum(self.slot_sizes)} bytes)"]
-        for name, op_type, where, reason in self.placement:
+        for name, op_type, where, reason, _ in self.placement:
             lines.append(f"  {name:30s} {op_type:24s} {where:7s} {reason}")
         return "\n".join(lines)

@@ -30,7 +30,7 @@ from ._expand_control_flow import Expansion
 from ._limits import FoldBudget
 from ._memory_plan import plan_memory, uploaded_constants
 from ._model import GraphNode, LoadedModel
-from ._plan_types import ExecutionPlan, Placement, PlannedStep, PlannedTensor
+from ._plan_types import ExecutionPlan, Placement, PlacementRow, PlannedStep, PlannedTensor
 from ._propagate import Shape, is_concrete, propagate, public_attrs
 from ._rewrites import (
     FUSABLE_PRODUCERS,
@@ -212,13 +212,14 @@ def _plan(
     )
 
 
-def _placement(steps: Sequence[PlannedStep], expansions: Sequence[Expansion]) -> list[tuple[str, str, str, str]]:
+def _placement(steps: Sequence[PlannedStep], expansions: Sequence[Expansion]) -> list[PlacementRow]:
     """Where each node runs: every step's nodes; a control-flow node the plan expanded, before its nodes (on the
-    device when they all are); the nodes inside a control-flow node that runs whole, after it (on the CPU)."""
-    rows: list[tuple[str, str, str, str]] = []
+    device when they all are); the nodes inside a control-flow node that runs whole, after it (on the CPU; their
+    last field names that node)."""
+    rows: list[PlacementRow] = []
     for step in steps:
         for node_name, op_type in zip(step.node_names, step.op_types):
-            rows.append((node_name, op_type, str(step.placement), step.reason))
+            rows.append((node_name, op_type, str(step.placement), step.reason, ""))
             if step.placement == "cpu" and step.operator is not None and step.op_types == (op_type,):
                 rows.extend(_subgraph_rows(node_name, op_type, step.attrs))
     for expansion in sorted(expansions, key=lambda e: -len(e.prefix)):  # nested ones first: outer rows go above
@@ -228,15 +229,17 @@ def _placement(steps: Sequence[PlannedStep], expansions: Sequence[Expansion]) ->
         where = "webgpu" if all(rows[index][2] == "webgpu" for index in mine) else "cpu"
         owner = expansion.owner
         reason = f"{expansion.how}; its nodes are listed as {expansion.prefix!r}..."
-        rows.insert(mine[0], (owner.name, owner.op_type, where, reason))
+        rows.insert(mine[0], (owner.name, owner.op_type, where, reason, ""))
     return rows
 
 
-def _subgraph_rows(owner: str, op_type: str, attrs: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
-    """Rows for the nodes of the subgraphs of a control-flow node that runs whole on the CPU (nested included)."""
+def _subgraph_rows(owner: str, op_type: str, attrs: Mapping[str, Any], top: str = "") -> list[PlacementRow]:
+    """Rows for the nodes of the subgraphs of a control-flow node that runs whole on the CPU (nested included);
+    ``top``: the outermost such node (the one the plan runs whole)."""
     from ._subgraph import Subgraph
 
-    rows: list[tuple[str, str, str, str]] = []
+    top = top or owner
+    rows: list[PlacementRow] = []
     for attribute, value in attrs.items():
         if not isinstance(value, Subgraph):
             continue
@@ -244,8 +247,8 @@ def _subgraph_rows(owner: str, op_type: str, attrs: Mapping[str, Any]) -> list[t
         for inner in value.nodes():
             name = f"{owner}/{part}/{inner.name}"
             reason = f"inside {op_type} node {owner!r} ({attribute}), which runs on the CPU"
-            rows.append((name, inner.op_type, "cpu", reason))
-            rows.extend(_subgraph_rows(name, inner.op_type, inner.attrs))
+            rows.append((name, inner.op_type, "cpu", reason, top))
+            rows.extend(_subgraph_rows(name, inner.op_type, inner.attrs, top))
     return rows
 
 

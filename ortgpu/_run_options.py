@@ -66,6 +66,8 @@ class NodePlacement:
     op_type: str
     placement: Literal["webgpu", "cpu"]
     reason: str
+    #: The control-flow node whose subgraph this node belongs to, where that node runs whole on the CPU; else "".
+    inside: str = ""
 
     @property
     def capturable(self) -> bool:

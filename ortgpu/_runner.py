@@ -412,6 +412,8 @@ class SessionRunner:
         try:
             input_buffers: dict[str, DeviceBuffer] = {}
             for name, info in plan.input_infos.items():
+                if name in plan.unread_inputs:
+                    continue  # its value was folded into the plan: no buffer
                 value = inputs.get(name)
                 if value is not None and value._device_buffer is not None:
                     input_buffers[name] = value._device_buffer
@@ -470,7 +472,9 @@ class SessionRunner:
         for name, value in list(inputs.items()) + list(outputs.items()):
             self.check_value(value, f"bound value {name!r}")
         if for_capture:
-            host = sorted(cpu_inputs) + [n for n, v in inputs.items() if v.provenance.placement == "cpu"]
+            # A host array may stay bound where its value only decides the plan (checked against the plan below).
+            host = [n for n in cpu_inputs if n not in self.model.value_dependent_inputs]
+            host += [n for n, v in inputs.items() if v.provenance.placement == "cpu"]
             host_out = [n for n, v in outputs.items() if v.provenance.placement == "cpu"]
             if host or host_out:
                 raise CaptureStateError(
@@ -507,6 +511,12 @@ class SessionRunner:
                     f"output {name!r} is {info.dtype} of shape {list(info.shape)} for these inputs, but the bound value is "
                     f"{value.dtype} of shape {value.shape()}; bind a value of that dtype and shape"
                 )
+        read_on_host = sorted(set(cpu_inputs) - plan.unread_inputs)
+        if for_capture and read_on_host:
+            raise CaptureStateError(
+                f"cannot capture with inputs {read_on_host} bound on the host: their values decide the plan, but device "
+                f"work reads them too, and a captured graph replays device buffers only; bind device values"
+            )
         if for_capture and not plan.capturable:
             raise CaptureStateError(
                 f"cannot capture: nodes {plan.cpu_nodes} run on the CPU (see session.get_node_placement(), which says "

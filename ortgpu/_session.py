@@ -161,6 +161,14 @@ class InferenceSession(NotCopyable):
     def output_names(self) -> list[str]:
         return self._runner.output_names
 
+    @property
+    def value_deciding_inputs(self) -> list[str]:
+        """Inputs whose *values* (not only shapes) decide the plan: an ``If`` condition, a ``Loop`` trip count, a
+        ``Reshape`` target fed by a graph input.  Each value gets its own plan; a graph captured for one value
+        refuses to replay when it changed.  Bound with ``binding.bind_cpu_input(name, array)`` (where no device
+        work reads them), a captured graph checks them without a device read."""
+        return sorted(self._runner.model.value_dependent_inputs)
+
     def get_inputs(self) -> list[NodeArg]:
         return [_node_arg(info) for info in self._runner.model.inputs]
 
@@ -210,7 +218,7 @@ class InferenceSession(NotCopyable):
                 "shapes decide the plan"
             )
         plan = self._runner.plan_for({k: tuple(v) for k, v in shapes.items()}, dtypes, values)
-        return [NodePlacement(name, op_type, where, reason) for name, op_type, where, reason in plan.placement]  # type: ignore[arg-type]
+        return [NodePlacement(*row) for row in plan.placement]  # type: ignore[arg-type]
 
     # -- lifetime --------------------------------------------------------------------
     @property

@@ -165,17 +165,22 @@ STEPS = st.lists(
 )
 
 
-def _alternate(env: ortgpu.Env, name: str, steps: list[str], seed: int) -> None:
+def _alternate(env: ortgpu.Env, name: str, steps: list[str], seed: int, on_host: bool) -> None:
+    """``on_host``: the guarded inputs are bound as host arrays (``bind_cpu_input``) and changed in place."""
     build, data, control, guarded = CASES[name]
     rng = np.random.default_rng(seed)
     feeds = {**data(rng), **control(rng)}
     with ortgpu.InferenceSession(build(), env=env, graph_capture=True) as session:
+        assert set(session.value_deciding_inputs) == guarded
         fresh = session.run(None, feeds)
-        values = {n: session.allocator.from_numpy(a) for n, a in feeds.items()}
+        host = {n: feeds[n].copy() for n in guarded} if on_host else {}
+        values = {n: session.allocator.from_numpy(a) for n, a in feeds.items() if n not in host}
         outputs = {n: session.allocator.empty(a.shape, a.dtype) for n, a in zip(session.output_names, fresh)}
         binding = session.io_binding()
         for n, v in values.items():
             binding.bind_input(n, v)
+        for n, a in host.items():
+            binding.bind_cpu_input(n, a)
         for n, v in outputs.items():
             binding.bind_output(n, v)
         graph: ortgpu.CapturedGraph | None = None
@@ -194,7 +199,10 @@ def _alternate(env: ortgpu.Env, name: str, steps: list[str], seed: int) -> None:
                 if step in ("data", "control"):
                     change = data(rng) if step == "data" else control(rng)
                     for n, a in change.items():
-                        values[n].update_inplace(a)
+                        if n in host:
+                            np.copyto(host[n], a)  # the bound array itself changes
+                        else:
+                            values[n].update_inplace(a)
                     feeds.update(change)
                     continue
                 if step == "run":
@@ -234,9 +242,9 @@ def test_replays_equal_fresh_runs_or_are_refused(env: ortgpu.Env, backend_name: 
     examples = 12 if backend_name == "fake" else 4
 
     @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(steps=STEPS, seed=st.integers(0, 2**16))
-    def alternate(steps: list[str], seed: int) -> None:
-        _alternate(env, name, steps, seed)
+    @given(steps=STEPS, seed=st.integers(0, 2**16), on_host=st.booleans())
+    def alternate(steps: list[str], seed: int, on_host: bool) -> None:
+        _alternate(env, name, steps, seed, on_host)
 
     alternate()
 
@@ -327,3 +335,57 @@ def test_large_value_deciding_inputs_are_not_guarded(env: ortgpu.Env) -> None:
         np.testing.assert_array_equal(y.to_numpy(), -np.ones(2048, np.float32))
         x.release()
         y.release()
+
+
+def test_host_bound_condition_is_checked_without_a_device_read(env: ortgpu.Env) -> None:
+    """The sample rate bound as a host array: the plan folds it, capture keeps it on the host, and each replay looks
+    at the bound array itself (changed in place: refused; restored: replays again)."""
+    rng = np.random.default_rng(9)
+    x = _normal(rng, 16)
+    with ortgpu.InferenceSession(gated_model(), env=env, graph_capture=True) as session:
+        assert session.value_deciding_inputs == ["sr"]
+        xv = session.allocator.from_numpy(x)
+        y = session.allocator.empty((16,), "float32")
+        rate = np.array(8000, np.int64)
+        binding = session.io_binding()
+        binding.bind_input("x", xv)
+        binding.bind_cpu_input("sr", rate)
+        binding.bind_output("y", y)
+        with session.capture(binding) as graph:
+            np.testing.assert_allclose(graph.replay_and_read()[0], np.maximum(x, 0) - 3, rtol=1e-6)
+            rate[...] = 16000
+            with pytest.raises(ortgpu.CaptureStateError, match="now holds 16000"):
+                graph.replay()
+            rate[...] = 8000
+            xv.update_inplace(-x)
+            graph.replay(verify=True)
+            np.testing.assert_allclose(y.to_numpy(), np.maximum(-x, 0) - 3, rtol=1e-6)
+        xv.release()
+        y.release()
+
+
+def test_host_bound_input_read_by_device_work_is_refused(env: ortgpu.Env) -> None:
+    """A value-deciding input is folded into the plan wherever a node reads it; one that is also a graph output is
+    copied from its buffer by the device, so it cannot stay on the host in a captured graph."""
+    model = _model(
+        [oh.make_node("Reshape", ["x", "shape"], ["r"])],
+        [oh.make_tensor_value_info("x", F, [6]), oh.make_tensor_value_info("shape", I64, [2])],
+        [oh.make_tensor_value_info("r", F, None), oh.make_tensor_value_info("shape", I64, [2])],
+    )
+    with ortgpu.InferenceSession(model, env=env, graph_capture=True) as session:
+        assert session.value_deciding_inputs == ["shape"]
+        shape = np.array([2, 3], np.int64)
+        xv = session.allocator.from_numpy(np.arange(6, dtype=np.float32))
+        r, echo = session.allocator.empty((2, 3), "float32"), session.allocator.empty((2,), "int64")
+        binding = session.io_binding()
+        binding.bind_input("x", xv)
+        binding.bind_cpu_input("shape", shape)
+        binding.bind_output("r", r)
+        binding.bind_output("shape", echo)
+        with pytest.raises(ortgpu.CaptureStateError, match=r"\['shape'\] bound on the host.*device work reads"):
+            session.capture(binding)
+        session.run_with_iobinding(binding, ortgpu.RunOptions(gpu_graph_id=-1))  # uncaptured: fine
+        np.testing.assert_array_equal(echo.to_numpy(), shape)
+        np.testing.assert_array_equal(r.to_numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+        for value in (xv, r, echo):
+            value.release()

@@ -119,6 +119,7 @@ def test_loop_with_nested_if_and_outer_scope_reads(env: ortgpu_core.Env) -> None
         body_rows = [p for p in rows if p.node.startswith(f"{loop.node}/body/")]
         assert {p.op_type for p in body_rows} >= {"Mod", "Equal", "If", "ReduceSum"}
         assert all(p.placement == "cpu" and "which runs on the CPU" in p.reason for p in body_rows)
+        assert all(p.inside == loop.node for p in body_rows) and loop.inside == ""  # nested ones name the outer loop
         assert any(p.node.startswith(f"{loop.node}/body/") and "/then/" in p.node for p in body_rows)
 
 
