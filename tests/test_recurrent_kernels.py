@@ -10,7 +10,7 @@ raising ``InvalidArgumentError``, the placement, and an LSTM captured and replay
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -18,14 +18,14 @@ import onnx
 import onnx.helper
 import onnxruntime
 import pytest
+from test_ops_recurrent import OUTPUTS, _batch_first, _feeds, _inputs, _model
+from test_ops_recurrent import Case as OpCase
 
 import ortgpu
 import ortgpu_core
 from ortgpu.ops import _recurrent_plan, get_operator
 
 F32 = np.float32
-GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
-OUTPUTS = {"RNN": 2, "GRU": 2, "LSTM": 3}
 NON_DEFAULT: dict[str, dict[str, list[Any]]] = {
     "RNN": {"activations": ["Softsign"]},
     "GRU": {"activations": ["HardSigmoid", "Elu"], "activation_alpha": [0.25, 0.9], "activation_beta": [0.45]},
@@ -34,22 +34,10 @@ NON_DEFAULT: dict[str, dict[str, list[Any]]] = {
 
 
 @dataclass
-class Case:
-    op_type: str
-    attrs: dict[str, Any] = field(default_factory=dict)
-    seq: int = 5
-    batch: int = 3
-    input_size: int = 4
-    hidden: int = 6
-    optional: frozenset[str] = frozenset({"B", "initial_h", "initial_c", "P"})
-    lengths: tuple[int, ...] | None = None
-    outputs: tuple[bool, ...] = (True, True, True)
-    layout: int = 0
-    opset: int = 14
+class Case(OpCase):
+    """A case of tests/test_ops_recurrent.py (float32 here), in a layout."""
 
-    @property
-    def directions(self) -> int:
-        return 2 if self.attrs.get("direction") == "bidirectional" else 1
+    layout: int = 0
 
 
 def _random_case(seed: int) -> Case:
@@ -96,63 +84,6 @@ def _random_case(seed: int) -> Case:
         layout=(seed // 9) % 2,
         opset=7 if seed == 4 else 14,  # (layout is opset 14's)
     )
-
-
-def _inputs(case: Case, rng: np.random.Generator) -> list[np.ndarray | None]:
-    g, n, d = GATES[case.op_type], case.hidden, case.directions
-
-    def normal(*shape: int, scale: float = 0.5) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(F32)
-
-    arrays: list[np.ndarray | None] = [
-        normal(case.seq, case.batch, case.input_size, scale=1.0),
-        normal(d, g * n, case.input_size),
-        normal(d, g * n, n),
-        normal(d, 2 * g * n) if "B" in case.optional else None,
-        None if case.lengths is None else np.array(case.lengths, np.int32),
-        normal(d, case.batch, n) if "initial_h" in case.optional else None,
-    ]
-    if case.op_type == "LSTM":
-        arrays.append(normal(d, case.batch, n) if "initial_c" in case.optional else None)
-        arrays.append(normal(d, 3 * n) if "P" in case.optional else None)
-    return arrays
-
-
-def _batch_first(arrays: list[np.ndarray | None]) -> list[np.ndarray | None]:
-    moved = list(arrays)
-    for index in (0, 5, 6):
-        value = arrays[index] if index < len(arrays) else None
-        if value is not None:
-            moved[index] = np.ascontiguousarray(np.swapaxes(value, 0, 1))
-    return moved
-
-
-def _model(case: Case, arrays: list[np.ndarray | None], layout: int) -> bytes:
-    names = ["" if a is None else f"in{i}" for i, a in enumerate(arrays)]
-    while names and names[-1] == "":
-        names.pop()
-    outputs = [f"out{i}" if wanted else "" for i, wanted in enumerate(case.outputs[: OUTPUTS[case.op_type]])]
-    attrs = dict(case.attrs, hidden_size=case.hidden)
-    if layout:
-        attrs["layout"] = 1
-    node = onnx.helper.make_node(case.op_type, names, outputs, **attrs)
-    graph = onnx.helper.make_graph(
-        [node],
-        "recurrent",
-        [
-            onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-            for name, a in zip(names, arrays)
-            if a is not None
-        ],
-        [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in outputs if name],
-    )
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", case.opset)])
-    model.ir_version = 8
-    return bytes(model.SerializeToString())
-
-
-def _feeds(arrays: list[np.ndarray | None]) -> dict[str, np.ndarray]:
-    return {f"in{i}": a for i, a in enumerate(arrays) if a is not None}
 
 
 def _onnxruntime(case: Case, arrays: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -204,7 +135,7 @@ def test_random_configurations_match_onnxruntime_and_the_reference(seed: int, pa
     case = _random_case(seed)
     arrays = _inputs(case, np.random.default_rng(1000 + seed))
     expected = _onnxruntime(case, arrays)
-    moved = _batch_first(arrays) if case.layout else arrays
+    moved = _batch_first(case, arrays) if case.layout else arrays
     if case.layout:
         reference = _reference(case, moved)
     else:

@@ -490,12 +490,21 @@ def persistent_kernel(
     else:
         lines.append("        workgroupBarrier();\n")
     lines.append(_cell_update(cfg))
-    lines.append("        if (owner) {\n")
+    lines += _persistent_step_end(cfg, "hn", "cn")
+    wgsl = table.text() + _index_functions(cfg) + activation_functions(functions) + "".join(lines)
+    return _finish(cfg, wgsl), tuple(table.bindings)
+
+
+def _persistent_step_end(cfg: Config, h_new: str, c_new: str) -> list[str]:
+    """The end of a persistent kernel's time step and of the kernel: the owner of each hidden unit writes Y, keeps
+    the new state where the step is within the sequence (``h_new``/``c_new``), shares it through workgroup memory;
+    after the last step it writes Y_h / Y_c (zero for a sequence of length 0)."""
+    lines = ["        if (owner) {\n"]
     if cfg.outputs[0]:
-        lines.append("            y[y_at(t, d, b, j)] = OUT(select(0.0, hn, valid));\n")
-    lines.append("            h = select(h, hn, valid);\n")
+        lines.append(f"            y[y_at(t, d, b, j)] = OUT(select(0.0, {h_new}, valid));\n")
+    lines.append(f"            h = select(h, {h_new}, valid);\n")
     if cfg.op_type == "LSTM":
-        lines.append("            c = select(c, cn, valid);\n")
+        lines.append(f"            c = select(c, {c_new}, valid);\n")
     lines += ["            hs[j] = h;\n", "        }\n", "        workgroupBarrier();\n", "    }\n"]
     lines.append("    if (owner) {\n")
     if cfg.outputs[1]:
@@ -503,8 +512,7 @@ def persistent_kernel(
     if cfg.outputs[2]:
         lines.append("        y_c[st_at(d, b, j)] = OUT(select(c, 0.0, len <= 0i));\n")
     lines.append("    }\n}\n")
-    wgsl = table.text() + _index_functions(cfg) + activation_functions(functions) + "".join(lines)
-    return _finish(cfg, wgsl), tuple(table.bindings)
+    return lines
 
 
 def _phase_accumulators(cfg: Config) -> list[tuple[str, str, int]]:
@@ -643,19 +651,7 @@ def persistent_split_kernel(
         if cfg.op_type == "LSTM":
             lines.append("            nc = cn;\n")
         lines.append("        }\n")
-    lines.append("        if (owner) {\n")
-    if cfg.outputs[0]:
-        lines.append("            y[y_at(t, d, b, j)] = OUT(select(0.0, nh, valid));\n")
-    lines.append("            h = select(h, nh, valid);\n")
-    if cfg.op_type == "LSTM":
-        lines.append("            c = select(c, nc, valid);\n")
-    lines += ["            hs[j] = h;\n", "        }\n", "        workgroupBarrier();\n", "    }\n"]
-    lines.append("    if (owner) {\n")
-    if cfg.outputs[1]:
-        lines.append("        y_h[st_at(d, b, j)] = OUT(select(h, 0.0, len <= 0i));\n")
-    if cfg.outputs[2]:
-        lines.append("        y_c[st_at(d, b, j)] = OUT(select(c, 0.0, len <= 0i));\n")
-    lines.append("    }\n}\n")
+    lines += _persistent_step_end(cfg, "nh", "nc")
     wgsl = table.text() + _index_functions(cfg) + activation_functions(functions) + "".join(lines)
     return _finish(cfg, wgsl), tuple(table.bindings)
 
