@@ -49,7 +49,8 @@ from ._propagate import (
 )
 from ._subgraph import CONTROL_FLOW_OPS, Subgraph, count_nodes, is_control_flow, outer_names
 from .ops import get_operator
-from .ops.sequences import is_sequence_dtype, sequence_dtype
+from .ops.optional import element_type_of_proto, is_structured_dtype, optional_dtype
+from .ops.sequences import sequence_dtype
 
 __all__ = [
     "Dim",
@@ -425,8 +426,13 @@ def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
             )
         elem_dtype = onnx_dtype_to_numpy(element.tensor_type.elem_type, f"{what} {value.name!r}")
         return ValueInfo(value.name, (), sequence_dtype(np.dtype(elem_dtype)))
+    if value.type.HasField("optional_type"):
+        # An optional tensor or sequence: a host value (see ortgpu.ops.optional); whether it holds an element, and
+        # the element's shapes, come with each run's value.
+        element = element_type_of_proto(value.type.optional_type.elem_type, f"{what} {value.name!r}")
+        return ValueInfo(value.name, (), optional_dtype(element))
     if not value.type.HasField("tensor_type"):
-        raise UnsupportedOpError(f"{what} {value.name!r} is not a tensor (maps and optionals are not supported)")
+        raise UnsupportedOpError(f"{what} {value.name!r} is not a tensor (maps are not supported)")
     dtype = onnx_dtype_to_numpy(value.type.tensor_type.elem_type, f"{what} {value.name!r}")
     dims: list[Dim] = []
     if not value.type.tensor_type.HasField("shape"):
@@ -574,8 +580,8 @@ def _refine_output(value: ValueInfo, types: Mapping[str, tuple[Shape, np.dtype[A
                 f"graph output {value.name!r} has no type and none can be inferred; give it a type in the model"
             )
         return value
-    if is_sequence_dtype(value.dtype):
-        return value  # a sequence: its element shapes come with each run
+    if is_structured_dtype(value.dtype):
+        return value  # a sequence or an optional: its element shapes come with each run
     shape, inferred_dtype = types[value.name]
     if not value.typed:
         value = ValueInfo(value.name, value.shape, inferred_dtype, ranked=value.ranked)

@@ -44,6 +44,14 @@ from ._rewrites import (
 )
 from .ops import DeviceCaps, TensorInfo, get_operator
 from .ops._runner import padded_size
+from .ops.optional import (
+    OPTIONAL_REASON,
+    is_optional_dtype,
+    optional_element_dtype,
+    optional_present,
+    optional_type_name,
+    value_dtype_matches,
+)
 from .ops.sequences import SEQUENCE_REASON, element_dtype_of, element_shapes_of, is_sequence_dtype, sequence_dtype
 
 __all__ = [
@@ -125,6 +133,18 @@ def _input_infos(
                         f"{element_dtype_of(given_dtype)}"
                     )
                 dtype = sequence_dtype(element_dtype_of(dtype), element_shapes_of(given_dtype))
+            elif is_optional_dtype(dtype):
+                # An optional input: the given dtype carries this run's state (empty or present, element shapes).
+                if not is_optional_dtype(given_dtype) or optional_present(given_dtype)[0] is None:
+                    raise ModelError(f"input {value.name!r} is an optional: plan it with its value's state")
+                if optional_present(given_dtype)[0] and not value_dtype_matches(
+                    optional_element_dtype(dtype), optional_element_dtype(given_dtype)
+                ):
+                    raise DtypeError(
+                        f"input {value.name!r} is an {optional_type_name(dtype)}; got an "
+                        f"{optional_type_name(given_dtype)}"
+                    )
+                dtype = given_dtype
         infos[value.name] = TensorInfo(shape, dtype)
     unknown = set(input_shapes) - {v.name for v in model.inputs}
     if unknown:
@@ -349,12 +369,14 @@ def _host_step(ctx: RewriteContext, node: GraphNode, operator: Any, attrs: Mappi
     output_infos = tuple(ctx.infos[name] if name else TensorInfo((0,), np.dtype(np.float32)) for name in node.outputs)
     if not any(_is_host(info) for info in input_infos + output_infos):
         return None
-    sequences = any(info is not None and is_sequence_dtype(info.dtype) for info in input_infos + output_infos)
+    infos = [info for info in input_infos + output_infos if info is not None]
+    sequences = any(is_sequence_dtype(info.dtype) for info in infos)
+    optionals = any(is_optional_dtype(info.dtype) for info in infos)
     return PlannedStep(
         (node.name,),
         (node.op_type,),
         "cpu",
-        SEQUENCE_REASON if sequences else HOST_REASON,
+        OPTIONAL_REASON if optionals else SEQUENCE_REASON if sequences else HOST_REASON,
         operator,
         attrs,
         tuple(node.inputs),

@@ -26,7 +26,8 @@ from ortgpu_core._errors import ModelError, UnsupportedOpError
 from ._expand_control_flow import EXPANDABLE, Expansion, expand
 from ._limits import FoldBudget, LoadLimits, check_shape_probe, keep_folded, may_fold
 from .ops import TensorInfo, get_operator
-from .ops.sequences import box, element_dtype_of, element_shapes_of, is_sequence_dtype
+from .ops.optional import is_structured_dtype, probe_value
+from .ops.sequences import is_sequence_dtype
 
 if TYPE_CHECKING:
     from ._model import GraphNode
@@ -132,8 +133,8 @@ def _infer_cached(
     cache: dict[tuple[Any, ...], list[tuple[Shape, np.dtype[Any]] | None]],
 ) -> dict[str, tuple[Shape, np.dtype[Any]]]:
     """:func:`_infer_with_onnx` through ``cache`` (one per propagation: the opsets are fixed), by output position."""
-    if any(name and name in types and is_sequence_dtype(types[name][1]) for name in node.inputs):
-        # onnx would read a sequence (an object-dtype host value here) as a string tensor: its outputs are
+    if any(name and name in types and is_structured_dtype(types[name][1]) for name in node.inputs):
+        # onnx would read a sequence or an optional (an object-dtype host value here) as a string tensor: its outputs are
         # learnt by running the node (see _resolve_unknown_dims), never from a wrong inference.
         return {}
     key = _inference_key(node, types, constants)
@@ -370,7 +371,7 @@ def _fold(
     out = []
     for name, value in zip(node.outputs, results):
         array = np.asarray(value)
-        if is_sequence_dtype(array.dtype):  # a sequence value (a box): kept as it is, its dtype says its shapes
+        if is_structured_dtype(array.dtype):  # a sequence or optional (a box): kept as it is, its dtype says its shapes
             out.append(array)
             continue
         if name in types and types[name][1] != array.dtype:
@@ -404,8 +405,8 @@ def _resolve_unknown_dims(
             inputs.append(None)
         elif name in constants:
             inputs.append(constants[name])
-        elif is_sequence_dtype(types[name][1]):
-            inputs.append(_zeros_sequence(node, name, types[name][1]))
+        elif is_structured_dtype(types[name][1]):
+            inputs.append(_zeros_structured(node, name, types[name][1]))
         else:
             shape, dtype = types[name]
             inputs.append(np.zeros(_concrete(shape), dtype=dtype))
@@ -421,19 +422,21 @@ def _resolve_unknown_dims(
             array = np.asarray(value)
             # A sequence output keeps the element shapes the run gave in its dtype; the executor checks every
             # run's element shapes against them (a shape that depends on values is an error, never a guess).
-            dtype = array.dtype if is_sequence_dtype(array.dtype) else types[name][1] if name in types else array.dtype
+            structured = is_structured_dtype(array.dtype)
+            dtype = array.dtype if structured else types[name][1] if name in types else array.dtype
             types[name] = (tuple(array.shape), dtype)
 
 
-def _zeros_sequence(node: GraphNode, name: str, dtype: np.dtype[Any]) -> np.ndarray:
-    """A sequence of zero tensors with the element shapes ``dtype`` records (what a probe runs on)."""
-    shapes = element_shapes_of(dtype)
-    element = element_dtype_of(dtype)
-    if shapes is None or element is None:
+def _zeros_structured(node: GraphNode, name: str, dtype: np.dtype[Any]) -> np.ndarray:
+    """A sequence of zero tensors with the element shapes ``dtype`` records, or an optional in the state it records
+    holding zeros (what a probe runs on)."""
+    value = probe_value(dtype)
+    if value is None:
+        what = "sequence" if is_sequence_dtype(dtype) else "optional"
         raise ModelError(
-            f"cannot infer the output shapes of {node.describe()}: the element shapes of sequence {name!r} are unknown"
+            f"cannot infer the output shapes of {node.describe()}: the element shapes of {what} {name!r} are unknown"
         )
-    return box([np.zeros(shape, dtype=element) for shape in shapes], element)
+    return value
 
 
 #: Input positions whose values (not just shapes) decide an operator's output shape.

@@ -47,7 +47,8 @@ from ._executor import DeviceProgram, WeightStore, device_caps, host_io_names
 from ._limits import max_cached_plans
 from ._model import LoadedModel, ValueInfo
 from ._planner import ExecutionPlan, plan_model
-from .ops.sequences import element_dtype_of, element_shapes_of, is_box, is_sequence_dtype, items
+from .ops.optional import host_signature, is_optional_box, is_structured_dtype, optional_element
+from .ops.sequences import is_box, items
 
 if TYPE_CHECKING:
     from ortgpu_core._graph import CapturedGraph
@@ -268,14 +269,13 @@ class SessionRunner:
         values: Mapping[str, np.ndarray] | None,
         dtypes: Mapping[str, np.dtype[Any]] | None = None,
     ) -> tuple[Any, ...]:
-        """Plans are cached per input-shape signature (a sequence input's: its element dtype and shapes, which its
-        dtype carries), plus the values of inputs that decide shapes by value."""
+        """Plans are cached per input-shape signature (a sequence input's: its element dtype and shapes; an optional
+        input's: empty or present, and its element's shapes; their dtypes carry them), plus the values of inputs that
+        decide shapes by value."""
         key: tuple[Any, ...] = tuple(sorted((name, tuple(shape)) for name, shape in shapes.items()))
         if dtypes is not None:
             key += tuple(
-                (name, str(element_dtype_of(dtype)), element_shapes_of(dtype))
-                for name, dtype in sorted(dtypes.items())
-                if is_sequence_dtype(dtype)
+                (name, host_signature(dtype)) for name, dtype in sorted(dtypes.items()) if is_structured_dtype(dtype)
             )
         if self.model.value_dependent_inputs:
             chosen = values or {}
@@ -526,8 +526,9 @@ class SessionRunner:
 
 
 _STRINGS_UNBOUND = (
-    "the model's inputs/outputs {names} are strings or sequences, which live on the host only and cannot be bound "
-    "to OrtValues or an IOBinding; run this model with session.run() on numpy arrays (lists of them for sequences)"
+    "the model's inputs/outputs {names} are strings, sequences or optionals, which live on the host only and cannot "
+    "be bound to OrtValues or an IOBinding; run this model with session.run() on numpy arrays (lists of them for "
+    "sequences, None for an empty optional)"
 )
 
 
@@ -543,6 +544,9 @@ def _value_key(value: np.ndarray) -> Any:
     sequence by its elements' dtypes, shapes and bytes)."""
     if is_box(value):
         return tuple((a.dtype.str, a.shape, _value_key(a)) for a in items(value, "sequence"))
+    if is_optional_box(value):
+        element = optional_element(value)
+        return ("optional", None if element is None else (element.dtype.str, element.shape, _value_key(element)))
     return tuple(value.ravel().tolist()) if value.dtype == object else value.tobytes()
 
 

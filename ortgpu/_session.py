@@ -50,7 +50,16 @@ from ._capture import check_graph_id
 from ._model import load_model
 from ._run_options import NodeArg, NodePlacement, RunOptions, _node_arg
 from ._runner import AnyBinding, AnyValue, SessionRunner
-from .ops.sequences import box, element_dtype_of, is_sequence_dtype, items
+from .ops.optional import (
+    is_optional_box,
+    is_optional_dtype,
+    is_structured_dtype,
+    optional_box,
+    optional_element,
+    optional_element_dtype,
+    optional_type_name,
+)
+from .ops.sequences import box, element_dtype_of, is_box, is_sequence_dtype, items
 
 __all__ = ["InferenceSession"]
 
@@ -119,7 +128,7 @@ class InferenceSession(NotCopyable):
         try:
             model = self._runner.model
             static = all(isinstance(d, int) for i in model.inputs for d in i.shape)
-            if static and not self.allow_cpu_fallback and not any(is_sequence_dtype(i.dtype) for i in model.inputs):
+            if static and not self.allow_cpu_fallback and not any(is_structured_dtype(i.dtype) for i in model.inputs):
                 # Static model: report forbidden CPU placement now, not at the first run.
                 self._runner.plan_for(
                     {i.name: tuple(int(d) for d in i.shape if isinstance(d, int)) for i in model.inputs},
@@ -170,10 +179,10 @@ class InferenceSession(NotCopyable):
         return sorted(self._runner.model.value_dependent_inputs)
 
     def get_inputs(self) -> list[NodeArg]:
-        return [_node_arg(info) for info in self._runner.model.inputs]
+        return [_described(info) for info in self._runner.model.inputs]
 
     def get_outputs(self) -> list[NodeArg]:
-        return [_node_arg(info) for info in self._runner.model.outputs]
+        return [_described(info) for info in self._runner.model.outputs]
 
     def get_providers(self) -> list[str]:
         return (
@@ -191,7 +200,8 @@ class InferenceSession(NotCopyable):
 
         Models whose shapes depend on input values (a Reshape's shape or Slice bounds fed as inputs)
         are planned for ``input_values`` too (name -> array; required for those inputs).  A sequence input is
-        planned for its element shapes: give its value (a list of arrays) in ``input_values``.
+        planned for its element shapes: give its value (a list of arrays) in ``input_values``; an optional input
+        for its state: give its value (None for an empty one) there too.
         """
         shapes = dict(input_shapes) if input_shapes is not None else {}
         for info in self._runner.model.inputs:
@@ -205,17 +215,17 @@ class InferenceSession(NotCopyable):
         values: dict[str, np.ndarray] = {}
         for name, value in (input_values or {}).items():
             given = self._runner.input_infos.get(name)
-            if given is not None and is_sequence_dtype(given.dtype):
-                values[name] = _as_sequence(name, value, given.dtype)
+            if given is not None and is_structured_dtype(given.dtype):
+                values[name] = _as_host_value(name, value, given.dtype)
                 dtypes[name] = values[name].dtype
                 shapes[name] = ()
             else:
                 values[name] = np.asarray(value)
-        missing = [n for n, d in dtypes.items() if is_sequence_dtype(d) and n not in values]
+        missing = [n for n, d in dtypes.items() if is_structured_dtype(d) and n not in values]
         if missing:
             raise InvalidArgumentError(
-                f"inputs {missing} are sequences: pass their values (lists of arrays) in input_values, their element "
-                "shapes decide the plan"
+                f"inputs {missing} are sequences or optionals: pass their values (lists of arrays; None for an empty "
+                "optional) in input_values, their element shapes decide the plan"
             )
         plan = self._runner.plan_for({k: tuple(v) for k, v in shapes.items()}, dtypes, values)
         return [NodePlacement(*row) for row in plan.placement]  # type: ignore[arg-type]
@@ -330,15 +340,16 @@ class InferenceSession(NotCopyable):
         run_options: RunOptions | None = None,
     ) -> list[Any]:
         """Run the model on host arrays; returns host arrays in ``output_names`` order (all outputs if None).
-        Sequence inputs and outputs (``seq(tensor(...))``) are lists of arrays."""
+        Sequence inputs and outputs (``seq(tensor(...))``) are lists of arrays; optional ones (``optional(...)``)
+        are None when empty, else their element (an array, or a list of arrays)."""
         self._runner.check_open("run")
         self._refuse_graph_id(run_options, "run()")
         self._check_feeds(input_feed)
         order = self._output_order(output_names)
         arrays: dict[str, np.ndarray] = {}
         for name, array in input_feed.items():
-            if is_sequence_dtype(self._runner.input_infos[name].dtype):
-                arrays[name] = _as_sequence(name, array, self._runner.input_infos[name].dtype)
+            if is_structured_dtype(self._runner.input_infos[name].dtype):
+                arrays[name] = _as_host_value(name, array, self._runner.input_infos[name].dtype)
                 continue
             if not isinstance(array, np.ndarray):
                 raise ArgumentTypeError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
@@ -347,13 +358,9 @@ class InferenceSession(NotCopyable):
             self._runner.check_info(name, self._runner.input_infos[name], array.dtype, tuple(array.shape), "input")
             arrays[name] = array
         results = self._runner.run_arrays(arrays, order)
-        # Sequence outputs come back as lists of arrays (copies: the run's values are not shared).
-        return [
-            [np.array(a) for a in items(value, name)]
-            if is_sequence_dtype(self._runner.output_infos[name].dtype)
-            else value
-            for name, value in zip(order, results)
-        ]
+        # Sequence outputs come back as lists of arrays, optional ones as None or their element (copies: the run's
+        # values are not shared).
+        return [_as_output(name, value) for name, value in zip(order, results)]
 
     def run_with_ort_values(
         self,
@@ -442,6 +449,53 @@ def _as_sequence(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
                 "never casts silently)"
             )
     return box([np.array(a) for a in value], element)
+
+
+def _as_host_value(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
+    """A sequence or optional input as ortgpu's host value (a box)."""
+    if is_sequence_dtype(dtype):
+        return _as_sequence(name, value, dtype)
+    return _as_optional(name, value, dtype)
+
+
+def _as_optional(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
+    """An optional input (None: empty; else its element, an array or a list of arrays) as ortgpu's host value."""
+    element = optional_element_dtype(dtype)
+    if value is None:
+        return optional_box(None, element)
+    if is_sequence_dtype(element):
+        return optional_box(_as_sequence(name, value, element))
+    if not isinstance(value, np.ndarray):
+        raise ArgumentTypeError(
+            f"input {name!r} is an {optional_type_name(dtype)}: pass a numpy array, or None for an empty one; got "
+            f"{type(value).__name__}"
+        )
+    if element.kind == "O" and value.dtype.kind in "US":
+        value = _as_string_objects(value)
+    if value.dtype != element:
+        raise DtypeError(
+            f"input {name!r} is an {optional_type_name(dtype)}; got an array of {value.dtype} (ortgpu never casts "
+            "silently)"
+        )
+    return optional_box(np.array(value))
+
+
+def _as_output(name: str, value: np.ndarray) -> Any:
+    """A run's output as sessions give it: a sequence as a list of arrays, an optional as None or its element."""
+    if is_optional_box(value):
+        element = optional_element(value)
+        return None if element is None else _as_output(name, element)
+    if is_box(value):
+        return [np.array(a) for a in items(value, name)]
+    return value
+
+
+def _described(info: Any) -> NodeArg:
+    """The :class:`NodeArg` of a model input or output, optionals named as onnxruntime names them."""
+    arg = _node_arg(info)
+    if is_optional_dtype(info.dtype):
+        return NodeArg(arg.name, arg.shape, optional_type_name(info.dtype), arg.dtype)
+    return arg
 
 
 def _as_string_objects(array: npt.NDArray[Any]) -> npt.NDArray[Any]:

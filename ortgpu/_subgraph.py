@@ -33,7 +33,7 @@ import onnx
 from ortgpu_core._errors import InvalidModelError, ModelError, OrtGpuError, ShapeError, UnsupportedOpError
 
 from .ops import Operator, TensorInfo, get_operator
-from .ops.sequences import is_box
+from .ops.optional import element_type_of_proto, is_structured_box
 
 if TYPE_CHECKING:
     from ._model import GraphNode
@@ -145,10 +145,14 @@ class Subgraph:
             kind = value.type.WhichOneof("value")
             if kind == "sequence_type" and value.type.sequence_type.elem_type.HasField("tensor_type"):
                 continue  # a sequence of tensors: a host value (ortgpu.ops.sequences), as in the main graph
+            if kind == "optional_type":
+                # An optional tensor or sequence: a host value (ortgpu.ops.optional); other elements are refused.
+                element_type_of_proto(value.type.optional_type.elem_type, f"{value.name!r} of the {what}")
+                continue
             if kind not in (None, "tensor_type"):
                 raise UnsupportedOpError(
                     f"the {what} has input or output {value.name!r} of type {kind}; ortgpu runs subgraphs on "
-                    "tensors and sequences of tensors only (no maps or optionals)"
+                    "tensors, sequences of tensors and optionals of those only (no maps)"
                 )
         for index, proto in enumerate(graph.node):
             domain = "" if proto.domain == "ai.onnx" else proto.domain
@@ -282,8 +286,9 @@ class Subgraph:
         from ._propagate import _apply_operator_shapes, _infer_with_onnx
 
         node = step.node
-        if any(is_box(value) for value in values):
-            return {}  # onnx would read a sequence (an object box) as a string tensor: the node's run decides
+        if any(is_structured_box(value) for value in values):
+            # onnx would read a sequence or an optional (an object box) as a string tensor: the node's run decides
+            return {}
         key: list[Any] = [id(step)]
         types: dict[str, Any] = {}
         constants: dict[str, np.ndarray] = {}

@@ -146,7 +146,16 @@ class CaseResult:
 
 def compare(expected: Any, actual: Any, rtol: float, atol: float) -> str:
     """ "" when ``actual`` matches ``expected`` as onnx's backend runner checks it, else why not (sequences:
-    lists of arrays, element by element)."""
+    lists of arrays, element by element; an empty optional: None)."""
+    expected_none = expected is None or (
+        isinstance(expected, np.ndarray) and expected.dtype == object and expected.shape == () and expected[()] is None
+    )
+    if expected_none or actual is None:
+        if expected_none and actual is None:
+            return ""
+        if expected_none:
+            return f"got {type(actual).__name__}, expected None (an empty optional)"
+        return f"got None (an empty optional), expected {type(expected).__name__}"
     if isinstance(expected, list) or isinstance(actual, list):
         if not isinstance(expected, list) or not isinstance(actual, list):
             return f"got {type(actual).__name__}, expected {type(expected).__name__}"

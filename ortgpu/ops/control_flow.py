@@ -13,8 +13,9 @@ whose shapes differ from the planned ones is a typed error of the executor, neve
 Limits: a Loop stops with a typed error past :data:`MAX_LOOP_ITERATIONS` iterations or
 :data:`MAX_SCAN_OUTPUT_BYTES` of scan outputs (it may run while the model loads, folding constants).
 
-Loop-carried sequences and branches returning sequences are host values (lists of arrays, see
-:mod:`ortgpu.ops.sequences`); map- and optional-typed values are refused with a typed error when the model loads.
+Loop-carried sequences and optionals, and branches returning them, are host values (boxes, see
+:mod:`ortgpu.ops.sequences` and :mod:`ortgpu.ops.optional`): the bodies pass them on as they are.  Map-typed values
+are refused with a typed error when the model loads.
 """
 
 from __future__ import annotations
@@ -201,7 +202,10 @@ class Loop(_ControlFlow):
         carried: list[np.ndarray] = []
         for index, value in enumerate(declared[2:]):
             if value is None:
-                raise UnsupportedOpError(f"Loop: loop-carried input {index} is absent (optional values unsupported)")
+                raise UnsupportedOpError(
+                    f"Loop: loop-carried input {index} is absent; an absent loop-carried value is not supported (pass "
+                    "an empty optional value instead)"
+                )
             carried.append(value)
         trip = None if trip_input is None else int(_scalar(trip_input, "Loop's trip count M"))
         keep = True if cond_input is None else bool(_scalar(cond_input, "Loop's condition"))

@@ -1,13 +1,29 @@
-"""OptionalHasElement and OptionalGetElement on plain tensors.
+"""ONNX optional values (``optional(tensor)``, ``optional(seq(tensor))``) and the operators on them.
 
-ortgpu holds no optional-typed values: graph inputs of optional (or sequence) type are refused when the model
-loads, and no operator here makes one.  So the input of these operators is either a tensor or absent (an empty
-input name), and:
+An optional value is either *empty* or holds one element: a tensor or a sequence (a box of
+:mod:`ortgpu.ops.sequences`).  Like a sequence it is a host value: inside ortgpu it is a 0-d numpy object array
+(an "optional box", :func:`optional_box`) whose one item is an :class:`OptionalValue`; its dtype equals
+``object`` (so the planner, the executor and the runner treat it as a host value: no device slot, every node that
+reads or writes one runs on the CPU) and carries ``metadata={"optional": (element dtype, present, shape)}``:
 
-* ``OptionalHasElement`` (opset 15/18): true for a tensor, false for an absent input.  The answer is known when
-  the node is planned, but it is one bool: it runs on the CPU.
-* ``OptionalGetElement`` (opset 15/18): a tensor is returned unchanged (its device plan aliases the input
-  buffer); an absent input is an error (the spec leaves it undefined).
+* element dtype: the tensor's numpy dtype, or a sequence dtype (:func:`~ortgpu.ops.sequences.sequence_dtype`,
+  whose metadata carries the element shapes when known);
+* present: ``True``/``False`` for a value (its dtype says whether it holds an element), ``None`` for a declared
+  type (a graph input before a run);
+* shape: a present tensor's shape (``None`` otherwise).
+
+Plans are made for a run's optional inputs' states (:func:`host_signature`: empty or present, and the element's
+shapes), as for sequences.  Sessions take and give ``None`` for an empty optional, else the element as a plain
+array (a tensor) or a list of arrays (a sequence).
+
+Operators:
+
+* ``Optional`` (opset 15): with an input, an optional holding it; without one, an empty optional of the ``type``
+  attribute's type.
+* ``OptionalHasElement`` (opset 15/18): true iff the input holds an element; a plain tensor or sequence input is
+  true, an absent input (an empty input name, opset 18) false.
+* ``OptionalGetElement`` (opset 15/18): the element; a plain tensor or sequence is returned unchanged (a tensor's
+  device plan aliases the input buffer); an empty optional or an absent input is a typed error.
 """
 
 from __future__ import annotations
@@ -16,16 +32,234 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import ModelError
+from ortgpu_core._errors import InvalidArgumentError, ModelError, UnsupportedOpError
 
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
+from .sequences import box, element_dtype_of, element_shapes_of, is_box, is_sequence_dtype, sequence_dtype
 
-__all__ = ["OptionalHasElement", "OptionalGetElement"]
+__all__ = [
+    "OPTIONAL_REASON",
+    "OptionalValue",
+    "optional_dtype",
+    "is_optional_dtype",
+    "optional_element_dtype",
+    "optional_present",
+    "optional_box",
+    "is_optional_box",
+    "optional_element",
+    "is_structured_dtype",
+    "is_structured_box",
+    "host_signature",
+    "probe_value",
+    "optional_type_name",
+    "value_dtype_matches",
+    "element_type_of_proto",
+    "Optional",
+    "OptionalHasElement",
+    "OptionalGetElement",
+]
+
+#: Why a node that reads or writes an optional value runs on the CPU.
+OPTIONAL_REASON = "optional values live on the host"
+
+
+class OptionalValue:
+    """The item of an optional box: ``element`` is None (empty) or the tensor / sequence box it holds."""
+
+    __slots__ = ("element",)
+
+    def __init__(self, element: np.ndarray | None) -> None:
+        self.element = element
+
+    def __repr__(self) -> str:
+        return "OptionalValue(empty)" if self.element is None else f"OptionalValue({self.element!r})"
+
+
+def optional_dtype(
+    element: np.dtype[Any], present: bool | None = None, shape: tuple[int, ...] | None = None
+) -> np.dtype[Any]:
+    """The object dtype of an optional value (see the module docstring)."""
+    return np.dtype(object, metadata={"optional": (element, present, shape)})
+
+
+def is_optional_dtype(dtype: np.dtype[Any]) -> bool:
+    return dtype.metadata is not None and "optional" in dtype.metadata
+
+
+def optional_element_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The element type of optional dtype ``dtype``: a numpy dtype (a tensor) or a sequence dtype."""
+    assert is_optional_dtype(dtype)
+    element: np.dtype[Any] = dtype.metadata["optional"][0]  # type: ignore[index]
+    return element
+
+
+def optional_present(dtype: np.dtype[Any]) -> tuple[bool | None, tuple[int, ...] | None]:
+    """(present, shape) of optional dtype ``dtype`` (None, None for a declared type)."""
+    assert is_optional_dtype(dtype)
+    _, present, shape = dtype.metadata["optional"]  # type: ignore[index]
+    return present, shape
+
+
+def optional_box(element: np.ndarray | None, element_dtype: np.dtype[Any] | None = None) -> np.ndarray:
+    """An optional value holding ``element`` (a tensor or a sequence box), or an empty one of ``element_dtype``."""
+    if element is None:
+        if element_dtype is None:
+            raise ModelError("an empty optional value needs its element type")
+        dtype = optional_dtype(element_dtype, False, None)
+    elif is_optional_box(element):
+        raise ModelError("an optional value cannot hold an optional value")
+    elif is_box(element):
+        dtype = optional_dtype(element.dtype, True, None)
+    else:
+        element = np.asarray(element)
+        dtype = optional_dtype(element.dtype, True, tuple(int(d) for d in element.shape))
+    out = np.empty((), dtype=dtype)
+    out[()] = OptionalValue(element)
+    return out
+
+
+def is_optional_box(value: object) -> bool:
+    return (
+        isinstance(value, np.ndarray)
+        and value.dtype == object
+        and value.shape == ()
+        and isinstance(value[()], OptionalValue)
+    )
+
+
+def optional_element(value: np.ndarray) -> np.ndarray | None:
+    """The element an optional box holds (None: empty)."""
+    item = value[()]
+    assert isinstance(item, OptionalValue)
+    return item.element
+
+
+def is_structured_dtype(dtype: np.dtype[Any]) -> bool:
+    """Whether ``dtype`` is a sequence's or an optional's (a host value whose plans depend on its structure)."""
+    return is_sequence_dtype(dtype) or is_optional_dtype(dtype)
+
+
+def is_structured_box(value: object) -> bool:
+    """Whether ``value`` is a sequence box or an optional box (no tensor onnx's inference could type)."""
+    return is_box(value) or is_optional_box(value)
+
+
+def host_signature(dtype: np.dtype[Any]) -> Any:
+    """What the plans of a graph reading a value of ``dtype`` depend on: a sequence's element dtype and shapes, an
+    optional's element type, presence and shapes; None for a tensor."""
+    if is_sequence_dtype(dtype):
+        return ("seq", str(element_dtype_of(dtype)), element_shapes_of(dtype))
+    if is_optional_dtype(dtype):
+        element = optional_element_dtype(dtype)
+        present, shape = optional_present(dtype)
+        return ("optional", host_signature(element) or str(element), present, shape)
+    return None
+
+
+def value_dtype_matches(declared: np.dtype[Any], given: np.dtype[Any]) -> bool:
+    """Whether a value of dtype ``given`` fits the declared element type ``declared`` (tensor or sequence)."""
+    if is_sequence_dtype(declared) or is_sequence_dtype(given):
+        if not (is_sequence_dtype(declared) and is_sequence_dtype(given)):
+            return False
+        want, got = element_dtype_of(declared), element_dtype_of(given)
+        return want is None or got is None or want == got
+    return bool(declared == given)
+
+
+def probe_value(dtype: np.dtype[Any]) -> np.ndarray | None:
+    """A value of structured ``dtype`` made of zeros (what shape probes run on); None when its structure is not
+    known (a declared type)."""
+    if is_sequence_dtype(dtype):
+        shapes, element = element_shapes_of(dtype), element_dtype_of(dtype)
+        if shapes is None or element is None:
+            return None
+        return box([np.zeros(shape, dtype=element) for shape in shapes], element)
+    if is_optional_dtype(dtype):
+        element = optional_element_dtype(dtype)
+        present, shape = optional_present(dtype)
+        if present is None:
+            return None
+        if not present:
+            return optional_box(None, element)
+        if is_sequence_dtype(element):
+            inner = probe_value(element)
+            return None if inner is None else optional_box(inner)
+        return None if shape is None else optional_box(np.zeros(shape, dtype=element))
+    return None
+
+
+def optional_type_name(dtype: np.dtype[Any]) -> str:
+    """onnxruntime's name of an optional type: ``optional(tensor(float))``, ``optional(seq(tensor(float)))``."""
+    from ortgpu_core._dtypes import onnx_type_name
+
+    def tensor_name(element: np.dtype[Any]) -> str:
+        return "tensor(string)" if element.kind == "O" else onnx_type_name(element)
+
+    element = optional_element_dtype(dtype)
+    if is_sequence_dtype(element):
+        inner = element_dtype_of(element)
+        return f"optional(seq({tensor_name(inner) if inner is not None else 'tensor(undefined)'}))"
+    return f"optional({tensor_name(element)})"
+
+
+def element_type_of_proto(type_proto: Any, what: str) -> np.dtype[Any]:
+    """The element dtype (a numpy dtype, or a sequence dtype) of an ONNX ``TypeProto`` of a tensor or a sequence of
+    tensors; other types are refused."""
+    from .._model import onnx_dtype_to_numpy
+
+    kind = type_proto.WhichOneof("value")
+    if kind == "tensor_type" and type_proto.tensor_type.elem_type:
+        return np.dtype(onnx_dtype_to_numpy(type_proto.tensor_type.elem_type, what))
+    if kind == "sequence_type":
+        inner = type_proto.sequence_type.elem_type
+        if inner.WhichOneof("value") == "tensor_type" and inner.tensor_type.elem_type:
+            return sequence_dtype(np.dtype(onnx_dtype_to_numpy(inner.tensor_type.elem_type, what)))
+    raise UnsupportedOpError(
+        f"{what}: an optional of {kind or 'an untyped value'} ({type_proto}); ortgpu supports optionals of typed "
+        "tensors and of sequences of typed tensors only"
+    )
+
+
+class _OptionalOp(Operator):
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        raise NotOnDevice(OPTIONAL_REASON)
 
 
 @register
-class OptionalHasElement(Operator):
+class Optional(_OptionalOp):
+    op_type = "Optional"
+    since_version = 15
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        value = inputs[0] if inputs else None
+        declared = attrs.get("type")
+        element = None if declared is None else element_type_of_proto(declared, "Optional's type attribute")
+        if value is None:
+            if element is None:
+                raise ModelError("Optional: without an input the node needs its 'type' attribute")
+            return [optional_box(None, element)]
+        if is_optional_box(value):
+            raise ModelError("Optional: its input is an optional value; it takes a tensor or a sequence")
+        if element is not None and not value_dtype_matches(element, value.dtype):
+            raise ModelError(f"Optional: its input's type differs from its 'type' attribute ({declared})")
+        return [optional_box(value)]
+
+
+@register
+class OptionalHasElement(_OptionalOp):
     op_type = "OptionalHasElement"
     since_version = 15
 
@@ -35,7 +269,13 @@ class OptionalHasElement(Operator):
         attrs: Mapping[str, Any],
         outputs: Sequence[TensorInfo],
     ) -> list[np.ndarray]:
-        present = bool(inputs) and inputs[0] is not None
+        value = inputs[0] if inputs else None
+        if value is None:
+            present = False
+        elif is_optional_box(value):
+            present = optional_element(value) is not None
+        else:
+            present = True  # a tensor or a sequence (opset 18 takes them): it is there
         return [np.array(present, dtype=np.bool_)]
 
     def plan(
@@ -50,7 +290,7 @@ class OptionalHasElement(Operator):
 
 
 @register
-class OptionalGetElement(Operator):
+class OptionalGetElement(_OptionalOp):
     op_type = "OptionalGetElement"
     since_version = 15
 
@@ -60,9 +300,15 @@ class OptionalGetElement(Operator):
         attrs: Mapping[str, Any],
         outputs: Sequence[TensorInfo],
     ) -> list[np.ndarray]:
-        if not inputs or inputs[0] is None:
-            raise ModelError("OptionalGetElement: the input is empty (has no element); the spec leaves that undefined")
-        return [inputs[0]]
+        value = inputs[0] if inputs else None
+        if value is None:
+            raise InvalidArgumentError("OptionalGetElement: the input is absent (it has no element)")
+        if is_optional_box(value):
+            element = optional_element(value)
+            if element is None:
+                raise InvalidArgumentError("OptionalGetElement: the optional input is empty (it has no element)")
+            return [element]
+        return [value]
 
     def plan(
         self,
@@ -73,5 +319,5 @@ class OptionalGetElement(Operator):
         constants: Mapping[int, np.ndarray],
     ) -> OpPlan:
         if not inputs or inputs[0] is None:
-            raise NotOnDevice("OptionalGetElement: an empty input is an error, reported on the CPU")
+            raise NotOnDevice("OptionalGetElement: an absent input is an error, reported on the CPU")
         return OpPlan(alias={0: 0})
