@@ -38,8 +38,10 @@ from ortgpu_core import (
     UnsupportedOpError,
     ValidationError,
     WebGPU,
+    copy_tensors,
     get_env,
     transfer_route,
+    transfer_routes,
 )
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
 from ortgpu_core._graph import CapturedGraph
@@ -69,6 +71,8 @@ __all__ = [
     "FrozenIOBinding",
     "CapturedGraph",
     "transfer_route",
+    "transfer_routes",
+    "copy_tensors",
     "OrtGpuError",
     "ProvenanceError",
     "CaptureStateError",

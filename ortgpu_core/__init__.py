@@ -9,7 +9,8 @@ from ._allocator import DeviceAllocator, SessionAllocator, SharedAllocator
 from ._env import Device, Env, get_env
 from ._errors import *  # noqa: F401,F403
 from ._errors import __all__ as _error_names
-from ._transfer import transfer, transfer_route
+from ._routes import Endpoint, Route, register_foreign_kind, register_route, route_counts, unregister_route
+from ._transfer import copy_tensors, transfer, transfer_route, transfer_routes
 from ._value import CPU, DeviceBuffer, OrtValue, Provenance, WebGPU
 
 __all__ = [
@@ -27,4 +28,12 @@ __all__ = [
     "SessionAllocator",
     "transfer",
     "transfer_route",
+    "transfer_routes",
+    "copy_tensors",
+    "Route",
+    "Endpoint",
+    "register_route",
+    "unregister_route",
+    "register_foreign_kind",
+    "route_counts",
 ]

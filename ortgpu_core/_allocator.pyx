@@ -23,6 +23,7 @@ from ._env cimport Device, Env
 from ._value cimport DeviceBuffer, OrtValue, Provenance, make_device_value
 from ._value import check_shape, padded_size
 from ._dtypes import as_dtype, check_device_dtype
+from ._dlpack import host_array, is_dlpack_producer
 from ._errors import ArgumentTypeError, NotCopyable, OutOfMemoryError, ReleasedValueError, ShapeError
 
 _CREATE = object()
@@ -96,7 +97,12 @@ cdef class DeviceAllocator:
     def from_numpy(self, array):
         """A device value holding a copy of ``array`` (its dtype and shape kept exactly)."""
         if not isinstance(array, np.ndarray):
-            raise ArgumentTypeError(f"from_numpy needs a numpy array, got {type(array).__name__}; wrap it with np.asarray(...)")
+            if not is_dlpack_producer(array):
+                raise ArgumentTypeError(
+                    f"from_numpy needs a numpy array or a DLPack tensor, got {type(array).__name__}; "
+                    f"wrap it with np.asarray(...)"
+                )
+            array = host_array(array, "from_numpy")
         value = self.empty(array.shape, array.dtype)
         try:
             value.update_inplace(array)

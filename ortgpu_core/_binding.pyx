@@ -22,6 +22,7 @@ import threading
 import numpy as np
 
 from ._value cimport OrtValue, DeviceBuffer
+from ._dlpack import host_array, is_dlpack_producer
 from ._errors import ArgumentTypeError, CaptureStateError, NotCopyable, UnsafeAccessError, ReleasedValueError
 
 
@@ -185,7 +186,11 @@ cdef class IOBinding(_BindingView):
     def bind_cpu_input(self, name, array):
         """Bind input ``name`` to a host array, for ordinary (uncaptured) runs only."""
         if not isinstance(array, np.ndarray):
-            raise ArgumentTypeError(f"bind_cpu_input({name!r}, ...) needs a numpy array, got {type(array).__name__}")
+            if not is_dlpack_producer(array):
+                raise ArgumentTypeError(
+                    f"bind_cpu_input({name!r}, ...) needs a numpy array or a DLPack tensor, got {type(array).__name__}"
+                )
+            array = host_array(array, f"bind_cpu_input({name!r})")
         with self._lock:
             self._check_mutable(f"bind input {name!r}")
             self._owner.check_bind(name, array, "cpu-input")

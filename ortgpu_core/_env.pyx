@@ -159,6 +159,12 @@ cdef class Env:
         self._closed = False
         self._shared_allocators = {}
         self._sessions = weakref.WeakSet()  # sessions on this Env's devices, closed first by close()
+        foreign_kinds = getattr(self._backend, "foreign_kinds", None)
+        if foreign_kinds is not None:
+            # A backend's own tensor kinds (the fake backend's "other GPU") join the transfer route table.
+            from ._routes import register_foreign_kind
+            for kind in foreign_kinds():
+                register_foreign_kind(kind)
         adapters = sorted(self._backend.enumerate_adapters(), key=_preference)
         self._devices = [Device._create(self, self._backend, info, i) for i, info in enumerate(adapters)]
 

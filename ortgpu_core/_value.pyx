@@ -38,6 +38,7 @@ from ._errors import (
     refuse_copy,
 )
 from ._dtypes import as_dtype, onnx_element_type, onnx_type_name
+from ._dlpack import host_array, is_dlpack_producer
 
 _generations = itertools.count(1)
 
@@ -380,11 +381,25 @@ cdef class OrtValue:
         onnxruntime does), or uploaded to ``env.devices[device_id]`` of the
         default Env through its shared allocator (``device_type="webgpu"``)."""
         if not isinstance(array, np.ndarray):
-            raise ArgumentTypeError(f"ortvalue_from_numpy needs a numpy array, got {type(array).__name__}; wrap it with np.asarray(...)")
+            if not is_dlpack_producer(array):
+                raise ArgumentTypeError(
+                    f"ortvalue_from_numpy needs a numpy array or a DLPack tensor, got {type(array).__name__}; "
+                    f"wrap it with np.asarray(...)"
+                )
+            array = host_array(array, "ortvalue_from_numpy")
         if device_type == "cpu":
             as_dtype(array.dtype)
             return make_cpu_value(np.ascontiguousarray(array))
         return _default_allocator(device_type, device_id).from_numpy(array)
+
+    @staticmethod
+    def from_dlpack(tensor, device_type="cpu", int device_id=0):
+        """A value from a DLPack tensor (PyTorch, CuPy, JAX, numpy...) or a numpy array, as
+        :meth:`ortvalue_from_numpy` makes one: host tensors are shared without a copy where the layout allows
+        (``device_type="cpu"``); tensors in another runtime's device memory are copied to the host by their
+        producer (DLPack 1.0 ``dl_device``/``copy``), never read through their pointer; if the producer cannot,
+        ``TransferRoutingError`` says how to move them (e.g. ``tensor.cpu()``)."""
+        return OrtValue.ortvalue_from_numpy(host_array(tensor, "OrtValue.from_dlpack"), device_type, device_id)
 
     @staticmethod
     def ortvalue_from_shape_and_type(shape, element_type, device_type="cpu", int device_id=0):
@@ -420,6 +435,10 @@ cdef class OrtValue:
         if self._buffer is not None:
             self._buffer.check_alive(what)
         return 0
+
+    def _require_usable(self, what):
+        """Raise ``ReleasedValueError`` unless the value (and its buffer and device) can be used.  Internal."""
+        self._check_usable(what)
 
     cdef DeviceBuffer device_buffer(self):
         return self._buffer
@@ -515,10 +534,18 @@ cdef class OrtValue:
         """
         self._check_usable("update the value")
         if not isinstance(array, np.ndarray):
-            raise ArgumentTypeError(
-                f"update_inplace needs a numpy array of dtype {self._dtype} and shape {list(self._shape)}, "
-                f"got {type(array).__name__}"
-            )
+            if not is_dlpack_producer(array) and not isinstance(array, OrtValue):
+                from ._routes import endpoint
+                try:
+                    endpoint(array)  # a registered foreign kind routes; anything else is refused here
+                except ArgumentTypeError:
+                    raise ArgumentTypeError(
+                        f"update_inplace needs a numpy array (or a DLPack tensor) of dtype {self._dtype} and shape "
+                        f"{list(self._shape)}, got {type(array).__name__}"
+                    ) from None
+            from ._routes import run_transfer
+            run_transfer(array, self, False, "update_inplace")
+            return
         if array.dtype != self._dtype:
             raise DtypeError(
                 f"update_inplace got dtype {array.dtype} for {self.provenance.describe()} of dtype {self._dtype}; "
@@ -543,10 +570,14 @@ cdef class OrtValue:
             return self._array.copy()
         return self._buffer.read(self._shape, self._dtype)
 
-    def copy_from(self, source):
-        """Copy ``source`` (same dtype and shape) into this value, routed by placement and device identity."""
-        from ._transfer import transfer
-        transfer(source, self)
+    def copy_from(self, source, allow_cross_device=False):
+        """Copy ``source`` (same dtype and shape) into this value, routed by the route table of
+        :mod:`ortgpu_core._routes` (kind, device identity, Env).  ``source`` may be an OrtValue, a numpy array, a
+        DLPack tensor or a tensor of a registered foreign kind.  A copy from another WebGPU device (or another
+        Env) is staged through the host, only when asked: ``allow_cross_device=True``; otherwise it raises
+        ``TransferRoutingError``."""
+        from ._routes import run_transfer
+        run_transfer(source, self, bool(allow_cross_device), "copy_from")
 
     def release(self):
         """Free a device value's buffer now (CPU values drop their array).

@@ -52,7 +52,9 @@ def test_device_identity_is_the_adapter_not_the_numbers() -> None:
         assert first is not second and first != second
         a = env.shared_allocator(first).from_numpy(np.ones(2, np.float32))
         b = env.shared_allocator(second).empty((2,), "float32")
-        assert core.transfer_route(a, b) == "staged-host"
+        with pytest.raises(core.TransferRoutingError, match="allow_cross_device=True"):
+            core.transfer_route(a, b)  # a cross-device copy is staged through the host only when asked
+        assert core.transfer_route(a, b, allow_cross_device=True) == "staged-host"
 
 
 def test_envs_are_independent() -> None:
@@ -105,8 +107,10 @@ def test_vulkan_and_opengl_adapters_of_one_gpu_are_different_devices() -> None:
         assert env.default_device is vulkan
         a = env.shared_allocator(vulkan).from_numpy(np.arange(4, dtype=np.float32))
         b = env.shared_allocator(opengl).empty((4,), "float32")
-        assert core.transfer_route(a, b) == "staged-host"  # never a device copy between the two
-        b.copy_from(a)
+        with pytest.raises(core.TransferRoutingError, match="allow_cross_device=True"):
+            b.copy_from(a)  # never a device copy between the two; host staging only when asked
+        assert core.transfer_route(a, b, allow_cross_device=True) == "staged-host"
+        b.copy_from(a, allow_cross_device=True)
         np.testing.assert_array_equal(b.to_numpy(), np.arange(4, dtype=np.float32))
         del a, b
 

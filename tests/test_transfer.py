@@ -34,13 +34,18 @@ def test_device_copy_is_ordered_after_earlier_writes(env: core.Env) -> None:
         np.testing.assert_array_equal(target.to_numpy(), np.full(64, step, np.float32))
 
 
-def test_cross_env_copy_is_a_provenance_error(env: core.Env) -> None:
+def test_cross_env_copy_needs_the_staging_flag(env: core.Env) -> None:
     with core.Env(backend="fake") as other:
         foreign = other.shared_allocator().from_numpy(np.ones(2, np.float32))
         local = env.shared_allocator().empty((2,), "float32")
-        with pytest.raises(core.ProvenanceError, match="different Envs"):
+        with pytest.raises(core.TransferRoutingError, match="different Envs") as raised:
             local.copy_from(foreign)
+        assert "allow_cross_device=True" in str(raised.value)
+        del raised
         np.testing.assert_array_equal(local.to_numpy(), np.zeros(2, np.float32))
+        assert core.transfer_route(foreign, local, allow_cross_device=True) == "staged-host"
+        local.copy_from(foreign, allow_cross_device=True)
+        np.testing.assert_array_equal(local.to_numpy(), np.ones(2, np.float32))
         del foreign
 
 
@@ -51,5 +56,7 @@ def test_copy_checks_dtype_and_shape(env: core.Env) -> None:
         a.copy_from(shared.empty((4,), "int32"))
     with pytest.raises(core.ShapeError):
         a.copy_from(shared.empty((5,), "float32"))
-    with pytest.raises(TypeError, match="OrtValues"):
-        a.copy_from(np.zeros(4, np.float32))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="cannot transfer str"):
+        a.copy_from("data")  # type: ignore[arg-type]
+    a.copy_from(np.ones(4, np.float32))  # numpy arrays (any DLPack tensor) are sources too
+    np.testing.assert_array_equal(a.to_numpy(), np.ones(4, np.float32))

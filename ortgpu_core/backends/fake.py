@@ -74,13 +74,14 @@ from ._fake_device_base import (
 from ._fake_execution import _FakeExecution
 from ._fake_faults import FakeFaults, InjectedFault
 from ._fake_wgsl import _COMMENTS, _check_entry_point, _declared_bindings, _writable_aliasing
-from .protocol import AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
+from .protocol import AdapterInfo, BindingEntry, DeviceLimits, ForeignKind, KernelTwin
 
 __all__ = [
     "FAKE_VENDOR_ID",
     "FAKE_DEVICE_ID",
     "DEFAULT_FAKE_LIMITS",
     "DEFAULT_FAKE_DEVICE",
+    "fake_adapters",
     "fake_limits",
     "FakeDeviceSpec",
     "FakeDeviceStats",
@@ -145,6 +146,17 @@ class FakeDeviceSpec:
 
 #: The adapter a ``FakeBackend()`` offers when no specs are given.
 DEFAULT_FAKE_DEVICE: Final = FakeDeviceSpec()
+
+
+def fake_adapters(count: int) -> tuple[FakeDeviceSpec, ...]:
+    """``count`` fake adapters with one vendor id and device ids 1, 2, ... (``FakeBackend(fake_adapters(2))``: an
+    Env with two devices that share their vendor, as the Vulkan and OpenGL adapters of one GPU do)."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InvalidArgumentError(f"count must be an int >= 1, not {count!r}")
+    return tuple(
+        dataclasses.replace(DEFAULT_FAKE_DEVICE, device_id=FAKE_DEVICE_ID + i, name=f"Fake WebGPU device {i}")
+        for i in range(count)
+    )
 
 
 class FakeDevice(_FakeExecution):
@@ -426,6 +438,13 @@ class FakeBackend:
         :data:`FREED_RECORDS_KEPT` freed ones."""
         with self._lock:
             return len(self._records) + len(self._freed)
+
+    def foreign_kinds(self) -> tuple[ForeignKind, ...]:
+        """Tensor kinds of other runtimes this backend brings (registered in the core's route table when an Env
+        is created on it): the fake "other GPU" (:mod:`._fake_foreign`), for routing tests."""
+        from ._fake_foreign import FAKE_OTHER_GPU_KIND
+
+        return (FAKE_OTHER_GPU_KIND,)
 
     def enumerate_adapters(self) -> list[AdapterInfo]:
         """One :class:`AdapterInfo` per spec, ``index`` being its position."""

@@ -33,6 +33,8 @@ from ._commands import CommandList
 __all__ = [
     "AdapterInfo",
     "DeviceLimits",
+    "ForeignTensorInfo",
+    "ForeignKind",
     "BindingEntry",
     "KernelTwin",
     "Backend",
@@ -90,6 +92,37 @@ class DeviceLimits:
     max_compute_workgroup_storage_size: int
     min_storage_buffer_offset_alignment: int
     min_uniform_buffer_offset_alignment: int
+
+
+@dataclass(frozen=True)
+class ForeignTensorInfo:
+    """What a foreign tensor (one of another runtime, not a WebGPU buffer) says about itself, for routing."""
+
+    vendor_id: int
+    device_id: int
+    device: object  # the device object: two tensors are on one device when these are the same object
+    owner: str  # e.g. "a tensor of <FakeForeignDevice 'Fake other GPU'>"
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+
+@dataclass(frozen=True, eq=False)
+class ForeignKind:
+    """A kind of tensor ortgpu does not own (another runtime's device memory), with the transfers its own
+    runtime performs.  A backend offers its kinds from ``foreign_kinds()``; the core's route table
+    (:func:`ortgpu_core.register_foreign_kind`) turns them into routes that call only these functions, so
+    foreign memory is never handed to a WebGPU function.
+
+    ``read(t)`` copies ``t`` to a new host array (its runtime's download), ``write(t, array)`` copies a host
+    array into ``t``, ``copy(src, dst)`` copies between two tensors of one device.
+    """
+
+    kind: str
+    owns: Callable[[object], bool]
+    info: Callable[[Any], ForeignTensorInfo]
+    read: Callable[[Any], np.ndarray[Any, Any]]
+    write: Callable[[Any, np.ndarray[Any, Any]], None]
+    copy: Callable[[Any, Any], None]
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,16 @@ from ._errors import TransferRoutingError as TransferRoutingError
 from ._errors import UnsafeAccessError as UnsafeAccessError
 from ._errors import UnsupportedOpError as UnsupportedOpError
 from ._errors import ValidationError as ValidationError
+from ._routes import Endpoint as Endpoint
+from ._routes import Route as Route
+from ._routes import register_foreign_kind as register_foreign_kind
+from ._routes import register_route as register_route
+from ._routes import route_counts as route_counts
+from ._routes import unregister_route as unregister_route
+from ._transfer import copy_tensors as copy_tensors
 from ._transfer import transfer as transfer
 from ._transfer import transfer_route as transfer_route
+from ._transfer import transfer_routes as transfer_routes
 from ._value import CPU as CPU
 from ._value import DeviceBuffer as DeviceBuffer
 from ._value import OrtValue as OrtValue
@@ -60,4 +68,12 @@ __all__ = [
     "SessionAllocator",
     "transfer",
     "transfer_route",
+    "transfer_routes",
+    "copy_tensors",
+    "Route",
+    "Endpoint",
+    "register_route",
+    "unregister_route",
+    "register_foreign_kind",
+    "route_counts",
 ]

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Never
 
+from ._dlpack import SupportsDLPack
 from ._env import Device
 
 @final
@@ -97,12 +98,22 @@ class OrtValue(Generic[_PlacementT]):
     @overload
     @staticmethod
     def ortvalue_from_numpy(
-        array: npt.NDArray[Any], device_type: Literal["cpu"] = "cpu", device_id: int = 0
+        array: npt.NDArray[Any] | SupportsDLPack, device_type: Literal["cpu"] = "cpu", device_id: int = 0
     ) -> OrtValue[CPU]: ...
     @overload
     @staticmethod
     def ortvalue_from_numpy(
-        array: npt.NDArray[Any], device_type: Literal["webgpu"], device_id: int = 0
+        array: npt.NDArray[Any] | SupportsDLPack, device_type: Literal["webgpu"], device_id: int = 0
+    ) -> OrtValue[WebGPU]: ...
+    @overload
+    @staticmethod
+    def from_dlpack(
+        tensor: npt.NDArray[Any] | SupportsDLPack, device_type: Literal["cpu"] = "cpu", device_id: int = 0
+    ) -> OrtValue[CPU]: ...
+    @overload
+    @staticmethod
+    def from_dlpack(
+        tensor: npt.NDArray[Any] | SupportsDLPack, device_type: Literal["webgpu"], device_id: int = 0
     ) -> OrtValue[WebGPU]: ...
     @overload
     @staticmethod
@@ -124,6 +135,7 @@ class OrtValue(Generic[_PlacementT]):
     def provenance(self) -> Provenance: ...
     @property
     def _device_buffer(self) -> DeviceBuffer | None: ...
+    def _require_usable(self, what: str) -> None: ...
     def shape(self) -> list[int]: ...
     @property
     def dtype(self) -> np.dtype[Any]: ...
@@ -148,7 +160,12 @@ class OrtValue(Generic[_PlacementT]):
         self: OrtValue[CPU], dtype: npt.DTypeLike | None = None, copy: bool | None = None
     ) -> npt.NDArray[Any]: ...
     # Both placements.
-    def update_inplace(self, array: npt.NDArray[Any]) -> None: ...
+    # ``array``/``source``: also a tensor of a registered foreign kind (routed by ortgpu_core._routes).
+    def update_inplace(self, array: npt.NDArray[Any] | SupportsDLPack | object) -> None: ...
     def to_numpy(self) -> npt.NDArray[Any]: ...
-    def copy_from(self, source: OrtValue[CPU] | OrtValue[WebGPU]) -> None: ...
+    def copy_from(
+        self,
+        source: OrtValue[CPU] | OrtValue[WebGPU] | npt.NDArray[Any] | SupportsDLPack | object,
+        allow_cross_device: bool = False,
+    ) -> None: ...
     def release(self) -> None: ...
