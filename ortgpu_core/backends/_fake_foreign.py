@@ -70,6 +70,10 @@ class FakeForeignTensor:
         dtype: np.dtype[Any] = self._memory.dtype
         return dtype
 
+    def numpy(self) -> np.ndarray[Any, Any]:
+        """A copy of the tensor's data without a logged transfer (what tests compare with)."""
+        return self._memory.copy()
+
     def __repr__(self) -> str:
         return f"<FakeForeignTensor {self.id} shape={list(self.shape)} dtype={self.dtype} on {self.device!r}>"
 
