@@ -128,7 +128,7 @@ def test_update_inplace_and_copy_from_take_dlpack(env: core.Env) -> None:
         with pytest.raises(core.DtypeError, match="bfloat16"):
             target.update_inplace(FakeDLPackTensor(data, dtype_code=4, bits=16))
         with pytest.raises(core.ArgumentTypeError, match="DLPack"):
-            target.update_inplace([1, 2, 3])
+            target.update_inplace([1, 2, 3])  # type: ignore[arg-type]
         np.testing.assert_array_equal(target.to_numpy(), before)  # refused updates change nothing
     uploaded = shared.from_numpy(FakeDLPackTensor(data))
     np.testing.assert_array_equal(uploaded.to_numpy(), data)
@@ -193,6 +193,11 @@ def test_torch_tensors_where_installed(env: core.Env) -> None:
     with pytest.raises(core.DtypeError, match="bfloat16"):
         host_array(cpu_tensor.to(torch.bfloat16), "t")
     if torch.cuda.is_available():
-        value.update_inplace(cpu_tensor.cuda() * 2)
+        before = core.route_counts()
+        value.update_inplace(cpu_tensor.cuda() * 2)  # torch makes the host copy; WebGPU gets host memory
         np.testing.assert_array_equal(value.to_numpy(), data * 2)
+        after = core.route_counts()
+        ran = {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)}
+        assert ran == {"dlpack-host-copy": 1}, ran
+        print(f"torch CUDA update_inplace ran routes {ran}")
     del value
