@@ -122,7 +122,7 @@ def test_foreign_values_never_reach_a_webgpu_transfer(env: core.Env) -> None:
         before = core.route_counts()
         # Into WebGPU memory: no route, whatever the vendor ids say; nothing changes on either end.
         with pytest.raises(core.TransferRoutingError):
-            webgpu.update_inplace(foreign)
+            webgpu.update_inplace(foreign)  # type: ignore[arg-type]
         with pytest.raises(core.TransferRoutingError):
             webgpu.copy_from(foreign, allow_cross_device=True)
         with pytest.raises(core.TransferRoutingError):
