@@ -269,9 +269,9 @@ def select_route(source: Endpoint, destination: Endpoint, allow_cross_device: bo
             accepted.append(route)
         else:
             refusals.append(f"{route.name}: {why}")
-    ends = f"from {source.describe()} to {destination.describe()}"
     if len(accepted) == 1:
         return accepted[0]
+    ends = f"from {source.describe()} to {destination.describe()}"
     if accepted:
         raise TransferRoutingError(
             f"several transfer routes accept a copy {ends}: {', '.join(r.name for r in accepted)}; "
