@@ -429,8 +429,8 @@ def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
     if value.type.HasField("optional_type"):
         # An optional tensor or sequence: a host value (see ortgpu.ops.optional); whether it holds an element, and
         # the element's shapes, come with each run's value.
-        element = element_type_of_proto(value.type.optional_type.elem_type, f"{what} {value.name!r}")
-        return ValueInfo(value.name, (), optional_dtype(element))
+        held = element_type_of_proto(value.type.optional_type.elem_type, f"{what} {value.name!r}")
+        return ValueInfo(value.name, (), optional_dtype(held))
     if not value.type.HasField("tensor_type"):
         raise UnsupportedOpError(f"{what} {value.name!r} is not a tensor (maps are not supported)")
     dtype = onnx_dtype_to_numpy(value.type.tensor_type.elem_type, f"{what} {value.name!r}")
