@@ -45,6 +45,13 @@ def two_adapters(backend_name: str) -> Iterator[core.Env]:
         yield env
 
 
+@pytest.fixture(scope="module")
+def other_env(two_adapters: core.Env, backend_name: str) -> Iterator[core.Env]:
+    """A second Env on the same (default) adapter: its device shares the ids but not the memory."""
+    with core.Env(backend="fake" if backend_name == "fake" else "wgpu") as env:
+        yield env
+
+
 def test_env_lists_every_adapter(two_adapters: core.Env, backend_name: str) -> None:
     devices = two_adapters.devices
     assert len(devices) >= 2
@@ -124,11 +131,21 @@ def test_session_takes_only_values_of_its_own_device(two_adapters: core.Env) -> 
 
 
 # -- property: every (source, destination) pair equals numpy's copy or raises TransferRoutingError ------------
-SOURCES = ("cpu", "numpy", "dlpack-cpu", "dlpack-cuda", "dlpack-cuda-no-host-copy", "webgpu0", "webgpu1", "foreign")
-DESTINATIONS = ("cpu", "numpy", "webgpu0", "webgpu1", "foreign")
+SOURCES = (
+    "cpu",
+    "numpy",
+    "dlpack-cpu",
+    "dlpack-cuda",
+    "dlpack-cuda-no-host-copy",
+    "webgpu0",
+    "webgpu1",
+    "webgpu-other-env",
+    "foreign",
+)
+DESTINATIONS = ("cpu", "numpy", "webgpu0", "webgpu1", "webgpu-other-env", "foreign")
 
 
-def _make(kind: str, data: np.ndarray[Any, Any], env: core.Env, foreign: FakeForeignDevice) -> object:
+def _make(kind: str, data: np.ndarray[Any, Any], env: core.Env, other: core.Env, foreign: FakeForeignDevice) -> object:
     if kind == "cpu":
         return OrtValue.ortvalue_from_numpy(data.copy())
     if kind == "numpy":
@@ -139,6 +156,8 @@ def _make(kind: str, data: np.ndarray[Any, Any], env: core.Env, foreign: FakeFor
         return FakeDLPackTensor(data)
     if kind == "dlpack-cuda-no-host-copy":
         return FakeDLPackTensor(data, host_copy=False)
+    if kind == "webgpu-other-env":
+        return other.shared_allocator().from_numpy(data)
     if kind.startswith("webgpu"):
         return env.shared_allocator(env.devices[int(kind[-1])]).from_numpy(data)
     assert kind == "foreign"
@@ -158,7 +177,7 @@ def _routable(source: str, destination: str, allow_cross_device: bool) -> bool:
     """Independent statement of the routing rules this property checks."""
     if destination == "numpy" or source == "dlpack-cuda-no-host-copy":
         return False
-    if {source, destination} == {"foreign", "webgpu0"} or {source, destination} == {"foreign", "webgpu1"}:
+    if "foreign" in (source, destination) and (source.startswith("webgpu") or destination.startswith("webgpu")):
         return False  # foreign memory never meets a WebGPU transfer
     if source == "dlpack-cuda" and destination == "foreign":
         return False  # a device DLPack tensor's host copy goes into OrtValues only
@@ -176,13 +195,19 @@ def _routable(source: str, destination: str, allow_cross_device: bool) -> bool:
     seed=st.integers(0, 2**16),
 )
 def test_property_copy_equals_numpy_or_refuses(
-    two_adapters: core.Env, source: str, destination: str, allow_cross_device: bool, batch: bool, seed: int
+    two_adapters: core.Env,
+    other_env: core.Env,
+    source: str,
+    destination: str,
+    allow_cross_device: bool,
+    batch: bool,
+    seed: int,
 ) -> None:
     core.register_foreign_kind(FAKE_OTHER_GPU_KIND)
     rng = np.random.default_rng(seed)
     foreign = FakeForeignDevice()
-    src = _make(source, rng.standard_normal(SHAPE).astype(np.float32), two_adapters, foreign)
-    dst = _make(destination, rng.standard_normal(SHAPE).astype(np.float32), two_adapters, foreign)
+    src = _make(source, rng.standard_normal(SHAPE).astype(np.float32), two_adapters, other_env, foreign)
+    dst = _make(destination, rng.standard_normal(SHAPE).astype(np.float32), two_adapters, other_env, foreign)
     src_before, dst_before = _read(src), _read(dst)
     copy: Callable[[], object] = (
         (lambda: ortgpu.copy_tensors([src], [dst], allow_cross_device))
