@@ -429,8 +429,16 @@ def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
     if value.type.HasField("optional_type"):
         # An optional tensor or sequence: a host value (see ortgpu.ops.optional); whether it holds an element, and
         # the element's shapes, come with each run's value.
-        held = element_type_of_proto(value.type.optional_type.elem_type, f"{what} {value.name!r}")
-        return ValueInfo(value.name, (), optional_dtype(held))
+        held_type = value.type.optional_type.elem_type
+        held = element_type_of_proto(held_type, f"{what} {value.name!r}")
+        declared: tuple[int | None, ...] | None = None
+        if held_type.HasField("tensor_type") and held_type.tensor_type.HasField("shape"):
+            # A declared element shape (None: a dynamic dim), checked against each run's tensor.
+            declared = tuple(
+                int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else None
+                for d in held_type.tensor_type.shape.dim
+            )
+        return ValueInfo(value.name, (), optional_dtype(held, None, declared))
     if not value.type.HasField("tensor_type"):
         raise UnsupportedOpError(f"{what} {value.name!r} is not a tensor (maps are not supported)")
     dtype = onnx_dtype_to_numpy(value.type.tensor_type.elem_type, f"{what} {value.name!r}")

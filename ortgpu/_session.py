@@ -43,7 +43,7 @@ from ortgpu_core import (
     get_env,
 )
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
-from ortgpu_core._errors import DtypeError, NotCopyable
+from ortgpu_core._errors import DtypeError, NotCopyable, ShapeError
 from ortgpu_core._graph import CapturedGraph
 
 from ._capture import check_graph_id
@@ -57,6 +57,7 @@ from .ops.optional import (
     optional_box,
     optional_element,
     optional_element_dtype,
+    optional_present,
     optional_type_name,
 )
 from .ops.sequences import box, element_dtype_of, is_box, is_sequence_dtype, items
@@ -476,6 +477,13 @@ def _as_optional(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
         raise DtypeError(
             f"input {name!r} is an {optional_type_name(dtype)}; got an array of {value.dtype} (ortgpu never casts "
             "silently)"
+        )
+    declared = optional_present(dtype)[1]
+    if declared is not None and (
+        len(declared) != value.ndim or any(d is not None and d != s for d, s in zip(declared, value.shape))
+    ):
+        raise ShapeError(
+            f"input {name!r} is an {optional_type_name(dtype)} of shape {list(declared)}; got shape {list(value.shape)}"
         )
     return optional_box(np.array(value))
 

@@ -354,3 +354,32 @@ def test_unsupported_optional_types_are_refused(env: ortgpu.Env) -> None:
     )
     with pytest.raises(ortgpu.UnsupportedOpError, match="optional"):
         ortgpu.InferenceSession(model, env=env)
+
+
+def test_optional_input_decides_a_branch(env: ortgpu.Env) -> None:
+    """An If on OptionalHasElement of a graph input: the input's presence decides the plan (a value-deciding
+    input); the element's declared shape is checked as onnxruntime checks it."""
+    then_branch = helper.make_graph(
+        [helper.make_node("OptionalGetElement", ["x"], ["t"])], "t", [], [_tensor("t", F, None)]
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["e"], value=helper.make_tensor("e", F, [2, 2], [1, -2, 3, -4]))],
+        "e",
+        [],
+        [_tensor("e", F, [2, 2])],
+    )
+    model = _model(
+        [
+            helper.make_node("OptionalHasElement", ["x"], ["h"]),
+            helper.make_node("If", ["h"], ["y"], then_branch=then_branch, else_branch=else_branch),
+            helper.make_node("Relu", ["y"], ["z"]),
+        ],
+        [_opt_tensor("x", F, [None, 2])],
+        [_tensor("z", F, None)],
+    )
+    for value in [None, -np.ones((3, 2), np.float32), np.arange(4, dtype=np.float32).reshape(2, 2) - 1]:
+        _run_both(env, model, {"x": value})
+    with ortgpu.InferenceSession(model, env=env) as session:
+        assert session.value_deciding_inputs == ["x"]
+        with pytest.raises(ortgpu.ShapeError, match=r"shape \[None, 2\]; got shape \[3, 3\]"):
+            session.run(None, {"x": np.ones((3, 3), np.float32)})

@@ -10,7 +10,7 @@ reads or writes one runs on the CPU) and carries ``metadata={"optional": (elemen
   whose metadata carries the element shapes when known);
 * present: ``True``/``False`` for a value (its dtype says whether it holds an element), ``None`` for a declared
   type (a graph input before a run);
-* shape: a present tensor's shape (``None`` otherwise).
+* shape: a present tensor's shape (``None`` otherwise); for a declared type, the declared tensor shape if any.
 
 Plans are made for a run's optional inputs' states (:func:`host_signature`: empty or present, and the element's
 shapes), as for sequences.  Sessions take and give ``None`` for an empty optional, else the element as a plain
@@ -77,7 +77,7 @@ class OptionalValue:
 
 
 def optional_dtype(
-    element: np.dtype[Any], present: bool | None = None, shape: tuple[int, ...] | None = None
+    element: np.dtype[Any], present: bool | None = None, shape: tuple[int | None, ...] | None = None
 ) -> np.dtype[Any]:
     """The object dtype of an optional value (see the module docstring)."""
     return np.dtype(object, metadata={"optional": (element, present, shape)})
@@ -94,8 +94,9 @@ def optional_element_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     return element
 
 
-def optional_present(dtype: np.dtype[Any]) -> tuple[bool | None, tuple[int, ...] | None]:
-    """(present, shape) of optional dtype ``dtype`` (None, None for a declared type)."""
+def optional_present(dtype: np.dtype[Any]) -> tuple[bool | None, tuple[int | None, ...] | None]:
+    """(present, shape) of optional dtype ``dtype``; a declared type (a graph input's) has present None and the
+    declared tensor shape, if any (None for a dynamic dim)."""
     assert is_optional_dtype(dtype)
     _, present, shape = dtype.metadata["optional"]  # type: ignore[index]
     return present, shape
@@ -185,7 +186,9 @@ def probe_value(dtype: np.dtype[Any]) -> np.ndarray | None:
         if is_sequence_dtype(element):
             inner = probe_value(element)
             return None if inner is None else optional_box(inner)
-        return None if shape is None else optional_box(np.zeros(shape, dtype=element))
+        if shape is None or any(d is None for d in shape):
+            return None
+        return optional_box(np.zeros(tuple(int(d) for d in shape if d is not None), dtype=element))
     return None
 
 
