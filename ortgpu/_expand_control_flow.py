@@ -15,8 +15,8 @@ capture).  Otherwise the node stays whole and runs in the CPU interpreter of :mo
 * ``Scan`` (opset 9 and later): its length comes from shapes; unrolled, with a ``Gather`` per scan input and
   iteration and the scan outputs stacked by ``Reshape`` + ``Concat``.
 
-Expansion is bounded by :data:`MAX_EXPANDED_NODES` nodes per control-flow node (nested ones count within it);
-past that the node stays whole, on the CPU.
+Expansion is bounded by :data:`MAX_EXPANDED_NODES` nodes per outermost control-flow node (the nodes of nested
+expansions, and of attempts given up, count within it); past that the node stays whole, on the CPU.
 
 Names: the nodes and tensors of an expansion are prefixed with the control-flow node's name and the part they
 come from: ``choose/then/``, ``decode/iter3/``; ``get_node_placement`` reports them under those names.
@@ -24,6 +24,7 @@ come from: ``choose/then/``, ``decode/iter3/``; ``get_node_placement`` reports t
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -66,6 +67,13 @@ def expand(node: GraphNode, types: Types, constants: dict[str, np.ndarray], run:
     here (or the expansion would be too large, or it cannot be written with plain nodes): it then runs whole."""
     if node.domain not in ("", "ai.onnx") or node.op_type not in EXPANDABLE:
         return None
+    budget = _BUDGET.get()
+    outermost = budget is None
+    if budget is None:
+        budget = [MAX_EXPANDED_NODES]
+    elif budget[0] <= 0:
+        return None  # the outermost expansion's budget is spent (nested attempts, given up or not, count)
+    token = _BUDGET.set(budget) if outermost else None
     try:
         if node.op_type == "If":
             return _expand_if(node, types, constants, run)
@@ -77,7 +85,15 @@ def expand(node: GraphNode, types: Types, constants: dict[str, np.ndarray], run:
         return None
     except OrtGpuError:
         return None  # what the expansion met (a shape, a fold) is the interpreter's to report when the node runs
+    finally:
+        if token is not None:
+            _BUDGET.reset(token)
     return None
+
+
+#: The nodes the outermost expansion in progress may still make, over all the expansions nested in it (a nested
+#: expansion that is given up has spent its share: a Loop of 1000 iterations around another stops early).
+_BUDGET: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("expansion_budget", default=None)
 
 
 class _NotExpanded(Exception):
@@ -126,7 +142,10 @@ class _Builder:
 
     def add(self, nodes: list[GraphNode]) -> None:
         self.made += len(nodes)
-        if self.made > MAX_EXPANDED_NODES:
+        budget = _BUDGET.get()
+        if budget is not None:
+            budget[0] -= len(nodes)
+        if self.made > MAX_EXPANDED_NODES or (budget is not None and budget[0] < 0):
             raise _NotExpanded
         remaining, folded = self.run(nodes)
         self.nodes.extend(remaining)

@@ -394,6 +394,15 @@ def _resolve_unknown_dims(
         raise ModelError(
             f"cannot infer the shapes of {node.describe()}: the shapes of its inputs are unknown{budget.note()}"
         )
+    if node.domain in ("", "ai.onnx") and node.op_type in ("If", "Loop"):
+        from .ops.control_flow import declared_output_types
+
+        declared = declared_output_types(node.op_type, node.attrs)
+        if declared is not None and len(declared) >= len(node.outputs):
+            for name, found in zip(node.outputs, declared):
+                if name:
+                    types[name] = found
+            return  # what the subgraphs declare: no run on zeros (the executor checks every run's shapes)
     positions = SHAPE_INPUT_POSITIONS.get(node.op_type, ()) if node.domain == "" else ()
     computed = check_shape_probe(node, types, constants, budget, positions)
     if computed is not None:  # a growing op (Range, Tile...): its shape without computing it

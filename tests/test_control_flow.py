@@ -3,9 +3,9 @@
 Models are built with onnx.helper: a Loop whose body holds an If and reads tensors of the enclosing graph, a
 Loop whose condition ends it early, Ifs on a graph-input condition (planned per value), Scan at opset 8 (batch,
 sequence_lens, reverse) and at opsets 9/16 (axes, input and output directions).  Device-computed trip counts
-are refused (typed) rather than guessed, control-flow nodes are placed on the CPU (capture refuses naming
-them), subgraph nodes count against the node-count limit, and subgraph attributes of other operators stay
-refused.
+are refused (typed) rather than guessed; control flow the plan knows is expanded onto the device, the rest runs
+whole on the CPU (capture refuses naming it); expansion is bounded (nested loops too); subgraph nodes count
+against the node-count limit, and subgraph attributes of other operators stay refused.
 """
 
 from __future__ import annotations
@@ -492,3 +492,65 @@ def test_scan_body_shapes_deciding_values_are_refused_not_guessed(env: ortgpu_co
     with ortgpu.InferenceSession(model, env=env) as session:
         with pytest.raises(ModelError, match="in the body of Scan node 'Scan_0'"):
             session.run(None, feeds)
+
+
+def _nested_loops(outer: int, inner: int) -> bytes:
+    """``for i < outer: for j < inner: v = v + 1``: both trip counts known, far too many nodes to unroll."""
+    inner_body = oh.make_graph(
+        [oh.make_node("Add", ["w_in", "one"], ["w_out"]), oh.make_node("Identity", ["c2"], ["c2_out"])],
+        "inner",
+        [
+            oh.make_tensor_value_info("j", I64, []),
+            oh.make_tensor_value_info("c2", B, []),
+            oh.make_tensor_value_info("w_in", F, [2]),
+        ],
+        [oh.make_tensor_value_info("c2_out", B, []), oh.make_tensor_value_info("w_out", F, [2])],
+    )
+    outer_body = oh.make_graph(
+        [
+            oh.make_node("Loop", ["n_inner", "", "v_in"], ["v_out"], body=inner_body),
+            oh.make_node("Identity", ["c1"], ["c1_out"]),
+        ],
+        "outer",
+        [
+            oh.make_tensor_value_info("i", I64, []),
+            oh.make_tensor_value_info("c1", B, []),
+            oh.make_tensor_value_info("v_in", F, [2]),
+        ],
+        [oh.make_tensor_value_info("c1_out", B, []), oh.make_tensor_value_info("v_out", F, [2])],
+    )
+    inits = (
+        oh.make_tensor("n_outer", I64, [], [outer]),
+        oh.make_tensor("n_inner", I64, [], [inner]),
+        oh.make_tensor("one", F, [], [1.0]),
+    )
+    return _model(
+        [oh.make_node("Loop", ["n_outer", "", "v0"], ["v"], body=outer_body)],
+        [oh.make_tensor_value_info("v0", F, [2])],
+        [oh.make_tensor_value_info("v", F, [2])],
+        17,
+        inits,
+    )
+
+
+def test_expansion_is_bounded_over_nested_loops(env: ortgpu_core.Env) -> None:
+    """1000 x 1000 iterations would be two million nodes: planning gives up within one budget (the inner attempts
+    count) and the loop runs whole; a small nest unrolls onto the device."""
+    import time
+
+    from ortgpu._expand_control_flow import MAX_EXPANDED_NODES
+
+    with ortgpu.InferenceSession(_nested_loops(1000, 1000), env=env) as session:
+        start = time.perf_counter()
+        rows = session.get_node_placement()
+        planning = time.perf_counter() - start
+        outer = next(p for p in rows if p.node == "Loop_0")
+        assert outer.placement == "cpu" and "MAX_EXPANDED_NODES" in outer.reason, rows
+        assert planning < 120, f"planning took {planning:.1f} s"  # unbounded attempts would take hours
+    assert MAX_EXPANDED_NODES == 4096
+    with ortgpu.InferenceSession(_nested_loops(3, 4), env=env) as session:
+        rows = session.get_node_placement()
+        assert all(p.placement == "webgpu" for p in rows), rows
+        assert any(p.node.startswith("Loop_0/iter2/Loop_0/iter3/") for p in rows), [p.node for p in rows]
+        v0 = np.array([0.5, -2.0], np.float32)
+        np.testing.assert_array_equal(session.run(None, {"v0": v0})[0], v0 + 12)

@@ -34,7 +34,7 @@ from ._registry import register
 if TYPE_CHECKING:
     from .._subgraph import Subgraph
 
-__all__ = ["If", "Loop", "Scan8", "Scan9", "MAX_LOOP_ITERATIONS", "MAX_SCAN_OUTPUT_BYTES"]
+__all__ = ["If", "Loop", "Scan8", "Scan9", "MAX_LOOP_ITERATIONS", "MAX_SCAN_OUTPUT_BYTES", "declared_output_types"]
 
 #: The most iterations one Loop runs.  Loops run in the CPU interpreter (a few microseconds per body node and
 #: iteration), also while a model loads when all their inputs are constants (folding): a trip count like 2**63 - 1
@@ -91,6 +91,38 @@ def _declared(graph: Subgraph, index: int) -> tuple[tuple[int, ...], np.dtype[An
     except Exception:  # noqa: BLE001 - a dtype numpy lacks: no declared shape to use
         return None
     return tuple(int(d) for d in dims if d is not None), dtype
+
+
+def declared_output_types(op_type: str, attrs: Mapping[str, Any]) -> list[tuple[tuple[int, ...], np.dtype[Any]]] | None:
+    """The static (shape, dtype) of every output of an ``If`` (both branches declare the same) or of a ``Loop``
+    without scan outputs (its body's carried outputs), where the subgraphs declare them all; else None.  The planner
+    uses them instead of running the node on zeros to learn its shapes (a long loop would take that long)."""
+    if op_type == "If":
+        then_branch, else_branch = attrs.get("then_branch"), attrs.get("else_branch")
+        if then_branch is None or else_branch is None:
+            return None
+        found = []
+        for index in range(len(then_branch.graph.output)):
+            declared = _declared(then_branch, index)
+            if declared is None or index >= len(else_branch.graph.output) or _declared(else_branch, index) != declared:
+                return None
+            found.append(declared)
+        return found
+    if op_type == "Loop":
+        body = attrs.get("body")
+        if body is None:
+            return None
+        carried = len(body.graph.input) - 2
+        if carried < 0 or len(body.graph.output) != 1 + carried:
+            return None
+        found = []
+        for index in range(1, 1 + carried):
+            declared = _declared(body, index)
+            if declared is None:
+                return None
+            found.append(declared)
+        return found
+    return None
 
 
 def _stack(
