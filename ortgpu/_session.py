@@ -43,6 +43,7 @@ from ortgpu_core import (
     get_env,
 )
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
+from ortgpu_core._dlpack import SupportsDLPack, host_array, is_dlpack_producer
 from ortgpu_core._errors import DtypeError, NotCopyable, ShapeError
 from ortgpu_core._graph import CapturedGraph
 
@@ -337,18 +338,24 @@ class InferenceSession(NotCopyable):
     def run(
         self,
         output_names: Sequence[str] | None,
-        input_feed: Mapping[str, npt.NDArray[Any] | list[npt.NDArray[Any]]],
+        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[npt.NDArray[Any]] | None],
         run_options: RunOptions | None = None,
     ) -> list[Any]:
         """Run the model on host arrays; returns host arrays in ``output_names`` order (all outputs if None).
         Sequence inputs and outputs (``seq(tensor(...))``) are lists of arrays; optional ones (``optional(...)``)
-        are None when empty, else their element (an array, or a list of arrays)."""
+        are None when empty, else their element (an array, or a list of arrays).  A feed may also be any DLPack
+        tensor (``__dlpack__``): a CPU one is read in place, a device one (CUDA...) through a host copy its producer
+        makes (see Transfers in the README)."""
         self._runner.check_open("run")
         self._refuse_graph_id(run_options, "run()")
         self._check_feeds(input_feed)
         order = self._output_order(output_names)
         arrays: dict[str, np.ndarray] = {}
         for name, array in input_feed.items():
+            if not isinstance(array, np.ndarray) and is_dlpack_producer(array):
+                array = host_array(
+                    array, f"input {name!r}"
+                )  # CPU tensors shared, device tensors copied by their producer
             if is_structured_dtype(self._runner.input_infos[name].dtype):
                 arrays[name] = _as_host_value(name, array, self._runner.input_infos[name].dtype)
                 continue

@@ -173,6 +173,26 @@ def test_bind_cpu_input_takes_dlpack(env: core.Env) -> None:
         del binding, output
 
 
+def test_run_feeds_take_dlpack(env: core.Env) -> None:
+    """``session.run`` feeds: a CUDA-kind producer gives the same outputs as numpy through one host copy it makes
+    (its device memory never exported), a CPU one is read in place; a producer that cannot copy is refused before
+    anything runs."""
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with InferenceSession(_identity_model(), env=env) as session:
+        expected = session.run(None, {"X": data})[0]
+        cuda = FakeDLPackTensor(data)
+        np.testing.assert_array_equal(session.run(None, {"X": cuda})[0], expected)
+        assert cuda.device_exports == 0
+        assert [(r.get("dl_device"), r.get("copy")) for r in cuda.requests] == [((KDL_CPU, 0), True)], cuda.requests
+        np.testing.assert_array_equal(
+            session.run(None, {"X": FakeDLPackTensor(data, device_type=KDL_CPU)})[0], expected
+        )
+        with pytest.raises(core.TransferRoutingError, match="tensor.cpu()"):
+            session.run(None, {"X": FakeDLPackTensor(data, host_copy=False)})
+        with pytest.raises(core.DtypeError):
+            session.run(None, {"X": FakeDLPackTensor(data.astype(np.float64))})
+
+
 def test_torch_tensors_where_installed(env: core.Env) -> None:
     """PyTorch CPU tensors are shared, CUDA tensors copied by torch (on the GPU machine); not installed here:
     then this checks only that ortgpu does not depend on it."""
