@@ -57,7 +57,8 @@ def test_env_lists_every_adapter(two_adapters: core.Env, backend_name: str) -> N
     assert len(devices) >= 2
     first, second = devices[0], devices[1]
     assert first is not second and first.index == 0 and second.index == 1
-    assert (first.vendor_id, first.device_id) == (second.vendor_id, second.device_id) or backend_name == "fake"
+    # One GPU's adapters share the vendor (lavapipe: the device id too; NVIDIA's OpenGL adapter reports device id 0).
+    assert first.vendor_id == second.vendor_id or backend_name == "fake"
     if backend_name == "wgpu":
         assert {d.backend_type for d in devices} >= {"Vulkan", "OpenGL"}
         assert two_adapters.default_device.backend_type == "Vulkan"
@@ -106,7 +107,9 @@ def _add_model() -> bytes:
 
 
 def test_session_takes_only_values_of_its_own_device(two_adapters: core.Env) -> None:
-    first, second = two_adapters.devices[:2]
+    # The session runs on the default (Vulkan) adapter: NVIDIA's OpenGL adapter compiles no compute pipelines (on the
+    # H200: "The selected version doesn't support ... COMPUTE_SHADER"), though its buffers copy fine.
+    second, first = two_adapters.devices[:2]
     data = np.arange(12, dtype=np.float32).reshape(SHAPE)
     with InferenceSession(_add_model(), env=two_adapters, device=second) as session:
         foreign_input = two_adapters.shared_allocator(first).from_numpy(data)
