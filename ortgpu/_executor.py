@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import warnings
 import weakref
 from collections import OrderedDict
@@ -573,6 +574,46 @@ class DeviceProgram(Generic[_Buffer]):
         self._record_steps(commands, segment_start, len(steps), groups, g, inputs, outputs)
         if len(commands):
             submit(commands)
+
+    def run_timed(
+        self,
+        inputs: _BufferMap,
+        outputs: _BufferMap,
+        submit: Callable[[CommandList], None],
+        wait: Callable[[], None],
+        on_step: Callable[[PlannedStep, int, int, int], None],
+        host: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """:meth:`run` for profiling: each planned step's work is submitted alone and waited for (``wait``), and
+        ``on_step(step, start_ns, end_ns, dispatches)`` reports it (host clock, ``time.perf_counter_ns``).  The
+        same work in the same order as :meth:`run` (and as a captured graph's list, which :meth:`record` makes):
+        only the submissions are split."""
+        host = {} if host is None else host
+        self._check_io(inputs, outputs)
+        absent = [n for n in self.plan.input_infos if n in self._host_io and n not in host]
+        if absent:
+            raise ModelError(f"no host value given for the string input(s) {absent}")
+        groups = self._bind_groups_for(inputs, outputs)
+        commands = CommandList()
+        self._record_status_clear(commands)
+        self._record_copies(commands, -1, inputs, outputs)
+        if len(commands):
+            submit(commands)
+        g = 0
+        for step_index, step in enumerate(self.plan.steps):
+            commands = CommandList()
+            start = time.perf_counter_ns()
+            if step.placement == "webgpu":
+                g = self._record_steps(commands, step_index, step_index + 1, groups, g, inputs, outputs)
+            else:
+                wait()  # the CPU step reads what earlier steps wrote: start its clock at their completion
+                start = time.perf_counter_ns()
+                self._run_on_cpu(step, host, inputs, outputs)
+                self._record_copies(commands, step_index, inputs, outputs)
+            if len(commands):
+                submit(commands)
+            wait()
+            on_step(step, start, time.perf_counter_ns(), commands.dispatch_count)
 
     def _record_status_clear(self, commands: CommandList) -> None:
         if self._status_buffer is not None:

@@ -47,6 +47,7 @@ from ._executor import DeviceProgram, WeightStore, device_caps, host_io_names
 from ._limits import max_cached_plans
 from ._model import LoadedModel, ValueInfo
 from ._planner import ExecutionPlan, plan_model
+from ._profiling import SessionProfiler
 from .ops.optional import host_signature, is_optional_box, is_structured_dtype, optional_element
 from .ops.sequences import is_box, items
 
@@ -108,6 +109,9 @@ class SessionRunner:
         # By id() of a plan, with the plan itself: an id is only trusted for the object it was taken from.
         self.programs: dict[int, tuple[ExecutionPlan, DeviceProgram[DeviceBuffer]]] = {}
         self.graphs = GraphRegistry()  # captured graphs by id, and the capture lock (see _capture)
+        # This session's own profiling record while profiling is on (see _profiling); None: runs and replays pay
+        # one attribute check.
+        self.profiler: SessionProfiler | None = None
         self.input_infos = {info.name: info for info in model.inputs}
         self.output_infos = {info.name: info for info in model.outputs}
         self.closed = False
@@ -180,7 +184,7 @@ class SessionRunner:
                     host[name] = array
                 elif array.nbytes:
                     staged.inputs[name].write(array)
-            staged.program.run(staged.inputs, staged.outputs, self.submit, host)
+            self.run_program(staged.program, staged.inputs, staged.outputs, host)
             results = {}
             for name in order:
                 info = staged.plan.output_infos[name]
@@ -349,6 +353,45 @@ class SessionRunner:
         with self.submission():
             self.backend_device.submit(commands)
 
+    def wait_idle(self) -> None:
+        """Block until the device finished the work submitted so far (``replay_async`` and profiling wait so)."""
+        with self.submission():
+            self.backend_device.wait_idle()
+
+    def run_program(
+        self,
+        program: DeviceProgram[DeviceBuffer],
+        inputs: Mapping[str, DeviceBuffer],
+        outputs: Mapping[str, DeviceBuffer],
+        host: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        """Run ``program`` (an ordinary run): as one submission per device segment, or step by step, timed into
+        this session's profiling record, while profiling is on."""
+        profiler = self.profiler
+        if profiler is None:
+            program.run(inputs, outputs, self.submit, host)
+            return
+        with profiler.span("run", "run", {"steps": len(program.plan.steps)}):
+            profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle, host)
+
+    def profile_replay(self, graph: CapturedGraph, program: DeviceProgram[DeviceBuffer] | None) -> bool:
+        """Called by ``replay()`` (under the graph's lock, after its checks): replay ``graph`` step by step, timed
+        into this session's profiling record, and return True; False when profiling is off (the graph submits its
+        recorded list as usual).  The work is the graph's own program on its own buffers, split per step."""
+        profiler = self.profiler
+        if profiler is None or program is None:
+            return False
+        binding = graph.binding
+        inputs = {
+            n: v._device_buffer
+            for n, v in binding.inputs().items()
+            if v._device_buffer is not None and n not in program.plan.unread_inputs
+        }
+        outputs = {n: v._device_buffer for n, v in binding.outputs().items() if v._device_buffer is not None}
+        with profiler.span(f"replay graph {graph.graph_id}", "replay", {"graph_id": graph.graph_id}):
+            profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle)
+        return True
+
     def submit_and_read(self, commands: CommandList, reads: list[tuple[int, int, Any]]) -> None:
         """:meth:`_submit` ``commands`` and read ``(buffer, offset, out)`` regions in the same submission."""
         with self.submission():
@@ -436,7 +479,7 @@ class SessionRunner:
                 output_buffers[name] = buffer
                 if target is not None:
                     host_outputs[name] = (target, buffer)  # type: ignore[assignment]
-            program.run(input_buffers, output_buffers, self.submit)
+            self.run_program(program, input_buffers, output_buffers)
             program.raise_data_errors()  # before any host output is written: a refused run changes none
             for name, (target, buffer) in host_outputs.items():
                 info = plan.output_infos[name]

@@ -22,10 +22,14 @@ bindings and graphs call); the captured-graph registry, capture, replay checks a
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import itertools
 import os
+import threading
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +53,7 @@ from ortgpu_core._graph import CapturedGraph
 
 from ._capture import check_graph_id
 from ._model import load_model
+from ._profiling import ProfilingRecord, SessionProfiler
 from ._run_options import NodeArg, NodePlacement, RunOptions, _node_arg
 from ._runner import AnyBinding, AnyValue, SessionRunner
 from .ops.optional import (
@@ -66,6 +71,25 @@ from .ops.sequences import box, element_dtype_of, is_box, is_sequence_dtype, ite
 __all__ = ["InferenceSession"]
 
 _session_ids = itertools.count(1)
+
+_UserData = TypeVar("_UserData")
+#: onnxruntime's ``run_async`` callback: ``callback(results, user_data, error)``.
+RunAsyncCallback = Callable[[Any, _UserData, Any], None]
+
+# The worker threads of run_async (both spellings): made on first use, shared by all sessions; a session's runs stay
+# serialized by the session, so the pool only bounds how many runs wait at once.
+_async_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_async_pool_guard = threading.Lock()
+
+
+def _run_async_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _async_pool
+    with _async_pool_guard:
+        if _async_pool is None:
+            _async_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="ortgpu-run-async"
+            )
+        return _async_pool
 
 
 class InferenceSession(NotCopyable):
@@ -97,6 +121,12 @@ class InferenceSession(NotCopyable):
         Limits for hostile or huge models: bytes of constants folding may create per model, and nodes per
         model (default: ``$ORTGPU_MAX_FOLD_BYTES`` / ``$ORTGPU_MAX_NODES`` if set, else 256 MiB and 100000);
         exceeding one is a ``ModelError`` that names it.
+    profile:
+        Start profiling at once (as onnxruntime's ``SessionOptions.enable_profiling``): see :meth:`start_profiling`
+        and :meth:`end_profiling`.
+    profile_file_prefix:
+        The trace file's name prefix (default ``"ortgpu_profile"``, in the working directory): the file is
+        ``<prefix>_<session id>_<timestamp>.json``.
     """
 
     _copy_hint = "Create another InferenceSession from the same model."
@@ -113,8 +143,13 @@ class InferenceSession(NotCopyable):
         fuse: bool = True,
         max_fold_bytes: int | None = None,
         max_nodes: int | None = None,
+        profile: bool = False,
+        profile_file_prefix: str | os.PathLike[str] | None = None,
     ) -> None:
         self.session_id: int = next(_session_ids)
+        self.profile_file_prefix: str = (
+            os.fspath(profile_file_prefix) if profile_file_prefix is not None else "ortgpu_profile"
+        )
         self.env: Env = env if env is not None else get_env()
         self.device: Device = self.env.check_device(device if device is not None else self.env.default_device)
         self._runner = SessionRunner(
@@ -137,6 +172,8 @@ class InferenceSession(NotCopyable):
                     {i.name: i.dtype for i in model.inputs},
                 )
             self.env._register_session(self)  # Env.close() closes the session (graphs first) before its devices
+            if profile:
+                self.start_profiling()
         except BaseException:
             self.close()
             raise
@@ -385,6 +422,130 @@ class InferenceSession(NotCopyable):
             self._runner.check_value(value, f"input {name!r}")
             self._runner.check_info(name, self._runner.input_infos[name], value.dtype, tuple(value.shape()), "input")
         return self._runner.run_values(input_dict_ort_values, order)
+
+    # -- asynchronous runs -------------------------------------------------------------------
+    @overload
+    def run_async(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[npt.NDArray[Any]] | None],
+        callback: None = None,
+        user_data: object = None,
+        run_options: RunOptions | None = None,
+    ) -> Awaitable[list[Any]]: ...
+
+    @overload
+    def run_async(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[npt.NDArray[Any]] | None],
+        callback: RunAsyncCallback[_UserData],
+        user_data: _UserData,
+        run_options: RunOptions | None = None,
+    ) -> None: ...
+
+    def run_async(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[npt.NDArray[Any]] | None],
+        callback: RunAsyncCallback[Any] | None = None,
+        user_data: Any = None,
+        run_options: RunOptions | None = None,
+    ) -> Awaitable[list[Any]] | None:
+        """:meth:`run` in a worker thread, so the caller never blocks while the device works.
+
+        Two spellings:
+
+        * ``results = await session.run_async(output_names, feeds)`` (asyncio; call it with a running event
+          loop): the run starts at the call and the await returns what :meth:`run` returns; the event loop is
+          never blocked meanwhile.  An error is raised by the await, to its caller only.
+        * onnxruntime's ``session.run_async(output_names, feeds, callback, user_data)`` returns None at once;
+          ``callback(results, user_data, error)`` is called from a worker thread when the run ends: ``error`` is
+          None on success, else the exception (then ``results`` is None).
+
+        The feeds are read by the worker: do not modify them until the run completes.  Runs of one session are
+        serialized (each waits for the previous); runs of different sessions proceed independently.
+        """
+        pool = _run_async_pool()
+        if callback is None:
+            loop = asyncio.get_running_loop()
+            return loop.run_in_executor(pool, self.run, output_names, input_feed, run_options)
+        if not callable(callback):
+            raise ArgumentTypeError(
+                f"callback must be callable (results, user_data, error), got {type(callback).__name__}"
+            )
+
+        def work() -> None:
+            try:
+                results = self.run(output_names, input_feed, run_options)
+            except Exception as error:  # delivered to this caller's callback only
+                callback(None, user_data, error)
+                return
+            callback(results, user_data, None)
+
+        pool.submit(work)
+        return None
+
+    # -- profiling ------------------------------------------------------------------------------
+    @property
+    def profiling_active(self) -> bool:
+        """Whether this session is recording a profile now."""
+        return self._runner.profiler is not None
+
+    def start_profiling(self) -> None:
+        """Record every run's and replay's per-step time into this session's own profiling record (other
+        sessions, profiled or not, are unaffected) until :meth:`end_profiling`.
+
+        **Host timing**: the backend offers no GPU timestamp queries, so while profiling is on each planned step is
+        submitted alone and waited for, and its duration is submit-to-completion on the host clock (including the
+        fixed submit/wait latency, and any other session's work on the device that the wait covered); profiled
+        runs and replays are slower for it.  The trace says so (``otherData.timing == "host"``).  Starting again
+        while profiling is a no-op.
+        """
+        runner = self._runner
+        runner.check_open("start profiling")
+        with runner.lock:
+            if runner.profiler is None:
+                runner.profiler = SessionProfiler(
+                    self.session_id,
+                    self.profile_file_prefix,
+                    {
+                        "device": self.device.name,
+                        "backend": self.env.backend_name,
+                        "execution_mode": self.env.execution_mode,
+                    },
+                )
+
+    def end_profiling(self) -> str:
+        """Stop profiling and write this session's record as a Chrome trace JSON file (``traceEvents`` of
+        ``ph: "X"`` events: one per run (cat ``"run"``) and replay (cat ``"replay"``) and, nested in it, one per
+        planned step, named by its node, cat its op type; ``ts``/``dur`` in microseconds; ``pid`` is the session id,
+        ``tid`` the calling thread), which Perfetto and ``chrome://tracing`` open.  Returns the file's path, or
+        ``""`` when profiling was not on (as onnxruntime does)."""
+        runner = self._runner
+        with runner.lock:
+            profiler, runner.profiler = runner.profiler, None
+        if profiler is None:
+            return ""
+        # A replay in flight on another thread may still add its event: write after taking the record out, so
+        # no later run adds to it, and let the file hold what was recorded until now.
+        return profiler.write()
+
+    @contextlib.contextmanager
+    def profiling(self) -> Iterator[ProfilingRecord]:
+        """``with session.profiling() as record: ...``: :meth:`start_profiling`, then :meth:`end_profiling` when
+        the block ends (also on an error); ``record.path`` is the trace file afterwards."""
+        record = ProfilingRecord()
+        self.start_profiling()
+        try:
+            yield record
+        finally:
+            record.path = self.end_profiling() or None
+
+    def get_profiling_start_time_ns(self) -> int:
+        """When the current profiling record started (``time.time_ns()``), 0 when not profiling."""
+        profiler = self._runner.profiler
+        return 0 if profiler is None else profiler.start_wall_ns
 
     # -- bindings, capture and replay ----------------------------------------------------------
     def _check_binding(self, binding: object) -> AnyBinding:

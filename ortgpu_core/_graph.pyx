@@ -219,8 +219,25 @@ cdef class CapturedGraph:
             self._owner.check_open("replay a captured graph")
             if self._guard is not None:
                 self._guard()
-            self._submit(self._commands)
+            # Profiling off: one attribute check.  On: the owner replays the graph's program step by step, timed.
+            if getattr(self._owner, "profiler", None) is None or not self._owner.profile_replay(self, self._program):
+                self._submit(self._commands)
             self.replays += 1
+
+    def replay_async(self):
+        """``await graph.replay_async()``: :meth:`replay` in a worker thread (the event loop's default executor),
+        then a wait for the device to finish the submitted work, so the bound outputs hold its results when the
+        await returns; the event loop is never blocked meanwhile.  The replay starts when this is called (it
+        returns an ``asyncio.Future``; call it from a coroutine, with a running loop).  Errors are raised by the
+        await, to its caller only.  The wait covers all work submitted to the device so far (this graph's, and
+        other sessions' submitted before it)."""
+        import asyncio
+
+        return asyncio.get_running_loop().run_in_executor(None, self._replay_and_wait)
+
+    def _replay_and_wait(self):
+        self.replay()
+        self._owner.wait_idle()
 
     def replay_and_read(self):
         """:meth:`replay`, then host copies of the bound outputs in the model's output order (what
@@ -243,6 +260,12 @@ cdef class CapturedGraph:
             self._owner.check_open("replay a captured graph")
             if self._guard is not None:
                 self._guard()
+            if getattr(self._owner, "profiler", None) is not None and self._owner.profile_replay(self, self._program):
+                self.replays += 1
+                arrays = self._binding.copy_outputs_to_cpu()
+                if self._program is not None:
+                    self._program.raise_data_errors()
+                return arrays
             for item in self._binding.get_outputs():  # device values: capture refuses host-bound outputs
                 value = <OrtValue>item
                 value._check_usable("read the value")
