@@ -90,7 +90,14 @@ cdef class Device:
         if self._backend_device is None:
             with self._lock:
                 if self._backend_device is None:
-                    self._backend_device = self._backend.open_device(self.adapter_index)
+                    opened = self._backend.open_device(self.adapter_index)
+                    env = self._env_ref()
+                    if env is not None and env.execution_mode == "serialized":
+                        # Every call on the device under one lock: serialized mode is enforced here, at the one
+                        # door every session, graph, allocator and transfer goes through, not left to callers.
+                        from .backends._device_lock import SerializedDevice
+                        opened = SerializedDevice(opened)
+                    self._backend_device = opened
         return self._backend_device
 
     cdef void _close(self):
@@ -135,7 +142,10 @@ cdef class Device:
 cdef class Env:
     """A backend instance with its devices; owns Env-shared allocators.
 
-    ``Env(backend="wgpu" | "fake" | <Backend instance>, execution_mode="concurrent" | "serialized")``.
+    ``Env(backend="wgpu" | "fake" | <Backend instance>, execution_mode="concurrent" | "serialized")``;
+    without ``execution_mode``, ``$ORTGPU_EXECUTION_MODE`` when set, else "concurrent".  In "serialized" mode
+    every device operation (allocation, writes, submits, reads, waits, pipeline creation, releases) runs one at
+    a time per device, whichever thread or session makes it (the device is handed out under a lock).
     One default Env per process is returned by :func:`get_env`; more can be
     made.  Close with ``close()`` or a ``with`` block.
     """
@@ -145,11 +155,15 @@ cdef class Env:
     __deepcopy__ = NotCopyable.__deepcopy__
     __reduce_ex__ = NotCopyable.__reduce_ex__
 
-    def __init__(self, backend="wgpu", execution_mode="concurrent"):
+    def __init__(self, backend="wgpu", execution_mode=None):
+        source = "execution_mode"
+        if execution_mode is None:
+            source = "$ORTGPU_EXECUTION_MODE"
+            execution_mode = os.environ.get("ORTGPU_EXECUTION_MODE") or "concurrent"
         if execution_mode not in EXECUTION_MODES:
             raise InvalidArgumentError(
-                f"execution_mode {execution_mode!r} is not one of {EXECUTION_MODES}: 'concurrent' lets "
-                f"sessions on one device submit independently, 'serialized' runs them one at a time"
+                f"{source} {execution_mode!r} is not one of {EXECUTION_MODES}: 'concurrent' lets "
+                f"sessions on one device submit independently, 'serialized' runs every device operation one at a time"
             )
         self.id = next(_env_ids)
         self._backend = _make_backend(backend)

@@ -68,3 +68,42 @@ class DeviceLock:
                 release()
             except Exception as error:  # noqa: BLE001 - the caller's own call succeeded; a finalizer's free did not
                 warnings.warn(f"a deferred release failed: {error}", ResourceWarning, stacklevel=3)
+
+
+class SerializedDevice:
+    """A backend device whose every call runs under one lock: what an Env in ``serialized`` execution mode hands
+    out in place of the device (``Device._native_device()``), so that no two device operations (allocation,
+    writes, submits, reads, waits, pipeline and bind-group creation, releases) ever overlap, whichever thread and
+    session make them, and whatever path reaches the device (sessions, captured graphs, the Env-shared allocator,
+    transfers).
+
+    The lock is re-entrant (a finalizer's release inside a call of this thread joins that call) and is never taken
+    by device code itself, so it only ever nests inside the runner's submission lock, never around it.  Attributes
+    that are not methods (``limits``, ``features``, ``lost``...) are read straight from the device.
+    """
+
+    def __init__(self, device: object) -> None:
+        self._device = device
+        self._serial_lock = threading.RLock()
+
+    @property
+    def wrapped(self) -> object:
+        """The device under the lock (for tests that inspect a backend's own state)."""
+        return self._device
+
+    def __getattr__(self, name: str) -> object:
+        value = getattr(self._device, name)
+        if name.startswith("__") or not callable(value):
+            return value
+        lock = self._serial_lock
+
+        def serialized(*args: object, **kwargs: object) -> object:
+            with lock:
+                return value(*args, **kwargs)
+
+        serialized.__name__ = name
+        serialized.__doc__ = getattr(value, "__doc__", None)
+        return serialized
+
+    def __repr__(self) -> str:
+        return f"<serialized {self._device!r}>"

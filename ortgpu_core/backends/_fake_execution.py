@@ -33,7 +33,7 @@ class _FakeExecution(_FakeDeviceBase):
 
     def write_buffer(self, buffer: int, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Write ``data`` at ``offset`` (a queue write: it applies after all work submitted so far)."""
-        with self._lock:
+        with self._backend.operations.operation("write", self._ordinal), self._lock:
             self._check_usable()
             target = self._buffer(buffer, "write_buffer")
             view = memoryview(data)
@@ -49,20 +49,20 @@ class _FakeExecution(_FakeDeviceBase):
 
         The buffer needs COPY_SRC usage: uniform buffers cannot be read back.
         """
-        with self._lock:
+        with self._backend.operations.operation("read", self._ordinal), self._lock:
             return self._readable(buffer, offset, size, size, "read_buffer").tobytes()
 
     def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
         """:meth:`read_buffer` of ``len(out)`` bytes (any size, rounded up to 4 for the range check) into ``out``."""
         view, padded = host_read_target(out, "read_buffer_into")
-        with self._lock:
+        with self._backend.operations.operation("read", self._ordinal), self._lock:
             source = self._readable(buffer, offset, view.nbytes, padded, "read_buffer_into")
             np.frombuffer(view, np.uint8)[:] = source
 
     def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
         """:meth:`submit`, then :meth:`read_buffer_into` each ``(buffer, offset, out)``; every read is checked
         before anything is submitted."""
-        with self._lock:
+        with self._backend.operations.operation("submit", self._ordinal), self._lock:
             views = []
             for index, (buffer, offset, out) in enumerate(reads):
                 action = f"submit_and_read: read {index}"
@@ -97,7 +97,7 @@ class _FakeExecution(_FakeDeviceBase):
         The same checks ``submit`` makes (handles live, ranges, usages, grid
         limits, layouts, aliasing), without counting a submit for fault injection.
         """
-        with self._lock:
+        with self._backend.operations.operation("validate", self._ordinal), self._lock:
             self._check_usable()
             for index, record in enumerate(commands.records()):
                 self._validate(index, record)
@@ -109,7 +109,7 @@ class _FakeExecution(_FakeDeviceBase):
         is raised and nothing executes.  (An exception raised by a twin
         propagates as is, after the records before it have executed.)
         """
-        with self._lock:
+        with self._backend.operations.operation("submit", self._ordinal), self._lock:
             self._check_usable()
             fired = self._backend.faults._next_submit()
             for fault in fired:  # a loss wins over a validation error injected for the same submit
@@ -192,5 +192,5 @@ class _FakeExecution(_FakeDeviceBase):
 
     def wait_idle(self) -> None:
         """Nothing to wait for (work executes at submit); raises :class:`DeviceLostError` if lost."""
-        with self._lock:
+        with self._backend.operations.operation("wait", self._ordinal), self._lock:
             self._check_usable()

@@ -27,6 +27,10 @@ visible:
 * **Faults** on demand: out-of-memory on the n-th allocation, device loss on
   the n-th submit or at once, a validation error on the n-th submit
   (:class:`FakeFaults`, :meth:`FakeDevice.lose`).
+* **Operations by thread** for concurrency tests: ``backend.operations.enable()`` records every device
+  operation (kind, thread, start, end) in a bounded ring, ``backend.operation_log()`` returns it, and
+  ``backend.operations.set_latency(submit=0.002)`` makes operations of a kind take time, outside the lock
+  (:mod:`._fake_oplog`).
 * **Accounting** for tests: :meth:`FakeDevice.live_handles`,
   :meth:`FakeBackend.live_handles`, :attr:`FakeDevice.stats`.  Nothing grows
   with the number of handles ever created: the backend keeps a record of each
@@ -73,6 +77,7 @@ from ._fake_device_base import (
 )
 from ._fake_execution import _FakeExecution
 from ._fake_faults import FakeFaults, InjectedFault
+from ._fake_oplog import FakeOperation, OperationLog
 from ._fake_wgsl import _COMMENTS, _check_entry_point, _declared_bindings, _writable_aliasing
 from .protocol import AdapterInfo, BindingEntry, DeviceLimits, ForeignKind, KernelTwin
 
@@ -89,6 +94,8 @@ __all__ = [
     "FakeFaults",
     "FakeDevice",
     "FakeBackend",
+    "FakeOperation",
+    "OperationLog",
     "FREED_RECORDS_KEPT",
 ]
 
@@ -199,7 +206,7 @@ class FakeDevice(_FakeExecution):
         when the device memory (``FakeDeviceSpec.memory_size``) is exhausted or
         a fault was injected.
         """
-        with self._lock:
+        with self._backend.operations.operation("allocate", self._ordinal), self._lock:
             self._check_usable()
             _check_aligned(f"buffer {label!r}: size", size)
             if size > self.limits.max_buffer_size:
@@ -239,7 +246,7 @@ class FakeDevice(_FakeExecution):
         cleanup paths need no special case; freeing a handle twice otherwise
         raises :class:`ValidationError`.
         """
-        with self._lock:
+        with self._backend.operations.operation("release", self._ordinal), self._lock:
             if self._lock.defer_if_nested(lambda: self.destroy_buffer(buffer)):
                 return  # a finalizer run inside another call of this device: freed when that call returns
             freed = self._buffers.get(buffer)
@@ -262,7 +269,7 @@ class FakeDevice(_FakeExecution):
         lacks ``entry_point``, or when its literal ``@workgroup_size`` exceeds
         the device limits.
         """
-        with self._lock:
+        with self._backend.operations.operation("pipeline", self._ordinal), self._lock:
             self._check_usable()
             if twin is None:
                 raise ValidationError(
@@ -279,7 +286,7 @@ class FakeDevice(_FakeExecution):
 
     def release_pipeline(self, pipeline: int) -> None:
         """Free the pipeline (its bind groups stay valid objects, but dispatching needs a live pipeline)."""
-        with self._lock:
+        with self._backend.operations.operation("release", self._ordinal), self._lock:
             if not self._lock.defer_if_nested(lambda: self.release_pipeline(pipeline)):
                 self._free(pipeline, "pipeline", self._pipelines)
 
@@ -291,7 +298,7 @@ class FakeDevice(_FakeExecution):
         When the pipeline's WGSL declares its group-0 bindings, the entries
         must match them one to one (number and address space).
         """
-        with self._lock:
+        with self._backend.operations.operation("bind_group", self._ordinal), self._lock:
             self._check_usable()
             owner = self._pipeline(pipeline, "create_bind_group")
             role = f"bind group for pipeline {pipeline} ({owner.label!r})"
@@ -343,7 +350,7 @@ class FakeDevice(_FakeExecution):
 
     def release_bind_group(self, bind_group: int) -> None:
         """Free the bind group."""
-        with self._lock:
+        with self._backend.operations.operation("release", self._ordinal), self._lock:
             if not self._lock.defer_if_nested(lambda: self.release_bind_group(bind_group)):
                 self._free(bind_group, "bind group", self._bind_groups)
 
@@ -361,7 +368,7 @@ class FakeDevice(_FakeExecution):
     def destroy(self) -> None:
         """Free everything the device still owns and make it unusable, then call the destroy callbacks (outside
         the backend's lock).  Idempotent; works when lost."""
-        with self._lock:
+        with self._backend.operations.operation("destroy", self._ordinal), self._lock:
             if self._destroyed:
                 return
             self._destroyed = True
@@ -410,6 +417,8 @@ class FakeBackend:
         self._devices: dict[int, FakeDevice] = {}
         self._destroyed_devices: weakref.WeakValueDictionary[int, FakeDevice] = weakref.WeakValueDictionary()
         self.faults: FakeFaults = FakeFaults(self._lock)
+        #: The record of device operations by thread, and the latency each kind is given (off by default).
+        self.operations: OperationLog = OperationLog()
 
     def __repr__(self) -> str:
         opened = len(self._devices) + len(self._destroyed_devices)
@@ -431,6 +440,11 @@ class FakeBackend:
         """Hold a destroyed device only while something else references it (under _lock)."""
         if self._devices.pop(device._ordinal, None) is device:
             self._destroyed_devices[device._ordinal] = device
+
+    def operation_log(self) -> list[FakeOperation]:
+        """The device operations recorded since ``operations.enable()`` (at most its capacity, oldest first):
+        kind, device, thread, start and end.  Empty while recording is off (the default)."""
+        return self.operations.records()
 
     @property
     def handle_records(self) -> int:
