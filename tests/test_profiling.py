@@ -17,6 +17,7 @@ from typing import Any
 import models
 import numpy as np
 import onnxruntime
+from onnx import TensorProto, helper, numpy_helper
 
 from ortgpu import Env, InferenceSession
 
@@ -196,3 +197,62 @@ def test_concurrent_sessions_get_only_their_own_events(env: Env, tmp_path: Path)
     finally:
         for sess in [*sessions, quiet]:
             sess.close()
+
+
+def cpu_node_model() -> bytes:
+    """``Y = float(2 * double(X))``: the float64 Mul runs on the CPU, between two device steps."""
+    nodes = [
+        helper.make_node("Cast", ["X"], ["wide_x"], to=TensorProto.DOUBLE, name="to_wide"),
+        helper.make_node("Mul", ["wide_x", "two"], ["wide_y"], name="wide_mul"),
+        helper.make_node("Cast", ["wide_y"], ["Y"], to=TensorProto.FLOAT, name="to_float"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cpu_node",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [BATCH, WIDTH])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [BATCH, WIDTH])],
+        [numpy_helper.from_array(np.array([2.0]), "two")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return bytes(model.SerializeToString())
+
+
+def test_profiled_run_with_a_cpu_step(env: Env, tmp_path: Path) -> None:
+    with InferenceSession(cpu_node_model(), env=env, profile_file_prefix=str(tmp_path / "cpu")) as sess:
+        placements = {row.node: row.placement for row in sess.get_node_placement()}
+        assert "cpu" in placements.values()
+        x = image()
+        with sess.profiling() as record:
+            np.testing.assert_array_equal(sess.run(None, {"X": x})[0], (2.0 * x.astype(np.float64)).astype(np.float32))
+        assert record.path is not None
+        trace = load(record.path)
+        steps = [e for e in complete(trace) if e["cat"] != "run"]
+        assert {e["name"]: e["args"]["placement"] for e in steps} == {
+            name: placement for name, placement in placements.items() if name in {e["name"] for e in steps}
+        }
+        assert {e["args"]["placement"] for e in steps} == set(placements.values())
+
+
+def test_profiling_off_submits_as_before(env: Env, tmp_path: Path) -> None:
+    """Unprofiled runs submit the whole plan at once (profiling off is one attribute check); only a profiled run
+    splits it into one submission per step."""
+    with InferenceSession(MODEL, env=env, profile_file_prefix=str(tmp_path / "off")) as sess:
+        runner = sess._runner
+        original = runner.submit
+        submitted: list[int] = []
+
+        def counting(commands: Any) -> None:
+            submitted.append(commands.dispatch_count)
+            original(commands)
+
+        runner.submit = counting  # type: ignore[method-assign]
+        x = image()
+        assert runner.profiler is None
+        assert_reference(sess.run(None, {"X": x})[0], x)
+        assert submitted == [2]  # both steps' dispatches in one submission
+        submitted.clear()
+        sess.start_profiling()
+        assert_reference(sess.run(None, {"X": x})[0], x)
+        assert sess.end_profiling() != ""
+        assert submitted == [1, 1]  # one per step
