@@ -136,6 +136,8 @@ class _FakeDeviceBase:
         # The handles destroy() freed: freeing one afterwards is harmless (set by destroy; as large as what was
         # live then, and gone with the device).
         self._orphaned: frozenset[int] = frozenset()
+        # Buffers whose zero-fill waits for the next submit (only under ``faults.defer_zero_fill()``, the C3 model).
+        self._pending_clears: list[int] = []
 
     # -- state ---------------------------------------------------------------
     @property

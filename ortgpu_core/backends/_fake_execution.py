@@ -120,9 +120,18 @@ class _FakeExecution(_FakeDeviceBase):
                 fault = fired[0]
                 raise ValidationError(f"{self._name}: {fault.message} (submit #{fault.at} of the backend)")
             steps = [self._validate(index, record) for index, record in enumerate(commands.records())]
+            self._run_deferred_zero_fills()
             for step in steps:
                 self._execute(step)
             self._stats.submits += 1
+
+    def _run_deferred_zero_fills(self) -> None:
+        """Zero-fill the buffers whose fill ``faults.defer_zero_fill()`` deferred to this submit (the C3 model)."""
+        pending, self._pending_clears = self._pending_clears, []
+        for handle in pending:
+            buffer = self._buffers.get(handle)
+            if buffer is not None:
+                buffer.data[:] = 0
 
     def _validate(self, index: int, record: tuple[object, ...]) -> _Step:
         role = f"command {index} ({record[0]})"

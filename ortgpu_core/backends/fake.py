@@ -226,11 +226,14 @@ class FakeDevice(_FakeExecution):
                     f"{self._name}: cannot allocate {size} bytes for buffer {label!r}: {live} of "
                     f"{self._memory_size} bytes are in use; free buffers or cached blocks and retry"
                 )
+            deferred = self._backend.faults._defer_zero_fill
             try:
-                data = np.zeros(size, dtype=np.uint8)
+                data = np.full(size, 0xCD, dtype=np.uint8) if deferred else np.zeros(size, dtype=np.uint8)
             except MemoryError as error:
                 raise OutOfMemoryError(f"{self._name}: host memory exhausted allocating {size} bytes") from error
             handle = self._new_handle("buffer", label)
+            if deferred:
+                self._pending_clears.append(handle)  # the C3 model: zero-filled by the next submit, not now
             self._buffers[handle] = _Buffer(handle, label, size, uniform, data)
             stats = self._stats
             stats.buffers_created += 1
