@@ -440,7 +440,7 @@ class InferenceSession(NotCopyable):
         output_names: Sequence[str] | None,
         input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[npt.NDArray[Any]] | None],
         callback: RunAsyncCallback[_UserData],
-        user_data: _UserData,
+        user_data: _UserData = ...,
         run_options: RunOptions | None = None,
     ) -> None: ...
 
@@ -461,7 +461,8 @@ class InferenceSession(NotCopyable):
           never blocked meanwhile.  An error is raised by the await, to its caller only.
         * onnxruntime's ``session.run_async(output_names, feeds, callback, user_data)`` returns None at once;
           ``callback(results, user_data, error)`` is called from a worker thread when the run ends: ``error`` is
-          None on success, else the exception (then ``results`` is None).
+          None on success, else the typed exception (then ``results`` is None).  Where onnxruntime passes a
+          status string, ortgpu passes the exception (``str(error)`` is the message): ``if err:`` works for both.
 
         The feeds are read by the worker: do not modify them until the run completes.  Runs of one session are
         serialized (each waits for the previous); runs of different sessions proceed independently.

@@ -256,3 +256,61 @@ def test_profiling_off_submits_as_before(env: Env, tmp_path: Path) -> None:
         assert_reference(sess.run(None, {"X": x})[0], x)
         assert sess.end_profiling() != ""
         assert submitted == [1, 1]  # one per step
+
+
+def test_concurrent_profiled_replays_stay_apart(env: Env, tmp_path: Path) -> None:
+    """Two sessions, each replaying its own captured graph from its own thread (one also runs): each trace holds
+    exactly its own replays and runs."""
+    replays = 5
+    sessions = [
+        InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / f"r{i}"))
+        for i in range(2)
+    ]
+    graphs = []
+    inputs = []
+    outputs = []
+    errors: list[BaseException] = []
+    try:
+        for sess in sessions:
+            x_value = sess.allocator.from_numpy(image())
+            y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
+            binding = sess.io_binding()
+            binding.bind_input("X", x_value)
+            binding.bind_output("Y", y_value)
+            graphs.append(sess.capture(binding, 0))
+            inputs.append(x_value)
+            outputs.append(y_value)
+            sess.start_profiling()
+        barrier = threading.Barrier(2)
+
+        def drive(index: int) -> None:
+            try:
+                barrier.wait()
+                for _ in range(replays):
+                    x = image()
+                    inputs[index].update_inplace(x)
+                    graphs[index].replay()
+                    assert_reference(outputs[index].to_numpy(), x)
+                    if index == 1:
+                        assert_reference(sessions[1].run(None, {"X": x})[0], x)
+            except BaseException as error:  # noqa: BLE001 - reported by the main thread
+                errors.append(error)
+
+        threads = [threading.Thread(target=drive, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors
+        for index, sess in enumerate(sessions):
+            trace = load(sess.end_profiling())
+            assert len(complete(trace, "replay")) == replays
+            assert len(complete(trace, "run")) == (replays if index == 1 else 0)
+            assert {e["pid"] for e in complete(trace)} == {sess.session_id}
+            steps = [e for e in complete(trace) if e["cat"] not in ("run", "replay")]
+            assert len(steps) == 2 * (replays + len(complete(trace, "run")))
+    finally:
+        for graph in graphs:
+            graph.release()
+        for sess in sessions:
+            sess.close()
