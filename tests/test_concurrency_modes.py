@@ -135,6 +135,9 @@ def test_concurrent_mode_lets_device_operations_overlap() -> None:
     submits = [(a, b) for a, b in pairs if a.kind == b.kind == "submit"]
     # Three threads each submitting with 2 ms of latency: their submits run side by side.
     assert submits, f"no two submits overlapped in concurrent mode (overlaps: {describe(pairs) or 'none'})"
+    # A read (waiting for the device) holds nothing another thread's submission needs.
+    waits = [(a, b) for a, b in pairs if {a.kind, b.kind} == {"read", "submit"}]
+    assert waits, f"no read overlapped another thread's submit in concurrent mode (overlaps: {describe(pairs)})"
 
 
 def test_execution_mode_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,6 +261,8 @@ def test_threads_sessions_runs_all_give_their_references(backend_name: str, mode
         for row in sessions:
             for sess in row:
                 sess.close()
+        gc.collect()
+        assert owned_handles(env) == 0, "the sessions leaked device objects"
 
 
 # -- error isolation ---------------------------------------------------------------------------------------------
@@ -312,3 +317,5 @@ def test_a_fault_in_one_threads_run_reaches_that_caller_only(fault: str) -> None
         assert healthy_runs[0] >= 5
         faulty.close()
         healthy.close()
+        gc.collect()
+        assert owned_handles(env) == 0, backend.describe_live_handles()
