@@ -108,7 +108,8 @@ class SessionProfiler:
         host: dict[str, np.ndarray] | None = None,
     ) -> None:
         """Run ``program`` (a :class:`~ortgpu._executor.DeviceProgram`) step by step, each step's work submitted
-        alone and waited for, recording one event per planned step (name: its node; cat: its op type)."""
+        alone and waited for, recording one event per planned step (name: its first node; cat: its op types, ``+``
+        joined for a fused step; ``args.nodes``: all its nodes)."""
 
         def on_step(step: PlannedStep, start_ns: int, end_ns: int, dispatches: int) -> None:
             self.add(
@@ -116,7 +117,7 @@ class SessionProfiler:
                 step.op_type,
                 start_ns,
                 end_ns,
-                {"placement": step.placement, "dispatches": dispatches},
+                {"placement": step.placement, "dispatches": dispatches, "nodes": list(step.node_names)},
             )
 
         program.run_timed(inputs, outputs, submit, wait, on_step, host)
