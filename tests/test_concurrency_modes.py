@@ -28,6 +28,7 @@ from conftest import owned_handles
 import ortgpu
 from bench.models import mlp
 from ortgpu_core._errors import InvalidArgumentError, OutOfMemoryError, ValidationError
+from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends._fake_oplog import FakeOperation, overlapping
 from ortgpu_core.backends.fake import FakeBackend
 
@@ -153,6 +154,33 @@ def test_execution_mode_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("ORTGPU_EXECUTION_MODE")
     with ortgpu.Env(backend="fake") as env:
         assert env.execution_mode == "concurrent"
+
+
+def test_the_operation_log_is_bounded_off_by_default_and_records_outermost_calls() -> None:
+    backend = FakeBackend()
+    device = backend.open_device(0)
+    buffer = device.create_buffer(16)
+    assert backend.operation_log() == []  # off by default
+    backend.operations.enable(capacity=5)
+    out = bytearray(16)
+    device.submit_and_read(CommandList(), [(buffer, 0, out)])  # one operation: its submit and read are inside it
+    assert [(op.kind, op.thread_name, op.failed) for op in backend.operation_log()] == [
+        ("submit", threading.current_thread().name, False)
+    ]
+    with pytest.raises(ValidationError):
+        device.write_buffer(buffer, 2, b"1234")  # unaligned: recorded as failed
+    assert backend.operation_log()[-1].kind == "write" and backend.operation_log()[-1].failed
+    for _ in range(10):
+        device.read_buffer(buffer, 0, 4)
+    log = backend.operation_log()
+    assert len(log) == 5 and all(op.kind == "read" for op in log)  # a ring of the last 5
+    assert all(a.end <= b.start for a, b in zip(log, log[1:]))
+    with pytest.raises(InvalidArgumentError):
+        backend.operations.set_latency(sumbit=0.001)
+    backend.operations.disable()
+    device.destroy_buffer(buffer)
+    assert len(backend.operation_log()) == 5
+    device.destroy()
 
 
 # -- ordering: the C3 hazard -------------------------------------------------------------------------------------

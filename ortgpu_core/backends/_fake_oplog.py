@@ -22,7 +22,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import Final, Iterator, Literal, Mapping, Sequence
+from typing import ContextManager, Final, Iterator, Literal, Mapping, Sequence
 
 from .._errors import InvalidArgumentError
 
@@ -44,6 +44,7 @@ OPERATION_KINDS: Final[tuple[OperationKind, ...]] = (
 )
 #: Records kept by default (the oldest go first).
 DEFAULT_CAPACITY: Final = 10000
+_NOTHING: Final = contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -134,12 +135,19 @@ class OperationLog:
         with self._guard:
             return list(self._ring)
 
+    def operation(self, kind: OperationKind, device: int) -> ContextManager[None]:
+        """Wrap one device call: sleep its latency and record it, if it is the thread's outermost call.
+
+        While nothing is recorded and no latency is set (the default) this is a shared no-op context."""
+        if not self._enabled and not self._latency:
+            return _NOTHING
+        return self._recorded(kind, device)
+
     @contextlib.contextmanager
-    def operation(self, kind: OperationKind, device: int) -> Iterator[None]:
-        """Wrap one device call: sleep its latency and record it, if it is the thread's outermost call."""
+    def _recorded(self, kind: OperationKind, device: int) -> Iterator[None]:
         local = self._local
         depth = getattr(local, "depth", 0)
-        if depth or (not self._enabled and not self._latency):
+        if depth:
             local.depth = depth + 1
             try:
                 yield
