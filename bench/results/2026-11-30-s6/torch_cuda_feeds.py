@@ -7,7 +7,7 @@ Run from the checkout's root: ``python3 bench/results/2026-11-30-s6/torch_cuda_f
 from __future__ import annotations
 
 import numpy as np
-import torch
+import torch  # type: ignore[import-not-found, unused-ignore]
 
 import ortgpu
 import ortgpu_core as core
