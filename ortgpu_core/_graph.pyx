@@ -32,7 +32,7 @@ import numpy as np
 
 from ._value cimport DeviceBuffer, OrtValue
 from .backends._commands cimport CommandList
-from ._errors import ArgumentTypeError, CaptureStateError, DeviceLostError, NotCopyable, ReleasedValueError
+from ._errors import ArgumentTypeError, CaptureStateError, DeviceError, DeviceLostError, NotCopyable, ReleasedValueError
 
 
 class GraphLabel:
@@ -125,6 +125,7 @@ cdef class CapturedGraph:
     cdef bint _released
     cdef object _lock  # serializes replay with release, so a replay never submits freed bind groups
     cdef object _guard  # None, or a callable raising CaptureStateError when the graph's decided inputs changed
+    cdef object _failure  # None, or the DeviceError a replay's submission raised: the graph is failed
     cdef readonly unsigned long long replays
 
     # A copy would be a second owner of the pins, the lock on the binding and the recorded work: releasing it
@@ -157,6 +158,7 @@ cdef class CapturedGraph:
         graph._released = False
         graph._lock = threading.Lock()
         graph._guard = guard
+        graph._failure = None
         graph.replays = 0
         return graph
 
@@ -179,6 +181,24 @@ cdef class CapturedGraph:
         return self._released
 
     @property
+    def failed(self):
+        """True once a replay's submission failed (a validation error, out-of-memory, device loss): every later
+        replay is refused; ``release()`` the graph (and capture again).  False again once released."""
+        return self._failure is not None and not self._released
+
+    @property
+    def failure(self):
+        """The error that failed the graph (see :attr:`failed`), or None."""
+        return self._failure
+
+    @property
+    def state(self):
+        """``"live"`` (replayable), ``"failed"`` (a replay failed: release it) or ``"released"``."""
+        if self._released:
+            return "released"
+        return "failed" if self._failure is not None else "live"
+
+    @property
     def dispatch_count(self):
         """Compute dispatches recorded in the graph."""
         return self._commands.dispatch_count
@@ -194,6 +214,24 @@ cdef class CapturedGraph:
                 f"capture it again with session.capture(binding, graph_id={self.graph_id!r})"
             )
             raise CaptureStateError(f"graph {self.label} was released and can no longer be replayed: {why}")
+        failure = self._failure
+        if failure is not None:
+            if isinstance(failure, DeviceLostError):
+                raise DeviceLostError(
+                    f"graph {self.label} failed: its device was lost ({failure}); release it, and create a new Env, "
+                    f"session and graph"
+                ) from failure
+            raise CaptureStateError(
+                f"graph {self.label} failed: a replay raised {type(failure).__name__}: {failure}. Its recorded work "
+                f"is no longer trusted; release it (graph.release() or "
+                f"session.release_captured_graph({self.graph_id!r})) and capture again"
+            ) from failure
+        return 0
+
+    cdef int _fail(self, error) except -1:
+        """Record that a replay's submission raised ``error`` (under ``_lock``): the graph is failed."""
+        if self._failure is None:
+            self._failure = error
         return 0
 
     def replay(self, verify=False):
@@ -220,8 +258,12 @@ cdef class CapturedGraph:
             if self._guard is not None:
                 self._guard()
             # Profiling off: one attribute check.  On: the owner replays the graph's program step by step, timed.
-            if getattr(self._owner, "profiler", None) is None or not self._owner.profile_replay(self, self._program):
-                self._submit(self._commands)
+            try:
+                if getattr(self._owner, "profiler", None) is None or not self._owner.profile_replay(self, self._program):
+                    self._submit(self._commands)
+            except DeviceError as error:
+                self._fail(error)
+                raise
             self.replays += 1
 
     def replay_async(self):
@@ -260,7 +302,14 @@ cdef class CapturedGraph:
             self._owner.check_open("replay a captured graph")
             if self._guard is not None:
                 self._guard()
-            if getattr(self._owner, "profiler", None) is not None and self._owner.profile_replay(self, self._program):
+            try:
+                profiled = getattr(self._owner, "profiler", None) is not None and self._owner.profile_replay(
+                    self, self._program
+                )
+            except DeviceError as error:
+                self._fail(error)
+                raise
+            if profiled:
                 self.replays += 1
                 arrays = self._binding.copy_outputs_to_cpu()
                 if self._program is not None:
@@ -273,7 +322,11 @@ cdef class CapturedGraph:
                 arrays.append(array)
                 if value._nbytes:
                     reads.append((value._buffer.handle, 0, array.reshape(-1).view(np.uint8)))
-            self._owner.submit_and_read(self._commands, reads)
+            try:
+                self._owner.submit_and_read(self._commands, reads)
+            except DeviceError as error:
+                self._fail(error)
+                raise
             self.replays += 1
             if self._program is not None:
                 # Synchronous already: a kernel that found invalid data (an index out of range) raises here.
@@ -291,11 +344,14 @@ cdef class CapturedGraph:
     def _replay_unchecked(self):
         """Internal: submit without the verify indirection (used by verification itself)."""
         with self._lock:
-            if self._released:
-                raise CaptureStateError(f"graph {self.label} was released and can no longer be replayed")
+            self._check_not_released()
             if self._guard is not None:
                 self._guard()
-            self._submit(self._commands)
+            try:
+                self._submit(self._commands)
+            except DeviceError as error:
+                self._fail(error)
+                raise
             self.replays += 1
 
     def release(self):
@@ -346,5 +402,9 @@ cdef class CapturedGraph:
         self.release()
 
     def __repr__(self):
-        state = " released" if self._released else f" replays={self.replays}"
+        state = (
+            " released" if self._released
+            else f" failed ({type(self._failure).__name__}) replays={self.replays}" if self._failure is not None
+            else f" replays={self.replays}"
+        )
         return f"<CapturedGraph {self.label} dispatches={self._commands.dispatch_count}{state}>"

@@ -2,7 +2,7 @@
 
 import asyncio
 from types import TracebackType
-from typing import Any, Callable, SupportsIndex, final
+from typing import Any, Callable, Literal, SupportsIndex, final
 
 import numpy.typing as npt
 from typing_extensions import Never
@@ -55,6 +55,12 @@ class CapturedGraph:
     def binding(self) -> FrozenIOBinding: ...
     @property
     def released(self) -> bool: ...
+    @property
+    def failed(self) -> bool: ...
+    @property
+    def failure(self) -> BaseException | None: ...
+    @property
+    def state(self) -> Literal["live", "failed", "released"]: ...
     @property
     def replays(self) -> int: ...
     @property
