@@ -46,6 +46,28 @@ from ortgpu_core import (
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
 from ortgpu_core._graph import CapturedGraph
 
+from ._ort_api import (
+    ExecutionMode,
+    ExecutionOrder,
+    Fail,
+    GraphOptimizationLevel,
+    ModelMetadata,
+    OrtAllocatorType,
+    OrtDevice,
+    OrtMemoryInfo,
+    OrtMemType,
+    SessionOptions,
+    disable_telemetry_events,
+    enable_telemetry_events,
+    get_all_providers,
+    get_available_providers,
+    get_build_info,
+    get_device,
+    get_version_string,
+    set_default_logger_severity,
+    set_default_logger_verbosity,
+    set_seed,
+)
 from ._run_options import NodeArg, NodePlacement, RunOptions
 from ._session import InferenceSession
 
@@ -90,4 +112,25 @@ __all__ = [
     "ArgumentTypeError",
     "ShapeError",
     "DtypeError",
+    # onnxruntime's module surface (ortgpu._ort_api)
+    "SessionOptions",
+    "GraphOptimizationLevel",
+    "ExecutionMode",
+    "ExecutionOrder",
+    "OrtAllocatorType",
+    "OrtMemType",
+    "OrtDevice",
+    "OrtMemoryInfo",
+    "ModelMetadata",
+    "Fail",
+    "get_available_providers",
+    "get_all_providers",
+    "get_device",
+    "get_version_string",
+    "get_build_info",
+    "enable_telemetry_events",
+    "disable_telemetry_events",
+    "set_default_logger_severity",
+    "set_default_logger_verbosity",
+    "set_seed",
 ]

@@ -154,6 +154,9 @@ class LoadedModel:
     ir_version: int
     model_dir: str | None = None
     producer: str = ""
+    #: The model's metadata as onnxruntime's ``ModelMetadata`` has it (producer_name, graph_name, domain,
+    #: description, graph_description, version, custom_metadata_map).
+    metadata: dict[str, Any] = field(default_factory=dict)
     folded_nodes: list[str] = field(default_factory=list)
     #: The limits it was loaded under, and the bytes of constants folding created at load (counted against
     #: ``limits.max_fold_bytes`` together with what each plan folds).
@@ -506,13 +509,54 @@ def _check_supported(nodes: Sequence[GraphNode]) -> None:
         )
 
 
+def _list_initializers_as_inputs(graph: onnx.GraphProto) -> None:
+    listed = {v.name for v in graph.input}
+    for tensor in graph.initializer:
+        if tensor.name not in listed:
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+
+
+def _apply_overrides(
+    model: onnx.ModelProto, initializers: Mapping[str, np.ndarray], free_dims: Mapping[str, int]
+) -> None:
+    """Replace initializers and fix symbolic input dimensions (SessionOptions' overrides), before checking."""
+    if initializers:
+        present = {t.name: i for i, t in enumerate(model.graph.initializer)}
+        unknown = sorted(set(initializers) - set(present))
+        if unknown:
+            raise InvalidModelError(
+                f"initializer overrides {unknown} name no initializer of the model; its initializers are "
+                f"{sorted(present)[:20]}"
+            )
+        for name, array in initializers.items():
+            old = model.graph.initializer[present[name]]
+            new = onnx.numpy_helper.from_array(np.asarray(array), name)
+            if new.data_type != old.data_type or list(new.dims) != list(old.dims):
+                raise InvalidModelError(
+                    f"initializer override {name!r} has type {new.data_type} and shape {list(new.dims)}; the model's "
+                    f"has type {old.data_type} and shape {list(old.dims)}"
+                )
+            old.CopyFrom(new)
+    for name, size in free_dims.items():
+        for value in model.graph.input:
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.HasField("dim_param") and dim.dim_param == name:
+                    dim.dim_value = int(size)
+
+
 def load_model(
     path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto,
     *,
     max_fold_bytes: int | None = None,
     max_nodes: int | None = None,
+    initializer_overrides: Mapping[str, np.ndarray] | None = None,
+    free_dimension_overrides: Mapping[str, int] | None = None,
 ) -> LoadedModel:
     """Load, check and pre-process an ONNX model.
+
+    ``initializer_overrides`` (name -> array) replace the model's initializers of those names (onnxruntime's
+    ``SessionOptions.add_initializer`` / ``add_external_initializers``); ``free_dimension_overrides`` (dim_param ->
+    size) fix the graph inputs' symbolic dimensions of those names (``add_free_dimension_override_by_name``).
 
     Raises :class:`InvalidModelError` for malformed files (truncated,
     failing onnx's checker, external data outside the model's folder) and
@@ -528,12 +572,20 @@ def load_model(
     model, model_dir = _parse(path_or_bytes)
     check_node_count(count_nodes(model.graph), limits)  # subgraph nodes count too
     opsets = _check_versions(model)
+    # Before external data: an override may replace an initializer whose data file is not there (onnxruntime's
+    # add_external_initializers).
+    _apply_overrides(model, initializer_overrides or {}, free_dimension_overrides or {})
     if _check_external_data(model, model_dir):
         assert model_dir is not None
         try:
             external_data_helper.load_external_data_for_model(model, model_dir)
         except Exception as error:  # noqa: BLE001
             raise InvalidModelError(f"cannot read the model's external data: {error}") from error
+    if model.ir_version < 4:
+        # IR 3 requires every initializer to be a graph input too; onnxruntime loads such models anyway, reading an
+        # initializer that is not listed as a constant.  List the missing ones so onnx's checker accepts the model:
+        # they are constants either way (inputs below leave initializers out).
+        _list_initializers_as_inputs(model.graph)
     try:
         with _OutputsFilledForChecker(model.graph):
             onnx.checker.check_model(model)
@@ -574,6 +626,15 @@ def load_model(
         ir_version=int(model.ir_version),
         model_dir=model_dir,
         producer=model.producer_name,
+        metadata={
+            "producer_name": model.producer_name,
+            "graph_name": graph.name,
+            "domain": model.domain,
+            "description": model.doc_string,
+            "graph_description": graph.doc_string,
+            "version": int(model.model_version),
+            "custom_metadata_map": {p.key: p.value for p in model.metadata_props},
+        },
         folded_nodes=folded,
         limits=limits,
         folded_bytes=budget.spent,

@@ -6,7 +6,7 @@ They follow onnxruntime's Python API and hold no device state, so they live apar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -26,11 +26,22 @@ class RunOptions:
     session's ``run_with_iobinding``, as in onnxruntime; ordinary otherwise)."""
 
     gpu_graph_id: int | None = None
+    #: onnxruntime's fields, accepted with no effect on results: ``logid``, ``log_severity_level``,
+    #: ``log_verbosity_level`` (ortgpu logs nothing per run), ``only_execute_path_to_fetches`` (ortgpu plans the
+    #: whole graph; outputs not fetched are still computed).  ``terminate`` is refused when set (a run cannot be
+    #: cancelled part way through its device submissions).
+    logid: str = ""
+    log_severity_level: int = 2
+    log_verbosity_level: int = 0
+    only_execute_path_to_fetches: bool = False
+    terminate: bool = False
+    _other_entries: dict[str, str] = field(default_factory=dict, repr=False)
 
     def add_run_config_entry(self, key: str, value: str) -> None:
-        """onnxruntime's spelling: ``add_run_config_entry("gpu_graph_id", "1")``."""
+        """onnxruntime's spelling: ``add_run_config_entry("gpu_graph_id", "1")``.  Other keys are kept (no effect)."""
         if key != "gpu_graph_id":
-            raise InvalidArgumentError(f"unknown run config entry {key!r}; ortgpu knows 'gpu_graph_id'")
+            self._other_entries[str(key)] = str(value)
+            return
         try:
             self.gpu_graph_id = int(value)
         except ValueError:
@@ -38,7 +49,9 @@ class RunOptions:
 
     def get_run_config_entry(self, key: str) -> str:
         if key != "gpu_graph_id":
-            raise InvalidArgumentError(f"unknown run config entry {key!r}; ortgpu knows 'gpu_graph_id'")
+            if key not in self._other_entries:
+                raise InvalidArgumentError(f"RunOptions does not have configuration with key: {key}")
+            return self._other_entries[key]
         return "" if self.gpu_graph_id is None else str(self.gpu_graph_id)
 
 

@@ -53,6 +53,16 @@ from ortgpu_core._graph import CapturedGraph
 
 from ._capture import check_graph_id
 from ._model import load_model
+from ._ort_api import (
+    CPU_PROVIDER,
+    WEBGPU_PROVIDER,
+    Fail,
+    GraphOptimizationLevel,
+    ModelMetadata,
+    ProviderArg,
+    SessionOptions,
+    normalize_providers,
+)
 from ._profiling import ProfilingRecord, SessionProfiler
 from ._run_options import NodeArg, NodePlacement, RunOptions, _node_arg
 from ._runner import AnyBinding, AnyValue, SessionRunner
@@ -134,6 +144,9 @@ class InferenceSession(NotCopyable):
     def __init__(
         self,
         path_or_bytes: str | bytes | os.PathLike[str],
+        sess_options: SessionOptions | None = None,
+        providers: Sequence[ProviderArg] | None = None,
+        provider_options: Sequence[Mapping[str, Any]] | None = None,
         *,
         env: Env | None = None,
         device: Device | None = None,
@@ -147,20 +160,76 @@ class InferenceSession(NotCopyable):
         profile_file_prefix: str | os.PathLike[str] | None = None,
     ) -> None:
         self.session_id: int = next(_session_ids)
+        if sess_options is not None and not isinstance(sess_options, SessionOptions):
+            raise ArgumentTypeError(
+                f"sess_options must be ortgpu.SessionOptions, got {type(sess_options).__name__}"
+            )
+        self._sess_options: SessionOptions = sess_options if sess_options is not None else SessionOptions()
+        options = self._sess_options
+        if profile_file_prefix is None and options.enable_profiling:
+            profile_file_prefix = options.profile_file_prefix
         self.profile_file_prefix: str = (
             os.fspath(profile_file_prefix) if profile_file_prefix is not None else "ortgpu_profile"
         )
+        self._model_source = path_or_bytes
+        self._user_env = env
+        self._user_device = device
+        self._settings = {
+            "graph_capture": bool(graph_capture),
+            "allow_cpu_fallback": bool(allow_cpu_fallback) and not options.disables_cpu_fallback,
+            "verify_replays": bool(verify_replays),
+            "fuse": bool(fuse) and options.graph_optimization_level != GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "max_fold_bytes": max_fold_bytes,
+            "max_nodes": max_nodes,
+        }
+        self._build(providers, provider_options, profile or options.enable_profiling)
+
+    def _build(
+        self,
+        providers: Sequence[ProviderArg] | None,
+        provider_options: Sequence[Mapping[str, Any]] | None,
+        profile: bool,
+    ) -> None:
+        """Choose the Env and device from the providers, load the model with the session options, plan."""
+        names, options = normalize_providers(providers, provider_options)
+        env, device = self._user_env, self._user_device
+        allow_cpu = bool(self._settings["allow_cpu_fallback"])
+        if WEBGPU_PROVIDER not in names:
+            # CPU alone: every node on the CPU, through the numpy twins of the kernels (the fake backend's device
+            # runs them on the host).  Slow; for checks and machines without a GPU.
+            if env is None:
+                env = _cpu_env()
+            elif env.backend_name != "fake":
+                raise InvalidArgumentError(
+                    "providers=['CPUExecutionProvider'] runs the model on the host (numpy); the env= given is a "
+                    f"{env.backend_name!r} Env: drop env=, or add 'WebGpuExecutionProvider' to the providers"
+                )
+        elif CPU_PROVIDER not in names:
+            allow_cpu = False  # onnxruntime's meaning: the listed providers only
         self.env: Env = env if env is not None else get_env()
+        webgpu_options = options[names.index(WEBGPU_PROVIDER)] if WEBGPU_PROVIDER in names else {}
+        if device is None and webgpu_options:
+            device = _device_from_options(self.env, webgpu_options)
         self.device: Device = self.env.check_device(device if device is not None else self.env.default_device)
+        self._providers = names
+        self._provider_options = options
+        opts = self._sess_options
+        model = load_model(
+            self._model_source,
+            max_fold_bytes=self._settings["max_fold_bytes"],  # type: ignore[arg-type]
+            max_nodes=self._settings["max_nodes"],  # type: ignore[arg-type]
+            initializer_overrides=opts.initializer_arrays(),
+            free_dimension_overrides=opts.free_dimensions(),
+        )
         self._runner = SessionRunner(
             self.session_id,
             self.env,
             self.device,
-            load_model(path_or_bytes, max_fold_bytes=max_fold_bytes, max_nodes=max_nodes),
-            graph_capture=bool(graph_capture),
-            allow_cpu_fallback=bool(allow_cpu_fallback),
-            verify_replays=bool(verify_replays),
-            fuse=bool(fuse),
+            model,
+            graph_capture=bool(self._settings["graph_capture"]),
+            allow_cpu_fallback=allow_cpu,
+            verify_replays=bool(self._settings["verify_replays"]),
+            fuse=bool(self._settings["fuse"]),
         )
         try:
             model = self._runner.model
@@ -172,6 +241,8 @@ class InferenceSession(NotCopyable):
                     {i.name: i.dtype for i in model.inputs},
                 )
             self.env._register_session(self)  # Env.close() closes the session (graphs first) before its devices
+            if opts.optimized_model_filepath:
+                _save_loaded_model(self._model_source, opts)
             if profile:
                 self.start_profiling()
         except BaseException:
@@ -224,11 +295,57 @@ class InferenceSession(NotCopyable):
         return [_described(info) for info in self._runner.model.outputs]
 
     def get_providers(self) -> list[str]:
-        return (
-            ["WebGpuExecutionProvider", "CPUExecutionProvider"]
-            if self.allow_cpu_fallback
-            else ["WebGpuExecutionProvider"]
-        )
+        """The providers this session uses, as onnxruntime names them (the CPU one where nodes may run there)."""
+        if WEBGPU_PROVIDER not in self._providers:
+            return [CPU_PROVIDER]
+        return [WEBGPU_PROVIDER, CPU_PROVIDER] if self.allow_cpu_fallback else [WEBGPU_PROVIDER]
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        """Each provider's options (strings, as onnxruntime gives them)."""
+        out = {name: dict(opts) for name, opts in zip(self._providers, self._provider_options)}
+        if WEBGPU_PROVIDER in out:
+            out[WEBGPU_PROVIDER].setdefault("deviceId", str(self.device.index))
+        return {name: out.get(name, {}) for name in self.get_providers()}
+
+    def set_providers(
+        self,
+        providers: Sequence[ProviderArg] | None = None,
+        provider_options: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Re-create the session on other providers (onnxruntime's semantics): captured graphs, bindings and
+        session-owned values of the previous session are released."""
+        normalize_providers(providers, provider_options)  # refuse bad names before closing anything
+        profiling = self.profiling_active
+        self.close()
+        self._build(providers, provider_options, profiling)
+
+    def get_session_options(self) -> SessionOptions:
+        return self._sess_options
+
+    def get_modelmeta(self) -> ModelMetadata:
+        return ModelMetadata(**self._runner.model.metadata)
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        """Initializers a feed may override (onnxruntime: those also listed as graph inputs, IR >= 4).  ortgpu
+        treats every initializer as a constant, so none: feed it as a graph input or use
+        ``SessionOptions.add_initializer``."""
+        return []
+
+    def run_with_ortvaluevector(
+        self,
+        run_options: RunOptions | None,
+        feed_names: Sequence[str],
+        feeds: Sequence[AnyValue],
+        fetch_names: Sequence[str],
+        fetches: list[Any],
+        fetch_devices: Sequence[Any] | None = None,
+    ) -> None:
+        """onnxruntime's vector spelling of :meth:`run_with_ort_values`: ``fetches`` (a list) is filled with the
+        outputs named ``fetch_names``, in order."""
+        if len(feed_names) != len(feeds):
+            raise InvalidArgumentError(f"{len(feed_names)} feed names but {len(feeds)} feeds")
+        results = self.run_with_ort_values(list(fetch_names), dict(zip(feed_names, feeds)), run_options)
+        fetches[:] = results
 
     def get_node_placement(
         self,
@@ -362,6 +479,9 @@ class InferenceSession(NotCopyable):
             return None
         if not isinstance(run_options, RunOptions):
             raise ArgumentTypeError(f"run_options must be ortgpu.RunOptions, got {type(run_options).__name__}")
+        if run_options.terminate:
+            # onnxruntime's behaviour: a run whose options say terminate does not run.
+            raise Fail("Exiting due to terminate flag being set to true.")
         return run_options.gpu_graph_id
 
     def _refuse_graph_id(self, run_options: RunOptions | None, method: str) -> None:
@@ -603,6 +723,49 @@ class InferenceSession(NotCopyable):
     @property
     def captured_graph_ids(self) -> list[int]:
         return self._runner.graphs.ids()
+
+
+_cpu_env_instance: Env | None = None
+_cpu_env_guard = threading.Lock()
+
+
+def _cpu_env() -> Env:
+    """The process's host Env (the fake backend: numpy twins of the kernels) for CPU-only sessions."""
+    global _cpu_env_instance
+    with _cpu_env_guard:
+        if _cpu_env_instance is None or _cpu_env_instance.closed:
+            _cpu_env_instance = Env(backend="fake")
+        return _cpu_env_instance
+
+
+def _device_from_options(env: Env, options: Mapping[str, str]) -> Device:
+    """The WebGPU provider's ``deviceId`` (or ``device_id``) option: an index into ``env.devices``."""
+    known = {"deviceId", "device_id"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise InvalidArgumentError(
+            f"WebGpuExecutionProvider options {unknown} are not supported by ortgpu; it knows {sorted(known)} "
+            "(pass env=/device= for more control)"
+        )
+    raw = options.get("deviceId", options.get("device_id", "0"))
+    try:
+        index = int(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"WebGpuExecutionProvider deviceId must be an integer, got {raw!r}") from None
+    if not 0 <= index < len(env.devices):
+        raise InvalidArgumentError(f"WebGpuExecutionProvider deviceId {index}: this Env has {len(env.devices)} devices")
+    return env.devices[index]
+
+
+def _save_loaded_model(source: object, options: SessionOptions) -> None:
+    """``optimized_model_filepath``: save the model as loaded (ortgpu's rewrites are not ONNX; overrides applied)."""
+    import onnx
+
+    from ._model import _apply_overrides, _parse
+
+    model, _ = _parse(source)  # type: ignore[arg-type]
+    _apply_overrides(model, options.initializer_arrays(), options.free_dimensions())
+    onnx.save_model(model, options.optimized_model_filepath)
 
 
 def _as_sequence(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:

@@ -1,0 +1,394 @@
+"""onnxruntime's module-level Python API, as ortgpu answers it: providers, build information, ``SessionOptions``,
+``GraphOptimizationLevel``, ``ExecutionMode``, ``OrtDevice``, ``OrtMemoryInfo``, ``ModelMetadata``.
+
+These hold no device state.  ``SessionOptions`` fields that change nothing in ortgpu (threads, arenas, memory
+patterns, log levels) are accepted and kept, documented as having no effect; those whose acceptance would change
+results are either honoured (initializers, free dimension overrides, ``session.disable_cpu_ep_fallback``,
+``graph_optimization_level``) or refused with a typed error (custom-op libraries).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import platform
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from ortgpu_core import InvalidArgumentError, OrtGpuError, OrtValue, UnsupportedOpError
+
+__all__ = [
+    "WEBGPU_PROVIDER",
+    "CPU_PROVIDER",
+    "Fail",
+    "GraphOptimizationLevel",
+    "ExecutionMode",
+    "ExecutionOrder",
+    "OrtAllocatorType",
+    "OrtMemType",
+    "OrtDevice",
+    "OrtMemoryInfo",
+    "ModelMetadata",
+    "SessionOptions",
+    "get_available_providers",
+    "get_all_providers",
+    "get_device",
+    "get_version_string",
+    "get_build_info",
+    "enable_telemetry_events",
+    "disable_telemetry_events",
+    "set_default_logger_severity",
+    "set_default_logger_verbosity",
+    "set_seed",
+    "normalize_providers",
+]
+
+WEBGPU_PROVIDER = "WebGpuExecutionProvider"
+CPU_PROVIDER = "CPUExecutionProvider"
+_PROVIDERS = (WEBGPU_PROVIDER, CPU_PROVIDER)
+
+
+class Fail(OrtGpuError, RuntimeError):
+    """onnxruntime's generic failure (``onnxruntime.capi.onnxruntime_pybind11_state.Fail``): raised where
+    onnxruntime raises it for a session option it cannot honour (an unknown config entry...)."""
+
+
+class GraphOptimizationLevel(enum.IntEnum):
+    """onnxruntime's optimization levels.  ``ORT_DISABLE_ALL`` plans node by node (``fuse=False``); every other
+    level applies ortgpu's rewrites (BatchNormalization folding, epilogue fusion, Transpose folding)."""
+
+    ORT_DISABLE_ALL = 0
+    ORT_ENABLE_BASIC = 1
+    ORT_ENABLE_EXTENDED = 2
+    ORT_ENABLE_LAYOUT = 3
+    ORT_ENABLE_ALL = 99
+
+
+class ExecutionMode(enum.IntEnum):
+    """Accepted, no effect: ortgpu runs a session's planned steps in order on one device queue."""
+
+    ORT_SEQUENTIAL = 0
+    ORT_PARALLEL = 1
+
+
+class ExecutionOrder(enum.IntEnum):
+    """Accepted, no effect: ortgpu's planner orders the nodes (topologically)."""
+
+    DEFAULT = 0
+    PRIORITY_BASED = 1
+    MEMORY_EFFICIENT = 2
+
+
+class OrtAllocatorType(enum.IntEnum):
+    INVALID = -1
+    ORT_DEVICE_ALLOCATOR = 0
+    ORT_ARENA_ALLOCATOR = 1
+
+
+class OrtMemType(enum.IntEnum):
+    CPU_INPUT = -2
+    CPU_OUTPUT = -1
+    CPU = -1
+    DEFAULT = 0
+
+
+class OrtDevice:
+    """A device as onnxruntime names it: ``OrtDevice(OrtDevice.cpu(), OrtDevice.default_memory(), 0)``.
+
+    ortgpu's WebGPU devices are ``OrtDevice.gpu()`` with vendor id 0 here (the adapter's vendor is on
+    :class:`ortgpu.Device`).
+    """
+
+    __slots__ = ("_type", "_mem", "_id", "_vendor")
+
+    def __init__(self, device_type: int, memory_type: int, device_id: int, vendor_id: int = 0) -> None:
+        self._type = int(device_type)
+        self._mem = int(memory_type)
+        self._id = int(device_id)
+        self._vendor = int(vendor_id)
+
+    @staticmethod
+    def cpu() -> int:
+        return 0
+
+    @staticmethod
+    def cuda() -> int:
+        return 1
+
+    @staticmethod
+    def gpu() -> int:
+        return 1
+
+    @staticmethod
+    def fpga() -> int:
+        return 2
+
+    @staticmethod
+    def npu() -> int:
+        return 3
+
+    @staticmethod
+    def dml() -> int:
+        return 4
+
+    @staticmethod
+    def default_memory() -> int:
+        return 0
+
+    def device_type(self) -> int:
+        return self._type
+
+    def device_id(self) -> int:
+        return self._id
+
+    def device_mem_type(self) -> int:
+        return self._mem
+
+    def device_vendor_id(self) -> int:
+        return self._vendor
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OrtDevice) and (self._type, self._mem, self._id, self._vendor) == (
+            other._type,
+            other._mem,
+            other._id,
+            other._vendor,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self._type, self._mem, self._id, self._vendor))
+
+    def __repr__(self) -> str:
+        return f"OrtDevice(type={self._type}, mem={self._mem}, id={self._id}, vendor={self._vendor})"
+
+
+@dataclass(frozen=True)
+class OrtMemoryInfo:
+    """``OrtMemoryInfo(name, alloc_type, id, mem_type)``, as onnxruntime spells it; ``name`` is "Cpu" or
+    "WebGPU_Buffer" (onnxruntime's WebGPU name)."""
+
+    name: str
+    alloc_type: int = OrtAllocatorType.ORT_ARENA_ALLOCATOR
+    id: int = 0
+    mem_type: int = OrtMemType.DEFAULT
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """``session.get_modelmeta()``: the model's metadata, as onnxruntime's ``ModelMetadata`` has it."""
+
+    producer_name: str = ""
+    graph_name: str = ""
+    domain: str = ""
+    description: str = ""
+    graph_description: str = ""
+    version: int = 0
+    custom_metadata_map: dict[str, str] = field(default_factory=dict)
+
+
+#: Session config keys ortgpu acts on; every other key is kept (``get_session_config_entry``) with no effect.
+DISABLE_CPU_FALLBACK_KEY = "session.disable_cpu_ep_fallback"
+
+
+class SessionOptions:
+    """onnxruntime's ``SessionOptions``.  What each field does in ortgpu:
+
+    * ``graph_optimization_level``: ``ORT_DISABLE_ALL`` plans node by node (``fuse=False``); others fuse.
+    * ``enable_profiling`` / ``profile_file_prefix``: the session's profiler (``end_profiling()`` writes the trace).
+    * ``optimized_model_filepath``: the model as loaded (after the initializer and dimension overrides) is saved
+      there; ortgpu's plan rewrites are not ONNX, so it is not "optimized".
+    * ``add_initializer`` / ``add_external_initializers``: replace the model's initializers of those names.
+    * ``add_free_dimension_override_by_name``: fixes the inputs' symbolic dimensions of that name.
+    * config entry ``session.disable_cpu_ep_fallback`` = "1": no node may run on the CPU
+      (``allow_cpu_fallback=False``).  Every other config entry is kept and has no effect.
+    * ``register_custom_ops_library``, ``add_free_dimension_override_by_denotation``: refused
+      (:class:`UnsupportedOpError`): they would change what the model computes, and ortgpu cannot load them.
+    * No effect (accepted, kept, documented): ``execution_mode``, ``execution_order``, ``intra_op_num_threads``,
+      ``inter_op_num_threads``, ``enable_cpu_mem_arena``, ``enable_mem_pattern``, ``enable_mem_reuse``,
+      ``use_deterministic_compute`` (ortgpu's kernels are deterministic), ``log_severity_level``,
+      ``log_verbosity_level``, ``logid``, ``use_per_session_threads``.
+    """
+
+    def __init__(self) -> None:
+        self.graph_optimization_level: GraphOptimizationLevel = GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.execution_mode: ExecutionMode = ExecutionMode.ORT_SEQUENTIAL
+        self.execution_order: ExecutionOrder = ExecutionOrder.DEFAULT
+        self.intra_op_num_threads: int = 0
+        self.inter_op_num_threads: int = 0
+        self.enable_profiling: bool = False
+        self.profile_file_prefix: str = "onnxruntime_profile_"
+        self.optimized_model_filepath: str = ""
+        self.log_severity_level: int = 2
+        self.log_verbosity_level: int = 0
+        self.logid: str = ""
+        self.enable_mem_pattern: bool = True
+        self.enable_mem_reuse: bool = True
+        self.enable_cpu_mem_arena: bool = True
+        self.use_deterministic_compute: bool = False
+        self.use_per_session_threads: bool = True
+        self._config: dict[str, str] = {}
+        self._initializers: dict[str, OrtValue[Any] | npt.NDArray[Any]] = {}
+        self._free_dimensions: dict[str, int] = {}
+
+    # -- config entries -------------------------------------------------------------
+    def add_session_config_entry(self, key: str, value: str) -> None:
+        self._config[str(key)] = str(value)
+
+    def get_session_config_entry(self, key: str) -> str:
+        try:
+            return self._config[key]
+        except KeyError:
+            raise Fail(f"SessionOptions does not have configuration with key: {key}") from None
+
+    # -- overrides ----------------------------------------------------------------------
+    def add_initializer(self, name: str, value: OrtValue[Any] | npt.NDArray[Any]) -> None:
+        """Replace the model's initializer ``name`` with ``value`` (a host OrtValue or a numpy array) in sessions
+        made with these options.  The type and shape must match the model's initializer."""
+        if not isinstance(value, (OrtValue, np.ndarray)):
+            raise InvalidArgumentError(f"add_initializer({name!r}, ...) takes an OrtValue or a numpy array")
+        self._initializers[str(name)] = value
+
+    def add_external_initializers(
+        self, names: Sequence[str], values: Sequence[OrtValue[Any] | npt.NDArray[Any]]
+    ) -> None:
+        if len(names) != len(values):
+            raise InvalidArgumentError(f"add_external_initializers: {len(names)} names but {len(values)} values")
+        for name, value in zip(names, values):
+            self.add_initializer(name, value)
+
+    def add_free_dimension_override_by_name(self, dim_name: str, dim_value: int) -> None:
+        if int(dim_value) < 0:
+            raise InvalidArgumentError(f"free dimension {dim_name!r}: size must be >= 0, got {dim_value}")
+        self._free_dimensions[str(dim_name)] = int(dim_value)
+
+    def add_free_dimension_override_by_denotation(self, dim_name: str, dim_value: int) -> None:
+        raise UnsupportedOpError(
+            "add_free_dimension_override_by_denotation: ortgpu does not read dimension denotations; use "
+            "add_free_dimension_override_by_name with the dimension's name"
+        )
+
+    def register_custom_ops_library(self, library_path: str) -> None:
+        raise UnsupportedOpError(
+            f"register_custom_ops_library({library_path!r}): ortgpu cannot load onnxruntime custom-op libraries "
+            "(native kernels for onnxruntime's C API); models with custom-domain ops are refused at load"
+        )
+
+    # -- what sessions read -------------------------------------------------------------
+    def initializer_arrays(self) -> dict[str, npt.NDArray[Any]]:
+        """The added initializers as host arrays (device values are read back)."""
+        out: dict[str, npt.NDArray[Any]] = {}
+        for name, value in self._initializers.items():
+            if isinstance(value, np.ndarray):
+                out[name] = value
+            elif value.device_name() == "cpu":
+                out[name] = np.array(value.numpy())
+            else:
+                out[name] = value._device_buffer().read(tuple(value.shape()), value.dtype)  # type: ignore[union-attr]
+        return out
+
+    def free_dimensions(self) -> dict[str, int]:
+        return dict(self._free_dimensions)
+
+    def config_entries(self) -> dict[str, str]:
+        return dict(self._config)
+
+    @property
+    def disables_cpu_fallback(self) -> bool:
+        return self._config.get(DISABLE_CPU_FALLBACK_KEY, "0") == "1"
+
+
+# -- module functions ---------------------------------------------------------------------
+def get_available_providers() -> list[str]:
+    """The providers ortgpu has: ``["WebGpuExecutionProvider", "CPUExecutionProvider"]`` (the CPU one runs
+    nodes the device cannot, or, alone, the whole model through the numpy twins of the kernels: slow)."""
+    return list(_PROVIDERS)
+
+
+def get_all_providers() -> list[str]:
+    """onnxruntime lists every provider it knows, CPU last; ortgpu knows these two."""
+    return list(_PROVIDERS)
+
+
+def get_device() -> str:
+    """onnxruntime's build-target name: "WebGPU" (ortgpu's default device type)."""
+    return "WebGPU"
+
+
+def get_version_string() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def get_build_info() -> str:
+    from . import __version__
+
+    return f"ortgpu {__version__}, wgpu-native backend, python {platform.python_version()} ({os.name})"
+
+
+def enable_telemetry_events() -> None:
+    """No effect: ortgpu sends no telemetry."""
+
+
+def disable_telemetry_events() -> None:
+    """No effect: ortgpu sends no telemetry."""
+
+
+def set_default_logger_severity(severity: int) -> None:
+    """Accepted, no effect (ortgpu logs nothing by itself)."""
+    if not 0 <= int(severity) <= 4:
+        raise InvalidArgumentError(f"severity must be 0..4, got {severity}")
+
+
+def set_default_logger_verbosity(verbosity: int) -> None:
+    """Accepted, no effect."""
+
+
+def set_seed(seed: int) -> None:
+    """Accepted, no effect: ortgpu has no random operators that draw from a session seed."""
+
+
+ProviderArg = str | tuple[str, Mapping[str, Any]]
+
+
+def normalize_providers(
+    providers: Sequence[ProviderArg] | None, provider_options: Sequence[Mapping[str, Any]] | None
+) -> tuple[list[str], list[dict[str, str]]]:
+    """onnxruntime's provider arguments (names, or ``(name, options)`` pairs; or names with a parallel
+    ``provider_options`` list) as names and options; unknown names refused with the available ones."""
+    if providers is None:
+        return [WEBGPU_PROVIDER, CPU_PROVIDER], [{}, {}]
+    if isinstance(providers, str):
+        raise InvalidArgumentError(f"providers must be a list of names, got the string {providers!r}")
+    if provider_options is not None and len(provider_options) != len(providers):
+        raise InvalidArgumentError("'providers' and 'provider_options' should be the same length if both are given.")
+    names: list[str] = []
+    options: list[dict[str, str]] = []
+    for index, item in enumerate(providers):
+        if isinstance(item, tuple):
+            if len(item) != 2 or not isinstance(item[0], str) or not isinstance(item[1], Mapping):
+                raise InvalidArgumentError(f"provider {item!r}: expected a name or a (name, options dict) pair")
+            if provider_options is not None:
+                raise InvalidArgumentError(
+                    "Only one of 'providers' and 'provider_options' can contain provider options."
+                )
+            name, opts = item[0], dict(item[1])
+        elif isinstance(item, str):
+            name = item
+            opts = dict(provider_options[index]) if provider_options is not None else {}
+        else:
+            raise InvalidArgumentError(f"provider {item!r}: expected a name or a (name, options dict) pair")
+        if name not in _PROVIDERS:
+            raise InvalidArgumentError(
+                f"{name} is not in available provider names. Available providers: '{', '.join(_PROVIDERS)}'"
+            )
+        if name in names:
+            raise InvalidArgumentError(f"provider {name!r} is listed twice")
+        names.append(name)
+        options.append({str(k): str(v) for k, v in opts.items()})
+    if not names:
+        raise InvalidArgumentError(f"providers is empty; available providers: {list(_PROVIDERS)}")
+    return names, options
