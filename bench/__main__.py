@@ -9,6 +9,7 @@ Examples::
     python -m bench --overhead            # host cost per replayed dispatch vs wgpu-py's classes
     python -m bench --model lstm-ocr --batch 8 --vs onnxruntime  # CRNN recognizer: 3 x Conv, 2 x biLSTM 128
     python -m bench --model vad --vs onnxruntime                 # Silero-like VAD: If on sr, LSTM 128, state
+    python -m bench --model mlp16 --threads 1,2,4,8 --capture both   # K threads, each with its own session
 
 Models: ``mlp16``, ``resnet``, ``bert``; ``lstm-ocr`` (a CRNN text recognizer: image ``[batch, 1, 32, 128]``,
 three Conv + Relu + MaxPool stages, two bidirectional LSTM layers of 128, 100 classes per column, see
@@ -27,6 +28,12 @@ JSON as ``capture_refused``, and the other arms are reported. Every peer arm's o
 before timing (its first and second call: a captured peer's recording run and a replay): an arm that differs is not
 timed, and recorded as ``peer_wrong_outputs`` when another onnxruntime arm agrees with ortgpu; when none does, the
 bench stops without reporting any timing.
+
+With ``--threads K[,K2,...]`` the bench measures throughput with threads instead (``bench/threads.py``): K threads,
+each driving its own session (and, captured, its own graph over its own device I/O) on one device, started together
+at a barrier after their warm-up, for ``--iterations`` steps each (or ``--seconds``); per K, arm and boundary it
+reports the aggregate steps per second and each thread's p50 and p99 (JSON: ``threads``). Every session's outputs are
+compared with the single-thread reference before timing and after.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from .flops import model_flops
 from .harness import ArmResult, OrtgpuArms, median_ms, summarize, time_loop
 from .models import conv_chain, matmul_chain, mlp, random_feeds, resnet, transformer_encoder
 from .recurrent_models import crnn_recognizer, silero_like_vad, vad_feeds
+from .threads import parse_thread_counts, print_table, run_threads, scaling
 
 #: The captured arm that reads its outputs with graph.replay_and_read() (end_to_end only).
 READ_ARM = "ortgpu capture on, replay_and_read"
@@ -238,7 +246,32 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure the host cost per replayed dispatch (vs wgpu-py) and spinning vs blocking waits",
     )
     parser.add_argument("--overhead-only", action="store_true", help="run only the host-overhead micro-benchmark")
+    parser.add_argument(
+        "--threads",
+        default=None,
+        help="measure throughput with K threads, each with its own session on one device, for each K of a comma "
+        "list (e.g. 1,2,4,8): aggregate steps/s and per-thread p50/p99 (not with --vs, --overhead, --plot)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="with --threads: time each (K, arm, boundary) for this many seconds instead of --iterations per thread",
+    )
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        try:
+            args.thread_counts = parse_thread_counts(args.threads)
+        except ValueError as error:
+            parser.error(str(error))
+        if args.vs or args.overhead or args.overhead_only or args.plot:
+            parser.error("--threads measures ortgpu's threaded throughput only: leave out --vs, --overhead and --plot")
+        if args.seconds is not None and not args.seconds > 0:
+            parser.error(f"--seconds must be positive, not {args.seconds}")
+    elif args.seconds is not None:
+        parser.error("--seconds applies to --threads only")
+    if args.iterations < 1 or args.warmup < 0:
+        parser.error("--iterations must be at least 1 and --warmup at least 0")
     if not args.overhead_only:
         try:
             check_model(args.model, args.batch)
@@ -287,6 +320,8 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         tolerance = RECURRENT_TOLERANCE if args.model in RECURRENT_MODELS else PEER_TOLERANCE
         model_bytes = model.SerializeToString()
         report["model"] = {"name": args.model, "batch": batch, "inputs": {k: list(v) for k, v in shapes.items()}}
+        if args.threads is not None:
+            return _run_threads(args, env, report, model_bytes, feeds, batch)
         arms = OrtgpuArms(model_bytes, feeds, env)
         try:
             reference = arms.uncaptured_end_to_end()
@@ -479,6 +514,46 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         print(f"wrote {args.json_path}")
     if args.plot and results:
         _plot(results, args.plot)
+    return 0
+
+
+def _run_threads(
+    args: argparse.Namespace,
+    env: ortgpu.Env,
+    report: dict[str, Any],
+    model_bytes: bytes,
+    feeds: dict[str, npt.NDArray[Any]],
+    batch: int,
+) -> int:
+    """``--threads``: the single-thread reference from one session, then the threaded arms (``bench/threads.py``)."""
+    arms = OrtgpuArms(model_bytes, feeds, env)
+    try:
+        reference = arms.uncaptured_end_to_end()
+    finally:
+        arms.close()
+    wanted = {"off": ["capture off"], "on": ["capture on"], "both": ["capture off", "capture on"]}[args.capture]
+    results, info = run_threads(
+        model_bytes, feeds, env, reference, args.thread_counts, wanted, args.warmup, args.iterations, args.seconds
+    )
+    if "capture_refused" in info:
+        report["capture_refused"] = info["capture_refused"]
+        print(f"ortgpu capture on: refused ({info['capture_refused']}); its arms are not timed")
+    length = f"{args.seconds} s" if args.seconds is not None else f"{args.iterations} iterations per thread"
+    print(f"\nmodel {args.model}, batch {batch}, threads {args.threads}: {length} after {args.warmup} warm-up")
+    print_table(results)
+    report["threads"] = {
+        "thread_counts": args.thread_counts,
+        "iterations_per_thread": None if args.seconds is not None else args.iterations,
+        "seconds": args.seconds,
+        "warmup": args.warmup,
+        "outputs_checked": info,
+        "results": [result.summary() for result in results],
+        "scaling": scaling(results),
+    }
+    if args.json_path:
+        with open(args.json_path, "w") as handle:
+            json.dump(report, handle, indent=1)
+        print(f"wrote {args.json_path}")
     return 0
 
 
