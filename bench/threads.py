@@ -31,7 +31,7 @@ import ortgpu
 
 from .harness import OrtgpuArms
 
-__all__ = ["ThreadResult", "parse_thread_counts", "run_threads", "print_table"]
+__all__ = ["ThreadResult", "parse_thread_counts", "print_table", "run_threads", "scaling", "time_threads"]
 
 #: Relative error allowed between a thread's outputs and the single-thread reference (the sessions run the same
 #: kernels on the same device: equal in practice).
@@ -126,7 +126,7 @@ def _steps(arms: OrtgpuArms, arm: str) -> dict[str, Callable[[], object]]:
     return {"end_to_end": arms.uncaptured_end_to_end, "run_only": arms.uncaptured_run_only}
 
 
-def _time_threads(
+def time_threads(
     steps: list[Callable[[], object]], warmup: int, iterations: int, seconds: float | None
 ) -> tuple[float, list[list[float]]]:
     """Run ``steps[i]`` on thread i: warm-up, a barrier, then the timed steps. Returns (window, per-thread times)."""
@@ -227,7 +227,7 @@ def run_threads(
                     steps = [_steps(arms, arm)[boundary] for arms in sessions[:count]]
                     if progress:
                         print(f"  {count} thread(s), ortgpu {arm} {boundary} ...", file=sys.stderr, flush=True)
-                    window, times = _time_threads(steps, warmup, iterations, seconds)
+                    window, times = time_threads(steps, warmup, iterations, seconds)
                     results.append(ThreadResult(count, f"ortgpu {arm}", boundary, window, times))
         for index, arms in enumerate(sessions):  # still right after all the threaded steps
             after = {"capture off": _check(f"thread {index} capture off", arms.uncaptured_end_to_end(), reference)}

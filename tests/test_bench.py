@@ -5,7 +5,10 @@ Each test calls a bench ``main(argv)`` on a small MLP written to a temporary
 the issue asks of the bench: capture on/off arms over the same fixed device
 I/O, their outputs compared before any timing is reported, the boundaries
 printed, ``--vs onnxruntime``, ``--json`` (raw timings, percentiles, adapter,
-versions, command line), ``--plot``, the progress display and ``--overhead``.
+versions, command line), ``--plot``, the progress display and ``--overhead``;
+and ``--threads``: K threads each with its own session, started at a barrier,
+their outputs checked against the single-thread reference, aggregate
+throughput and per-thread p50/p99 per K.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import json
 import re
 import shlex
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,7 @@ from bench import __main__ as bench_main
 from bench import overhead as bench_overhead
 from bench import peer as bench_peer
 from bench import profile as bench_profile
+from bench import threads as bench_threads
 from bench.harness import OrtgpuArms
 from bench.models import mlp, random_feeds
 
@@ -657,3 +663,194 @@ def test_bench_skips_a_peer_arm_that_another_peer_arm_proves_wrong(
     assert f"which {CPU_PEER} confirms: its timings are not reported" in out
     assert set(report["peer"]) == {CPU_PEER}
     check_results(report["results"], ORTGPU_ARMS["off"] | {f"{CPU_PEER}/{b}" for b in bench_main.BOUNDARIES})
+
+
+# -- --threads: K threads, each with its own session ---------------------------------------------------
+
+THREAD_ROW = re.compile(
+    r"^\s*(\d+) (ortgpu capture (?:on|off))\s+(end_to_end|run_only)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", re.M
+)
+
+
+def check_thread_result(result: dict[str, Any], threads: int, iterations: int | None) -> None:
+    per_thread = result["per_thread"]
+    assert len(per_thread) == result["threads"] == threads
+    every = [t for entry in per_thread for t in entry["raw_s"]]
+    assert result["steps"] == len(every) == sum(entry["steps"] for entry in per_thread)
+    for entry in per_thread:
+        raw = entry["raw_s"]
+        assert entry["steps"] == len(raw) > 0
+        if iterations is not None:
+            assert len(raw) == iterations
+        assert all(isinstance(t, float) and t > 0 for t in raw)
+        assert 0 < entry["p50_ms"] <= entry["p99_ms"] <= max(raw) * 1e3
+        assert entry["p50_ms"] == pytest.approx(float(np.percentile(raw, 50)) * 1e3)
+        assert entry["p99_ms"] == pytest.approx(float(np.percentile(raw, 99)) * 1e3)
+        assert sum(raw) <= result["window_s"]  # every timed step lies inside the window
+    assert result["p50_ms"] == pytest.approx(float(np.percentile(every, 50)) * 1e3)
+    assert result["p99_ms"] == pytest.approx(float(np.percentile(every, 99)) * 1e3)
+    assert result["throughput_per_s"] == pytest.approx(result["steps"] / result["window_s"])
+
+
+@pytest.mark.parametrize("capture", ["both", "on"])
+def test_bench_threads_json(
+    backend_name: str, model_path: str, tmp_path: Path, capture: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    json_path = tmp_path / "out.json"
+    argv = small_args(model_path, backend_name, "--threads", "1,3", "--capture", capture, "--json", str(json_path))
+    assert run_bench(*argv) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(json_path.read_text())
+    part = report["threads"]
+    assert part["thread_counts"] == [1, 3] and part["iterations_per_thread"] == ITERATIONS and part["seconds"] is None
+    arms = ["ortgpu capture off", "ortgpu capture on"] if capture == "both" else ["ortgpu capture on"]
+    expected = [(k, arm, b) for k in (1, 3) for arm in arms for b in ("end_to_end", "run_only")]
+    assert [(r["threads"], r["arm"], r["boundary"]) for r in part["results"]] == expected
+    for result in part["results"]:
+        check_thread_result(result, result["threads"], ITERATIONS)
+    # three sessions (the largest K), each checked against the single-thread reference before and after timing
+    checked = part["outputs_checked"]
+    assert "capture_refused" not in checked and "capture_refused" not in report
+    for when in ("rel_error_before", "rel_error_after"):
+        assert checked[when] == [{"capture off": 0.0, "capture on": 0.0}] * 3
+    assert set(part["scaling"]) == {f"{arm}/{b}" for arm in arms for b in ("end_to_end", "run_only")}
+    for key, ratios in part["scaling"].items():
+        assert set(ratios) == {"1", "3"} and ratios["1"] == 1.0
+        one, three = (
+            next(r for r in part["results"] if f"{r['arm']}/{r['boundary']}" == key and r["threads"] == k)
+            for k in (1, 3)
+        )
+        assert ratios["3"] == pytest.approx(three["throughput_per_s"] / one["throughput_per_s"])
+    # the table: one row per (K, arm, boundary) with the JSON's throughput, p50 and p99
+    rows = {(int(m[1]), m[2], m[3]): tuple(float(m[i]) for i in (4, 6, 7)) for m in THREAD_ROW.finditer(out)}
+    assert list(rows) == expected
+    for result in part["results"]:
+        rate, p50, p99 = rows[(result["threads"], result["arm"], result["boundary"])]
+        assert rate == pytest.approx(result["throughput_per_s"], abs=0.06)
+        assert p50 == pytest.approx(result["p50_ms"], abs=6e-4) and p99 == pytest.approx(result["p99_ms"], abs=6e-4)
+    assert "threads 1,3: 5 iterations per thread after 1 warm-up" in out
+    assert "3 thread(s), ortgpu capture on run_only" in err
+    assert "results" not in report  # the single-thread arms are not run with --threads
+
+
+def test_bench_threads_for_seconds(backend_name: str, model_path: str, tmp_path: Path) -> None:
+    json_path = tmp_path / "out.json"
+    argv = small_args(model_path, backend_name, "--threads", "2", "--seconds", "0.3", "--capture", "on")
+    assert run_bench(*argv, "--json", str(json_path)) == 0
+    part = json.loads(json_path.read_text())["threads"]
+    assert part["seconds"] == 0.3 and part["iterations_per_thread"] is None
+    for result in part["results"]:
+        check_thread_result(result, 2, None)
+        assert result["window_s"] >= 0.3
+        # no thread starts a step after the deadline: each thread's steps end within one step of it
+        for entry in result["per_thread"]:
+            assert sum(entry["raw_s"]) <= 0.3 + max(entry["raw_s"]) + 0.05
+
+
+def test_bench_threads_refuses_timings_when_a_thread_differs(
+    backend_name: str,
+    model_path: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The second thread's session (the third session made: the reference's comes first) gives wrong outputs: the
+    bench stops before timing anything."""
+    made: list[OrtgpuArms] = []
+    original_init, original_step = OrtgpuArms.__init__, OrtgpuArms.uncaptured_end_to_end
+
+    def init(self: OrtgpuArms, *args: Any) -> None:
+        original_init(self, *args)
+        made.append(self)
+
+    def step(self: OrtgpuArms) -> list[np.ndarray]:
+        outputs = original_step(self)
+        return [a + 1.0 for a in outputs] if made.index(self) == 2 else outputs
+
+    monkeypatch.setattr(OrtgpuArms, "__init__", init)
+    monkeypatch.setattr(OrtgpuArms, "uncaptured_end_to_end", step)
+    json_path = tmp_path / "out.json"
+    with pytest.raises(SystemExit) as raised:
+        run_bench(*small_args(model_path, backend_name, "--threads", "1,2", "--json", str(json_path)))
+    message = str(raised.value.code)
+    assert message.startswith("thread 1 capture off: outputs differ from the single-thread reference")
+    assert "no timings reported" in message and not json_path.exists()
+    out, err = capsys.readouterr()
+    assert not THREAD_ROW.search(out) and "thread(s)" not in err
+    assert len(made) == 3
+
+
+def test_bench_threads_refuses_a_wrong_replay(
+    backend_name: str, model_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        OrtgpuArms, "captured_end_to_end", _perturbed(OrtgpuArms.captured_end_to_end, lambda a: np.full_like(a, np.nan))
+    )
+    with pytest.raises(SystemExit) as raised:
+        run_bench(*small_args(model_path, backend_name, "--threads", "2"))
+    assert str(raised.value.code).startswith("thread 0 capture on: outputs differ from the single-thread reference")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--threads", "0"], "--threads takes positive integers"),
+        (["--threads", "1,x"], "--threads takes positive integers"),
+        (["--threads", "2,2"], "--threads lists a count twice"),
+        (["--threads", "2", "--vs", "onnxruntime"], "leave out --vs, --overhead and --plot"),
+        (["--threads", "2", "--overhead"], "leave out --vs, --overhead and --plot"),
+        (["--threads", "2", "--seconds", "0"], "--seconds must be positive"),
+        (["--seconds", "1"], "--seconds applies to --threads only"),
+    ],
+)
+def test_bench_threads_bad_arguments(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:  # argparse's error exit
+        run_bench("--model", "mlp16", "--backend", "fake", *extra)
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_time_threads_starts_every_thread_after_every_warmup() -> None:
+    """The barrier: no timed step begins before the last thread's warm-up ended (thread 0 warms up slowly), and
+    the window opens after that."""
+    events: list[tuple[str, int, float]] = []
+    lock = threading.Lock()
+    warm = [0, 0, 0]
+
+    def make(index: int) -> Any:
+        def step() -> None:
+            phase = "warm" if warm[index] < 2 else "timed"
+            warm[index] += 1
+            if phase == "warm" and index == 0:
+                time.sleep(0.05)
+            with lock:
+                events.append((phase, index, time.perf_counter()))
+
+        return step
+
+    window, times = bench_threads.time_threads([make(i) for i in range(3)], 2, 4, None)
+    assert [len(t) for t in times] == [4, 4, 4]
+    last_warm = max(t for phase, _, t in events if phase == "warm")
+    first_timed = min(t for phase, _, t in events if phase == "timed")
+    assert last_warm < first_timed
+    assert 0 < window < 0.05  # thread 0's slow warm-up is outside the window
+
+
+def test_time_threads_raises_a_thread_error_without_hanging() -> None:
+    def good() -> None:
+        pass
+
+    def bad() -> None:
+        raise RuntimeError("injected")
+
+    with pytest.raises(RuntimeError, match="injected"):  # in warm-up: the others leave the barrier
+        bench_threads.time_threads([good, bad, good], 1, 3, None)
+    calls = [0]
+
+    def late() -> None:
+        calls[0] += 1
+        if calls[0] > 2:
+            raise RuntimeError("timed")
+
+    with pytest.raises(RuntimeError, match="timed"):  # in the timed loop
+        bench_threads.time_threads([good, late], 1, 5, None)
