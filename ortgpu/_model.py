@@ -517,7 +517,10 @@ def _list_initializers_as_inputs(graph: onnx.GraphProto) -> None:
 
 
 def _apply_overrides(
-    model: onnx.ModelProto, initializers: Mapping[str, np.ndarray], free_dims: Mapping[str, int]
+    model: onnx.ModelProto,
+    initializers: Mapping[str, np.ndarray],
+    free_dims: Mapping[str, int],
+    free_denotations: Mapping[str, int] | None = None,
 ) -> None:
     """Replace initializers and fix symbolic input dimensions (SessionOptions' overrides), before checking."""
     if initializers:
@@ -537,11 +540,15 @@ def _apply_overrides(
                     f"has type {old.data_type} and shape {list(old.dims)}"
                 )
             old.CopyFrom(new)
-    for name, size in free_dims.items():
-        for value in model.graph.input:
-            for dim in value.type.tensor_type.shape.dim:
-                if dim.HasField("dim_param") and dim.dim_param == name:
-                    dim.dim_value = int(size)
+    denotations = free_denotations or {}
+    for value in model.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_value"):
+                continue
+            if dim.HasField("dim_param") and dim.dim_param in free_dims:
+                dim.dim_value = int(free_dims[dim.dim_param])
+            elif dim.denotation and dim.denotation in denotations:
+                dim.dim_value = int(denotations[dim.denotation])
 
 
 def load_model(
@@ -551,6 +558,7 @@ def load_model(
     max_nodes: int | None = None,
     initializer_overrides: Mapping[str, np.ndarray] | None = None,
     free_dimension_overrides: Mapping[str, int] | None = None,
+    free_denotation_overrides: Mapping[str, int] | None = None,
 ) -> LoadedModel:
     """Load, check and pre-process an ONNX model.
 
@@ -574,7 +582,9 @@ def load_model(
     opsets = _check_versions(model)
     # Before external data: an override may replace an initializer whose data file is not there (onnxruntime's
     # add_external_initializers).
-    _apply_overrides(model, initializer_overrides or {}, free_dimension_overrides or {})
+    _apply_overrides(
+        model, initializer_overrides or {}, free_dimension_overrides or {}, free_denotation_overrides or {}
+    )
     if _check_external_data(model, model_dir):
         assert model_dir is not None
         try:

@@ -204,8 +204,8 @@ class SessionOptions:
     * ``add_free_dimension_override_by_name``: fixes the inputs' symbolic dimensions of that name.
     * config entry ``session.disable_cpu_ep_fallback`` = "1": no node may run on the CPU
       (``allow_cpu_fallback=False``).  Every other config entry is kept and has no effect.
-    * ``register_custom_ops_library``, ``add_free_dimension_override_by_denotation``: refused
-      (:class:`UnsupportedOpError`): they would change what the model computes, and ortgpu cannot load them.
+    * ``add_free_dimension_override_by_denotation``: fixes the inputs' symbolic dimensions with that denotation.
+    * ``register_custom_ops_library``: refused (:class:`UnsupportedOpError`): ortgpu cannot load native kernels.
     * No effect (accepted, kept, documented): ``execution_mode``, ``execution_order``, ``intra_op_num_threads``,
       ``inter_op_num_threads``, ``enable_cpu_mem_arena``, ``enable_mem_pattern``, ``enable_mem_reuse``,
       ``use_deterministic_compute`` (ortgpu's kernels are deterministic), ``log_severity_level``,
@@ -232,6 +232,7 @@ class SessionOptions:
         self._config: dict[str, str] = {}
         self._initializers: dict[str, OrtValue[Any] | npt.NDArray[Any]] = {}
         self._free_dimensions: dict[str, int] = {}
+        self._free_denotations: dict[str, int] = {}
 
     # -- config entries -------------------------------------------------------------
     def add_session_config_entry(self, key: str, value: str) -> None:
@@ -264,11 +265,11 @@ class SessionOptions:
             raise InvalidArgumentError(f"free dimension {dim_name!r}: size must be >= 0, got {dim_value}")
         self._free_dimensions[str(dim_name)] = int(dim_value)
 
-    def add_free_dimension_override_by_denotation(self, dim_name: str, dim_value: int) -> None:
-        raise UnsupportedOpError(
-            "add_free_dimension_override_by_denotation: ortgpu does not read dimension denotations; use "
-            "add_free_dimension_override_by_name with the dimension's name"
-        )
+    def add_free_dimension_override_by_denotation(self, dim_denotation: str, dim_value: int) -> None:
+        """Fix the inputs' symbolic dimensions whose denotation is ``dim_denotation`` (e.g. "DATA_BATCH")."""
+        if int(dim_value) < 0:
+            raise InvalidArgumentError(f"free dimension {dim_denotation!r}: size must be >= 0, got {dim_value}")
+        self._free_denotations[str(dim_denotation)] = int(dim_value)
 
     def register_custom_ops_library(self, library_path: str) -> None:
         raise UnsupportedOpError(
@@ -291,6 +292,9 @@ class SessionOptions:
 
     def free_dimensions(self) -> dict[str, int]:
         return dict(self._free_dimensions)
+
+    def free_denotations(self) -> dict[str, int]:
+        return dict(self._free_denotations)
 
     def config_entries(self) -> dict[str, str]:
         return dict(self._config)
@@ -326,7 +330,10 @@ def get_version_string() -> str:
 def get_build_info() -> str:
     from . import __version__
 
-    return f"ortgpu {__version__}, wgpu-native backend, python {platform.python_version()} ({os.name})"
+    return (
+        f"ortgpu Build Info: version={__version__}, backend=wgpu-native (WGSL kernels), "
+        f"python={platform.python_version()}, os={os.name}"
+    )
 
 
 def enable_telemetry_events() -> None:

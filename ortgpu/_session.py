@@ -56,6 +56,7 @@ from ._model import load_model
 from ._ort_api import (
     CPU_PROVIDER,
     WEBGPU_PROVIDER,
+    ExecutionMode,
     Fail,
     GraphOptimizationLevel,
     ModelMetadata,
@@ -161,11 +162,11 @@ class InferenceSession(NotCopyable):
     ) -> None:
         self.session_id: int = next(_session_ids)
         if sess_options is not None and not isinstance(sess_options, SessionOptions):
-            raise ArgumentTypeError(
-                f"sess_options must be ortgpu.SessionOptions, got {type(sess_options).__name__}"
-            )
+            raise ArgumentTypeError(f"sess_options must be ortgpu.SessionOptions, got {type(sess_options).__name__}")
         self._sess_options: SessionOptions = sess_options if sess_options is not None else SessionOptions()
         options = self._sess_options
+        if os.environ.get("ORT_LOAD_CONFIG_FROM_MODEL") == "1":
+            _config_from_model(path_or_bytes, options)
         if profile_file_prefix is None and options.enable_profiling:
             profile_file_prefix = options.profile_file_prefix
         self.profile_file_prefix: str = (
@@ -220,6 +221,7 @@ class InferenceSession(NotCopyable):
             max_nodes=self._settings["max_nodes"],  # type: ignore[arg-type]
             initializer_overrides=opts.initializer_arrays(),
             free_dimension_overrides=opts.free_dimensions(),
+            free_denotation_overrides=opts.free_denotations(),
         )
         self._runner = SessionRunner(
             self.session_id,
@@ -314,7 +316,10 @@ class InferenceSession(NotCopyable):
     ) -> None:
         """Re-create the session on other providers (onnxruntime's semantics): captured graphs, bindings and
         session-owned values of the previous session are released."""
-        normalize_providers(providers, provider_options)  # refuse bad names before closing anything
+        try:  # refuse bad names before closing anything
+            normalize_providers(providers, provider_options)
+        except InvalidArgumentError as error:
+            raise Fail(f"Unknown Provider Type: {error}") from None
         profiling = self.profiling_active
         self.close()
         self._build(providers, provider_options, profiling)
@@ -460,13 +465,14 @@ class InferenceSession(NotCopyable):
         if missing or extra:
             parts = []
             if missing:
-                parts.append(f"missing inputs {missing}")
+                # onnxruntime's wording first, so code matching its message keeps working.
+                parts.append(f"Required inputs ({missing}) are missing from input feed ({list(feeds)}): missing inputs")
             if extra:
                 parts.append(f"unknown inputs {extra}")
             raise InvalidArgumentError(f"{' and '.join(parts)}; the model's inputs are {self.input_names}")
 
     def _output_order(self, output_names: Sequence[str] | None) -> list[str]:
-        if output_names is None:
+        if not output_names:  # None or [] (onnxruntime: every output)
             return self.output_names
         unknown = [name for name in output_names if name not in self._runner.output_infos]
         if unknown:
@@ -516,6 +522,10 @@ class InferenceSession(NotCopyable):
             if is_structured_dtype(self._runner.input_infos[name].dtype):
                 arrays[name] = _as_host_value(name, array, self._runner.input_infos[name].dtype)
                 continue
+            if isinstance(array, (list, tuple)):
+                # onnxruntime accepts nested lists: read as an array of the model input's dtype (what numpy makes of
+                # the list must convert exactly; a float list for an int input is refused, not truncated).
+                array = _list_as_array(name, array, self._runner.input_infos[name].dtype)
             if not isinstance(array, np.ndarray):
                 raise ArgumentTypeError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
             if self._runner.input_infos[name].dtype == object and array.dtype.kind in "US":
@@ -758,14 +768,69 @@ def _device_from_options(env: Env, options: Mapping[str, str]) -> Device:
 
 
 def _save_loaded_model(source: object, options: SessionOptions) -> None:
-    """``optimized_model_filepath``: save the model as loaded (ortgpu's rewrites are not ONNX; overrides applied)."""
+    """``optimized_model_filepath``: save the model as loaded (ortgpu's rewrites are not ONNX; overrides applied).
+    onnxruntime's config entries ``session.optimized_model_external_initializers_file_name`` (a file next to the
+    saved model) and ``..._min_size_in_bytes`` put the larger initializers in an external data file."""
     import onnx
+    from onnx import external_data_helper
 
     from ._model import _apply_overrides, _parse
 
+    model, model_dir = _parse(source)  # type: ignore[arg-type]
+    _apply_overrides(model, options.initializer_arrays(), options.free_dimensions(), options.free_denotations())
+    if model_dir is not None and any(
+        external_data_helper.uses_external_data(t) for t in external_data_helper._get_all_tensors(model)
+    ):
+        external_data_helper.load_external_data_for_model(model, model_dir)
+    config = options.config_entries()
+    external = config.get("session.optimized_model_external_initializers_file_name", "")
+    path = options.optimized_model_filepath
+    if external:
+        threshold = int(config.get("session.optimized_model_external_initializers_min_size_in_bytes", "1024"))
+        onnx.save_model(
+            model,
+            path,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=external,
+            size_threshold=threshold,
+        )
+        # onnxruntime writes the data file even when no initializer reaches the threshold.
+        data_path = os.path.join(os.path.dirname(os.path.abspath(path)), external)
+        if not os.path.exists(data_path):
+            open(data_path, "wb").close()
+    else:
+        onnx.save_model(model, path)
+
+
+def _config_from_model(source: object, options: SessionOptions) -> None:
+    """``$ORT_LOAD_CONFIG_FROM_MODEL=1``: read the model's ``ort_config`` metadata (JSON ``session_options``) into
+    ``options``, as onnxruntime does."""
+    import json
+
+    from ._model import _parse
+
     model, _ = _parse(source)  # type: ignore[arg-type]
-    _apply_overrides(model, options.initializer_arrays(), options.free_dimensions())
-    onnx.save_model(model, options.optimized_model_filepath)
+    text = next((p.value for p in model.metadata_props if p.key == "ort_config"), None)
+    if text is None:
+        return
+    try:
+        values = json.loads(text).get("session_options", {})
+    except (ValueError, AttributeError) as error:
+        raise InvalidArgumentError(f"the model's ort_config metadata is not valid JSON: {error}") from error
+    for key, value in values.items():
+        if key == "graph_optimization_level":
+            options.graph_optimization_level = GraphOptimizationLevel(int(value))
+        elif key == "execution_mode":
+            options.execution_mode = ExecutionMode(int(value))
+        elif key in ("enable_profiling", "enable_mem_pattern", "enable_cpu_mem_arena", "use_deterministic_compute"):
+            setattr(options, key, bool(value))
+        elif key in ("inter_op_num_threads", "intra_op_num_threads", "log_severity_level", "log_verbosity_level"):
+            setattr(options, key, int(value))
+        elif key in ("profile_file_prefix", "logid", "optimized_model_filepath"):
+            setattr(options, key, str(value))
+        else:
+            raise InvalidArgumentError(f"the model's ort_config sets {key!r}, which ortgpu does not know")
 
 
 def _as_sequence(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
@@ -836,6 +901,26 @@ def _described(info: Any) -> NodeArg:
     if is_optional_dtype(info.dtype):
         return NodeArg(arg.name, arg.shape, optional_type_name(info.dtype), arg.dtype)
     return arg
+
+
+def _list_as_array(name: str, value: list[Any] | tuple[Any, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    """A (nested) list input as an array of the input's dtype; refused where the conversion would change a value."""
+    natural = np.array(value, dtype=object if dtype.kind == "O" else None)
+    if dtype.kind == "O":
+        return _as_string_objects(natural) if natural.dtype.kind in "US" else natural
+    try:
+        converted = natural.astype(dtype)
+    except (TypeError, ValueError) as error:
+        raise DtypeError(f"input {name!r}: the list does not convert to {dtype} ({error})") from None
+    if natural.dtype.kind in "fc" and dtype.kind in "fc":
+        # Python floats are doubles: rounding to the input's float type is what onnxruntime does too.
+        return converted
+    if not np.array_equal(converted.astype(natural.dtype), natural):
+        raise DtypeError(
+            f"input {name!r}: the list's values ({natural.dtype}) do not convert exactly to {dtype}; pass a numpy "
+            f"array of {dtype}"
+        )
+    return converted
 
 
 def _as_string_objects(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
