@@ -287,7 +287,10 @@ class SessionOptions:
             elif value.device_name() == "cpu":
                 out[name] = np.array(value.numpy())
             else:
-                out[name] = value._device_buffer().read(tuple(value.shape()), value.dtype)  # type: ignore[union-attr]
+                buffer = value._device_buffer
+                if buffer is None:
+                    raise InvalidArgumentError(f"add_initializer({name!r}): the value holds no data")
+                out[name] = buffer.read(tuple(value.shape()), value.dtype)
         return out
 
     def free_dimensions(self) -> dict[str, int]:

@@ -217,8 +217,8 @@ class InferenceSession(NotCopyable):
         opts = self._sess_options
         model = load_model(
             self._model_source,
-            max_fold_bytes=self._settings["max_fold_bytes"],  # type: ignore[arg-type]
-            max_nodes=self._settings["max_nodes"],  # type: ignore[arg-type]
+            max_fold_bytes=self._settings["max_fold_bytes"],
+            max_nodes=self._settings["max_nodes"],
             initializer_overrides=opts.initializer_arrays(),
             free_dimension_overrides=opts.free_dimensions(),
             free_denotation_overrides=opts.free_denotations(),
@@ -466,7 +466,9 @@ class InferenceSession(NotCopyable):
             parts = []
             if missing:
                 # onnxruntime's wording first, so code matching its message keeps working.
-                parts.append(f"Required inputs ({missing}) are missing from input feed ({list(feeds)}): missing inputs")
+                parts.append(
+                    f"Required inputs ({missing}) are missing from input feed ({list(feeds)}): missing inputs {missing}"
+                )
             if extra:
                 parts.append(f"unknown inputs {extra}")
             raise InvalidArgumentError(f"{' and '.join(parts)}; the model's inputs are {self.input_names}")
@@ -787,6 +789,9 @@ def _save_loaded_model(source: object, options: SessionOptions) -> None:
     path = options.optimized_model_filepath
     if external:
         threshold = int(config.get("session.optimized_model_external_initializers_min_size_in_bytes", "1024"))
+        data_path = os.path.join(os.path.dirname(os.path.abspath(path)), external)
+        if os.path.exists(data_path):
+            os.remove(data_path)  # onnxruntime overwrites it; onnx's writer would append
         onnx.save_model(
             model,
             path,
@@ -796,7 +801,6 @@ def _save_loaded_model(source: object, options: SessionOptions) -> None:
             size_threshold=threshold,
         )
         # onnxruntime writes the data file even when no initializer reaches the threshold.
-        data_path = os.path.join(os.path.dirname(os.path.abspath(path)), external)
         if not os.path.exists(data_path):
             open(data_path, "wb").close()
     else:
