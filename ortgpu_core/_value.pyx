@@ -37,7 +37,7 @@ from ._errors import (
     UnsafeAccessError,
     refuse_copy,
 )
-from ._dtypes import as_dtype, onnx_element_type, onnx_type_name
+from ._dtypes import as_dtype, dtype_from_onnx, onnx_element_type, onnx_type_name
 from ._dlpack import host_array, is_dlpack_producer
 
 _generations = itertools.count(1)
@@ -393,6 +393,24 @@ cdef class OrtValue:
         return _default_allocator(device_type, device_id).from_numpy(array)
 
     @staticmethod
+    def ortvalue_from_numpy_with_onnx_type(array, int onnx_element_type):
+        """A CPU value holding ``array``'s bytes as ONNX element type ``onnx_element_type`` (onnxruntime's
+        spelling; e.g. 1 = float).  The array is viewed as that type's numpy dtype, which must have the array's
+        item size; types numpy cannot hold (bfloat16, float8, int4, strings) are a ``DtypeError``."""
+        if not isinstance(array, np.ndarray):
+            raise ArgumentTypeError(
+                f"ortvalue_from_numpy_with_onnx_type needs a numpy array, got {type(array).__name__}"
+            )
+        dtype = dtype_from_onnx(onnx_element_type)
+        if dtype.itemsize != array.dtype.itemsize:
+            raise DtypeError(
+                f"ONNX element type {onnx_element_type} ({dtype}) has {dtype.itemsize}-byte items; the array's "
+                f"{array.dtype} has {array.dtype.itemsize}: pass an array of matching item size"
+            )
+        contiguous = np.ascontiguousarray(array)
+        return make_cpu_value(contiguous.view(dtype) if contiguous.dtype != dtype else contiguous)
+
+    @staticmethod
     def from_dlpack(tensor, device_type="cpu", int device_id=0):
         """A value from a DLPack tensor (PyTorch, CuPy, JAX, numpy...) or a numpy array, as
         :meth:`ortvalue_from_numpy` makes one: host tensors are shared without a copy where the layout allows
@@ -476,6 +494,17 @@ cdef class OrtValue:
 
     def is_tensor(self):
         return True
+
+    def is_tensor_sequence(self):
+        """False: an OrtValue holds one tensor (sequences are lists of arrays in ortgpu's API)."""
+        return False
+
+    def tensor_size_in_bytes(self):
+        """The tensor's data size in bytes (elements x item size; device buffers may be padded beyond it)."""
+        cdef Py_ssize_t count = 1
+        for dim in self._shape:
+            count *= dim
+        return count * self._dtype.itemsize
 
     def has_value(self):
         return not self._released
