@@ -24,8 +24,10 @@ from ortgpu_core import (
     CPU,
     ArgumentTypeError,
     CaptureStateError,
+    DeviceLostError,
     InvalidArgumentError,
     OrtValue,
+    ReleasedValueError,
     SessionAllocator,
     WebGPU,
 )
@@ -147,13 +149,20 @@ class GraphRegistry:
                 guard = _value_guard(label, {name: bound[name] for name in deciding}, deciding) if deciding else None
                 graph = CapturedGraph._create(session, host, label, frozen, commands, pins, program, guard)
         except BaseException:
-            if pins is not None:
-                pins.release()
-            if origin is not None:
-                origin._unlock_for(label)
-            if program is not None:
-                program.release()
-            del self._graphs[graph_id]
+            # A failed capture registers no graph and leaves the binding unlocked, whatever failed (on a lost
+            # device too, where freeing the program's native objects may raise: the device freed them already).
+            try:
+                if pins is not None:
+                    pins.release()
+                if origin is not None:
+                    origin._unlock_for(label)
+                if program is not None:
+                    try:
+                        program.release()
+                    except (DeviceLostError, ReleasedValueError):
+                        pass
+            finally:
+                del self._graphs[graph_id]
             raise
         self._graphs[graph_id] = graph
         return graph

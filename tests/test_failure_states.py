@@ -128,6 +128,50 @@ def test_a_failed_capture_registers_nothing_and_unlocks_its_binding(step: str) -
     close_all(env, backend, x, y, sess=sess)
 
 
+def test_a_capture_failing_on_a_lost_device_frees_its_id_even_if_freeing_raises(monkeypatch: Any) -> None:
+    """The rollback of a capture that met a device loss completes even when freeing its program raises (a backend
+    may refuse frees on a lost device): no graph registered, the id free, the binding unlocked."""
+    from ortgpu._executor import DeviceProgram
+
+    release = DeviceProgram.release
+
+    def release_then_raise(self: Any) -> None:
+        release(self)
+        raise DeviceLostError("injected: freeing on a lost device")
+
+    backend = FakeBackend()
+    env = Env(backend=backend)
+    sess = InferenceSession(MODEL, env=env, graph_capture=True)
+    binding, x, y = bound(sess, 2)
+    backend.faults.lose_device_on_submit(1)
+    monkeypatch.setattr(DeviceProgram, "release", release_then_raise)
+    with pytest.raises(DeviceLostError, match="injected device loss"):
+        sess.capture(binding, graph_id=0)
+    monkeypatch.undo()
+    assert sess.captured_graph_ids == []
+    assert sess._runner.graphs._graphs == {}  # the id is not left reserved
+    binding.bind_input("X", x)
+    close_all(env, backend, x, y, sess=sess)
+
+
+@pytest.mark.parametrize("step", ["allocation", "validation"])
+def test_a_failed_capture_of_a_frozen_binding_unlocks_its_origin(step: str) -> None:
+    backend = FakeBackend()
+    env = Env(backend=backend)
+    sess = InferenceSession(MODEL, env=env, graph_capture=True)
+    binding, x, y = bound(sess, 2)
+    frozen = binding.freeze()
+    expected = arm_capture_fault(backend, sess, step)
+    with pytest.raises(expected, match="injected"):
+        sess.capture(frozen, graph_id=3)
+    assert sess.captured_graph_ids == []
+    binding.bind_input("X", x)  # the origin is not locked
+    with sess.capture(binding.freeze(), graph_id=3) as graph:
+        graph.replay()
+    np.testing.assert_allclose(y.to_numpy(), reference(image(2)), rtol=1e-5, atol=1e-5)
+    close_all(env, backend, x, y, sess=sess)
+
+
 @pytest.mark.parametrize("step", ["allocation", "validation"])
 def test_a_failed_capture_through_run_with_iobinding_leaves_the_id_free(step: str) -> None:
     from ortgpu import RunOptions
