@@ -221,7 +221,7 @@ class SessionOptions:
         self.enable_profiling: bool = False
         self.profile_file_prefix: str = "onnxruntime_profile_"
         self.optimized_model_filepath: str = ""
-        self.log_severity_level: int = 2
+        self.log_severity_level: int = -1  # onnxruntime's default: the process logger's level
         self.log_verbosity_level: int = 0
         self.logid: str = ""
         self.enable_mem_pattern: bool = True

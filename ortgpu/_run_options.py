@@ -31,7 +31,7 @@ class RunOptions:
     #: whole graph; outputs not fetched are still computed).  ``terminate`` is refused when set (a run cannot be
     #: cancelled part way through its device submissions).
     logid: str = ""
-    log_severity_level: int = 2
+    log_severity_level: int = -1
     log_verbosity_level: int = 0
     only_execute_path_to_fetches: bool = False
     terminate: bool = False
