@@ -530,7 +530,7 @@ class InferenceSession(NotCopyable):
                 array = _list_as_array(name, array, self._runner.input_infos[name].dtype)
             if not isinstance(array, np.ndarray):
                 raise ArgumentTypeError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
-            if self._runner.input_infos[name].dtype == object and array.dtype.kind in "US":
+            if self._runner.input_infos[name].dtype == object and array.dtype.kind in "USV":
                 array = _as_string_objects(array)  # a string input: numpy str/bytes arrays as object arrays of str
             self._runner.check_info(name, self._runner.input_infos[name], array.dtype, tuple(array.shape), "input")
             arrays[name] = array
@@ -932,5 +932,7 @@ def _as_string_objects(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
     are held."""
     out = np.empty(array.shape, dtype=object)
     for index, item in np.ndenumerate(array):
+        if isinstance(item, np.void):  # raw bytes (onnxruntime accepts np.void arrays for strings)
+            item = bytes(item)
         out[index] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
     return out

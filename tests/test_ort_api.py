@@ -303,3 +303,16 @@ def test_capi_names_for_programs_that_import_them() -> None:
         assert check_and_normalize_provider_args(["a", "a"], None, ["a"]) == (["a"], [{}])
     with pytest.raises(ValueError):
         check_and_normalize_provider_args(3, None, ["a"])  # type: ignore[arg-type]
+
+
+def test_string_inputs_as_lists_and_void_arrays(env: Env) -> None:
+    x = oh.make_tensor_value_info("S", onnx.TensorProto.STRING, [2, 2])
+    y = oh.make_tensor_value_info("T", onnx.TensorProto.STRING, [2, 2])
+    graph = oh.make_graph([oh.make_node("Identity", ["S"], ["T"])], "strings", [x], [y])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)]).SerializeToString()
+    sess = InferenceSession(model, env=env)
+    ort = onnxruntime.InferenceSession(model, providers=ORT_CPU)
+    words = np.array([b"must", b"have", b"same", b"size"], dtype=np.void).reshape((2, 2))
+    for feed in (words, [["must", "have"], ["same", "size"]]):
+        np.testing.assert_array_equal(sess.run(None, {"S": feed})[0], ort.run(None, {"S": feed})[0])
+    sess.close()
