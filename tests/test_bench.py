@@ -690,6 +690,7 @@ def check_thread_result(result: dict[str, Any], threads: int, iterations: int | 
     assert result["p50_ms"] == pytest.approx(float(np.percentile(every, 50)) * 1e3)
     assert result["p99_ms"] == pytest.approx(float(np.percentile(every, 99)) * 1e3)
     assert result["throughput_per_s"] == pytest.approx(result["steps"] / result["window_s"])
+    assert result["p99_over_p50"] == pytest.approx(result["p99_ms"] / result["p50_ms"]) and result["p99_over_p50"] >= 1
 
 
 @pytest.mark.parametrize("capture", ["both", "on"])
