@@ -933,6 +933,6 @@ def _as_string_objects(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
     out = np.empty(array.shape, dtype=object)
     for index, item in np.ndenumerate(array):
         if isinstance(item, np.void):  # raw bytes (onnxruntime accepts np.void arrays for strings)
-            item = bytes(item)
+            item = item.tobytes()
         out[index] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
     return out
