@@ -114,6 +114,15 @@ class InferenceSession(NotCopyable):
     ----------
     path_or_bytes:
         A path to an ``.onnx`` file, or the serialized model.
+    sess_options:
+        onnxruntime's :class:`~ortgpu.SessionOptions` (what each field does: its docstring; fields with no effect in
+        ortgpu are accepted and kept).
+    providers, provider_options:
+        onnxruntime's provider list: ``"WebGpuExecutionProvider"`` (options: ``deviceId``, an index into
+        ``env.devices``) and ``"CPUExecutionProvider"``; ``["CPUExecutionProvider"]`` alone runs the whole model on
+        the host through the numpy twins of the kernels (slow).  As in onnxruntime the CPU takes the nodes the device
+        cannot run whether listed or not (``allow_cpu_fallback=False`` or the config entry
+        ``session.disable_cpu_ep_fallback=1`` forbid it).  Unknown names are refused with the available ones.
     env:
         The :class:`Env` (default: :func:`get_env`).
     device:
@@ -205,8 +214,9 @@ class InferenceSession(NotCopyable):
                     "providers=['CPUExecutionProvider'] runs the model on the host (numpy); the env= given is a "
                     f"{env.backend_name!r} Env: drop env=, or add 'WebGpuExecutionProvider' to the providers"
                 )
-        elif CPU_PROVIDER not in names:
-            allow_cpu = False  # onnxruntime's meaning: the listed providers only
+        # As onnxruntime appends its CPU provider to any list as the fallback, a list without it still lets nodes the
+        # device cannot run go to the CPU; allow_cpu_fallback=False or the config entry
+        # session.disable_cpu_ep_fallback=1 forbid that.
         self.env: Env = env if env is not None else get_env()
         webgpu_options = options[names.index(WEBGPU_PROVIDER)] if WEBGPU_PROVIDER in names else {}
         if device is None and webgpu_options:

@@ -118,8 +118,13 @@ def test_constructor_positional_options_and_providers(env: Env) -> None:
     assert sess.get_session_options() is so
     assert sess.get_provider_options()["WebGpuExecutionProvider"] == {"deviceId": str(sess.device.index)}
     assert sess.get_provider_options()["CPUExecutionProvider"] == {}
+    # onnxruntime appends its CPU provider as the fallback to any list: so does ortgpu.
     only_gpu = InferenceSession(MODEL, providers=["WebGpuExecutionProvider"], env=env)
-    assert only_gpu.get_providers() == ["WebGpuExecutionProvider"] and not only_gpu.allow_cpu_fallback
+    assert only_gpu.get_providers() == ["WebGpuExecutionProvider", "CPUExecutionProvider"]
+    assert only_gpu.allow_cpu_fallback
+    strict = InferenceSession(MODEL, providers=["WebGpuExecutionProvider"], env=env, allow_cpu_fallback=False)
+    assert strict.get_providers() == ["WebGpuExecutionProvider"]
+    strict.close()
     with_options = InferenceSession(
         MODEL, providers=[("WebGpuExecutionProvider", {"deviceId": 0}), "CPUExecutionProvider"], env=env
     )
