@@ -123,6 +123,7 @@ class InferenceSession(NotCopyable):
         the host through the numpy twins of the kernels (slow).  As in onnxruntime the CPU takes the nodes the device
         cannot run whether listed or not (``allow_cpu_fallback=False`` or the config entry
         ``session.disable_cpu_ep_fallback=1`` forbid it).  Unknown names are refused with the available ones.
+        The WebGPU provider's option ``enableGraphCapture="1"`` is ``graph_capture=True``.
     env:
         The :class:`Env` (default: :func:`get_env`).
     device:
@@ -219,8 +220,12 @@ class InferenceSession(NotCopyable):
         # session.disable_cpu_ep_fallback=1 forbid that.
         self.env: Env = env if env is not None else get_env()
         webgpu_options = options[names.index(WEBGPU_PROVIDER)] if WEBGPU_PROVIDER in names else {}
-        if device is None and webgpu_options:
-            device = _device_from_options(self.env, webgpu_options)
+        if webgpu_options:
+            chosen = _device_from_options(self.env, webgpu_options)
+            if device is None:
+                device = chosen
+            if webgpu_options.get("enableGraphCapture", "0").lower() in ("1", "true"):
+                self._settings["graph_capture"] = True  # onnxruntime's WebGPU provider option
         self.device: Device = self.env.check_device(device if device is not None else self.env.default_device)
         self._providers = names
         self._provider_options = options
@@ -762,7 +767,7 @@ def _cpu_env() -> Env:
 
 def _device_from_options(env: Env, options: Mapping[str, str]) -> Device:
     """The WebGPU provider's ``deviceId`` (or ``device_id``) option: an index into ``env.devices``."""
-    known = {"deviceId", "device_id"}
+    known = {"deviceId", "device_id", "enableGraphCapture"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise InvalidArgumentError(

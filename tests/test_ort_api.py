@@ -321,3 +321,21 @@ def test_string_inputs_as_lists_and_void_arrays(env: Env) -> None:
     for feed in (words, [["must", "have"], ["same", "size"]]):
         np.testing.assert_array_equal(sess.run(None, {"S": feed})[0], ort.run(None, {"S": feed})[0])
     sess.close()
+
+
+def test_graph_capture_through_the_webgpu_provider_option(env: Env) -> None:
+    """onnxruntime's spelling: providers=[("WebGpuExecutionProvider", {"enableGraphCapture": "1"})], then
+    run_with_iobinding captures graph 0 and replays it."""
+    providers = [("WebGpuExecutionProvider", {"enableGraphCapture": "1"}), "CPUExecutionProvider"]
+    sess = InferenceSession(MODEL, ortgpu.SessionOptions(), providers, env=env)
+    assert sess.graph_capture
+    x = sess.allocator.from_numpy(X)
+    y = sess.allocator.empty((3, 2), np.float32)
+    binding = sess.io_binding()
+    binding.bind_ortvalue_input("X", x)
+    binding.bind_ortvalue_output("Y", y)
+    for _ in range(2):
+        sess.run_with_iobinding(binding)
+    np.testing.assert_array_equal(y.to_numpy(), X * W)
+    assert sess.captured_graph_ids == [0]
+    sess.close()
