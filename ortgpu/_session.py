@@ -518,7 +518,7 @@ class InferenceSession(NotCopyable):
     def run(
         self,
         output_names: Sequence[str] | None,
-        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[npt.NDArray[Any]] | None],
+        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[Any] | None],
         run_options: RunOptions | None = None,
     ) -> list[Any]:
         """Run the model on host arrays; returns host arrays in ``output_names`` order (all outputs if None).
@@ -575,7 +575,7 @@ class InferenceSession(NotCopyable):
     def run_async(
         self,
         output_names: Sequence[str] | None,
-        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[npt.NDArray[Any]] | None],
+        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[Any] | None],
         callback: None = None,
         user_data: object = None,
         run_options: RunOptions | None = None,
@@ -585,7 +585,7 @@ class InferenceSession(NotCopyable):
     def run_async(
         self,
         output_names: Sequence[str] | None,
-        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[npt.NDArray[Any]] | None],
+        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[Any] | None],
         callback: RunAsyncCallback[_UserData],
         user_data: _UserData = ...,
         run_options: RunOptions | None = None,
@@ -594,7 +594,7 @@ class InferenceSession(NotCopyable):
     def run_async(
         self,
         output_names: Sequence[str] | None,
-        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[npt.NDArray[Any]] | None],
+        input_feed: Mapping[str, npt.NDArray[Any] | SupportsDLPack | list[Any] | None],
         callback: RunAsyncCallback[Any] | None = None,
         user_data: Any = None,
         run_options: RunOptions | None = None,

@@ -326,7 +326,7 @@ def test_string_inputs_as_lists_and_void_arrays(env: Env) -> None:
 def test_graph_capture_through_the_webgpu_provider_option(env: Env) -> None:
     """onnxruntime's spelling: providers=[("WebGpuExecutionProvider", {"enableGraphCapture": "1"})], then
     run_with_iobinding captures graph 0 and replays it."""
-    providers = [("WebGpuExecutionProvider", {"enableGraphCapture": "1"}), "CPUExecutionProvider"]
+    providers: list[Any] = [("WebGpuExecutionProvider", {"enableGraphCapture": "1"}), "CPUExecutionProvider"]
     sess = InferenceSession(MODEL, ortgpu.SessionOptions(), providers, env=env)
     assert sess.graph_capture
     x = sess.allocator.from_numpy(X)
