@@ -36,6 +36,7 @@ setup(
     packages=[
         "ortgpu",
         "ortgpu.ops",
+        "ortgpu.capi",
         "ortgpu_core",
         "ortgpu_core.backends",
         "ortgpu_core.backends.resources",

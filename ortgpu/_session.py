@@ -608,8 +608,8 @@ class InferenceSession(NotCopyable):
           never blocked meanwhile.  An error is raised by the await, to its caller only.
         * onnxruntime's ``session.run_async(output_names, feeds, callback, user_data)`` returns None at once;
           ``callback(results, user_data, error)`` is called from a worker thread when the run ends: ``error`` is
-          None on success, else the typed exception (then ``results`` is None).  Where onnxruntime passes a
-          status string, ortgpu passes the exception (``str(error)`` is the message): ``if err:`` works for both.
+          ``""`` on success (as onnxruntime's empty status string), else the typed exception (then ``results`` is
+          None; ``str(error)`` is the message, where onnxruntime passes a status string): ``if err:`` works for both.
 
         The feeds are read by the worker: do not modify them until the run completes.  Runs of one session are
         serialized (each waits for the previous); runs of different sessions proceed independently.
@@ -629,7 +629,7 @@ class InferenceSession(NotCopyable):
             except Exception as error:  # delivered to this caller's callback only
                 callback(None, user_data, error)
                 return
-            callback(results, user_data, None)
+            callback(results, user_data, "")
 
         pool.submit(work)
         return None

@@ -118,7 +118,7 @@ def test_callback_spelling(env: Env) -> None:
         assert done.wait(60)
         by_data = {id(c[1]): c for c in calls}
         results, _, error, thread = by_data[id(marker)]
-        assert error is None and thread != threading.current_thread().name
+        assert error == "" and thread != threading.current_thread().name  # onnxruntime's empty status on success
         np.testing.assert_allclose(results[0], reference(x), rtol=1e-5, atol=1e-5)
         failed = [c for c in calls if c[1] == "bad"][0]
         assert failed[0] is None and isinstance(failed[2], DtypeError)

@@ -22,8 +22,9 @@ def _python_blocks() -> list[str]:
 
 def test_readme_has_the_examples_this_test_runs() -> None:
     blocks = _python_blocks()
-    assert len(blocks) == 2
-    assert "sess.capture(binding, graph_id=0)" in blocks[0] and "FakeBackend" in blocks[1]
+    assert len(blocks) == 3
+    assert "sess.capture(binding, graph_id=0)" in blocks[0] and "FakeBackend" in blocks[2]
+    assert "import ortgpu as ort  # was: import onnxruntime as ort" in blocks[1]
 
 
 def test_api_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,9 +49,24 @@ def test_api_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert os.getcwd() == str(tmp_path)
 
 
+def test_porting_example_runs_unchanged_but_for_the_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The onnxruntime program of "Porting from onnxruntime", on the API tour's model.onnx: its captured replay of
+    a changed input equals a fresh run."""
+    monkeypatch.chdir(tmp_path)
+    tour: dict[str, object] = {}
+    exec(compile(_python_blocks()[0], str(README) + " (API tour)", "exec"), tour)
+    namespace: dict[str, object] = {}
+    exec(compile(_python_blocks()[1], str(README) + " (porting)", "exec"), namespace)
+    sess, y, batch = namespace["sess"], namespace["y"], namespace["batch"]
+    assert sess.get_providers() == ["WebGpuExecutionProvider", "CPUExecutionProvider"]  # type: ignore[attr-defined]
+    (fresh,) = sess.run(None, {"X": batch * 2})  # type: ignore[attr-defined, operator]
+    np.testing.assert_array_equal(y.to_numpy(), fresh)  # type: ignore[attr-defined]
+    assert np.count_nonzero(fresh) > 0
+
+
 def test_fake_backend_example_runs() -> None:
     namespace: dict[str, object] = {}
-    exec(compile("import ortgpu\n" + _python_blocks()[1], str(README) + " (fake backend)", "exec"), namespace)
+    exec(compile("import ortgpu\n" + _python_blocks()[2], str(README) + " (fake backend)", "exec"), namespace)
     namespace["env"].close()  # type: ignore[attr-defined]
 
 

@@ -100,7 +100,10 @@ def test_bad_feeds_are_refused_and_nothing_runs(env: ortgpu.Env) -> None:
         with pytest.raises(ortgpu.ShapeError, match=r"has shape \['batch', 8\] in the model, got \[2, 9\]"):
             sess.run(None, {"X": np.ones((2, 9), np.float32)})
         with pytest.raises(TypeError, match="numpy array"):
-            sess.run(None, {"X": [[1.0] * 8] * 2})  # type: ignore[dict-item]
+            sess.run(None, {"X": "not an array"})  # type: ignore[dict-item]
+        # Nested lists are taken where they convert exactly, as onnxruntime takes them; others are refused.
+        with pytest.raises(ortgpu.DtypeError, match="does not convert to float32"):
+            sess.run(None, {"X": [["a"] * 8] * 2})
         with pytest.raises(ortgpu.InvalidArgumentError, match=r"unknown outputs \['nope'\]"):
             sess.run(["nope"], {"X": good})
         with pytest.raises(ortgpu.CaptureStateError, match="run_with_iobinding"):
