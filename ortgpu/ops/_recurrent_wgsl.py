@@ -422,11 +422,8 @@ def _cell_update(cfg: Config) -> str:
     )
 
 
-def persistent_kernel(
-    cfg: Config, functions: Sequence[Sequence[Activation]], grid: tuple[int, int, int]
-) -> tuple[str, tuple[Binding, ...]]:
-    """The whole recurrence in one dispatch: workgroup ``(d, b)`` loops over the steps, invocation ``j`` owns
-    unit ``j``; the hidden state in workgroup memory."""
+def _persistent_table(cfg: Config) -> _Table:
+    """The bindings of a persistent kernel (split or not): projections, transposed R, states, lengths, outputs."""
     table = _Table(cfg.element)
     table.add(Binding("scratch", 0), "xp")
     table.add(Binding("scratch", 3), "rt")
@@ -438,6 +435,15 @@ def persistent_kernel(
     for index, name in enumerate(("y", "y_h", "y_c")):
         if cfg.outputs[index]:
             table.add(Binding("output", index), name, writable=True)
+    return table
+
+
+def persistent_kernel(
+    cfg: Config, functions: Sequence[Sequence[Activation]], grid: tuple[int, int, int]
+) -> tuple[str, tuple[Binding, ...]]:
+    """The whole recurrence in one dispatch: workgroup ``(d, b)`` loops over the steps, invocation ``j`` owns
+    unit ``j``; the hidden state in workgroup memory."""
+    table = _persistent_table(cfg)
     H, B, S, GH = cfg.hidden, cfg.batch, cfg.seq, cfg.gh
     wg = persistent_workgroup(H)
     group = "wid.x" if grid[1] == 1 else f"(wid.y * {grid[0]}u + wid.x)"
@@ -545,17 +551,7 @@ def persistent_split_kernel(
     for unit ``j`` (partial sums in workgroup memory, added in a fixed order by ``p == 0``, which owns the unit's
     state), so each step's dependent chain of loads is ``split`` times shorter (a workgroup per direction and
     batch row leaves most of a large GPU idle: latency, not throughput, bounds a step)."""
-    table = _Table(cfg.element)
-    table.add(Binding("scratch", 0), "xp")
-    table.add(Binding("scratch", 3), "rt")
-    table.add(Binding("scratch", 1), "hstate")
-    if cfg.op_type == "LSTM" or cfg.linear_before_reset:
-        table.add(Binding("scratch", 2), "aux")
-    if cfg.has_lengths:
-        table.add(Binding("input", 4), "lens", "i32")
-    for index, name in enumerate(("y", "y_h", "y_c")):
-        if cfg.outputs[index]:
-            table.add(Binding("output", index), name, writable=True)
+    table = _persistent_table(cfg)
     H, B, S, GH = cfg.hidden, cfg.batch, cfg.seq, cfg.gh
     pad = persistent_workgroup(H)
     chunk = -(-H // split)
