@@ -10,6 +10,7 @@ Examples::
     python -m bench --model lstm-ocr --batch 8 --vs onnxruntime  # CRNN recognizer: 3 x Conv, 2 x biLSTM 128
     python -m bench --model vad --vs onnxruntime                 # Silero-like VAD: If on sr, LSTM 128, state
     python -m bench --model mlp16 --threads 1,2,4,8 --capture both   # K threads, each with its own session
+    python -m bench --model mlp16 --profile-overhead   # captured replay with profiling off vs on, interleaved
 
 Models: ``mlp16``, ``resnet``, ``bert``; ``lstm-ocr`` (a CRNN text recognizer: image ``[batch, 1, 32, 128]``,
 three Conv + Relu + MaxPool stages, two bidirectional LSTM layers of 128, 100 classes per column, see
@@ -33,7 +34,15 @@ With ``--threads K[,K2,...]`` the bench measures throughput with threads instead
 each driving its own session (and, captured, its own graph over its own device I/O) on one device, started together
 at a barrier after their warm-up, for ``--iterations`` steps each (or ``--seconds``); per K, arm and boundary it
 reports the aggregate steps per second and each thread's p50 and p99 (JSON: ``threads``). Every session's outputs are
-compared with the single-thread reference before timing and after.
+compared with the single-thread reference before timing and after. The captured arm also gets the GPU ceiling: the
+GPU time of one replay from timestamp queries, ``1 / gpu_time``, and each K's throughput as a fraction of it (JSON:
+``threads.gpu_ceiling``).
+
+With ``--profile-overhead`` the bench measures what profiling costs a captured replay instead
+(``bench/profile_overhead.py``): two sessions with a captured graph each, one profiled, timed interleaved for
+``--iterations`` steps after ``--warmup``, at replay + to_numpy and at replay_and_read; it prints each p50 with
+profiling off and on and the ratio on / off, and the GPU time per replay from the profiled session's timestamps
+(JSON: ``profile_overhead``).
 """
 
 from __future__ import annotations
@@ -58,7 +67,7 @@ from .flops import model_flops
 from .harness import ArmResult, OrtgpuArms, median_ms, summarize, time_loop
 from .models import conv_chain, matmul_chain, mlp, random_feeds, resnet, transformer_encoder
 from .recurrent_models import crnn_recognizer, silero_like_vad, vad_feeds
-from .threads import parse_thread_counts, print_table, run_threads, scaling
+from .threads import gpu_ceiling, parse_thread_counts, print_gpu_ceiling, print_table, run_threads, scaling
 
 #: The captured arm that reads its outputs with graph.replay_and_read() (end_to_end only).
 READ_ARM = "ortgpu capture on, replay_and_read"
@@ -258,7 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="with --threads: time each (K, arm, boundary) for this many seconds instead of --iterations per thread",
     )
+    parser.add_argument(
+        "--profile-overhead",
+        action="store_true",
+        help="measure a captured replay with profiling off vs on, interleaved (p50s, ratio on/off, GPU time per "
+        "replay from timestamps); not with --threads, --vs, --overhead, --plot",
+    )
     args = parser.parse_args(argv)
+    if args.profile_overhead and (
+        args.threads is not None or args.vs or args.overhead or args.overhead_only or args.plot
+    ):
+        parser.error("--profile-overhead measures profiling's cost only: leave out --threads, --vs, --overhead, --plot")
     if args.threads is not None:
         try:
             args.thread_counts = parse_thread_counts(args.threads)
@@ -322,6 +341,8 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         report["model"] = {"name": args.model, "batch": batch, "inputs": {k: list(v) for k, v in shapes.items()}}
         if args.threads is not None:
             return _run_threads(args, env, report, model_bytes, feeds, batch)
+        if args.profile_overhead:
+            return _run_profile_overhead(args, env, report, model_bytes, feeds, batch)
         arms = OrtgpuArms(model_bytes, feeds, env)
         try:
             reference = arms.uncaptured_end_to_end()
@@ -541,6 +562,12 @@ def _run_threads(
     length = f"{args.seconds} s" if args.seconds is not None else f"{args.iterations} iterations per thread"
     print(f"\nmodel {args.model}, batch {batch}, threads {args.threads}: {length} after {args.warmup} warm-up")
     print_table(results)
+    ceiling: dict[str, Any] = gpu_ceiling(results, None)
+    if "capture on" in wanted and "capture_refused" not in info:
+        from .profile_overhead import gpu_time_per_replay
+
+        ceiling = gpu_ceiling(results, gpu_time_per_replay(model_bytes, feeds, env))
+    print_gpu_ceiling(ceiling)
     report["threads"] = {
         "thread_counts": args.thread_counts,
         "iterations_per_thread": None if args.seconds is not None else args.iterations,
@@ -549,7 +576,33 @@ def _run_threads(
         "outputs_checked": info,
         "results": [result.summary() for result in results],
         "scaling": scaling(results),
+        "gpu_ceiling": ceiling,
     }
+    if args.json_path:
+        with open(args.json_path, "w") as handle:
+            json.dump(report, handle, indent=1)
+        print(f"wrote {args.json_path}")
+    return 0
+
+
+def _run_profile_overhead(
+    args: argparse.Namespace,
+    env: ortgpu.Env,
+    report: dict[str, Any],
+    model_bytes: bytes,
+    feeds: dict[str, npt.NDArray[Any]],
+    batch: int,
+) -> int:
+    """``--profile-overhead``: see ``bench/profile_overhead.py``."""
+    from .profile_overhead import measure_profile_overhead, print_profile_overhead
+
+    print(f"\nmodel {args.model}, batch {batch}: {args.iterations} interleaved iterations after {args.warmup} warm-up")
+    try:
+        result = measure_profile_overhead(model_bytes, feeds, env, args.warmup, args.iterations)
+    except ortgpu.CaptureStateError as error:
+        raise SystemExit(f"--profile-overhead needs a captured model: {error}") from error
+    print_profile_overhead(result)
+    report["profile_overhead"] = result
     if args.json_path:
         with open(args.json_path, "w") as handle:
             json.dump(report, handle, indent=1)

@@ -14,6 +14,12 @@ it), each thread's p50 and p99 of one step, and the p50 and p99 over the steps o
 
 ``run_only`` waits with ``wait_idle()``, which waits for the whole device: with K threads, one thread's wait also
 covers the work the other threads submitted before it (the boundary is "until the device is idle").
+
+The GPU ceiling (captured arm): the GPU time of one replay, measured with timestamp queries (first to last timestamp
+of a profiled replay, median over 50, :func:`bench.profile_overhead.gpu_time_per_replay`), gives the most replays per
+second the GPU could run, ``1 / gpu_time``; each K's captured throughput is reported as a fraction of it (issue 15:
+at K=4, 1.6x K=1, or within 80% of that ceiling where the GPU is the limit). Not measured on a device without
+timestamp queries.
 """
 
 from __future__ import annotations
@@ -31,7 +37,16 @@ import ortgpu
 
 from .harness import OrtgpuArms
 
-__all__ = ["ThreadResult", "parse_thread_counts", "print_table", "run_threads", "scaling", "time_threads"]
+__all__ = [
+    "ThreadResult",
+    "gpu_ceiling",
+    "parse_thread_counts",
+    "print_gpu_ceiling",
+    "print_table",
+    "run_threads",
+    "scaling",
+    "time_threads",
+]
 
 #: Relative error allowed between a thread's outputs and the single-thread reference (the sessions run the same
 #: kernels on the same device: equal in practice).
@@ -276,3 +291,29 @@ def _span(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.3f}"
     return f"{min(values):.3f}-{max(values):.3f}"
+
+
+def gpu_ceiling(results: list[ThreadResult], gpu_seconds: float | None) -> dict[str, Any]:
+    """The GPU time per replay, its ceiling ``1 / gpu_time`` (replays/s), and each captured (K, boundary)'s
+    throughput as a fraction of it (JSON: ``threads.gpu_ceiling``)."""
+    if not gpu_seconds:
+        return {"gpu_time_per_replay_s": None, "ceiling_per_s": None, "fraction": {}}
+    ceiling = 1.0 / gpu_seconds
+    fraction: dict[str, dict[str, float]] = {}
+    for result in results:
+        if result.arm.endswith("capture on"):
+            fraction.setdefault(result.boundary, {})[str(result.threads)] = result.throughput / ceiling
+    return {"gpu_time_per_replay_s": gpu_seconds, "ceiling_per_s": ceiling, "fraction": fraction}
+
+
+def print_gpu_ceiling(ceiling: dict[str, Any]) -> None:
+    if ceiling["gpu_time_per_replay_s"] is None:
+        print("GPU ceiling: not measured (no GPU timestamp queries on this device, or no captured arm)")
+        return
+    print(
+        f"GPU time per replay (timestamps, median of 50): {ceiling['gpu_time_per_replay_s'] * 1e3:.4f} ms; "
+        f"ceiling 1/gpu_time = {ceiling['ceiling_per_s']:.0f} replays/s"
+    )
+    for boundary, by_k in ceiling["fraction"].items():
+        row = ", ".join(f"K={k}: {value:.2f}" for k, value in by_k.items())
+        print(f"  capture on, {boundary}: throughput / ceiling: {row}")

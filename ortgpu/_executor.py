@@ -66,6 +66,10 @@ def padded_bytes(array: np.ndarray) -> bytes:
     return bytes(padded_payload(np.asarray(array)))
 
 
+class _Releasable(Protocol):
+    def release(self) -> None: ...
+
+
 class BufferRef(Protocol):
     """A device buffer as programs take it: its native handle and its generation (unique in the process, never
     reused), e.g. a :class:`~ortgpu_core.DeviceBuffer`.  Bind groups are cached by ``(handle, generation)``, so a
@@ -313,6 +317,9 @@ class DeviceProgram(Generic[_Buffer]):
         # (handle, generation) of each input, then each output -> (the bind groups, weak references to the buffers)
         self._bind_groups: dict[tuple[tuple[int, int], ...], tuple[list[int], list[weakref.ref[Any]]]] = {}
         self._released = False
+        # What profiling keeps per program (a GPU step timer: its query set and resolve buffer, see
+        # ortgpu._profiling); released with the program.  None until a profiled run or replay needs it.
+        self.timing_resources: _Releasable | None = None
         # Graph inputs and outputs that live on the host only (strings): no buffer; see run(host=...).
         # Host-only values (strings) and inputs the plan never reads (folded values) get no buffer.
         self._host_io = frozenset(host_io_names(plan))
@@ -518,6 +525,36 @@ class DeviceProgram(Generic[_Buffer]):
             commands.early_submit = EARLY_SUBMIT_DISPATCHES
         return commands
 
+    def record_timed(self, inputs: _BufferMap, outputs: _BufferMap, query_set: int) -> tuple[CommandList, object]:
+        """:meth:`record` with a timestamp written into ``query_set`` before each planned step (query ``i`` before
+        step ``i``) and one after the last (query ``len(plan.steps)``): the same work in the same order, in one
+        command list (each step's dispatches then share a compute pass no longer: a timestamp ends the pass).
+        Also returns the cached bind-group list the records use: while :meth:`bind_groups_token` returns the same
+        object for these buffers, the list stays valid (for callers that keep it)."""
+        self._check_io(inputs, outputs)
+        if not self.plan.capturable:
+            raise ModelError(
+                f"the plan runs nodes on the CPU ({', '.join(self.plan.cpu_nodes)}); it cannot be recorded into one "
+                "timed command list"
+            )
+        groups = self._bind_groups_for(inputs, outputs)
+        commands = CommandList()
+        self._record_status_clear(commands)
+        self._record_copies(commands, -1, inputs, outputs)
+        g = 0
+        for step_index in range(len(self.plan.steps)):
+            commands.add_timestamp(query_set, step_index)
+            g = self._record_steps(commands, step_index, step_index + 1, groups, g, inputs, outputs)
+        commands.add_timestamp(query_set, len(self.plan.steps))
+        if EARLY_SUBMIT_DISPATCHES and commands.dispatch_count >= 2 * EARLY_SUBMIT_DISPATCHES:
+            commands.early_submit = EARLY_SUBMIT_DISPATCHES
+        return commands, groups
+
+    def bind_groups_token(self, inputs: _BufferMap, outputs: _BufferMap) -> object:
+        """The cached bind-group list these buffers use (made now if there is none): a list recorded for them
+        stays valid while this returns the same object."""
+        return self._bind_groups_for(inputs, outputs)
+
     def record_per_step(self, inputs: _BufferMap, outputs: _BufferMap) -> list[tuple[PlannedStep, CommandList]]:
         """One command list per step of a fully-on-device plan, in order (for profiling: submit each alone)."""
         self._check_io(inputs, outputs)
@@ -708,6 +745,9 @@ class DeviceProgram(Generic[_Buffer]):
         if self._released:
             return
         self._released = True
+        timing, self.timing_resources = self.timing_resources, None
+        if timing is not None:
+            timing.release()
         bind_groups, self._bind_groups = self._bind_groups, {}
         for groups, _ in bind_groups.values():
             for group in groups:

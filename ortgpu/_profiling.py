@@ -5,12 +5,33 @@ Profiling state is per session, never shared (onnxruntime's WebGPU lesson "C4": 
 loses the events of concurrently profiled sessions): a :class:`SessionProfiler` belongs to one session's runner,
 events are appended under its own lock, and writing the trace drains only that record.
 
-**Timing is host timing.**  The backend protocol exposes no GPU timestamp queries (``CommandList`` records
-dispatches, copies and clears only), so while profiling is on every planned step is submitted alone and waited
-for (``wait_idle``), and its event spans submit-to-completion as the host's clock sees it: it includes the fixed
-submit/wait latency, and, where other sessions share the device, any of their work the wait had to cover.  A
-profiled run or replay is therefore slower than an unprofiled one (one wait per step instead of none); profiling
-off costs one attribute check per run or replay.  The trace's ``otherData.timing`` says ``"host"``.
+**GPU timestamps where the device has them** (``timestamps_supported``: WebGPU's ``timestamp-query`` plus
+wgpu-native's ``timestamp-query-inside-encoders``; the H200 and lavapipe have both; the fake backend models them
+with its own clock).  A profiled run or replay is then ONE submission, the same records as the unprofiled one
+with a timestamp written before each planned step and after the last, and a resolve of those timestamps into a
+slot of a small resolve buffer (:class:`GpuStepTimer`, one per program, so per session: its query set and
+resolve buffer are released with the program, i.e. with the graph or the session).  Nothing waits for it: the
+resolve buffer has :data:`RING_SLOTS` slots, read back together (one read, one wait) when they are all used, and
+when the trace is written (``end_profiling``).  That keeps a profiled replay as asynchronous as an unprofiled one
+(``replay()`` submits and returns) and costs one wait per :data:`RING_SLOTS` profiled runs.  Timed command lists
+are frozen and cached per slot and per set of bound buffers, so the wgpu backend validates each once and encodes
+it ahead, as it does a captured graph's list.  Events: one per planned step, its duration the GPU time between
+its timestamps (name: its first node; cat: its op types, ``+`` joined; ``args.nodes``, ``args.placement``,
+``args.dispatches``), inside one span per run (cat ``"run"``) or replay (cat ``"replay"``) lasting first to last
+timestamp (``args.gpu_ns``).  **Placement on the timeline**: the GPU clock is not the host's, so each run's first
+timestamp is anchored at the host time (``perf_counter_ns``) just before its submit; later timestamps follow at
+their GPU distances from it (the anchor is early by the submit-to-start latency).  Step durations add up to the
+span exactly.  The trace's ``otherData.timing`` says ``"gpu-timestamps"``.
+
+**Host timing otherwise**, and for plans with CPU steps (a CPU step is host work between device segments; those
+runs are timed on the host, step by step, even on a device with timestamps): every planned step is submitted
+alone and waited for (``wait_idle``), and its event spans submit-to-completion as the host's clock sees it: it
+includes the fixed submit/wait latency, and, where other sessions share the device, any of their work the wait had
+to cover.  Such a profiled run is slower than an unprofiled one (one wait per step).  ``otherData.timing`` says
+``"host"`` (with :data:`TIMING_NOTE`), or ``"gpu-timestamps+host"`` when a record holds both kinds; each run or
+replay span says which in ``args.timing`` (``"gpu"`` or ``"host"``).
+
+Profiling off costs one attribute check per run or replay.
 """
 
 from __future__ import annotations
@@ -19,22 +40,239 @@ import json
 import os
 import threading
 import time
+import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from ortgpu_core._errors import OrtGpuError
 from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends.protocol import QUERY_RESOLVE_ALIGNMENT
 
 from ._plan_types import PlannedStep
 
-__all__ = ["SessionProfiler", "ProfilingRecord", "TIMING_NOTE"]
+__all__ = ["SessionProfiler", "ProfilingRecord", "GpuStepTimer", "gpu_timing_possible", "TIMING_NOTE", "GPU_NOTE"]
 
 TIMING_NOTE = (
-    "host timing: the backend offers no GPU timestamp queries, so each planned step was submitted alone and waited "
-    "for; a step's duration is submit-to-completion on the host clock (it includes the fixed submit/wait latency, "
-    "and any work of other sessions on the device that the wait covered)"
+    "host timing: the device (or a plan with CPU steps) offers no GPU timestamp queries, so each planned step was "
+    "submitted alone and waited for; a step's duration is submit-to-completion on the host clock (it includes the "
+    "fixed submit/wait latency, and any work of other sessions on the device that the wait covered)"
 )
+GPU_NOTE = (
+    "GPU timestamps: each run or replay was one submission with a timestamp before each planned step and after the "
+    "last; a step's duration is the GPU time between its timestamps; each run's first timestamp is placed at the "
+    "host time of its submit (the GPU clock is not the host's), so events start early by the submit latency"
+)
+
+#: Slots of a program's resolve buffer: profiled runs resolve their timestamps into the next free slot, and all
+#: slots are read back together (one wait) once they are used, or when the trace is written.
+RING_SLOTS = 16
+#: Queries one query set may hold (WebGPU).
+_MAX_QUERIES = 4096
+
+_Read = Callable[[int, int, Any], None]
+
+
+def _free_timers(timers: list[GpuStepTimer]) -> None:
+    """A collected profiler's orphaned timers: freed unread (a finalizer never reads)."""
+    for timer in list(timers):
+        try:
+            timer.free()
+        except OrtGpuError:
+            pass  # the device is gone, and freed them itself
+
+
+def gpu_timing_possible(device: Any, plan: Any) -> bool:
+    """Whether runs of ``plan`` on ``device`` can be timed with GPU timestamps: the device supports them, and the
+    plan runs whole on the device (a plan with CPU steps is timed on the host)."""
+    return (
+        bool(getattr(device, "timestamps_supported", False))
+        and bool(plan.capturable)
+        and len(plan.steps) + 1 <= _MAX_QUERIES
+    )
+
+
+@dataclass
+class _Pending:
+    """A profiled run submitted with timestamps, whose values wait in its slot of the resolve buffer."""
+
+    slot: int
+    anchor_ns: int
+    profiler: weakref.ref[SessionProfiler]  # weak: a timer a profiler adopted must not keep the profiler alive
+    name: str
+    cat: str
+    args: Mapping[str, Any]
+    tid: int
+    thread_name: str
+
+
+class GpuStepTimer:
+    """GPU timestamps of one program's profiled runs and replays (see the module docstring): a query set of
+    ``len(steps) + 1`` timestamps, a resolve buffer of :data:`RING_SLOTS` slots, the frozen timed command list of
+    each slot, and the runs whose values are not read yet.  Made by the runner for a program on first profiled use
+    (``program.timing_resources``), released with it.  Its own lock serializes its runs and reads.
+
+    ``read(buffer, offset, out)`` reads the resolve buffer (the runner's ``read_buffer_into``, under its
+    submission lock in serialized mode); a bound method is held weakly (the timer must not keep its runner, or
+    the profilers its runs belong to, alive)."""
+
+    def __init__(self, program: Any, device: Any, read: _Read) -> None:
+        steps: Sequence[PlannedStep] = program.plan.steps
+        self._steps = list(steps)
+        self._dispatches = [
+            sum(1 for kernel in step.op_plan.kernels if min(kernel.grid) > 0) if step.op_plan is not None else 0
+            for step in steps
+        ]
+        self.queries = len(steps) + 1
+        self.stride = -(-8 * self.queries // QUERY_RESOLVE_ALIGNMENT) * QUERY_RESOLVE_ALIGNMENT
+        self.period_ns = float(getattr(device, "timestamp_period_ns", 1.0))
+        self._device = device
+        self._read: Callable[[], _Read | None] = (
+            weakref.WeakMethod(read) if hasattr(read, "__self__") else (lambda: read)
+        )
+        self._lock = threading.Lock()
+        self._lists: list[tuple[object, CommandList] | None] = [None] * RING_SLOTS
+        self._pending: list[_Pending] = []
+        self._next = 0
+        self._released = False  # the program was released (runs may still be pending: see release)
+        self._freed = False  # the query set and resolve buffer are freed
+        self.query_set: int = device.create_query_set(self.queries, label="ortgpu profiling timestamps")
+        try:
+            self.resolve_buffer: int = device.create_query_resolve_buffer(
+                self.stride * RING_SLOTS, label="ortgpu profiling timestamps (resolved)"
+            )
+        except BaseException:
+            device.release_query_set(self.query_set)
+            raise
+
+    def run(
+        self,
+        program: Any,
+        inputs: Mapping[str, Any],
+        outputs: Mapping[str, Any],
+        submit: Callable[[CommandList], None],
+        profiler: SessionProfiler,
+        name: str,
+        cat: str,
+        args: Mapping[str, Any],
+    ) -> None:
+        """Submit ``program``'s work on these buffers once, timed, and note it for ``profiler`` (its events are
+        added when the slot is read back)."""
+        with self._lock:
+            if self._released:
+                raise RuntimeError("this GPU step timer was released with its program")
+            if len(self._pending) >= RING_SLOTS:
+                self._drain_locked()
+            slot = self._next
+            token = program.bind_groups_token(inputs, outputs)
+            cached = self._lists[slot]
+            if cached is not None and cached[0] is token:
+                commands = cached[1]
+            else:
+                commands, token = program.record_timed(inputs, outputs, self.query_set)
+                commands.add_resolve(self.query_set, 0, self.queries, self.resolve_buffer, slot * self.stride)
+                commands.freeze()
+                self._lists[slot] = (token, commands)
+            thread = threading.current_thread()
+            anchor = time.perf_counter_ns()
+            submit(commands)
+            self._next = (slot + 1) % RING_SLOTS
+            self._pending.append(
+                _Pending(slot, anchor, weakref.ref(profiler), name, cat, args, threading.get_native_id(), thread.name)
+            )
+        profiler._timed_by(self)
+
+    def drain(self) -> None:
+        """Read back every pending run's timestamps (one read, one wait) and add their events to their
+        profilers.  A timer released with runs pending (its program was released: a graph released, a session
+        closed, while profiling) frees its query set and buffer once they are read (or the read fails)."""
+        with self._lock:
+            try:
+                self._drain_locked()
+            finally:
+                if self._released:
+                    self._free_locked()
+
+    def _drain_locked(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending or self._freed:
+            return
+        read = self._read()
+        if read is None:
+            return  # the runner is gone (its session collected): nothing can be read any more
+        used = max(p.slot for p in pending) + 1
+        values = np.zeros(used * self.stride // 8, dtype=np.uint64)
+        read(self.resolve_buffer, 0, values.view(np.uint8))
+        per_slot = self.stride // 8
+        for entry in pending:
+            ticks = values[entry.slot * per_slot : entry.slot * per_slot + self.queries].astype(np.int64)
+            self._report(entry, ticks)
+
+    def _report(self, entry: _Pending, ticks: np.ndarray) -> None:
+        offsets = [int(round(float(t - ticks[0]) * self.period_ns)) for t in ticks]
+        at = [entry.anchor_ns + max(o, 0) for o in offsets]
+        for i in range(1, len(at)):  # a clock that steps back never makes an event end before it starts
+            at[i] = max(at[i], at[i - 1])
+        profiler = entry.profiler()
+        if profiler is None:
+            return
+        profiler.add(
+            entry.name,
+            entry.cat,
+            at[0],
+            at[-1],
+            {**entry.args, "timing": "gpu", "gpu_ns": at[-1] - at[0]},
+            tid=entry.tid,
+            thread_name=entry.thread_name,
+        )
+        for index, step in enumerate(self._steps):
+            profiler.add(
+                step.name,
+                step.op_type,
+                at[index],
+                at[index + 1],
+                {"placement": step.placement, "dispatches": self._dispatches[index], "nodes": list(step.node_names)},
+                tid=entry.tid,
+                thread_name=entry.thread_name,
+            )
+        profiler._note_timing("gpu")
+
+    def release(self) -> None:
+        """Called when the program is released: free the query set and the resolve buffer, or, when runs are
+        pending (not read back yet), hand the timer to the profiler of the newest of them, which reads them when
+        its trace is written and frees the timer then (or frees it unread when the profiler is collected: a
+        release never reads, since it may run in a finalizer).  Idempotent."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            self._lists = [None] * RING_SLOTS
+            if not self._pending:
+                self._free_locked()
+                return
+            adopter = self._pending[-1].profiler()
+        if adopter is not None:
+            adopter._adopt(self)
+        else:
+            self.free()
+
+    def free(self) -> None:
+        """Free the query set and the resolve buffer now (pending runs are dropped).  Idempotent."""
+        with self._lock:
+            self._pending = []
+            self._free_locked()
+
+    def _free_locked(self) -> None:
+        if self._freed:
+            return
+        self._freed = True
+        try:
+            self._device.destroy_buffer(self.resolve_buffer)
+        finally:
+            self._device.release_query_set(self.query_set)
+
 
 _Buffer = TypeVar("_Buffer")
 
@@ -66,12 +304,31 @@ class SessionProfiler:
         self._events: list[dict[str, Any]] = []
         self._threads: dict[int, str] = {}
         self._lock = threading.Lock()
+        # Which timings the record holds ("gpu", "host"), and the GPU step timers holding runs not read back yet.
+        self._timings: set[str] = set()
+        self._timers: weakref.WeakSet[GpuStepTimer] = weakref.WeakSet()
+        self._timing_errors: list[str] = []
+        # Timers of released programs with runs of this record not read back yet: read and freed by drain(), or
+        # freed unread when this profiler is collected.
+        self._orphans: list[GpuStepTimer] = []
+        weakref.finalize(self, _free_timers, self._orphans).atexit = False
 
     # -- recording ------------------------------------------------------------------
-    def add(self, name: str, cat: str, start_ns: int, end_ns: int, args: Mapping[str, Any] | None = None) -> None:
-        """Record one complete event (``ph: "X"``) of the calling thread."""
-        thread = threading.current_thread()
-        tid = threading.get_native_id()
+    def add(
+        self,
+        name: str,
+        cat: str,
+        start_ns: int,
+        end_ns: int,
+        args: Mapping[str, Any] | None = None,
+        *,
+        tid: int | None = None,
+        thread_name: str | None = None,
+    ) -> None:
+        """Record one complete event (``ph: "X"``) of the calling thread (or of thread ``tid``)."""
+        if tid is None:
+            tid = threading.get_native_id()
+            thread_name = threading.current_thread().name
         event: dict[str, Any] = {
             "name": name,
             "cat": cat,
@@ -85,7 +342,33 @@ class SessionProfiler:
             event["args"] = dict(args)
         with self._lock:
             self._events.append(event)
-            self._threads.setdefault(tid, thread.name)
+            self._threads.setdefault(tid, thread_name or str(tid))
+
+    def _note_timing(self, timing: str) -> None:
+        with self._lock:
+            self._timings.add(timing)
+
+    def _timed_by(self, timer: GpuStepTimer) -> None:
+        with self._lock:
+            self._timers.add(timer)
+
+    def drain(self) -> None:
+        """Read back the timestamps of this record's GPU-timed runs not read yet (their events join the record).
+        A read that fails (device lost or closed) drops those runs, noted in ``otherData.timing_errors``."""
+        with self._lock:
+            timers = list(self._timers) + self._orphans
+            self._timers = weakref.WeakSet()
+            del self._orphans[:]
+        for timer in timers:
+            try:
+                timer.drain()
+            except OrtGpuError as error:
+                with self._lock:
+                    self._timing_errors.append(f"{type(error).__name__}: {error}")
+
+    def _adopt(self, timer: GpuStepTimer) -> None:
+        with self._lock:
+            self._orphans.append(timer)
 
     @contextmanager
     def span(self, name: str, cat: str, args: Mapping[str, Any] | None = None) -> Iterator[None]:
@@ -97,6 +380,29 @@ class SessionProfiler:
             self.add(name, cat, start, time.perf_counter_ns(), {**(args or {}), "error": type(error).__name__})
             raise
         self.add(name, cat, start, time.perf_counter_ns(), args)
+
+    def run_timed_on_gpu(
+        self,
+        timer: GpuStepTimer,
+        program: Any,
+        inputs: Mapping[str, Any],
+        outputs: Mapping[str, Any],
+        submit: Callable[[CommandList], None],
+        name: str,
+        cat: str,
+        args: Mapping[str, Any],
+    ) -> None:
+        """Submit ``program`` once with GPU timestamps (``timer``); its span and step events join this record
+        when the timestamps are read back.  A submission that raises is recorded as a host span with
+        ``args.error``."""
+        start = time.perf_counter_ns()
+        try:
+            timer.run(program, inputs, outputs, submit, self, name, cat, args)
+        except BaseException as error:
+            self.add(
+                name, cat, start, time.perf_counter_ns(), {**args, "timing": "host", "error": type(error).__name__}
+            )
+            raise
 
     def run_steps(
         self,
@@ -121,18 +427,37 @@ class SessionProfiler:
             )
 
         program.run_timed(inputs, outputs, submit, wait, on_step, host)
+        self._note_timing("host")
 
     # -- output ---------------------------------------------------------------------
     @property
     def event_count(self) -> int:
+        """Events recorded so far (GPU-timed runs' read back first)."""
+        self.drain()
         with self._lock:
             return len(self._events)
 
+    @property
+    def timing(self) -> str:
+        """``"gpu-timestamps"``, ``"host"``, or ``"gpu-timestamps+host"``: how the runs recorded so far were timed
+        (``"host"`` while nothing is recorded)."""
+        with self._lock:
+            timings = set(self._timings)
+        if timings == {"gpu"}:
+            return "gpu-timestamps"
+        if timings == {"gpu", "host"}:
+            return "gpu-timestamps+host"
+        return "host"
+
     def trace(self) -> dict[str, Any]:
-        """The Chrome trace (a JSON-serializable dict) of everything recorded so far."""
+        """The Chrome trace (a JSON-serializable dict) of everything recorded so far (GPU-timed runs' timestamps
+        are read back first)."""
+        self.drain()
+        timing = self.timing
         with self._lock:
             events = list(self._events)
             threads = dict(self._threads)
+            timing_errors = list(self._timing_errors)
         meta: list[dict[str, Any]] = [
             {
                 "name": "process_name",
@@ -153,8 +478,13 @@ class SessionProfiler:
                 **self.metadata,
                 "session_id": self.session_id,
                 "process_id": os.getpid(),
-                "timing": "host",
-                "timing_note": TIMING_NOTE,
+                "timing": timing,
+                "timing_note": GPU_NOTE
+                if timing == "gpu-timestamps"
+                else TIMING_NOTE
+                if timing == "host"
+                else f"{GPU_NOTE}; runs with args.timing 'host': {TIMING_NOTE}",
+                **({"timing_errors": timing_errors} if timing_errors else {}),
                 "start_time_ns": self.start_wall_ns,
             },
         }

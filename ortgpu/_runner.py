@@ -47,7 +47,7 @@ from ._executor import DeviceProgram, WeightStore, device_caps, host_io_names
 from ._limits import max_cached_plans
 from ._model import LoadedModel, ValueInfo
 from ._planner import ExecutionPlan, plan_model
-from ._profiling import SessionProfiler
+from ._profiling import GpuStepTimer, SessionProfiler, gpu_timing_possible
 from .ops.optional import host_signature, is_optional_box, is_structured_dtype, optional_element
 from .ops.sequences import is_box, items
 
@@ -55,6 +55,9 @@ if TYPE_CHECKING:
     from ortgpu_core._graph import CapturedGraph
 
 __all__ = ["SessionRunner", "AnyValue", "AnyBinding", "MAX_GUARDED_BYTES"]
+
+# Guards making a program's GPU step timer (profiling), so two first profiled uses cannot both make one.
+_timer_creation = threading.Lock()
 
 #: The most bytes of value-deciding inputs (a sample rate, a trip count, a target shape) a captured graph may depend
 #: on: each replay reads them back and compares them with their values at capture.
@@ -365,19 +368,27 @@ class SessionRunner:
         outputs: Mapping[str, DeviceBuffer],
         host: dict[str, np.ndarray] | None = None,
     ) -> None:
-        """Run ``program`` (an ordinary run): as one submission per device segment, or step by step, timed into
-        this session's profiling record, while profiling is on."""
+        """Run ``program`` (an ordinary run): as one submission per device segment; while profiling is on, timed
+        into this session's profiling record: one submission with GPU timestamps where the device has them and the
+        plan runs whole on it, else step by step on the host clock (see :mod:`ortgpu._profiling`)."""
         profiler = self.profiler
         if profiler is None:
             program.run(inputs, outputs, self.submit, host)
             return
-        with profiler.span("run", "run", {"steps": len(program.plan.steps)}):
+        args = {"steps": len(program.plan.steps)}
+        timer = self._gpu_timer(program) if not host else None
+        if timer is not None:
+            profiler.run_timed_on_gpu(timer, program, inputs, outputs, self.submit, "run", "run", args)
+            return
+        with profiler.span("run", "run", {**args, "timing": "host"}):
             profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle, host)
 
     def profile_replay(self, graph: CapturedGraph, program: DeviceProgram[DeviceBuffer] | None) -> bool:
-        """Called by ``replay()`` (under the graph's lock, after its checks): replay ``graph`` step by step, timed
-        into this session's profiling record, and return True; False when profiling is off (the graph submits its
-        recorded list as usual).  The work is the graph's own program on its own buffers, split per step."""
+        """Called by ``replay()`` (under the graph's lock, after its checks): replay ``graph`` timed into this
+        session's profiling record, and return True; False when profiling is off (the graph submits its recorded
+        list as usual).  The work is the graph's own program on its own buffers: one submission with GPU
+        timestamps where the device has them (nothing waited for, as an unprofiled replay), else split per step
+        and waited for (host timing)."""
         profiler = self.profiler
         if profiler is None or program is None:
             return False
@@ -388,9 +399,33 @@ class SessionRunner:
             if v._device_buffer is not None and n not in program.plan.unread_inputs
         }
         outputs = {n: v._device_buffer for n, v in binding.outputs().items() if v._device_buffer is not None}
-        with profiler.span(f"replay graph {graph.graph_id}", "replay", {"graph_id": graph.graph_id}):
+        name, args = f"replay graph {graph.graph_id}", {"graph_id": graph.graph_id}
+        timer = self._gpu_timer(program)
+        if timer is not None:
+            profiler.run_timed_on_gpu(timer, program, inputs, outputs, self.submit, name, "replay", args)
+            return True
+        with profiler.span(name, "replay", {**args, "timing": "host"}):
             profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle)
         return True
+
+    def _gpu_timer(self, program: DeviceProgram[DeviceBuffer]) -> GpuStepTimer | None:
+        """``program``'s GPU step timer (made on first use, released with the program), or None where its runs
+        are timed on the host (no timestamp queries on the device, or CPU steps in the plan)."""
+        timer = program.timing_resources
+        if isinstance(timer, GpuStepTimer):
+            return timer
+        if not gpu_timing_possible(self.backend_device, program.plan):
+            return None
+        with _timer_creation, self.submission():
+            timer = program.timing_resources
+            if not isinstance(timer, GpuStepTimer):
+                timer = GpuStepTimer(program, self.backend_device, self._read_timestamps)
+                program.timing_resources = timer
+        return timer
+
+    def _read_timestamps(self, buffer: int, offset: int, out: Any) -> None:
+        with self.submission():
+            self.backend_device.read_buffer_into(buffer, offset, out)
 
     def submit_and_read(self, commands: CommandList, reads: list[tuple[int, int, Any]]) -> None:
         """:meth:`_submit` ``commands`` and read ``(buffer, offset, out)`` regions in the same submission."""

@@ -4,6 +4,12 @@
 The model is a small MLP (``models.mlp(layers=2, width=16)``: two planned steps, MatMul+Add+Relu and MatMul+Add).
 Profiling is per session (onnxruntime's "C4" lesson): two sessions profiled concurrently from two threads each get
 only their own events.
+
+Both backends here have timestamp queries (lavapipe has wgpu-native's ``timestamp-query-inside-encoders``, the fake
+models them), so profiled runs are timed with GPU timestamps (one submission per run); a fake device told it has
+none (``FakeDeviceSpec(timestamp_queries=False)``), and plans with CPU steps, fall back to host timing.  The
+timestamp and resolve records themselves are checked here too: a bad one raises ``ValidationError`` and executes
+nothing.
 """
 
 from __future__ import annotations
@@ -17,9 +23,15 @@ from typing import Any
 import models
 import numpy as np
 import onnxruntime
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import ortgpu_core
 from ortgpu import Env, InferenceSession
+from ortgpu._profiling import RING_SLOTS
+from ortgpu_core import ValidationError
+from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends.fake import FakeBackend, FakeDeviceSpec
 
 WIDTH, BATCH = 16, 4
 MODEL = models.mlp(layers=2, width=WIDTH, batch=BATCH).SerializeToString()
@@ -90,7 +102,8 @@ def test_profiled_runs_write_a_chrome_trace(env: Env, tmp_path: Path) -> None:
         assert all(e["pid"] == sess.session_id for e in complete(trace))
         assert all(e["dur"] >= 0 and isinstance(e["ts"], float) for e in complete(trace))
         assert_nested(trace, "run", 2)
-        assert trace["otherData"]["timing"] == "host"
+        assert trace["otherData"]["timing"] == "gpu-timestamps"
+        assert all(e["args"]["timing"] == "gpu" for e in runs)
         assert trace["otherData"]["session_id"] == sess.session_id
         assert trace["otherData"]["backend"] == env.backend_name
         meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
@@ -235,15 +248,18 @@ def test_profiled_run_with_a_cpu_step(env: Env, tmp_path: Path) -> None:
 
 
 def test_profiling_off_submits_as_before(env: Env, tmp_path: Path) -> None:
-    """Unprofiled runs submit the whole plan at once (profiling off is one attribute check); only a profiled run
-    splits it into one submission per step."""
+    """Unprofiled runs submit the whole plan at once (profiling off is one attribute check); a profiled run (GPU
+    timestamps) is one submission too: the same dispatches, with a timestamp before each step and after the last, and
+    their resolve."""
     with InferenceSession(MODEL, env=env, profile_file_prefix=str(tmp_path / "off")) as sess:
         runner = sess._runner
         original = runner.submit
         submitted: list[int] = []
+        queries: list[int] = []
 
         def counting(commands: Any) -> None:
             submitted.append(commands.dispatch_count)
+            queries.append(commands.query_count)
             original(commands)
 
         runner.submit = counting  # type: ignore[method-assign]
@@ -255,7 +271,8 @@ def test_profiling_off_submits_as_before(env: Env, tmp_path: Path) -> None:
         sess.start_profiling()
         assert_reference(sess.run(None, {"X": x})[0], x)
         assert sess.end_profiling() != ""
-        assert submitted == [1, 1]  # one per step
+        assert submitted == [2]  # still one submission
+        assert queries == [0, 4]  # three timestamps (before each of the two steps, after the last) and a resolve
 
 
 def test_concurrent_profiled_replays_stay_apart(env: Env, tmp_path: Path) -> None:
@@ -314,3 +331,211 @@ def test_concurrent_profiled_replays_stay_apart(env: Env, tmp_path: Path) -> Non
             graph.release()
         for sess in sessions:
             sess.close()
+
+
+# -- GPU timestamps ------------------------------------------------------------------------------------------------
+
+
+def gpu_events(trace: dict[str, Any], outer_cat: str) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Each ``outer_cat`` span with its step events (those of its thread within its span), in order."""
+    steps = [e for e in complete(trace) if e["cat"] not in ("run", "replay")]
+    out = []
+    for outer in complete(trace, outer_cat):
+        inside = [
+            e
+            for e in steps
+            if e["tid"] == outer["tid"]
+            and e["ts"] >= outer["ts"] - 1e-3
+            and e["ts"] + e["dur"] <= outer["ts"] + outer["dur"] + 1e-3
+        ]
+        out.append((outer, inside))
+    return out
+
+
+def test_gpu_timed_steps_are_positive_and_fit_their_span(env: Env, tmp_path: Path) -> None:
+    """Runs and replays timed with GPU timestamps: every step event has a positive GPU duration, the steps of a run
+    add up to at most its span (exactly, up to rounding: they partition it), the trace is JSON with traceEvents, and
+    more runs than the resolve buffer has slots are all recorded (the slots are read back when full)."""
+    runs = RING_SLOTS + 3
+    with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "gpu")) as sess:
+        x_value = sess.allocator.from_numpy(image())
+        y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
+        binding = sess.io_binding()
+        binding.bind_input("X", x_value)
+        binding.bind_output("Y", y_value)
+        graph = sess.capture(binding, 0)
+        try:
+            sess.start_profiling()
+            for _ in range(runs):
+                x = image()
+                assert_reference(sess.run(None, {"X": x})[0], x)
+            for _ in range(3):
+                x = image()
+                x_value.update_inplace(x)
+                assert_reference(graph.replay_and_read()[0], x)
+            path = sess.end_profiling()
+        finally:
+            graph.release()
+    with open(path, encoding="utf-8") as handle:
+        trace = json.load(handle)
+    assert isinstance(trace["traceEvents"], list)
+    assert trace["otherData"]["timing"] == "gpu-timestamps" and "GPU timestamps" in trace["otherData"]["timing_note"]
+    for cat, count in (("run", runs), ("replay", 3)):
+        spans = gpu_events(trace, cat)
+        assert len(spans) == count
+        for outer, steps in spans:
+            assert outer["args"]["timing"] == "gpu" and outer["args"]["gpu_ns"] > 0
+            assert [e["cat"] for e in steps] == ["MatMul+Add+Relu", "MatMul+Add"]
+            assert all(e["dur"] > 0 and e["args"]["dispatches"] >= 1 for e in steps)
+            assert sum(e["dur"] for e in steps) <= outer["dur"] + 1e-3
+            assert abs(outer["dur"] * 1000 - outer["args"]["gpu_ns"]) < 1.0
+    assert {e["pid"] for e in complete(trace)} == {sess.session_id}
+
+
+def test_timing_resources_are_released_with_the_session(env: Env, tmp_path: Path) -> None:
+    """A profiled program holds one query set and one resolve buffer, released when the session closes (the env
+    fixture also checks that nothing leaked)."""
+    sess = InferenceSession(MODEL, env=env, profile_file_prefix=str(tmp_path / "rel"))
+    try:
+        sess.run(None, {"X": image()})
+        before = env.live_handles()
+        sess.start_profiling()
+        sess.run(None, {"X": image()})
+        assert env.live_handles() - before >= 2  # the query set and its resolve buffer
+        sess.run(None, {"X": image()})
+        during = env.live_handles()
+        assert load(sess.end_profiling())["otherData"]["timing"] == "gpu-timestamps"
+        assert env.live_handles() <= during  # ending profiling makes nothing new
+    finally:
+        sess.close()
+    assert env.live_handles() < before
+
+
+def test_replays_of_a_graph_released_while_profiling_are_kept(env: Env, tmp_path: Path) -> None:
+    """Replays whose timestamps were not read back yet when their graph is released still reach the trace (the
+    profiler reads them when it is written, then frees the graph's query set and buffer); a session closed while
+    profiling, never ended, leaks nothing either (the env fixture checks)."""
+    with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "gone")) as sess:
+        x_value = sess.allocator.from_numpy(image())
+        y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
+        binding = sess.io_binding()
+        binding.bind_input("X", x_value)
+        binding.bind_output("Y", y_value)
+        graph = sess.capture(binding, 0)
+        handles = env.live_handles()
+        sess.start_profiling()
+        for _ in range(3):
+            graph.replay()
+        assert env.live_handles() > handles  # the graph's query set and resolve buffer
+        graph.release()
+        trace = load(sess.end_profiling())
+        assert [e["args"]["timing"] for e in complete(trace, "replay")] == ["gpu"] * 3
+        assert_nested(trace, "replay", 2)
+        assert env.live_handles() < handles  # the graph's own state, and the timer's, are gone
+        # profiling left on at close: the pending run's timer is freed with the session's profiler
+        sess.start_profiling()
+        sess.run(None, {"X": image()})
+
+
+def test_a_device_without_timestamps_falls_back_to_host_timing(tmp_path: Path) -> None:
+    """A device without timestamp queries: each step submitted alone and waited for, and the trace says "host"."""
+    with ortgpu_core.Env(backend=FakeBackend([FakeDeviceSpec(timestamp_queries=False)])) as env:
+        device = env.default_device._native_device()
+        assert not device.timestamps_supported
+        with pytest.raises(ValidationError, match="does not support timestamp queries"):
+            device.create_query_set(2)
+        with InferenceSession(MODEL, env=env, profile_file_prefix=str(tmp_path / "host")) as sess:
+            runner = sess._runner
+            original = runner.submit
+            submitted: list[tuple[int, int]] = []
+
+            def counting(commands: Any) -> None:
+                submitted.append((commands.dispatch_count, commands.query_count))
+                original(commands)
+
+            runner.submit = counting  # type: ignore[method-assign]
+            with sess.profiling() as record:
+                x = image()
+                assert_reference(sess.run(None, {"X": x})[0], x)
+            assert submitted == [(1, 0), (1, 0)]  # one per step, no timestamps
+            assert record.path is not None
+            trace = load(record.path)
+            assert trace["otherData"]["timing"] == "host"
+            assert "host timing" in trace["otherData"]["timing_note"]
+            assert [e["args"]["timing"] for e in complete(trace, "run")] == ["host"]
+            assert_nested(trace, "run", 2)
+        assert env.live_handles() == 0
+
+
+def test_a_plan_with_cpu_steps_is_timed_on_the_host(env: Env, tmp_path: Path) -> None:
+    """On a device with timestamps, a plan with CPU steps still falls back to host timing (documented)."""
+    with InferenceSession(cpu_node_model(), env=env, profile_file_prefix=str(tmp_path / "cpuh")) as sess:
+        with sess.profiling() as record:
+            sess.run(None, {"X": image()})
+        assert record.path is not None
+        trace = load(record.path)
+        assert trace["otherData"]["timing"] == "host"
+        assert [e["args"]["timing"] for e in complete(trace, "run")] == ["host"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "index past the set",
+        "resolve offset unaligned",
+        "resolve past the buffer",
+        "resolve past the set",
+        "resolve into a storage buffer",
+        "timestamp into a buffer",
+        "released query set",
+    ],
+)
+def test_bad_timestamp_records_raise_and_change_nothing(env: Env, bad: str) -> None:
+    """A bad timestamp or resolve record raises ValidationError at submit and nothing of the list executes (a clear
+    before it leaves the buffer as it was); the query sets are released (live handles back where they were)."""
+    device = env.default_device._native_device()
+    assert device.timestamps_supported
+    before = device.live_handles()
+    query_set = device.create_query_set(4, label="test")
+    resolve = device.create_query_resolve_buffer(512, label="test")
+    data = device.create_buffer(256, label="test data")
+    try:
+        device.write_buffer(data, 0, np.arange(64, dtype=np.uint32).tobytes())
+        commands = CommandList()
+        commands.add_clear(data, 0, 256)
+        commands.add_timestamp(query_set, 0)
+        if bad == "index past the set":
+            commands.add_timestamp(query_set, 4)
+        elif bad == "resolve offset unaligned":
+            commands.add_resolve(query_set, 0, 1, resolve, 128)
+        elif bad == "resolve past the buffer":
+            commands.add_resolve(query_set, 0, 4, resolve, 512 - 16)
+        elif bad == "resolve past the set":
+            commands.add_resolve(query_set, 2, 3, resolve, 0)
+        elif bad == "resolve into a storage buffer":
+            commands.add_resolve(query_set, 0, 1, data, 0)
+        elif bad == "timestamp into a buffer":
+            commands.add_timestamp(data, 0)
+        else:
+            dead = device.create_query_set(2)
+            device.release_query_set(dead)
+            commands.add_timestamp(dead, 0)
+        with pytest.raises(ValidationError):
+            device.submit(commands)
+        got = np.frombuffer(device.read_buffer(data, 0, 256), dtype=np.uint32)
+        np.testing.assert_array_equal(got, np.arange(64, dtype=np.uint32))
+        # The device is still usable: a good list runs and resolves increasing timestamps.
+        good = CommandList()
+        good.add_timestamp(query_set, 0)
+        good.add_clear(data, 0, 256)
+        good.add_timestamp(query_set, 1)
+        good.add_resolve(query_set, 0, 2, resolve, 256)
+        out = np.zeros(2, dtype=np.uint64)
+        device.submit_and_read(good, [(resolve, 256, out.view(np.uint8))])
+        assert out[1] >= out[0] > 0
+        assert not np.frombuffer(device.read_buffer(data, 0, 256), dtype=np.uint32).any()
+    finally:
+        device.destroy_buffer(data)
+        device.destroy_buffer(resolve)
+        device.release_query_set(query_set)
+    assert device.live_handles() == before

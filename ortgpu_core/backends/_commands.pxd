@@ -6,10 +6,14 @@ cdef enum CommandKind:
     COMMAND_DISPATCH = 0
     COMMAND_COPY = 1
     COMMAND_CLEAR = 2
+    COMMAND_TIMESTAMP = 3
+    COMMAND_RESOLVE = 4
 
 cdef struct CommandRecord:
     int kind
-    # dispatch: a = pipeline, b = bind group; copy: a = source, b = destination; clear: a = buffer
+    # dispatch: a = pipeline, b = bind group; copy: a = source, b = destination; clear: a = buffer;
+    # timestamp: a = query set, x = query index; resolve: a = query set, x = first query, y = query count,
+    # b = destination buffer, offset_b = destination offset
     uintptr_t a
     uintptr_t b
     uint64_t offset_a
@@ -43,6 +47,8 @@ cdef class NativeTable:
     cdef void* fn_release_encoder
     cdef void* fn_submit
     cdef void* fn_release_command_buffer
+    cdef void* fn_write_timestamp
+    cdef void* fn_resolve_query_set
 
 cdef class CommandList:
     cdef CommandRecord* _records

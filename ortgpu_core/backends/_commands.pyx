@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""A command list: copies, clears and dispatches recorded as a flat C array.
+"""A command list: copies, clears, dispatches, timestamp writes and query resolves recorded as a flat C array.
 
 The core records into a :class:`CommandList`; a backend's ``submit`` encodes
 it.  The wgpu backend hands a :class:`NativeTable` of wgpu-native function
@@ -21,6 +21,8 @@ from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 DISPATCH = COMMAND_DISPATCH
 COPY = COMMAND_COPY
 CLEAR = COMMAND_CLEAR
+TIMESTAMP = COMMAND_TIMESTAMP
+RESOLVE = COMMAND_RESOLVE
 
 # Function pointer types of the wgpu-native entry points the loop calls.  Each
 # comment gives the C signature from webgpu.h; handles are opaque pointers.
@@ -44,6 +46,11 @@ ctypedef void (*clear_buffer_fn)(void*, void*, uint64_t, uint64_t) noexcept nogi
 ctypedef void* (*finish_fn)(void*, const void*) noexcept nogil
 # void wgpuQueueSubmit(WGPUQueue, size_t, WGPUCommandBuffer const*)
 ctypedef void (*submit_fn)(void*, size_t, void* const*) noexcept nogil
+# void wgpuCommandEncoderWriteTimestamp(WGPUCommandEncoder, WGPUQuerySet, uint32_t queryIndex)
+ctypedef void (*write_timestamp_fn)(void*, void*, uint32_t) noexcept nogil
+# void wgpuCommandEncoderResolveQuerySet(WGPUCommandEncoder, WGPUQuerySet, uint32_t firstQuery, uint32_t queryCount,
+#                                        WGPUBuffer destination, uint64_t destinationOffset)
+ctypedef void (*resolve_query_set_fn)(void*, void*, uint32_t, uint32_t, void*, uint64_t) noexcept nogil
 
 
 cdef inline double _monotonic_seconds() noexcept nogil:
@@ -74,7 +81,8 @@ cdef inline void _release_unsubmitted(NativeTable table, void* command_buffer) n
 cdef inline void _encode_record(NativeTable table, void* encoder, CommandRecord* r, void** compute_pass,
                                 void** last_pipeline) noexcept nogil:
     # One record into ``encoder``: dispatches share the open compute pass (one is begun when none is open; the
-    # pipeline is set only when it changes), copies and clears end it.
+    # pipeline is set only when it changes); copies, clears, timestamp writes and query resolves end it (a
+    # timestamp is written on the encoder, between passes: wgpu-native's timestamp-query-inside-encoders).
     if r.kind == COMMAND_DISPATCH:
         if compute_pass[0] == NULL:
             compute_pass[0] = (<begin_compute_pass_fn>table.fn_begin_compute_pass)(encoder, NULL)
@@ -88,6 +96,10 @@ cdef inline void _encode_record(NativeTable table, void* encoder, CommandRecord*
         _end_pass(table, compute_pass)
         if r.kind == COMMAND_COPY:
             (<copy_buffer_fn>table.fn_copy_buffer)(encoder, <void*>r.a, r.offset_a, <void*>r.b, r.offset_b, r.size)
+        elif r.kind == COMMAND_TIMESTAMP:
+            (<write_timestamp_fn>table.fn_write_timestamp)(encoder, <void*>r.a, r.x)
+        elif r.kind == COMMAND_RESOLVE:
+            (<resolve_query_set_fn>table.fn_resolve_query_set)(encoder, <void*>r.a, r.x, r.y, <void*>r.b, r.offset_b)
         else:
             (<clear_buffer_fn>table.fn_clear_buffer)(encoder, <void*>r.a, r.offset_a, r.size)
 
@@ -124,6 +136,8 @@ cdef class NativeTable:
         self.fn_release_encoder = <void*><uintptr_t>fn("CommandEncoderRelease")
         self.fn_submit = <void*><uintptr_t>fn("QueueSubmit")
         self.fn_release_command_buffer = <void*><uintptr_t>fn("CommandBufferRelease")
+        self.fn_write_timestamp = <void*><uintptr_t>fn("CommandEncoderWriteTimestamp")
+        self.fn_resolve_query_set = <void*><uintptr_t>fn("CommandEncoderResolveQuerySet")
 
     def submit_encoded(self, uintptr_t command_buffer):
         """Submit a command buffer from :meth:`CommandList.encode_native` (with the GIL released) and release it."""
@@ -166,7 +180,8 @@ cdef class NativeTable:
             "ComputePassEncoderDispatchWorkgroups", "ComputePassEncoderEnd",
             "ComputePassEncoderRelease", "CommandEncoderCopyBufferToBuffer",
             "CommandEncoderClearBuffer", "CommandEncoderFinish", "CommandEncoderRelease",
-            "QueueSubmit", "CommandBufferRelease",
+            "QueueSubmit", "CommandBufferRelease", "CommandEncoderWriteTimestamp",
+            "CommandEncoderResolveQuerySet",
         )
 
 
@@ -235,6 +250,37 @@ cdef class CommandList:
         record.offset_a = offset
         record.size = size
 
+    def add_timestamp(self, uintptr_t query_set, uint32_t index):
+        """Record writing the GPU's timestamp into query ``index`` of a timestamp ``query_set``, once the work
+        recorded before it is done (on the encoder, between compute passes)."""
+        cdef CommandRecord* record = self._append()
+        record.kind = COMMAND_TIMESTAMP
+        record.a = query_set
+        record.x = index
+
+    def add_resolve(self, uintptr_t query_set, uint32_t first, uint32_t count, uintptr_t destination,
+                    uint64_t destination_offset):
+        """Record resolving queries ``first .. first + count - 1`` of ``query_set`` into ``destination`` (a
+        query-resolve buffer) at ``destination_offset``, as ``count`` little-endian uint64 values."""
+        cdef CommandRecord* record = self._append()
+        record.kind = COMMAND_RESOLVE
+        record.a = query_set
+        record.x = first
+        record.y = count
+        record.b = destination
+        record.offset_b = destination_offset
+
+    def without_queries(self):
+        """A new (unfrozen) list of this list's records other than timestamp writes and query resolves."""
+        cdef Py_ssize_t i
+        cdef CommandRecord* record
+        cdef CommandList out = CommandList()
+        for i in range(self._count):
+            if self._records[i].kind != COMMAND_TIMESTAMP and self._records[i].kind != COMMAND_RESOLVE:
+                record = out._append()
+                record[0] = self._records[i]
+        return out
+
     def extend(self, CommandList other):
         """Append every record of ``other``."""
         cdef Py_ssize_t i
@@ -284,12 +330,22 @@ cdef class CommandList:
                 n += 1
         return n
 
+    @property
+    def query_count(self):
+        """How many records are timestamp writes or query resolves."""
+        cdef Py_ssize_t i, n = 0
+        for i in range(self._count):
+            if self._records[i].kind == COMMAND_TIMESTAMP or self._records[i].kind == COMMAND_RESOLVE:
+                n += 1
+        return n
+
     def records(self):
         """The records as tuples, for backends that interpret them in Python.
 
         ``("dispatch", pipeline, bind_group, (x, y, z))``,
         ``("copy", source, source_offset, destination, destination_offset, size)``,
-        ``("clear", buffer, offset, size)``.
+        ``("clear", buffer, offset, size)``, ``("timestamp", query_set, index)``,
+        ``("resolve", query_set, first, count, destination, destination_offset)``.
         """
         cdef Py_ssize_t i
         cdef CommandRecord r
@@ -300,6 +356,10 @@ cdef class CommandList:
                 out.append(("dispatch", r.a, r.b, (r.x, r.y, r.z)))
             elif r.kind == COMMAND_COPY:
                 out.append(("copy", r.a, r.offset_a, r.b, r.offset_b, r.size))
+            elif r.kind == COMMAND_TIMESTAMP:
+                out.append(("timestamp", r.a, r.x))
+            elif r.kind == COMMAND_RESOLVE:
+                out.append(("resolve", r.a, r.x, r.y, r.b, r.offset_b))
             else:
                 out.append(("clear", r.a, r.offset_a, r.size))
         return out

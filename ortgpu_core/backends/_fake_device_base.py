@@ -4,7 +4,7 @@ destroyed), its counters, and its objects and handle table, with the checks that
 The fake device is built in layers: :class:`_FakeDeviceBase` (here), then ``_FakeExecution``
 (:mod:`._fake_execution`: queue writes, reads and submitted commands), and ``FakeDevice`` itself
 (:mod:`.fake`: creating and freeing objects, lifetime).  :class:`_FakeDeviceBase` owns the object tables
-(``_buffers``, ``_pipelines``, ``_bind_groups``), ``_stats``, ``_lost_reason``, ``_destroyed`` and
+(``_buffers``, ``_pipelines``, ``_bind_groups``, ``_query_sets``), ``_stats``, ``_lost_reason``, ``_destroyed`` and
 ``_orphaned``, set in :meth:`_FakeDeviceBase._init_base`; handles themselves are numbered, and their records
 kept, by the backend (``_last_handle``, ``_records``, ``_freed``).  All of it is guarded by the backend's lock
 (``_lock``, one :class:`DeviceLock` for the backend, its devices and its faults), which the public methods take.
@@ -54,7 +54,7 @@ class FakeDeviceStats:
 
 # -- device objects -----------------------------------------------------------
 
-HandleKind = Literal["buffer", "pipeline", "bind group"]
+HandleKind = Literal["buffer", "pipeline", "bind group", "query set"]
 
 
 @dataclass(eq=False)
@@ -64,6 +64,7 @@ class _Buffer:
     size: int
     uniform: bool
     data: npt.NDArray[np.uint8]
+    query_resolve: bool = False  # made by create_query_resolve_buffer (QUERY_RESOLVE | COPY_SRC)
 
 
 @dataclass(eq=False)
@@ -72,6 +73,13 @@ class _Pipeline:
     label: str
     twin: KernelTwin
     declared: dict[int, _DeclaredBinding]  # empty when the WGSL declares nothing the fake can read
+
+
+@dataclass(eq=False)
+class _QuerySet:
+    handle: int
+    label: str
+    values: npt.NDArray[np.uint64]  # one timestamp (nanoseconds of the fake's clock) per query
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,7 @@ class _FakeDeviceBase:
     layers and the lock)."""
 
     limits: DeviceLimits
+    _timestamp_queries: bool  # set by FakeDevice from its spec
 
     def _init_base(self, backend: FakeBackend, ordinal: int, name: str) -> None:
         """Set this layer's fields: usable, no objects yet, zero counters."""
@@ -130,6 +139,10 @@ class _FakeDeviceBase:
         self._buffers: dict[int, _Buffer] = {}
         self._pipelines: dict[int, _Pipeline] = {}
         self._bind_groups: dict[int, _BindGroup] = {}
+        self._query_sets: dict[int, _QuerySet] = {}
+        # The fake GPU clock's last timestamp (nanoseconds): each timestamp write reads perf_counter_ns, at least
+        # 1 ns after the previous one, so the work between two writes is timed as the host ran it (twins included).
+        self._last_timestamp_ns = 0
         self._stats = FakeDeviceStats()
         self._lost_reason: str | None = None
         self._destroyed = False
@@ -228,8 +241,21 @@ class _FakeDeviceBase:
             raise self._stale(handle, "bind group", role)
         return bind_group
 
+    def _check_timestamps(self, action: str) -> None:
+        if not self._timestamp_queries:
+            raise ValidationError(f"{action}: {self._name} does not support timestamp queries")
+
+    def _query_set(self, handle: int, role: str) -> _QuerySet:
+        query_set = self._query_sets.get(handle)
+        if query_set is None:
+            raise self._stale(handle, "query set", role)
+        return query_set
+
     def _free(
-        self, handle: int, kind: HandleKind, table: dict[int, _Buffer] | dict[int, _Pipeline] | dict[int, _BindGroup]
+        self,
+        handle: int,
+        kind: HandleKind,
+        table: dict[int, _Buffer] | dict[int, _Pipeline] | dict[int, _BindGroup] | dict[int, _QuerySet],
     ) -> None:
         if handle in table:
             del table[handle]
@@ -240,9 +266,9 @@ class _FakeDeviceBase:
         raise self._stale(handle, kind, f"freeing a {kind}")
 
     def live_handles(self) -> int:
-        """How many buffers, pipelines and bind groups are alive on this device."""
+        """How many buffers, pipelines, bind groups and query sets are alive on this device."""
         with self._lock:
-            return len(self._buffers) + len(self._pipelines) + len(self._bind_groups)
+            return len(self._buffers) + len(self._pipelines) + len(self._bind_groups) + len(self._query_sets)
 
     def describe_live_handles(self) -> list[str]:
         """One line per live handle (kind, handle, label): for leak-check failure messages."""
@@ -251,6 +277,7 @@ class _FakeDeviceBase:
                 ("buffer", list(self._buffers)),
                 ("pipeline", list(self._pipelines)),
                 ("bind group", list(self._bind_groups)),
+                ("query set", list(self._query_sets)),
             ]
             return [
                 f"{self._name}: {_describe(h, self._backend._records[h])}" for _, handles in tables for h in handles

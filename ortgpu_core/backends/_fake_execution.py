@@ -1,5 +1,7 @@
 """What the fake device's queue does to buffer contents: queue writes, reads, and submitted command lists, run
-with numpy (a pipeline's twin for each dispatch, slice assignments for copies and clears).
+with numpy (a pipeline's twin for each dispatch, slice assignments for copies and clears; a timestamp record reads
+the fake GPU clock, ``perf_counter_ns`` at least 1 ns after the previous timestamp, and a resolve record writes the
+values as little-endian uint64 into a query-resolve buffer).
 
 Work executes at once (the :mod:`.fake` module's docstring says why that keeps WebGPU's queue order); a command
 list is validated whole before any of it runs, so an invalid list executes nothing.
@@ -11,6 +13,7 @@ backend's lock, which every public method here takes (twins run under it).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal, Sequence
 
 import numpy as np
@@ -18,13 +21,15 @@ import numpy.typing as npt
 
 from .._errors import ValidationError
 from ._commands import CommandList
-from ._fake_device_base import _BindGroup, _Buffer, _FakeDeviceBase, _Pipeline
-from .protocol import host_read_target
+from ._fake_device_base import _BindGroup, _Buffer, _FakeDeviceBase, _Pipeline, _QuerySet
+from .protocol import QUERY_RESOLVE_ALIGNMENT, host_read_target
 
 _Step = (
     tuple[Literal["dispatch"], _Pipeline, _BindGroup, tuple[int, int, int]]
     | tuple[Literal["copy"], _Buffer, int, _Buffer, int, int]
     | tuple[Literal["clear"], _Buffer, int, int]
+    | tuple[Literal["timestamp"], _QuerySet, int]
+    | tuple[Literal["resolve"], _QuerySet, int, int, _Buffer, int]
 )
 
 
@@ -172,6 +177,40 @@ class _FakeExecution(_FakeDeviceBase):
             self._check_range(source, source_offset, size, role + " source")
             self._check_range(destination, destination_offset, size, role + " destination")
             return ("copy", source, source_offset, destination, destination_offset, size)
+        if record[0] == "timestamp":
+            _, query_set_handle, query_index = record
+            assert isinstance(query_set_handle, int) and isinstance(query_index, int)
+            self._check_timestamps(role)
+            query_set = self._query_set(query_set_handle, role)
+            if query_index >= query_set.values.size:
+                raise ValidationError(
+                    f"{role}: query index {query_index} is out of range (query set {query_set_handle} holds "
+                    f"{query_set.values.size})"
+                )
+            return ("timestamp", query_set, query_index)
+        if record[0] == "resolve":
+            _, query_set_handle, first, count, destination_handle, destination_offset = record
+            assert isinstance(query_set_handle, int) and isinstance(destination_handle, int)
+            assert isinstance(first, int) and isinstance(count, int) and isinstance(destination_offset, int)
+            self._check_timestamps(role)
+            query_set = self._query_set(query_set_handle, role)
+            if count == 0 or first + count > query_set.values.size:
+                raise ValidationError(
+                    f"{role}: queries {first}..{first + count - 1} are not within query set {query_set_handle}'s "
+                    f"{query_set.values.size}"
+                )
+            destination = self._buffer(destination_handle, role + " destination")
+            if not destination.query_resolve:
+                raise ValidationError(
+                    f"{role}: buffer {destination_handle} ({destination.label!r}) was not made by "
+                    "create_query_resolve_buffer (no QUERY_RESOLVE usage)"
+                )
+            if destination_offset % QUERY_RESOLVE_ALIGNMENT:
+                raise ValidationError(
+                    f"{role}: offset {destination_offset} is not a multiple of {QUERY_RESOLVE_ALIGNMENT}"
+                )
+            self._check_range(destination, destination_offset, 8 * count, role + " destination")
+            return ("resolve", query_set, first, count, destination, destination_offset)
         _, buffer_handle, offset, size = record
         assert isinstance(buffer_handle, int) and isinstance(offset, int) and isinstance(size, int)
         buffer = self._buffer(buffer_handle, role)
@@ -194,6 +233,15 @@ class _FakeExecution(_FakeDeviceBase):
             ]
             stats.copies += 1
             stats.bytes_copied += size
+        elif step[0] == "timestamp":
+            _, query_set, index = step
+            now = max(time.perf_counter_ns(), self._last_timestamp_ns + 1)
+            self._last_timestamp_ns = now
+            query_set.values[index] = now
+        elif step[0] == "resolve":
+            _, query_set, first, count, destination, destination_offset = step
+            values = query_set.values[first : first + count].astype("<u8")
+            destination.data[destination_offset : destination_offset + 8 * count] = values.view(np.uint8)
         else:
             _, buffer, offset, size = step
             buffer.data[offset : offset + size] = 0

@@ -42,6 +42,13 @@ The default backend has one adapter, :data:`DEFAULT_FAKE_DEVICE`: vendor
 ``"CPU"``, backend type ``"Fake"``, features ``{"shader-f16"}`` and
 :data:`DEFAULT_FAKE_LIMITS`.
 
+Timestamp queries (``create_query_set``, ``create_query_resolve_buffer``, and the command list's timestamp and
+resolve records) are supported unless the spec says ``timestamp_queries=False`` (the profiler then falls back to
+host timing).  The fake GPU's clock is the host's ``perf_counter_ns``, read when a timestamp record executes (at
+least 1 ns after the previous one), so the time between two timestamps is the time the records between them took
+to execute on the host; the period is 1 ns per tick.  The spec's ``features`` do not list ``timestamp-query``:
+``timestamp_queries`` alone decides.
+
 Thread safety: one lock per backend guards every handle table, counter and
 fault schedule; twins run under it.
 
@@ -74,6 +81,7 @@ from ._fake_device_base import (
     _check_aligned,
     _HandleRecord,
     _Pipeline,
+    _QuerySet,
 )
 from ._fake_execution import _FakeExecution
 from ._fake_faults import FakeFaults, InjectedFault
@@ -149,6 +157,8 @@ class FakeDeviceSpec:
     features: frozenset[str] = frozenset({"shader-f16"})
     limits: DeviceLimits = DEFAULT_FAKE_LIMITS
     memory_size: int | None = None
+    #: Whether the device supports timestamp queries (``FakeDevice.timestamps_supported``).
+    timestamp_queries: bool = True
 
 
 #: The adapter a ``FakeBackend()`` offers when no specs are given.
@@ -188,6 +198,7 @@ class FakeDevice(_FakeExecution):
         self.features: frozenset[str] = spec.features
         self._init_base(backend, ordinal, f"fake device #{ordinal} ({info.name})")
         self._memory_size = spec.memory_size
+        self._timestamp_queries = spec.timestamp_queries
         self._destroy_callbacks: list[Callable[[], None]] = []
         self._callbacks_lock = threading.Lock()
         self._callbacks_done = False
@@ -261,6 +272,42 @@ class FakeDevice(_FakeExecution):
         """The size in bytes of a live buffer."""
         with self._lock:
             return self._buffer(buffer, "buffer_size").size
+
+    # -- timestamp queries ----------------------------------------------------------
+    @property
+    def timestamps_supported(self) -> bool:
+        """Whether command lists may write timestamps here (``FakeDeviceSpec.timestamp_queries``)."""
+        return self._timestamp_queries
+
+    #: Nanoseconds per tick of resolved timestamps (the fake's clock counts nanoseconds).
+    timestamp_period_ns: float = 1.0
+
+    def create_query_set(self, count: int, *, label: str = "") -> int:
+        """A timestamp query set of ``count`` queries (1..4096)."""
+        with self._backend.operations.operation("allocate", self._ordinal), self._lock:
+            self._check_usable()
+            action = f"query set {label!r}"
+            self._check_timestamps(action)
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 4096:
+                raise ValidationError(f"{action}: count must be an int in 1..4096, not {count!r}")
+            handle = self._new_handle("query set", label)
+            self._query_sets[handle] = _QuerySet(handle, label, np.zeros(count, dtype=np.uint64))
+            return handle
+
+    def release_query_set(self, query_set: int) -> None:
+        """Free the query set (as :meth:`destroy_buffer`: allowed when lost, harmless after ``destroy()``)."""
+        with self._backend.operations.operation("release", self._ordinal), self._lock:
+            if not self._lock.defer_if_nested(lambda: self.release_query_set(query_set)):
+                self._free(query_set, "query set", self._query_sets)
+
+    def create_query_resolve_buffer(self, size: int, *, label: str = "") -> int:
+        """A zero-filled buffer usable as a resolve destination and read back (QUERY_RESOLVE | COPY_SRC); a
+        buffer handle (``destroy_buffer`` frees it)."""
+        self._check_timestamps(f"query-resolve buffer {label!r}")
+        handle = self.create_buffer(size, label=label)
+        with self._lock:
+            self._buffer(handle, "create_query_resolve_buffer").query_resolve = True
+        return handle
 
     # -- kernels ---------------------------------------------------------------
     def create_compute_pipeline(
@@ -376,7 +423,7 @@ class FakeDevice(_FakeExecution):
                 return
             self._destroyed = True
             orphaned: list[int] = []
-            for table in (self._buffers, self._pipelines, self._bind_groups):
+            for table in (self._buffers, self._pipelines, self._bind_groups, self._query_sets):
                 orphaned.extend(table)
                 table.clear()
             self._orphaned = frozenset(orphaned)

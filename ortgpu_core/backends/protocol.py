@@ -15,6 +15,14 @@ Ordering model (WebGPU's queue timeline, which both backends follow):
   is visible until ``submit``.
 * ``read_buffer`` waits for all submitted work, then returns the bytes.
 
+GPU timestamps (optional, :class:`TimestampDevice`): where ``timestamps_supported`` is true, a command list may
+record ``add_timestamp(query_set, index)`` (the GPU's time once the work recorded before it is done) and
+``add_resolve(query_set, first, count, buffer, offset)`` (``count`` uint64 ticks into a buffer made by
+``create_query_resolve_buffer``, at an offset that is a multiple of :data:`QUERY_RESOLVE_ALIGNMENT`); ticks times
+``timestamp_period_ns`` are nanoseconds.  Query sets are handles counted by ``live_handles`` and freed with the
+device.  A bad record (dead or foreign query set, index out of range, a destination without QUERY_RESOLVE usage,
+a misaligned or overrunning resolve) raises ``ValidationError`` at submit, and nothing of the list executes.
+
 Errors are raised as the typed exceptions of :mod:`ortgpu_core._errors`
 (``ValidationError``, ``OutOfMemoryError``, ``DeviceLostError``) in the
 caller's frame.
@@ -41,11 +49,15 @@ __all__ = [
     "BackendDevice",
     "CommandList",
     "BUFFER_ALIGNMENT",
+    "QUERY_RESOLVE_ALIGNMENT",
+    "TimestampDevice",
     "host_read_target",
 ]
 
 #: Sizes and offsets of buffer writes, copies and clears must be multiples of this.
 BUFFER_ALIGNMENT = 4
+#: Offsets of query resolves must be multiples of this (WebGPU).
+QUERY_RESOLVE_ALIGNMENT = 256
 
 
 def host_read_target(out: Any, action: str) -> tuple[memoryview, int]:
@@ -214,6 +226,37 @@ class BackendDevice(Protocol):
 
     def live_handles(self) -> int:
         """How many buffers, pipelines and bind groups are alive on this device."""
+        ...
+
+
+@runtime_checkable
+class TimestampDevice(Protocol):
+    """What a :class:`BackendDevice` offers for GPU timestamps (optional: the profiler checks
+    ``getattr(device, "timestamps_supported", False)`` and times on the host otherwise).  The wgpu backend: WebGPU's
+    ``timestamp-query`` plus wgpu-native's ``timestamp-query-inside-encoders``; the fake: its spec's
+    ``timestamp_queries``."""
+
+    @property
+    def timestamps_supported(self) -> bool:
+        """Whether command lists may record timestamp writes and resolves on this device."""
+        ...
+
+    @property
+    def timestamp_period_ns(self) -> float:
+        """Nanoseconds per tick of resolved timestamps."""
+        ...
+
+    def create_query_set(self, count: int, *, label: str = "") -> int:
+        """A timestamp query set of ``count`` (1..4096) queries; ``ValidationError`` without timestamp support."""
+        ...
+
+    def release_query_set(self, query_set: int) -> None:
+        """Free the query set (allowed on a lost device, harmless after ``destroy()``, as buffer frees)."""
+        ...
+
+    def create_query_resolve_buffer(self, size: int, *, label: str = "") -> int:
+        """A buffer usable as a resolve destination and read back (QUERY_RESOLVE | COPY_SRC); freed with
+        ``destroy_buffer``."""
         ...
 
 

@@ -23,8 +23,9 @@ call.
 The backend's parts, by job: :mod:`._wgpu_ffi` (loading the library, C strings, feature names),
 :mod:`._wgpu_adapters` (instance, adapters, limits and features, the default adapter, requesting a device),
 :mod:`._wgpu_device_base` (the device's lock, error sink, handle table and checks), :mod:`._wgpu_encode_ahead`
-(the validation memo and the command buffers encoded ahead for frozen command lists) and :mod:`._wgpu_readback`
-(the staging buffer, reads and waits).  This module wires them into :class:`WgpuBackend` and
+(the validation memo and the command buffers encoded ahead for frozen command lists), :mod:`._wgpu_readback`
+(the staging buffer, reads and waits) and :mod:`._wgpu_timestamps` (timestamp query sets, query-resolve buffers and
+the checks on timestamp and resolve records).  This module wires them into :class:`WgpuBackend` and
 :class:`WgpuDevice`, which adds the device's set-up, buffers, kernels, submit and lifetime.
 """
 
@@ -50,7 +51,8 @@ from ._wgpu_adapters import (
 )
 from ._wgpu_device_base import _Handle, _serialized, _storage_bindings
 from ._wgpu_ffi import _address, _string_view, feature_name, load_native, native_version
-from ._wgpu_readback import DEFAULT_SPIN_WAIT_US, _Readback
+from ._wgpu_readback import DEFAULT_SPIN_WAIT_US
+from ._wgpu_timestamps import _Timestamps
 from .protocol import AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
 
 __all__ = [
@@ -186,7 +188,7 @@ class WgpuBackend:
             warn(f"releasing the wgpu instance failed: {error}")
 
 
-class WgpuDevice(_Readback):
+class WgpuDevice(_Timestamps):
     """An open wgpu-native device and its queue (implements ``BackendDevice``).
 
     Made only by :meth:`WgpuBackend.open_device`.
@@ -203,7 +205,8 @@ class WgpuDevice(_Readback):
 
     Built in layers, each owning some of the fields (their modules' docstrings say which, and that the device's
     lock guards them): ``_DeviceBase`` (lock, error sink, handle table, checks), ``_EncodeAhead`` (frozen lists'
-    validation and command buffers encoded ahead), ``_Readback`` (staging buffer, reads, waits), and this class:
+    validation and command buffers encoded ahead), ``_Readback`` (staging buffer, reads, waits), ``_Timestamps``
+    (query sets, query-resolve buffers, checks on timestamp records), and this class:
     set-up, buffers, kernels, submit and lifetime.  The destroy callbacks have a lock of their own
     (``_callbacks_lock``), never held while calling out.
     """
@@ -234,6 +237,7 @@ class WgpuDevice(_Readback):
         self._init_encode_ahead(backend.encode_ahead)
         self.info = info
         self._init_readback(info, backend.spin_wait_us)
+        self._init_timestamps()
 
         ffi, lib = self._ffi, self._lib
         self._device = request_device(
@@ -243,6 +247,7 @@ class WgpuDevice(_Readback):
         self._queue = lib.wgpuDeviceGetQueue(self._device)
         self.limits = device_limits(self._device)
         self.features = device_features(self._device)
+        self._read_timestamp_period()
 
         self._native_table = NativeTable(
             _address(self._device),
@@ -287,6 +292,7 @@ class WgpuDevice(_Readback):
             return
         record = self._lookup(buffer, "buffer", "destroy_buffer")
         del self._handles[buffer]
+        self._resolve_buffers.discard(buffer)
         self._forget_validation(buffer)
         self._free_buffer(record.pointer)
         self._raise_pending_unless_lost(f"destroy_buffer({buffer:#x})")
@@ -480,8 +486,8 @@ class WgpuDevice(_Readback):
 
     # -- lifetime -------------------------------------------------------------------------
     def live_handles(self) -> int:
-        """Live buffers, pipelines and bind groups created through this device, and command buffers encoded
-        ahead for captured graphs (the staging buffer excluded)."""
+        """Live buffers, pipelines, bind groups and query sets created through this device, and command buffers
+        encoded ahead for captured graphs (the staging buffer excluded)."""
         return len(self._handles) + len(self._ahead)
 
     def describe_live_handles(self) -> list[str]:
@@ -532,17 +538,18 @@ class WgpuDevice(_Readback):
         self._release_ahead(lambda key: True)
         self._device = None
         handles, self._handles = self._handles, {}
-        order = {"bind_group": 0, "pipeline": 1, "buffer": 2}
+        self._resolve_buffers.clear()
+        order = {"bind_group": 0, "pipeline": 1, "query_set": 2, "buffer": 3}
         for record in sorted(handles.values(), key=lambda r: order[r.kind]):
             if record.kind == "bind_group":
                 lib.wgpuBindGroupRelease(record.pointer)
             elif record.kind == "pipeline":
                 lib.wgpuComputePipelineRelease(record.pointer)
+            elif record.kind == "query_set":
+                self._free_query_set(record.pointer)
             else:
                 self._free_buffer(record.pointer)
-        staging, self._staging, self._staging_size = self._staging, None, 0
-        if staging is not None:
-            self._free_buffer(staging)
+        self._destroy_readback()  # waits for a wait that is polling outside the lock, frees the staging buffers
         queue, self._queue = self._queue, None
         if queue is not None:
             # void wgpuQueueRelease(WGPUQueue queue)

@@ -1,0 +1,172 @@
+"""GPU timestamp queries on a wgpu device: query sets, query-resolve buffers, and the checks on timestamp and
+resolve records before they reach wgpu-native.
+
+A :class:`~ortgpu_core.backends._commands.CommandList` records ``("timestamp", query_set, index)`` (encoded as
+``wgpuCommandEncoderWriteTimestamp`` on the encoder, after ending the open compute pass: wgpu-native's native
+feature ``timestamp-query-inside-encoders``) and ``("resolve", query_set, first, count, destination, offset)``
+(``wgpuCommandEncoderResolveQuerySet``: ``count`` uint64 values into a buffer made by
+:meth:`_Timestamps.create_query_resolve_buffer`).  The resolved values are in the GPU's ticks:
+:attr:`_Timestamps.timestamp_period_ns` (``wgpuQueueGetTimestampPeriod``, nanoseconds per tick; 1.0 on lavapipe)
+converts them.  A device supports this (:attr:`_Timestamps.timestamps_supported`) when it has both
+``timestamp-query`` and ``timestamp-query-inside-encoders`` (requested at device creation whenever the adapter
+has them); adapters with only ``timestamp-query`` (pass-level ``timestampWrites``) are not used: the profiler
+falls back to host timing there.
+
+wgpu-native aborts the process on some invalid query use, so every record is checked here first: the query set
+is a live query set of this device, indices are below its count, the destination is a live query-resolve buffer,
+the offset is a multiple of 256 and the values fit.  A bad record raises ``ValidationError`` and nothing is
+submitted.
+
+Ownership: :class:`_Timestamps` is a layer of ``WgpuDevice`` (after ``_Readback``; ``_DeviceBase``'s docstring
+describes the layers).  Query sets are handles of kind ``"query_set"`` in the base's handle table (counted by
+``live_handles``, released with the device); this layer owns ``_resolve_buffers`` (the buffers made with
+QUERY_RESOLVE usage) and ``_timestamp_period``, read and changed under the device's lock.
+"""
+
+from __future__ import annotations
+
+from .._errors import ValidationError
+from ._commands import CommandList
+from ._wgpu_device_base import _Handle, _serialized
+from ._wgpu_ffi import _address, _string_view
+from ._wgpu_readback import _Readback
+from .protocol import QUERY_RESOLVE_ALIGNMENT
+
+#: The most queries one query set may hold (WebGPU's limit).
+MAX_QUERIES = 4096
+
+
+class _Timestamps(_Readback):
+    """Query sets, query-resolve buffers and the checks on timestamp/resolve records (see the module docstring)."""
+
+    features: frozenset[str]  # set by WgpuDevice once the device is open
+
+    def _init_timestamps(self) -> None:
+        """Set this layer's fields: no resolve buffers; the period is read once the queue exists."""
+        self._resolve_buffers: set[int] = set()
+        self._timestamp_period = 1.0
+
+    def _read_timestamp_period(self) -> None:
+        # float wgpuQueueGetTimestampPeriod(WGPUQueue queue)
+        period = float(self._lib.wgpuQueueGetTimestampPeriod(self._queue))
+        self._timestamp_period = period if period > 0 else 1.0
+
+    @property
+    def timestamps_supported(self) -> bool:
+        """Whether command lists on this device may write timestamps (``timestamp-query`` and wgpu-native's
+        ``timestamp-query-inside-encoders`` are both enabled)."""
+        return "timestamp-query" in self.features and "timestamp-query-inside-encoders" in self.features
+
+    @property
+    def timestamp_period_ns(self) -> float:
+        """Nanoseconds per tick of the resolved timestamp values."""
+        return self._timestamp_period
+
+    def _check_timestamps(self, action: str) -> None:
+        if not self.timestamps_supported:
+            raise ValidationError(
+                f"{action}: {self.info.name} does not support timestamp queries inside command encoders "
+                f"(features: {', '.join(sorted(self.features)) or 'none'})"
+            )
+
+    @_serialized
+    def create_query_set(self, count: int, *, label: str = "") -> int:
+        """A timestamp query set of ``count`` queries (1..4096)."""
+        self._check_open()
+        action = f"create_query_set({count}, label={label!r})"
+        self._check_timestamps(action)
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_QUERIES:
+            raise ValidationError(f"{action}: count must be an int in 1..{MAX_QUERIES}")
+        ffi, lib = self._ffi, self._lib
+        keep: list[object] = []
+        descriptor = ffi.new("WGPUQuerySetDescriptor *")
+        descriptor.label = _string_view(label, keep)
+        descriptor.type = lib.WGPUQueryType_Timestamp
+        descriptor.count = count
+        # WGPUQuerySet wgpuDeviceCreateQuerySet(WGPUDevice device, WGPUQuerySetDescriptor const * descriptor)
+        pointer = self._created(lib.wgpuDeviceCreateQuerySet(self._device, descriptor), lib.wgpuQuerySetRelease, action)
+        if pointer == ffi.NULL:
+            raise ValidationError(f"{action}: wgpu-native returned no query set")
+        handle = _address(pointer)
+        self._handles[handle] = _Handle("query_set", pointer, size=count, label=label)
+        return handle
+
+    @_serialized
+    def release_query_set(self, query_set: int) -> None:
+        """Free the query set (always allowed, as ``destroy_buffer``)."""
+        if self._lock.defer_if_nested(lambda: self.release_query_set(query_set)) or self._device is None:
+            return
+        record = self._lookup(query_set, "query_set", "release_query_set")
+        del self._handles[query_set]
+        self._forget_validation(query_set)
+        self._free_query_set(record.pointer)
+
+    def _free_query_set(self, pointer: object) -> None:
+        # void wgpuQuerySetRelease(WGPUQuerySet querySet).  Not wgpuQuerySetDestroy first: in wgpu-native 29 it
+        # already drops the query set from the registry, and the release after it panics (aborting the process).
+        self._lib.wgpuQuerySetRelease(pointer)
+
+    @_serialized
+    def create_query_resolve_buffer(self, size: int, *, label: str = "") -> int:
+        """A zero-filled buffer of ``size`` bytes usable as a resolve destination and read back
+        (QUERY_RESOLVE | COPY_SRC); a buffer handle (``destroy_buffer`` frees it)."""
+        self._check_open()
+        action = f"create_query_resolve_buffer({size}, label={label!r})"
+        self._check_timestamps(action)
+        self._check_aligned(action, size=size)
+        if size == 0 or size > self.limits.max_buffer_size:
+            raise ValidationError(f"{action}: size must be in 1..{self.limits.max_buffer_size} bytes")
+        lib = self._lib
+        pointer = self._native_buffer(
+            size, lib.WGPUBufferUsage_QueryResolve | lib.WGPUBufferUsage_CopySrc, label, action
+        )
+        handle = _address(pointer)
+        self._handles[handle] = _Handle("buffer", pointer, size=size, label=label)
+        self._resolve_buffers.add(handle)
+        return handle
+
+    # -- checks -------------------------------------------------------------------------
+    def validate_commands(self, commands: CommandList) -> None:
+        """The base checks, plus those of timestamp and resolve records (see the module docstring)."""
+        if commands.query_count == 0:
+            super().validate_commands(commands)
+            return
+        for index, record in enumerate(commands.records()):
+            where = f"submit, command {index} ({record[0]})"
+            if record[0] == "timestamp":
+                self._check_timestamps(where)
+                query_set = self._lookup(record[1], "query_set", where)
+                if record[2] >= query_set.size:
+                    raise ValidationError(
+                        f"{where}: query index {record[2]} is out of range (the query set holds {query_set.size})"
+                    )
+            elif record[0] == "resolve":
+                _, handle, first, count, destination, offset = record
+                self._check_timestamps(where)
+                query_set = self._lookup(handle, "query_set", where)
+                if count == 0 or first + count > query_set.size:
+                    raise ValidationError(
+                        f"{where}: queries {first}..{first + count - 1} are not within the query set's {query_set.size}"
+                    )
+                target = self._lookup(destination, "buffer", where)
+                if destination not in self._resolve_buffers:
+                    raise ValidationError(
+                        f"{where}: buffer {destination:#x} was not made by create_query_resolve_buffer "
+                        "(no QUERY_RESOLVE usage)"
+                    )
+                if offset % QUERY_RESOLVE_ALIGNMENT:
+                    raise ValidationError(f"{where}: offset {offset} is not a multiple of {QUERY_RESOLVE_ALIGNMENT}")
+                if offset + 8 * count > target.size:
+                    raise ValidationError(
+                        f"{where}: {count} values at offset {offset} run past the buffer's {target.size} bytes"
+                    )
+        super().validate_commands(commands.without_queries())
+
+    def _remember_validation(self, commands: CommandList) -> None:
+        super()._remember_validation(commands)
+        if commands.query_count == 0:
+            return
+        list_id = id(commands)
+        for record in commands.records():
+            if record[0] == "resolve":
+                self._validated_by_handle.setdefault(record[4], set()).add(list_id)
