@@ -18,10 +18,11 @@ are frozen and cached per slot and per set of bound buffers, so the wgpu backend
 it ahead, as it does a captured graph's list.  Events: one per planned step, its duration the GPU time between
 its timestamps (name: its first node; cat: its op types, ``+`` joined; ``args.nodes``, ``args.placement``,
 ``args.dispatches``), inside one span per run (cat ``"run"``) or replay (cat ``"replay"``) lasting first to last
-timestamp (``args.gpu_ns``).  **Placement on the timeline**: the GPU clock is not the host's, so each run's first
-timestamp is anchored at the host time (``perf_counter_ns``) just before its submit; later timestamps follow at
-their GPU distances from it (the anchor is early by the submit-to-start latency).  Step durations add up to the
-span exactly.  The trace's ``otherData.timing`` says ``"gpu-timestamps"``.
+timestamp (``args.gpu_ns``).  **Placement on the timeline**: the GPU clock is not the host's; GPU times are mapped
+onto the session's host clock (``perf_counter_ns``) with one offset per record, the largest (host time just before
+a run's submit - that run's first GPU timestamp) seen so far.  So no run is placed before it was submitted, and
+runs queued back to back (``replay()`` does not wait) keep the GPU's order without overlapping; a run that started
+on the GPU later than its submit shows that gap.  Step durations add up to the span exactly.  The trace's ``otherData.timing`` says ``"gpu-timestamps"``.
 
 **Host timing otherwise**, and for plans with CPU steps (a CPU step is host work between device segments; those
 runs are timed on the host, step by step, even on a device with timestamps): every planned step is submitted
@@ -62,8 +63,8 @@ TIMING_NOTE = (
 )
 GPU_NOTE = (
     "GPU timestamps: each run or replay was one submission with a timestamp before each planned step and after the "
-    "last; a step's duration is the GPU time between its timestamps; each run's first timestamp is placed at the "
-    "host time of its submit (the GPU clock is not the host's), so events start early by the submit latency"
+    "last; a step's duration is the GPU time between its timestamps; GPU times are placed on the host clock with one "
+    "offset, the largest (submit time - first timestamp) of any run, so no run starts before its submit"
 )
 
 #: Slots of a program's resolve buffer: profiled runs resolve their timestamps into the next free slot, and all
@@ -211,13 +212,14 @@ class GpuStepTimer:
             self._report(entry, ticks)
 
     def _report(self, entry: _Pending, ticks: np.ndarray) -> None:
-        offsets = [int(round(float(t - ticks[0]) * self.period_ns)) for t in ticks]
-        at = [entry.anchor_ns + max(o, 0) for o in offsets]
-        for i in range(1, len(at)):  # a clock that steps back never makes an event end before it starts
-            at[i] = max(at[i], at[i - 1])
         profiler = entry.profiler()
         if profiler is None:
             return
+        gpu_ns = [float(t) * self.period_ns for t in ticks]
+        offset = profiler._gpu_offset(entry.anchor_ns - gpu_ns[0])
+        at = [int(round(g + offset)) for g in gpu_ns]
+        for i in range(1, len(at)):  # a clock that steps back never makes an event end before it starts
+            at[i] = max(at[i], at[i - 1])
         profiler.add(
             entry.name,
             entry.cat,
@@ -312,6 +314,8 @@ class SessionProfiler:
         # freed unread when this profiler is collected.
         self._orphans: list[GpuStepTimer] = []
         weakref.finalize(self, _free_timers, self._orphans).atexit = False
+        # GPU nanoseconds + this = host perf_counter_ns (see _gpu_offset); None until a GPU-timed run is read.
+        self._offset_ns: float | None = None
 
     # -- recording ------------------------------------------------------------------
     def add(
@@ -365,6 +369,15 @@ class SessionProfiler:
             except OrtGpuError as error:
                 with self._lock:
                     self._timing_errors.append(f"{type(error).__name__}: {error}")
+
+    def _gpu_offset(self, candidate: float) -> float:
+        """The offset mapping GPU nanoseconds onto this record's host clock, given a run's (host time just before
+        its submit - its first GPU timestamp): the largest seen so far, so no run is placed before its submit and
+        runs queued back to back keep the GPU's order without overlapping."""
+        with self._lock:
+            if self._offset_ns is None or candidate > self._offset_ns:
+                self._offset_ns = candidate
+            return self._offset_ns
 
     def _adopt(self, timer: GpuStepTimer) -> None:
         with self._lock:
