@@ -12,9 +12,10 @@ method: :class:`_DeviceBase` (here), then ``_EncodeAhead`` (:mod:`._wgpu_encode_
 (:mod:`._wgpu_readback`), and ``WgpuDevice`` itself (:mod:`.wgpu_native`: set-up, buffers, kernels, submit,
 lifetime).  :class:`_DeviceBase` owns ``_ffi``/``_lib``, the ``_device`` and ``_queue`` pointers, ``_lock``,
 ``_handles``, ``_sink``, ``_error_count`` and the error and device-lost callbacks.  Every field of every layer
-is read and changed under the device's lock (``_lock``, a :class:`DeviceLock` taken by :func:`_serialized`);
-the native callbacks write ``_sink`` and ``_error_count`` from inside the native calls the lock's holder makes
-(the device-lost callback may also fire on its own; it only sets ``_sink.lost``).
+is read and changed under the device's lock (``_lock``, a :class:`DeviceLock` taken by :func:`_serialized`),
+except what ``_Readback`` keeps for waits made outside the lock (its docstring says which); the native callbacks
+write ``_sink`` and ``_error_count`` from inside the native calls the lock's holder makes (the device-lost callback
+may also fire on its own, or in an unlocked poll; it only sets ``_sink.lost``).
 """
 
 from __future__ import annotations
@@ -45,12 +46,6 @@ class _ErrorSink:
         self.errors: list[tuple[str, str]] = []  # (error type suffix, message)
         self.lost: str | None = None
         self.ignore_lost = False
-        self.map_status: int | None = None
-        self.map_message = ""
-        # wait_idle: the token of the newest wgpuQueueOnSubmittedWorkDone callback that fired (tokens rise, and
-        # the callbacks fire in submission order), and the status of one that did not succeed
-        self.work_done_token = 0
-        self.work_done_failure: str | None = None
 
 
 @dataclass
@@ -275,9 +270,11 @@ class _DeviceBase:
                     raise ValidationError(f"{where}: the copy of {size} bytes runs past the end of a buffer")
                 if source == destination:
                     raise ValidationError(f"{where}: source and destination are the same buffer")
-            else:
+            elif record[0] == "clear":
                 _, buffer, offset, size = record
                 buffer_record = self._lookup(buffer, "buffer", where)
                 self._check_aligned(where, offset=offset, size=size)
                 if offset + size > buffer_record.size:
                     raise ValidationError(f"{where}: the clear of {size} bytes runs past the end of the buffer")
+            else:  # timestamp and resolve records: the timestamp layer checks them and passes the rest here
+                raise ValidationError(f"{where}: this device cannot check {record[0]} records here")

@@ -1,121 +1,242 @@
-"""Reading wgpu buffers back to the host, and waiting for the device: the staging buffer, mapping, polling.
+"""Reading wgpu buffers back to the host, and waiting for the device: staging buffers, mapping, polling.
 
-A read copies its range into the device's staging buffer (MAP_READ | COPY_DST, grown to a power of two as
-reads need), maps it, and copies out of the mapping; ``submit_and_read`` appends those copies to the submission
-itself (a tail, which the encode-ahead cache keeps with the list), so a run and its reads cost one submission
-and one wait.  Waits (for a mapping, or for the queue in ``wait_idle``) poll wgpu-native: without blocking for
-up to ``spin_wait_us``, then blocking.
+A read copies its range into a staging buffer (MAP_READ | COPY_DST, a power of two in size), maps it, and copies
+out of the mapping; ``submit_and_read`` appends those copies to the submission itself (a tail, which the
+encode-ahead cache keeps with the list), so a run and its reads cost one submission and one wait.
+
+**Waiting never holds the device's lock.**  A read or a ``wait_idle`` is three steps: under the lock, the checks,
+the submission and the request (``wgpuBufferMapAsync`` / ``wgpuQueueOnSubmittedWorkDone``, each with a token of its
+own); then, *without* the lock, the wait for that request's callback; then, under the lock again, the copy out of
+the mapping and the unmap.  Other threads submit, upload and read meanwhile: K threads each driving a session
+overlap their host work with the GPU's instead of queueing behind one another's waits.
+
+The wait (:meth:`_Readback._wait_until`): one waiting thread at a time polls wgpu-native (the *poll lock*), without
+blocking for up to ``spin_wait_us`` (in C, with the GIL released: :mod:`._spin`), then blocking; the map and
+work-done callbacks fire inside its polls (or inside another thread's submit) whoever's requests they complete,
+record their status by token and wake the other waiters (a condition), which sleep (releasing the GIL) until their
+own request is complete or the polling thread leaves and one of them takes over.  One poller at a time also keeps wgpu-native 29 from racing itself (two threads polling one
+device can trip an assertion in its ``Device::maintain``).  A blocking poll in wgpu-native 29 holds its fence lock
+until the GPU is done, so a submission from another thread waits for it: that is why GPU adapters spin first (their
+waits for small work end within the spin), while CPU adapters (lavapipe), where spinning would take a core from the
+driver, block at once.
+
+Errors: what a submission, a map request or a copy-out reports is raised to the thread that made it (those steps
+run under the lock, with the device's error sink).  The unlocked wait reads no error sink; it raises only
+``DeviceLostError`` (the device was lost: every caller should see it), ``ReleasedValueError`` (the device was
+destroyed while it waited) and ``DeviceError`` when its request failed or never completed.
+
+Staging buffers: a pool; a read takes the free buffer its thread used last (so a captured graph replayed and read
+by one thread keeps naming the same buffer, and its command buffer encoded ahead stays valid), else any free one
+large enough, else a new one that replaces a free one (so there are never more buffers than threads reading at
+once); it returns it after the copy-out.  A buffer whose request did not complete is freed,
+not returned.  Replacing a buffer releases the command buffers encoded ahead that copy into it.
 
 Ownership: :class:`_Readback` is a layer of ``WgpuDevice`` (after ``_EncodeAhead``, through which it submits;
-``_DeviceBase``'s docstring describes the layers).  It owns ``_staging`` and ``_staging_size``,
-``spin_wait_us``, the map and work-done callbacks and their descriptors, and ``_work_done_tokens``; all are used
-under the device's lock (every public method here is :func:`_serialized`), and the callbacks write the results
-they report into the device's ``_sink`` during the polls this layer makes.
+``_DeviceBase``'s docstring describes the layers).  It owns the staging pool (``_staging_free``,
+``_staging_all``), ``spin_wait_us``, the callbacks and their descriptors and tokens (read and changed under the
+device's lock), and :class:`_Requests`, the callbacks' record of completed requests plus the poll lock and the
+condition (its own locks; written by callbacks in whichever thread polls).  ``_destroy_readback`` (called by the
+device's destroy, under the device's lock) waits for a poll in progress before the device pointer is released.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any, Callable, Sequence, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from .._errors import DeviceError, ValidationError
 from ._commands import CommandList
-from ._wgpu_device_base import _serialized
+from ._readback_native import copy_out, map_read, spin_poll
 from ._wgpu_encode_ahead import _EncodeAhead
 from ._wgpu_ffi import _address, _enum_suffix, _string
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, host_read_target
 
 _STAGING_MINIMUM = 1 << 16
-# read_buffer polls at most this many times for the map callback before giving up.
+# A wait makes at most this many blocking polls before giving up on its request.
 _MAP_POLL_ATTEMPTS = 10_000
+# A waiter that is not polling re-checks at least this often (seconds), whatever it was woken for.
+_WAITER_RECHECK_S = 0.002
 # Default spin before a blocking wait, on GPU adapters (0 on CPU adapters: there the spinning thread would take
 # a core from the driver's own threads).  On the H200 spinning made submit + wait_idle of 16 small dispatches about
 # a fifth faster (`python -m bench --overhead` measures both; bench/RESULTS.md has the figures).
 DEFAULT_SPIN_WAIT_US = 2000.0
 
-_T = TypeVar("_T")
+
+class _Requests:
+    """What the map and work-done callbacks report, by request token, and how waiters take turns polling.
+
+    Holds no reference to the device (the callbacks hold it: no cycle through the device).  The callbacks run in
+    whichever thread makes the native call that completes a request (a poll, and also another thread's submit,
+    which polls too); each records its result here, sets ``fired`` (the C int the spinning poller watches) and
+    wakes the waiters itself.
+    """
+
+    def __init__(self, ffi: Any) -> None:
+        self.map_results: dict[int, tuple[int, str]] = {}  # token -> (WGPUMapAsyncStatus, message)
+        # work done: the newest token whose callback fired (tokens rise and the callbacks fire in submission
+        # order), and the failures by token
+        self.work_done_token = 0
+        self.work_done_failures: dict[int, str] = {}
+        self.fired = ffi.new("int *")  # set to 1 by every callback; the poller clears it before a poll
+        self.fired_address = int(ffi.cast("uintptr_t", self.fired))
+        self.poll_lock = threading.Lock()  # held by the one thread polling
+        self.changed = threading.Condition(threading.Lock())  # notified when callbacks fired or the poller left
+        self.generation = 0  # guarded by changed: bumped with every notification
+        self.closing = False  # the device is being destroyed: waiters stop
+
+    def notify(self) -> None:
+        with self.changed:
+            self.generation += 1
+            self.changed.notify_all()
+
+
+@dataclass
+class _Staging:
+    """One MAP_READ | COPY_DST buffer of the pool."""
+
+    pointer: Any
+    address: int
+    size: int
+    owner: int  # the thread that used it last
 
 
 class _Readback(_EncodeAhead):
-    """The staging buffer, reads and waits of a wgpu device (see the module's docstring)."""
+    """Staging buffers, reads and waits of a wgpu device (see the module's docstring)."""
 
     def _init_readback(self, info: AdapterInfo, spin_wait_us: float | None) -> None:
-        """Set this layer's fields: no staging buffer yet, the spin before blocking (the backend's, or the
-        default for ``info``'s adapter type), and the map and work-done callbacks, which write into ``_sink``."""
-        ffi, lib, sink = self._ffi, self._lib, self._sink
-        self._staging: Any = None
-        self._staging_size = 0
+        """Set this layer's fields: no staging buffers yet, the spin before blocking (the backend's, or the
+        default for ``info``'s adapter type), and the map and work-done callbacks, which write into ``_requests``."""
+        ffi, lib = self._ffi, self._lib
+        self._staging_free: list[_Staging] = []
+        self._staging_all: dict[int, _Staging] = {}  # by address, free or in use
         spin = spin_wait_us
         if spin is None:
             spin = 0.0 if info.adapter_type == "CPU" else DEFAULT_SPIN_WAIT_US
         self.spin_wait_us = float(spin)
+        self._requests = requests = _Requests(ffi)
 
         def on_map(status: int, message: Any, userdata1: Any, userdata2: Any) -> None:
             try:
-                sink.map_message = _string(message)
+                text = _string(message)
             except Exception:  # noqa: BLE001
-                sink.map_message = ""
-            sink.map_status = int(status)
+                text = ""
+            requests.map_results[int(ffi.cast("uintptr_t", userdata1))] = (int(status), text)
+            requests.fired[0] = 1
+            requests.notify()
 
         def on_work_done(status: int, message: Any, userdata1: Any, userdata2: Any) -> None:
             token = int(ffi.cast("uintptr_t", userdata1))
             if status != lib.WGPUQueueWorkDoneStatus_Success:
                 try:
-                    sink.work_done_failure = f"{_enum_suffix('WGPUQueueWorkDoneStatus', status)}: {_string(message)}"
+                    failure = f"{_enum_suffix('WGPUQueueWorkDoneStatus', status)}: {_string(message)}"
                 except Exception:  # noqa: BLE001
-                    sink.work_done_failure = "(status unreadable)"
-            sink.work_done_token = max(sink.work_done_token, token)
+                    failure = "(status unreadable)"
+                requests.work_done_failures[token] = failure
+            requests.work_done_token = max(requests.work_done_token, token)
+            requests.fired[0] = 1
+            requests.notify()
 
         # The cffi callbacks must outlive the device: kept on self.
         self._on_map = ffi.callback("WGPUBufferMapCallback", on_map)
         self._on_work_done = ffi.callback("WGPUQueueWorkDoneCallback", on_work_done)
-        self._work_done_tokens = 0
-        # The callback descriptors of every read and wait, filled once (a wait sets only its token).
-        self._map_info = ffi.new("WGPUBufferMapCallbackInfo *")
-        self._map_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
-        self._map_info.callback = self._on_map
+        self._tokens = 0
+        self._device_poll_address = _address(ffi.addressof(lib, "wgpuDevicePoll"))
+        # The native calls made from C (:mod:`._readback_native`), by name, and the map callback's address.
+        self._native_calls = {
+            name: _address(ffi.addressof(lib, name))
+            for name in ("wgpuBufferMapAsync", "wgpuBufferGetConstMappedRange", "wgpuBufferUnmap")
+        }
+        self._map_callback_address = _address(self._on_map)
+        # The work-done callback's descriptor, filled once (a request sets only its token).
         self._work_done_info = ffi.new("WGPUQueueWorkDoneCallbackInfo *")
         self._work_done_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
         self._work_done_info.callback = self._on_work_done
 
-    def _ensure_staging(self, size: int) -> None:
-        if self._staging is not None and self._staging_size >= size:
-            return
-        capacity = max(_STAGING_MINIMUM, 1 << (size - 1).bit_length())
-        capacity = min(capacity, max(size, self.limits.max_buffer_size - self.limits.max_buffer_size % 4))
-        if self._staging is not None:
-            self._release_ahead(lambda key: bool(key[1]))  # their copies target the old staging buffer
-            staging, self._staging, self._staging_size = self._staging, None, 0
-            self._free_buffer(staging)
-        lib = self._lib
-        self._staging = self._native_buffer(
-            capacity, lib.WGPUBufferUsage_MapRead | lib.WGPUBufferUsage_CopyDst, "ortgpu staging", "read_buffer staging"
-        )
-        self._staging_size = capacity
+    # -- the staging pool (under the device's lock) -----------------------------------------
+    @property
+    def _staging_size(self) -> int:
+        """The size of the largest staging buffer (0: none yet)."""
+        return max((staging.size for staging in list(self._staging_all.values())), default=0)
 
-    @_serialized
+    def _take_staging(self, size: int) -> _Staging:
+        """A free staging buffer of at least ``size`` bytes for the calling thread (see the module's docstring)."""
+        thread = threading.get_ident()
+        free = self._staging_free
+        chosen = next((s for s in free if s.owner == thread and s.size >= size), None)
+        if chosen is None:
+            chosen = next((s for s in free if s.size >= size), None)
+        if chosen is None:
+            # every free one is too small: one is replaced (this thread's, else the smallest), so the pool only
+            # grows while all its buffers are in use (at most one per thread reading at once)
+            victim = next((s for s in free if s.owner == thread), None) or min(free, key=lambda s: s.size, default=None)
+            if victim is not None:
+                free.remove(victim)
+                self._free_staging(victim)
+            capacity = max(_STAGING_MINIMUM, 1 << (size - 1).bit_length())
+            capacity = min(capacity, max(size, self.limits.max_buffer_size - self.limits.max_buffer_size % 4))
+            lib = self._lib
+            pointer = self._native_buffer(
+                capacity, lib.WGPUBufferUsage_MapRead | lib.WGPUBufferUsage_CopyDst, "ortgpu staging", "staging"
+            )
+            chosen = _Staging(pointer, _address(pointer), capacity, thread)
+            self._staging_all[chosen.address] = chosen
+        else:
+            free.remove(chosen)
+        chosen.owner = thread
+        return chosen
+
+    def _give_back_staging(self, staging: _Staging) -> None:
+        if self._device is not None and staging.address in self._staging_all:
+            self._staging_free.append(staging)
+
+    def _free_staging(self, staging: _Staging) -> None:
+        """Free a staging buffer, and the command buffers encoded ahead whose copies target it."""
+        self._staging_all.pop(staging.address, None)
+        address = staging.address
+        self._release_ahead(lambda key: any(r[0] == "copy" and r[3] == address for r in key[1]))
+        self._free_buffer(staging.pointer)
+
+    def _destroy_readback(self) -> None:
+        """The device is being destroyed (under its lock): stop the waiters, wait for a poll in progress, free the
+        staging buffers."""
+        requests = self._requests
+        requests.closing = True
+        with requests.poll_lock:  # a poll in progress uses the device pointer: let it return first
+            for staging in list(self._staging_all.values()):
+                self._free_buffer(staging.pointer)
+            self._staging_all.clear()
+            self._staging_free.clear()
+        requests.notify()
+
+    # -- reads -----------------------------------------------------------------------------
     def read_buffer(self, buffer: int, offset: int, size: int) -> bytes:
-        """Wait for submitted work, then copy ``size`` bytes from ``offset`` out (through the staging buffer)."""
-        self._check_open()
+        """Wait for submitted work, then copy ``size`` bytes from ``offset`` out (through a staging buffer)."""
         action = f"read_buffer({buffer:#x}, offset={offset}, size={size})"
-        self._check_aligned(action, offset=offset, size=size)
-        if self._checked_read(buffer, offset, size, action) == 0:
-            return b""
-        ffi = self._ffi
-        return self._map_read(buffer, offset, size, action, lambda mapped: bytes(ffi.buffer(mapped, size)))
+        with self._lock:
+            self._check_open()
+            self._check_aligned(action, offset=offset, size=size)
+            if self._checked_read(buffer, offset, size, action) == 0:
+                return b""
+            staging, token = self._copy_and_map(buffer, offset, size, action)
+        out = bytearray(size)
+        target = self._ffi.from_buffer(out, require_writable=True)
+        self._finish_read(staging, token, size, action, [(self._address_of(target), size, 0)])
+        return bytes(out)
 
-    @_serialized
     def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
         """Like :meth:`read_buffer`, into ``out`` (a writable C-contiguous buffer of any size; the device-side copy
         covers it rounded up to 4 bytes): one host copy, straight from the mapped staging buffer."""
-        self._check_open()
         action = f"read_buffer_into({buffer:#x}, offset={offset})"
-        view, padded = self._read_target(buffer, offset, out, action)
-        if padded == 0:
-            return
-        ffi = self._ffi
-        target = ffi.from_buffer(view, require_writable=True)
-        self._map_read(buffer, offset, padded, action, lambda mapped: ffi.memmove(target, mapped, view.nbytes))
+        with self._lock:
+            self._check_open()
+            view, padded = self._read_target(buffer, offset, out, action)
+            if padded == 0:
+                return
+            staging, token = self._copy_and_map(buffer, offset, padded, action)
+        target = self._ffi.from_buffer(view, require_writable=True)
+        self._finish_read(staging, token, padded, action, [(self._address_of(target), view.nbytes, 0)])
 
     def _read_target(self, buffer: int, offset: int, out: Any, action: str) -> tuple[memoryview, int]:
         """``out`` as a byte view and the device range of the read (checked against ``buffer``)."""
@@ -132,115 +253,185 @@ class _Readback(_EncodeAhead):
             raise ValidationError(f"{action}: uniform buffers are write-only (no COPY_SRC usage)")
         return size
 
-    @_serialized
+    def _copy_and_map(self, buffer: int, offset: int, size: int, action: str) -> tuple[_Staging, int]:
+        """(Under the lock.)  Copy ``size`` bytes at ``offset`` into a staging buffer and request its mapping."""
+        staging = self._take_staging(size)
+        try:
+            commands = CommandList()
+            commands.add_copy(buffer, offset, staging.address, 0, size)
+            submitted = commands.encode_submit_native(self._native_table)
+            self._raise_pending(action)
+            if not submitted:
+                raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")
+            return staging, self._request_map(staging, size, action)
+        except BaseException:
+            self._give_back_staging(staging)
+            raise
+
     def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
         """:meth:`submit` ``commands``, then :meth:`read_buffer_into` each ``(buffer, offset, out)``, as one
         command buffer (the copies to the staging buffer follow the commands in it) and one wait."""
-        self._check_open()
+        action = f"submit_and_read ({len(commands)} commands, {len(reads)} reads)"
         regions: list[tuple[int, int, int, memoryview]] = []  # (buffer, offset, padded size, view)
-        for index, (buffer, offset, out) in enumerate(reads):
-            view, padded = self._read_target(
-                buffer, offset, out, f"submit_and_read: read {index} ({buffer:#x}, offset={offset})"
-            )
-            regions.append((buffer, offset, padded, view))
-        self._validate_for_submit(commands)
-        total = sum(padded for _, _, padded, _ in regions)
-        action = f"submit_and_read ({len(commands)} commands, {len(regions)} reads)"
-        self._ensure_staging(max(total, BUFFER_ALIGNMENT))
-        tail = CommandList()
-        staging = _address(self._staging)
-        cursor = 0
-        for buffer, offset, padded, _ in regions:
-            if padded:
-                tail.add_copy(buffer, offset, staging, cursor, padded)
-            cursor += padded
-        submitted = self._encode_and_submit(commands, tail)
-        self._raise_pending(action)
-        if not submitted:
-            raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
-        if total == 0:
-            return
-        ffi = self._ffi
-
-        def consume(mapped: Any) -> None:
-            at = 0
-            for _, _, padded, view in regions:
-                if view.nbytes:
-                    ffi.memmove(ffi.from_buffer(view, require_writable=True), mapped + at, view.nbytes)
-                at += padded
-
-        self._map_staging(total, action, consume)
-
-    def _map_read(self, buffer: int, offset: int, size: int, action: str, consume: Callable[[Any], _T]) -> _T:
-        """Copy ``size`` bytes at ``offset`` into the staging buffer, map it, and return ``consume(mapped pointer)``."""
-        self._ensure_staging(size)
-        commands = CommandList()
-        commands.add_copy(buffer, offset, _address(self._staging), 0, size)
-        submitted = commands.encode_submit_native(self._native_table)
-        self._raise_pending(action)
-        if not submitted:
-            raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")
-        return self._map_staging(size, action, consume)
-
-    def _map_staging(self, size: int, action: str, consume: Callable[[Any], _T]) -> _T:
-        """Map the first ``size`` bytes of the staging buffer (waiting for the work that fills them) and return
-        ``consume(mapped pointer)``; unmaps after."""
-        ffi, lib, sink = self._ffi, self._lib, self._sink
-        sink.map_status = None
-        # WGPUFuture wgpuBufferMapAsync(WGPUBuffer, WGPUMapMode, size_t offset, size_t size, WGPUBufferMapCallbackInfo)
-        lib.wgpuBufferMapAsync(self._staging, lib.WGPUMapMode_Read, 0, size, self._map_info[0])
-        self._raise_pending(action)
-        self._poll_until(lambda: sink.map_status is not None, action)
-        if sink.map_status != lib.WGPUMapAsyncStatus_Success:
-            state = "never completed" if sink.map_status is None else f"failed: {sink.map_message}"
-            raise DeviceError(f"{action}: mapping the staging buffer {state}")
-        # void const * wgpuBufferGetConstMappedRange(WGPUBuffer buffer, size_t offset, size_t size)
-        mapped = lib.wgpuBufferGetConstMappedRange(self._staging, 0, size)
-        try:
-            if mapped == ffi.NULL:
-                raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
-            return consume(mapped)
-        finally:
-            # void wgpuBufferUnmap(WGPUBuffer buffer)
-            lib.wgpuBufferUnmap(self._staging)
-
-    @_serialized
-    def wait_idle(self) -> None:
-        """Block until all submitted work is done (spinning first for up to ``spin_wait_us``)."""
-        self._check_open()
-        ffi, lib, sink = self._ffi, self._lib, self._sink
-        # wgpuDevicePoll's "queue empty" answer can come before the GPU has finished (seen on the H200), so the
-        # wait is for a work-done callback registered after everything submitted so far.
-        self._work_done_tokens += 1
-        token = self._work_done_tokens
-        sink.work_done_failure = None
-        self._work_done_info.userdata1 = ffi.cast("void *", token)
-        # WGPUFuture wgpuQueueOnSubmittedWorkDone(WGPUQueue queue, WGPUQueueWorkDoneCallbackInfo callbackInfo)
-        lib.wgpuQueueOnSubmittedWorkDone(self._queue, self._work_done_info[0])
-        self._raise_pending("wait_idle")
-        self._poll_until(lambda: sink.work_done_token >= token, "wait_idle")
-        if sink.work_done_token < token or sink.work_done_failure is not None:
-            state = "never completed" if sink.work_done_token < token else f"failed: {sink.work_done_failure}"
-            raise DeviceError(f"wait_idle: waiting for the submitted work {state}")
-
-    def _poll_until(self, done: Callable[[], bool], action: str) -> None:
-        """Poll the device until ``done()`` (set by a callback that a poll fires): without blocking for up to
-        ``spin_wait_us``, then blocking (each blocking poll waits for every submission; at most
-        ``_MAP_POLL_ATTEMPTS`` of them)."""
-        lib, device, null = self._lib, self._device, self._ffi.NULL
-        if self.spin_wait_us > 0:
-            deadline = time.perf_counter() + self.spin_wait_us * 1e-6
-            while True:
-                # WGPUBool wgpuDevicePoll(WGPUDevice, WGPUBool wait, WGPUSubmissionIndex const *); its "queue
-                # empty" answer is not trusted (see wait_idle): done() reads what the fired callbacks set
-                lib.wgpuDevicePoll(device, 0, null)
+        with self._lock:
+            self._check_open()
+            for index, (buffer, offset, out) in enumerate(reads):
+                view, padded = self._read_target(
+                    buffer, offset, out, f"submit_and_read: read {index} ({buffer:#x}, offset={offset})"
+                )
+                regions.append((buffer, offset, padded, view))
+            self._validate_for_submit(commands)
+            total = sum(padded for _, _, padded, _ in regions)
+            staging = self._take_staging(max(total, BUFFER_ALIGNMENT))
+            try:
+                tail = CommandList()
+                cursor = 0
+                for buffer, offset, padded, _ in regions:
+                    if padded:
+                        tail.add_copy(buffer, offset, staging.address, cursor, padded)
+                    cursor += padded
+                submitted = self._encode_and_submit(commands, tail)
                 self._raise_pending(action)
-                if done():
+                if not submitted:
+                    raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+                if total == 0:
+                    self._give_back_staging(staging)
                     return
-                if time.perf_counter() > deadline:
-                    break
-        for _ in range(_MAP_POLL_ATTEMPTS):
-            lib.wgpuDevicePoll(device, 1, null)
+                token = self._request_map(staging, total, action)
+            except BaseException:
+                self._give_back_staging(staging)
+                raise
+        targets = [self._ffi.from_buffer(view, require_writable=True) for _, _, _, view in regions]  # kept alive
+        copies: list[tuple[int, int, int]] = []
+        at = 0
+        for target, (_, _, padded, view) in zip(targets, regions):
+            copies.append((self._address_of(target), view.nbytes, at))
+            at += padded
+        self._finish_read(staging, token, total, action, copies)
+
+    def _address_of(self, cdata: Any) -> int:
+        return int(self._ffi.cast("uintptr_t", cdata))
+
+    def _request_map(self, staging: _Staging, size: int, action: str) -> int:
+        """(Under the lock.)  Ask for the first ``size`` bytes of ``staging`` mapped (wgpuBufferMapAsync, called
+        keeping the GIL: :mod:`._readback_native`); returns the request's token."""
+        self._tokens += 1
+        token = self._tokens
+        lib = self._lib
+        map_read(
+            self._native_calls["wgpuBufferMapAsync"],
+            staging.address,
+            lib.WGPUMapMode_Read,
+            size,
+            lib.WGPUCallbackMode_AllowProcessEvents,
+            self._map_callback_address,
+            token,
+        )
+        self._raise_pending(action)
+        return token
+
+    def _finish_read(
+        self, staging: _Staging, token: int, size: int, action: str, copies: list[tuple[int, int, int]]
+    ) -> None:
+        """Wait (without the lock) for the map request ``token`` of ``staging``, then (under the lock, keeping the
+        GIL) copy each ``(destination address, bytes, offset in the mapping)`` out of the mapped range, unmap, and
+        give the buffer back to the pool."""
+        requests, lib = self._requests, self._lib
+        try:
+            self._wait_until(lambda: token in requests.map_results, action)
+        except BaseException:
+            with self._lock:  # its map may still be pending: never reuse it
+                requests.map_results.pop(token, None)
+                if self._device is not None and staging.address in self._staging_all:
+                    self._free_staging(staging)
+            raise
+        with self._lock:
+            status, message = requests.map_results.pop(token)
+            self._check_open()  # destroyed meanwhile: the staging buffer went with the device
+            if status != lib.WGPUMapAsyncStatus_Success:
+                self._free_staging(staging)
+                raise DeviceError(f"{action}: mapping the staging buffer failed: {message}")
+            try:
+                calls = self._native_calls
+                # wgpuBufferGetConstMappedRange, the copies, wgpuBufferUnmap
+                if not copy_out(
+                    calls["wgpuBufferGetConstMappedRange"], calls["wgpuBufferUnmap"], staging.address, size, copies
+                ):
+                    raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
+            finally:
+                self._give_back_staging(staging)
             self._raise_pending(action)
-            if done():
-                return
+
+    # -- waits -----------------------------------------------------------------------------
+    def wait_idle(self) -> None:
+        """Block until all work submitted so far is done (spinning first for up to ``spin_wait_us``), without
+        holding the device's lock meanwhile."""
+        ffi, lib, requests = self._ffi, self._lib, self._requests
+        with self._lock:
+            self._check_open()
+            # wgpuDevicePoll's "queue empty" answer can come before the GPU has finished (seen on the H200), so the
+            # wait is for a work-done callback registered after everything submitted so far.
+            self._tokens += 1
+            token = self._tokens
+            self._work_done_info.userdata1 = ffi.cast("void *", token)
+            # WGPUFuture wgpuQueueOnSubmittedWorkDone(WGPUQueue queue, WGPUQueueWorkDoneCallbackInfo callbackInfo)
+            lib.wgpuQueueOnSubmittedWorkDone(self._queue, self._work_done_info[0])
+            self._raise_pending("wait_idle")
+        self._wait_until(lambda: requests.work_done_token >= token, "wait_idle")
+        failure = requests.work_done_failures.pop(token, None)
+        if failure is not None:
+            raise DeviceError(f"wait_idle: waiting for the submitted work failed: {failure}")
+
+    def _wait_until(self, done: Callable[[], bool], action: str) -> None:
+        """Wait, without the device's lock, until ``done()`` (a callback fired by someone's poll completed the
+        request): poll while no other thread does, else sleep until the poller reports (module docstring)."""
+        requests = self._requests
+        deadline = time.perf_counter() + self.spin_wait_us * 1e-6
+        blocking_polls = 0
+        while not done():
+            self._check_waitable(action)
+            with requests.changed:
+                seen = requests.generation
+            if requests.poll_lock.acquire(blocking=False):
+                try:
+                    blocking_polls += self._poll_while(done, deadline, action)
+                finally:
+                    requests.poll_lock.release()
+                    requests.notify()  # another waiter takes over the polling
+                if blocking_polls >= _MAP_POLL_ATTEMPTS and not done():
+                    raise DeviceError(f"{action}: the device did not complete the request ({blocking_polls} waits)")
+            else:
+                with requests.changed:
+                    if requests.generation == seen and not done():
+                        requests.changed.wait(_WAITER_RECHECK_S)
+
+    def _poll_while(self, done: Callable[[], bool], deadline: float, action: str) -> int:
+        """(Holding the poll lock.)  Poll until ``done()``, the device is lost or destroyed, or the blocking-poll
+        budget is spent: until ``deadline`` without blocking, in C with the GIL released (:mod:`._spin`; it
+        returns to check ``done()`` whenever a callback fired), then blocking.  Returns the blocking polls made."""
+        requests, lib, null = self._requests, self._lib, self._ffi.NULL
+        blocking = 0
+        while not done() and blocking < _MAP_POLL_ATTEMPTS:
+            device = self._device
+            if device is None or requests.closing or self._sink.lost is not None:
+                return blocking
+            left = deadline - time.perf_counter()
+            requests.fired[0] = 0
+            if done():  # a callback fired in another thread's call before the flag was cleared
+                break
+            if left > 0:
+                spin_poll(self._device_poll_address, _address(device), requests.fired_address, left)
+                continue
+            # WGPUBool wgpuDevicePoll(WGPUDevice, WGPUBool wait, WGPUSubmissionIndex const *): its "queue empty"
+            # answer is not trusted (see wait_idle); done() reads what the fired callbacks recorded
+            lib.wgpuDevicePoll(device, 1, null)
+            blocking += 1
+        return blocking
+
+    def _check_waitable(self, action: str) -> None:
+        """Raise if the device was destroyed or lost while a request was outstanding (read without the lock: both
+        are one-way changes, and ``_check_open`` raises the typed error for each)."""
+        if self._device is None or self._sink.lost is not None or self._requests.closing:
+            if self._device is not None and self._sink.lost is None:
+                raise DeviceError(f"{action}: the device is being destroyed")
+            self._check_open()

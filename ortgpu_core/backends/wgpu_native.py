@@ -549,9 +549,7 @@ class WgpuDevice(_Timestamps):
                 self._free_query_set(record.pointer)
             else:
                 self._free_buffer(record.pointer)
-        staging, self._staging, self._staging_size = self._staging, None, 0
-        if staging is not None:
-            self._free_buffer(staging)
+        self._destroy_readback()  # waits for a wait that is polling outside the lock, frees the staging buffers
         queue, self._queue = self._queue, None
         if queue is not None:
             # void wgpuQueueRelease(WGPUQueue queue)

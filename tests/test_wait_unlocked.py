@@ -1,0 +1,272 @@
+"""Waiting for the GPU holds no lock another thread needs (issue 15, concurrent mode), on wgpu-native (lavapipe).
+
+A read (``read_buffer``, ``read_buffer_into``, ``submit_and_read``) or ``wait_idle`` submits and requests under
+the device's lock, waits for its request without it, and copies out under it again.  The tests stop a thread
+*inside* its wait (``_wait_until`` is wrapped for that thread only) and show that meanwhile another thread takes
+the device's lock, and creates, uploads, submits and reads to completion; that the stopped wait then finishes
+with the right data; that a device destroyed or lost during a wait gives that waiter a typed error (no hang, no
+crash); and that many threads reading at once through the staging pool all get their own data.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytest
+
+from ortgpu_core._errors import DeviceError, DeviceLostError, ReleasedValueError
+from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends.protocol import BindingEntry
+from ortgpu_core.backends.wgpu_native import WgpuBackend, WgpuDevice, load_native
+
+pytestmark = pytest.mark.wgpu_only
+
+SCALE_KERNEL = """
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < arrayLength(&y)) {
+        y[i] = x[i] * 2.0 + 1.0;
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module", params=[None, 300.0], ids=["default-wait", "spin-300us"])
+def backend(request: pytest.FixtureRequest) -> Iterator[WgpuBackend]:
+    """The adapter's default wait (lavapipe: block at once), and a spin first (the GPU adapters' default: the
+    poll loop in C without the GIL)."""
+    instance = WgpuBackend(spin_wait_us=request.param)
+    yield instance
+    instance.close()
+
+
+@pytest.fixture
+def device(backend: WgpuBackend) -> Iterator[WgpuDevice]:
+    opened = backend.open_device(backend.default_adapter_index())
+    yield opened
+    opened.destroy()
+
+
+class PausedWait:
+    """Stops ``thread``'s next wait on ``device`` at its start until :meth:`resume` (other threads' waits run)."""
+
+    def __init__(self, device: WgpuDevice) -> None:
+        self.device = device
+        self.entered = threading.Event()
+        self.resumed = threading.Event()
+        self.thread: threading.Thread | None = None
+        original = device._wait_until
+
+        def wait_until(done: Callable[[], bool], action: str) -> None:
+            if threading.current_thread() is self.thread and not self.entered.is_set():
+                self.entered.set()
+                assert self.resumed.wait(30), "the test never resumed the paused wait"
+            original(done, action)
+
+        device._wait_until = wait_until  # type: ignore[method-assign]
+
+    def start(self, work: Callable[[], Any]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                result["value"] = work()
+            except BaseException as error:  # noqa: BLE001 - handed to the test
+                result["error"] = error
+
+        self.thread = threading.Thread(target=run, name="paused-waiter")
+        self.thread.start()
+        assert self.entered.wait(30), "the waiter never reached its wait"
+        return result
+
+    def resume(self) -> None:
+        self.resumed.set()
+        assert self.thread is not None
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "the paused waiter hung after it was resumed"
+
+
+def _lock_is_free(device: WgpuDevice) -> bool:
+    lock = device._lock._lock
+    if lock.acquire(blocking=False):
+        lock.release()
+        return True
+    return False
+
+
+def _other_thread_round_trip(device: WgpuDevice) -> None:
+    """What another session does meanwhile: create, upload, run a kernel, read back, release."""
+    data = np.arange(128, dtype=np.float32)
+    pipeline = device.create_compute_pipeline(SCALE_KERNEL, label="scale")
+    x = device.create_buffer(data.nbytes)
+    y = device.create_buffer(data.nbytes)
+    group = device.create_bind_group(pipeline, [BindingEntry(0, x, 0, data.nbytes), BindingEntry(1, y, 0, data.nbytes)])
+    try:
+        device.write_buffer(x, 0, data.tobytes())
+        commands = CommandList()
+        commands.add_dispatch(pipeline, group, 2)
+        out = np.empty_like(data)
+        device.submit_and_read(commands, [(y, 0, out)])
+        np.testing.assert_array_equal(out, data * 2 + 1)
+        device.wait_idle()
+        assert device.read_buffer(y, 0, 8) == (data[:2] * 2 + 1).tobytes()
+    finally:
+        device.release_bind_group(group)
+        device.destroy_buffer(x)
+        device.destroy_buffer(y)
+        device.release_pipeline(pipeline)
+
+
+@pytest.mark.parametrize("how", ["read_buffer", "read_buffer_into", "submit_and_read", "wait_idle"])
+def test_a_waiting_thread_holds_no_lock_and_others_finish_meanwhile(device: WgpuDevice, how: str) -> None:
+    values = np.arange(1000, dtype=np.float32) - 7.5
+    buffer = device.create_buffer(values.nbytes)
+    device.write_buffer(buffer, 0, values.tobytes())
+    out = np.zeros_like(values)
+    work: dict[str, Callable[[], Any]] = {
+        "read_buffer": lambda: device.read_buffer(buffer, 0, values.nbytes),
+        "read_buffer_into": lambda: device.read_buffer_into(buffer, 0, out),
+        "submit_and_read": lambda: device.submit_and_read(CommandList(), [(buffer, 0, out)]),
+        "wait_idle": device.wait_idle,
+    }
+    paused = PausedWait(device)
+    result = paused.start(work[how])
+    try:
+        assert _lock_is_free(device), f"{how} holds the device's lock while it waits for the GPU"
+        _other_thread_round_trip(device)  # a whole round trip of another thread, while this one waits
+    finally:
+        paused.resume()
+    assert "error" not in result, result.get("error")
+    if how == "read_buffer":
+        np.testing.assert_array_equal(np.frombuffer(result["value"], np.float32), values)
+    elif how != "wait_idle":
+        np.testing.assert_array_equal(out, values)
+    device.destroy_buffer(buffer)
+    assert device.live_handles() == 0
+
+
+def test_destroying_the_device_during_a_wait_gives_the_waiter_a_typed_error(device: WgpuDevice) -> None:
+    buffer = device.create_buffer(4096)
+    paused = PausedWait(device)
+    result = paused.start(lambda: device.read_buffer(buffer, 0, 4096))
+    device.destroy()  # takes the device's lock: the waiter does not hold it
+    paused.resume()
+    assert isinstance(result.get("error"), ReleasedValueError), result
+    assert device.live_handles() == 0
+
+
+def test_losing_the_device_during_a_wait_gives_the_waiter_device_lost(device: WgpuDevice) -> None:
+    """The device is lost while a thread waits, and another thread's call finds out: the waiter gets
+    DeviceLostError (it never touches the staging buffer of a lost device), and so does every later call."""
+    buffer = device.create_buffer(4096)
+    paused = PausedWait(device)
+    result = paused.start(lambda: device.read_buffer(buffer, 0, 4096))
+    _, lib = load_native()
+    with device._lock:
+        lib.wgpuDeviceDestroy(device._device)  # what a driver reset looks like from here
+    with pytest.raises(DeviceLostError, match="lost"):
+        device.create_buffer(64)  # another thread's call learns of the loss
+    paused.resume()
+    assert isinstance(result.get("error"), DeviceLostError), result
+    for call in (lambda: device.read_buffer(buffer, 0, 4), device.wait_idle):
+        with pytest.raises(DeviceLostError):
+            call()
+
+
+def test_many_threads_reading_at_once_each_get_their_own_data(device: WgpuDevice) -> None:
+    """Eight threads, each with its own kernel and a frozen list it replays and reads (encode-ahead with a tail
+    into its staging buffer), interleaved with plain reads of growing size (the pool replaces buffers) and
+    wait_idle: every result is that thread's own, and nothing is left behind."""
+    threads, rounds = 8, 25
+    pipeline = device.create_compute_pipeline(SCALE_KERNEL, label="scale")
+    failures: list[BaseException] = []
+    start = threading.Barrier(threads)
+
+    def worker(index: int) -> None:
+        count = 64 * (index + 1)
+        x = device.create_buffer(4 * count)
+        y = device.create_buffer(4 * count)
+        group = device.create_bind_group(pipeline, [BindingEntry(0, x, 0, 4 * count), BindingEntry(1, y, 0, 4 * count)])
+        big = device.create_buffer(1 << (16 + index % 4))
+        try:
+            commands = CommandList()
+            commands.add_dispatch(pipeline, group, (count + 63) // 64)
+            commands.freeze()
+            start.wait(30)
+            for step in range(rounds):
+                data = np.full(count, index * 1000 + step, np.float32)
+                device.write_buffer(x, 0, data.tobytes())
+                out = np.empty(count, np.float32)
+                device.submit_and_read(commands, [(y, 0, out)])
+                np.testing.assert_array_equal(out, data * 2 + 1)
+                if step % 5 == index % 5:
+                    marker = np.array([index, step], np.uint32)
+                    device.write_buffer(big, device.buffer_size(big) - 8, marker.tobytes())
+                    tail = device.read_buffer(big, 0, device.buffer_size(big))[-8:]
+                    assert tail == marker.tobytes()
+                if step % 7 == 0:
+                    device.wait_idle()
+        except BaseException as error:  # noqa: BLE001 - collected for the test
+            failures.append(error)
+        finally:
+            del commands
+            device.release_bind_group(group)
+            for buffer in (x, y, big):
+                device.destroy_buffer(buffer)
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in pool), "a reader hung"
+    assert not failures, failures[:3]
+    device.release_pipeline(pipeline)
+    assert device.live_handles() == 0
+    assert len(device._staging_all) <= threads  # at most one staging buffer per thread reading at once
+    assert len(device._staging_free) == len(device._staging_all)  # every one given back
+
+
+def test_a_failed_request_is_raised_to_its_caller_only(device: WgpuDevice) -> None:
+    """A read whose map request fails gives that caller a DeviceError; its staging buffer is not reused, and
+    the next read works."""
+    buffer = device.create_buffer(256)
+    device.write_buffer(buffer, 0, bytes(range(256)))
+    original = device._request_map
+
+    def failing(staging: Any, size: int, action: str) -> int:
+        token = original(staging, size, action)
+        device._wait_until(lambda: token in device._requests.map_results, action)
+        device._requests.map_results[token] = (-1, "injected failure")
+        return token
+
+    device._request_map = failing  # type: ignore[method-assign]
+    with pytest.raises(DeviceError, match="injected failure"):
+        device.read_buffer(buffer, 0, 256)
+    device._request_map = original  # type: ignore[method-assign]
+    assert device.read_buffer(buffer, 0, 256) == bytes(range(256))
+    device.destroy_buffer(buffer)
+    assert device.live_handles() == 0
+
+
+def test_the_c_view_of_the_map_callback_descriptor_matches_webgpu_h() -> None:
+    """_readback_native declares WGPUBufferMapCallbackInfo itself (it passes one by value): same size and layout
+    as the installed header's, as cffi reads it."""
+    from ortgpu_core.backends._readback_native import MAP_CALLBACK_INFO_SIZE
+
+    ffi, _ = load_native()
+    assert MAP_CALLBACK_INFO_SIZE == ffi.sizeof("WGPUBufferMapCallbackInfo") == 40
+    assert [name for name, _ in ffi.typeof("WGPUBufferMapCallbackInfo").fields] == [
+        "nextInChain",
+        "mode",
+        "callback",
+        "userdata1",
+        "userdata2",
+    ]
+    assert ffi.offsetof("WGPUBufferMapCallbackInfo", "callback") == 16
