@@ -4,11 +4,14 @@ Two :class:`~bench.harness.OrtgpuArms` over the same model and feeds, each with 
 one never profiled, one profiling the whole time (``session.start_profiling()``; GPU timestamps where the device has
 them, else host timing). After their warm-up, the two are timed interleaved, one step each in turn (the order
 alternating per iteration), so drifts of the machine hit both alike, at two end-to-end steps: ``replay + to_numpy``
-(the bench's captured ``end_to_end``) and ``replay_and_read``. Reported: each one's p50 with profiling off and on,
-and the ratio on / off (issue 15's target on the GPU: at most 1.10).
+(the bench's captured ``end_to_end``) and ``replay_and_read``. Reported: each one's p50 and mean with profiling off
+and on, and the ratios on / off (issue 15's target on the GPU: at most 1.10).  Profiling times one replay in
+``profile_detail_every`` (default 10) per step and the others whole, so the p50 shows a replay timed whole and the
+mean includes the per-step ones: the mean ratio is what profiling costs on average.
 
-The profiled session's trace gives the GPU time of a replay: first to last timestamp of each replay span
-(``args.gpu_ns``), median over the timed replays. :func:`gpu_time_per_replay` measures that alone (for
+The profiled session's trace gives the GPU time of a replay: first to last timestamp of each replay span timed
+whole (``args.gpu_ns`` where ``args.detail`` is false: two timestamps around the same work as unprofiled), median
+over the timed replays. :func:`gpu_time_per_replay` measures that alone (for
 ``--threads``: the throughput ceiling ``1 / gpu_time``).
 """
 
@@ -37,12 +40,14 @@ def _trace_gpu_ns(path: str, cat: str = "replay") -> tuple[str, list[int]]:
     """The trace's timing, and the GPU nanoseconds of its GPU-timed spans of category ``cat``."""
     with open(path, encoding="utf-8") as handle:
         trace: dict[str, Any] = json.load(handle)
-    spans = [
-        int(e["args"]["gpu_ns"])
+    timed = [
+        e["args"]
         for e in trace["traceEvents"]
         if e.get("ph") == "X" and e.get("cat") == cat and "gpu_ns" in e.get("args", {})
     ]
-    return str(trace["otherData"]["timing"]), spans
+    # spans timed whole (two timestamps) measure the work as it runs unprofiled; per-step timestamps add to it
+    whole = [int(a["gpu_ns"]) for a in timed if a.get("detail") is False]
+    return str(trace["otherData"]["timing"]), whole or [int(a["gpu_ns"]) for a in timed]
 
 
 def _end_profiling(arms: OrtgpuArms) -> tuple[str, list[int]]:
@@ -121,10 +126,15 @@ def measure_profile_overhead(
                         times[label].append(time.perf_counter() - start)
                 p50_off = statistics.median(times["off"])
                 p50_on = statistics.median(times["on"])
+                mean_off = statistics.fmean(times["off"])
+                mean_on = statistics.fmean(times["on"])
                 result[name] = {
                     "p50_off_s": p50_off,
                     "p50_on_s": p50_on,
                     "ratio_on_off": p50_on / p50_off,
+                    "mean_off_s": mean_off,
+                    "mean_on_s": mean_on,
+                    "mean_ratio_on_off": mean_on / mean_off,
                     "iterations": iterations,
                 }
                 _check(f"{name}, profiling on (after timing)", step_on(), step_off())
@@ -139,11 +149,16 @@ def measure_profile_overhead(
 
 
 def print_profile_overhead(result: dict[str, Any]) -> None:
-    print(f"\nprofiling overhead (profiling timing: {result['timing']}), interleaved, p50 per step:")
-    print(f"{'step':20s} {'off ms':>9s} {'on ms':>9s} {'on/off':>7s}")
+    print(f"\nprofiling overhead (profiling timing: {result['timing']}), interleaved, per step:")
+    print(
+        f"{'step':20s} {'p50 off ms':>10s} {'p50 on ms':>10s} {'on/off':>7s} {'mean off':>9s} {'mean on':>9s} {'on/off':>7s}"
+    )
     for name, row in result.items():
         if isinstance(row, dict):
-            print(f"{name:20s} {row['p50_off_s'] * 1e3:9.4f} {row['p50_on_s'] * 1e3:9.4f} {row['ratio_on_off']:7.3f}")
+            print(
+                f"{name:20s} {row['p50_off_s'] * 1e3:10.4f} {row['p50_on_s'] * 1e3:10.4f} {row['ratio_on_off']:7.3f}"
+                f" {row['mean_off_s'] * 1e3:9.4f} {row['mean_on_s'] * 1e3:9.4f} {row['mean_ratio_on_off']:7.3f}"
+            )
     gpu = result.get("gpu_time_per_replay_s")
     if gpu:
         print(

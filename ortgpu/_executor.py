@@ -525,10 +525,14 @@ class DeviceProgram(Generic[_Buffer]):
             commands.early_submit = EARLY_SUBMIT_DISPATCHES
         return commands
 
-    def record_timed(self, inputs: _BufferMap, outputs: _BufferMap, query_set: int) -> tuple[CommandList, object]:
+    def record_timed(
+        self, inputs: _BufferMap, outputs: _BufferMap, query_set: int, per_step: bool = True
+    ) -> tuple[CommandList, object]:
         """:meth:`record` with a timestamp written into ``query_set`` before each planned step (query ``i`` before
         step ``i``) and one after the last (query ``len(plan.steps)``): the same work in the same order, in one
-        command list (each step's dispatches then share a compute pass no longer: a timestamp ends the pass).
+        command list (a timestamp between dispatches is written inside their compute pass where the device allows
+        it, else it ends the pass).  Without ``per_step``: query 0 before the first step and query 1 after the
+        last, nothing between.
         Also returns the cached bind-group list the records use: while :meth:`bind_groups_token` returns the same
         object for these buffers, the list stays valid (for callers that keep it)."""
         self._check_io(inputs, outputs)
@@ -542,10 +546,15 @@ class DeviceProgram(Generic[_Buffer]):
         self._record_status_clear(commands)
         self._record_copies(commands, -1, inputs, outputs)
         g = 0
-        for step_index in range(len(self.plan.steps)):
+        if not per_step:
+            commands.add_timestamp(query_set, 0)
+            self._record_steps(commands, 0, len(self.plan.steps), groups, 0, inputs, outputs)
+            commands.add_timestamp(query_set, 1)
+        for step_index in range(len(self.plan.steps) if per_step else 0):
             commands.add_timestamp(query_set, step_index)
             g = self._record_steps(commands, step_index, step_index + 1, groups, g, inputs, outputs)
-        commands.add_timestamp(query_set, len(self.plan.steps))
+        if per_step:
+            commands.add_timestamp(query_set, len(self.plan.steps))
         if EARLY_SUBMIT_DISPATCHES and commands.dispatch_count >= 2 * EARLY_SUBMIT_DISPATCHES:
             commands.early_submit = EARLY_SUBMIT_DISPATCHES
         return commands, groups

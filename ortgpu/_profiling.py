@@ -32,6 +32,16 @@ to cover.  Such a profiled run is slower than an unprofiled one (one wait per st
 ``"host"`` (with :data:`TIMING_NOTE`), or ``"gpu-timestamps+host"`` when a record holds both kinds; each run or
 replay span says which in ``args.timing`` (``"gpu"`` or ``"host"``).
 
+**Per-step detail on a sample** (``detail_every`` = N, the session's ``profile_detail_every``, default
+:data:`DEFAULT_DETAIL_EVERY`): the first run or replay of a record and then every Nth are timed per step as above;
+the others are timed whole, with two timestamps (before the first step, after the last: the span alone, with
+``args.detail`` false, and no step events), or, on the host-timing path, run as unprofiled ones inside a host span
+(a replay there: an instant event ``ph: "i"`` at its submit).  Per-step timestamps are not free on the GPU (measured
+on the H200, mlp16 captured: a replay with a timestamp per step took 1.4-1.5x an unprofiled one with the timestamps
+inside the compute pass, 1.7-1.9x when each timestamp ended the pass), so detail on every replay would cost about
+half a replay; sampled, profiling costs a few percent on average.  ``detail_every=1`` times every run and replay
+per step.
+
 Profiling off costs one attribute check per run or replay.
 """
 
@@ -48,13 +58,22 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 
-from ortgpu_core._errors import OrtGpuError
+from ortgpu_core._errors import ArgumentTypeError, InvalidArgumentError, OrtGpuError
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import QUERY_RESOLVE_ALIGNMENT
 
 from ._plan_types import PlannedStep
 
-__all__ = ["SessionProfiler", "ProfilingRecord", "GpuStepTimer", "gpu_timing_possible", "TIMING_NOTE", "GPU_NOTE"]
+__all__ = [
+    "SessionProfiler",
+    "ProfilingRecord",
+    "GpuStepTimer",
+    "gpu_timing_possible",
+    "checked_detail_every",
+    "DEFAULT_DETAIL_EVERY",
+    "TIMING_NOTE",
+    "GPU_NOTE",
+]
 
 TIMING_NOTE = (
     "host timing: the device (or a plan with CPU steps) offers no GPU timestamp queries, so each planned step was "
@@ -66,6 +85,23 @@ GPU_NOTE = (
     "last; a step's duration is the GPU time between its timestamps; GPU times are placed on the host clock with one "
     "offset, the largest (submit time - first timestamp) of any run, so no run starts before its submit"
 )
+
+#: Every how many runs and replays one is timed per step (see the module docstring); the first always is.
+DEFAULT_DETAIL_EVERY = 10
+
+
+def checked_detail_every(value: object) -> int:
+    """``value`` as a ``detail_every`` (an int >= 1), or a typed error saying what to pass."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentTypeError(
+            f"profile_detail_every must be an int >= 1 (1 times every run per step), got {type(value).__name__}"
+        )
+    if value < 1:
+        raise InvalidArgumentError(
+            f"profile_detail_every must be >= 1 (1 times every run and replay per step; N every Nth), got {value}"
+        )
+    return value
+
 
 #: Slots of a program's resolve buffer: profiled runs resolve their timestamps into the next free slot, and all
 #: slots are read back together (one wait) once they are used, or when the trace is written.
@@ -107,6 +143,7 @@ class _Pending:
     args: Mapping[str, Any]
     tid: int
     thread_name: str
+    detail: bool = True  # timestamps before every step (else two: queries 0 and 1, before and after the work)
 
 
 class GpuStepTimer:
@@ -135,6 +172,8 @@ class GpuStepTimer:
         )
         self._lock = threading.Lock()
         self._lists: list[tuple[object, CommandList] | None] = [None] * RING_SLOTS
+        self._last_profiler: Callable[[], SessionProfiler | None] = lambda: None
+        self._span_lists: list[tuple[object, CommandList] | None] = [None] * RING_SLOTS  # detail=False runs
         self._pending: list[_Pending] = []
         self._next = 0
         self._released = False  # the program was released (runs may still be pending: see release)
@@ -158,9 +197,10 @@ class GpuStepTimer:
         name: str,
         cat: str,
         args: Mapping[str, Any],
+        detail: bool = True,
     ) -> None:
-        """Submit ``program``'s work on these buffers once, timed, and note it for ``profiler`` (its events are
-        added when the slot is read back)."""
+        """Submit ``program``'s work on these buffers once, timed (per step with ``detail``, else as a whole), and
+        note it for ``profiler`` (its events are added when the slot is read back)."""
         with self._lock:
             if self._released:
                 raise RuntimeError("this GPU step timer was released with its program")
@@ -168,22 +208,36 @@ class GpuStepTimer:
                 self._drain_locked()
             slot = self._next
             token = program.bind_groups_token(inputs, outputs)
-            cached = self._lists[slot]
+            lists = self._lists if detail else self._span_lists
+            cached = lists[slot]
             if cached is not None and cached[0] is token:
                 commands = cached[1]
             else:
-                commands, token = program.record_timed(inputs, outputs, self.query_set)
-                commands.add_resolve(self.query_set, 0, self.queries, self.resolve_buffer, slot * self.stride)
+                commands, token = program.record_timed(inputs, outputs, self.query_set, per_step=detail)
+                count = self.queries if detail else 2
+                commands.add_resolve(self.query_set, 0, count, self.resolve_buffer, slot * self.stride)
                 commands.freeze()
-                self._lists[slot] = (token, commands)
+                lists[slot] = (token, commands)
             thread = threading.current_thread()
             anchor = time.perf_counter_ns()
             submit(commands)
             self._next = (slot + 1) % RING_SLOTS
             self._pending.append(
-                _Pending(slot, anchor, weakref.ref(profiler), name, cat, args, threading.get_native_id(), thread.name)
+                _Pending(
+                    slot,
+                    anchor,
+                    weakref.ref(profiler),
+                    name,
+                    cat,
+                    args,
+                    threading.get_native_id(),
+                    thread.name,
+                    detail,
+                )
             )
-        profiler._timed_by(self)
+        if self._last_profiler() is not profiler:  # tell each profiler once (not per run) which timers it has
+            profiler._timed_by(self)
+            self._last_profiler = weakref.ref(profiler)
 
     def drain(self) -> None:
         """Read back every pending run's timestamps (one read, one wait) and add their events to their
@@ -208,7 +262,8 @@ class GpuStepTimer:
         read(self.resolve_buffer, 0, values.view(np.uint8))
         per_slot = self.stride // 8
         for entry in pending:
-            ticks = values[entry.slot * per_slot : entry.slot * per_slot + self.queries].astype(np.int64)
+            count = self.queries if entry.detail else 2
+            ticks = values[entry.slot * per_slot : entry.slot * per_slot + count].astype(np.int64)
             self._report(entry, ticks)
 
     def _report(self, entry: _Pending, ticks: np.ndarray) -> None:
@@ -225,10 +280,13 @@ class GpuStepTimer:
             entry.cat,
             at[0],
             at[-1],
-            {**entry.args, "timing": "gpu", "gpu_ns": at[-1] - at[0]},
+            {**entry.args, "timing": "gpu", "gpu_ns": at[-1] - at[0], "detail": entry.detail},
             tid=entry.tid,
             thread_name=entry.thread_name,
         )
+        if not entry.detail:
+            profiler._note_timing("gpu")
+            return
         for index, step in enumerate(self._steps):
             profiler.add(
                 step.name,
@@ -251,6 +309,7 @@ class GpuStepTimer:
                 return
             self._released = True
             self._lists = [None] * RING_SLOTS
+            self._span_lists = [None] * RING_SLOTS
             if not self._pending:
                 self._free_locked()
                 return
@@ -297,10 +356,16 @@ class SessionProfiler:
     from the working directory when the trace is written).
     """
 
-    def __init__(self, session_id: int, prefix: str, metadata: Mapping[str, Any]) -> None:
+    def __init__(
+        self, session_id: int, prefix: str, metadata: Mapping[str, Any], detail_every: int = DEFAULT_DETAIL_EVERY
+    ) -> None:
         self.session_id = session_id
         self.prefix = prefix
         self.metadata = dict(metadata)
+        self.detail_every = detail_every
+        self._runs_seen = 0  # guarded by _lock: runs and replays offered to take_detail
+        # The runner's cache of captured graphs' buffer maps while this record lasts: id -> (graph, inputs, outputs)
+        self.graph_io: dict[int, tuple[object, dict[str, Any], dict[str, Any]]] = {}
         self.start_ns = time.perf_counter_ns()
         self.start_wall_ns = time.time_ns()
         self._events: list[dict[str, Any]] = []
@@ -347,6 +412,30 @@ class SessionProfiler:
         with self._lock:
             self._events.append(event)
             self._threads.setdefault(tid, thread_name or str(tid))
+
+    def take_detail(self) -> bool:
+        """Whether the run or replay about to start is timed per step (the first of the record, then every
+        ``detail_every``-th); counts it either way."""
+        with self._lock:
+            seen, self._runs_seen = self._runs_seen, self._runs_seen + 1
+        return seen % self.detail_every == 0
+
+    def mark(self, name: str, cat: str, args: Mapping[str, Any] | None = None) -> None:
+        """Record an instant event (``ph: "i"``, thread scope) of the calling thread now: a replay not timed."""
+        tid = threading.get_native_id()
+        event: dict[str, Any] = {
+            "name": name,
+            "cat": cat,
+            "ph": "i",
+            "s": "t",
+            "ts": (time.perf_counter_ns() - self.start_ns) / 1000.0,
+            "pid": self.session_id,
+            "tid": tid,
+            "args": {**(args or {}), "detail": False},
+        }
+        with self._lock:
+            self._events.append(event)
+            self._threads.setdefault(tid, threading.current_thread().name)
 
     def _note_timing(self, timing: str) -> None:
         with self._lock:
@@ -404,13 +493,14 @@ class SessionProfiler:
         name: str,
         cat: str,
         args: Mapping[str, Any],
+        detail: bool = True,
     ) -> None:
-        """Submit ``program`` once with GPU timestamps (``timer``); its span and step events join this record
-        when the timestamps are read back.  A submission that raises is recorded as a host span with
-        ``args.error``."""
+        """Submit ``program`` once with GPU timestamps (``timer``; per step with ``detail``, else the whole); its
+        span (and step) events join this record when the timestamps are read back.  A submission that raises is
+        recorded as a host span with ``args.error``."""
         start = time.perf_counter_ns()
         try:
-            timer.run(program, inputs, outputs, submit, self, name, cat, args)
+            timer.run(program, inputs, outputs, submit, self, name, cat, args, detail)
         except BaseException as error:
             self.add(
                 name, cat, start, time.perf_counter_ns(), {**args, "timing": "host", "error": type(error).__name__}
@@ -498,6 +588,7 @@ class SessionProfiler:
                 if timing == "host"
                 else f"{GPU_NOTE}; runs with args.timing 'host': {TIMING_NOTE}",
                 **({"timing_errors": timing_errors} if timing_errors else {}),
+                "detail_every": self.detail_every,
                 "start_time_ns": self.start_wall_ns,
             },
         }

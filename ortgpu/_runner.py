@@ -376,9 +376,14 @@ class SessionRunner:
             program.run(inputs, outputs, self.submit, host)
             return
         args = {"steps": len(program.plan.steps)}
+        detail = profiler.take_detail()
         timer = self._gpu_timer(program) if not host else None
         if timer is not None:
-            profiler.run_timed_on_gpu(timer, program, inputs, outputs, self.submit, "run", "run", args)
+            profiler.run_timed_on_gpu(timer, program, inputs, outputs, self.submit, "run", "run", args, detail)
+            return
+        if not detail:  # host timing, not in the sample: run as unprofiled, inside its host span
+            with profiler.span("run", "run", {**args, "timing": "host", "detail": False}):
+                program.run(inputs, outputs, self.submit, host)
             return
         with profiler.span("run", "run", {**args, "timing": "host"}):
             profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle, host)
@@ -392,17 +397,26 @@ class SessionRunner:
         profiler = self.profiler
         if profiler is None or program is None:
             return False
-        binding = graph.binding
-        inputs = {
-            n: v._device_buffer
-            for n, v in binding.inputs().items()
-            if v._device_buffer is not None and n not in program.plan.unread_inputs
-        }
-        outputs = {n: v._device_buffer for n, v in binding.outputs().items() if v._device_buffer is not None}
-        name, args = f"replay graph {graph.graph_id}", {"graph_id": graph.graph_id}
+        detail = profiler.take_detail()
         timer = self._gpu_timer(program)
+        if timer is None and not detail:  # host timing, not in the sample: replayed as unprofiled, marked
+            profiler.mark(f"replay graph {graph.graph_id}", "replay", {"graph_id": graph.graph_id})
+            return False
+        # A captured graph's buffers never change: its buffer maps are made once per profiling record
+        cached = profiler.graph_io.get(id(graph))
+        if cached is None or cached[0] is not graph:
+            binding = graph.binding
+            inputs = {
+                n: v._device_buffer
+                for n, v in binding.inputs().items()
+                if v._device_buffer is not None and n not in program.plan.unread_inputs
+            }
+            outputs = {n: v._device_buffer for n, v in binding.outputs().items() if v._device_buffer is not None}
+            cached = profiler.graph_io[id(graph)] = (graph, inputs, outputs)
+        _, inputs, outputs = cached
+        name, args = f"replay graph {graph.graph_id}", {"graph_id": graph.graph_id}
         if timer is not None:
-            profiler.run_timed_on_gpu(timer, program, inputs, outputs, self.submit, name, "replay", args)
+            profiler.run_timed_on_gpu(timer, program, inputs, outputs, self.submit, name, "replay", args, detail)
             return True
         with profiler.span(name, "replay", {**args, "timing": "host"}):
             profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle)

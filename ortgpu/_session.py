@@ -64,7 +64,7 @@ from ._ort_api import (
     SessionOptions,
     normalize_providers,
 )
-from ._profiling import ProfilingRecord, SessionProfiler
+from ._profiling import DEFAULT_DETAIL_EVERY, ProfilingRecord, SessionProfiler, checked_detail_every
 from ._run_options import NodeArg, NodePlacement, RunOptions, _node_arg
 from ._runner import AnyBinding, AnyValue, SessionRunner
 from .ops.optional import (
@@ -148,6 +148,11 @@ class InferenceSession(NotCopyable):
     profile_file_prefix:
         The trace file's name prefix (default ``"ortgpu_profile"``, in the working directory): the file is
         ``<prefix>_<session id>_<timestamp>.json``.
+    profile_detail_every:
+        While profiling, the first run or replay and then every Nth are timed per step (GPU timestamps where the
+        device has them); the others run as unprofiled ones and are only marked in the trace.  Default 10 (per-step
+        timestamps cost the GPU about half a replay, so timing every one would; see :mod:`ortgpu._profiling`);
+        1 times every run and replay.
     """
 
     _copy_hint = "Create another InferenceSession from the same model."
@@ -169,8 +174,10 @@ class InferenceSession(NotCopyable):
         max_nodes: int | None = None,
         profile: bool = False,
         profile_file_prefix: str | os.PathLike[str] | None = None,
+        profile_detail_every: int = DEFAULT_DETAIL_EVERY,
     ) -> None:
         self.session_id: int = next(_session_ids)
+        self.profile_detail_every: int = checked_detail_every(profile_detail_every)
         if sess_options is not None and not isinstance(sess_options, SessionOptions):
             raise ArgumentTypeError(f"sess_options must be ortgpu.SessionOptions, got {type(sess_options).__name__}")
         self._sess_options: SessionOptions = sess_options if sess_options is not None else SessionOptions()
@@ -640,16 +647,18 @@ class InferenceSession(NotCopyable):
         """Whether this session is recording a profile now."""
         return self._runner.profiler is not None
 
-    def start_profiling(self) -> None:
-        """Record every run's and replay's per-step time into this session's own profiling record (other
-        sessions, profiled or not, are unaffected) until :meth:`end_profiling`.
+    def start_profiling(self, detail_every: int | None = None) -> None:
+        """Record runs and replays into this session's own profiling record (other sessions, profiled or not, are
+        unaffected) until :meth:`end_profiling`: the first and then every ``detail_every``-th (default: the
+        session's ``profile_detail_every``) timed per step, the others marked.
 
-        **Host timing**: the backend offers no GPU timestamp queries, so while profiling is on each planned step is
-        submitted alone and waited for, and its duration is submit-to-completion on the host clock (including the
-        fixed submit/wait latency, and any other session's work on the device that the wait covered); profiled
-        runs and replays are slower for it.  The trace says so (``otherData.timing == "host"``).  Starting again
-        while profiling is a no-op.
+        **GPU timestamps** where the device has them: a timed run or replay is one submission with a timestamp
+        before each planned step, read back later (nothing waits for it).  **Host timing** otherwise (and for plans
+        with CPU steps): each planned step is submitted alone and waited for, its duration submit-to-completion on
+        the host clock.  The trace says which (``otherData.timing``); :mod:`ortgpu._profiling` has the details.
+        Starting again while profiling is a no-op.
         """
+        every = self.profile_detail_every if detail_every is None else checked_detail_every(detail_every)
         runner = self._runner
         runner.check_open("start profiling")
         with runner.lock:
@@ -662,6 +671,7 @@ class InferenceSession(NotCopyable):
                         "backend": self.env.backend_name,
                         "execution_mode": self.env.execution_mode,
                     },
+                    every,
                 )
 
     def end_profiling(self) -> str:

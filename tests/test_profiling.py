@@ -29,7 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 import ortgpu_core
 from ortgpu import Env, InferenceSession
 from ortgpu._profiling import RING_SLOTS
-from ortgpu_core import ValidationError
+from ortgpu_core import ArgumentTypeError, InvalidArgumentError, ValidationError
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.fake import FakeBackend, FakeDeviceSpec
 
@@ -82,7 +82,7 @@ def assert_nested(trace: dict[str, Any], outer_cat: str, per_outer: int) -> None
 
 def test_profiled_runs_write_a_chrome_trace(env: Env, tmp_path: Path) -> None:
     prefix = str(tmp_path / "prof")
-    with InferenceSession(MODEL, env=env, profile=True, profile_file_prefix=prefix) as sess:
+    with InferenceSession(MODEL, profile_detail_every=1, env=env, profile=True, profile_file_prefix=prefix) as sess:
         assert sess.profiling_active and sess.get_profiling_start_time_ns() > 0
         xs = [image(), image()]
         for x in xs:
@@ -114,7 +114,7 @@ def test_profiled_runs_write_a_chrome_trace(env: Env, tmp_path: Path) -> None:
 
 
 def test_profiling_context_and_bound_runs(env: Env, tmp_path: Path) -> None:
-    with InferenceSession(MODEL, env=env, profile_file_prefix=str(tmp_path / "ctx")) as sess:
+    with InferenceSession(MODEL, profile_detail_every=1, env=env, profile_file_prefix=str(tmp_path / "ctx")) as sess:
         assert not sess.profiling_active and sess.end_profiling() == ""
         sess.run(None, {"X": image()})  # not recorded
         with sess.profiling() as record:
@@ -140,7 +140,9 @@ def test_profiling_context_and_bound_runs(env: Env, tmp_path: Path) -> None:
 
 
 def test_profiled_replays(env: Env, tmp_path: Path) -> None:
-    with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "g")) as sess:
+    with InferenceSession(
+        MODEL, profile_detail_every=1, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "g")
+    ) as sess:
         x = image()
         x_value = sess.allocator.from_numpy(x)
         y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
@@ -172,9 +174,14 @@ def test_profiled_replays(env: Env, tmp_path: Path) -> None:
 def test_concurrent_sessions_get_only_their_own_events(env: Env, tmp_path: Path) -> None:
     runs = 6
     sessions = [
-        InferenceSession(MODEL, env=env, profile=True, profile_file_prefix=str(tmp_path / f"s{i}")) for i in range(2)
+        InferenceSession(
+            MODEL, profile_detail_every=1, env=env, profile=True, profile_file_prefix=str(tmp_path / f"s{i}")
+        )
+        for i in range(2)
     ]
-    quiet = InferenceSession(MODEL, env=env)  # unprofiled, running at the same time: it records nothing
+    quiet = InferenceSession(
+        MODEL, profile_detail_every=1, env=env
+    )  # unprofiled, running at the same time: it records nothing
     errors: list[BaseException] = []
     tids: dict[int, int] = {}
     barrier = threading.Barrier(3)
@@ -232,7 +239,9 @@ def cpu_node_model() -> bytes:
 
 
 def test_profiled_run_with_a_cpu_step(env: Env, tmp_path: Path) -> None:
-    with InferenceSession(cpu_node_model(), env=env, profile_file_prefix=str(tmp_path / "cpu")) as sess:
+    with InferenceSession(
+        cpu_node_model(), profile_detail_every=1, env=env, profile_file_prefix=str(tmp_path / "cpu")
+    ) as sess:
         placements = {row.node: row.placement for row in sess.get_node_placement()}
         assert "cpu" in placements.values()
         x = image()
@@ -251,7 +260,7 @@ def test_profiling_off_submits_as_before(env: Env, tmp_path: Path) -> None:
     """Unprofiled runs submit the whole plan at once (profiling off is one attribute check); a profiled run (GPU
     timestamps) is one submission too: the same dispatches, with a timestamp before each step and after the last, and
     their resolve."""
-    with InferenceSession(MODEL, env=env, profile_file_prefix=str(tmp_path / "off")) as sess:
+    with InferenceSession(MODEL, profile_detail_every=1, env=env, profile_file_prefix=str(tmp_path / "off")) as sess:
         runner = sess._runner
         original = runner.submit
         submitted: list[int] = []
@@ -280,7 +289,9 @@ def test_concurrent_profiled_replays_stay_apart(env: Env, tmp_path: Path) -> Non
     exactly its own replays and runs."""
     replays = 5
     sessions = [
-        InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / f"r{i}"))
+        InferenceSession(
+            MODEL, profile_detail_every=1, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / f"r{i}")
+        )
         for i in range(2)
     ]
     graphs = []
@@ -357,7 +368,9 @@ def test_gpu_timed_steps_are_positive_and_fit_their_span(env: Env, tmp_path: Pat
     add up to at most its span (exactly, up to rounding: they partition it), the trace is JSON with traceEvents, and
     more runs than the resolve buffer has slots are all recorded (the slots are read back when full)."""
     runs = RING_SLOTS + 3
-    with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "gpu")) as sess:
+    with InferenceSession(
+        MODEL, profile_detail_every=1, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "gpu")
+    ) as sess:
         x_value = sess.allocator.from_numpy(image())
         y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
         binding = sess.io_binding()
@@ -395,7 +408,7 @@ def test_gpu_timed_steps_are_positive_and_fit_their_span(env: Env, tmp_path: Pat
 def test_timing_resources_are_released_with_the_session(env: Env, tmp_path: Path) -> None:
     """A profiled program holds one query set and one resolve buffer, released when the session closes (the env
     fixture also checks that nothing leaked)."""
-    sess = InferenceSession(MODEL, env=env, profile_file_prefix=str(tmp_path / "rel"))
+    sess = InferenceSession(MODEL, profile_detail_every=1, env=env, profile_file_prefix=str(tmp_path / "rel"))
     try:
         sess.run(None, {"X": image()})
         before = env.live_handles()
@@ -415,7 +428,9 @@ def test_replays_of_a_graph_released_while_profiling_are_kept(env: Env, tmp_path
     """Replays whose timestamps were not read back yet when their graph is released still reach the trace (the
     profiler reads them when it is written, then frees the graph's query set and buffer); a session closed while
     profiling, never ended, leaks nothing either (the env fixture checks)."""
-    with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "gone")) as sess:
+    with InferenceSession(
+        MODEL, profile_detail_every=1, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "gone")
+    ) as sess:
         x_value = sess.allocator.from_numpy(image())
         y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
         binding = sess.io_binding()
@@ -448,7 +463,9 @@ def test_a_device_without_timestamps_falls_back_to_host_timing(tmp_path: Path) -
         assert not device.timestamps_supported
         with pytest.raises(ValidationError, match="does not support timestamp queries"):
             device.create_query_set(2)
-        with InferenceSession(MODEL, env=env, profile_file_prefix=str(tmp_path / "host")) as sess:
+        with InferenceSession(
+            MODEL, profile_detail_every=1, env=env, profile_file_prefix=str(tmp_path / "host")
+        ) as sess:
             runner = sess._runner
             original = runner.submit
             submitted: list[tuple[int, int]] = []
@@ -473,7 +490,9 @@ def test_a_device_without_timestamps_falls_back_to_host_timing(tmp_path: Path) -
 
 def test_a_plan_with_cpu_steps_is_timed_on_the_host(env: Env, tmp_path: Path) -> None:
     """On a device with timestamps, a plan with CPU steps still falls back to host timing (documented)."""
-    with InferenceSession(cpu_node_model(), env=env, profile_file_prefix=str(tmp_path / "cpuh")) as sess:
+    with InferenceSession(
+        cpu_node_model(), profile_detail_every=1, env=env, profile_file_prefix=str(tmp_path / "cpuh")
+    ) as sess:
         with sess.profiling() as record:
             sess.run(None, {"X": image()})
         assert record.path is not None
@@ -543,3 +562,85 @@ def test_bad_timestamp_records_raise_and_change_nothing(env: Env, bad: str) -> N
         device.destroy_buffer(resolve)
         device.release_query_set(query_set)
     assert device.live_handles() == before
+
+
+def test_per_step_detail_on_a_sample_and_the_rest_timed_whole(env: Env, tmp_path: Path) -> None:
+    """profile_detail_every=3: replays 0, 3 and 6 of seven are timed per step, the other four whole (a span with
+    args.detail false and no step events); every replay computes the same as unprofiled."""
+    with InferenceSession(
+        MODEL, profile_detail_every=3, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "s")
+    ) as sess:
+        x_value = sess.allocator.from_numpy(image())
+        y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
+        binding = sess.io_binding()
+        binding.bind_input("X", x_value)
+        binding.bind_output("Y", y_value)
+        graph = sess.capture(binding, 0)
+        try:
+            with sess.profiling() as record:
+                for _ in range(7):
+                    x = image()
+                    x_value.update_inplace(x)
+                    assert_reference(graph.replay_and_read()[0], x)
+            assert record.path is not None
+            trace = load(record.path)
+            assert trace["otherData"]["detail_every"] == 3
+            replays = complete(trace, "replay")
+            assert len(replays) == 7
+            detailed = [e for e in replays if e["args"]["detail"]]
+            assert len(detailed) == 3 and all(e["args"]["gpu_ns"] >= 0 for e in replays)
+            steps = [e for e in complete(trace) if e["cat"] not in ("run", "replay")]
+            assert len(steps) == 3 * len(step_names(sess))
+        finally:
+            graph.release()
+
+
+def test_a_sampled_out_replay_on_the_host_path_is_marked(tmp_path: Path) -> None:
+    """Without timestamp queries a replay not in the sample runs as an unprofiled one and leaves an instant
+    event; runs not in the sample leave their host span (args.detail false) and no steps."""
+    with ortgpu_core.Env(backend=FakeBackend([FakeDeviceSpec(timestamp_queries=False)])) as env:
+        with InferenceSession(
+            MODEL, profile_detail_every=2, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "m")
+        ) as sess:
+            x_value = sess.allocator.from_numpy(image())
+            binding = sess.io_binding()
+            binding.bind_input("X", x_value)
+            binding.bind_output("Y", sess.allocator.empty((BATCH, WIDTH), "float32"))
+            graph = sess.capture(binding, 0)
+            try:
+                with sess.profiling() as record:
+                    for _ in range(3):
+                        x = image()
+                        x_value.update_inplace(x)
+                        assert_reference(graph.replay_and_read()[0], x)
+                    for _ in range(2):
+                        x = image()
+                        assert_reference(sess.run(None, {"X": x})[0], x)
+                assert record.path is not None
+                trace = load(record.path)
+                marks = [e for e in trace["traceEvents"] if e["ph"] == "i"]
+                assert [m["args"]["detail"] for m in marks] == [False]  # replays 0 and 2 timed, 1 marked
+                assert len(complete(trace, "replay")) == 2
+                runs = complete(trace, "run")  # runs 3 (not in the sample) and 4 (in it)
+                assert [r["args"].get("detail", True) for r in runs] == [False, True]
+                steps = [e for e in complete(trace) if e["cat"] not in ("run", "replay")]
+                assert len(steps) == 3 * len(step_names(sess))
+            finally:
+                graph.release()
+        assert env.live_handles() == 0
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_detail_every_below_one_is_refused(env: Env, bad: int) -> None:
+    with pytest.raises(InvalidArgumentError, match="profile_detail_every must be >= 1"):
+        InferenceSession(MODEL, env=env, profile_detail_every=bad)
+    with InferenceSession(MODEL, env=env) as sess:
+        with pytest.raises(InvalidArgumentError, match=">= 1"):
+            sess.start_profiling(detail_every=bad)
+        assert not sess.profiling_active  # nothing started
+
+
+@pytest.mark.parametrize("bad", [True, 2.0, "3", None])
+def test_detail_every_of_the_wrong_type_is_refused(env: Env, bad: object) -> None:
+    with pytest.raises(ArgumentTypeError, match="profile_detail_every must be an int"):
+        InferenceSession(MODEL, env=env, profile_detail_every=bad)  # type: ignore[arg-type]

@@ -34,8 +34,11 @@ def test_profile_overhead_reports_off_on_and_gpu_time(
         row = part[step]
         assert row["iterations"] == 6 and row["p50_off_s"] > 0 and row["p50_on_s"] > 0
         assert row["ratio_on_off"] == pytest.approx(row["p50_on_s"] / row["p50_off_s"])
+        assert row["mean_ratio_on_off"] == pytest.approx(row["mean_on_s"] / row["mean_off_s"])
     # every profiled replay of the on arm was timed on the GPU: checks, warm-up and the timed iterations
-    assert part["replays_timed_on_gpu"] == 2 * (2 + 1 + 6) and part["gpu_time_per_replay_s"] > 0
+    # 18 profiled replays (2 steps x (2 warm-up + 1 check + 6 timed)); the first and the 11th are timed per step,
+    # the GPU time per replay comes from the 16 timed whole
+    assert part["replays_timed_on_gpu"] == 2 * (2 + 1 + 6) - 2 and part["gpu_time_per_replay_s"] > 0
     assert not list(tmp_path.glob("*profile*"))  # the traces went to a temporary folder, now gone
 
 

@@ -256,9 +256,9 @@ def test_a_failed_request_is_raised_to_its_caller_only(device: WgpuDevice) -> No
 
 
 def test_the_c_view_of_the_map_callback_descriptor_matches_webgpu_h() -> None:
-    """_readback_native declares WGPUBufferMapCallbackInfo itself (it passes one by value): same size and layout
+    """_device_calls declares WGPUBufferMapCallbackInfo itself (it passes one by value): same size and layout
     as the installed header's, as cffi reads it."""
-    from ortgpu_core.backends._readback_native import MAP_CALLBACK_INFO_SIZE
+    from ortgpu_core.backends._device_calls import MAP_CALLBACK_INFO_SIZE
 
     ffi, _ = load_native()
     assert MAP_CALLBACK_INFO_SIZE == ffi.sizeof("WGPUBufferMapCallbackInfo") == 40

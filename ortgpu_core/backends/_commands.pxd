@@ -48,6 +48,10 @@ cdef class NativeTable:
     cdef void* fn_submit
     cdef void* fn_release_command_buffer
     cdef void* fn_write_timestamp
+    cdef void* fn_pass_write_timestamp
+    # Whether timestamps may be written inside a compute pass (wgpu-native's timestamp-query-inside-passes): a
+    # timestamp record then keeps the open pass instead of ending it.
+    cdef bint pass_timestamps
     cdef void* fn_resolve_query_set
 
 cdef class CommandList:

@@ -82,8 +82,12 @@ cdef inline void _encode_record(NativeTable table, void* encoder, CommandRecord*
                                 void** last_pipeline) noexcept nogil:
     # One record into ``encoder``: dispatches share the open compute pass (one is begun when none is open; the
     # pipeline is set only when it changes); copies, clears, timestamp writes and query resolves end it (a
-    # timestamp is written on the encoder, between passes: wgpu-native's timestamp-query-inside-encoders).
-    if r.kind == COMMAND_DISPATCH:
+    # timestamp is written on the encoder, between passes: wgpu-native's timestamp-query-inside-encoders), except
+    # that a timestamp is written inside the open pass where the table allows it (timestamp-query-inside-passes):
+    # ending a pass per profiled step would add the pass's own cost to every step.
+    if r.kind == COMMAND_TIMESTAMP and compute_pass[0] != NULL and table.pass_timestamps:
+        (<write_timestamp_fn>table.fn_pass_write_timestamp)(compute_pass[0], <void*>r.a, r.x)
+    elif r.kind == COMMAND_DISPATCH:
         if compute_pass[0] == NULL:
             compute_pass[0] = (<begin_compute_pass_fn>table.fn_begin_compute_pass)(encoder, NULL)
             last_pipeline[0] = NULL
@@ -137,13 +141,20 @@ cdef class NativeTable:
         self.fn_submit = <void*><uintptr_t>fn("QueueSubmit")
         self.fn_release_command_buffer = <void*><uintptr_t>fn("CommandBufferRelease")
         self.fn_write_timestamp = <void*><uintptr_t>fn("CommandEncoderWriteTimestamp")
+        self.fn_pass_write_timestamp = <void*><uintptr_t>fn("ComputePassEncoderWriteTimestamp")
+        self.pass_timestamps = False
         self.fn_resolve_query_set = <void*><uintptr_t>fn("CommandEncoderResolveQuerySet")
 
-    def submit_encoded(self, uintptr_t command_buffer):
-        """Submit a command buffer from :meth:`CommandList.encode_native` (with the GIL released) and release it."""
+    def submit_encoded(self, uintptr_t command_buffer, bint keep_gil=False):
+        """Submit a command buffer from :meth:`CommandList.encode_native` and release it, with the GIL released
+        (``keep_gil``: held, for a caller that holds a lock others wait for; see ``_device_calls``)."""
         if command_buffer == 0:
             raise ValueError("submit_encoded needs a command buffer address, not 0")
         cdef void* pointer = <void*>command_buffer
+        if keep_gil:
+            (<submit_fn>self.fn_submit)(<void*>self.queue, 1, &pointer)
+            (<handle_fn>self.fn_release_command_buffer)(pointer)
+            return
         with nogil:
             (<submit_fn>self.fn_submit)(<void*>self.queue, 1, &pointer)
             (<handle_fn>self.fn_release_command_buffer)(pointer)
@@ -171,6 +182,16 @@ cdef class NativeTable:
             raise ValueError(f"submitted_flag_offset must be -1 (unknown) or a byte offset in 0..256, not {offset}")
         self.submitted_flag = offset
 
+    @property
+    def timestamps_in_passes(self):
+        """Whether a timestamp record inside a run of dispatches is written in the open compute pass (the device
+        has wgpu-native's ``timestamp-query-inside-passes``) rather than ending it (off: written on the encoder)."""
+        return self.pass_timestamps
+
+    @timestamps_in_passes.setter
+    def timestamps_in_passes(self, bint value):
+        self.pass_timestamps = value
+
     @staticmethod
     def entry_point_names():
         """The C function names (without ``wgpu``) the table needs."""
@@ -181,7 +202,7 @@ cdef class NativeTable:
             "ComputePassEncoderRelease", "CommandEncoderCopyBufferToBuffer",
             "CommandEncoderClearBuffer", "CommandEncoderFinish", "CommandEncoderRelease",
             "QueueSubmit", "CommandBufferRelease", "CommandEncoderWriteTimestamp",
-            "CommandEncoderResolveQuerySet",
+            "CommandEncoderResolveQuerySet", "ComputePassEncoderWriteTimestamp",
         )
 
 
@@ -474,8 +495,9 @@ cdef class CommandList:
             command_buffer = self.encode(table, tail_records, tail_count)
         return <uintptr_t>command_buffer
 
-    def encode_submit_native(self, NativeTable table):
-        """Encode every record and submit one command buffer, with the GIL released.
+    def encode_submit_native(self, NativeTable table, bint keep_gil=False):
+        """Encode every record and submit one command buffer, with the GIL released (``keep_gil``: held, for short
+        lists submitted under a lock others wait for; see ``_device_calls``).
 
         Errors wgpu-native reports go to the device's error callback; the
         caller (the wgpu backend) checks for them after this returns.  Returns
@@ -483,14 +505,18 @@ cdef class CommandList:
         failed (no encoder, or the table's error counter moved).
         """
         cdef int submitted
+        if keep_gil:
+            return self.encode_submit(table, NULL, NULL, 0) == 1
         with nogil:
             submitted = self.encode_submit(table, NULL, NULL, 0)
         return submitted == 1
 
-    def encode_submit_with_tail_native(self, NativeTable table, CommandList tail):
+    def encode_submit_with_tail_native(self, NativeTable table, CommandList tail, bint keep_gil=False):
         """Like :meth:`encode_submit_native`, with ``tail``'s records encoded after this list's, in the same
         (last) command buffer: one submission for both (e.g. a captured graph and the copies of its outputs)."""
         cdef int submitted
+        if keep_gil:
+            return self.encode_submit(table, NULL, tail._records, tail._count) == 1
         with nogil:
             submitted = self.encode_submit(table, NULL, tail._records, tail._count)
         return submitted == 1

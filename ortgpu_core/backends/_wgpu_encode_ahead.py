@@ -36,6 +36,8 @@ _TailKey = tuple[tuple[Any, ...], ...]
 # layout once per process (_probe_submitted_flag) before the command loop writes that byte (see
 # NativeTable.submitted_flag_offset).
 _SUBMITTED_FLAG_OFFSET = 16
+# Lists of at most this many records (with their tail) are encoded and submitted keeping the GIL.
+_KEEP_GIL_RECORDS = 128
 _submitted_flag: int | None = None  # the probed offset (-1: the layout is not the one above); None: not probed
 _submitted_flag_lock = threading.Lock()
 
@@ -155,15 +157,19 @@ class _EncodeAhead(_DeviceBase):
         if ahead:
             key = (list_id, () if tail is None else tuple(tail.records()))
             ready = self._ahead.pop(key, 0)
+        # Short calls keep the GIL: a thread holding the device's lock never queues for the GIL (see _device_calls)
+        keep_gil = len(commands) + (0 if tail is None else len(tail)) <= _KEEP_GIL_RECORDS
         if ready:
-            table.submit_encoded(ready)
+            table.submit_encoded(ready, keep_gil=True)
         elif not (
-            commands.encode_submit_native(table)
+            commands.encode_submit_native(table, keep_gil=keep_gil)
             if tail is None
-            else commands.encode_submit_with_tail_native(table, tail)
+            else commands.encode_submit_with_tail_native(table, tail, keep_gil=keep_gil)
         ):
             return False
-        if ahead:
+        if ahead and not self._lock.contended:
+            # Encoding ahead happens under the device's lock: worth it while the GPU works and nobody waits for the
+            # lock; with other threads queueing for it, it would only hold them up (the next submit encodes then).
             encoded = commands.encode_native(table, tail)
             if encoded:
                 self._ahead[key] = encoded

@@ -11,10 +11,11 @@ the mapping and the unmap.  Other threads submit, upload and read meanwhile: K t
 overlap their host work with the GPU's instead of queueing behind one another's waits.
 
 The wait (:meth:`_Readback._wait_until`): one waiting thread at a time polls wgpu-native (the *poll lock*), without
-blocking for up to ``spin_wait_us`` (in C, with the GIL released: :mod:`._spin`), then blocking; the map and
+blocking for up to ``spin_wait_us`` (in C, with the GIL released: :mod:`._device_calls`), then blocking; the map and
 work-done callbacks fire inside its polls (or inside another thread's submit) whoever's requests they complete,
-record their status by token and wake the other waiters (a condition), which sleep (releasing the GIL) until their
-own request is complete or the polling thread leaves and one of them takes over.  One poller at a time also keeps wgpu-native 29 from racing itself (two threads polling one
+record their status by token and wake that request's waiter only (an event per thread), while the other waiters
+sleep (releasing the GIL) until their own request is complete or the polling thread leaves and hands the polling to
+one of them.  One poller at a time also keeps wgpu-native 29 from racing itself (two threads polling one
 device can trip an assertion in its ``Device::maintain``).  A blocking poll in wgpu-native 29 holds its fence lock
 until the GPU is done, so a submission from another thread waits for it: that is why GPU adapters spin first (their
 waits for small work end within the spin), while CPU adapters (lavapipe), where spinning would take a core from the
@@ -34,8 +35,9 @@ not returned.  Replacing a buffer releases the command buffers encoded ahead tha
 Ownership: :class:`_Readback` is a layer of ``WgpuDevice`` (after ``_EncodeAhead``, through which it submits;
 ``_DeviceBase``'s docstring describes the layers).  It owns the staging pool (``_staging_free``,
 ``_staging_all``), ``spin_wait_us``, the callbacks and their descriptors and tokens (read and changed under the
-device's lock), and :class:`_Requests`, the callbacks' record of completed requests plus the poll lock and the
-condition (its own locks; written by callbacks in whichever thread polls).  ``_destroy_readback`` (called by the
+device's lock), and :class:`_Requests`, the callbacks' record of completed requests, the poll lock and the
+waiters' events (written by callbacks in whichever thread completes a request, and by waiters; plain dict and set
+operations, atomic under the GIL).  ``_destroy_readback`` (called by the
 device's destroy, under the device's lock) waits for a poll in progress before the device pointer is released.
 """
 
@@ -48,7 +50,7 @@ from typing import Any, Callable, Sequence
 
 from .._errors import DeviceError, ValidationError
 from ._commands import CommandList
-from ._readback_native import copy_out, map_read, spin_poll
+from ._device_calls import copy_out, map_read, spin_poll
 from ._wgpu_encode_ahead import _EncodeAhead
 from ._wgpu_ffi import _address, _enum_suffix, _string
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, host_read_target
@@ -70,7 +72,9 @@ class _Requests:
     Holds no reference to the device (the callbacks hold it: no cycle through the device).  The callbacks run in
     whichever thread makes the native call that completes a request (a poll, and also another thread's submit,
     which polls too); each records its result here, sets ``fired`` (the C int the spinning poller watches) and
-    wakes the waiters itself.
+    wakes the one thread waiting for that request (its event, registered under the token when the request was
+    made): a completion wakes its owner only, not every waiter.  A poller that leaves wakes one sleeping waiter,
+    which takes the polling over.
     """
 
     def __init__(self, ffi: Any) -> None:
@@ -82,14 +86,38 @@ class _Requests:
         self.fired = ffi.new("int *")  # set to 1 by every callback; the poller clears it before a poll
         self.fired_address = int(ffi.cast("uintptr_t", self.fired))
         self.poll_lock = threading.Lock()  # held by the one thread polling
-        self.changed = threading.Condition(threading.Lock())  # notified when callbacks fired or the poller left
-        self.generation = 0  # guarded by changed: bumped with every notification
+        self.owners: dict[int, threading.Event] = {}  # token -> the event of the thread waiting for it
+        self.sleeping: set[threading.Event] = set()  # events of the waiters sleeping (not polling)
+        self._local = threading.local()
         self.closing = False  # the device is being destroyed: waiters stop
 
-    def notify(self) -> None:
-        with self.changed:
-            self.generation += 1
-            self.changed.notify_all()
+    def event(self) -> threading.Event:
+        """The calling thread's event (one per thread, reused by its waits)."""
+        event: threading.Event | None = getattr(self._local, "event", None)
+        if event is None:
+            event = self._local.event = threading.Event()
+        return event
+
+    def own(self, token: int) -> None:
+        """The calling thread is about to make request ``token`` and will wait for it."""
+        self.owners[token] = self.event()
+
+    def completed(self, token: int) -> None:
+        """A callback recorded request ``token``'s result: tell the poller, wake the owner."""
+        self.fired[0] = 1
+        event = self.owners.pop(token, None)
+        if event is not None:
+            event.set()
+
+    def hand_over(self) -> None:
+        """The poller leaves: wake one sleeping waiter (it polls next, if its request is not complete)."""
+        for event in list(self.sleeping):
+            event.set()
+            break
+
+    def wake_all(self) -> None:
+        for event in list(self.sleeping):
+            event.set()
 
 
 @dataclass
@@ -122,9 +150,9 @@ class _Readback(_EncodeAhead):
                 text = _string(message)
             except Exception:  # noqa: BLE001
                 text = ""
-            requests.map_results[int(ffi.cast("uintptr_t", userdata1))] = (int(status), text)
-            requests.fired[0] = 1
-            requests.notify()
+            token = int(ffi.cast("uintptr_t", userdata1))
+            requests.map_results[token] = (int(status), text)
+            requests.completed(token)
 
         def on_work_done(status: int, message: Any, userdata1: Any, userdata2: Any) -> None:
             token = int(ffi.cast("uintptr_t", userdata1))
@@ -135,15 +163,14 @@ class _Readback(_EncodeAhead):
                     failure = "(status unreadable)"
                 requests.work_done_failures[token] = failure
             requests.work_done_token = max(requests.work_done_token, token)
-            requests.fired[0] = 1
-            requests.notify()
+            requests.completed(token)
 
         # The cffi callbacks must outlive the device: kept on self.
         self._on_map = ffi.callback("WGPUBufferMapCallback", on_map)
         self._on_work_done = ffi.callback("WGPUQueueWorkDoneCallback", on_work_done)
         self._tokens = 0
         self._device_poll_address = _address(ffi.addressof(lib, "wgpuDevicePoll"))
-        # The native calls made from C (:mod:`._readback_native`), by name, and the map callback's address.
+        # The native calls made from C (:mod:`._device_calls`), by name, and the map callback's address.
         self._native_calls = {
             name: _address(ffi.addressof(lib, name))
             for name in ("wgpuBufferMapAsync", "wgpuBufferGetConstMappedRange", "wgpuBufferUnmap")
@@ -208,7 +235,7 @@ class _Readback(_EncodeAhead):
                 self._free_buffer(staging.pointer)
             self._staging_all.clear()
             self._staging_free.clear()
-        requests.notify()
+        requests.wake_all()
 
     # -- reads -----------------------------------------------------------------------------
     def read_buffer(self, buffer: int, offset: int, size: int) -> bytes:
@@ -259,7 +286,7 @@ class _Readback(_EncodeAhead):
         try:
             commands = CommandList()
             commands.add_copy(buffer, offset, staging.address, 0, size)
-            submitted = commands.encode_submit_native(self._native_table)
+            submitted = commands.encode_submit_native(self._native_table, keep_gil=True)
             self._raise_pending(action)
             if not submitted:
                 raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")
@@ -314,9 +341,10 @@ class _Readback(_EncodeAhead):
 
     def _request_map(self, staging: _Staging, size: int, action: str) -> int:
         """(Under the lock.)  Ask for the first ``size`` bytes of ``staging`` mapped (wgpuBufferMapAsync, called
-        keeping the GIL: :mod:`._readback_native`); returns the request's token."""
+        keeping the GIL: :mod:`._device_calls`); returns the request's token."""
         self._tokens += 1
         token = self._tokens
+        self._requests.own(token)
         lib = self._lib
         map_read(
             self._native_calls["wgpuBufferMapAsync"],
@@ -342,6 +370,7 @@ class _Readback(_EncodeAhead):
         except BaseException:
             with self._lock:  # its map may still be pending: never reuse it
                 requests.map_results.pop(token, None)
+                requests.owners.pop(token, None)
                 if self._device is not None and staging.address in self._staging_all:
                     self._free_staging(staging)
             raise
@@ -373,6 +402,7 @@ class _Readback(_EncodeAhead):
             # wait is for a work-done callback registered after everything submitted so far.
             self._tokens += 1
             token = self._tokens
+            requests.own(token)
             self._work_done_info.userdata1 = ffi.cast("void *", token)
             # WGPUFuture wgpuQueueOnSubmittedWorkDone(WGPUQueue queue, WGPUQueueWorkDoneCallbackInfo callbackInfo)
             lib.wgpuQueueOnSubmittedWorkDone(self._queue, self._work_done_info[0])
@@ -386,28 +416,33 @@ class _Readback(_EncodeAhead):
         """Wait, without the device's lock, until ``done()`` (a callback fired by someone's poll completed the
         request): poll while no other thread does, else sleep until the poller reports (module docstring)."""
         requests = self._requests
+        event = requests.event()
         deadline = time.perf_counter() + self.spin_wait_us * 1e-6
         blocking_polls = 0
         while not done():
             self._check_waitable(action)
-            with requests.changed:
-                seen = requests.generation
             if requests.poll_lock.acquire(blocking=False):
                 try:
                     blocking_polls += self._poll_while(done, deadline, action)
                 finally:
                     requests.poll_lock.release()
-                    requests.notify()  # another waiter takes over the polling
+                    requests.hand_over()  # a sleeping waiter takes over the polling
                 if blocking_polls >= _MAP_POLL_ATTEMPTS and not done():
                     raise DeviceError(f"{action}: the device did not complete the request ({blocking_polls} waits)")
-            else:
-                with requests.changed:
-                    if requests.generation == seen and not done():
-                        requests.changed.wait(_WAITER_RECHECK_S)
+                continue
+            # Sleep until this request completes or the poller hands over.  Registered as sleeping first, then
+            # checked again: a completion or a hand-over after these checks sets the event, so none is missed.
+            event.clear()
+            requests.sleeping.add(event)
+            try:
+                if not done() and requests.poll_lock.locked() and not requests.closing:
+                    event.wait(_WAITER_RECHECK_S)
+            finally:
+                requests.sleeping.discard(event)
 
     def _poll_while(self, done: Callable[[], bool], deadline: float, action: str) -> int:
         """(Holding the poll lock.)  Poll until ``done()``, the device is lost or destroyed, or the blocking-poll
-        budget is spent: until ``deadline`` without blocking, in C with the GIL released (:mod:`._spin`; it
+        budget is spent: until ``deadline`` without blocking, in C with the GIL released (:mod:`._device_calls`; it
         returns to check ``done()`` whenever a callback fired), then blocking.  Returns the blocking polls made."""
         requests, lib, null = self._requests, self._lib, self._ffi.NULL
         blocking = 0

@@ -27,7 +27,7 @@ class NativeTable:
 
     @staticmethod
     def entry_point_names() -> tuple[str, ...]: ...
-    def submit_encoded(self, command_buffer: int) -> None:
+    def submit_encoded(self, command_buffer: int, keep_gil: bool = False) -> None:
         """Submit a command buffer from CommandList.encode_native and release it."""
     def release_encoded(self, command_buffer: int) -> None:
         """Release a command buffer from CommandList.encode_native without submitting it."""
@@ -36,6 +36,11 @@ class NativeTable:
         """The offset of wgpu-native's "submitted" flag in its command buffer object (-1: unknown)."""
     @submitted_flag_offset.setter
     def submitted_flag_offset(self, offset: int) -> None: ...
+    @property
+    def timestamps_in_passes(self) -> bool:
+        """Whether timestamp records inside a run of dispatches are written in the open compute pass."""
+    @timestamps_in_passes.setter
+    def timestamps_in_passes(self, value: bool) -> None: ...
 
 @final
 class CommandList:
@@ -69,10 +74,10 @@ class CommandList:
     def records(
         self,
     ) -> list[_DispatchRecord | _CopyRecord | _ClearRecord | _TimestampRecord | _ResolveRecord]: ...
-    def encode_submit_with_tail_native(self, table: NativeTable, tail: CommandList) -> bool: ...
+    def encode_submit_with_tail_native(self, table: NativeTable, tail: CommandList, keep_gil: bool = False) -> bool: ...
     def encode_native(self, table: NativeTable, tail: CommandList | None = None) -> int:
         """Encode the records (then tail's) into one unsubmitted command buffer; its address, or 0."""
-    def encode_submit_native(self, table: NativeTable) -> bool:
+    def encode_submit_native(self, table: NativeTable, keep_gil: bool = False) -> bool:
         """Encode and submit with the GIL released; ``False`` if the command buffer was not submitted."""
     def profile_native(self, table: NativeTable) -> dict[str, float | bool]:
         """Like encode_submit_native, with the seconds of its phases (encode, finish, submit)."""
