@@ -145,16 +145,11 @@ cdef class NativeTable:
         self.pass_timestamps = False
         self.fn_resolve_query_set = <void*><uintptr_t>fn("CommandEncoderResolveQuerySet")
 
-    def submit_encoded(self, uintptr_t command_buffer, bint keep_gil=False):
-        """Submit a command buffer from :meth:`CommandList.encode_native` and release it, with the GIL released
-        (``keep_gil``: held, for a caller that holds a lock others wait for; see ``_device_calls``)."""
+    def submit_encoded(self, uintptr_t command_buffer):
+        """Submit a command buffer from :meth:`CommandList.encode_native` (with the GIL released) and release it."""
         if command_buffer == 0:
             raise ValueError("submit_encoded needs a command buffer address, not 0")
         cdef void* pointer = <void*>command_buffer
-        if keep_gil:
-            (<submit_fn>self.fn_submit)(<void*>self.queue, 1, &pointer)
-            (<handle_fn>self.fn_release_command_buffer)(pointer)
-            return
         with nogil:
             (<submit_fn>self.fn_submit)(<void*>self.queue, 1, &pointer)
             (<handle_fn>self.fn_release_command_buffer)(pointer)
@@ -495,9 +490,8 @@ cdef class CommandList:
             command_buffer = self.encode(table, tail_records, tail_count)
         return <uintptr_t>command_buffer
 
-    def encode_submit_native(self, NativeTable table, bint keep_gil=False):
-        """Encode every record and submit one command buffer, with the GIL released (``keep_gil``: held, for short
-        lists submitted under a lock others wait for; see ``_device_calls``).
+    def encode_submit_native(self, NativeTable table):
+        """Encode every record and submit one command buffer, with the GIL released.
 
         Errors wgpu-native reports go to the device's error callback; the
         caller (the wgpu backend) checks for them after this returns.  Returns
@@ -505,18 +499,14 @@ cdef class CommandList:
         failed (no encoder, or the table's error counter moved).
         """
         cdef int submitted
-        if keep_gil:
-            return self.encode_submit(table, NULL, NULL, 0) == 1
         with nogil:
             submitted = self.encode_submit(table, NULL, NULL, 0)
         return submitted == 1
 
-    def encode_submit_with_tail_native(self, NativeTable table, CommandList tail, bint keep_gil=False):
+    def encode_submit_with_tail_native(self, NativeTable table, CommandList tail):
         """Like :meth:`encode_submit_native`, with ``tail``'s records encoded after this list's, in the same
         (last) command buffer: one submission for both (e.g. a captured graph and the copies of its outputs)."""
         cdef int submitted
-        if keep_gil:
-            return self.encode_submit(table, NULL, tail._records, tail._count) == 1
         with nogil:
             submitted = self.encode_submit(table, NULL, tail._records, tail._count)
         return submitted == 1

@@ -12,9 +12,10 @@ nonzero, or the time is up.  (The callbacks are Python: cffi takes the GIL to ru
 Under the lock: cffi releases the GIL around every call, so a thread holding the device's lock would give the GIL
 away for a call of a few microseconds and then queue for it behind whatever Python another thread runs, with the
 device locked all that time (measured on the H200: with two threads reading, the under-the-lock part of a 4 KB read
-went from 8 us to 110 us).  :func:`map_read` (``wgpuBufferMapAsync``), :func:`copy_out` (get the mapped range, copy
-out, unmap) and :func:`queue_write` (``wgpuQueueWriteBuffer``) keep the GIL: they are short, and the lock is never
-held waiting for the GIL.  (``CommandList``'s submits take ``keep_gil`` for the same reason.)
+went from 8 us to 110 us; keeping the GIL there, 50 us, and 4 KB reads by two threads 9.6k -> 14.3k per second).
+:func:`map_read` (``wgpuBufferMapAsync``) and :func:`copy_out` (get the mapped range, copy out, unmap) keep the
+GIL: they are short.  (Submits and uploads keeping the GIL made no measurable difference to the threads bench, so
+they release it as before.)
 """
 
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
@@ -110,15 +111,3 @@ def copy_out(uintptr_t mapped_range, uintptr_t unmap, uintptr_t buffer, size_t s
     finally:
         (<unmap_fn>unmap)(<void*>buffer)
 
-
-# void wgpuQueueWriteBuffer(WGPUQueue queue, WGPUBuffer buffer, uint64_t bufferOffset, void const * data, size_t size)
-ctypedef void (*queue_write_fn)(void*, void*, uint64_t, const void*, size_t) noexcept
-
-
-def queue_write(uintptr_t write_buffer, uintptr_t queue, uintptr_t buffer, uint64_t offset, uintptr_t data,
-                size_t size):
-    """``wgpuQueueWriteBuffer(queue, buffer, offset, data, size)``, keeping the GIL (wgpu-native copies the data
-    into its staging memory before it returns).  The caller checked the range and keeps ``data`` alive."""
-    if write_buffer == 0 or queue == 0 or buffer == 0 or (data == 0 and size != 0):
-        raise ValueError("queue_write: a null address")
-    (<queue_write_fn>write_buffer)(<void*>queue, <void*>buffer, offset, <const void*>data, size)

@@ -36,8 +36,6 @@ _TailKey = tuple[tuple[Any, ...], ...]
 # layout once per process (_probe_submitted_flag) before the command loop writes that byte (see
 # NativeTable.submitted_flag_offset).
 _SUBMITTED_FLAG_OFFSET = 16
-# Lists of at most this many records (with their tail) are encoded and submitted keeping the GIL.
-_KEEP_GIL_RECORDS = 128
 _submitted_flag: int | None = None  # the probed offset (-1: the layout is not the one above); None: not probed
 _submitted_flag_lock = threading.Lock()
 
@@ -157,14 +155,12 @@ class _EncodeAhead(_DeviceBase):
         if ahead:
             key = (list_id, () if tail is None else tuple(tail.records()))
             ready = self._ahead.pop(key, 0)
-        # Short calls keep the GIL: a thread holding the device's lock never queues for the GIL (see _device_calls)
-        keep_gil = len(commands) + (0 if tail is None else len(tail)) <= _KEEP_GIL_RECORDS
         if ready:
-            table.submit_encoded(ready, keep_gil=True)
+            table.submit_encoded(ready)
         elif not (
-            commands.encode_submit_native(table, keep_gil=keep_gil)
+            commands.encode_submit_native(table)
             if tail is None
-            else commands.encode_submit_with_tail_native(table, tail, keep_gil=keep_gil)
+            else commands.encode_submit_with_tail_native(table, tail)
         ):
             return False
         if ahead and not self._lock.contended:

@@ -286,7 +286,7 @@ class _Readback(_EncodeAhead):
         try:
             commands = CommandList()
             commands.add_copy(buffer, offset, staging.address, 0, size)
-            submitted = commands.encode_submit_native(self._native_table, keep_gil=True)
+            submitted = commands.encode_submit_native(self._native_table)
             self._raise_pending(action)
             if not submitted:
                 raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")

@@ -38,7 +38,6 @@ from typing import Any, Callable, Sequence
 
 from .._errors import DeviceError, InvalidArgumentError, ValidationError
 from ._commands import CommandList, NativeTable
-from ._device_calls import queue_write
 from ._wgpu_adapters import (
     _limits_from_native,
     adapter_info,
@@ -55,10 +54,6 @@ from ._wgpu_ffi import _address, _string_view, feature_name, load_native, native
 from ._wgpu_readback import DEFAULT_SPIN_WAIT_US
 from ._wgpu_timestamps import _Timestamps
 from .protocol import AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
-
-# write_buffer keeps the GIL for writes up to this size (copied by wgpu-native in microseconds); larger ones release
-# it while wgpu-native copies.
-_KEEP_GIL_WRITE_BYTES = 1 << 20
 
 __all__ = [
     "WgpuBackend",
@@ -250,7 +245,6 @@ class WgpuDevice(_Timestamps):
         )
         # WGPUQueue wgpuDeviceGetQueue(WGPUDevice device)
         self._queue = lib.wgpuDeviceGetQueue(self._device)
-        self._write_buffer_address = _address(ffi.addressof(lib, "wgpuQueueWriteBuffer"))
         self.limits = device_limits(self._device)
         self.features = device_features(self._device)
         self._read_timestamp_period()
@@ -324,19 +318,8 @@ class WgpuDevice(_Timestamps):
             raise ValidationError(f"{action}: the write ends at {offset + size}, past the buffer's {record.size} bytes")
         if size == 0:
             return
-        source = self._ffi.from_buffer(view)
-        if size <= _KEEP_GIL_WRITE_BYTES:  # short: keeping the GIL under the lock (see _device_calls)
-            queue_write(
-                self._write_buffer_address,
-                _address(self._queue),
-                _address(record.pointer),
-                offset,
-                int(self._ffi.cast("uintptr_t", source)),
-                size,
-            )
-        else:
-            # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
-            self._lib.wgpuQueueWriteBuffer(self._queue, record.pointer, offset, source, size)
+        # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
+        self._lib.wgpuQueueWriteBuffer(self._queue, record.pointer, offset, self._ffi.from_buffer(view), size)
         self._raise_pending(action)
 
     # -- kernels --------------------------------------------------------------------
