@@ -1,7 +1,10 @@
-"""Issue 15: device loss mid-run while other threads use (and wait on) the same device (fake backend).
+"""Issue 15: device loss mid-run while other threads use (and wait on) the same device, on both backends.
 
-Device operations take time outside the fake's lock (``operations.set_latency``), so when the loss is injected
-other threads are inside a run, a replay, a read or an async run, or queued on a session's lock behind one.  Then:
+Fake backend: device operations take time outside the fake's lock (``operations.set_latency``), and the loss is a
+fault injected into the next submit.  wgpu-native (lavapipe): the device is destroyed under its lock, as a driver
+reset would leave it (wgpu-native 29 then calls no device-lost callback: each later native call reports "device
+is lost").  Either way, when the loss comes other threads are inside a run, a replay, a read or an async run (their
+waits happen outside the device's lock), or queued on a session's lock behind one.  Then:
 
 * every thread's next call on the device raises ``DeviceLostError`` promptly (the threads are joined with a
   timeout: a hang fails the test), and nothing else is raised;
@@ -26,6 +29,7 @@ import pytest
 from ortgpu import Env, InferenceSession
 from ortgpu_core._errors import DeviceLostError
 from ortgpu_core.backends.fake import FakeBackend
+from ortgpu_core.backends.wgpu_native import WgpuBackend, load_native
 
 BATCH, WIDTH = 2, 8
 MODEL = models.mlp(layers=3, width=WIDTH, batch=BATCH, seed=9).SerializeToString()
@@ -69,10 +73,26 @@ class Worker:
                 self.warmed.abort()
 
 
+def _lose_wgpu_device(env: Env) -> None:
+    """Destroy the Env's wgpu device under its lock, behind the library's back (what a driver reset leaves)."""
+    opened = env.default_device._native_device()
+    device: Any = getattr(opened, "wrapped", opened)  # a SerializedDevice in serialized mode
+    _, lib = load_native()
+    with device._lock:
+        lib.wgpuDeviceDestroy(device._device)
+
+
 @pytest.mark.parametrize("mode", ["concurrent", "serialized"])
-def test_device_loss_with_threads_waiting(mode: str) -> None:
-    backend = FakeBackend()
-    backend.operations.set_latency(submit=0.003, write=0.001, read=0.002, allocate=0.001)
+@pytest.mark.parametrize(
+    "kind", [pytest.param("fake", marks=pytest.mark.fake_only), pytest.param("wgpu", marks=pytest.mark.wgpu_only)]
+)
+def test_device_loss_with_threads_waiting(mode: str, kind: str) -> None:
+    backend: Any
+    if kind == "fake":
+        backend = FakeBackend()
+        backend.operations.set_latency(submit=0.003, write=0.001, read=0.002, allocate=0.001)
+    else:
+        backend = WgpuBackend()
     env = Env(backend=backend, execution_mode=mode)  # type: ignore[arg-type]
     runs = InferenceSession(MODEL, env=env)
     replays = InferenceSession(MODEL, env=env, graph_capture=True)
@@ -133,13 +153,16 @@ def test_device_loss_with_threads_waiting(mode: str) -> None:
         worker.thread.start()
     warmed.wait(timeout=60)  # every thread has done two steps and is busy again
     time.sleep(0.02)
-    backend.faults.lose_device_on_submit(1)
+    if kind == "fake":
+        backend.faults.lose_device_on_submit(1)
+    else:
+        _lose_wgpu_device(env)
     lost_at = time.monotonic()
     for worker in workers:
         worker.thread.join(timeout=max(0.1, lost_at + PROMPT - time.monotonic()))
     hung = [w.name for w in workers if w.thread.is_alive()]
     assert not hung, f"threads still running {PROMPT} s after the device loss: {hung}"
-    assert not backend.faults.pending
+    assert kind != "fake" or not backend.faults.pending
     wrong = {w.name: repr(w.error) for w in workers if not isinstance(w.error, DeviceLostError)}
     assert not wrong, f"threads that ended with another error than DeviceLostError: {wrong}"
 
@@ -188,7 +211,8 @@ def test_device_loss_with_threads_waiting(mode: str) -> None:
     gc.collect()
     assert backend.live_handles() == 0, backend.describe_live_handles()
 
-    backend.operations.clear_latency()
+    if kind == "fake":
+        backend.operations.clear_latency()
     with Env(backend=backend, execution_mode=mode) as fresh:  # type: ignore[arg-type]
         sess = InferenceSession(MODEL, env=fresh, graph_capture=True)
         x = image(9)

@@ -270,3 +270,18 @@ def test_the_c_view_of_the_map_callback_descriptor_matches_webgpu_h() -> None:
         "userdata2",
     ]
     assert ffi.offsetof("WGPUBufferMapCallbackInfo", "callback") == 16
+
+
+def test_a_device_destroyed_behind_the_library_during_a_wait_is_device_lost(device: WgpuDevice) -> None:
+    """wgpu-native 29 completes a pending map of a destroyed device as a success (and would abort the process on
+    reading the mapping): the waiter sees DeviceLostError instead, with nothing else telling it first."""
+    buffer = device.create_buffer(4096)
+    paused = PausedWait(device)
+    result = paused.start(lambda: device.read_buffer(buffer, 0, 4096))
+    _, lib = load_native()
+    with device._lock:
+        lib.wgpuDeviceDestroy(device._device)
+    paused.resume()
+    assert isinstance(result.get("error"), DeviceLostError), result
+    with pytest.raises(DeviceLostError):
+        device.wait_idle()

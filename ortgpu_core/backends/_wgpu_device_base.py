@@ -117,6 +117,7 @@ class _DeviceBase:
         self._queue: Any = None
         self._lock = DeviceLock()  # see _serialized; releases from finalizers mid-call are deferred
         self._handles: dict[int, _Handle] = {}
+        self._sentinel: Any = None  # a small COPY_DST buffer for _check_not_lost (made on first use)
         self._sink = sink = _ErrorSink()
 
         # Callbacks: never raise into native code (cffi's onerror would print).
@@ -181,6 +182,21 @@ class _DeviceBase:
             raise DeviceError(f"{message} (wgpu error type {', '.join(kinds)})")
         if sink.lost is not None:
             self._check_open()
+
+    def _check_not_lost(self, action: str) -> None:
+        """(Under the lock.)  Raise ``DeviceLostError`` if the device was lost, before a call that wgpu-native 29
+        would turn into a process abort on a lost device: reading a mapping (it completes a map on a destroyed
+        device as a success, then aborts in wgpuBufferGetConstMappedRange) and submitting a command buffer encoded
+        before the loss (wgpuQueueSubmit treats its error as fatal).  It calls no device-lost callback for such a
+        loss; an empty write to a small buffer of the device's own reports "device is lost" through the error sink
+        instead (about a microsecond)."""
+        if self._sentinel is None:
+            self._sentinel = self._native_buffer(
+                BUFFER_ALIGNMENT, self._lib.WGPUBufferUsage_CopyDst, "ortgpu liveness probe", action
+            )
+        # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
+        self._lib.wgpuQueueWriteBuffer(self._queue, self._sentinel, 0, self._ffi.NULL, 0)
+        self._raise_pending(action)
 
     def _lookup(self, handle: int, kind: str, action: str) -> _Handle:
         record = self._handles.get(handle)

@@ -156,6 +156,7 @@ class _EncodeAhead(_DeviceBase):
             key = (list_id, () if tail is None else tuple(tail.records()))
             ready = self._ahead.pop(key, 0)
         if ready:
+            self._check_not_lost("submit")  # submitted on a lost device, it would abort the process
             table.submit_encoded(ready)
         elif not (
             commands.encode_submit_native(table)

@@ -235,6 +235,9 @@ class _Readback(_EncodeAhead):
                 self._free_buffer(staging.pointer)
             self._staging_all.clear()
             self._staging_free.clear()
+            sentinel, self._sentinel = self._sentinel, None  # _DeviceBase._check_not_lost's buffer
+            if sentinel is not None:
+                self._free_buffer(sentinel)
         requests.wake_all()
 
     # -- reads -----------------------------------------------------------------------------
@@ -377,6 +380,7 @@ class _Readback(_EncodeAhead):
         with self._lock:
             status, message = requests.map_results.pop(token)
             self._check_open()  # destroyed meanwhile: the staging buffer went with the device
+            self._check_not_lost(action)
             if status != lib.WGPUMapAsyncStatus_Success:
                 self._free_staging(staging)
                 raise DeviceError(f"{action}: mapping the staging buffer failed: {message}")
@@ -423,10 +427,17 @@ class _Readback(_EncodeAhead):
             self._check_waitable(action)
             if requests.poll_lock.acquire(blocking=False):
                 try:
-                    blocking_polls += self._poll_while(done, deadline, action)
+                    polls, idle = self._poll_while(done, deadline, action)
                 finally:
                     requests.poll_lock.release()
                     requests.hand_over()  # a sleeping waiter takes over the polling
+                blocking_polls += polls
+                if idle and not done():
+                    # A blocking poll waits for all submitted work, this request's included: completing nothing,
+                    # it points at a device lost without a callback (see _check_not_lost)
+                    with self._lock:
+                        self._check_open()
+                        self._check_not_lost(action)
                 if blocking_polls >= _MAP_POLL_ATTEMPTS and not done():
                     raise DeviceError(f"{action}: the device did not complete the request ({blocking_polls} waits)")
                 continue
@@ -440,16 +451,17 @@ class _Readback(_EncodeAhead):
             finally:
                 requests.sleeping.discard(event)
 
-    def _poll_while(self, done: Callable[[], bool], deadline: float, action: str) -> int:
+    def _poll_while(self, done: Callable[[], bool], deadline: float, action: str) -> tuple[int, bool]:
         """(Holding the poll lock.)  Poll until ``done()``, the device is lost or destroyed, or the blocking-poll
         budget is spent: until ``deadline`` without blocking, in C with the GIL released (:mod:`._device_calls`; it
-        returns to check ``done()`` whenever a callback fired), then blocking.  Returns the blocking polls made."""
+        returns to check ``done()`` whenever a callback fired), then blocking.  Returns the blocking polls made,
+        and whether it stopped because a blocking poll completed nothing."""
         requests, lib, null = self._requests, self._lib, self._ffi.NULL
         blocking = 0
         while not done() and blocking < _MAP_POLL_ATTEMPTS:
             device = self._device
             if device is None or requests.closing or self._sink.lost is not None:
-                return blocking
+                return blocking, False
             left = deadline - time.perf_counter()
             requests.fired[0] = 0
             if done():  # a callback fired in another thread's call before the flag was cleared
@@ -461,7 +473,9 @@ class _Readback(_EncodeAhead):
             # answer is not trusted (see wait_idle); done() reads what the fired callbacks recorded
             lib.wgpuDevicePoll(device, 1, null)
             blocking += 1
-        return blocking
+            if not requests.fired[0]:
+                return blocking, True
+        return blocking, False
 
     def _check_waitable(self, action: str) -> None:
         """Raise if the device was destroyed or lost while a request was outstanding (read without the lock: both
