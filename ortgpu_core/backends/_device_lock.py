@@ -25,21 +25,11 @@ class DeviceLock:
         self._lock = threading.RLock()
         self._depth = 0  # guarded by _lock: nesting of the holding thread
         self._deferred: list[Callable[[], object]] = []  # guarded by _lock
-        # Threads inside __enter__ or holding the lock (outermost entries): a hint, not a guard (its updates are
-        # not atomic), read by work that may be skipped when others are queueing for the device.
-        self._entrants = 0
 
     def __enter__(self) -> DeviceLock:
-        self._entrants += 1
         self._lock.acquire()
         self._depth += 1
         return self
-
-    @property
-    def contended(self) -> bool:
-        """Whether another thread is (about to be) waiting for this lock, as far as a racy count can tell: only
-        for choosing whether optional work (encoding ahead) is worth doing while the lock is held."""
-        return self._entrants > self._depth
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -55,7 +45,6 @@ class DeviceLock:
                     self._depth = 1
         finally:
             self._depth -= 1
-            self._entrants -= 1
             self._lock.release()
 
     def defer_if_nested(self, release: Callable[[], object]) -> bool:

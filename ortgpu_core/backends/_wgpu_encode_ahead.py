@@ -164,9 +164,7 @@ class _EncodeAhead(_DeviceBase):
             else commands.encode_submit_with_tail_native(table, tail)
         ):
             return False
-        if ahead and not self._lock.contended:
-            # Encoding ahead happens under the device's lock: worth it while the GPU works and nobody waits for the
-            # lock; with other threads queueing for it, it would only hold them up (the next submit encodes then).
+        if ahead:
             encoded = commands.encode_native(table, tail)
             if encoded:
                 self._ahead[key] = encoded
