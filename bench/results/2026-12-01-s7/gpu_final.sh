@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 session 7, final figures: profiling with per-step detail on every 10th replay (the others timed whole, two
+# H200 session 7, final figures (run at the commit after 6c0c075 that removed the encode-ahead skip): profiling with per-step detail on every 10th replay (the others timed whole, two
 # timestamps) - `python -m bench --model mlp16 --profile-overhead`, twice; the captured mlp16 threads bench twice
 # (its GPU ceiling now from replays timed whole); the session's new and changed tests on the wgpu backend.
 set -u
