@@ -388,20 +388,27 @@ class SessionRunner:
         with profiler.span("run", "run", {**args, "timing": "host"}):
             profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle, host)
 
-    def profile_replay(self, graph: CapturedGraph, program: DeviceProgram[DeviceBuffer] | None) -> bool:
-        """Called by ``replay()`` (under the graph's lock, after its checks): replay ``graph`` timed into this
-        session's profiling record, and return True; False when profiling is off (the graph submits its recorded
-        list as usual).  The work is the graph's own program on its own buffers: one submission with GPU
-        timestamps where the device has them (nothing waited for, as an unprofiled replay), else split per step
-        and waited for (host timing)."""
+    def profile_replay(
+        self,
+        graph: CapturedGraph,
+        program: DeviceProgram[DeviceBuffer] | None,
+        reads: list[tuple[int, int, Any]] | None = None,
+    ) -> int:
+        """Called by ``replay()`` and ``replay_and_read()`` (under the graph's lock, after its checks): replay
+        ``graph`` timed into this session's profiling record.  Returns 0 when it did not (profiling off, or a
+        replay left out of the sample on the host-timing path: the graph submits its recorded list as usual), 1
+        when it replayed, 2 when it replayed and also made ``reads`` (``(buffer, offset, out)``, as
+        ``submit_and_read`` takes) in the same submission.  The work is the graph's own program on its own buffers:
+        one submission with GPU timestamps where the device has them (nothing waited for unless there are reads,
+        as an unprofiled replay), else split per step and waited for (host timing)."""
         profiler = self.profiler
         if profiler is None or program is None:
-            return False
+            return 0
         detail = profiler.take_detail()
         timer = self._gpu_timer(program)
         if timer is None and not detail:  # host timing, not in the sample: replayed as unprofiled, marked
             profiler.mark(f"replay graph {graph.graph_id}", "replay", {"graph_id": graph.graph_id})
-            return False
+            return 0
         # A captured graph's buffers never change: its buffer maps are made once per profiling record
         cached = profiler.graph_io.get(id(graph))
         if cached is None or cached[0] is not graph:
@@ -416,11 +423,18 @@ class SessionRunner:
         _, inputs, outputs = cached
         name, args = f"replay graph {graph.graph_id}", {"graph_id": graph.graph_id}
         if timer is not None:
-            profiler.run_timed_on_gpu(timer, program, inputs, outputs, self.submit, name, "replay", args, detail)
-            return True
+            if reads is None:
+                submit: Callable[[CommandList], None] = self.submit
+            else:
+
+                def submit(commands: CommandList) -> None:
+                    self.submit_and_read(commands, reads)
+
+            profiler.run_timed_on_gpu(timer, program, inputs, outputs, submit, name, "replay", args, detail)
+            return 1 if reads is None else 2
         with profiler.span(name, "replay", {**args, "timing": "host"}):
             profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle)
-        return True
+        return 1
 
     def _gpu_timer(self, program: DeviceProgram[DeviceBuffer]) -> GpuStepTimer | None:
         """``program``'s GPU step timer (made on first use, released with the program), or None where its runs

@@ -302,19 +302,6 @@ cdef class CapturedGraph:
             self._owner.check_open("replay a captured graph")
             if self._guard is not None:
                 self._guard()
-            try:
-                profiled = getattr(self._owner, "profiler", None) is not None and self._owner.profile_replay(
-                    self, self._program
-                )
-            except DeviceError as error:
-                self._fail(error)
-                raise
-            if profiled:
-                self.replays += 1
-                arrays = self._binding.copy_outputs_to_cpu()
-                if self._program is not None:
-                    self._program.raise_data_errors()
-                return arrays
             for item in self._binding.get_outputs():  # device values: capture refuses host-bound outputs
                 value = <OrtValue>item
                 value._check_usable("read the value")
@@ -322,6 +309,22 @@ cdef class CapturedGraph:
                 arrays.append(array)
                 if value._nbytes:
                     reads.append((value._buffer.handle, 0, array.reshape(-1).view(np.uint8)))
+            # Profiling on: the owner replays the graph's program timed, and reads the outputs in the same
+            # submission (2) or not (1: host timing, read here after)
+            try:
+                profiled = 0 if getattr(self._owner, "profiler", None) is None else self._owner.profile_replay(
+                    self, self._program, reads
+                )
+            except DeviceError as error:
+                self._fail(error)
+                raise
+            if profiled:
+                self.replays += 1
+                if profiled == 1:
+                    arrays = self._binding.copy_outputs_to_cpu()
+                if self._program is not None:
+                    self._program.raise_data_errors()
+                return arrays
             try:
                 self._owner.submit_and_read(self._commands, reads)
             except DeviceError as error:

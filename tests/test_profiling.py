@@ -644,3 +644,39 @@ def test_detail_every_below_one_is_refused(env: Env, bad: int) -> None:
 def test_detail_every_of_the_wrong_type_is_refused(env: Env, bad: object) -> None:
     with pytest.raises(ArgumentTypeError, match="profile_detail_every must be an int"):
         InferenceSession(MODEL, env=env, profile_detail_every=bad)  # type: ignore[arg-type]
+
+
+def test_a_profiled_replay_and_read_is_one_submission(env: Env, tmp_path: Path) -> None:
+    """With GPU timestamps a profiled replay_and_read submits the timed work and its output copies together (one
+    submission, one wait), as an unprofiled one does; the results are right either way."""
+    with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "one")) as sess:
+        x_value = sess.allocator.from_numpy(image())
+        binding = sess.io_binding()
+        binding.bind_input("X", x_value)
+        binding.bind_output("Y", sess.allocator.empty((BATCH, WIDTH), "float32"))
+        graph = sess.capture(binding, 0)
+        runner = sess._runner
+        calls: list[str] = []
+        submit, submit_and_read = runner.submit, runner.submit_and_read
+
+        def counting_submit(commands: Any) -> None:
+            calls.append("submit")
+            submit(commands)
+
+        def counting_submit_and_read(commands: Any, reads: Any) -> None:
+            calls.append(f"submit_and_read({len(reads)})")
+            submit_and_read(commands, reads)
+
+        runner.submit = counting_submit  # type: ignore[method-assign]
+        runner.submit_and_read = counting_submit_and_read  # type: ignore[method-assign]
+        try:
+            with sess.profiling() as record:
+                for _ in range(3):  # the first timed per step, the others whole
+                    x = image()
+                    x_value.update_inplace(x)
+                    assert_reference(graph.replay_and_read()[0], x)
+            assert calls == ["submit_and_read(1)"] * 3
+            assert record.path is not None and len(complete(load(record.path), "replay")) == 3
+        finally:
+            runner.submit, runner.submit_and_read = submit, submit_and_read  # type: ignore[method-assign]
+            graph.release()
