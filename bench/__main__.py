@@ -529,13 +529,18 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                 )
             )
 
+    _write_report(args, report)
+    if args.plot and results:
+        _plot(results, args.plot)
+    return 0
+
+
+def _write_report(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """Write ``report`` as JSON to ``--json``, when given."""
     if args.json_path:
         with open(args.json_path, "w") as handle:
             json.dump(report, handle, indent=1)
         print(f"wrote {args.json_path}")
-    if args.plot and results:
-        _plot(results, args.plot)
-    return 0
 
 
 def _run_threads(
@@ -578,10 +583,7 @@ def _run_threads(
         "scaling": scaling(results),
         "gpu_ceiling": ceiling,
     }
-    if args.json_path:
-        with open(args.json_path, "w") as handle:
-            json.dump(report, handle, indent=1)
-        print(f"wrote {args.json_path}")
+    _write_report(args, report)
     return 0
 
 
@@ -603,10 +605,7 @@ def _run_profile_overhead(
         raise SystemExit(f"--profile-overhead needs a captured model: {error}") from error
     print_profile_overhead(result)
     report["profile_overhead"] = result
-    if args.json_path:
-        with open(args.json_path, "w") as handle:
-            json.dump(report, handle, indent=1)
-        print(f"wrote {args.json_path}")
+    _write_report(args, report)
     return 0
 
 

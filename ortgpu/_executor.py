@@ -503,13 +503,9 @@ class DeviceProgram(Generic[_Buffer]):
             self._record_copies(commands, step_index, inputs, outputs)
         return g
 
-    def record(self, inputs: _BufferMap, outputs: _BufferMap) -> CommandList:
-        """Every dispatch and copy of a fully-on-device plan, for these input/output buffers.
-
-        Bind groups are cached by buffer identity: recording again with the
-        same buffers creates nothing.  Raises :class:`ModelError` when the
-        plan has CPU nodes (``plan.cpu_nodes``); use :meth:`run` for those.
-        """
+    def _start_list(self, inputs: _BufferMap, outputs: _BufferMap) -> tuple[list[int], CommandList]:
+        """The bind groups for these buffers and a new list holding what precedes the steps (the status clear and
+        the input copies), for a fully-on-device plan; :class:`ModelError` when the plan has CPU nodes."""
         self._check_io(inputs, outputs)
         if not self.plan.capturable:
             raise ModelError(
@@ -520,6 +516,16 @@ class DeviceProgram(Generic[_Buffer]):
         commands = CommandList()
         self._record_status_clear(commands)
         self._record_copies(commands, -1, inputs, outputs)
+        return groups, commands
+
+    def record(self, inputs: _BufferMap, outputs: _BufferMap) -> CommandList:
+        """Every dispatch and copy of a fully-on-device plan, for these input/output buffers.
+
+        Bind groups are cached by buffer identity: recording again with the
+        same buffers creates nothing.  Raises :class:`ModelError` when the
+        plan has CPU nodes (``plan.cpu_nodes``); use :meth:`run` for those.
+        """
+        groups, commands = self._start_list(inputs, outputs)
         self._record_steps(commands, 0, len(self.plan.steps), groups, 0, inputs, outputs)
         if EARLY_SUBMIT_DISPATCHES and commands.dispatch_count >= 2 * EARLY_SUBMIT_DISPATCHES:
             commands.early_submit = EARLY_SUBMIT_DISPATCHES
@@ -535,16 +541,7 @@ class DeviceProgram(Generic[_Buffer]):
         last, nothing between.
         Also returns the cached bind-group list the records use: while :meth:`bind_groups_token` returns the same
         object for these buffers, the list stays valid (for callers that keep it)."""
-        self._check_io(inputs, outputs)
-        if not self.plan.capturable:
-            raise ModelError(
-                f"the plan runs nodes on the CPU ({', '.join(self.plan.cpu_nodes)}); it cannot be recorded into one "
-                "timed command list"
-            )
-        groups = self._bind_groups_for(inputs, outputs)
-        commands = CommandList()
-        self._record_status_clear(commands)
-        self._record_copies(commands, -1, inputs, outputs)
+        groups, commands = self._start_list(inputs, outputs)
         g = 0
         if not per_step:
             commands.add_timestamp(query_set, 0)
