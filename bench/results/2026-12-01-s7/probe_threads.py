@@ -96,7 +96,12 @@ def measure(device: Any, pipeline: int, op: str, k: int, n: int) -> dict[str, An
 
 def main() -> None:
     results: list[dict[str, Any]] = []
-    variants: dict[str, dict[str, Any]] = {"default": {}, "spin0": {"spin_wait_us": 0.0}, "no_ahead": {"encode_ahead": False}, "switch100us": {}}
+    variants: dict[str, dict[str, Any]] = {
+        "default": {},
+        "spin0": {"spin_wait_us": 0.0},
+        "no_ahead": {"encode_ahead": False},
+        "switch100us": {},
+    }
     for name, kwargs in variants.items():
         sys.setswitchinterval(1e-4 if name == "switch100us" else 0.005)
         backend = WgpuBackend(**kwargs)
