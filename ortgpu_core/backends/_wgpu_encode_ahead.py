@@ -28,6 +28,23 @@ from ._wgpu_device_base import _DeviceBase
 # copies into the staging buffer); () for none.
 _TailKey = tuple[tuple[Any, ...], ...]
 
+
+class _AheadJob:
+    """The encoding of a frozen list's next command buffer, made after its submit *outside* the device's lock
+    (:meth:`_EncodeAhead._encode_ahead`).  ``state``: "pending" (made under the lock), "encoding", "done";
+    ``cancelled`` once a release took away a handle it names (or the staging buffer its tail copies into)."""
+
+    __slots__ = ("commands", "tail", "key", "state", "cancelled", "thread")
+
+    def __init__(self, commands: CommandList, tail: CommandList | None, key: tuple[int, _TailKey]) -> None:
+        self.commands = commands
+        self.tail = tail
+        self.key = key
+        self.state = "pending"
+        self.cancelled = False
+        self.thread = 0
+
+
 # wgpu-native 29's command buffer object (the address a WGPUCommandBuffer holds is Rust's Arc data pointer):
 # {context: Arc<Global>, id: CommandBufferId, open: AtomicBool}, with the Arc's strong and weak counts in the 16
 # bytes before it.  Its wgpuQueueSubmit sets `open` (byte 16) and its release drops the command buffer from
@@ -56,6 +73,10 @@ class _EncodeAhead(_DeviceBase):
         # the staging buffer being replaced (tails copy into it) or the device being destroyed releases it.
         self._ahead: dict[tuple[int, _TailKey], int] = {}
         self.encode_ahead = encode_ahead
+        # Encodings ahead made outside the device's lock, not finished yet; `_jobs_changed` (its own lock) guards
+        # their states and wakes a release waiting for one to finish.
+        self._jobs: set[_AheadJob] = set()
+        self._jobs_changed = threading.Condition(threading.Lock())
 
     def _check_submitted_flag(self) -> None:
         """Give the native table the offset of the "submitted" flag (probed once per process); where it is
@@ -109,8 +130,12 @@ class _EncodeAhead(_DeviceBase):
         return _SUBMITTED_FLAG_OFFSET if expected else -1
 
     def _forget_validation(self, handle: int) -> None:
+        """A handle is being released: forget the lists that use it, and what was encoded ahead (or is being
+        encoded) with a tail copying from or into it."""
         for list_id in self._validated_by_handle.pop(handle, ()):
             self._forget_list(list_id)
+        if self._ahead or self._jobs:
+            self._release_ahead(lambda key: any(r[0] == "copy" and handle in (r[1], r[3]) for r in key[1]))
 
     def _validated_once(self, commands: CommandList) -> bool:
         entry = self._validated.get(id(commands))
@@ -138,12 +163,14 @@ class _EncodeAhead(_DeviceBase):
             if commands.frozen:
                 self._remember_validation(commands)
 
-    def _encode_and_submit(self, commands: CommandList, tail: CommandList | None) -> bool:
-        """Submit ``commands`` then ``tail`` as one submission; False when wgpu-native could not encode them.
+    def _encode_and_submit(self, commands: CommandList, tail: CommandList | None) -> tuple[bool, _AheadJob | None]:
+        """(Under the lock.)  Submit ``commands`` then ``tail`` as one submission; False when wgpu-native could not
+        encode them.
 
         A validated frozen list (a captured graph's) is submitted from the command buffer encoded ahead for it
-        (and this tail), when there is one; either way, with :attr:`encode_ahead` on, its next command buffer is
-        encoded right after this submit, while the GPU works.  The work and its order are the same as encoding
+        (and this tail), when there is one; either way, with :attr:`encode_ahead` on, the job of encoding its next
+        command buffer is returned, for the caller to run with :meth:`_encode_ahead` once it has left the lock
+        (while the GPU works and other threads use the device).  The work and its order are the same as encoding
         now: a command buffer names buffers, and reads their contents when it runs in the queue.
         """
         table = self._native_table
@@ -163,16 +190,66 @@ class _EncodeAhead(_DeviceBase):
             if tail is None
             else commands.encode_submit_with_tail_native(table, tail)
         ):
-            return False
-        if ahead:
-            encoded = commands.encode_native(table, tail)
-            if encoded:
-                self._ahead[key] = encoded
-        return True
+            return False, None
+        if not ahead:
+            return True, None
+        job = _AheadJob(commands, tail, key)
+        with self._jobs_changed:
+            self._jobs.add(job)
+        return True, job
+
+    def _encode_ahead(self, job: _AheadJob | None) -> None:
+        """(Outside the lock.)  Encode ``job``'s command buffer and keep it for the list's next submit, unless a
+        release cancelled the job first (the handles it names may be gone): a release waits for a job another
+        thread is encoding, and cancels the others, under the device's lock (:meth:`_release_ahead`)."""
+        if job is None:
+            return
+        with self._jobs_changed:
+            if job.cancelled:
+                self._jobs.discard(job)
+                return
+            job.state = "encoding"
+            job.thread = threading.get_ident()
+        encoded = 0
+        try:
+            encoded = job.commands.encode_native(self._native_table, job.tail)  # C, the GIL released
+        finally:
+            with self._jobs_changed:
+                job.state = "done"
+                self._jobs.discard(job)
+                self._jobs_changed.notify_all()
+        if not encoded:
+            return  # nothing encoded (an error wgpu-native reported: the next submit encodes again)
+        with self._lock:
+            if job.cancelled or self._device is None or job.key in self._ahead:
+                self._native_table.release_encoded(encoded)
+            else:
+                self._ahead[job.key] = encoded
+
+    def _cancel_job(self, job: _AheadJob | None) -> None:
+        """Drop a job that will not be run (its submit raised)."""
+        if job is not None:
+            with self._jobs_changed:
+                job.cancelled = True
+                self._jobs.discard(job)
+
+    def _cancel_jobs(self, which: Callable[[tuple[int, _TailKey]], bool]) -> None:
+        """(Under the lock.)  Cancel the encodings ahead that ``which`` selects, and wait for those that another
+        thread is encoding now (this thread's own are not encoding while it runs this)."""
+        me = threading.get_ident()
+        with self._jobs_changed:
+            for job in self._jobs:
+                if which(job.key):
+                    job.cancelled = True
+            while any(j.cancelled and j.state == "encoding" and j.thread != me for j in self._jobs):
+                self._jobs_changed.wait()
 
     def _release_ahead(self, which: Callable[[tuple[int, _TailKey]], bool]) -> None:
         """Release the command buffers encoded ahead whose (list id, tail key) ``which`` selects.  Each entry is
-        popped before it is released, so a list's weak-reference callback racing this releases nothing twice."""
+        popped before it is released, so a list's weak-reference callback racing this releases nothing twice.
+        Encodings ahead in progress that it selects are cancelled first (waited for if another thread runs one)."""
+        if self._jobs:
+            self._cancel_jobs(which)
         for key in [key for key in list(self._ahead) if which(key)]:
             command_buffer = self._ahead.pop(key, 0)
             if command_buffer:
@@ -187,5 +264,5 @@ class _EncodeAhead(_DeviceBase):
     def _forget_list(self, list_id: int) -> None:
         """A validated frozen list died: forget its validation and release what was encoded ahead for it."""
         self._validated.pop(list_id, None)
-        if self._ahead and self._device is not None:
+        if (self._ahead or self._jobs) and self._device is not None:
             self._release_ahead(lambda key: key[0] == list_id)

@@ -313,6 +313,7 @@ class _Readback(_EncodeAhead):
             self._validate_for_submit(commands)
             total = sum(padded for _, _, padded, _ in regions)
             staging = self._take_staging(max(total, BUFFER_ALIGNMENT))
+            job = None
             try:
                 tail = CommandList()
                 cursor = 0
@@ -320,17 +321,26 @@ class _Readback(_EncodeAhead):
                     if padded:
                         tail.add_copy(buffer, offset, staging.address, cursor, padded)
                     cursor += padded
-                submitted = self._encode_and_submit(commands, tail)
-                self._raise_pending(action)
-                if not submitted:
-                    raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+                submitted, job = self._encode_and_submit(commands, tail)
+                try:
+                    self._raise_pending(action)
+                    if not submitted:
+                        raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+                except BaseException:
+                    self._cancel_job(job)
+                    raise
                 if total == 0:
                     self._give_back_staging(staging)
-                    return
-                token = self._request_map(staging, total, action)
+                    token = 0
+                else:
+                    token = self._request_map(staging, total, action)
             except BaseException:
+                self._cancel_job(job)
                 self._give_back_staging(staging)
                 raise
+        self._encode_ahead(job)  # the next replay's command buffer, encoded while this one runs
+        if total == 0:
+            return
         targets = [self._ffi.from_buffer(view, require_writable=True) for _, _, _, view in regions]  # kept alive
         copies: list[tuple[int, int, int]] = []
         at = 0

@@ -470,21 +470,28 @@ class WgpuDevice(_Timestamps):
         self._check_open()
         return self._native_table
 
-    @_serialized
     def submit(self, commands: CommandList) -> None:
         """Validate, then encode ``commands`` in order and submit them as one command buffer.
 
         Encoding runs in C with the GIL released.  A frozen list (a captured
         graph's) is validated on its first submit only, until one of the
-        handles it uses is released: replay pays no per-record Python work.
+        handles it uses is released: replay pays no per-record Python work;
+        its next command buffer is encoded after the submit, outside the
+        device's lock (see ``_EncodeAhead``).
         """
-        self._check_open()
-        self._validate_for_submit(commands)
-        submitted = self._encode_and_submit(commands, None)
-        action = f"submit ({len(commands)} commands)"
-        self._raise_pending(action)
-        if not submitted:
-            raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+        with self._lock:
+            self._check_open()
+            self._validate_for_submit(commands)
+            submitted, job = self._encode_and_submit(commands, None)
+            action = f"submit ({len(commands)} commands)"
+            try:
+                self._raise_pending(action)
+                if not submitted:
+                    raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+            except BaseException:
+                self._cancel_job(job)
+                raise
+        self._encode_ahead(job)
 
     # -- lifetime -------------------------------------------------------------------------
     def live_handles(self) -> int:

@@ -1,0 +1,127 @@
+"""Encoding ahead outside the device's lock (issue 15), on wgpu-native (lavapipe).
+
+After a frozen list's submit, its next command buffer is encoded with the device's lock released; a release of a
+handle the list names (or of the buffer its read tail copies into or from) cancels that encoding, or waits for it
+when another thread is running it, so wgpu-native never encodes with a freed object.  Here one thread keeps
+submitting (and submit_and_read-ing) lists while another releases their bind groups and buffers under them: every
+submit either computes the right result or is refused with a ValidationError naming the released handle; nothing
+crashes, and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from ortgpu_core._errors import ValidationError
+from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends.protocol import BindingEntry
+from ortgpu_core.backends.wgpu_native import WgpuBackend, WgpuDevice
+
+pytestmark = pytest.mark.wgpu_only
+
+SCALE_KERNEL = """
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < arrayLength(&y)) {
+        y[i] = x[i] * 2.0 + 1.0;
+    }
+}
+"""
+COUNT = 256
+
+
+@pytest.fixture(scope="module")
+def device() -> Iterator[WgpuDevice]:
+    backend = WgpuBackend()
+    opened = backend.open_device(backend.default_adapter_index())
+    yield opened
+    opened.destroy()
+    backend.close()
+
+
+def test_releases_racing_encodes_ahead(device: WgpuDevice) -> None:
+    pipeline = device.create_compute_pipeline(SCALE_KERNEL, label="scale")
+    before = device.live_handles()
+    handoff: list[tuple[int, int, int, CommandList] | None] = []
+    started = threading.Event()  # the submitter's first submit of the current lists succeeded
+    ready = threading.Condition()
+    failures: list[BaseException] = []
+    outcomes = {"computed": 0, "refused": 0}
+    rounds = 40
+
+    def submitter() -> None:
+        try:
+            for _ in range(rounds):
+                with ready:
+                    ready.wait_for(lambda: bool(handoff), timeout=30)
+                    item = handoff.pop(0)
+                if item is None:
+                    return
+                started.clear()
+                x, y, _, commands = item
+                data = np.arange(COUNT, dtype=np.float32)
+                for step in range(6):
+                    try:
+                        if step % 2:
+                            out = np.empty(COUNT, np.float32)
+                            device.submit_and_read(commands, [(y, 0, out)])
+                            np.testing.assert_array_equal(out, data * 2 + 1)
+                        else:
+                            device.submit(commands)
+                        outcomes["computed"] += 1
+                        started.set()
+                    except ValidationError as error:  # released under it by the other thread: refused
+                        assert "not a live" in str(error) or "released" in str(error), error
+                        outcomes["refused"] += 1
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            failures.append(error)
+
+    thread = threading.Thread(target=submitter)
+    thread.start()
+    try:
+        for index in range(rounds):
+            x = device.create_buffer(4 * COUNT)
+            y = device.create_buffer(4 * COUNT)
+            device.write_buffer(x, 0, np.arange(COUNT, dtype=np.float32).tobytes())
+            group = device.create_bind_group(
+                pipeline, [BindingEntry(0, x, 0, 4 * COUNT), BindingEntry(1, y, 0, 4 * COUNT)]
+            )
+            commands = CommandList()
+            commands.add_dispatch(pipeline, group, COUNT // 64)
+            commands.freeze()
+            with ready:
+                handoff.append((x, y, group, commands))
+                ready.notify_all()
+            # release under the submitter once it is replaying (its encodes ahead in flight): the bind group first,
+            # or a buffer it binds first (every other round)
+            assert started.wait(30)
+            started.clear()
+            if index % 2:
+                device.release_bind_group(group)
+                device.destroy_buffer(x)
+                device.destroy_buffer(y)
+            else:
+                device.destroy_buffer(y)
+                device.release_bind_group(group)
+                device.destroy_buffer(x)
+            del commands
+    finally:
+        with ready:
+            handoff.append(None)
+            ready.notify_all()
+        thread.join(120)
+    assert not thread.is_alive(), "the submitter hung"
+    assert not failures, failures[:3]
+    assert outcomes["computed"] >= rounds and outcomes["refused"] > 0, outcomes
+    device.wait_idle()
+    assert not device._jobs  # every encoding ahead finished or was cancelled
+    device.release_pipeline(pipeline)
+    assert device.live_handles() == before - 1
