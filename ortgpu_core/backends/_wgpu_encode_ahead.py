@@ -4,14 +4,20 @@ command buffer encoded ahead for its next submit.
 A frozen list is validated on its first submit only; the validation is forgotten when one of the handles it
 uses is released or the list dies.  With ``encode_ahead`` on (``WgpuDevice``'s docstring says more), each submit
 of a validated frozen list encodes the list's next command buffer right after it, so the next replay only
-submits.  Such a command buffer may be released unsubmitted, which wgpu-native 29 frees only when its
+submits.  That encoding (tens of microseconds for a model's list) runs *outside* the device's lock, so other
+threads submit meanwhile: the submit returns an :class:`_AheadJob`, which the caller runs once it has left the
+lock (:meth:`_EncodeAhead._encode_ahead`); a release of a handle the job's list names, or of a buffer its read
+tail copies from or into, cancels it under the lock, or waits for it if another thread is encoding it
+(:meth:`_EncodeAhead._cancel_jobs`), so wgpu-native never encodes with a freed object.  Errors wgpu-native reports
+while encoding ahead (none for a validated list on a live device) go to the device's error sink like any other.  Such a command buffer may be released unsubmitted, which wgpu-native 29 frees only when its
 "submitted" flag is set first: the flag's offset is probed once per process (:meth:`_EncodeAhead._probe_submitted_flag`),
 and where the probe fails ``encode_ahead`` starts off.
 
 Ownership: :class:`_EncodeAhead` is a layer of ``WgpuDevice`` (after ``_DeviceBase``, whose docstring describes
 the layers).  It owns ``_validated``, ``_validated_by_handle``, ``_ahead`` and ``encode_ahead``, read and changed
 under the device's lock: a list's weak-reference callback (any thread, maybe during one of the device's own
-calls) takes the lock, and defers its work to the end of that call when it fires inside one.  The probed offset
+calls) takes the lock, and defers its work to the end of that call when it fires inside one.  The jobs encoding
+ahead (``_jobs``, their ``state`` and ``cancelled``) are guarded by their own condition, ``_jobs_changed``.  The probed offset
 is per process: ``_submitted_flag``, guarded by ``_submitted_flag_lock``.
 """
 
