@@ -37,8 +37,9 @@ _TailKey = tuple[tuple[Any, ...], ...]
 
 class _AheadJob:
     """The encoding of a frozen list's next command buffer, made after its submit *outside* the device's lock
-    (:meth:`_EncodeAhead._encode_ahead`).  ``state``: "pending" (made under the lock), "encoding", "done";
-    ``cancelled`` once a release took away a handle it names (or the staging buffer its tail copies into)."""
+    (:meth:`_EncodeAhead._encode_ahead`).  ``state``: "pending" (made under the lock), "encoding", "encoded" (until
+    it is kept or released, under the lock again: only then does it leave the device's ``_jobs``); ``cancelled``
+    once a release took away a handle it names (or a buffer its tail copies from or into)."""
 
     __slots__ = ("commands", "tail", "key", "state", "cancelled", "thread")
 
@@ -221,16 +222,18 @@ class _EncodeAhead(_DeviceBase):
             encoded = job.commands.encode_native(self._native_table, job.tail)  # C, the GIL released
         finally:
             with self._jobs_changed:
-                job.state = "done"
-                self._jobs.discard(job)
+                job.state = "encoded"  # still in _jobs: a release until it is kept below cancels it
                 self._jobs_changed.notify_all()
-        if not encoded:
-            return  # nothing encoded (an error wgpu-native reported: the next submit encodes again)
-        with self._lock:
-            if job.cancelled or self._device is None or job.key in self._ahead:
-                self._native_table.release_encoded(encoded)
-            else:
-                self._ahead[job.key] = encoded
+        try:
+            if encoded:  # (0: an error wgpu-native reported: the next submit encodes again)
+                with self._lock:
+                    if job.cancelled or self._device is None or job.key in self._ahead:
+                        self._native_table.release_encoded(encoded)
+                    else:
+                        self._ahead[job.key] = encoded
+        finally:
+            with self._jobs_changed:
+                self._jobs.discard(job)
 
     def _cancel_job(self, job: _AheadJob | None) -> None:
         """Drop a job that will not be run (its submit raised)."""
