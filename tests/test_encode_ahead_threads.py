@@ -36,6 +36,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 """
 COUNT = 256
+TRIPLE_KERNEL = SCALE_KERNEL.replace("x[i] * 2.0 + 1.0", "x[i] * 3.0")
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +126,48 @@ def test_releases_racing_encodes_ahead(device: WgpuDevice) -> None:
     assert not device._jobs  # every encoding ahead finished or was cancelled
     device.release_pipeline(pipeline)
     assert device.live_handles() == before - 1
+
+
+def test_a_buffer_encoded_for_a_dead_list_is_never_submitted_for_a_new_one(device: WgpuDevice) -> None:
+    """Command buffers encoded ahead are found by list id, and ids are reused once a list dies: a buffer left
+    under an id whose list is gone is released, not submitted for the new list (which encodes its own)."""
+    pipeline = device.create_compute_pipeline(SCALE_KERNEL, label="scale")
+    triple = device.create_compute_pipeline(TRIPLE_KERNEL, label="triple")
+    x = device.create_buffer(4 * COUNT)
+    y = device.create_buffer(4 * COUNT)
+    entries = [BindingEntry(0, x, 0, 4 * COUNT), BindingEntry(1, y, 0, 4 * COUNT)]
+    group = device.create_bind_group(pipeline, entries)
+    triple_group = device.create_bind_group(triple, entries)
+    try:
+        data = np.arange(COUNT, dtype=np.float32)
+        device.write_buffer(x, 0, data.tobytes())
+        first = CommandList()
+        first.add_dispatch(pipeline, group, COUNT // 64)
+        first.freeze()
+        device.submit(first)  # validated, its next command buffer encoded ahead
+        (key,) = [k for k in device._ahead if k[0] == id(first)]
+        second = CommandList()  # other work: y = 3x (the planted buffer would compute 2x + 1)
+        second.add_dispatch(triple, triple_group, COUNT // 64)
+        second.freeze()
+        # make the entry look as if `second` had reused `first`'s id (the release that should have dropped it
+        # missed): its owner is `first`, not `second`
+        device._ahead[(id(second), key[1])] = device._ahead.pop(key)
+        device._ahead_lists[(id(second), key[1])] = device._ahead_lists.pop(key)
+        device._remember_validation(second)
+        before = device.live_handles()
+        out = np.empty(COUNT, np.float32)
+        device.submit_and_read(second, [(y, 0, out)])  # a different tail: nothing popped yet
+        np.testing.assert_array_equal(out, data * 3)
+        device.write_buffer(y, 0, bytes(4 * COUNT))
+        device.submit(second)  # pops the planted entry: released, not submitted; encoded afresh
+        assert device.live_handles() == before + 1  # the planted one gone, the two keys of `second` encoded
+        device.wait_idle()
+        np.testing.assert_array_equal(np.frombuffer(device.read_buffer(y, 0, 4 * COUNT), np.float32), data * 3)
+        del first, second
+    finally:
+        device.release_bind_group(group)
+        device.release_bind_group(triple_group)
+        device.destroy_buffer(x)
+        device.destroy_buffer(y)
+        device.release_pipeline(pipeline)
+        device.release_pipeline(triple)

@@ -79,6 +79,9 @@ class _EncodeAhead(_DeviceBase):
         # An entry lives only as long as the list's validation: releasing a handle the list uses, the list dying,
         # the staging buffer being replaced (tails copy into it) or the device being destroyed releases it.
         self._ahead: dict[tuple[int, _TailKey], int] = {}
+        # The list each of those was encoded for: a list id can be reused once its list died, and a buffer encoded
+        # for another list must never be submitted (the releases above should already have dropped it).
+        self._ahead_lists: dict[tuple[int, _TailKey], weakref.ref[CommandList]] = {}
         self.encode_ahead = encode_ahead
         # Encodings ahead made outside the device's lock, not finished yet; `_jobs_changed` (its own lock) guards
         # their states and wakes a release waiting for one to finish.
@@ -189,6 +192,10 @@ class _EncodeAhead(_DeviceBase):
         if ahead:
             key = (list_id, () if tail is None else tuple(tail.records()))
             ready = self._ahead.pop(key, 0)
+            owner = self._ahead_lists.pop(key, None)
+            if ready and (owner is None or owner() is not commands):  # encoded for a dead list of the same id
+                table.release_encoded(ready)
+                ready = 0
         if ready:
             self._check_not_lost("submit")  # submitted on a lost device, it would abort the process
             table.submit_encoded(ready)
@@ -231,6 +238,7 @@ class _EncodeAhead(_DeviceBase):
                         self._native_table.release_encoded(encoded)
                     else:
                         self._ahead[job.key] = encoded
+                        self._ahead_lists[job.key] = weakref.ref(job.commands)
         finally:
             with self._jobs_changed:
                 self._jobs.discard(job)
@@ -260,6 +268,7 @@ class _EncodeAhead(_DeviceBase):
         if self._jobs:
             self._cancel_jobs(which)
         for key in [key for key in list(self._ahead) if which(key)]:
+            self._ahead_lists.pop(key, None)
             command_buffer = self._ahead.pop(key, 0)
             if command_buffer:
                 self._native_table.release_encoded(command_buffer)
