@@ -66,6 +66,14 @@ def padded_bytes(array: np.ndarray) -> bytes:
     return bytes(padded_payload(np.asarray(array)))
 
 
+def _with_early_submit(commands: CommandList) -> CommandList:
+    """``commands`` with its first dispatches submitted early when it has enough of them (see
+    :data:`EARLY_SUBMIT_DISPATCHES`)."""
+    if EARLY_SUBMIT_DISPATCHES and commands.dispatch_count >= 2 * EARLY_SUBMIT_DISPATCHES:
+        commands.early_submit = EARLY_SUBMIT_DISPATCHES
+    return commands
+
+
 class _Releasable(Protocol):
     def release(self) -> None: ...
 
@@ -527,9 +535,7 @@ class DeviceProgram(Generic[_Buffer]):
         """
         groups, commands = self._start_list(inputs, outputs)
         self._record_steps(commands, 0, len(self.plan.steps), groups, 0, inputs, outputs)
-        if EARLY_SUBMIT_DISPATCHES and commands.dispatch_count >= 2 * EARLY_SUBMIT_DISPATCHES:
-            commands.early_submit = EARLY_SUBMIT_DISPATCHES
-        return commands
+        return _with_early_submit(commands)
 
     def record_timed(
         self, inputs: _BufferMap, outputs: _BufferMap, query_set: int, per_step: bool = True
@@ -542,19 +548,18 @@ class DeviceProgram(Generic[_Buffer]):
         Also returns the cached bind-group list the records use: while :meth:`bind_groups_token` returns the same
         object for these buffers, the list stays valid (for callers that keep it)."""
         groups, commands = self._start_list(inputs, outputs)
-        g = 0
-        if not per_step:
-            commands.add_timestamp(query_set, 0)
-            self._record_steps(commands, 0, len(self.plan.steps), groups, 0, inputs, outputs)
-            commands.add_timestamp(query_set, 1)
-        for step_index in range(len(self.plan.steps) if per_step else 0):
-            commands.add_timestamp(query_set, step_index)
-            g = self._record_steps(commands, step_index, step_index + 1, groups, g, inputs, outputs)
+        steps = len(self.plan.steps)
         if per_step:
-            commands.add_timestamp(query_set, len(self.plan.steps))
-        if EARLY_SUBMIT_DISPATCHES and commands.dispatch_count >= 2 * EARLY_SUBMIT_DISPATCHES:
-            commands.early_submit = EARLY_SUBMIT_DISPATCHES
-        return commands, groups
+            g = 0
+            for step_index in range(steps):
+                commands.add_timestamp(query_set, step_index)
+                g = self._record_steps(commands, step_index, step_index + 1, groups, g, inputs, outputs)
+            commands.add_timestamp(query_set, steps)
+        else:
+            commands.add_timestamp(query_set, 0)
+            self._record_steps(commands, 0, steps, groups, 0, inputs, outputs)
+            commands.add_timestamp(query_set, 1)
+        return _with_early_submit(commands), groups
 
     def bind_groups_token(self, inputs: _BufferMap, outputs: _BufferMap) -> object:
         """The cached bind-group list these buffers use (made now if there is none): a list recorded for them

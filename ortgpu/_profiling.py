@@ -60,7 +60,7 @@ import numpy as np
 
 from ortgpu_core._errors import ArgumentTypeError, InvalidArgumentError, OrtGpuError
 from ortgpu_core.backends._commands import CommandList
-from ortgpu_core.backends.protocol import QUERY_RESOLVE_ALIGNMENT
+from ortgpu_core.backends.protocol import MAX_QUERIES, QUERY_RESOLVE_ALIGNMENT
 
 from ._plan_types import PlannedStep
 
@@ -106,8 +106,6 @@ def checked_detail_every(value: object) -> int:
 #: Slots of a program's resolve buffer: profiled runs resolve their timestamps into the next free slot, and all
 #: slots are read back together (one wait) once they are used, or when the trace is written.
 RING_SLOTS = 16
-#: Queries one query set may hold (WebGPU).
-_MAX_QUERIES = 4096
 
 _Read = Callable[[int, int, Any], None]
 
@@ -127,7 +125,7 @@ def gpu_timing_possible(device: Any, plan: Any) -> bool:
     return (
         bool(getattr(device, "timestamps_supported", False))
         and bool(plan.capturable)
-        and len(plan.steps) + 1 <= _MAX_QUERIES
+        and len(plan.steps) + 1 <= MAX_QUERIES
     )
 
 
@@ -284,10 +282,8 @@ class GpuStepTimer:
             tid=entry.tid,
             thread_name=entry.thread_name,
         )
-        if not entry.detail:
-            profiler._note_timing("gpu")
-            return
-        for index, step in enumerate(self._steps):
+        profiler._note_timing("gpu")
+        for index, step in enumerate(self._steps if entry.detail else ()):
             profiler.add(
                 step.name,
                 step.op_type,
@@ -297,7 +293,6 @@ class GpuStepTimer:
                 tid=entry.tid,
                 thread_name=entry.thread_name,
             )
-        profiler._note_timing("gpu")
 
     def release(self) -> None:
         """Called when the program is released: free the query set and the resolve buffer, or, when runs are

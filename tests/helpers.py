@@ -18,7 +18,21 @@ from ortgpu._planner import ExecutionPlan, plan_model
 from ortgpu.ops._runner import padded_size
 from ortgpu_core.backends.protocol import BackendDevice
 
-__all__ = ["RawBuffer", "run_model"]
+__all__ = ["RawBuffer", "run_model", "SCALE_KERNEL"]
+
+#: A WGSL kernel for raw-device tests: y = 2x + 1 over binding 1's length (x at binding 0).
+SCALE_KERNEL = """
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i < arrayLength(&y)) {
+        y[i] = x[i] * 2.0 + 1.0;
+    }
+}
+"""
 
 _raw_generations = itertools.count(1)
 

@@ -15,6 +15,7 @@ from typing import Iterator
 
 import numpy as np
 import pytest
+from helpers import SCALE_KERNEL
 
 from ortgpu_core._errors import ValidationError
 from ortgpu_core.backends._commands import CommandList
@@ -23,18 +24,6 @@ from ortgpu_core.backends.wgpu_native import WgpuBackend, WgpuDevice
 
 pytestmark = pytest.mark.wgpu_only
 
-SCALE_KERNEL = """
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
-
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    if (i < arrayLength(&y)) {
-        y[i] = x[i] * 2.0 + 1.0;
-    }
-}
-"""
 COUNT = 256
 TRIPLE_KERNEL = SCALE_KERNEL.replace("x[i] * 2.0 + 1.0", "x[i] * 3.0")
 

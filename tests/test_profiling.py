@@ -47,6 +47,17 @@ def assert_reference(got: np.ndarray, x: np.ndarray) -> None:
     np.testing.assert_allclose(got, np.asarray(_ORT.run(None, {"X": x})[0]), rtol=1e-5, atol=1e-5)
 
 
+def captured(sess: InferenceSession, x: np.ndarray | None = None) -> tuple[Any, Any, Any, Any]:
+    """Device values for X (``x``, else a random image) and Y bound in a new binding, and the graph captured from
+    it (id 0): ``(x_value, y_value, binding, graph)``."""
+    x_value = sess.allocator.from_numpy(image() if x is None else x)
+    y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
+    binding = sess.io_binding()
+    binding.bind_input("X", x_value)
+    binding.bind_output("Y", y_value)
+    return x_value, y_value, binding, sess.capture(binding, 0)
+
+
 def load(path: str) -> dict[str, Any]:
     with open(path, encoding="utf-8") as handle:
         trace: dict[str, Any] = json.load(handle)
@@ -144,12 +155,7 @@ def test_profiled_replays(env: Env, tmp_path: Path) -> None:
         MODEL, profile_detail_every=1, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "g")
     ) as sess:
         x = image()
-        x_value = sess.allocator.from_numpy(x)
-        y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
-        binding = sess.io_binding()
-        binding.bind_input("X", x_value)
-        binding.bind_output("Y", y_value)
-        graph = sess.capture(binding, 0)
+        x_value, y_value, binding, graph = captured(sess, x)
         try:
             sess.start_profiling()
             y_value.update_inplace(np.zeros((BATCH, WIDTH), np.float32))
@@ -300,12 +306,8 @@ def test_concurrent_profiled_replays_stay_apart(env: Env, tmp_path: Path) -> Non
     errors: list[BaseException] = []
     try:
         for sess in sessions:
-            x_value = sess.allocator.from_numpy(image())
-            y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
-            binding = sess.io_binding()
-            binding.bind_input("X", x_value)
-            binding.bind_output("Y", y_value)
-            graphs.append(sess.capture(binding, 0))
+            x_value, y_value, binding, graph = captured(sess)
+            graphs.append(graph)
             inputs.append(x_value)
             outputs.append(y_value)
             sess.start_profiling()
@@ -371,12 +373,7 @@ def test_gpu_timed_steps_are_positive_and_fit_their_span(env: Env, tmp_path: Pat
     with InferenceSession(
         MODEL, profile_detail_every=1, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "gpu")
     ) as sess:
-        x_value = sess.allocator.from_numpy(image())
-        y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
-        binding = sess.io_binding()
-        binding.bind_input("X", x_value)
-        binding.bind_output("Y", y_value)
-        graph = sess.capture(binding, 0)
+        x_value, y_value, binding, graph = captured(sess)
         try:
             sess.start_profiling()
             for _ in range(runs):
@@ -431,12 +428,7 @@ def test_replays_of_a_graph_released_while_profiling_are_kept(env: Env, tmp_path
     with InferenceSession(
         MODEL, profile_detail_every=1, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "gone")
     ) as sess:
-        x_value = sess.allocator.from_numpy(image())
-        y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
-        binding = sess.io_binding()
-        binding.bind_input("X", x_value)
-        binding.bind_output("Y", y_value)
-        graph = sess.capture(binding, 0)
+        x_value, y_value, binding, graph = captured(sess)
         handles = env.live_handles()
         sess.start_profiling()
         for _ in range(3):
@@ -570,12 +562,7 @@ def test_per_step_detail_on_a_sample_and_the_rest_timed_whole(env: Env, tmp_path
     with InferenceSession(
         MODEL, profile_detail_every=3, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "s")
     ) as sess:
-        x_value = sess.allocator.from_numpy(image())
-        y_value = sess.allocator.empty((BATCH, WIDTH), "float32")
-        binding = sess.io_binding()
-        binding.bind_input("X", x_value)
-        binding.bind_output("Y", y_value)
-        graph = sess.capture(binding, 0)
+        x_value, y_value, binding, graph = captured(sess)
         try:
             with sess.profiling() as record:
                 for _ in range(7):
@@ -602,11 +589,7 @@ def test_a_sampled_out_replay_on_the_host_path_is_marked(tmp_path: Path) -> None
         with InferenceSession(
             MODEL, profile_detail_every=2, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "m")
         ) as sess:
-            x_value = sess.allocator.from_numpy(image())
-            binding = sess.io_binding()
-            binding.bind_input("X", x_value)
-            binding.bind_output("Y", sess.allocator.empty((BATCH, WIDTH), "float32"))
-            graph = sess.capture(binding, 0)
+            x_value, _, binding, graph = captured(sess)
             try:
                 with sess.profiling() as record:
                     for _ in range(3):
@@ -650,11 +633,7 @@ def test_a_profiled_replay_and_read_is_one_submission(env: Env, tmp_path: Path) 
     """With GPU timestamps a profiled replay_and_read submits the timed work and its output copies together (one
     submission, one wait), as an unprofiled one does; the results are right either way."""
     with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "one")) as sess:
-        x_value = sess.allocator.from_numpy(image())
-        binding = sess.io_binding()
-        binding.bind_input("X", x_value)
-        binding.bind_output("Y", sess.allocator.empty((BATCH, WIDTH), "float32"))
-        graph = sess.capture(binding, 0)
+        x_value, _, binding, graph = captured(sess)
         runner = sess._runner
         calls: list[str] = []
         submit, submit_and_read = runner.submit, runner.submit_and_read

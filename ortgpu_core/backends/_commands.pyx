@@ -268,7 +268,8 @@ cdef class CommandList:
 
     def add_timestamp(self, uintptr_t query_set, uint32_t index):
         """Record writing the GPU's timestamp into query ``index`` of a timestamp ``query_set``, once the work
-        recorded before it is done (on the encoder, between compute passes)."""
+        recorded before it is done (inside the open compute pass where the table allows it, else on the encoder
+        between passes: see ``NativeTable.timestamps_in_passes``)."""
         cdef CommandRecord* record = self._append()
         record.kind = COMMAND_TIMESTAMP
         record.a = query_set

@@ -27,6 +27,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
+from .._errors import DeviceError
 from ._commands import CommandList
 from ._wgpu_device_base import _DeviceBase
 
@@ -173,9 +174,9 @@ class _EncodeAhead(_DeviceBase):
             if commands.frozen:
                 self._remember_validation(commands)
 
-    def _encode_and_submit(self, commands: CommandList, tail: CommandList | None) -> tuple[bool, _AheadJob | None]:
-        """(Under the lock.)  Submit ``commands`` then ``tail`` as one submission; False when wgpu-native could not
-        encode them.
+    def _encode_and_submit(self, commands: CommandList, tail: CommandList | None, action: str) -> _AheadJob | None:
+        """(Under the lock.)  Submit ``commands`` then ``tail`` as one submission; the errors wgpu-native reports
+        are raised (a typed error naming ``action``, or ``DeviceError`` when it could not encode them).
 
         A validated frozen list (a captured graph's) is submitted from the command buffer encoded ahead for it
         (and this tail), when there is one; either way, with :attr:`encode_ahead` on, the job of encoding its next
@@ -199,18 +200,22 @@ class _EncodeAhead(_DeviceBase):
         if ready:
             self._check_not_lost("submit")  # submitted on a lost device, it would abort the process
             table.submit_encoded(ready)
-        elif not (
-            commands.encode_submit_native(table)
-            if tail is None
-            else commands.encode_submit_with_tail_native(table, tail)
-        ):
-            return False, None
+            submitted = True
+        else:
+            submitted = (
+                commands.encode_submit_native(table)
+                if tail is None
+                else commands.encode_submit_with_tail_native(table, tail)
+            )
+        self._raise_pending(action)
+        if not submitted:
+            raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
         if not ahead:
-            return True, None
+            return None
         job = _AheadJob(commands, tail, key)
         with self._jobs_changed:
             self._jobs.add(job)
-        return True, job
+        return job
 
     def _encode_ahead(self, job: _AheadJob | None) -> None:
         """(Outside the lock.)  Encode ``job``'s command buffer and keep it for the list's next submit, unless a

@@ -321,14 +321,7 @@ class _Readback(_EncodeAhead):
                     if padded:
                         tail.add_copy(buffer, offset, staging.address, cursor, padded)
                     cursor += padded
-                submitted, job = self._encode_and_submit(commands, tail)
-                try:
-                    self._raise_pending(action)
-                    if not submitted:
-                        raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
-                except BaseException:
-                    self._cancel_job(job)
-                    raise
+                job = self._encode_and_submit(commands, tail, action)
                 if total == 0:
                     self._give_back_staging(staging)
                     token = 0

@@ -2,8 +2,9 @@
 resolve records before they reach wgpu-native.
 
 A :class:`~ortgpu_core.backends._commands.CommandList` records ``("timestamp", query_set, index)`` (encoded as
-``wgpuCommandEncoderWriteTimestamp`` on the encoder, after ending the open compute pass: wgpu-native's native
-feature ``timestamp-query-inside-encoders``) and ``("resolve", query_set, first, count, destination, offset)``
+``wgpuComputePassEncoderWriteTimestamp`` inside the open compute pass where the device has wgpu-native's
+``timestamp-query-inside-passes``, else as ``wgpuCommandEncoderWriteTimestamp`` on the encoder after ending the
+pass: ``timestamp-query-inside-encoders``) and ``("resolve", query_set, first, count, destination, offset)``
 (``wgpuCommandEncoderResolveQuerySet``: ``count`` uint64 values into a buffer made by
 :meth:`_Timestamps.create_query_resolve_buffer`).  The resolved values are in the GPU's ticks:
 :attr:`_Timestamps.timestamp_period_ns` (``wgpuQueueGetTimestampPeriod``, nanoseconds per tick; 1.0 on lavapipe)
@@ -30,10 +31,7 @@ from ._commands import CommandList
 from ._wgpu_device_base import _Handle, _serialized
 from ._wgpu_ffi import _address, _string_view
 from ._wgpu_readback import _Readback
-from .protocol import QUERY_RESOLVE_ALIGNMENT
-
-#: The most queries one query set may hold (WebGPU's limit).
-MAX_QUERIES = 4096
+from .protocol import MAX_QUERIES, QUERY_RESOLVE_ALIGNMENT
 
 
 class _Timestamps(_Readback):

@@ -87,7 +87,7 @@ from ._fake_execution import _FakeExecution
 from ._fake_faults import FakeFaults, InjectedFault
 from ._fake_oplog import FakeOperation, OperationLog
 from ._fake_wgsl import _COMMENTS, _check_entry_point, _declared_bindings, _writable_aliasing
-from .protocol import AdapterInfo, BindingEntry, DeviceLimits, ForeignKind, KernelTwin
+from .protocol import MAX_QUERIES, AdapterInfo, BindingEntry, DeviceLimits, ForeignKind, KernelTwin
 
 __all__ = [
     "FAKE_VENDOR_ID",
@@ -288,8 +288,8 @@ class FakeDevice(_FakeExecution):
             self._check_usable()
             action = f"query set {label!r}"
             self._check_timestamps(action)
-            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 4096:
-                raise ValidationError(f"{action}: count must be an int in 1..4096, not {count!r}")
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_QUERIES:
+                raise ValidationError(f"{action}: count must be an int in 1..{MAX_QUERIES}, not {count!r}")
             handle = self._new_handle("query set", label)
             self._query_sets[handle] = _QuerySet(handle, label, np.zeros(count, dtype=np.uint64))
             return handle

@@ -50,6 +50,7 @@ __all__ = [
     "CommandList",
     "BUFFER_ALIGNMENT",
     "QUERY_RESOLVE_ALIGNMENT",
+    "MAX_QUERIES",
     "TimestampDevice",
     "host_read_target",
 ]
@@ -58,6 +59,8 @@ __all__ = [
 BUFFER_ALIGNMENT = 4
 #: Offsets of query resolves must be multiples of this (WebGPU).
 QUERY_RESOLVE_ALIGNMENT = 256
+#: The most queries one query set may hold (WebGPU).
+MAX_QUERIES = 4096
 
 
 def host_read_target(out: Any, action: str) -> tuple[memoryview, int]:

@@ -482,15 +482,7 @@ class WgpuDevice(_Timestamps):
         with self._lock:
             self._check_open()
             self._validate_for_submit(commands)
-            submitted, job = self._encode_and_submit(commands, None)
-            action = f"submit ({len(commands)} commands)"
-            try:
-                self._raise_pending(action)
-                if not submitted:
-                    raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
-            except BaseException:
-                self._cancel_job(job)
-                raise
+            job = self._encode_and_submit(commands, None, f"submit ({len(commands)} commands)")
         self._encode_ahead(job)
 
     # -- lifetime -------------------------------------------------------------------------
