@@ -239,8 +239,13 @@ class _DeviceBase:
         return pointer
 
     def _free_buffer(self, pointer: Any) -> None:
-        # void wgpuBufferDestroy(WGPUBuffer buffer); void wgpuBufferRelease(WGPUBuffer buffer)
-        self._lib.wgpuBufferDestroy(pointer)
+        """Drop this device's reference to a buffer: wgpu-native frees it once no submitted work uses it any more.
+        Never ``wgpuBufferDestroy``: on the H200 (wgpu-native 29, Vulkan), a buffer destroyed while a submission
+        that reads it was still running gave that submission wrong data (a copy from it read another buffer's
+        contents: bench/results/2026-12-01-s8/race_probe.py, 2 wrong reads in 10 runs of 40 rounds, with
+        encode-ahead off too).  No later use can reach wgpu-native: the handle left the table before this call,
+        and what was encoded ahead with it was released."""
+        # void wgpuBufferRelease(WGPUBuffer buffer)
         self._lib.wgpuBufferRelease(pointer)
 
     def validate_commands(self, commands: CommandList) -> None:
