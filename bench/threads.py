@@ -12,6 +12,10 @@ for a fixed number of iterations or, with ``seconds``, until a common deadline. 
 (steps of all threads / the window from the barrier's release to the last thread's last step, so warm-up is outside
 it), each thread's p50 and p99 of one step, and the p50 and p99 over the steps of all threads.
 
+The captured arm has a third boundary, ``replay_and_read``: the inputs' ``update_inplace`` and
+``graph.replay_and_read()``, whose output copies ride in the replay's own submission (one submit and one wait per
+step, where ``end_to_end``'s replay + ``to_numpy()`` submits again for the read).
+
 ``run_only`` waits with ``wait_idle()``, which waits for the whole device: with K threads, one thread's wait also
 covers the work the other threads submitted before it (the boundary is "until the device is idle").
 
@@ -139,7 +143,11 @@ def _check(label: str, outputs: list[npt.NDArray[Any]], reference: list[npt.NDAr
 
 def _steps(arms: OrtgpuArms, arm: str) -> dict[str, Callable[[], object]]:
     if arm == "capture on":
-        return {"end_to_end": arms.captured_end_to_end, "run_only": arms.captured_run_only}
+        return {
+            "end_to_end": arms.captured_end_to_end,
+            "replay_and_read": arms.captured_read_end_to_end,
+            "run_only": arms.captured_run_only,
+        }
     return {"end_to_end": arms.uncaptured_end_to_end, "run_only": arms.uncaptured_run_only}
 
 
@@ -240,7 +248,7 @@ def run_threads(
         wanted = [arm for arm in arms_wanted if arm != "capture on" or "capture_refused" not in info]
         for count in thread_counts:
             for arm in wanted:
-                for boundary in ("end_to_end", "run_only"):
+                for boundary in _steps(sessions[0], arm):
                     steps = [_steps(arms, arm)[boundary] for arms in sessions[:count]]
                     if progress:
                         print(f"  {count} thread(s), ortgpu {arm} {boundary} ...", file=sys.stderr, flush=True)
@@ -273,7 +281,7 @@ def print_table(results: list[ThreadResult]) -> None:
     the range of the per-thread p50 and p99."""
     ratios = scaling(results)
     print(
-        f"{'threads':>7s} {'arm':20s} {'boundary':11s} {'steps/s':>10s} {'x K=min':>8s} {'p50 ms':>8s} "
+        f"{'threads':>7s} {'arm':20s} {'boundary':15s} {'steps/s':>10s} {'x K=min':>8s} {'p50 ms':>8s} "
         f"{'p99 ms':>8s} {'thread p50 ms':>15s} {'thread p99 ms':>15s}"
     )
     for result in results:
@@ -282,7 +290,7 @@ def print_table(results: list[ThreadResult]) -> None:
         p99s = [t["p99_ms"] for t in s["per_thread"]]
         ratio = ratios[f"{result.arm}/{result.boundary}"][str(result.threads)]
         print(
-            f"{result.threads:7d} {result.arm:20s} {result.boundary:11s} {result.throughput:10.1f} {ratio:8.2f} "
+            f"{result.threads:7d} {result.arm:20s} {result.boundary:15s} {result.throughput:10.1f} {ratio:8.2f} "
             f"{s['p50_ms']:8.3f} {s['p99_ms']:8.3f} {_span(p50s):>15s} {_span(p99s):>15s}"
         )
 

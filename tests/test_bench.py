@@ -668,8 +668,16 @@ def test_bench_skips_a_peer_arm_that_another_peer_arm_proves_wrong(
 # -- --threads: K threads, each with its own session ---------------------------------------------------
 
 THREAD_ROW = re.compile(
-    r"^\s*(\d+) (ortgpu capture (?:on|off))\s+(end_to_end|run_only)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", re.M
+    r"^\s*(\d+) (ortgpu capture (?:on|off))\s+(end_to_end|replay_and_read|run_only)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s",
+    re.M,
 )
+
+
+def _thread_boundaries(arm: str) -> tuple[str, ...]:
+    """The boundaries --threads times for an arm: the captured one also times replay_and_read."""
+    if arm.endswith("capture on"):
+        return ("end_to_end", "replay_and_read", "run_only")
+    return ("end_to_end", "run_only")
 
 
 def check_thread_result(result: dict[str, Any], threads: int, iterations: int | None) -> None:
@@ -705,7 +713,7 @@ def test_bench_threads_json(
     part = report["threads"]
     assert part["thread_counts"] == [1, 3] and part["iterations_per_thread"] == ITERATIONS and part["seconds"] is None
     arms = ["ortgpu capture off", "ortgpu capture on"] if capture == "both" else ["ortgpu capture on"]
-    expected = [(k, arm, b) for k in (1, 3) for arm in arms for b in ("end_to_end", "run_only")]
+    expected = [(k, arm, b) for k in (1, 3) for arm in arms for b in _thread_boundaries(arm)]
     assert [(r["threads"], r["arm"], r["boundary"]) for r in part["results"]] == expected
     for result in part["results"]:
         check_thread_result(result, result["threads"], ITERATIONS)
@@ -714,7 +722,7 @@ def test_bench_threads_json(
     assert "capture_refused" not in checked and "capture_refused" not in report
     for when in ("rel_error_before", "rel_error_after"):
         assert checked[when] == [{"capture off": 0.0, "capture on": 0.0}] * 3
-    assert set(part["scaling"]) == {f"{arm}/{b}" for arm in arms for b in ("end_to_end", "run_only")}
+    assert set(part["scaling"]) == {f"{arm}/{b}" for arm in arms for b in _thread_boundaries(arm)}
     for key, ratios in part["scaling"].items():
         assert set(ratios) == {"1", "3"} and ratios["1"] == 1.0
         one, three = (

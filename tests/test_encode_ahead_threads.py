@@ -11,7 +11,7 @@ crashes, and nothing is left behind.
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -92,7 +92,8 @@ def test_releases_racing_encodes_ahead(device: WgpuDevice) -> None:
                 ready.notify_all()
             # release under the submitter once it is replaying (its encodes ahead in flight): the bind group first,
             # or a buffer it binds first (every other round)
-            assert started.wait(30)
+            if not started.wait(30):
+                pytest.fail(f"the submitter made no submission of round {index}; its failures: {failures[:3]}")
             started.clear()
             if index % 2:
                 device.release_bind_group(group)
@@ -160,3 +161,63 @@ def test_a_buffer_encoded_for_a_dead_list_is_never_submitted_for_a_new_one(devic
         device.destroy_buffer(y)
         device.release_pipeline(pipeline)
         device.release_pipeline(triple)
+
+
+def test_a_list_read_from_two_threads_keeps_using_what_was_encoded_ahead(device: WgpuDevice) -> None:
+    """submit_and_read's command buffer encoded ahead names the staging buffer its copies go to.  A list read by
+    one thread, then another (a graph replayed from a pool of threads), takes the staging buffer of its last read
+    when it is free, not the calling thread's own, so what was encoded ahead keeps matching: one entry for the
+    list, never one per thread."""
+    pipeline = device.create_compute_pipeline(SCALE_KERNEL, label="scale")
+    x = device.create_buffer(4 * COUNT)
+    y = device.create_buffer(4 * COUNT)
+    group = device.create_bind_group(pipeline, [BindingEntry(0, x, 0, 4 * COUNT), BindingEntry(1, y, 0, 4 * COUNT)])
+    data = np.arange(COUNT, dtype=np.float32)
+    device.write_buffer(x, 0, data.tobytes())
+    commands = CommandList()
+    commands.add_dispatch(pipeline, group, COUNT // 64)
+    commands.freeze()
+
+    def take_and_give_back() -> None:  # a staging buffer of the pool owned by the calling thread
+        with device._lock:
+            device._give_back_staging(device._take_staging(4 * COUNT))
+
+    def read() -> None:
+        out = np.empty(COUNT, np.float32)
+        device.submit_and_read(commands, [(y, 0, out)])
+        np.testing.assert_array_equal(out, data * 2 + 1)
+
+    def in_thread(work: Any) -> None:
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as error:  # noqa: BLE001 - reported below
+                failures.append(error)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive() and not failures, failures
+
+    try:
+        with device._lock:  # two staging buffers in the pool: one this thread's, one another thread's
+            mine = device._take_staging(4 * COUNT)
+        in_thread(take_and_give_back)
+        with device._lock:
+            device._give_back_staging(mine)
+        assert len(device._staging_free) >= 2
+        for turn in range(8):
+            if turn % 2:
+                in_thread(read)
+            else:
+                read()
+        device.wait_idle()
+        keys = [key for key in device._ahead if key[0] == id(commands)]
+        assert len(keys) == 1, keys  # one staging buffer for the list's reads, whichever thread made them
+    finally:
+        device.release_bind_group(group)
+        device.destroy_buffer(x)
+        device.destroy_buffer(y)
+        device.release_pipeline(pipeline)

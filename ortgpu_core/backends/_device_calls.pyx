@@ -7,7 +7,8 @@ blocks (blocking costs a wake-up's latency; see ``_wgpu_readback``).  Spun in Py
 release the GIL, and the spinning thread would keep re-taking it before the threads that need it to prepare their
 next submission could.  :func:`spin_poll` runs the loop in C with the GIL released: it calls
 ``wgpuDevicePoll(device, false, NULL)`` until the int the map and work-done callbacks set when they fire becomes
-nonzero, or the time is up.  (The callbacks are Python: cffi takes the GIL to run them.)
+nonzero, or the time is up.  The callbacks are C too (:class:`Completions`): they run inside wgpu-native's polls
+and submits, holding its locks, and take no GIL there; they queue what they report for Python to read.
 
 Under the lock: cffi releases the GIL around every call, so a thread holding the device's lock would give the GIL
 away for a call of a few microseconds and then queue for it behind whatever Python another thread runs, with the
@@ -18,15 +19,29 @@ GIL: they are short.  (Submits and uploads keeping the GIL made no measurable di
 they release it as before.)
 """
 
+from cpython.pythread cimport (
+    PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_acquire_lock, PyThread_release_lock,
+    WAIT_LOCK,
+)
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
+
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 cdef extern from *:
     """
     static inline int ortgpu_load_flag(const int *flag) { return __atomic_load_n(flag, __ATOMIC_ACQUIRE); }
+    static inline void ortgpu_store_flag(int *flag, int value) { __atomic_store_n(flag, value, __ATOMIC_RELEASE); }
+    static inline size_t ortgpu_load_size(const size_t *value) { return __atomic_load_n(value, __ATOMIC_ACQUIRE); }
+    static inline void ortgpu_store_size(size_t *target, size_t value) {
+        __atomic_store_n(target, value, __ATOMIC_RELEASE);
+    }
     """
     int ortgpu_load_flag(const int *flag) nogil
+    void ortgpu_store_flag(int *flag, int value) nogil
+    size_t ortgpu_load_size(const size_t *value) nogil
+    void ortgpu_store_size(size_t *target, size_t value) nogil
 
 # The layout of WGPUBufferMapCallbackInfo (webgpu.h): checked against cffi's by the wgpu backend's tests.
 ctypedef struct MapCallbackInfo:
@@ -78,17 +93,168 @@ def spin_poll(uintptr_t device_poll, uintptr_t device, uintptr_t flag, double se
 
 
 def map_read(uintptr_t map_async, uintptr_t buffer, uint64_t mode, size_t size, uint32_t callback_mode,
-             uintptr_t callback, uintptr_t token):
-    """``wgpuBufferMapAsync(buffer, mode, 0, size, {callback_mode, callback, userdata1=token})``, keeping the GIL."""
+             uintptr_t callback, uintptr_t token, uintptr_t userdata2=0):
+    """``wgpuBufferMapAsync(buffer, mode, 0, size, {callback_mode, callback, token, userdata2})``, keeping the
+    GIL."""
     cdef MapCallbackInfo info
     info.nextInChain = NULL
     info.mode = callback_mode
     info.callback = <void*>callback
     info.userdata1 = <void*>token
-    info.userdata2 = NULL
+    info.userdata2 = <void*>userdata2
     if map_async == 0 or buffer == 0 or callback == 0:
         raise ValueError("map_read: a null address")
     (<map_async_fn>map_async)(<void*>buffer, mode, 0, size, info)
+
+
+# -- completions: the map and work-done callbacks, in C --------------------------------------------------------
+
+# WGPUStringView (webgpu.h): a pointer and a length (SIZE_MAX: NUL-terminated)
+ctypedef struct StringView:
+    const char* data
+    size_t length
+
+cdef enum:
+    _MESSAGE_BYTES = 240
+    _KIND_MAP = 0
+    _KIND_WORK_DONE = 1
+
+ctypedef struct Completion:
+    uint64_t token
+    uint32_t kind  # COMPLETION_MAP or COMPLETION_WORK_DONE
+    uint32_t status
+    char message[_MESSAGE_BYTES]
+
+ctypedef struct CompletionQueue:
+    PyThread_type_lock lock
+    Completion* items
+    size_t count  # written under lock, read without it (atomically) to skip an empty take
+    size_t capacity
+    size_t dropped  # completions lost to a failed allocation
+    int fired  # set by every callback: what spin_poll watches
+
+#: ``kind`` of a completion made by the map callback / the queue's work-done callback.
+COMPLETION_MAP = _KIND_MAP
+COMPLETION_WORK_DONE = _KIND_WORK_DONE
+
+
+cdef void _push(CompletionQueue* queue, uint32_t kind, void* token, uint32_t status, StringView message) noexcept nogil:
+    cdef Completion* grown
+    cdef Completion* item
+    cdef size_t capacity, length
+    if queue == NULL:
+        return
+    PyThread_acquire_lock(queue.lock, WAIT_LOCK)
+    if queue.count == queue.capacity:
+        capacity = queue.capacity * 2 if queue.capacity else 16
+        grown = <Completion*>realloc(queue.items, capacity * sizeof(Completion))
+        if grown == NULL:
+            queue.dropped += 1
+            PyThread_release_lock(queue.lock)
+            ortgpu_store_flag(&queue.fired, 1)
+            return
+        queue.items = grown
+        queue.capacity = capacity
+    item = &queue.items[queue.count]
+    item.token = <uint64_t><uintptr_t>token
+    item.kind = kind
+    item.status = status
+    length = 0
+    if message.data != NULL:
+        if message.length == <size_t>-1:  # WGPU_STRLEN: NUL-terminated
+            while length < _MESSAGE_BYTES - 1 and message.data[length] != 0:
+                length += 1
+        else:
+            length = message.length if message.length < _MESSAGE_BYTES - 1 else _MESSAGE_BYTES - 1
+        memcpy(item.message, message.data, length)
+    item.message[length] = 0
+    ortgpu_store_size(&queue.count, queue.count + 1)
+    PyThread_release_lock(queue.lock)
+    ortgpu_store_flag(&queue.fired, 1)
+
+
+# void (*WGPUBufferMapCallback)(WGPUMapAsyncStatus, WGPUStringView message, void* userdata1, void* userdata2)
+cdef void _on_map(uint32_t status, StringView message, void* userdata1, void* userdata2) noexcept nogil:
+    _push(<CompletionQueue*>userdata2, _KIND_MAP, userdata1, status, message)
+
+
+# void (*WGPUQueueWorkDoneCallback)(WGPUQueueWorkDoneStatus, WGPUStringView message, void* userdata1, void* userdata2)
+cdef void _on_work_done(uint32_t status, StringView message, void* userdata1, void* userdata2) noexcept nogil:
+    _push(<CompletionQueue*>userdata2, _KIND_WORK_DONE, userdata1, status, message)
+
+
+#: The addresses of the two C callbacks (each takes its request's token as userdata1 and the
+#: :class:`Completions` queue's ``address`` as userdata2).
+MAP_CALLBACK = <uintptr_t>&_on_map
+WORK_DONE_CALLBACK = <uintptr_t>&_on_work_done
+
+
+cdef class Completions:
+    """What the C map and work-done callbacks report: ``(kind, token, status, message)`` in the order they fired,
+    until :meth:`take`n.  The callbacks run inside whichever native call completes a request (a poll, another
+    thread's submit) and take no GIL, so a thread inside wgpu-native never waits for Python there.  The queue
+    must outlive every request made with its ``address``."""
+
+    cdef CompletionQueue queue
+
+    def __cinit__(self):
+        self.queue.lock = PyThread_allocate_lock()
+        if self.queue.lock == NULL:
+            raise MemoryError("Completions: no lock")
+        self.queue.items = NULL
+        self.queue.count = 0
+        self.queue.capacity = 0
+        self.queue.dropped = 0
+        self.queue.fired = 0
+
+    def __dealloc__(self):
+        if self.queue.lock != NULL:
+            PyThread_free_lock(self.queue.lock)
+        free(self.queue.items)
+
+    @property
+    def address(self):
+        """The queue's address: the callbacks' userdata2."""
+        return <uintptr_t>&self.queue
+
+    @property
+    def fired_address(self):
+        """The address of the int every callback sets to 1 (what :func:`spin_poll` watches)."""
+        return <uintptr_t>&self.queue.fired
+
+    @property
+    def fired(self):
+        return ortgpu_load_flag(&self.queue.fired) != 0
+
+    @property
+    def pending(self):
+        """How many completions wait to be taken."""
+        return ortgpu_load_size(&self.queue.count)
+
+    def clear_fired(self):
+        ortgpu_store_flag(&self.queue.fired, 0)
+
+    def take(self):
+        """The completions recorded since the last take, oldest first (an empty list, without locking, when
+        there are none).  Raises MemoryError if a completion was lost to a failed allocation."""
+        cdef list taken = []
+        cdef size_t i, dropped
+        cdef Completion* item
+        if ortgpu_load_size(&self.queue.count) == 0 and self.queue.dropped == 0:
+            return taken
+        with nogil:
+            PyThread_acquire_lock(self.queue.lock, WAIT_LOCK)
+        try:
+            for i in range(self.queue.count):
+                item = &self.queue.items[i]
+                taken.append((item.kind, item.token, item.status, (<char*>item.message).decode("utf-8", "replace")))
+            ortgpu_store_size(&self.queue.count, 0)
+            dropped, self.queue.dropped = self.queue.dropped, 0
+        finally:
+            PyThread_release_lock(self.queue.lock)
+        if dropped:
+            raise MemoryError(f"{dropped} map or work-done completions were lost (no memory to record them)")
+        return taken
 
 
 def copy_out(uintptr_t mapped_range, uintptr_t unmap, uintptr_t buffer, size_t size, list regions):

@@ -84,6 +84,9 @@ class _EncodeAhead(_DeviceBase):
         # for another list must never be submitted (the releases above should already have dropped it).
         self._ahead_lists: dict[tuple[int, _TailKey], weakref.ref[CommandList]] = {}
         self.encode_ahead = encode_ahead
+        # The staging buffer each frozen list's last read tail copied into (submit_and_read): its next read takes
+        # the same one when it is free, so the key of the command buffer encoded ahead with that tail matches.
+        self._list_staging: dict[int, int] = {}
         # Encodings ahead made outside the device's lock, not finished yet; `_jobs_changed` (its own lock) guards
         # their states and wakes a release waiting for one to finish.
         self._jobs: set[_AheadJob] = set()
@@ -287,5 +290,6 @@ class _EncodeAhead(_DeviceBase):
     def _forget_list(self, list_id: int) -> None:
         """A validated frozen list died: forget its validation and release what was encoded ahead for it."""
         self._validated.pop(list_id, None)
+        self._list_staging.pop(list_id, None)
         if (self._ahead or self._jobs) and self._device is not None:
             self._release_ahead(lambda key: key[0] == list_id)

@@ -12,8 +12,11 @@ overlap their host work with the GPU's instead of queueing behind one another's 
 
 The wait (:meth:`_Readback._wait_until`): one waiting thread at a time polls wgpu-native (the *poll lock*), without
 blocking for up to ``spin_wait_us`` (in C, with the GIL released: :mod:`._device_calls`), then blocking; the map and
-work-done callbacks fire inside its polls (or inside another thread's submit) whoever's requests they complete,
-record their status by token and wake that request's waiter only (an event per thread), while the other waiters
+work-done callbacks fire inside its polls (or inside another thread's submit) whoever's requests they complete.
+They are C functions (:class:`._device_calls.Completions`) that take no GIL: they queue ``(token, status,
+message)`` and set the flag the spinning poller watches, so a thread inside wgpu-native, holding its locks, never
+waits for Python.  Waiters apply the queue (:meth:`_Requests.drain`: each request's status recorded by token, and
+that request's waiter woken, an event per thread), while the other waiters
 sleep (releasing the GIL) until their own request is complete or the polling thread leaves and hands the polling to
 one of them.  One poller at a time also keeps wgpu-native 29 from racing itself (two threads polling one
 device can trip an assertion in its ``Device::maintain``).  A blocking poll in wgpu-native 29 holds its fence lock
@@ -26,8 +29,9 @@ run under the lock, with the device's error sink).  The unlocked wait reads no e
 ``DeviceLostError`` (the device was lost: every caller should see it), ``ReleasedValueError`` (the device was
 destroyed while it waited) and ``DeviceError`` when its request failed or never completed.
 
-Staging buffers: a pool; a read takes the free buffer its thread used last (so a captured graph replayed and read
-by one thread keeps naming the same buffer, and its command buffer encoded ahead stays valid), else any free one
+Staging buffers: a pool; ``submit_and_read`` of a frozen list takes the buffer that list's last read used when it
+is free (its command buffer encoded ahead names that buffer, whichever thread reads), any read the free buffer its
+thread used last (so a captured graph replayed and read by one thread keeps naming the same buffer), else any free one
 large enough, else a new one that replaces a free one (so there are never more buffers than threads reading at
 once); it returns it after the copy-out.  A buffer whose request did not complete is freed,
 not returned.  Replacing a buffer releases the command buffers encoded ahead that copy into it.
@@ -50,9 +54,9 @@ from typing import Any, Callable, Sequence
 
 from .._errors import DeviceError, ValidationError
 from ._commands import CommandList
-from ._device_calls import copy_out, map_read, spin_poll
+from ._device_calls import COMPLETION_MAP, MAP_CALLBACK, WORK_DONE_CALLBACK, Completions, copy_out, map_read, spin_poll
 from ._wgpu_encode_ahead import _EncodeAhead
-from ._wgpu_ffi import _address, _enum_suffix, _string
+from ._wgpu_ffi import _address, _enum_suffix
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, host_read_target
 
 _STAGING_MINIMUM = 1 << 16
@@ -69,27 +73,47 @@ DEFAULT_SPIN_WAIT_US = 2000.0
 class _Requests:
     """What the map and work-done callbacks report, by request token, and how waiters take turns polling.
 
-    Holds no reference to the device (the callbacks hold it: no cycle through the device).  The callbacks run in
-    whichever thread makes the native call that completes a request (a poll, and also another thread's submit,
-    which polls too); each records its result here, sets ``fired`` (the C int the spinning poller watches) and
-    wakes the one thread waiting for that request (its event, registered under the token when the request was
-    made): a completion wakes its owner only, not every waiter.  A poller that leaves wakes one sleeping waiter,
-    which takes the polling over.
+    Holds no reference to the device.  The callbacks (C, :class:`._device_calls.Completions`) run in whichever
+    thread makes the native call that completes a request (a poll, and also another thread's submit, which polls
+    too); each queues its result and sets ``fired`` (the C int the spinning poller watches).  :meth:`drain`, run
+    by every waiter before it checks its request, records the queued results here and wakes the one thread waiting
+    for each request (its event, registered under the token when the request was made): a completion wakes its
+    owner only, not every waiter.  A poller that leaves wakes one sleeping waiter, which takes the polling over.
     """
 
-    def __init__(self, ffi: Any) -> None:
+    def __init__(self) -> None:
         self.map_results: dict[int, tuple[int, str]] = {}  # token -> (WGPUMapAsyncStatus, message)
         # work done: the newest token whose callback fired (tokens rise and the callbacks fire in submission
         # order), and the failures by token
         self.work_done_token = 0
         self.work_done_failures: dict[int, str] = {}
-        self.fired = ffi.new("int *")  # set to 1 by every callback; the poller clears it before a poll
-        self.fired_address = int(ffi.cast("uintptr_t", self.fired))
+        self.work_done_success = 0  # WGPUQueueWorkDoneStatus_Success (set by the device)
+        # What the C callbacks recorded, not yet applied here; its "fired" int is what the spinning poller watches
+        self.completions = Completions()
+        self.fired_address = self.completions.fired_address
+        self._drain_lock = threading.Lock()
         self.poll_lock = threading.Lock()  # held by the one thread polling
         self.owners: dict[int, threading.Event] = {}  # token -> the event of the thread waiting for it
         self.sleeping: set[threading.Event] = set()  # events of the waiters sleeping (not polling)
         self._local = threading.local()
         self.closing = False  # the device is being destroyed: waiters stop
+
+    def drain(self) -> None:
+        """Apply what the callbacks recorded since the last drain (in the order they fired): record each
+        request's result and wake its owner."""
+        if not self.completions.pending:
+            return
+        with self._drain_lock:
+            for kind, token, status, message in self.completions.take():
+                if kind == COMPLETION_MAP:
+                    self.map_results[token] = (status, message)
+                else:
+                    if status != self.work_done_success:
+                        self.work_done_failures[token] = f"{_enum_suffix('WGPUQueueWorkDoneStatus', status)}: {message}"
+                    self.work_done_token = max(self.work_done_token, token)
+                event = self.owners.pop(token, None)
+                if event is not None:
+                    event.set()
 
     def event(self) -> threading.Event:
         """The calling thread's event (one per thread, reused by its waits)."""
@@ -101,13 +125,6 @@ class _Requests:
     def own(self, token: int) -> None:
         """The calling thread is about to make request ``token`` and will wait for it."""
         self.owners[token] = self.event()
-
-    def completed(self, token: int) -> None:
-        """A callback recorded request ``token``'s result: tell the poller, wake the owner."""
-        self.fired[0] = 1
-        event = self.owners.pop(token, None)
-        if event is not None:
-            event.set()
 
     def hand_over(self) -> None:
         """The poller leaves: wake one sleeping waiter (it polls next, if its request is not complete)."""
@@ -143,43 +160,22 @@ class _Readback(_EncodeAhead):
         if spin is None:
             spin = 0.0 if info.adapter_type == "CPU" else DEFAULT_SPIN_WAIT_US
         self.spin_wait_us = float(spin)
-        self._requests = requests = _Requests(ffi)
-
-        def on_map(status: int, message: Any, userdata1: Any, userdata2: Any) -> None:
-            try:
-                text = _string(message)
-            except Exception:  # noqa: BLE001
-                text = ""
-            token = int(ffi.cast("uintptr_t", userdata1))
-            requests.map_results[token] = (int(status), text)
-            requests.completed(token)
-
-        def on_work_done(status: int, message: Any, userdata1: Any, userdata2: Any) -> None:
-            token = int(ffi.cast("uintptr_t", userdata1))
-            if status != lib.WGPUQueueWorkDoneStatus_Success:
-                try:
-                    failure = f"{_enum_suffix('WGPUQueueWorkDoneStatus', status)}: {_string(message)}"
-                except Exception:  # noqa: BLE001
-                    failure = "(status unreadable)"
-                requests.work_done_failures[token] = failure
-            requests.work_done_token = max(requests.work_done_token, token)
-            requests.completed(token)
-
-        # The cffi callbacks must outlive the device: kept on self.
-        self._on_map = ffi.callback("WGPUBufferMapCallback", on_map)
-        self._on_work_done = ffi.callback("WGPUQueueWorkDoneCallback", on_work_done)
+        self._requests = requests = _Requests()
+        requests.work_done_success = int(lib.WGPUQueueWorkDoneStatus_Success)
+        # The map and work-done callbacks are C functions (:class:`._device_calls.Completions`): they take no GIL,
+        # so a thread inside a wgpu-native poll or submit, holding wgpu-native's own locks, never waits for Python
         self._tokens = 0
         self._device_poll_address = _address(ffi.addressof(lib, "wgpuDevicePoll"))
-        # The native calls made from C (:mod:`._device_calls`), by name, and the map callback's address.
+        # The native calls made from C (:mod:`._device_calls`), by name.
         self._native_calls = {
             name: _address(ffi.addressof(lib, name))
             for name in ("wgpuBufferMapAsync", "wgpuBufferGetConstMappedRange", "wgpuBufferUnmap")
         }
-        self._map_callback_address = _address(self._on_map)
         # The work-done callback's descriptor, filled once (a request sets only its token).
         self._work_done_info = ffi.new("WGPUQueueWorkDoneCallbackInfo *")
         self._work_done_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
-        self._work_done_info.callback = self._on_work_done
+        self._work_done_info.callback = ffi.cast("WGPUQueueWorkDoneCallback", WORK_DONE_CALLBACK)
+        self._work_done_info.userdata2 = ffi.cast("void *", requests.completions.address)
 
     # -- the staging pool (under the device's lock) -----------------------------------------
     @property
@@ -187,11 +183,14 @@ class _Readback(_EncodeAhead):
         """The size of the largest staging buffer (0: none yet)."""
         return max((staging.size for staging in list(self._staging_all.values())), default=0)
 
-    def _take_staging(self, size: int) -> _Staging:
-        """A free staging buffer of at least ``size`` bytes for the calling thread (see the module's docstring)."""
+    def _take_staging(self, size: int, prefer: int = 0) -> _Staging:
+        """A free staging buffer of at least ``size`` bytes for the calling thread (see the module's docstring):
+        the one at address ``prefer`` when it is free and large enough."""
         thread = threading.get_ident()
         free = self._staging_free
-        chosen = next((s for s in free if s.owner == thread and s.size >= size), None)
+        chosen = next((s for s in free if s.address == prefer and s.size >= size), None) if prefer else None
+        if chosen is None:
+            chosen = next((s for s in free if s.owner == thread and s.size >= size), None)
         if chosen is None:
             chosen = next((s for s in free if s.size >= size), None)
         if chosen is None:
@@ -312,7 +311,10 @@ class _Readback(_EncodeAhead):
                 regions.append((buffer, offset, padded, view))
             self._validate_for_submit(commands)
             total = sum(padded for _, _, padded, _ in regions)
-            staging = self._take_staging(max(total, BUFFER_ALIGNMENT))
+            # the staging buffer of this list's last read, so that what was encoded ahead with it can be used
+            staging = self._take_staging(max(total, BUFFER_ALIGNMENT), self._list_staging.get(id(commands), 0))
+            if commands.frozen:
+                self._list_staging[id(commands)] = staging.address
             job = None
             try:
                 tail = CommandList()
@@ -358,8 +360,9 @@ class _Readback(_EncodeAhead):
             lib.WGPUMapMode_Read,
             size,
             lib.WGPUCallbackMode_AllowProcessEvents,
-            self._map_callback_address,
+            MAP_CALLBACK,
             token,
+            self._requests.completions.address,
         )
         self._raise_pending(action)
         return token
@@ -419,10 +422,15 @@ class _Readback(_EncodeAhead):
         if failure is not None:
             raise DeviceError(f"wait_idle: waiting for the submitted work failed: {failure}")
 
-    def _wait_until(self, done: Callable[[], bool], action: str) -> None:
-        """Wait, without the device's lock, until ``done()`` (a callback fired by someone's poll completed the
+    def _wait_until(self, applied: Callable[[], bool], action: str) -> None:
+        """Wait, without the device's lock, until ``applied()`` (a callback fired by someone's poll completed the
         request): poll while no other thread does, else sleep until the poller reports (module docstring)."""
         requests = self._requests
+
+        def done() -> bool:  # what the callbacks recorded so far, applied first
+            requests.drain()
+            return applied()
+
         event = requests.event()
         deadline = time.perf_counter() + self.spin_wait_us * 1e-6
         blocking_polls = 0
@@ -466,7 +474,7 @@ class _Readback(_EncodeAhead):
             if device is None or requests.closing or self._sink.lost is not None:
                 return blocking, False
             left = deadline - time.perf_counter()
-            requests.fired[0] = 0
+            requests.completions.clear_fired()
             if done():  # a callback fired in another thread's call before the flag was cleared
                 break
             if left > 0:
@@ -476,7 +484,7 @@ class _Readback(_EncodeAhead):
             # answer is not trusted (see wait_idle); done() reads what the fired callbacks recorded
             lib.wgpuDevicePoll(device, 1, null)
             blocking += 1
-            if not requests.fired[0]:
+            if not requests.completions.fired:
                 return blocking, True
         return blocking, False
 
