@@ -11,9 +11,14 @@ with its own clock).  A profiled run or replay is then ONE submission, the same 
 with a timestamp written before each planned step and after the last, and a resolve of those timestamps into a
 slot of a small resolve buffer (:class:`GpuStepTimer`, one per program, so per session: its query set and
 resolve buffer are released with the program, i.e. with the graph or the session).  Nothing waits for it: the
-resolve buffer has :data:`RING_SLOTS` slots, read back together (one read, one wait) when they are all used, and
-when the trace is written (``end_profiling``).  That keeps a profiled replay as asynchronous as an unprofiled one
-(``replay()`` submits and returns) and costs one wait per :data:`RING_SLOTS` profiled runs.  Timed command lists
+resolve buffer has :data:`RING_SLOTS` slots (fewer for a plan whose slot is large: :data:`RING_BYTES`), read back
+together (one read, one wait) when they are all used, and when the trace is written (``end_profiling``).  That
+keeps a profiled replay as asynchronous as an unprofiled one (``replay()`` submits and returns) and costs one wait
+per :data:`RING_SLOTS` profiled runs.  A profiled ``replay_and_read()``, which waits for its outputs anyway, resolves
+into a slot of its own (after the ring's) read in the same submission and wait as the outputs: it never needs the
+ring's read, and when the ring is half full or more it reads the ring's slots in that submission too.  The timestamps are kept raw
+(ticks) until events are asked for (``trace()``, ``event_count``, the trace written): a profiled run or replay
+builds no event on the host meanwhile.  Timed command lists
 are frozen and cached per slot and per set of bound buffers, so the wgpu backend validates each once and encodes
 it ahead, as it does a captured graph's list.  Events: one per planned step, its duration the GPU time between
 its timestamps (name: its first node; cat: its op types, ``+`` joined; ``args.nodes``, ``args.placement``,
@@ -47,13 +52,13 @@ Profiling off costs one attribute check per run or replay.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
 import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
@@ -104,10 +109,20 @@ def checked_detail_every(value: object) -> int:
 
 
 #: Slots of a program's resolve buffer: profiled runs resolve their timestamps into the next free slot, and all
-#: slots are read back together (one wait) once they are used, or when the trace is written.
+#: slots are read back together (one wait) once they are used, or when the trace is written.  Each slot has its own
+#: frozen timed command list (per kind: per step, or whole), built on its first use; runs timed per step take the
+#: free slots from the first up, runs timed whole from the last down, so the few per-step runs between two reads
+#: (one in ``detail_every``) reuse the same few slots and lists.
 RING_SLOTS = 16
 
-_Read = Callable[[int, int, Any], None]
+#: A resolve buffer's size at most, for plans whose slot is large (many steps): fewer slots then, never under
+#: :data:`MIN_RING_SLOTS`.
+RING_BYTES = 1 << 20
+MIN_RING_SLOTS = 4
+
+# read(commands, buffer, offset, out): submit ``commands`` and read ``out.nbytes`` of ``buffer`` from ``offset``
+# after them, in the same submission (the runner's _read_timestamps)
+_Read = Callable[[CommandList, int, int, Any], None]
 
 
 def _free_timers(timers: list[GpuStepTimer]) -> None:
@@ -129,24 +144,60 @@ def gpu_timing_possible(device: Any, plan: Any) -> bool:
     )
 
 
-@dataclass
-class _Pending:
-    """A profiled run submitted with timestamps, whose values wait in its slot of the resolve buffer."""
+class _StepInfo:
+    """What a timer's runs need to become events (no device resources): the plan's steps, each step's
+    dispatches, and the tick length."""
 
-    slot: int
-    anchor_ns: int
-    profiler: weakref.ref[SessionProfiler]  # weak: a timer a profiler adopted must not keep the profiler alive
-    name: str
-    cat: str
-    args: Mapping[str, Any]
-    tid: int
-    thread_name: str
-    detail: bool = True  # timestamps before every step (else two: queries 0 and 1, before and after the work)
+    __slots__ = ("steps", "dispatches", "period_ns")
+
+    def __init__(self, steps: list[PlannedStep], dispatches: list[int], period_ns: float) -> None:
+        self.steps = steps
+        self.dispatches = dispatches
+        self.period_ns = period_ns
+
+
+#: ``_GpuRun.ticks`` of a run whose timestamps can never be read (its timer was freed, or the read failed).
+_LOST = np.zeros(0, dtype=np.uint64)
+
+
+class _GpuRun:
+    """A profiled run or replay submitted with timestamps, kept raw in its profiler's record: ``ticks`` is None
+    until its slot is read back (then the resolved timestamps, or :data:`_LOST`); it becomes events only when
+    the record's events are asked for (:meth:`SessionProfiler._expand_gpu_runs`)."""
+
+    __slots__ = ("ticks", "anchor_ns", "name", "cat", "args", "tid", "thread_name", "detail", "info")
+
+    def __init__(
+        self,
+        anchor_ns: int,
+        name: str,
+        cat: str,
+        args: Mapping[str, Any],
+        tid: int,
+        thread_name: str,
+        detail: bool,
+        info: _StepInfo,
+    ) -> None:
+        self.ticks: np.ndarray | None = None
+        self.anchor_ns = anchor_ns
+        self.name = name
+        self.cat = cat
+        self.args = args
+        self.tid = tid
+        self.thread_name = thread_name
+        self.detail = detail  # timestamps before every step (else two: queries 0 and 1, before and after the work)
+        self.info = info
+
+
+# A run waiting in its slot: (slot, the run, its profiler, weakly: a timer a profiler adopted must not keep the
+# profiler alive).
+_Pending = tuple[int, _GpuRun, "weakref.ref[SessionProfiler]"]
+_Reads = list[tuple[int, int, Any]]
 
 
 class GpuStepTimer:
     """GPU timestamps of one program's profiled runs and replays (see the module docstring): a query set of
-    ``len(steps) + 1`` timestamps, a resolve buffer of :data:`RING_SLOTS` slots, the frozen timed command list of
+    ``len(steps) + 1`` timestamps, a resolve buffer of ``slots`` slots (:data:`RING_SLOTS` at most), the frozen timed command list of
     each slot, and the runs whose values are not read yet.  Made by the runner for a program on first profiled use
     (``program.timing_resources``), released with it.  Its own lock serializes its runs and reads.
 
@@ -156,33 +207,43 @@ class GpuStepTimer:
 
     def __init__(self, program: Any, device: Any, read: _Read) -> None:
         steps: Sequence[PlannedStep] = program.plan.steps
-        self._steps = list(steps)
-        self._dispatches = [
-            sum(1 for kernel in step.op_plan.kernels if min(kernel.grid) > 0) if step.op_plan is not None else 0
-            for step in steps
-        ]
+        self.period_ns = float(getattr(device, "timestamp_period_ns", 1.0))
+        self._info = _StepInfo(
+            list(steps),
+            [
+                sum(1 for kernel in step.op_plan.kernels if min(kernel.grid) > 0) if step.op_plan is not None else 0
+                for step in steps
+            ],
+            self.period_ns,
+        )
         self.queries = len(steps) + 1
         self.stride = -(-8 * self.queries // QUERY_RESOLVE_ALIGNMENT) * QUERY_RESOLVE_ALIGNMENT
-        self.period_ns = float(getattr(device, "timestamp_period_ns", 1.0))
+        self.slots = max(MIN_RING_SLOTS, min(RING_SLOTS, RING_BYTES // self.stride))
         self._device = device
         self._read: Callable[[], _Read | None] = (
             weakref.WeakMethod(read) if hasattr(read, "__self__") else (lambda: read)
         )
         self._lock = threading.Lock()
-        self._lists: list[tuple[object, CommandList] | None] = [None] * RING_SLOTS
-        self._last_profiler: Callable[[], SessionProfiler | None] = lambda: None
-        self._span_lists: list[tuple[object, CommandList] | None] = [None] * RING_SLOTS  # detail=False runs
+        # per slot, and one more for the slot after the ring (runs read back at once: replay_and_read)
+        self._lists: list[tuple[object, CommandList] | None] = [None] * (self.slots + 1)
+        self._last_profiler: weakref.ref[SessionProfiler] | None = None
+        self._span_lists: list[tuple[object, CommandList] | None] = [None] * (self.slots + 1)  # detail=False runs
         self._pending: list[_Pending] = []
-        self._next = 0
+        self._low, self._high = 0, self.slots - 1  # the ring's free slots: _low.._high
         self._released = False  # the program was released (runs may still be pending: see release)
         self._freed = False  # the query set and resolve buffer are freed
-        self.query_set: int = device.create_query_set(self.queries, label="ortgpu profiling timestamps")
+        # one query set per slot: a run's timestamps stay in its slot's set until the ring is read back, and are
+        # resolved then, all in one list (a run resolves its own only in the slot after the ring's)
+        self.query_sets: list[int] = []
         try:
+            for _ in range(self.slots + 1):
+                self.query_sets.append(device.create_query_set(self.queries, label="ortgpu profiling timestamps"))
             self.resolve_buffer: int = device.create_query_resolve_buffer(
-                self.stride * RING_SLOTS, label="ortgpu profiling timestamps (resolved)"
+                self.stride * (self.slots + 1), label="ortgpu profiling timestamps (resolved)"
             )
         except BaseException:
-            device.release_query_set(self.query_set)
+            for query_set in self.query_sets:
+                device.release_query_set(query_set)
             raise
 
     def run(
@@ -196,51 +257,79 @@ class GpuStepTimer:
         cat: str,
         args: Mapping[str, Any],
         detail: bool = True,
+        reads: _Reads | None = None,
+        submit_and_read: Callable[[CommandList, _Reads], None] | None = None,
     ) -> None:
         """Submit ``program``'s work on these buffers once, timed (per step with ``detail``, else as a whole), and
-        note it for ``profiler`` (its events are added when the slot is read back)."""
+        note it for ``profiler`` (raw: it becomes events when they are asked for).
+
+        Without ``submit_and_read``: submitted by ``submit(commands)``, the timestamps resolved into the ring's
+        next slot, where they wait until the ring is read back (when it is full, or the trace is written).  With
+        it: submitted by ``submit_and_read(commands, reads + [timestamps])``, the timestamps resolved into the
+        slot kept for such runs (after the ring's) and read back with ``reads``, in the same submission and wait;
+        when the ring is half full or more, its slots are read in that submission too (a wait there anyway)."""
+        sync = submit_and_read is not None
         with self._lock:
             if self._released:
                 raise RuntimeError("this GPU step timer was released with its program")
-            if len(self._pending) >= RING_SLOTS:
+            if not sync and self._low > self._high:
                 self._drain_locked()
-            slot = self._next
+            slot = self.slots if sync else self._low if detail else self._high
             token = program.bind_groups_token(inputs, outputs)
             lists = self._lists if detail else self._span_lists
             cached = lists[slot]
             if cached is not None and cached[0] is token:
                 commands = cached[1]
             else:
-                commands, token = program.record_timed(inputs, outputs, self.query_set, per_step=detail)
-                count = self.queries if detail else 2
-                commands.add_resolve(self.query_set, 0, count, self.resolve_buffer, slot * self.stride)
+                commands, token = program.record_timed(inputs, outputs, self.query_sets[slot], per_step=detail)
+                if sync:
+                    count = self.queries if detail else 2
+                    commands.add_resolve(self.query_sets[slot], 0, count, self.resolve_buffer, slot * self.stride)
                 commands.freeze()
                 lists[slot] = (token, commands)
-            thread = threading.current_thread()
-            anchor = time.perf_counter_ns()
-            submit(commands)
-            self._next = (slot + 1) % RING_SLOTS
-            self._pending.append(
-                _Pending(
-                    slot,
-                    anchor,
-                    weakref.ref(profiler),
-                    name,
-                    cat,
-                    args,
-                    threading.get_native_id(),
-                    thread.name,
-                    detail,
-                )
+            reference = self._last_profiler
+            if reference is None or reference() is not profiler:  # tell each profiler once which timers it has
+                profiler._timed_by(self)
+                reference = self._last_profiler = weakref.ref(profiler)
+            run = _GpuRun(
+                0, name, cat, args, threading.get_native_id(), threading.current_thread().name, detail, self._info
             )
-        if self._last_profiler() is not profiler:  # tell each profiler once (not per run) which timers it has
-            profiler._timed_by(self)
-            self._last_profiler = weakref.ref(profiler)
+            if submit_and_read is None:
+                run.anchor_ns = time.perf_counter_ns()
+                submit(commands)
+                if detail:
+                    self._low += 1
+                else:
+                    self._high -= 1
+                self._pending.append((slot, run, reference))
+            else:
+                ticks = np.empty(self.queries if detail else 2, dtype=np.uint64)
+                all_reads = [*(reads or ()), (self.resolve_buffer, slot * self.stride, ticks.view(np.uint8))]
+                pending: list[_Pending] = []
+                if 2 * len(self._pending) >= self.slots:
+                    pending, self._pending = self._pending, []
+                    low_high, (self._low, self._high) = (self._low, self._high), (0, self.slots - 1)
+                    ring = np.zeros(self.slots * self.stride // 8, dtype=np.uint64)
+                    all_reads.append((self.resolve_buffer, 0, ring.view(np.uint8)))
+                try:
+                    if pending:
+                        submit(self._resolves(pending))
+                    run.anchor_ns = time.perf_counter_ns()
+                    submit_and_read(commands, all_reads)
+                except BaseException:
+                    if pending:  # not read: still in their slots
+                        self._pending[:0] = pending
+                        self._low, self._high = low_high
+                    raise
+                run.ticks = ticks
+                if pending:
+                    self._fill(pending, ring)
+            profiler._add_gpu_run(run)
 
     def drain(self) -> None:
-        """Read back every pending run's timestamps (one read, one wait) and add their events to their
-        profilers.  A timer released with runs pending (its program was released: a graph released, a session
-        closed, while profiling) frees its query set and buffer once they are read (or the read fails)."""
+        """Read back every pending run's timestamps (one read, one wait) into their runs.  A timer released with
+        runs pending (its program was released: a graph released, a session closed, while profiling) frees its
+        query set and buffer once they are read (or the read fails)."""
         with self._lock:
             try:
                 self._drain_locked()
@@ -250,49 +339,36 @@ class GpuStepTimer:
 
     def _drain_locked(self) -> None:
         pending, self._pending = self._pending, []
-        if not pending or self._freed:
+        self._low, self._high = 0, self.slots - 1
+        if not pending:
             return
-        read = self._read()
-        if read is None:
-            return  # the runner is gone (its session collected): nothing can be read any more
-        used = max(p.slot for p in pending) + 1
-        values = np.zeros(used * self.stride // 8, dtype=np.uint64)
-        read(self.resolve_buffer, 0, values.view(np.uint8))
-        per_slot = self.stride // 8
-        for entry in pending:
-            count = self.queries if entry.detail else 2
-            ticks = values[entry.slot * per_slot : entry.slot * per_slot + count].astype(np.int64)
-            self._report(entry, ticks)
+        try:
+            read = None if self._freed else self._read()
+            if read is None:
+                return  # freed, or the runner is gone (its session collected): nothing can be read any more
+            used = max(entry[0] for entry in pending) + 1
+            values = np.zeros(used * self.stride // 8, dtype=np.uint64)
+            read(self._resolves(pending), self.resolve_buffer, 0, values.view(np.uint8))
+            self._fill(pending, values)
+        finally:
+            for _, run, _ in pending:
+                if run.ticks is None:
+                    run.ticks = _LOST
 
-    def _report(self, entry: _Pending, ticks: np.ndarray) -> None:
-        profiler = entry.profiler()
-        if profiler is None:
-            return
-        gpu_ns = [float(t) * self.period_ns for t in ticks]
-        offset = profiler._gpu_offset(entry.anchor_ns - gpu_ns[0])
-        at = [int(round(g + offset)) for g in gpu_ns]
-        for i in range(1, len(at)):  # a clock that steps back never makes an event end before it starts
-            at[i] = max(at[i], at[i - 1])
-        profiler.add(
-            entry.name,
-            entry.cat,
-            at[0],
-            at[-1],
-            {**entry.args, "timing": "gpu", "gpu_ns": at[-1] - at[0], "detail": entry.detail},
-            tid=entry.tid,
-            thread_name=entry.thread_name,
-        )
-        profiler._note_timing("gpu")
-        for index, step in enumerate(self._steps if entry.detail else ()):
-            profiler.add(
-                step.name,
-                step.op_type,
-                at[index],
-                at[index + 1],
-                {"placement": step.placement, "dispatches": self._dispatches[index], "nodes": list(step.node_names)},
-                tid=entry.tid,
-                thread_name=entry.thread_name,
-            )
+    def _resolves(self, pending: list[_Pending]) -> CommandList:
+        """The resolve of each of ``pending``'s timestamps into its slot of the resolve buffer."""
+        commands = CommandList()
+        for slot, run, _ in pending:
+            count = self.queries if run.detail else 2
+            commands.add_resolve(self.query_sets[slot], 0, count, self.resolve_buffer, slot * self.stride)
+        return commands
+
+    def _fill(self, pending: list[_Pending], values: np.ndarray) -> None:
+        """Give each of ``pending`` its ticks from ``values`` (the ring's slots as read back)."""
+        per_slot = self.stride // 8
+        for slot, run, _ in pending:
+            start = slot * per_slot
+            run.ticks = values[start : start + (self.queries if run.detail else 2)].copy()
 
     def release(self) -> None:
         """Called when the program is released: free the query set and the resolve buffer, or, when runs are
@@ -303,12 +379,12 @@ class GpuStepTimer:
             if self._released:
                 return
             self._released = True
-            self._lists = [None] * RING_SLOTS
-            self._span_lists = [None] * RING_SLOTS
+            self._lists = [None] * (self.slots + 1)
+            self._span_lists = [None] * (self.slots + 1)
             if not self._pending:
                 self._free_locked()
                 return
-            adopter = self._pending[-1].profiler()
+            adopter = self._pending[-1][2]()
         if adopter is not None:
             adopter._adopt(self)
         else:
@@ -317,7 +393,9 @@ class GpuStepTimer:
     def free(self) -> None:
         """Free the query set and the resolve buffer now (pending runs are dropped).  Idempotent."""
         with self._lock:
-            self._pending = []
+            pending, self._pending = self._pending, []
+            for _, run, _ in pending:
+                run.ticks = _LOST
             self._free_locked()
 
     def _free_locked(self) -> None:
@@ -327,7 +405,8 @@ class GpuStepTimer:
         try:
             self._device.destroy_buffer(self.resolve_buffer)
         finally:
-            self._device.release_query_set(self.query_set)
+            for query_set in self.query_sets:
+                self._device.release_query_set(query_set)
 
 
 _Buffer = TypeVar("_Buffer")
@@ -358,12 +437,17 @@ class SessionProfiler:
         self.prefix = prefix
         self.metadata = dict(metadata)
         self.detail_every = detail_every
-        self._runs_seen = 0  # guarded by _lock: runs and replays offered to take_detail
-        # The runner's cache of captured graphs' buffer maps while this record lasts: id -> (graph, inputs, outputs)
-        self.graph_io: dict[int, tuple[object, dict[str, Any], dict[str, Any]]] = {}
+        self._runs_seen = itertools.count()  # runs and replays offered to take_detail (next() is atomic)
+        # The runner's cache of captured graphs' buffer maps while this record lasts, by id(graph):
+        # (graph, inputs, outputs, (event name, event args))
+        self.graph_io: dict[int, tuple[object, dict[str, Any], dict[str, Any], tuple[str, dict[str, Any]]]] = {}
         self.start_ns = time.perf_counter_ns()
         self.start_wall_ns = time.time_ns()
         self._events: list[dict[str, Any]] = []
+        # GPU-timed runs and replays in submission order, raw until events are asked for (_expand_gpu_runs, under
+        # _expand_lock, so runs become events, and offsets are taken, in that order)
+        self._gpu_runs: list[_GpuRun] = []
+        self._expand_lock = threading.Lock()
         self._threads: dict[int, str] = {}
         self._lock = threading.Lock()
         # Which timings the record holds ("gpu", "host"), and the GPU step timers holding runs not read back yet.
@@ -411,9 +495,7 @@ class SessionProfiler:
     def take_detail(self) -> bool:
         """Whether the run or replay about to start is timed per step (the first of the record, then every
         ``detail_every``-th); counts it either way."""
-        with self._lock:
-            seen, self._runs_seen = self._runs_seen, self._runs_seen + 1
-        return seen % self.detail_every == 0
+        return next(self._runs_seen) % self.detail_every == 0
 
     def mark(self, name: str, cat: str, args: Mapping[str, Any] | None = None) -> None:
         """Record an instant event (``ph: "i"``, thread scope) of the calling thread now: a replay not timed."""
@@ -436,13 +518,65 @@ class SessionProfiler:
         with self._lock:
             self._timings.add(timing)
 
+    def _add_gpu_run(self, run: _GpuRun) -> None:
+        with self._lock:
+            self._gpu_runs.append(run)
+
+    def _expand_gpu_runs(self) -> None:
+        """Turn the GPU-timed runs read back so far into events, in submission order (runs still waiting in a
+        slot stay raw; lost ones are dropped).  Each run: its span (``args.timing`` "gpu", ``args.gpu_ns``,
+        ``args.detail``) and, timed per step, one event per planned step, placed on the host clock with
+        :meth:`_gpu_offset`."""
+        with self._expand_lock:
+            with self._lock:
+                runs, self._gpu_runs = self._gpu_runs, []
+            waiting: list[_GpuRun] = []
+            for run in runs:
+                ticks = run.ticks
+                if ticks is None:
+                    waiting.append(run)
+                elif ticks is not _LOST:
+                    self._add_gpu_events(run, ticks)
+            if waiting:
+                with self._lock:
+                    self._gpu_runs[:0] = waiting
+
+    def _add_gpu_events(self, run: _GpuRun, ticks: np.ndarray) -> None:
+        info = run.info
+        gpu_ns = [float(t) * info.period_ns for t in ticks.astype(np.int64)]
+        offset = self._gpu_offset(run.anchor_ns - gpu_ns[0])
+        at = [int(round(g + offset)) for g in gpu_ns]
+        for i in range(1, len(at)):  # a clock that steps back never makes an event end before it starts
+            at[i] = max(at[i], at[i - 1])
+        self.add(
+            run.name,
+            run.cat,
+            at[0],
+            at[-1],
+            {**run.args, "timing": "gpu", "gpu_ns": at[-1] - at[0], "detail": run.detail},
+            tid=run.tid,
+            thread_name=run.thread_name,
+        )
+        self._note_timing("gpu")
+        for index, step in enumerate(info.steps if run.detail else ()):
+            self.add(
+                step.name,
+                step.op_type,
+                at[index],
+                at[index + 1],
+                {"placement": step.placement, "dispatches": info.dispatches[index], "nodes": list(step.node_names)},
+                tid=run.tid,
+                thread_name=run.thread_name,
+            )
+
     def _timed_by(self, timer: GpuStepTimer) -> None:
         with self._lock:
             self._timers.add(timer)
 
     def drain(self) -> None:
-        """Read back the timestamps of this record's GPU-timed runs not read yet (their events join the record).
-        A read that fails (device lost or closed) drops those runs, noted in ``otherData.timing_errors``."""
+        """Read back the timestamps of this record's GPU-timed runs not read yet, and make the events of those read
+        (they join the record).  A read that fails (device lost or closed) drops those runs, noted in
+        ``otherData.timing_errors``."""
         with self._lock:
             timers = list(self._timers) + self._orphans
             self._timers = weakref.WeakSet()
@@ -453,6 +587,7 @@ class SessionProfiler:
             except OrtGpuError as error:
                 with self._lock:
                     self._timing_errors.append(f"{type(error).__name__}: {error}")
+        self._expand_gpu_runs()
 
     def _gpu_offset(self, candidate: float) -> float:
         """The offset mapping GPU nanoseconds onto this record's host clock, given a run's (host time just before
@@ -489,13 +624,16 @@ class SessionProfiler:
         cat: str,
         args: Mapping[str, Any],
         detail: bool = True,
+        reads: _Reads | None = None,
+        submit_and_read: Callable[[CommandList, _Reads], None] | None = None,
     ) -> None:
         """Submit ``program`` once with GPU timestamps (``timer``; per step with ``detail``, else the whole); its
-        span (and step) events join this record when the timestamps are read back.  A submission that raises is
-        recorded as a host span with ``args.error``."""
+        span (and step) events join this record once the timestamps are read back and events are asked for.  With
+        ``submit_and_read``, ``reads`` are made in the same submission, and the timestamps read with them (see
+        :meth:`GpuStepTimer.run`).  A submission that raises is recorded as a host span with ``args.error``."""
         start = time.perf_counter_ns()
         try:
-            timer.run(program, inputs, outputs, submit, self, name, cat, args, detail)
+            timer.run(program, inputs, outputs, submit, self, name, cat, args, detail, reads, submit_and_read)
         except BaseException as error:
             self.add(
                 name, cat, start, time.perf_counter_ns(), {**args, "timing": "host", "error": type(error).__name__}

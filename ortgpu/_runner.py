@@ -409,7 +409,8 @@ class SessionRunner:
         if timer is None and not detail:  # host timing, not in the sample: replayed as unprofiled, marked
             profiler.mark(f"replay graph {graph.graph_id}", "replay", {"graph_id": graph.graph_id})
             return 0
-        # A captured graph's buffers never change: its buffer maps are made once per profiling record
+        # A captured graph's buffers never change: its buffer maps (and its events' name and args) are made once
+        # per profiling record
         cached = profiler.graph_io.get(id(graph))
         if cached is None or cached[0] is not graph:
             binding = graph.binding
@@ -419,18 +420,24 @@ class SessionRunner:
                 if v._device_buffer is not None and n not in program.plan.unread_inputs
             }
             outputs = {n: v._device_buffer for n, v in binding.outputs().items() if v._device_buffer is not None}
-            cached = profiler.graph_io[id(graph)] = (graph, inputs, outputs)
-        _, inputs, outputs = cached
-        name, args = f"replay graph {graph.graph_id}", {"graph_id": graph.graph_id}
+            label = (f"replay graph {graph.graph_id}", {"graph_id": graph.graph_id})
+            cached = profiler.graph_io[id(graph)] = (graph, inputs, outputs, label)
+        _, inputs, outputs, (name, args) = cached
         if timer is not None:
-            if reads is None:
-                submit: Callable[[CommandList], None] = self.submit
-            else:
-
-                def submit(commands: CommandList) -> None:
-                    self.submit_and_read(commands, reads)
-
-            profiler.run_timed_on_gpu(timer, program, inputs, outputs, submit, name, "replay", args, detail)
+            # With reads (replay_and_read), the run's timestamps are read in the same submission and wait
+            profiler.run_timed_on_gpu(
+                timer,
+                program,
+                inputs,
+                outputs,
+                self.submit,
+                name,
+                "replay",
+                args,
+                detail,
+                reads,
+                None if reads is None else self.submit_and_read,
+            )
             return 1 if reads is None else 2
         with profiler.span(name, "replay", {**args, "timing": "host"}):
             profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle)
@@ -451,9 +458,10 @@ class SessionRunner:
                 program.timing_resources = timer
         return timer
 
-    def _read_timestamps(self, buffer: int, offset: int, out: Any) -> None:
+    def _read_timestamps(self, commands: CommandList, buffer: int, offset: int, out: Any) -> None:
+        """Submit ``commands`` (a GPU step timer's resolves) and read ``out`` from ``buffer`` after them."""
         with self.submission():
-            self.backend_device.read_buffer_into(buffer, offset, out)
+            self.backend_device.submit_and_read(commands, [(buffer, offset, out)])
 
     def submit_and_read(self, commands: CommandList, reads: list[tuple[int, int, Any]]) -> None:
         """:meth:`_submit` ``commands`` and read ``(buffer, offset, out)`` regions in the same submission."""

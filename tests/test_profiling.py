@@ -27,7 +27,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ortgpu_core
-from ortgpu import Env, InferenceSession
+from ortgpu import Env, InferenceSession, _profiling
 from ortgpu._profiling import RING_SLOTS
 from ortgpu_core import ArgumentTypeError, InvalidArgumentError, ValidationError
 from ortgpu_core.backends._commands import CommandList
@@ -264,8 +264,8 @@ def test_profiled_run_with_a_cpu_step(env: Env, tmp_path: Path) -> None:
 
 def test_profiling_off_submits_as_before(env: Env, tmp_path: Path) -> None:
     """Unprofiled runs submit the whole plan at once (profiling off is one attribute check); a profiled run (GPU
-    timestamps) is one submission too: the same dispatches, with a timestamp before each step and after the last, and
-    their resolve."""
+    timestamps) is one submission too: the same dispatches, with a timestamp before each step and after the last
+    (resolved later, with those of other runs, when they are read back)."""
     with InferenceSession(MODEL, profile_detail_every=1, env=env, profile_file_prefix=str(tmp_path / "off")) as sess:
         runner = sess._runner
         original = runner.submit
@@ -287,7 +287,8 @@ def test_profiling_off_submits_as_before(env: Env, tmp_path: Path) -> None:
         assert_reference(sess.run(None, {"X": x})[0], x)
         assert sess.end_profiling() != ""
         assert submitted == [2]  # still one submission
-        assert queries == [0, 4]  # three timestamps (before each of the two steps, after the last) and a resolve
+        # three timestamps (before each of the two steps, after the last), resolved when the trace is written
+        assert queries == [0, 3]
 
 
 def test_concurrent_profiled_replays_stay_apart(env: Env, tmp_path: Path) -> None:
@@ -631,7 +632,9 @@ def test_detail_every_of_the_wrong_type_is_refused(env: Env, bad: object) -> Non
 
 def test_a_profiled_replay_and_read_is_one_submission(env: Env, tmp_path: Path) -> None:
     """With GPU timestamps a profiled replay_and_read submits the timed work and its output copies together (one
-    submission, one wait), as an unprofiled one does; the results are right either way."""
+    submission, one wait), as an unprofiled one does, and reads the replay's timestamps in that same submission
+    (two reads: the output and the timestamps; the resolve buffer is never read on its own); the results are right
+    either way."""
     with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "one")) as sess:
         x_value, _, binding, graph = captured(sess)
         runner = sess._runner
@@ -646,16 +649,87 @@ def test_a_profiled_replay_and_read_is_one_submission(env: Env, tmp_path: Path) 
             calls.append(f"submit_and_read({len(reads)})")
             submit_and_read(commands, reads)
 
+        def counting_read(commands: Any, buffer: int, offset: int, out: Any) -> None:
+            calls.append("read")
+            read(commands, buffer, offset, out)
+
+        read = runner._read_timestamps
         runner.submit = counting_submit  # type: ignore[method-assign]
         runner.submit_and_read = counting_submit_and_read  # type: ignore[method-assign]
+        runner._read_timestamps = counting_read  # type: ignore[method-assign]
         try:
             with sess.profiling() as record:
                 for _ in range(3):  # the first timed per step, the others whole
                     x = image()
                     x_value.update_inplace(x)
                     assert_reference(graph.replay_and_read()[0], x)
-            assert calls == ["submit_and_read(1)"] * 3
-            assert record.path is not None and len(complete(load(record.path), "replay")) == 3
+            assert calls == ["submit_and_read(2)"] * 3
+            assert record.path is not None
+            spans = gpu_events(load(record.path), "replay")
+            assert [(outer["args"]["detail"], len(steps)) for outer, steps in spans] == [
+                (True, 2),
+                (False, 0),
+                (False, 0),
+            ]
+            assert all(outer["args"]["timing"] == "gpu" and outer["args"]["gpu_ns"] > 0 for outer, _ in spans)
         finally:
             runner.submit, runner.submit_and_read = submit, submit_and_read  # type: ignore[method-assign]
+            del runner._read_timestamps
             graph.release()
+
+
+def test_a_full_ring_is_read_once_and_replays_keep_their_order(
+    env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Profiled replay() calls resolve into the ring's slots, read back together (one read, one wait) only when
+    every slot holds an unread run; a replay_and_read() reads its own timestamps with its outputs, and the ring's
+    slots too when half of them or more are unread.  With a ring of MIN_RING_SLOTS slots (RING_BYTES made small):
+    slots - 1 replays and a replay_and_read (which reads the ring: 3 regions), then slots + 1 replays (the ring
+    read once, on its own, before the last), a replay_and_read alone (1 unread: 2 regions), then a trace (the ring
+    read once more for the last replay); the trace has every replay, in submission order, each span after the
+    previous one."""
+    monkeypatch.setattr(_profiling, "RING_BYTES", 1)
+    with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "ring")) as sess:
+        x_value, _, binding, graph = captured(sess)
+        runner = sess._runner
+        calls: list[str] = []
+        read, submit_and_read = runner._read_timestamps, runner.submit_and_read
+
+        def counting_read(commands: Any, buffer: int, offset: int, out: Any) -> None:
+            calls.append("read")
+            read(commands, buffer, offset, out)
+
+        def counting_submit_and_read(commands: Any, reads: Any) -> None:
+            calls.append(f"submit_and_read({len(reads)})")
+            submit_and_read(commands, reads)
+
+        def read_and_check() -> None:
+            x = image()
+            x_value.update_inplace(x)
+            assert_reference(graph.replay_and_read()[0], x)
+
+        runner._read_timestamps = counting_read  # type: ignore[method-assign]
+        runner.submit_and_read = counting_submit_and_read  # type: ignore[method-assign]
+        slots = _profiling.MIN_RING_SLOTS
+        try:
+            sess.start_profiling()
+            for _ in range(slots - 1):
+                graph.replay()
+            read_and_check()
+            assert calls == ["submit_and_read(3)"]
+            for _ in range(slots + 1):
+                graph.replay()
+            assert calls == ["submit_and_read(3)", "read"]
+            read_and_check()
+            assert calls == ["submit_and_read(3)", "read", "submit_and_read(2)"]
+            trace = load(sess.end_profiling())
+            assert calls == ["submit_and_read(3)", "read", "submit_and_read(2)", "read"]
+        finally:
+            del runner._read_timestamps, runner.submit_and_read
+            graph.release()
+    spans = complete(trace, "replay")
+    assert len(spans) == 2 * slots + 2
+    assert all(span["args"]["timing"] == "gpu" for span in spans)
+    starts = [span["ts"] for span in spans]
+    assert starts == sorted(starts)
+    assert all(b["ts"] >= a["ts"] + a["dur"] - 1e-3 for a, b in zip(spans, spans[1:]))
