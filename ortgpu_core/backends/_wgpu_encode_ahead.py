@@ -14,11 +14,13 @@ while encoding ahead (none for a validated list on a live device) go to the devi
 and where the probe fails ``encode_ahead`` starts off.
 
 Ownership: :class:`_EncodeAhead` is a layer of ``WgpuDevice`` (after ``_DeviceBase``, whose docstring describes
-the layers).  It owns ``_validated``, ``_validated_by_handle``, ``_ahead`` and ``encode_ahead``, read and changed
-under the device's lock: a list's weak-reference callback (any thread, maybe during one of the device's own
-calls) takes the lock, and defers its work to the end of that call when it fires inside one.  The jobs encoding
-ahead (``_jobs``, their ``state`` and ``cancelled``) are guarded by their own condition, ``_jobs_changed``.  The probed offset
-is per process: ``_submitted_flag``, guarded by ``_submitted_flag_lock``.
+the layers).  It owns ``_validated``, ``_validated_by_handle``, ``_list_staging`` and ``encode_ahead``, read and
+changed under the device's lock: a list's weak-reference callback (any thread, maybe during one of the device's
+own calls) takes the lock, and defers its work to the end of that call when it fires inside one.  The jobs
+encoding ahead (``_jobs``, their ``state`` and ``cancelled``) and what they encoded (``_ahead``,
+``_ahead_lists``) are guarded by their own condition, ``_jobs_changed``: an encoding ahead keeps its command buffer
+without taking the device's lock (one acquisition less per replay); a submit or a release, which hold the device's
+lock, take it too.  The probed offset is per process: ``_submitted_flag``, guarded by ``_submitted_flag_lock``.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ _TailKey = tuple[tuple[Any, ...], ...]
 
 class _AheadJob:
     """The encoding of a frozen list's next command buffer, made after its submit *outside* the device's lock
-    (:meth:`_EncodeAhead._encode_ahead`).  ``state``: "pending" (made under the lock), "encoding", "encoded" (until
-    it is kept or released, under the lock again: only then does it leave the device's ``_jobs``); ``cancelled``
-    once a release took away a handle it names (or a buffer its tail copies from or into)."""
+    (:meth:`_EncodeAhead._encode_ahead`).  ``state``: "pending" (made under the lock), "encoding", "done" (its
+    command buffer kept or released, under the jobs' lock: only then does it leave the device's ``_jobs``);
+    ``cancelled`` once a release took away a handle it names (or a buffer its tail copies from or into)."""
 
     __slots__ = ("commands", "tail", "key", "state", "cancelled", "thread")
 
@@ -195,8 +197,9 @@ class _EncodeAhead(_DeviceBase):
         ready = 0
         if ahead:
             key = (list_id, () if tail is None else tuple(tail.records()))
-            ready = self._ahead.pop(key, 0)
-            owner = self._ahead_lists.pop(key, None)
+            with self._jobs_changed:  # (an encoding ahead stores into these under that lock alone)
+                ready = self._ahead.pop(key, 0)
+                owner = self._ahead_lists.pop(key, None)
             if ready and (owner is None or owner() is not commands):  # encoded for a dead list of the same id
                 table.release_encoded(ready)
                 ready = 0
@@ -236,20 +239,22 @@ class _EncodeAhead(_DeviceBase):
         try:
             encoded = job.commands.encode_native(self._native_table, job.tail)  # C, the GIL released
         finally:
+            # Kept (or released, if a release cancelled the job meanwhile) under the jobs' lock, not the device's:
+            # a release cancels the jobs it selects under that lock before it looks at what is kept, so either it
+            # finds this buffer kept and releases it, or this sees the job cancelled.  The next submit of the list
+            # takes the buffer under both locks.
             with self._jobs_changed:
-                job.state = "encoded"  # still in _jobs: a release until it is kept below cancels it
-                self._jobs_changed.notify_all()
-        try:
-            if encoded:  # (0: an error wgpu-native reported: the next submit encodes again)
-                with self._lock:
-                    if job.cancelled or self._device is None or job.key in self._ahead:
-                        self._native_table.release_encoded(encoded)
-                    else:
-                        self._ahead[job.key] = encoded
-                        self._ahead_lists[job.key] = weakref.ref(job.commands)
-        finally:
-            with self._jobs_changed:
-                self._jobs.discard(job)
+                try:
+                    if encoded:  # (0: an error wgpu-native reported: the next submit encodes again)
+                        if job.cancelled or job.key in self._ahead:
+                            self._native_table.release_encoded(encoded)
+                        else:
+                            self._ahead[job.key] = encoded
+                            self._ahead_lists[job.key] = weakref.ref(job.commands)
+                finally:
+                    job.state = "done"
+                    self._jobs.discard(job)
+                    self._jobs_changed.notify_all()
 
     def _cancel_job(self, job: _AheadJob | None) -> None:
         """Drop a job that will not be run (its submit raised)."""
@@ -275,9 +280,12 @@ class _EncodeAhead(_DeviceBase):
         Encodings ahead in progress that it selects are cancelled first (waited for if another thread runs one)."""
         if self._jobs:
             self._cancel_jobs(which)
-        for key in [key for key in list(self._ahead) if which(key)]:
-            self._ahead_lists.pop(key, None)
-            command_buffer = self._ahead.pop(key, 0)
+        with self._jobs_changed:
+            selected = [key for key in self._ahead if which(key)]
+            for key in selected:
+                self._ahead_lists.pop(key, None)
+            released = [self._ahead.pop(key) for key in selected]
+        for command_buffer in released:
             if command_buffer:
                 self._native_table.release_encoded(command_buffer)
 
