@@ -20,7 +20,7 @@ from ortgpu_core._errors import (
     ValidationError,
 )
 from ortgpu_core.backends import _cdef
-from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends._commands import HANDLE_ADDRESS_MASK, CommandList
 from ortgpu_core.backends.protocol import AdapterInfo, Backend, BackendDevice, BindingEntry
 from ortgpu_core.backends.wgpu_native import (
     WgpuBackend,
@@ -778,3 +778,32 @@ def test_encode_ahead_off_holds_nothing(backend: WgpuBackend) -> None:
 def test_encode_ahead_argument_is_checked(bad: object) -> None:
     with pytest.raises(InvalidArgumentError, match="encode_ahead must be True or False"):
         WgpuBackend(encode_ahead=bad)  # type: ignore[arg-type]
+
+
+def test_a_released_handle_never_names_the_object_made_at_its_address(clean: WgpuDevice) -> None:
+    """wgpu-native reuses a freed object's address for a later one.  A handle kept past its release (another
+    thread still holding it, say) must be refused, not name the new object: on the H200 such a read returned the
+    contents of the buffer made later at the same address.  Handles carry a generation above the address bits."""
+    device = clean
+    stale = device.create_buffer(1024)
+    device.destroy_buffer(stale)
+    fresh = 0
+    for _ in range(64):  # make and free buffers until one lands at the released one's address
+        fresh = device.create_buffer(1024)
+        if fresh & HANDLE_ADDRESS_MASK == stale & HANDLE_ADDRESS_MASK:
+            break
+        device.destroy_buffer(fresh)
+    else:
+        pytest.fail("wgpu-native never reused the released buffer's address: this test shows nothing")
+    try:
+        device.write_buffer(fresh, 0, np.arange(256, dtype=np.float32).tobytes())
+        assert fresh != stale
+        with pytest.raises(ValidationError, match="not a live"):
+            device.read_buffer(stale, 0, 1024)
+        commands = CommandList()
+        commands.add_copy(stale, 0, fresh, 0, 1024)
+        with pytest.raises(ValidationError, match="not a live"):
+            device.submit(commands)
+        assert np.array_equal(np.frombuffer(device.read_buffer(fresh, 0, 1024), np.float32), np.arange(256))
+    finally:
+        device.destroy_buffer(fresh)

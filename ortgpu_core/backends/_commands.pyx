@@ -24,6 +24,11 @@ CLEAR = COMMAND_CLEAR
 TIMESTAMP = COMMAND_TIMESTAMP
 RESOLVE = COMMAND_RESOLVE
 
+# The address bits of a wgpu backend handle (x86-64 and AArch64 user-space addresses fit in 48 bits); the bits
+# above hold the handle's generation (see ``_wgpu_device_base._DeviceBase._new_handle``).
+cdef uintptr_t _ADDRESS_MASK = 0x0000FFFFFFFFFFFF
+HANDLE_ADDRESS_MASK = _ADDRESS_MASK
+
 # Function pointer types of the wgpu-native entry points the loop calls.  Each
 # comment gives the C signature from webgpu.h; handles are opaque pointers.
 # WGPUCommandEncoder wgpuDeviceCreateCommandEncoder(WGPUDevice, WGPUCommandEncoderDescriptor const*)
@@ -78,6 +83,12 @@ cdef inline void _release_unsubmitted(NativeTable table, void* command_buffer) n
     (<handle_fn>table.fn_release_command_buffer)(command_buffer)
 
 
+cdef inline void* _native(uintptr_t handle) noexcept nogil:
+    # A wgpu backend handle is the object's address with a generation in its top 16 bits (``HANDLE_ADDRESS_MASK``
+    # keeps the address): the generation makes a handle released and a new one at the same address differ.
+    return <void*>(handle & _ADDRESS_MASK)
+
+
 cdef inline void _encode_record(NativeTable table, void* encoder, CommandRecord* r, void** compute_pass,
                                 void** last_pipeline) noexcept nogil:
     # One record into ``encoder``: dispatches share the open compute pass (one is begun when none is open; the
@@ -86,26 +97,26 @@ cdef inline void _encode_record(NativeTable table, void* encoder, CommandRecord*
     # that a timestamp is written inside the open pass where the table allows it (timestamp-query-inside-passes):
     # ending a pass per profiled step would add the pass's own cost to every step.
     if r.kind == COMMAND_TIMESTAMP and compute_pass[0] != NULL and table.pass_timestamps:
-        (<write_timestamp_fn>table.fn_pass_write_timestamp)(compute_pass[0], <void*>r.a, r.x)
+        (<write_timestamp_fn>table.fn_pass_write_timestamp)(compute_pass[0], _native(r.a), r.x)
     elif r.kind == COMMAND_DISPATCH:
         if compute_pass[0] == NULL:
             compute_pass[0] = (<begin_compute_pass_fn>table.fn_begin_compute_pass)(encoder, NULL)
             last_pipeline[0] = NULL
-        if <void*>r.a != last_pipeline[0]:
-            (<set_pipeline_fn>table.fn_set_pipeline)(compute_pass[0], <void*>r.a)
-            last_pipeline[0] = <void*>r.a
-        (<set_bind_group_fn>table.fn_set_bind_group)(compute_pass[0], 0, <void*>r.b, 0, NULL)
+        if _native(r.a) != last_pipeline[0]:
+            (<set_pipeline_fn>table.fn_set_pipeline)(compute_pass[0], _native(r.a))
+            last_pipeline[0] = _native(r.a)
+        (<set_bind_group_fn>table.fn_set_bind_group)(compute_pass[0], 0, _native(r.b), 0, NULL)
         (<dispatch_fn>table.fn_dispatch)(compute_pass[0], r.x, r.y, r.z)
     else:
         _end_pass(table, compute_pass)
         if r.kind == COMMAND_COPY:
-            (<copy_buffer_fn>table.fn_copy_buffer)(encoder, <void*>r.a, r.offset_a, <void*>r.b, r.offset_b, r.size)
+            (<copy_buffer_fn>table.fn_copy_buffer)(encoder, _native(r.a), r.offset_a, _native(r.b), r.offset_b, r.size)
         elif r.kind == COMMAND_TIMESTAMP:
-            (<write_timestamp_fn>table.fn_write_timestamp)(encoder, <void*>r.a, r.x)
+            (<write_timestamp_fn>table.fn_write_timestamp)(encoder, _native(r.a), r.x)
         elif r.kind == COMMAND_RESOLVE:
-            (<resolve_query_set_fn>table.fn_resolve_query_set)(encoder, <void*>r.a, r.x, r.y, <void*>r.b, r.offset_b)
+            (<resolve_query_set_fn>table.fn_resolve_query_set)(encoder, _native(r.a), r.x, r.y, _native(r.b), r.offset_b)
         else:
-            (<clear_buffer_fn>table.fn_clear_buffer)(encoder, <void*>r.a, r.offset_a, r.size)
+            (<clear_buffer_fn>table.fn_clear_buffer)(encoder, _native(r.a), r.offset_a, r.size)
 
 
 cdef class NativeTable:

