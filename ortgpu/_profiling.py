@@ -8,19 +8,19 @@ events are appended under its own lock, and writing the trace drains only that r
 **GPU timestamps where the device has them** (``timestamps_supported``: WebGPU's ``timestamp-query`` plus
 wgpu-native's ``timestamp-query-inside-encoders``; the H200 and lavapipe have both; the fake backend models them
 with its own clock).  A profiled run or replay is then ONE submission, the same records as the unprofiled one
-with a timestamp written before each planned step and after the last, and a resolve of those timestamps into a
-slot of a small resolve buffer (:class:`GpuStepTimer`, one per program, so per session: its query set and
-resolve buffer are released with the program, i.e. with the graph or the session).  Nothing waits for it: the
-resolve buffer has :data:`RING_SLOTS` slots (fewer for a plan whose slot is large: :data:`RING_BYTES`), read back
-together (one read, one wait) when they are all used, and when the trace is written (``end_profiling``).  That
-keeps a profiled replay as asynchronous as an unprofiled one (``replay()`` submits and returns) and costs one wait
-per :data:`RING_SLOTS` profiled runs.  A profiled ``replay_and_read()``, which waits for its outputs anyway, resolves
-into a slot of its own (after the ring's) read in the same submission and wait as the outputs: it never needs the
-ring's read, and when the ring is half full or more it reads the ring's slots in that submission too.  The timestamps are kept raw
-(ticks) until events are asked for (``trace()``, ``event_count``, the trace written): a profiled run or replay
-builds no event on the host meanwhile.  Timed command lists
-are frozen and cached per slot and per set of bound buffers, so the wgpu backend validates each once and encodes
-it ahead, as it does a captured graph's list.  Events: one per planned step, its duration the GPU time between
+with a timestamp written before each planned step and after the last, into the query set of a free slot of a small
+ring (:class:`GpuStepTimer`, one per program, so per session: its query sets and resolve buffer are released with
+the program, i.e. with the graph or the session).  Nothing waits for it, and nothing is resolved per run: the
+ring's :data:`RING_SLOTS` slots (fewer for a plan whose slot is large: :data:`RING_BYTES`) are resolved and read
+back together (one submission, one wait) when they are all used, when the trace is written (``end_profiling``),
+and, for ``replay_and_read()`` (which waits for its outputs anyway), in that wait once half of them are used (the
+replay submitted, then the resolves with the output copies).  That keeps a profiled replay as asynchronous as an
+unprofiled one (``replay()`` submits and returns), costs one wait per :data:`RING_SLOTS` profiled ``replay()``
+calls, and none for ``replay_and_read()``.  The timestamps are kept raw (ticks) until events are asked for
+(``trace()``, ``event_count``, the trace written): a profiled run or replay builds no event on the host meanwhile.
+Timed command lists are frozen and cached per slot and per set of bound buffers, so the wgpu backend validates
+each once and encodes it ahead, as it does a captured graph's list; runs timed per step take the slots from the
+first up, runs timed whole from the last down, so the few per-step lists are reused.  Events: one per planned step, its duration the GPU time between
 its timestamps (name: its first node; cat: its op types, ``+`` joined; ``args.nodes``, ``args.placement``,
 ``args.dispatches``), inside one span per run (cat ``"run"``) or replay (cat ``"replay"``) lasting first to last
 timestamp (``args.gpu_ns``).  **Placement on the timeline**: the GPU clock is not the host's; GPU times are mapped
@@ -108,11 +108,12 @@ def checked_detail_every(value: object) -> int:
     return value
 
 
-#: Slots of a program's resolve buffer: profiled runs resolve their timestamps into the next free slot, and all
-#: slots are read back together (one wait) once they are used, or when the trace is written.  Each slot has its own
-#: frozen timed command list (per kind: per step, or whole), built on its first use; runs timed per step take the
-#: free slots from the first up, runs timed whole from the last down, so the few per-step runs between two reads
-#: (one in ``detail_every``) reuse the same few slots and lists.
+#: Slots of a program's ring: a profiled run writes its timestamps into a free slot's query set, and all pending
+#: slots are resolved and read back together (one wait) once they are all used, or when the trace is written.  Each
+#: slot has its own frozen timed command list (per kind: per step, or whole), built on its first use; runs timed per
+#: step take the free slots from the first up, runs timed whole from the last down, so the few per-step runs between
+#: two reads (one in ``detail_every``) reuse the same few slots and lists.  (64 slots measured worse on the H200:
+#: every slot's lists are built and validated once.)
 RING_SLOTS = 16
 
 #: A resolve buffer's size at most, for plans whose slot is large (many steps): fewer slots then, never under
@@ -196,12 +197,14 @@ _Reads = list[tuple[int, int, Any]]
 
 
 class GpuStepTimer:
-    """GPU timestamps of one program's profiled runs and replays (see the module docstring): a query set of
-    ``len(steps) + 1`` timestamps, a resolve buffer of ``slots`` slots (:data:`RING_SLOTS` at most), the frozen timed command list of
-    each slot, and the runs whose values are not read yet.  Made by the runner for a program on first profiled use
-    (``program.timing_resources``), released with it.  Its own lock serializes its runs and reads.
+    """GPU timestamps of one program's profiled runs and replays (see the module docstring): per slot of its ring
+    (``slots``, :data:`RING_SLOTS` at most) a query set of ``len(steps) + 1`` timestamps, a part of one resolve
+    buffer and the frozen timed command lists, and the runs whose values are not read yet.  Made by the runner for
+    a program on first profiled use (``program.timing_resources``), released with it.  Its own lock serializes its
+    runs and reads.
 
-    ``read(buffer, offset, out)`` reads the resolve buffer (the runner's ``read_buffer_into``, under its
+    ``read(commands, buffer, offset, out)`` submits ``commands`` (the pending runs' resolves) and reads the resolve
+    buffer after them, in one submission (the runner's ``_read_timestamps``: ``submit_and_read``, under its
     submission lock in serialized mode); a bound method is held weakly (the timer must not keep its runner, or
     the profilers its runs belong to, alive)."""
 
@@ -224,22 +227,21 @@ class GpuStepTimer:
             weakref.WeakMethod(read) if hasattr(read, "__self__") else (lambda: read)
         )
         self._lock = threading.Lock()
-        # per slot, and one more for the slot after the ring (runs read back at once: replay_and_read)
-        self._lists: list[tuple[object, CommandList] | None] = [None] * (self.slots + 1)
+        self._lists: list[tuple[object, CommandList] | None] = [None] * self.slots
         self._last_profiler: weakref.ref[SessionProfiler] | None = None
-        self._span_lists: list[tuple[object, CommandList] | None] = [None] * (self.slots + 1)  # detail=False runs
+        self._span_lists: list[tuple[object, CommandList] | None] = [None] * self.slots  # detail=False runs
         self._pending: list[_Pending] = []
         self._low, self._high = 0, self.slots - 1  # the ring's free slots: _low.._high
         self._released = False  # the program was released (runs may still be pending: see release)
         self._freed = False  # the query set and resolve buffer are freed
         # one query set per slot: a run's timestamps stay in its slot's set until the ring is read back, and are
-        # resolved then, all in one list (a run resolves its own only in the slot after the ring's)
+        # resolved then, all in one list
         self.query_sets: list[int] = []
         try:
-            for _ in range(self.slots + 1):
+            for _ in range(self.slots):
                 self.query_sets.append(device.create_query_set(self.queries, label="ortgpu profiling timestamps"))
             self.resolve_buffer: int = device.create_query_resolve_buffer(
-                self.stride * (self.slots + 1), label="ortgpu profiling timestamps (resolved)"
+                self.stride * self.slots, label="ortgpu profiling timestamps (resolved)"
             )
         except BaseException:
             for query_set in self.query_sets:
@@ -261,20 +263,17 @@ class GpuStepTimer:
         submit_and_read: Callable[[CommandList, _Reads], None] | None = None,
     ) -> None:
         """Submit ``program``'s work on these buffers once, timed (per step with ``detail``, else as a whole), and
-        note it for ``profiler`` (raw: it becomes events when they are asked for).
-
-        Without ``submit_and_read``: submitted by ``submit(commands)``, the timestamps resolved into the ring's
-        next slot, where they wait until the ring is read back (when it is full, or the trace is written).  With
-        it: submitted by ``submit_and_read(commands, reads + [timestamps])``, the timestamps resolved into the
-        slot kept for such runs (after the ring's) and read back with ``reads``, in the same submission and wait;
-        when the ring is half full or more, its slots are read in that submission too (a wait there anyway)."""
-        sync = submit_and_read is not None
+        note it for ``profiler`` (raw: it becomes events when they are asked for).  Its timestamps go to the next
+        free slot's query set, and are resolved and read back with the ring's other pending runs: when the ring is
+        full (one read, one wait), when the trace is written, or, with ``submit_and_read`` (``replay_and_read``:
+        ``reads`` are made in the same submission as the work, which waits for them anyway), in that wait once the
+        ring is half full (the work submitted first, then the resolves with the reads)."""
         with self._lock:
             if self._released:
                 raise RuntimeError("this GPU step timer was released with its program")
-            if not sync and self._low > self._high:
+            if self._low > self._high:
                 self._drain_locked()
-            slot = self.slots if sync else self._low if detail else self._high
+            slot = self._low if detail else self._high
             token = program.bind_groups_token(inputs, outputs)
             lists = self._lists if detail else self._span_lists
             cached = lists[slot]
@@ -282,9 +281,6 @@ class GpuStepTimer:
                 commands = cached[1]
             else:
                 commands, token = program.record_timed(inputs, outputs, self.query_sets[slot], per_step=detail)
-                if sync:
-                    count = self.queries if detail else 2
-                    commands.add_resolve(self.query_sets[slot], 0, count, self.resolve_buffer, slot * self.stride)
                 commands.freeze()
                 lists[slot] = (token, commands)
             reference = self._last_profiler
@@ -294,42 +290,38 @@ class GpuStepTimer:
             run = _GpuRun(
                 0, name, cat, args, threading.get_native_id(), threading.current_thread().name, detail, self._info
             )
-            if submit_and_read is None:
-                run.anchor_ns = time.perf_counter_ns()
-                submit(commands)
-                if detail:
-                    self._low += 1
-                else:
-                    self._high -= 1
-                self._pending.append((slot, run, reference))
+            if detail:
+                self._low += 1
             else:
-                ticks = np.empty(self.queries if detail else 2, dtype=np.uint64)
-                all_reads = [*(reads or ()), (self.resolve_buffer, slot * self.stride, ticks.view(np.uint8))]
-                pending: list[_Pending] = []
-                if 2 * len(self._pending) >= self.slots:
-                    pending, self._pending = self._pending, []
-                    low_high, (self._low, self._high) = (self._low, self._high), (0, self.slots - 1)
-                    ring = np.zeros(self.slots * self.stride // 8, dtype=np.uint64)
-                    all_reads.append((self.resolve_buffer, 0, ring.view(np.uint8)))
-                try:
-                    if pending:
-                        submit(self._resolves(pending))
-                    run.anchor_ns = time.perf_counter_ns()
-                    submit_and_read(commands, all_reads)
-                except BaseException:
-                    if pending:  # not read: still in their slots
-                        self._pending[:0] = pending
-                        self._low, self._high = low_high
-                    raise
-                run.ticks = ticks
-                if pending:
-                    self._fill(pending, ring)
+                self._high -= 1
+            self._pending.append((slot, run, reference))
+            submitted = False
+            try:
+                run.anchor_ns = time.perf_counter_ns()
+                if submit_and_read is None:
+                    submit(commands)
+                    submitted = True
+                elif 2 * len(self._pending) < self.slots:
+                    submit_and_read(commands, list(reads or ()))
+                    submitted = True
+                else:  # the ring is half full: its runs' timestamps are resolved and read in this wait
+                    submit(commands)
+                    submitted = True
+                    self._read_ring_with(submit_and_read, list(reads or ()))
+            except BaseException:
+                if not submitted:  # no slot taken
+                    self._pending.pop()
+                    if detail:
+                        self._low -= 1
+                    else:
+                        self._high += 1
+                raise
             profiler._add_gpu_run(run)
 
     def drain(self) -> None:
-        """Read back every pending run's timestamps (one read, one wait) into their runs.  A timer released with
-        runs pending (its program was released: a graph released, a session closed, while profiling) frees its
-        query set and buffer once they are read (or the read fails)."""
+        """Resolve and read back every pending run's timestamps (one submission, one wait) into their runs.  A timer
+        released with runs pending (its program was released: a graph released, a session closed, while profiling)
+        frees its query sets and buffer once they are read (or the read fails)."""
         with self._lock:
             try:
                 self._drain_locked()
@@ -355,6 +347,19 @@ class GpuStepTimer:
                 if run.ticks is None:
                     run.ticks = _LOST
 
+    def _read_ring_with(self, submit_and_read: Callable[[CommandList, _Reads], None], reads: _Reads) -> None:
+        """Resolve every pending run's timestamps and read them, with ``reads``, in one submission and wait."""
+        pending, self._pending = self._pending, []
+        low_high, (self._low, self._high) = (self._low, self._high), (0, self.slots - 1)
+        values = np.zeros((max(entry[0] for entry in pending) + 1) * self.stride // 8, dtype=np.uint64)
+        try:
+            submit_and_read(self._resolves(pending), [*reads, (self.resolve_buffer, 0, values.view(np.uint8))])
+        except BaseException:
+            self._pending[:0] = pending  # still in their query sets: resolved at the next read
+            self._low, self._high = low_high
+            raise
+        self._fill(pending, values)
+
     def _resolves(self, pending: list[_Pending]) -> CommandList:
         """The resolve of each of ``pending``'s timestamps into its slot of the resolve buffer."""
         commands = CommandList()
@@ -371,7 +376,7 @@ class GpuStepTimer:
             run.ticks = values[start : start + (self.queries if run.detail else 2)].copy()
 
     def release(self) -> None:
-        """Called when the program is released: free the query set and the resolve buffer, or, when runs are
+        """Called when the program is released: free the query sets and the resolve buffer, or, when runs are
         pending (not read back yet), hand the timer to the profiler of the newest of them, which reads them when
         its trace is written and frees the timer then (or frees it unread when the profiler is collected: a
         release never reads, since it may run in a finalizer).  Idempotent."""
@@ -379,8 +384,8 @@ class GpuStepTimer:
             if self._released:
                 return
             self._released = True
-            self._lists = [None] * (self.slots + 1)
-            self._span_lists = [None] * (self.slots + 1)
+            self._lists = [None] * self.slots
+            self._span_lists = [None] * self.slots
             if not self._pending:
                 self._free_locked()
                 return
@@ -391,7 +396,7 @@ class GpuStepTimer:
             self.free()
 
     def free(self) -> None:
-        """Free the query set and the resolve buffer now (pending runs are dropped).  Idempotent."""
+        """Free the query sets and the resolve buffer now (pending runs are dropped).  Idempotent."""
         with self._lock:
             pending, self._pending = self._pending, []
             for _, run, _ in pending:

@@ -424,7 +424,7 @@ class SessionRunner:
             cached = profiler.graph_io[id(graph)] = (graph, inputs, outputs, label)
         _, inputs, outputs, (name, args) = cached
         if timer is not None:
-            # With reads (replay_and_read), the run's timestamps are read in the same submission and wait
+            # With reads (replay_and_read): made in the replay's submission (the ring's timestamps in its wait, when due)
             profiler.run_timed_on_gpu(
                 timer,
                 program,

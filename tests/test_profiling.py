@@ -632,9 +632,8 @@ def test_detail_every_of_the_wrong_type_is_refused(env: Env, bad: object) -> Non
 
 def test_a_profiled_replay_and_read_is_one_submission(env: Env, tmp_path: Path) -> None:
     """With GPU timestamps a profiled replay_and_read submits the timed work and its output copies together (one
-    submission, one wait), as an unprofiled one does, and reads the replay's timestamps in that same submission
-    (two reads: the output and the timestamps; the resolve buffer is never read on its own); the results are right
-    either way."""
+    submission, one wait), as an unprofiled one does; its timestamps wait in the ring (3 runs: under half of its
+    slots), read once when the trace is written; the results are right either way."""
     with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "one")) as sess:
         x_value, _, binding, graph = captured(sess)
         runner = sess._runner
@@ -663,7 +662,7 @@ def test_a_profiled_replay_and_read_is_one_submission(env: Env, tmp_path: Path) 
                     x = image()
                     x_value.update_inplace(x)
                     assert_reference(graph.replay_and_read()[0], x)
-            assert calls == ["submit_and_read(2)"] * 3
+            assert calls == ["submit_and_read(1)"] * 3 + ["read"]
             assert record.path is not None
             spans = gpu_events(load(record.path), "replay")
             assert [(outer["args"]["detail"], len(steps)) for outer, steps in spans] == [
@@ -681,23 +680,27 @@ def test_a_profiled_replay_and_read_is_one_submission(env: Env, tmp_path: Path) 
 def test_a_full_ring_is_read_once_and_replays_keep_their_order(
     env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Profiled replay() calls resolve into the ring's slots, read back together (one read, one wait) only when
-    every slot holds an unread run; a replay_and_read() reads its own timestamps with its outputs, and the ring's
-    slots too when half of them or more are unread.  With a ring of MIN_RING_SLOTS slots (RING_BYTES made small):
-    slots - 1 replays and a replay_and_read (which reads the ring: 3 regions), then slots + 1 replays (the ring
-    read once, on its own, before the last), a replay_and_read alone (1 unread: 2 regions), then a trace (the ring
-    read once more for the last replay); the trace has every replay, in submission order, each span after the
-    previous one."""
+    """Profiled runs leave their timestamps in their ring slot's query set; the ring's pending runs are resolved and
+    read back together only when every slot holds one (one read, one wait, before the next run), when the trace
+    is written, or in a replay_and_read()'s own wait once half of the slots or more hold one (the work submitted,
+    then the resolves with the output and ring reads: two regions).  With a ring of MIN_RING_SLOTS (4) slots
+    (RING_BYTES made small): a replay_and_read alone (1 of 4 pending: its output only), 2 replays and a
+    replay_and_read (4 of 4: read in its wait), 5 replays (the ring read on its own before the 5th), the trace
+    (read for the last one).  The trace has every replay, in submission order, each span after the previous one."""
     monkeypatch.setattr(_profiling, "RING_BYTES", 1)
     with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "ring")) as sess:
         x_value, _, binding, graph = captured(sess)
         runner = sess._runner
         calls: list[str] = []
-        read, submit_and_read = runner._read_timestamps, runner.submit_and_read
+        read, submit, submit_and_read = runner._read_timestamps, runner.submit, runner.submit_and_read
 
         def counting_read(commands: Any, buffer: int, offset: int, out: Any) -> None:
             calls.append("read")
             read(commands, buffer, offset, out)
+
+        def counting_submit(commands: Any) -> None:
+            calls.append("submit")
+            submit(commands)
 
         def counting_submit_and_read(commands: Any, reads: Any) -> None:
             calls.append(f"submit_and_read({len(reads)})")
@@ -709,26 +712,31 @@ def test_a_full_ring_is_read_once_and_replays_keep_their_order(
             assert_reference(graph.replay_and_read()[0], x)
 
         runner._read_timestamps = counting_read  # type: ignore[method-assign]
+        runner.submit = counting_submit  # type: ignore[method-assign]
         runner.submit_and_read = counting_submit_and_read  # type: ignore[method-assign]
         slots = _profiling.MIN_RING_SLOTS
+        assert slots == 4
         try:
             sess.start_profiling()
-            for _ in range(slots - 1):
-                graph.replay()
             read_and_check()
-            assert calls == ["submit_and_read(3)"]
+            assert calls == ["submit_and_read(1)"]
+            calls.clear()
+            graph.replay()
+            graph.replay()
+            read_and_check()
+            assert calls == ["submit", "submit", "submit", "submit_and_read(2)"]
+            calls.clear()
             for _ in range(slots + 1):
                 graph.replay()
-            assert calls == ["submit_and_read(3)", "read"]
-            read_and_check()
-            assert calls == ["submit_and_read(3)", "read", "submit_and_read(2)"]
+            assert calls == ["submit"] * slots + ["read", "submit"]
+            calls.clear()
             trace = load(sess.end_profiling())
-            assert calls == ["submit_and_read(3)", "read", "submit_and_read(2)", "read"]
+            assert calls == ["read"]
         finally:
-            del runner._read_timestamps, runner.submit_and_read
+            del runner._read_timestamps, runner.submit, runner.submit_and_read
             graph.release()
     spans = complete(trace, "replay")
-    assert len(spans) == 2 * slots + 2
+    assert len(spans) == 2 * slots + 1
     assert all(span["args"]["timing"] == "gpu" for span in spans)
     starts = [span["ts"] for span in spans]
     assert starts == sorted(starts)

@@ -56,7 +56,8 @@ def test_threads_reports_the_gpu_ceiling(backend_name: str, model_path: str, tmp
     assert ceiling["gpu_time_per_replay_s"] > 0
     assert ceiling["ceiling_per_s"] == pytest.approx(1 / ceiling["gpu_time_per_replay_s"])
     throughput = {(r["threads"], r["boundary"]): r["throughput_per_s"] for r in part["results"]}
-    assert set(ceiling["fraction"]) == {"end_to_end", "run_only"}
+    # every boundary the captured arm ran (bench/threads.py: end_to_end, run_only and replay_and_read)
+    assert set(ceiling["fraction"]) == {"end_to_end", "run_only", "replay_and_read"}
     for boundary, by_k in ceiling["fraction"].items():
         assert set(by_k) == {"1", "2"}
         for k, fraction in by_k.items():
