@@ -7,7 +7,8 @@ lavapipe is slow); tests that break a device open their own.
 from __future__ import annotations
 
 import gc
-from typing import Iterator
+import threading
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from ortgpu_core._errors import (
 )
 from ortgpu_core.backends import _cdef
 from ortgpu_core.backends._commands import HANDLE_ADDRESS_MASK, CommandList
+from ortgpu_core.backends._device_calls import UNCAPTURED_ERROR_CALLBACK
 from ortgpu_core.backends.protocol import AdapterInfo, Backend, BackendDevice, BindingEntry
 from ortgpu_core.backends.wgpu_native import (
     WgpuBackend,
@@ -807,3 +809,43 @@ def test_a_released_handle_never_names_the_object_made_at_its_address(clean: Wgp
         assert np.array_equal(np.frombuffer(device.read_buffer(fresh, 0, 1024), np.float32), np.arange(256))
     finally:
         device.destroy_buffer(fresh)
+
+
+def test_errors_reach_only_the_thread_whose_call_reported_them(clean: WgpuDevice) -> None:
+    """The uncaptured-error callback (C) records each error with the thread it fired in (wgpu-native calls it
+    inside the failing call): a thread's _raise_pending raises its own errors only, never another thread's."""
+    device = clean
+    ffi = device._ffi
+    callback = ffi.cast("WGPUUncapturedErrorCallback", UNCAPTURED_ERROR_CALLBACK)
+    userdata = ffi.cast("void *", device._sink.reports.address)
+    keep: list[Any] = []
+
+    def report(text: str) -> None:  # what wgpu-native does inside a failing call made by this thread
+        message = ffi.new("WGPUStringView *")
+        data = ffi.new("char[]", text.encode())
+        keep.append(data)
+        message.data = data
+        message.length = len(text)
+        callback(ffi.NULL, device._lib.WGPUErrorType_Validation, message[0], userdata, ffi.NULL)
+
+    reported = threading.Event()
+    raised: list[str] = []
+
+    def other() -> None:
+        report("the other thread's error")
+        reported.set()
+        try:
+            device._raise_pending("the other thread's call")
+        except ValidationError as error:
+            raised.append(str(error))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert reported.wait(30)
+    thread.join(30)
+    device._raise_pending("this thread's call")  # nothing of its own: raises nothing
+    report("this thread's error")
+    with pytest.raises(ValidationError, match="this thread's call: this thread's error"):
+        device._raise_pending("this thread's call")
+    assert raised == ["the other thread's call: the other thread's error"]
+    assert device._sink.reports.pending == 0

@@ -258,6 +258,17 @@ def test_the_c_view_of_the_map_callback_descriptor_matches_webgpu_h() -> None:
         "userdata2",
     ]
     assert ffi.offsetof("WGPUBufferMapCallbackInfo", "callback") == 16
+    # and WGPUQueueWorkDoneCallbackInfo, which request_work_done passes by value
+    from ortgpu_core.backends._device_calls import WORK_DONE_CALLBACK_INFO_SIZE
+
+    assert WORK_DONE_CALLBACK_INFO_SIZE == ffi.sizeof("WGPUQueueWorkDoneCallbackInfo") == 40
+    assert [name for name, _ in ffi.typeof("WGPUQueueWorkDoneCallbackInfo").fields] == [
+        "nextInChain",
+        "mode",
+        "callback",
+        "userdata1",
+        "userdata2",
+    ]
 
 
 def test_a_device_destroyed_behind_the_library_during_a_wait_is_device_lost(device: WgpuDevice) -> None:

@@ -24,7 +24,7 @@ from cpython.pythread cimport (
     WAIT_LOCK,
 )
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
@@ -37,11 +37,15 @@ cdef extern from *:
     static inline void ortgpu_store_size(size_t *target, size_t value) {
         __atomic_store_n(target, value, __ATOMIC_RELEASE);
     }
+    static inline void ortgpu_count_up(uint32_t *counter) { __atomic_add_fetch(counter, 1, __ATOMIC_SEQ_CST); }
+    static inline unsigned long ortgpu_thread_ident(void) { return PyThread_get_thread_ident(); }
     """
     int ortgpu_load_flag(const int *flag) nogil
     void ortgpu_store_flag(int *flag, int value) nogil
     size_t ortgpu_load_size(const size_t *value) nogil
     void ortgpu_store_size(size_t *target, size_t value) nogil
+    void ortgpu_count_up(uint32_t *counter) nogil
+    unsigned long ortgpu_thread_ident() nogil
 
 # The layout of WGPUBufferMapCallbackInfo (webgpu.h): checked against cffi's by the wgpu backend's tests.
 ctypedef struct MapCallbackInfo:
@@ -242,8 +246,9 @@ cdef class Completions:
         cdef Completion* item
         if ortgpu_load_size(&self.queue.count) == 0 and self.queue.dropped == 0:
             return taken
-        with nogil:
-            PyThread_acquire_lock(self.queue.lock, WAIT_LOCK)
+        # Taken keeping the GIL, and never held while waiting for it: its other holders (the callbacks, inside
+        # native calls that may be made keeping the GIL) hold it only for a few C statements
+        PyThread_acquire_lock(self.queue.lock, WAIT_LOCK)
         try:
             for i in range(self.queue.count):
                 item = &self.queue.items[i]
@@ -255,6 +260,44 @@ cdef class Completions:
         if dropped:
             raise MemoryError(f"{dropped} map or work-done completions were lost (no memory to record them)")
         return taken
+
+
+# void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
+ctypedef void (*queue_write_fn)(void*, void*, uint64_t, const void*, size_t) noexcept
+# WGPUFuture wgpuQueueOnSubmittedWorkDone(WGPUQueue queue, WGPUQueueWorkDoneCallbackInfo callbackInfo)
+ctypedef struct WorkDoneCallbackInfo:
+    void* nextInChain
+    uint32_t mode
+    void* callback
+    void* userdata1
+    void* userdata2
+ctypedef Future (*work_done_fn)(void*, WorkDoneCallbackInfo) noexcept
+
+
+WORK_DONE_CALLBACK_INFO_SIZE = sizeof(WorkDoneCallbackInfo)
+
+
+def queue_write(uintptr_t write_buffer, uintptr_t queue, uintptr_t buffer, uint64_t offset, uintptr_t data,
+                size_t size):
+    """``wgpuQueueWriteBuffer(queue, buffer, offset, data, size)``, keeping the GIL (for short writes made under
+    the device's lock; ``data`` may be 0 when ``size`` is 0)."""
+    if write_buffer == 0 or queue == 0 or buffer == 0 or (data == 0 and size != 0):
+        raise ValueError("queue_write: a null address")
+    (<queue_write_fn>write_buffer)(<void*>queue, <void*>buffer, offset, <const void*>data, size)
+
+
+def request_work_done(uintptr_t on_submitted_work_done, uintptr_t queue, uint32_t callback_mode,
+                      uintptr_t callback, uintptr_t token, uintptr_t userdata2):
+    """``wgpuQueueOnSubmittedWorkDone(queue, {callback_mode, callback, token, userdata2})``, keeping the GIL."""
+    cdef WorkDoneCallbackInfo info
+    info.nextInChain = NULL
+    info.mode = callback_mode
+    info.callback = <void*>callback
+    info.userdata1 = <void*>token
+    info.userdata2 = <void*>userdata2
+    if on_submitted_work_done == 0 or queue == 0 or callback == 0:
+        raise ValueError("request_work_done: a null address")
+    (<work_done_fn>on_submitted_work_done)(<void*>queue, info)
 
 
 def copy_out(uintptr_t mapped_range, uintptr_t unmap, uintptr_t buffer, size_t size, list regions):
@@ -277,3 +320,198 @@ def copy_out(uintptr_t mapped_range, uintptr_t unmap, uintptr_t buffer, size_t s
     finally:
         (<unmap_fn>unmap)(<void*>buffer)
 
+
+
+# -- errors and device loss: the device's uncaptured-error and device-lost callbacks, in C ----------------------
+
+ctypedef struct ErrorEntry:
+    unsigned long thread  # the thread whose native call reported it (the callback runs inside that call)
+    uint32_t type  # WGPUErrorType
+    char* message  # malloc'd, NUL-terminated
+
+ctypedef struct ErrorQueue:
+    PyThread_type_lock lock
+    ErrorEntry* items
+    size_t count
+    size_t capacity
+    size_t dropped
+    uint32_t error_count  # every error reported (the command loop compares it around wgpuCommandEncoderFinish)
+    int lost  # set once by the device-lost callback (unless ignore_lost)
+    uint32_t lost_reason
+    char* lost_message
+    int ignore_lost
+
+
+cdef char* _copy_message(StringView message) noexcept nogil:
+    cdef size_t length = 0
+    cdef char* copy
+    if message.data != NULL:
+        if message.length == <size_t>-1:
+            while message.data[length] != 0:
+                length += 1
+        else:
+            length = message.length
+    copy = <char*>malloc(length + 1)
+    if copy != NULL:
+        if length:
+            memcpy(copy, message.data, length)
+        copy[length] = 0
+    return copy
+
+
+# void (*WGPUUncapturedErrorCallback)(WGPUDevice const * device, WGPUErrorType type, WGPUStringView message,
+#                                     void* userdata1, void* userdata2)
+cdef void _on_uncaptured_error(const void* device, uint32_t error_type, StringView message, void* userdata1,
+                               void* userdata2) noexcept nogil:
+    cdef ErrorQueue* queue = <ErrorQueue*>userdata1
+    cdef ErrorEntry* grown
+    cdef size_t capacity
+    if queue == NULL:
+        return
+    ortgpu_count_up(&queue.error_count)
+    PyThread_acquire_lock(queue.lock, WAIT_LOCK)
+    if queue.count == queue.capacity:
+        capacity = queue.capacity * 2 if queue.capacity else 8
+        grown = <ErrorEntry*>realloc(queue.items, capacity * sizeof(ErrorEntry))
+        if grown == NULL:
+            queue.dropped += 1
+            PyThread_release_lock(queue.lock)
+            return
+        queue.items = grown
+        queue.capacity = capacity
+    queue.items[queue.count].thread = ortgpu_thread_ident()
+    queue.items[queue.count].type = error_type
+    queue.items[queue.count].message = _copy_message(message)
+    queue.count += 1
+    PyThread_release_lock(queue.lock)
+
+
+# void (*WGPUDeviceLostCallback)(WGPUDevice const * device, WGPUDeviceLostReason reason, WGPUStringView message,
+#                                void* userdata1, void* userdata2)
+cdef void _on_device_lost(const void* device, uint32_t reason, StringView message, void* userdata1,
+                          void* userdata2) noexcept nogil:
+    cdef ErrorQueue* queue = <ErrorQueue*>userdata1
+    if queue == NULL:
+        return
+    PyThread_acquire_lock(queue.lock, WAIT_LOCK)
+    if not queue.ignore_lost and not queue.lost:
+        queue.lost_reason = reason
+        queue.lost_message = _copy_message(message)
+        queue.lost = 1
+    PyThread_release_lock(queue.lock)
+
+
+#: The addresses of the device's uncaptured-error and device-lost callbacks (userdata1: an
+#: :class:`ErrorReports`' ``address``).
+UNCAPTURED_ERROR_CALLBACK = <uintptr_t>&_on_uncaptured_error
+DEVICE_LOST_CALLBACK = <uintptr_t>&_on_device_lost
+
+
+cdef class ErrorReports:
+    """What a device's uncaptured-error and device-lost callbacks report.  Both are C and take no GIL, so no
+    native call ever waits for Python (a thread may then hold the GIL across a short native call without risking
+    a deadlock with another thread inside wgpu-native).  wgpu-native 29 calls the error callback synchronously
+    inside the failing call, so each error is recorded with the thread that made it, and :meth:`take` hands a
+    thread its own errors only: an error reaches the caller whose call caused it, whatever other threads do."""
+
+    cdef ErrorQueue queue
+
+    def __cinit__(self):
+        self.queue.lock = PyThread_allocate_lock()
+        if self.queue.lock == NULL:
+            raise MemoryError("ErrorReports: no lock")
+        self.queue.items = NULL
+        self.queue.count = 0
+        self.queue.capacity = 0
+        self.queue.dropped = 0
+        self.queue.error_count = 0
+        self.queue.lost = 0
+        self.queue.lost_reason = 0
+        self.queue.lost_message = NULL
+        self.queue.ignore_lost = 0
+
+    def __dealloc__(self):
+        cdef size_t i
+        for i in range(self.queue.count):
+            free(self.queue.items[i].message)
+        free(self.queue.items)
+        free(self.queue.lost_message)
+        if self.queue.lock != NULL:
+            PyThread_free_lock(self.queue.lock)
+
+    @property
+    def address(self):
+        """The callbacks' userdata1."""
+        return <uintptr_t>&self.queue
+
+    @property
+    def error_count_address(self):
+        """The address of the uint32 count of every error reported."""
+        return <uintptr_t>&self.queue.error_count
+
+    @property
+    def pending(self):
+        """Errors not taken yet, of every thread."""
+        return self.queue.count
+
+    @property
+    def lost(self):
+        """``(WGPUDeviceLostReason, message)`` once the device-lost callback reported a loss, else None."""
+        if not ortgpu_load_flag(&self.queue.lost):
+            return None
+        message = "" if self.queue.lost_message == NULL else (<bytes>self.queue.lost_message).decode("utf-8", "replace")
+        return (self.queue.lost_reason, message)
+
+    @property
+    def ignore_lost(self):
+        return bool(self.queue.ignore_lost)
+
+    @ignore_lost.setter
+    def ignore_lost(self, bint value):
+        # Taken keeping the GIL, and never held while waiting for it: its other holders (the callbacks, inside
+        # native calls that may be made keeping the GIL) hold it only for a few C statements
+        PyThread_acquire_lock(self.queue.lock, WAIT_LOCK)
+        self.queue.ignore_lost = value
+        PyThread_release_lock(self.queue.lock)
+
+    def take(self, unsigned long thread):
+        """The errors reported inside ``thread``'s native calls since its last take, oldest first, as
+        ``(WGPUErrorType, message)``; the other threads' stay.  Raises MemoryError if one was lost to a failed
+        allocation."""
+        cdef list taken = []
+        cdef size_t i, kept = 0, dropped
+        cdef ErrorEntry* item
+        if self.queue.count == 0 and self.queue.dropped == 0:
+            return taken
+        # Taken keeping the GIL, and never held while waiting for it: its other holders (the callbacks, inside
+        # native calls that may be made keeping the GIL) hold it only for a few C statements
+        PyThread_acquire_lock(self.queue.lock, WAIT_LOCK)
+        try:
+            for i in range(self.queue.count):
+                item = &self.queue.items[i]
+                if item.thread == thread:
+                    text = "" if item.message == NULL else (<bytes>item.message).decode("utf-8", "replace")
+                    taken.append((item.type, text))
+                    free(item.message)
+                else:
+                    self.queue.items[kept] = item[0]
+                    kept += 1
+            self.queue.count = kept
+            dropped, self.queue.dropped = self.queue.dropped, 0
+        finally:
+            PyThread_release_lock(self.queue.lock)
+        if dropped:
+            raise MemoryError(f"{dropped} wgpu-native errors were lost (no memory to record them)")
+        return taken
+
+    def clear(self):
+        """Drop every thread's errors (the device is being destroyed)."""
+        cdef size_t i
+        # Taken keeping the GIL, and never held while waiting for it: its other holders (the callbacks, inside
+        # native calls that may be made keeping the GIL) hold it only for a few C statements
+        PyThread_acquire_lock(self.queue.lock, WAIT_LOCK)
+        for i in range(self.queue.count):
+            free(self.queue.items[i].message)
+        self.queue.count = 0
+        self.queue.dropped = 0
+        PyThread_release_lock(self.queue.lock)

@@ -128,11 +128,17 @@ def native_adapter_limits(adapter: Any, which: str) -> Any:
 
 
 def request_device(
-    adapter: Any, info: AdapterInfo, on_device_lost: Any, on_uncaptured_error: Any, process_events: Callable[[], None]
+    adapter: Any,
+    info: AdapterInfo,
+    on_device_lost: Any,
+    on_uncaptured_error: Any,
+    userdata: Any,
+    process_events: Callable[[], None],
 ) -> Any:
     """A new ``WGPUDevice`` on ``adapter``, with the adapter's own limits and the :data:`_REQUESTED_FEATURES` it
-    has.  ``on_device_lost`` and ``on_uncaptured_error`` are the device's cffi callbacks (the caller keeps them
-    alive as long as the device); ``process_events`` drives the instance until the request completes."""
+    has.  ``on_device_lost`` and ``on_uncaptured_error`` are the device's callbacks (function pointers, called
+    with ``userdata`` as their userdata1; the caller keeps what they use alive as long as the device);
+    ``process_events`` drives the instance until the request completes."""
     ffi, lib = load_native()
     adapter_limits = native_adapter_limits(adapter, f"{info.index} ({info.name})")
 
@@ -155,7 +161,9 @@ def request_device(
     descriptor.requiredLimits = adapter_limits
     descriptor.deviceLostCallbackInfo.mode = lib.WGPUCallbackMode_AllowSpontaneous
     descriptor.deviceLostCallbackInfo.callback = on_device_lost
+    descriptor.deviceLostCallbackInfo.userdata1 = userdata
     descriptor.uncapturedErrorCallbackInfo.callback = on_uncaptured_error
+    descriptor.uncapturedErrorCallbackInfo.userdata1 = userdata
 
     result: dict[str, Any] = {}
 

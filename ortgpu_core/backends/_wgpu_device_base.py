@@ -4,31 +4,36 @@ lock, the error sink, the handle table, and the checks made around each native c
 wgpu-native dereferences whatever pointer it is given, and some of its errors abort the process (Rust panics),
 so cheap checks (handle liveness, sizes, alignment, limits) are made here, in Python, before a call.  Errors
 wgpu-native reports go to the device's uncaptured-error callback, which wgpu-native 29 calls synchronously inside
-the failing call; the callback collects them in an :class:`_ErrorSink`, and :meth:`_DeviceBase._raise_pending`
-raises them as typed exceptions in the caller's frame once the call returns.
+the failing call; the callback (C, no GIL: :class:`._device_calls.ErrorReports`) records each with the thread
+that made the call, and :meth:`_DeviceBase._raise_pending` raises the calling thread's own as typed exceptions in
+its frame once the call returns: an error reaches only the caller that caused it, whatever other threads do.
+Neither callback runs Python, so no native call ever waits for the GIL (a thread inside wgpu-native, holding its
+locks, never waits on a thread that holds the GIL and waits for those locks).
 
 The device is built in layers, each a class that owns some of its fields and sets them in its ``_init_*``
 method: :class:`_DeviceBase` (here), then ``_EncodeAhead`` (:mod:`._wgpu_encode_ahead`), ``_Readback``
 (:mod:`._wgpu_readback`), and ``WgpuDevice`` itself (:mod:`.wgpu_native`: set-up, buffers, kernels, submit,
 lifetime).  :class:`_DeviceBase` owns ``_ffi``/``_lib``, the ``_device`` and ``_queue`` pointers, ``_lock``,
-``_handles``, ``_sink``, ``_error_count`` and the error and device-lost callbacks.  Every field of every layer
-is read and changed under the device's lock (``_lock``, a :class:`DeviceLock` taken by :func:`_serialized`),
-except what ``_Readback`` keeps for waits made outside the lock (its docstring says which); the native callbacks
-write ``_sink`` and ``_error_count`` from inside the native calls the lock's holder makes (the device-lost callback
-may also fire on its own, or in an unlocked poll; it only sets ``_sink.lost``).
+``_handles``, ``_sink`` and the error and device-lost callbacks.  Every field of every layer is read and changed
+under the device's lock (``_lock``, a :class:`DeviceLock` taken by :func:`_serialized`), except what
+``_Readback`` keeps for waits made outside the lock (its docstring says which); the native callbacks write
+``_sink``'s C record (its own lock) from inside whichever native call reports (the device-lost callback may also
+fire on its own, or in an unlocked poll).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from .._errors import DeviceError, DeviceLostError, OutOfMemoryError, ReleasedValueError, ValidationError
 from ._commands import HANDLE_ADDRESS_MASK, CommandList, NativeTable
+from ._device_calls import DEVICE_LOST_CALLBACK, UNCAPTURED_ERROR_CALLBACK, ErrorReports, queue_write
 from ._device_lock import DeviceLock
-from ._wgpu_ffi import _address, _enum_suffix, _string, _string_view, load_native
+from ._wgpu_ffi import _address, _enum_suffix, _string_view, load_native
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, DeviceLimits
 
 # How wgpu-core words the errors of a call on a lost device ("Parent device is lost").
@@ -36,16 +41,43 @@ _LOST_MESSAGE = re.compile(r"device is lost", re.IGNORECASE)
 
 
 class _ErrorSink:
-    """What the native callbacks report, collected until the backend call returns.
+    """What the device's native callbacks report (:class:`._device_calls.ErrorReports`: C callbacks, no GIL),
+    read by the thread whose call caused it.
 
-    Holds no reference to the device, so the callbacks (which hold the sink)
-    make no reference cycle through it.
+    Holds no reference to the device.  ``lost`` is the loss the device-lost callback reported, or one found
+    another way (an error saying the device is lost: wgpu-native 29 does not call the callback for every loss).
     """
 
     def __init__(self) -> None:
-        self.errors: list[tuple[str, str]] = []  # (error type suffix, message)
-        self.lost: str | None = None
-        self.ignore_lost = False
+        self.reports = ErrorReports()
+        self._lost: str | None = None
+
+    @property
+    def lost(self) -> str | None:
+        if self._lost is None:
+            reported = self.reports.lost
+            if reported is not None:
+                self._lost = f"{_enum_suffix('WGPUDeviceLostReason', reported[0])}: {reported[1]}"
+        return self._lost
+
+    @lost.setter
+    def lost(self, value: str | None) -> None:
+        self._lost = value
+
+    @property
+    def ignore_lost(self) -> bool:
+        return self.reports.ignore_lost
+
+    @ignore_lost.setter
+    def ignore_lost(self, value: bool) -> None:
+        self.reports.ignore_lost = value
+
+    def take(self) -> list[tuple[str, str]]:
+        """The calling thread's errors since its last take: (error type suffix, message)."""
+        return [(_enum_suffix("WGPUErrorType", kind), text) for kind, text in self.reports.take(threading.get_ident())]
+
+    def clear(self) -> None:
+        self.reports.clear()
 
 
 @dataclass
@@ -119,30 +151,15 @@ class _DeviceBase:
         self._handles: dict[int, _Handle] = {}
         self._generation = 0  # of the last handle made (see _new_handle)
         self._sentinel: Any = None  # a small COPY_DST buffer for _check_not_lost (made on first use)
-        self._sink = sink = _ErrorSink()
-
-        # Callbacks: never raise into native code (cffi's onerror would print).
-        # Counts every error; the command list's C loop reads it to avoid
-        # submitting a command buffer that Finish reported invalid.
-        self._error_count = error_count = ffi.new("uint32_t *")
-
-        def on_uncaptured_error(device: Any, error_type: int, message: Any, userdata1: Any, userdata2: Any) -> None:
-            error_count[0] += 1
-            try:
-                sink.errors.append((_enum_suffix("WGPUErrorType", error_type), _string(message)))
-            except Exception:  # noqa: BLE001
-                sink.errors.append(("Unknown", "(the error message could not be read)"))
-
-        def on_device_lost(device: Any, reason: int, message: Any, userdata1: Any, userdata2: Any) -> None:
-            try:
-                if not sink.ignore_lost:
-                    sink.lost = f"{_enum_suffix('WGPUDeviceLostReason', reason)}: {_string(message)}"
-            except Exception:  # noqa: BLE001
-                sink.lost = "(reason unreadable)"
-
-        # The cffi callbacks must outlive the device: kept on self.
-        self._on_uncaptured_error = ffi.callback("WGPUUncapturedErrorCallback", on_uncaptured_error)
-        self._on_device_lost = ffi.callback("WGPUDeviceLostCallback", on_device_lost)
+        self._queue_write_address = _address(ffi.addressof(lib, "wgpuQueueWriteBuffer"))
+        self._sink = _ErrorSink()
+        # The callbacks are C (:class:`._device_calls.ErrorReports`): no native call ever needs the GIL.  The
+        # count of every error reported: the command list's C loop reads it to avoid submitting a command buffer
+        # that Finish reported invalid.
+        self._error_count_address = self._sink.reports.error_count_address
+        self._on_uncaptured_error = ffi.cast("WGPUUncapturedErrorCallback", UNCAPTURED_ERROR_CALLBACK)
+        self._on_device_lost = ffi.cast("WGPUDeviceLostCallback", DEVICE_LOST_CALLBACK)
+        self._callback_userdata = ffi.cast("void *", self._sink.reports.address)
 
     # -- errors -------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -162,13 +179,13 @@ class _DeviceBase:
         if self._sink.lost is None:
             self._raise_pending(action)
         else:
-            self._sink.errors = []
+            self._sink.take()
 
     def _raise_pending(self, action: str) -> None:
         """Raise what the callbacks collected during ``action`` as a typed exception."""
         sink = self._sink
-        if sink.errors:
-            errors, sink.errors = sink.errors, []
+        errors = sink.take()
+        if errors:
             kinds = [kind for kind, _ in errors]
             message = f"{action}: " + "\n".join(text for _, text in errors)
             if any(_LOST_MESSAGE.search(text) for _, text in errors):
@@ -195,8 +212,8 @@ class _DeviceBase:
             self._sentinel = self._native_buffer(
                 BUFFER_ALIGNMENT, self._lib.WGPUBufferUsage_CopyDst, "ortgpu liveness probe", action
             )
-        # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
-        self._lib.wgpuQueueWriteBuffer(self._queue, self._sentinel, 0, self._ffi.NULL, 0)
+        # wgpuQueueWriteBuffer(queue, sentinel, 0, NULL, 0), keeping the GIL (under the lock: see _device_calls)
+        queue_write(self._queue_write_address, _address(self._queue), _address(self._sentinel), 0, 0, 0)
         self._raise_pending(action)
 
     def _new_handle(self, pointer: Any) -> int:

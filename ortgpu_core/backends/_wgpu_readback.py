@@ -54,12 +54,23 @@ from typing import Any, Callable, Sequence
 
 from .._errors import DeviceError, ValidationError
 from ._commands import CommandList
-from ._device_calls import COMPLETION_MAP, MAP_CALLBACK, WORK_DONE_CALLBACK, Completions, copy_out, map_read, spin_poll
+from ._device_calls import (
+    COMPLETION_MAP,
+    MAP_CALLBACK,
+    WORK_DONE_CALLBACK,
+    Completions,
+    copy_out,
+    map_read,
+    request_work_done,
+    spin_poll,
+)
 from ._wgpu_encode_ahead import _EncodeAhead
 from ._wgpu_ffi import _address, _enum_suffix
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, host_read_target
 
 _STAGING_MINIMUM = 1 << 16
+# A read's copy to the staging buffer (one record) is encoded and submitted keeping the GIL (under the lock).
+_KEEP_GIL_COPY = True
 # A wait makes at most this many blocking polls before giving up on its request.
 _MAP_POLL_ATTEMPTS = 10_000
 # A waiter that is not polling re-checks at least this often (seconds), whatever it was woken for.
@@ -169,13 +180,13 @@ class _Readback(_EncodeAhead):
         # The native calls made from C (:mod:`._device_calls`), by name.
         self._native_calls = {
             name: _address(ffi.addressof(lib, name))
-            for name in ("wgpuBufferMapAsync", "wgpuBufferGetConstMappedRange", "wgpuBufferUnmap")
+            for name in (
+                "wgpuBufferMapAsync",
+                "wgpuBufferGetConstMappedRange",
+                "wgpuBufferUnmap",
+                "wgpuQueueOnSubmittedWorkDone",
+            )
         }
-        # The work-done callback's descriptor, filled once (a request sets only its token).
-        self._work_done_info = ffi.new("WGPUQueueWorkDoneCallbackInfo *")
-        self._work_done_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
-        self._work_done_info.callback = ffi.cast("WGPUQueueWorkDoneCallback", WORK_DONE_CALLBACK)
-        self._work_done_info.userdata2 = ffi.cast("void *", requests.completions.address)
 
     # -- the staging pool (under the device's lock) -----------------------------------------
     @property
@@ -288,7 +299,7 @@ class _Readback(_EncodeAhead):
         try:
             commands = CommandList()
             commands.add_copy(buffer, offset, staging.address, 0, size)
-            submitted = commands.encode_submit_native(self._native_table)
+            submitted = commands.encode_submit_native(self._native_table, _KEEP_GIL_COPY)  # one copy
             self._raise_pending(action)
             if not submitted:
                 raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")
@@ -405,7 +416,7 @@ class _Readback(_EncodeAhead):
     def wait_idle(self) -> None:
         """Block until all work submitted so far is done (spinning first for up to ``spin_wait_us``), without
         holding the device's lock meanwhile."""
-        ffi, lib, requests = self._ffi, self._lib, self._requests
+        lib, requests = self._lib, self._requests
         with self._lock:
             self._check_open()
             # wgpuDevicePoll's "queue empty" answer can come before the GPU has finished (seen on the H200), so the
@@ -413,9 +424,15 @@ class _Readback(_EncodeAhead):
             self._tokens += 1
             token = self._tokens
             requests.own(token)
-            self._work_done_info.userdata1 = ffi.cast("void *", token)
-            # WGPUFuture wgpuQueueOnSubmittedWorkDone(WGPUQueue queue, WGPUQueueWorkDoneCallbackInfo callbackInfo)
-            lib.wgpuQueueOnSubmittedWorkDone(self._queue, self._work_done_info[0])
+            # wgpuQueueOnSubmittedWorkDone(queue, {callback, token, the completions}), keeping the GIL
+            request_work_done(
+                self._native_calls["wgpuQueueOnSubmittedWorkDone"],
+                _address(self._queue),
+                lib.WGPUCallbackMode_AllowProcessEvents,
+                WORK_DONE_CALLBACK,
+                token,
+                requests.completions.address,
+            )
             self._raise_pending("wait_idle")
         self._wait_until(lambda: requests.work_done_token >= token, "wait_idle")
         failure = requests.work_done_failures.pop(token, None)

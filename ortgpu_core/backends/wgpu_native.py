@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 from .._errors import DeviceError, InvalidArgumentError, ValidationError
 from ._commands import CommandList, NativeTable
+from ._device_calls import queue_write
 from ._wgpu_adapters import (
     _limits_from_native,
     adapter_info,
@@ -54,6 +55,10 @@ from ._wgpu_ffi import _address, _string_view, feature_name, load_native, native
 from ._wgpu_readback import DEFAULT_SPIN_WAIT_US
 from ._wgpu_timestamps import _Timestamps
 from .protocol import AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
+
+# Writes up to this size are made keeping the GIL (a memcpy into wgpu-native's staging memory: microseconds);
+# larger ones release it.
+_KEEP_GIL_WRITE_BYTES = 1 << 16
 
 __all__ = [
     "WgpuBackend",
@@ -241,7 +246,12 @@ class WgpuDevice(_Timestamps):
 
         ffi, lib = self._ffi, self._lib
         self._device = request_device(
-            adapter, info, self._on_device_lost, self._on_uncaptured_error, backend._process_events
+            adapter,
+            info,
+            self._on_device_lost,
+            self._on_uncaptured_error,
+            self._callback_userdata,
+            backend._process_events,
         )
         # WGPUQueue wgpuDeviceGetQueue(WGPUDevice device)
         self._queue = lib.wgpuDeviceGetQueue(self._device)
@@ -253,7 +263,7 @@ class WgpuDevice(_Timestamps):
             _address(self._device),
             _address(self._queue),
             {name: _address(ffi.addressof(lib, "wgpu" + name)) for name in NativeTable.entry_point_names()},
-            _address(self._error_count),
+            self._error_count_address,
         )
         # Profiled steps' timestamps go inside the open compute pass where the device allows it (no pass ends)
         self._native_table.timestamps_in_passes = "timestamp-query-inside-passes" in self.features
@@ -318,8 +328,14 @@ class WgpuDevice(_Timestamps):
             raise ValidationError(f"{action}: the write ends at {offset + size}, past the buffer's {record.size} bytes")
         if size == 0:
             return
-        # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
-        self._lib.wgpuQueueWriteBuffer(self._queue, record.pointer, offset, self._ffi.from_buffer(view), size)
+        data = self._ffi.from_buffer(view)
+        if size <= _KEEP_GIL_WRITE_BYTES:  # a short write keeps the GIL (made under the lock: see _device_calls)
+            queue_write(
+                self._queue_write_address, _address(self._queue), _address(record.pointer), offset, _address(data), size
+            )
+        else:
+            # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
+            self._lib.wgpuQueueWriteBuffer(self._queue, record.pointer, offset, data, size)
         self._raise_pending(action)
 
     # -- kernels --------------------------------------------------------------------
@@ -558,7 +574,7 @@ class WgpuDevice(_Timestamps):
         # void wgpuDeviceDestroy(WGPUDevice device); void wgpuDeviceRelease(WGPUDevice device)
         lib.wgpuDeviceDestroy(device)
         lib.wgpuDeviceRelease(device)
-        self._sink.errors.clear()
+        self._sink.clear()
 
     def __del__(self, warn: Callable[[str], None] = _warn_in_destructor) -> None:
         # warn is bound at definition: at interpreter exit this module's globals may already be None.
