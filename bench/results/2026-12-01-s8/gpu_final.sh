@@ -2,7 +2,7 @@
 # H200 session 8, final: the captured mlp16 threads bench (K = 1, 2, 4, 8; end_to_end, replay_and_read, run_only)
 # alternating this tree (short native calls under the device's lock keep the GIL) and release_gil_bench.py (the
 # same calls releasing it, as before), two rounds; the profiling overhead twice; the thread/encode-ahead/wait tests
-# three times and race_probe.py (the stale-handle reads) on and off.
+# three times, lock_holds.py at K=4, and race_probe.py (the stale-handle reads) on and off.
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -17,6 +17,7 @@ for run in 1 2; do
   timeout 100 python3 bench/results/2026-12-01-s8/release_gil_bench.py $ARGS --json "$OUT/release_$run.json" \
     2>> "$OUT/err.txt" | grep "capture on\|ceiling"
 done
+timeout 60 python3 bench/results/2026-12-01-s8/lock_holds.py 4 1500 end_to_end 2>&1 | tee "$OUT/holds_k4.txt"
 for run in 1 2; do
   timeout 90 python3 -m bench --model mlp16 --profile-overhead --iterations 400 --json "$OUT/profile_$run.json" \
     2>> "$OUT/err.txt" | grep -A3 "^step"
