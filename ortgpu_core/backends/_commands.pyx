@@ -156,17 +156,11 @@ cdef class NativeTable:
         self.pass_timestamps = False
         self.fn_resolve_query_set = <void*><uintptr_t>fn("CommandEncoderResolveQuerySet")
 
-    def submit_encoded(self, uintptr_t command_buffer, bint keep_gil=False):
-        """Submit a command buffer from :meth:`CommandList.encode_native` and release it, with the GIL released
-        unless ``keep_gil`` (a caller holding the device's lock: giving the GIL away for the call would queue it
-        behind other threads' Python with the device locked; wgpu-native's callbacks never need the GIL)."""
+    def submit_encoded(self, uintptr_t command_buffer):
+        """Submit a command buffer from :meth:`CommandList.encode_native` (with the GIL released) and release it."""
         if command_buffer == 0:
             raise ValueError("submit_encoded needs a command buffer address, not 0")
         cdef void* pointer = <void*>command_buffer
-        if keep_gil:
-            (<submit_fn>self.fn_submit)(<void*>self.queue, 1, &pointer)
-            (<handle_fn>self.fn_release_command_buffer)(pointer)
-            return
         with nogil:
             (<submit_fn>self.fn_submit)(<void*>self.queue, 1, &pointer)
             (<handle_fn>self.fn_release_command_buffer)(pointer)
@@ -508,9 +502,8 @@ cdef class CommandList:
             command_buffer = self.encode(table, tail_records, tail_count)
         return <uintptr_t>command_buffer
 
-    def encode_submit_native(self, NativeTable table, bint keep_gil=False):
-        """Encode every record and submit one command buffer, with the GIL released unless ``keep_gil`` (for a
-        short list, made under the device's lock: see :meth:`NativeTable.submit_encoded`).
+    def encode_submit_native(self, NativeTable table):
+        """Encode every record and submit one command buffer, with the GIL released.
 
         Errors wgpu-native reports go to the device's error callback; the
         caller (the wgpu backend) checks for them after this returns.  Returns
@@ -518,11 +511,8 @@ cdef class CommandList:
         failed (no encoder, or the table's error counter moved).
         """
         cdef int submitted
-        if keep_gil:
+        with nogil:
             submitted = self.encode_submit(table, NULL, NULL, 0)
-        else:
-            with nogil:
-                submitted = self.encode_submit(table, NULL, NULL, 0)
         return submitted == 1
 
     def encode_submit_with_tail_native(self, NativeTable table, CommandList tail):

@@ -37,10 +37,6 @@ from ._wgpu_device_base import _DeviceBase
 # copies into the staging buffer); () for none.
 _TailKey = tuple[tuple[Any, ...], ...]
 
-# A command buffer encoded ahead is submitted keeping the GIL (the submit is made under the device's lock: giving
-# the GIL away there queues the lock's holder behind other threads' Python; wgpu-native's callbacks are C).
-_KEEP_GIL_SUBMIT = True
-
 
 class _AheadJob:
     """The encoding of a frozen list's next command buffer, made after its submit *outside* the device's lock
@@ -209,7 +205,7 @@ class _EncodeAhead(_DeviceBase):
                 ready = 0
         if ready:
             self._check_not_lost("submit")  # submitted on a lost device, it would abort the process
-            table.submit_encoded(ready, _KEEP_GIL_SUBMIT)  # keeping the GIL (under the lock: see _device_calls)
+            table.submit_encoded(ready)
             submitted = True
         else:
             submitted = (

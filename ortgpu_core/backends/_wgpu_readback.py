@@ -69,8 +69,6 @@ from ._wgpu_ffi import _address, _enum_suffix
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, host_read_target
 
 _STAGING_MINIMUM = 1 << 16
-# A read's copy to the staging buffer (one record) is encoded and submitted keeping the GIL (under the lock).
-_KEEP_GIL_COPY = True
 # A wait makes at most this many blocking polls before giving up on its request.
 _MAP_POLL_ATTEMPTS = 10_000
 # A waiter that is not polling re-checks at least this often (seconds), whatever it was woken for.
@@ -299,7 +297,7 @@ class _Readback(_EncodeAhead):
         try:
             commands = CommandList()
             commands.add_copy(buffer, offset, staging.address, 0, size)
-            submitted = commands.encode_submit_native(self._native_table, _KEEP_GIL_COPY)  # one copy
+            submitted = commands.encode_submit_native(self._native_table)
             self._raise_pending(action)
             if not submitted:
                 raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")

@@ -38,7 +38,6 @@ from typing import Any, Callable, Sequence
 
 from .._errors import DeviceError, InvalidArgumentError, ValidationError
 from ._commands import CommandList, NativeTable
-from ._device_calls import queue_write
 from ._wgpu_adapters import (
     _limits_from_native,
     adapter_info,
@@ -55,10 +54,6 @@ from ._wgpu_ffi import _address, _string_view, feature_name, load_native, native
 from ._wgpu_readback import DEFAULT_SPIN_WAIT_US
 from ._wgpu_timestamps import _Timestamps
 from .protocol import AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
-
-# Writes up to this size are made keeping the GIL (a memcpy into wgpu-native's staging memory: microseconds);
-# larger ones release it.
-_KEEP_GIL_WRITE_BYTES = 1 << 16
 
 __all__ = [
     "WgpuBackend",
@@ -328,14 +323,8 @@ class WgpuDevice(_Timestamps):
             raise ValidationError(f"{action}: the write ends at {offset + size}, past the buffer's {record.size} bytes")
         if size == 0:
             return
-        data = self._ffi.from_buffer(view)
-        if size <= _KEEP_GIL_WRITE_BYTES:  # a short write keeps the GIL (made under the lock: see _device_calls)
-            queue_write(
-                self._queue_write_address, _address(self._queue), _address(record.pointer), offset, _address(data), size
-            )
-        else:
-            # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
-            self._lib.wgpuQueueWriteBuffer(self._queue, record.pointer, offset, data, size)
+        # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
+        self._lib.wgpuQueueWriteBuffer(self._queue, record.pointer, offset, self._ffi.from_buffer(view), size)
         self._raise_pending(action)
 
     # -- kernels --------------------------------------------------------------------

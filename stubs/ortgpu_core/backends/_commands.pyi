@@ -28,7 +28,7 @@ class NativeTable:
 
     @staticmethod
     def entry_point_names() -> tuple[str, ...]: ...
-    def submit_encoded(self, command_buffer: int, keep_gil: bool = False) -> None:
+    def submit_encoded(self, command_buffer: int) -> None:
         """Submit a command buffer from CommandList.encode_native and release it."""
     def release_encoded(self, command_buffer: int) -> None:
         """Release a command buffer from CommandList.encode_native without submitting it."""
@@ -78,7 +78,7 @@ class CommandList:
     def encode_submit_with_tail_native(self, table: NativeTable, tail: CommandList) -> bool: ...
     def encode_native(self, table: NativeTable, tail: CommandList | None = None) -> int:
         """Encode the records (then tail's) into one unsubmitted command buffer; its address, or 0."""
-    def encode_submit_native(self, table: NativeTable, keep_gil: bool = False) -> bool:
+    def encode_submit_native(self, table: NativeTable) -> bool:
         """Encode and submit with the GIL released; ``False`` if the command buffer was not submitted."""
     def profile_native(self, table: NativeTable) -> dict[str, float | bool]:
         """Like encode_submit_native, with the seconds of its phases (encode, finish, submit)."""
