@@ -14,9 +14,12 @@ Under the lock: cffi releases the GIL around every call, so a thread holding the
 away for a call of a few microseconds and then queue for it behind whatever Python another thread runs, with the
 device locked all that time (measured on the H200: with two threads reading, the under-the-lock part of a 4 KB read
 went from 8 us to 110 us; keeping the GIL there, 50 us, and 4 KB reads by two threads 9.6k -> 14.3k per second).
-:func:`map_read` (``wgpuBufferMapAsync``) and :func:`copy_out` (get the mapped range, copy out, unmap) keep the
-GIL: they are short.  (Submits and uploads keeping the GIL made no measurable difference to the threads bench, so
-they release it as before.)
+:func:`map_read` (``wgpuBufferMapAsync``), :func:`copy_out` (get the mapped range, copy out, unmap),
+:func:`queue_write` (the empty write that probes for a lost device) and :func:`request_work_done` keep the GIL: they
+are short.  (Submits and uploads keeping the GIL made no difference to the threads bench's throughput, in session 7
+and again in session 8, where it also worsened p99 at K=8: they release it.)  Keeping the GIL in a native call is
+safe because no wgpu-native callback needs it: all of them are C, here (:class:`Completions`,
+:class:`ErrorReports`).
 """
 
 from cpython.pythread cimport (
