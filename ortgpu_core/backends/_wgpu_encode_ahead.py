@@ -9,7 +9,8 @@ threads submit meanwhile: the submit returns an :class:`_AheadJob`, which the ca
 lock (:meth:`_EncodeAhead._encode_ahead`); a release of a handle the job's list names, or of a buffer its read
 tail copies from or into, cancels it under the lock, or waits for it if another thread is encoding it
 (:meth:`_EncodeAhead._cancel_jobs`), so wgpu-native never encodes with a freed object.  Errors wgpu-native reports
-while encoding ahead (none for a validated list on a live device) go to the device's error sink like any other.  Such a command buffer may be released unsubmitted, which wgpu-native 29 frees only when its
+while encoding ahead (none for a validated list on a live device) are dropped with the buffer: the next submit encodes
+the list again, under the lock, and raises them to its caller.  Such a command buffer may be released unsubmitted, which wgpu-native 29 frees only when its
 "submitted" flag is set first: the flag's offset is probed once per process (:meth:`_EncodeAhead._probe_submitted_flag`),
 and where the probe fails ``encode_ahead`` starts off.
 
@@ -238,6 +239,9 @@ class _EncodeAhead(_DeviceBase):
         encoded = 0
         try:
             encoded = job.commands.encode_native(self._native_table, job.tail)  # C, the GIL released
+            # Errors reported while encoding ahead are this thread's (see _ErrorSink) but belong to no call of its:
+            # dropped, as the buffer is (encoded == 0), and reported by the next submit, which encodes again.
+            self._sink.take()
         finally:
             # Kept (or released, if a release cancelled the job meanwhile) under the jobs' lock, not the device's:
             # a release cancels the jobs it selects under that lock before it looks at what is kept, so either it
