@@ -55,11 +55,17 @@ def small_floats(*shape: int) -> Generator:
 def _loss_cases() -> list[Case]:
     cases: list[Case] = []
     for op in ("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"):
+
+        def scores(*shape: int, op: str = op) -> Generator:
+            # NegativeLogLikelihoodLoss takes log-probabilities (<= 0): with inputs of either sign its mean can
+            # cancel to ~0, where float32 summation fails a relative tolerance (seen once in CI with these random
+            # inputs); SoftmaxCrossEntropyLoss takes scores of any sign, and its loss is positive anyway
+            return floats(*shape, low=-4.0, high=-0.05) if op == "NegativeLogLikelihoodLoss" else floats(*shape)
+
         for reduction in ("none", "sum", "mean"):
             for weighted in (False, True):
                 for ignore in (None, 1, -5):
-                    shape = (3, 4, 2, 5)
-                    inputs = [floats(*shape), labels(3, 2, 5, classes=4, ignore=ignore)]
+                    inputs = [scores(3, 4, 2, 5), labels(3, 2, 5, classes=4, ignore=ignore)]
                     if weighted:
                         inputs.append(floats(4, low=0.1, high=2.0))
                     attrs: dict[str, Any] = {"reduction": reduction}
@@ -67,11 +73,11 @@ def _loss_cases() -> list[Case]:
                         attrs["ignore_index"] = ignore
                     label = f"{reduction}-{'weight' if weighted else 'plain'}-ii{ignore}"
                     cases.append(Case(op, inputs, attrs, opset=13, label=label))
-        cases.append(Case(op, [floats(6, 3), labels(6, classes=3, dtype=np.int32)], opset=13, label="2d-int32"))
+        cases.append(Case(op, [scores(6, 3), labels(6, classes=3, dtype=np.int32)], opset=13, label="2d-int32"))
         cases.append(
             Case(
                 op,
-                [floats(700, 3), labels(700, classes=3, ignore=0)],
+                [scores(700, 3), labels(700, classes=3, ignore=0)],
                 {"ignore_index": 0},
                 opset=13,
                 label="many-samples",
