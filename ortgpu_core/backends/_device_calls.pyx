@@ -145,37 +145,62 @@ COMPLETION_MAP = _KIND_MAP
 COMPLETION_WORK_DONE = _KIND_WORK_DONE
 
 
+# The queues below are written by callbacks inside native calls (any thread, with or without the GIL) and read
+# from Python.  Their locks are held for a few C statements only, and Python takes them keeping the GIL
+# (:func:`_hold`): a holder that waited for the GIL could deadlock with a callback running inside a native call
+# made keeping the GIL.
+
+
+cdef inline void _hold(PyThread_type_lock lock) noexcept:
+    """Take a queue's lock from Python, keeping the GIL (see above)."""
+    PyThread_acquire_lock(lock, WAIT_LOCK)
+
+
+cdef int _reserve(void** items, size_t* capacity, size_t count, size_t item_size) noexcept nogil:
+    """Room for one more item in a queue's array (grown by doubling); 0 when there is no memory."""
+    cdef size_t grown_capacity
+    cdef void* grown
+    if count < capacity[0]:
+        return 1
+    grown_capacity = capacity[0] * 2 if capacity[0] else 16
+    grown = realloc(items[0], grown_capacity * item_size)
+    if grown == NULL:
+        return 0
+    items[0] = grown
+    capacity[0] = grown_capacity
+    return 1
+
+
+cdef size_t _message_length(StringView message, size_t limit) noexcept nogil:
+    """The length of ``message`` (WGPU_STRLEN: NUL-terminated), at most ``limit``."""
+    cdef size_t length = 0
+    if message.data == NULL:
+        return 0
+    if message.length != <size_t>-1:
+        return message.length if message.length < limit else limit
+    while length < limit and message.data[length] != 0:
+        length += 1
+    return length
+
+
 cdef void _push(CompletionQueue* queue, uint32_t kind, void* token, uint32_t status, StringView message) noexcept nogil:
-    cdef Completion* grown
     cdef Completion* item
-    cdef size_t capacity, length
+    cdef size_t length
     if queue == NULL:
         return
     PyThread_acquire_lock(queue.lock, WAIT_LOCK)
-    if queue.count == queue.capacity:
-        capacity = queue.capacity * 2 if queue.capacity else 16
-        grown = <Completion*>realloc(queue.items, capacity * sizeof(Completion))
-        if grown == NULL:
-            queue.dropped += 1
-            PyThread_release_lock(queue.lock)
-            ortgpu_store_flag(&queue.fired, 1)
-            return
-        queue.items = grown
-        queue.capacity = capacity
-    item = &queue.items[queue.count]
-    item.token = <uint64_t><uintptr_t>token
-    item.kind = kind
-    item.status = status
-    length = 0
-    if message.data != NULL:
-        if message.length == <size_t>-1:  # WGPU_STRLEN: NUL-terminated
-            while length < _MESSAGE_BYTES - 1 and message.data[length] != 0:
-                length += 1
-        else:
-            length = message.length if message.length < _MESSAGE_BYTES - 1 else _MESSAGE_BYTES - 1
-        memcpy(item.message, message.data, length)
-    item.message[length] = 0
-    ortgpu_store_size(&queue.count, queue.count + 1)
+    if not _reserve(<void**>&queue.items, &queue.capacity, queue.count, sizeof(Completion)):
+        queue.dropped += 1
+    else:
+        item = &queue.items[queue.count]
+        item.token = <uint64_t><uintptr_t>token
+        item.kind = kind
+        item.status = status
+        length = _message_length(message, _MESSAGE_BYTES - 1)
+        if length:
+            memcpy(item.message, message.data, length)
+        item.message[length] = 0
+        ortgpu_store_size(&queue.count, queue.count + 1)
     PyThread_release_lock(queue.lock)
     ortgpu_store_flag(&queue.fired, 1)
 
@@ -249,9 +274,7 @@ cdef class Completions:
         cdef Completion* item
         if ortgpu_load_size(&self.queue.count) == 0 and self.queue.dropped == 0:
             return taken
-        # Taken keeping the GIL, and never held while waiting for it: its other holders (the callbacks, inside
-        # native calls that may be made keeping the GIL) hold it only for a few C statements
-        PyThread_acquire_lock(self.queue.lock, WAIT_LOCK)
+        _hold(self.queue.lock)
         try:
             for i in range(self.queue.count):
                 item = &self.queue.items[i]
@@ -346,15 +369,8 @@ ctypedef struct ErrorQueue:
 
 
 cdef char* _copy_message(StringView message) noexcept nogil:
-    cdef size_t length = 0
-    cdef char* copy
-    if message.data != NULL:
-        if message.length == <size_t>-1:
-            while message.data[length] != 0:
-                length += 1
-        else:
-            length = message.length
-    copy = <char*>malloc(length + 1)
+    cdef size_t length = _message_length(message, <size_t>-1)
+    cdef char* copy = <char*>malloc(length + 1)
     if copy != NULL:
         if length:
             memcpy(copy, message.data, length)
@@ -367,25 +383,17 @@ cdef char* _copy_message(StringView message) noexcept nogil:
 cdef void _on_uncaptured_error(const void* device, uint32_t error_type, StringView message, void* userdata1,
                                void* userdata2) noexcept nogil:
     cdef ErrorQueue* queue = <ErrorQueue*>userdata1
-    cdef ErrorEntry* grown
-    cdef size_t capacity
     if queue == NULL:
         return
     ortgpu_count_up(&queue.error_count)
     PyThread_acquire_lock(queue.lock, WAIT_LOCK)
-    if queue.count == queue.capacity:
-        capacity = queue.capacity * 2 if queue.capacity else 8
-        grown = <ErrorEntry*>realloc(queue.items, capacity * sizeof(ErrorEntry))
-        if grown == NULL:
-            queue.dropped += 1
-            PyThread_release_lock(queue.lock)
-            return
-        queue.items = grown
-        queue.capacity = capacity
-    queue.items[queue.count].thread = ortgpu_thread_ident()
-    queue.items[queue.count].type = error_type
-    queue.items[queue.count].message = _copy_message(message)
-    queue.count += 1
+    if not _reserve(<void**>&queue.items, &queue.capacity, queue.count, sizeof(ErrorEntry)):
+        queue.dropped += 1
+    else:
+        queue.items[queue.count].thread = ortgpu_thread_ident()
+        queue.items[queue.count].type = error_type
+        queue.items[queue.count].message = _copy_message(message)
+        queue.count += 1
     PyThread_release_lock(queue.lock)
 
 
@@ -471,9 +479,7 @@ cdef class ErrorReports:
 
     @ignore_lost.setter
     def ignore_lost(self, bint value):
-        # Taken keeping the GIL, and never held while waiting for it: its other holders (the callbacks, inside
-        # native calls that may be made keeping the GIL) hold it only for a few C statements
-        PyThread_acquire_lock(self.queue.lock, WAIT_LOCK)
+        _hold(self.queue.lock)
         self.queue.ignore_lost = value
         PyThread_release_lock(self.queue.lock)
 
@@ -486,9 +492,7 @@ cdef class ErrorReports:
         cdef ErrorEntry* item
         if self.queue.count == 0 and self.queue.dropped == 0:
             return taken
-        # Taken keeping the GIL, and never held while waiting for it: its other holders (the callbacks, inside
-        # native calls that may be made keeping the GIL) hold it only for a few C statements
-        PyThread_acquire_lock(self.queue.lock, WAIT_LOCK)
+        _hold(self.queue.lock)
         try:
             for i in range(self.queue.count):
                 item = &self.queue.items[i]
@@ -510,9 +514,7 @@ cdef class ErrorReports:
     def clear(self):
         """Drop every thread's errors (the device is being destroyed)."""
         cdef size_t i
-        # Taken keeping the GIL, and never held while waiting for it: its other holders (the callbacks, inside
-        # native calls that may be made keeping the GIL) hold it only for a few C statements
-        PyThread_acquire_lock(self.queue.lock, WAIT_LOCK)
+        _hold(self.queue.lock)
         for i in range(self.queue.count):
             free(self.queue.items[i].message)
         self.queue.count = 0

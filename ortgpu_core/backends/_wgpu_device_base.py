@@ -147,10 +147,12 @@ class _DeviceBase:
         self._lib = lib
         self._device: Any = None
         self._queue: Any = None
+        self._queue_address = 0  # the queue pointer's value (set with it), for the calls made from C
         self._lock = DeviceLock()  # see _serialized; releases from finalizers mid-call are deferred
         self._handles: dict[int, _Handle] = {}
         self._generation = 0  # of the last handle made (see _new_handle)
         self._sentinel: Any = None  # a small COPY_DST buffer for _check_not_lost (made on first use)
+        self._sentinel_address = 0
         self._queue_write_address = _address(ffi.addressof(lib, "wgpuQueueWriteBuffer"))
         self._sink = _ErrorSink()
         # The callbacks are C (:class:`._device_calls.ErrorReports`): no native call ever needs the GIL.  The
@@ -212,8 +214,9 @@ class _DeviceBase:
             self._sentinel = self._native_buffer(
                 BUFFER_ALIGNMENT, self._lib.WGPUBufferUsage_CopyDst, "ortgpu liveness probe", action
             )
+            self._sentinel_address = _address(self._sentinel)
         # wgpuQueueWriteBuffer(queue, sentinel, 0, NULL, 0), keeping the GIL (under the lock: see _device_calls)
-        queue_write(self._queue_write_address, _address(self._queue), _address(self._sentinel), 0, 0, 0)
+        queue_write(self._queue_write_address, self._queue_address, self._sentinel_address, 0, 0, 0)
         self._raise_pending(action)
 
     def _new_handle(self, pointer: Any) -> int:

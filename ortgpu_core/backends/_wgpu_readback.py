@@ -90,13 +90,13 @@ class _Requests:
     owner only, not every waiter.  A poller that leaves wakes one sleeping waiter, which takes the polling over.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, work_done_success: int) -> None:
         self.map_results: dict[int, tuple[int, str]] = {}  # token -> (WGPUMapAsyncStatus, message)
         # work done: the newest token whose callback fired (tokens rise and the callbacks fire in submission
         # order), and the failures by token
         self.work_done_token = 0
         self.work_done_failures: dict[int, str] = {}
-        self.work_done_success = 0  # WGPUQueueWorkDoneStatus_Success (set by the device)
+        self.work_done_success = work_done_success  # WGPUQueueWorkDoneStatus_Success
         # What the C callbacks recorded, not yet applied here; its "fired" int is what the spinning poller watches
         self.completions = Completions()
         self.fired_address = self.completions.fired_address
@@ -169,8 +169,7 @@ class _Readback(_EncodeAhead):
         if spin is None:
             spin = 0.0 if info.adapter_type == "CPU" else DEFAULT_SPIN_WAIT_US
         self.spin_wait_us = float(spin)
-        self._requests = requests = _Requests()
-        requests.work_done_success = int(lib.WGPUQueueWorkDoneStatus_Success)
+        self._requests = _Requests(int(lib.WGPUQueueWorkDoneStatus_Success))
         # The map and work-done callbacks are C functions (:class:`._device_calls.Completions`): they take no GIL,
         # so a thread inside a wgpu-native poll or submit, holding wgpu-native's own locks, never waits for Python
         self._tokens = 0
@@ -244,6 +243,7 @@ class _Readback(_EncodeAhead):
             self._staging_all.clear()
             self._staging_free.clear()
             sentinel, self._sentinel = self._sentinel, None  # _DeviceBase._check_not_lost's buffer
+            self._sentinel_address = 0
             if sentinel is not None:
                 self._free_buffer(sentinel)
         requests.wake_all()
@@ -425,7 +425,7 @@ class _Readback(_EncodeAhead):
             # wgpuQueueOnSubmittedWorkDone(queue, {callback, token, the completions}), keeping the GIL
             request_work_done(
                 self._native_calls["wgpuQueueOnSubmittedWorkDone"],
-                _address(self._queue),
+                self._queue_address,
                 lib.WGPUCallbackMode_AllowProcessEvents,
                 WORK_DONE_CALLBACK,
                 token,

@@ -250,13 +250,14 @@ class WgpuDevice(_Timestamps):
         )
         # WGPUQueue wgpuDeviceGetQueue(WGPUDevice device)
         self._queue = lib.wgpuDeviceGetQueue(self._device)
+        self._queue_address = _address(self._queue)
         self.limits = device_limits(self._device)
         self.features = device_features(self._device)
         self._read_timestamp_period()
 
         self._native_table = NativeTable(
             _address(self._device),
-            _address(self._queue),
+            self._queue_address,
             {name: _address(ffi.addressof(lib, "wgpu" + name)) for name in NativeTable.entry_point_names()},
             self._error_count_address,
         )
