@@ -10,14 +10,23 @@ wgpu-native's ``timestamp-query-inside-encoders``; the H200 and lavapipe have bo
 with its own clock).  A profiled run or replay is then ONE submission, the same records as the unprofiled one
 with a timestamp written before each planned step and after the last, into the query set of a free slot of a small
 ring (:class:`GpuStepTimer`, one per program, so per session: its query sets and resolve buffer are released with
-the program, i.e. with the graph or the session).  Nothing waits for it, and nothing is resolved per run: the
-ring's :data:`RING_SLOTS` slots (fewer for a plan whose slot is large: :data:`RING_BYTES`) are resolved and read
-back together (one submission, one wait) when they are all used, when the trace is written (``end_profiling``),
-and, for ``replay_and_read()`` (which waits for its outputs anyway), in that wait once half of them are used (the
-replay submitted, then the resolves with the output copies).  That keeps a profiled replay as asynchronous as an
-unprofiled one (``replay()`` submits and returns), costs one wait per :data:`RING_SLOTS` profiled ``replay()``
-calls, and none for ``replay_and_read()``.  The timestamps are kept raw (ticks) until events are asked for
-(``trace()``, ``event_count``, the trace written): a profiled run or replay builds no event on the host meanwhile.
+the program, i.e. with the graph or the session).  Nothing waits for it, and nothing is resolved per run.  A slot
+is free, pending (a run's timestamps in its query set) or being read; the ring has :data:`RING_SLOTS` slots (fewer
+for a plan whose slot is large: :data:`RING_BYTES`).  Once three quarters of them are pending, a ``replay()`` (or an
+ordinary run) starts a read of them that nobody waits for, right after its own submit (the device's
+``read_async``: their resolves and a copy to a staging buffer, one submission, the mapping requested); each later
+profiled run asks, without waiting, whether it has completed (``read_async_done``: the map callback fired in some
+poll or submit) and finishes it when it has (the ticks copied out), and only then are those slots free again, so a
+query set is written again only after its values were copied out and no run gets another's values.  A run waits
+for a read only when no slot is free (the GPU more than a quarter of the ring behind).  ``replay_and_read()``
+(which waits for its outputs anyway) reads the pending slots in that wait when no slot is free (the replay
+submitted, then the resolves with the output copies); writing the trace (``end_profiling``) reads the rest (one
+wait) and finishes the reads in flight.  On a device without ``read_async`` (:data:`ASYNC_READS` off models it)
+the ring is read when full, with one wait.  That keeps a profiled replay as asynchronous as an unprofiled one
+(``replay()`` submits and returns): on the H200 the ring's reads cost a captured mlp16 ``replay()`` + ``to_numpy()``
+about 2 points less on average than one wait per :data:`RING_SLOTS` replays (session 9).  The timestamps are kept
+raw (ticks) until events are asked for (``trace()``, ``event_count``, the trace written): a profiled run or replay
+builds no event on the host meanwhile.
 Timed command lists are frozen and cached per slot and per set of bound buffers, so the wgpu backend validates
 each once and encodes it ahead, as it does a captured graph's list; runs timed per step take the slots from the
 first up, runs timed whole from the last down, so the few per-step lists are reused.  Events: one per planned step, its duration the GPU time between
@@ -44,14 +53,18 @@ the others are timed whole, with two timestamps (before the first step, after th
 (a replay there: an instant event ``ph: "i"`` at its submit).  Per-step timestamps are not free on the GPU (measured
 on the H200, mlp16 captured: a replay with a timestamp per step took 1.4-1.5x an unprofiled one with the timestamps
 inside the compute pass, 1.7-1.9x when each timestamp ended the pass), so detail on every replay would cost about
-half a replay; sampled, profiling costs a few percent on average.  ``detail_every=1`` times every run and replay
-per step.
+half a replay; sampled one in 10, they cost that replay about 4-5% on average (session 9: ``python -m bench
+--profile-overhead``, mlp16 captured, mean on/off 1.13-1.16 with the default, 1.10-1.12 with ``detail_every=20``,
+1.08-1.12 with 50, 1.09-1.10 with none; the span's own two timestamps cost about 4%, the host work about 4%).
+``detail_every=1`` times every run and replay per step.
 
 Profiling off costs one attribute check per run or replay.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import itertools
 import json
 import os
@@ -59,7 +72,7 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -120,6 +133,10 @@ RING_SLOTS = 16
 #: :data:`MIN_RING_SLOTS`.
 RING_BYTES = 1 << 20
 MIN_RING_SLOTS = 4
+
+#: Whether the ring is read without waiting where the device can (``read_async``; see :class:`GpuStepTimer`):
+#: tests and the bench's A/B switch it off to compare.
+ASYNC_READS = True
 
 # read(commands, buffer, offset, out): submit ``commands`` and read ``out.nbytes`` of ``buffer`` from ``offset``
 # after them, in the same submission (the runner's _read_timestamps)
@@ -195,6 +212,34 @@ class _GpuRun:
 _Pending = tuple[int, _GpuRun, "weakref.ref[SessionProfiler]"]
 _Reads = list[tuple[int, int, Any]]
 
+#: The device methods of a read nobody waits for (``AsyncReadDevice``); without them the ring is read with one wait.
+_ASYNC_METHODS = ("read_async", "read_async_done", "read_async_finish", "read_async_cancel")
+
+_thread_local = threading.local()
+
+
+def _thread() -> tuple[int, str]:
+    """The calling thread's native id and name (the name it had on its first profiled run: a trace names each
+    thread once)."""
+    try:
+        return _thread_local.ident  # type: ignore[no-any-return]
+    except AttributeError:
+        ident = _thread_local.ident = (threading.get_native_id(), threading.current_thread().name)
+        return ident
+
+
+class _RingRead:
+    """A read of some of the ring's slots, started without waiting (``read_async``): the device's ticket, the runs
+    it reads, and where their values go (``values`` holds slots ``first`` and up)."""
+
+    __slots__ = ("ticket", "pending", "values", "first")
+
+    def __init__(self, ticket: Any, pending: list[_Pending], values: np.ndarray, first: int) -> None:
+        self.ticket = ticket
+        self.pending = pending
+        self.values = values
+        self.first = first
+
 
 class GpuStepTimer:
     """GPU timestamps of one program's profiled runs and replays (see the module docstring): per slot of its ring
@@ -203,10 +248,15 @@ class GpuStepTimer:
     a program on first profiled use (``program.timing_resources``), released with it.  Its own lock serializes its
     runs and reads.
 
+    A slot is free, pending (a run's timestamps are in its query set) or being read (a read started without
+    waiting covers it); it is free again only once that read has completed, so a slot's query set is written again
+    only after its previous values were resolved and copied out, and each run gets its own slot's values.
+
     ``read(commands, buffer, offset, out)`` submits ``commands`` (the pending runs' resolves) and reads the resolve
     buffer after them, in one submission (the runner's ``_read_timestamps``: ``submit_and_read``, under its
-    submission lock in serialized mode); a bound method is held weakly (the timer must not keep its runner, or
-    the profilers its runs belong to, alive)."""
+    submission lock in serialized mode): the reads that wait.  A bound method is held weakly (the timer must not
+    keep its runner, or the profilers its runs belong to, alive); the reads that do not wait (the device's
+    ``read_async``) are made under the same owner's ``submission()``."""
 
     def __init__(self, program: Any, device: Any, read: _Read) -> None:
         steps: Sequence[PlannedStep] = program.plan.steps
@@ -226,12 +276,22 @@ class GpuStepTimer:
         self._read: Callable[[], _Read | None] = (
             weakref.WeakMethod(read) if hasattr(read, "__self__") else (lambda: read)
         )
+        # reads that do not wait: where the device has them (and they are not switched off: ASYNC_READS)
+        self._async = ASYNC_READS and all(hasattr(device, name) for name in _ASYNC_METHODS)
+        # a read starts once this many runs are pending: the other slots take the runs made while it completes
+        self._read_at = self.slots - max(MIN_RING_SLOTS // 2, self.slots // 4)
         self._lock = threading.Lock()
         self._lists: list[tuple[object, CommandList] | None] = [None] * self.slots
+        # The buffer maps of the last run and their bind-group token (program.bind_groups_token): a replay passes
+        # the same two dicts every time (the runner makes a captured graph's once per profiling record, and never
+        # changes them; an ordinary run's staging maps are fixed too), whose buffers they keep alive, so their
+        # token is asked for once, not per replay.  Held strongly: a new dict can never take their identity.
+        self._io: tuple[Mapping[str, Any], Mapping[str, Any], object] | None = None
         self._last_profiler: weakref.ref[SessionProfiler] | None = None
         self._span_lists: list[tuple[object, CommandList] | None] = [None] * self.slots  # detail=False runs
         self._pending: list[_Pending] = []
-        self._low, self._high = 0, self.slots - 1  # the ring's free slots: _low.._high
+        self._reading: list[_RingRead] = []  # reads started without waiting, oldest first
+        self._free = list(range(self.slots))  # the free slots, ascending
         self._released = False  # the program was released (runs may still be pending: see release)
         self._freed = False  # the query set and resolve buffer are freed
         # one query set per slot: a run's timestamps stay in its slot's set until the ring is read back, and are
@@ -263,102 +323,175 @@ class GpuStepTimer:
         submit_and_read: Callable[[CommandList, _Reads], None] | None = None,
     ) -> None:
         """Submit ``program``'s work on these buffers once, timed (per step with ``detail``, else as a whole), and
-        note it for ``profiler`` (raw: it becomes events when they are asked for).  Its timestamps go to the next
-        free slot's query set, and are resolved and read back with the ring's other pending runs: when the ring is
-        full (one read, one wait), when the trace is written, or, with ``submit_and_read`` (``replay_and_read``:
-        ``reads`` are made in the same submission as the work, which waits for them anyway), in that wait once the
-        ring is half full (the work submitted first, then the resolves with the reads)."""
+        note it for ``profiler`` (raw: it becomes events when they are asked for).  Its timestamps go to a free
+        slot's query set, and are resolved and read back with other pending runs: without ``submit_and_read``, by
+        a read nobody waits for, started once three quarters of the ring are pending and finished by a later run
+        when it has completed (a run waits for one only when no slot is free); with ``submit_and_read``
+        (``replay_and_read``: ``reads`` are made in the same submission as the work, which waits for them anyway),
+        in that wait when no slot is free (the work submitted first, then the resolves with the reads); and when
+        the trace is written."""
         with self._lock:
             if self._released:
                 raise RuntimeError("this GPU step timer was released with its program")
-            if self._low > self._high:
-                self._drain_locked()
-            slot = self._low if detail else self._high
-            token = program.bind_groups_token(inputs, outputs)
+            if self._reading:
+                self._collect_locked()
+            free = self._free
+            if not free:
+                if self._reading:
+                    self._finish_locked(self._reading.pop(0))  # the oldest read (it waits, if it has to)
+                else:
+                    self._drain_locked()
+            slot = free.pop(0) if detail else free.pop()
+            io = self._io
+            if io is not None and io[0] is inputs and io[1] is outputs:
+                token = io[2]
+            else:
+                token = program.bind_groups_token(inputs, outputs)
+                self._io = (inputs, outputs, token)
             lists = self._lists if detail else self._span_lists
             cached = lists[slot]
-            if cached is not None and cached[0] is token:
-                commands = cached[1]
-            else:
-                commands, token = program.record_timed(inputs, outputs, self.query_sets[slot], per_step=detail)
-                commands.freeze()
-                lists[slot] = (token, commands)
+            try:
+                if cached is not None and cached[0] is token:
+                    commands = cached[1]
+                else:
+                    commands, token = program.record_timed(inputs, outputs, self.query_sets[slot], per_step=detail)
+                    commands.freeze()
+                    lists[slot] = (token, commands)
+            except BaseException:
+                bisect.insort(free, slot)
+                raise
             reference = self._last_profiler
             if reference is None or reference() is not profiler:  # tell each profiler once which timers it has
                 profiler._timed_by(self)
                 reference = self._last_profiler = weakref.ref(profiler)
-            run = _GpuRun(
-                0, name, cat, args, threading.get_native_id(), threading.current_thread().name, detail, self._info
-            )
-            if detail:
-                self._low += 1
-            else:
-                self._high -= 1
-            self._pending.append((slot, run, reference))
-            submitted = False
+            tid, thread_name = _thread()
+            run = _GpuRun(0, name, cat, args, tid, thread_name, detail, self._info)
+            pending = self._pending
+            pending.append((slot, run, reference))
+            run.anchor_ns = time.perf_counter_ns()
             try:
-                run.anchor_ns = time.perf_counter_ns()
-                if submit_and_read is None:
-                    submit(commands)
-                    submitted = True
-                elif 2 * len(self._pending) < self.slots:
+                if submit_and_read is not None and free:
                     submit_and_read(commands, list(reads or ()))
-                    submitted = True
-                else:  # the ring is half full: its runs' timestamps are resolved and read in this wait
+                else:
                     submit(commands)
-                    submitted = True
-                    self._read_ring_with(submit_and_read, list(reads or ()))
             except BaseException:
-                if not submitted:  # no slot taken
-                    self._pending.pop()
-                    if detail:
-                        self._low -= 1
-                    else:
-                        self._high += 1
+                pending.pop()  # no slot taken
+                bisect.insort(free, slot)
                 raise
             profiler._add_gpu_run(run)
+            if submit_and_read is not None:
+                if not free:  # the ring is full: its runs' timestamps are resolved and read in this wait
+                    self._read_ring_with(submit_and_read, list(reads or ()))
+            elif self._async and len(pending) >= self._read_at:
+                self._start_read_locked()
 
     def drain(self) -> None:
-        """Resolve and read back every pending run's timestamps (one submission, one wait) into their runs.  A timer
-        released with runs pending (its program was released: a graph released, a session closed, while profiling)
-        frees its query sets and buffer once they are read (or the read fails)."""
+        """Resolve and read back every pending run's timestamps (one submission, one wait) into their runs, and
+        finish the reads in flight.  A timer released with runs pending (its program was released: a graph
+        released, a session closed, while profiling) frees its query sets and buffer once they are read (or the
+        read fails)."""
         with self._lock:
             try:
                 self._drain_locked()
             finally:
                 if self._released:
+                    self._cancel_reads_locked()
                     self._free_locked()
 
     def _drain_locked(self) -> None:
+        """Read every pending run (one submission, one wait), then finish the reads in flight (oldest first); the
+        first error is raised once every run was read or given up (:data:`_LOST`)."""
         pending, self._pending = self._pending, []
-        self._low, self._high = 0, self.slots - 1
-        if not pending:
-            return
+        error: BaseException | None = None
         try:
-            read = None if self._freed else self._read()
-            if read is None:
-                return  # freed, or the runner is gone (its session collected): nothing can be read any more
-            used = max(entry[0] for entry in pending) + 1
-            values = np.zeros(used * self.stride // 8, dtype=np.uint64)
-            read(self._resolves(pending), self.resolve_buffer, 0, values.view(np.uint8))
-            self._fill(pending, values)
+            if pending:
+                read = None if self._freed else self._read()
+                if read is not None:  # (else freed, or the runner is gone: nothing can be read any more)
+                    first = min(entry[0] for entry in pending)
+                    values = np.zeros((max(entry[0] for entry in pending) + 1 - first) * self.stride // 8, np.uint64)
+                    read(self._resolves(pending), self.resolve_buffer, first * self.stride, values.view(np.uint8))
+                    self._fill(pending, values, first)
+        except BaseException as failure:
+            error = failure
         finally:
-            for _, run, _ in pending:
-                if run.ticks is None:
-                    run.ticks = _LOST
+            self._lost(pending)
+        while self._reading:
+            try:
+                self._finish_locked(self._reading.pop(0))
+            except BaseException as failure:
+                error = error or failure
+        if error is not None:
+            raise error
+
+    def _start_read_locked(self) -> None:
+        """Start reading every pending run without waiting (``read_async``: their resolves and the copy in one
+        submission); a start that fails leaves them pending (read by the next read that waits)."""
+        pending = self._pending
+        first = min(entry[0] for entry in pending)
+        size = (max(entry[0] for entry in pending) + 1 - first) * self.stride
+        try:
+            with self._submission():
+                ticket = self._device.read_async(
+                    self._resolves(pending), self.resolve_buffer, first * self.stride, size
+                )
+        except OrtGpuError:
+            return
+        self._pending = []
+        self._reading.append(_RingRead(ticket, pending, np.zeros(size // 8, dtype=np.uint64), first))
+
+    def _submission(self) -> ContextManager[object]:
+        """What the runner holds around a device operation (``submission()``: the Env's serial lock in serialized
+        mode), for the reads made on the device directly; nothing when the runner is gone."""
+        submission = getattr(getattr(self._read(), "__self__", None), "submission", None)
+        return submission() if submission is not None else contextlib.nullcontext()
+
+    def _collect_locked(self) -> None:
+        """Finish the reads in flight that have completed (oldest first; never waits)."""
+        reading, done = self._reading, self._device.read_async_done
+        while reading and done(reading[0].ticket):
+            self._finish_locked(reading.pop(0))
+
+    def _finish_locked(self, ring_read: _RingRead) -> None:
+        """Finish ``ring_read`` (waiting for it if it has not completed): its runs get their values (or
+        :data:`_LOST`, when it fails), and its slots are free again."""
+        try:
+            with self._submission():
+                self._device.read_async_finish(ring_read.ticket, ring_read.values.view(np.uint8))
+            self._fill(ring_read.pending, ring_read.values, ring_read.first)
+        finally:
+            self._lost(ring_read.pending)
+
+    def _cancel_reads_locked(self) -> None:
+        """Drop the reads in flight unfinished (their runs are lost)."""
+        reading, self._reading = self._reading, []
+        for ring_read in reading:
+            try:
+                self._device.read_async_cancel(ring_read.ticket)
+            except OrtGpuError:
+                pass  # the device is gone
+            finally:
+                self._lost(ring_read.pending)
+
+    def _lost(self, pending: list[_Pending]) -> None:
+        """``pending``'s runs are read (or never will be): those without values are lost; their slots are free."""
+        for _, run, _ in pending:
+            if run.ticks is None:
+                run.ticks = _LOST
+        self._free.extend(entry[0] for entry in pending)
+        self._free.sort()
 
     def _read_ring_with(self, submit_and_read: Callable[[CommandList, _Reads], None], reads: _Reads) -> None:
-        """Resolve every pending run's timestamps and read them, with ``reads``, in one submission and wait."""
-        pending, self._pending = self._pending, []
-        low_high, (self._low, self._high) = (self._low, self._high), (0, self.slots - 1)
-        values = np.zeros((max(entry[0] for entry in pending) + 1) * self.stride // 8, dtype=np.uint64)
-        try:
-            submit_and_read(self._resolves(pending), [*reads, (self.resolve_buffer, 0, values.view(np.uint8))])
-        except BaseException:
-            self._pending[:0] = pending  # still in their query sets: resolved at the next read
-            self._low, self._high = low_high
-            raise
-        self._fill(pending, values)
+        """Resolve every pending run's timestamps and read them, with ``reads``, in one submission and wait (a
+        failure leaves them pending, still in their query sets)."""
+        pending = self._pending
+        first = min(entry[0] for entry in pending)
+        values = np.zeros((max(entry[0] for entry in pending) + 1 - first) * self.stride // 8, dtype=np.uint64)
+        submit_and_read(
+            self._resolves(pending), [*reads, (self.resolve_buffer, first * self.stride, values.view(np.uint8))]
+        )
+        self._pending = []
+        self._fill(pending, values, first)
+        self._lost(pending)
 
     def _resolves(self, pending: list[_Pending]) -> CommandList:
         """The resolve of each of ``pending``'s timestamps into its slot of the resolve buffer."""
@@ -368,39 +501,42 @@ class GpuStepTimer:
             commands.add_resolve(self.query_sets[slot], 0, count, self.resolve_buffer, slot * self.stride)
         return commands
 
-    def _fill(self, pending: list[_Pending], values: np.ndarray) -> None:
-        """Give each of ``pending`` its ticks from ``values`` (the ring's slots as read back)."""
+    def _fill(self, pending: list[_Pending], values: np.ndarray, first: int) -> None:
+        """Give each of ``pending`` its ticks from ``values`` (the ring's slots from ``first`` up, as read back)."""
         per_slot = self.stride // 8
         for slot, run, _ in pending:
-            start = slot * per_slot
+            start = (slot - first) * per_slot
             run.ticks = values[start : start + (self.queries if run.detail else 2)].copy()
 
     def release(self) -> None:
         """Called when the program is released: free the query sets and the resolve buffer, or, when runs are
-        pending (not read back yet), hand the timer to the profiler of the newest of them, which reads them when
-        its trace is written and frees the timer then (or frees it unread when the profiler is collected: a
-        release never reads, since it may run in a finalizer).  Idempotent."""
+        pending or being read (not read back yet), hand the timer to the profiler of the newest of them, which
+        reads them when its trace is written and frees the timer then (or frees it unread when the profiler is
+        collected: a release never reads, since it may run in a finalizer).  Idempotent."""
         with self._lock:
             if self._released:
                 return
             self._released = True
             self._lists = [None] * self.slots
             self._span_lists = [None] * self.slots
-            if not self._pending:
+            self._io = None
+            newest = self._pending[-1] if self._pending else self._reading[-1].pending[-1] if self._reading else None
+            if newest is None:
                 self._free_locked()
                 return
-            adopter = self._pending[-1][2]()
+            adopter = newest[2]()
         if adopter is not None:
             adopter._adopt(self)
         else:
             self.free()
 
     def free(self) -> None:
-        """Free the query sets and the resolve buffer now (pending runs are dropped).  Idempotent."""
+        """Free the query sets and the resolve buffer now (pending runs and reads in flight are dropped).
+        Idempotent."""
         with self._lock:
             pending, self._pending = self._pending, []
-            for _, run, _ in pending:
-                run.ticks = _LOST
+            self._lost(pending)
+            self._cancel_reads_locked()
             self._free_locked()
 
     def _free_locked(self) -> None:

@@ -21,17 +21,49 @@ submitted.
 Ownership: :class:`_Timestamps` is a layer of ``WgpuDevice`` (after ``_Readback``; ``_DeviceBase``'s docstring
 describes the layers).  Query sets are handles of kind ``"query_set"`` in the base's handle table (counted by
 ``live_handles``, released with the device); this layer owns ``_resolve_buffers`` (the buffers made with
-QUERY_RESOLVE usage) and ``_timestamp_period``, read and changed under the device's lock.
+QUERY_RESOLVE usage), ``_timestamp_period``, and the reads started by :meth:`_Timestamps.read_async` that are not
+finished (``_async_staging``: the staging buffer each source buffer's last such read used; ``_async_cancelled``: the
+tokens of cancelled reads whose map callback may still come), read and changed under the device's lock.
+
+**Reads that nobody waits for** (:meth:`_Timestamps.read_async`: the profiler's ring of timestamps): the commands
+(the resolves) and a copy of the range into a staging buffer are one submission, and the staging buffer's mapping
+is requested, as ``submit_and_read`` does, but the call returns at once with an :class:`_AsyncRead`.  Its map
+callback fires in a later poll or submit, whoever makes it (:meth:`read_async_done` applies what the callbacks
+recorded and says whether it came, without polling or waiting); :meth:`read_async_finish` waits for it if it has not
+(the waits of ``_Readback``, outside the lock), copies the range out and gives the staging buffer back;
+:meth:`read_async_cancel` frees the staging buffer of a read that will not be finished (its mapping may still be
+pending: the buffer is never reused).  The staging buffer is held meanwhile, so the pool has one more buffer while
+such a read is in flight.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from .._errors import ValidationError
 from ._commands import CommandList
 from ._wgpu_device_base import _Handle, _serialized
 from ._wgpu_ffi import _string_view
-from ._wgpu_readback import _Readback
-from .protocol import MAX_QUERIES, QUERY_RESOLVE_ALIGNMENT
+from ._wgpu_readback import _Readback, _Staging
+from .protocol import MAX_QUERIES, QUERY_RESOLVE_ALIGNMENT, host_read_target
+
+# At most this many source buffers' staging preferences and cancelled reads' tokens are remembered (then forgotten
+# all at once: a preference only saves re-encoding, and a forgotten token only leaves one stale map result).
+_ASYNC_MEMORY = 256
+
+
+class _AsyncRead:
+    """A read started by :meth:`_Timestamps.read_async`: its staging buffer, map request, size, and whether it was
+    finished or cancelled (``closed``)."""
+
+    __slots__ = ("staging", "token", "size", "action", "closed")
+
+    def __init__(self, staging: _Staging, token: int, size: int, action: str) -> None:
+        self.staging = staging
+        self.token = token
+        self.size = size
+        self.action = action
+        self.closed = False
 
 
 class _Timestamps(_Readback):
@@ -43,6 +75,8 @@ class _Timestamps(_Readback):
         """Set this layer's fields: no resolve buffers; the period is read once the queue exists."""
         self._resolve_buffers: set[int] = set()
         self._timestamp_period = 1.0
+        self._async_staging: dict[int, int] = {}  # source buffer -> address of its last async read's staging buffer
+        self._async_cancelled: set[int] = set()  # tokens of cancelled async reads (their map result may still come)
 
     def _read_timestamp_period(self) -> None:
         # float wgpuQueueGetTimestampPeriod(WGPUQueue queue)
@@ -122,6 +156,84 @@ class _Timestamps(_Readback):
         self._handles[handle] = _Handle("buffer", pointer, size=size, label=label)
         self._resolve_buffers.add(handle)
         return handle
+
+    # -- reads nobody waits for (see the module docstring) ----------------------------------
+    def read_async(self, commands: CommandList, buffer: int, offset: int, size: int) -> _AsyncRead:
+        """Submit ``commands`` and a copy of ``size`` bytes of ``buffer`` at ``offset`` into a staging buffer after
+        them (one submission), and request the staging buffer's mapping; returns at once (nothing waits)."""
+        action = f"read_async ({len(commands)} commands, {size} bytes of {buffer:#x} at {offset})"
+        with self._lock:
+            self._check_open()
+            self._check_aligned(action, offset=offset, size=size)
+            if size == 0:
+                raise ValidationError(f"{action}: size must be > 0")
+            self._checked_read(buffer, offset, size, action)
+            self._validate_for_submit(commands)
+            requests = self._requests
+            if self._async_cancelled:  # cancelled reads whose map result came after all: forget it
+                for token in [t for t in self._async_cancelled if t in requests.map_results]:
+                    requests.map_results.pop(token, None)
+                    self._async_cancelled.discard(token)
+                if len(self._async_cancelled) > _ASYNC_MEMORY:
+                    self._async_cancelled.clear()
+            staging = self._take_staging(size, self._async_staging.get(buffer, 0))
+            job = None
+            try:
+                tail = CommandList()
+                tail.add_copy(buffer, offset, staging.address, 0, size)
+                job = self._encode_and_submit(commands, tail, action)
+                token = self._request_map(staging, size, action)
+            except BaseException:
+                self._cancel_job(job)
+                self._give_back_staging(staging)
+                raise
+            requests.owners.pop(token, None)  # nobody waits for it now (read_async_finish registers its waiter)
+            if len(self._async_staging) > _ASYNC_MEMORY:
+                self._async_staging.clear()
+            self._async_staging[buffer] = staging.address
+        self._encode_ahead(job)
+        return _AsyncRead(staging, token, size, action)
+
+    def read_async_done(self, read: _AsyncRead) -> bool:
+        """Whether :meth:`read_async_finish` of ``read`` would not wait: its mapping completed (as the callbacks
+        fired so far report; nothing is polled), or the device is lost or destroyed (finishing raises then)."""
+        requests = self._requests
+        requests.drain()
+        return read.token in requests.map_results or self._device is None or self._sink.lost is not None
+
+    def read_async_finish(self, read: _AsyncRead, out: Any) -> None:
+        """Wait (outside the lock) for ``read``'s mapping if it has not completed, then copy the range out into
+        ``out`` (a writable C-contiguous buffer of at most the read's size) and give the staging buffer back.
+        Raises what the read's wait raises (``DeviceLostError``, ``ReleasedValueError``, ``DeviceError``); the
+        read is over either way."""
+        if read.closed:
+            raise ValidationError(f"{read.action}: this read was already finished or cancelled")
+        view, _ = host_read_target(out, read.action)
+        if view.nbytes > read.size:
+            raise ValidationError(f"{read.action}: out holds {view.nbytes} bytes, more than the read's {read.size}")
+        read.closed = True
+        requests, token = self._requests, read.token
+        requests.own(token)  # this thread waits for it (if it completed already, the next lines drop this again)
+        requests.drain()
+        try:
+            target = self._ffi.from_buffer(view, require_writable=True)
+            self._finish_read(read.staging, token, read.size, read.action, [(self._address_of(target), view.nbytes, 0)])
+        finally:
+            requests.owners.pop(token, None)
+
+    def read_async_cancel(self, read: _AsyncRead) -> None:
+        """Drop ``read`` unfinished: its staging buffer is freed (never reused: its mapping may still be pending).
+        Harmless on a lost or destroyed device, and for a read already finished or cancelled."""
+        with self._lock:
+            if read.closed or self._lock.defer_if_nested(lambda: self.read_async_cancel(read)):
+                return  # (inside another call of this device, from a finalizer: done when that call returns)
+            read.closed = True
+            requests = self._requests
+            requests.owners.pop(read.token, None)
+            if requests.map_results.pop(read.token, None) is None:
+                self._async_cancelled.add(read.token)
+            if self._device is not None and read.staging.address in self._staging_all:
+                self._free_staging(read.staging)
 
     # -- checks -------------------------------------------------------------------------
     def validate_commands(self, commands: CommandList) -> None:

@@ -66,11 +66,13 @@ import itertools
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Final, Literal, Sequence
+from typing import Any, Callable, Final, Literal, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from .._errors import InvalidArgumentError, OutOfMemoryError, ValidationError
+from ._commands import CommandList
 from ._device_lock import DeviceLock
 from ._fake_device_base import (
     FREED_RECORDS_KEPT,
@@ -87,7 +89,15 @@ from ._fake_execution import _FakeExecution
 from ._fake_faults import FakeFaults, InjectedFault
 from ._fake_oplog import FakeOperation, OperationLog
 from ._fake_wgsl import _COMMENTS, _check_entry_point, _declared_bindings, _writable_aliasing
-from .protocol import MAX_QUERIES, AdapterInfo, BindingEntry, DeviceLimits, ForeignKind, KernelTwin
+from .protocol import (
+    MAX_QUERIES,
+    AdapterInfo,
+    BindingEntry,
+    DeviceLimits,
+    ForeignKind,
+    KernelTwin,
+    host_read_target,
+)
 
 __all__ = [
     "FAKE_VENDOR_ID",
@@ -129,6 +139,18 @@ DEFAULT_FAKE_LIMITS: Final = DeviceLimits(
     min_storage_buffer_offset_alignment=256,
     min_uniform_buffer_offset_alignment=256,
 )
+
+
+class _FakeAsyncRead:
+    """A read started by :meth:`FakeDevice.read_async`: its bytes (read at submit), how often it was asked about,
+    and whether it is over."""
+
+    __slots__ = ("data", "asked", "closed")
+
+    def __init__(self, data: npt.NDArray[np.uint8]) -> None:
+        self.data = data
+        self.asked = 0
+        self.closed = False
 
 
 def fake_limits(**overrides: int) -> DeviceLimits:
@@ -308,6 +330,41 @@ class FakeDevice(_FakeExecution):
         with self._lock:
             self._buffer(handle, "create_query_resolve_buffer").query_resolve = True
         return handle
+
+    # -- reads nobody waits for (BackendDevice's optional read_async) ---------------------
+    def read_async(self, commands: CommandList, buffer: int, offset: int, size: int) -> _FakeAsyncRead:
+        """Submit ``commands`` and read ``size`` bytes of ``buffer`` at ``offset`` after them; the fake executes at
+        once and keeps the bytes, but models a read still in flight: :meth:`read_async_done` says False the first
+        time it is asked about it (True after, or once the device is lost or destroyed)."""
+        with self._backend.operations.operation("submit", self._ordinal), self._lock:
+            action = f"read_async from buffer {buffer}"
+            self._readable(buffer, offset, size, size, action, count=False)  # checked before anything is submitted
+            if size == 0:
+                raise ValidationError(f"{action}: size must be > 0")
+            self.submit(commands)
+            return _FakeAsyncRead(self._readable(buffer, offset, size, size, action).copy())
+
+    def read_async_done(self, read: _FakeAsyncRead) -> bool:
+        """Whether :meth:`read_async_finish` of ``read`` would not wait (see :meth:`read_async`)."""
+        read.asked += 1
+        return read.asked > 1 or self.lost
+
+    def read_async_finish(self, read: _FakeAsyncRead, out: Any) -> None:
+        """Copy ``read``'s bytes into ``out`` (at most the read's size); raises as a read would on a lost or
+        destroyed device.  The read is over either way."""
+        if read.closed:
+            raise ValidationError("read_async_finish: this read was already finished or cancelled")
+        view, _ = host_read_target(out, "read_async_finish")
+        if view.nbytes > read.data.size:
+            raise ValidationError(f"read_async_finish: out holds {view.nbytes} bytes, more than {read.data.size}")
+        read.closed = True
+        with self._backend.operations.operation("read", self._ordinal), self._lock:
+            self._check_usable()
+            np.frombuffer(view, np.uint8)[:] = read.data[: view.nbytes]
+
+    def read_async_cancel(self, read: _FakeAsyncRead) -> None:
+        """Drop ``read`` unfinished (harmless when lost or destroyed, or already over)."""
+        read.closed = True
 
     # -- kernels ---------------------------------------------------------------
     def create_compute_pipeline(

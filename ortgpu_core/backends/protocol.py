@@ -23,6 +23,12 @@ record ``add_timestamp(query_set, index)`` (the GPU's time once the work recorde
 device.  A bad record (dead or foreign query set, index out of range, a destination without QUERY_RESOLVE usage,
 a misaligned or overrunning resolve) raises ``ValidationError`` at submit, and nothing of the list executes.
 
+Reads nobody waits for (optional, :class:`AsyncReadDevice`; both backends have them): ``read_async(commands,
+buffer, offset, size)`` submits ``commands`` and a read of the range after them and returns a ticket at once;
+``read_async_done(ticket)`` says, without waiting, whether finishing it would not wait; ``read_async_finish(ticket,
+out)`` waits if needed and copies the bytes out; ``read_async_cancel(ticket)`` drops it unread.  The profiler
+reads its ring of timestamps so; without them it reads with ``submit_and_read`` (one wait).
+
 Errors are raised as the typed exceptions of :mod:`ortgpu_core._errors`
 (``ValidationError``, ``OutOfMemoryError``, ``DeviceLostError``) in the
 caller's frame.
@@ -52,6 +58,7 @@ __all__ = [
     "QUERY_RESOLVE_ALIGNMENT",
     "MAX_QUERIES",
     "TimestampDevice",
+    "AsyncReadDevice",
     "host_read_target",
 ]
 
@@ -260,6 +267,31 @@ class TimestampDevice(Protocol):
     def create_query_resolve_buffer(self, size: int, *, label: str = "") -> int:
         """A buffer usable as a resolve destination and read back (QUERY_RESOLVE | COPY_SRC); freed with
         ``destroy_buffer``."""
+        ...
+
+
+@runtime_checkable
+class AsyncReadDevice(Protocol):
+    """What a :class:`BackendDevice` may offer for reads that nobody waits for (optional: the profiler checks
+    ``hasattr(device, "read_async")``).  A ticket is the backend's own object; each is finished or cancelled once."""
+
+    def read_async(self, commands: CommandList, buffer: int, offset: int, size: int) -> Any:
+        """Submit ``commands`` and a read of ``size`` bytes of ``buffer`` at ``offset`` after them (one
+        submission); return a ticket at once."""
+        ...
+
+    def read_async_done(self, ticket: Any) -> bool:
+        """Whether finishing ``ticket`` would not wait (its read completed, or the device is lost or destroyed);
+        never waits."""
+        ...
+
+    def read_async_finish(self, ticket: Any, out: Any) -> None:
+        """Wait for ``ticket``'s read if needed and copy its bytes into ``out`` (writable, C-contiguous, at most
+        the read's size); raises as a read would (device lost, destroyed)."""
+        ...
+
+    def read_async_cancel(self, ticket: Any) -> None:
+        """Drop ``ticket`` unread (always allowed)."""
         ...
 
 
