@@ -52,10 +52,6 @@ cdef class NativeTable:
     # Whether timestamps may be written inside a compute pass (wgpu-native's timestamp-query-inside-passes): a
     # timestamp record then keeps the open pass instead of ending it.
     cdef bint pass_timestamps
-    # Where a timestamp goes when pass_timestamps is on (NativeTable.timestamp_placement): 0 in the open pass,
-    # else on the encoder; 1 in a pass, opening one when none is open; 2 in the open pass only when a dispatch
-    # follows it, else on the encoder (a run's first and last timestamps on the encoder).
-    cdef int timestamp_where
     cdef void* fn_resolve_query_set
 
 cdef class CommandList:

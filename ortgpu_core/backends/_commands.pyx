@@ -89,30 +89,14 @@ cdef inline void* _native(uintptr_t handle) noexcept nogil:
     return <void*>(handle & _ADDRESS_MASK)
 
 
-cdef inline CommandRecord* _record_at(CommandRecord* records, Py_ssize_t count, CommandRecord* tail,
-                                      Py_ssize_t tail_count, Py_ssize_t i) noexcept nogil:
-    # Record ``i`` of a list's records followed by its tail's; NULL past the end.
-    if i < count:
-        return &records[i]
-    if i < count + tail_count:
-        return &tail[i - count]
-    return NULL
-
-
 cdef inline void _encode_record(NativeTable table, void* encoder, CommandRecord* r, void** compute_pass,
-                                void** last_pipeline, CommandRecord* following) noexcept nogil:
+                                void** last_pipeline) noexcept nogil:
     # One record into ``encoder``: dispatches share the open compute pass (one is begun when none is open; the
     # pipeline is set only when it changes); copies, clears, timestamp writes and query resolves end it (a
     # timestamp is written on the encoder, between passes: wgpu-native's timestamp-query-inside-encoders), except
     # that a timestamp is written inside the open pass where the table allows it (timestamp-query-inside-passes):
     # ending a pass per profiled step would add the pass's own cost to every step.
-    # ``following``: the record after ``r`` (NULL: none), for timestamp_placement 2.
-    if r.kind == COMMAND_TIMESTAMP and table.pass_timestamps and table.timestamp_where == 1 \
-            and compute_pass[0] == NULL:
-        compute_pass[0] = (<begin_compute_pass_fn>table.fn_begin_compute_pass)(encoder, NULL)
-        last_pipeline[0] = NULL
-    if r.kind == COMMAND_TIMESTAMP and compute_pass[0] != NULL and table.pass_timestamps and (
-            table.timestamp_where != 2 or (following != NULL and following.kind == COMMAND_DISPATCH)):
+    if r.kind == COMMAND_TIMESTAMP and compute_pass[0] != NULL and table.pass_timestamps:
         (<write_timestamp_fn>table.fn_pass_write_timestamp)(compute_pass[0], _native(r.a), r.x)
     elif r.kind == COMMAND_DISPATCH:
         if compute_pass[0] == NULL:
@@ -213,20 +197,6 @@ cdef class NativeTable:
     @timestamps_in_passes.setter
     def timestamps_in_passes(self, bint value):
         self.pass_timestamps = value
-
-    @property
-    def timestamp_placement(self):
-        """Where a timestamp record goes when ``timestamps_in_passes`` is on: "open-pass" (the default: inside
-        the compute pass when one is open, else on the encoder), "any-pass" (inside a pass, one begun when none is
-        open), "edges-on-encoder" (inside the open pass only when a dispatch follows it, else on the encoder)."""
-        return ("open-pass", "any-pass", "edges-on-encoder")[self.timestamp_where]
-
-    @timestamp_placement.setter
-    def timestamp_placement(self, str value):
-        names = ("open-pass", "any-pass", "edges-on-encoder")
-        if value not in names:
-            raise ValueError(f"timestamp_placement must be one of {names}, not {value!r}")
-        self.timestamp_where = names.index(value)
 
     @staticmethod
     def entry_point_names():
@@ -477,8 +447,7 @@ cdef class CommandList:
             return 0
         for i in range(total):
             r = &self._records[i] if i < self._count else &tail[i - self._count]
-            _encode_record(table, encoder, r, &compute_pass, &last_pipeline,
-                           _record_at(self._records, self._count, tail, tail_count, i + 1))
+            _encode_record(table, encoder, r, &compute_pass, &last_pipeline)
             if r.kind == COMMAND_DISPATCH:
                 dispatches += 1
                 if dispatches == split and i + 1 < total:
@@ -510,8 +479,8 @@ cdef class CommandList:
         if encoder == NULL:
             return NULL
         for i in range(total):
-            _encode_record(table, encoder, _record_at(self._records, self._count, tail, tail_count, i),
-                           &compute_pass, &last_pipeline, _record_at(self._records, self._count, tail, tail_count, i + 1))
+            _encode_record(table, encoder, &self._records[i] if i < self._count else &tail[i - self._count],
+                           &compute_pass, &last_pipeline)
         _end_pass(table, &compute_pass)
         return self._finish(table, encoder, errors_before)
 

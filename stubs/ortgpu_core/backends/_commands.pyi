@@ -42,12 +42,6 @@ class NativeTable:
         """Whether timestamp records inside a run of dispatches are written in the open compute pass."""
     @timestamps_in_passes.setter
     def timestamps_in_passes(self, value: bool) -> None: ...
-    @property
-    def timestamp_placement(self) -> str:
-        """Where timestamp records go when timestamps_in_passes is on: "open-pass", "any-pass" or
-        "edges-on-encoder"."""
-    @timestamp_placement.setter
-    def timestamp_placement(self, value: str) -> None: ...
 
 @final
 class CommandList:
