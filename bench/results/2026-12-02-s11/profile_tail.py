@@ -42,6 +42,32 @@ def main() -> None:
             return _original(self, *args)  # type: ignore[operator]
 
         setattr(_profiling.GpuStepTimer, name, wrapped)
+    # host time of the calls a ring read makes (inclusive, microseconds per call)
+    spent: dict[str, list[float]] = {}
+    device_type = type(on.device._native_device())
+    for owner, name in (
+        (_profiling.GpuStepTimer, "_start_read_locked"),
+        (_profiling.GpuStepTimer, "_finish_locked"),
+        (_profiling.GpuStepTimer, "_collect_locked"),
+        (_profiling.GpuStepTimer, "_fill"),
+        (_profiling.GpuStepTimer, "_read_plan" if hasattr(_profiling.GpuStepTimer, "_read_plan") else "_resolves"),
+        (device_type, "read_async"),
+        (device_type, "read_async_finish"),
+        (device_type, "validate_commands"),
+        (device_type, "_encode_and_submit"),
+        (device_type, "_request_map"),
+        (device_type, "_take_staging"),
+    ):
+        inner = getattr(owner, name)
+
+        def timed(*args: object, _inner: object = inner, _name: str = name) -> object:
+            t = time.perf_counter()
+            try:
+                return _inner(*args)  # type: ignore[operator]
+            finally:
+                spent.setdefault(_name, []).append(time.perf_counter() - t)
+
+        setattr(owner, name, timed)
     kinds: list[str] = []
     t_off, t_on = [], []
     for _ in range(n):
@@ -56,7 +82,9 @@ def main() -> None:
         kinds.append(("detail " if len(kinds) % 10 == 0 else "") + ("+".join(sorted(events)) or "none"))
         events.clear()
     base = statistics.median(t_off)
-    print(f"p50 off {base * 1e6:.1f} us, on {statistics.median(t_on) * 1e6:.1f}; mean off {statistics.mean(t_off) * 1e6:.1f}, on {statistics.mean(t_on) * 1e6:.1f}")
+    print(
+        f"p50 off {base * 1e6:.1f} us, on {statistics.median(t_on) * 1e6:.1f}; mean off {statistics.mean(t_off) * 1e6:.1f}, on {statistics.mean(t_on) * 1e6:.1f}"
+    )
     for m in (10, 16):
         row = []
         for r in range(m):
@@ -70,12 +98,20 @@ def main() -> None:
     total_excess = sum(t_on) - n * statistics.mean(t_off)
     for kind, times in sorted(groups.items()):
         excess = sum(times) - len(times) * statistics.mean(t_off)
-        print(f"  {kind:>14}: {len(times):5d} steps, mean {statistics.mean(times) * 1e6:6.1f} us, p50 "
-              f"{statistics.median(times) * 1e6:6.1f}, share of the on arm's excess {excess / total_excess:.0%}")
+        print(
+            f"  {kind:>14}: {len(times):5d} steps, mean {statistics.mean(times) * 1e6:6.1f} us, p50 "
+            f"{statistics.median(times) * 1e6:6.1f}, share of the on arm's excess {excess / total_excess:.0%}"
+        )
+    for name, times in spent.items():
+        print(
+            f"  host {name}: {len(times)} calls, mean {statistics.mean(times) * 1e6:.1f} us, p50 {statistics.median(times) * 1e6:.1f}"
+        )
     excess_total = sum(t - base for t in t_on)
     over = sorted(((t - base, i) for i, t in enumerate(t_on)), reverse=True)
     big = [(e, i) for e, i in over if e > 0.5 * base]
-    print(f"steps on over 1.5x p50 off: {len(big)} of {n}, carrying {sum(e for e, _ in big) / excess_total:.0%} of the on arm's excess over p50 off")
+    print(
+        f"steps on over 1.5x p50 off: {len(big)} of {n}, carrying {sum(e for e, _ in big) / excess_total:.0%} of the on arm's excess over p50 off"
+    )
     print("slowest on (us, index mod 10, mod 16):", [(round((e + base) * 1e6), i % 10, i % 16) for e, i in over[:12]])
     big_off = [t for t in t_off if t > 1.5 * base]
     print(f"steps off over 1.5x p50 off: {len(big_off)}")
