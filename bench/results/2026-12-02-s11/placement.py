@@ -1,5 +1,6 @@
 """Session 11 diagnostic: `python -m bench` with every wgpu device's timestamp placement set first (where the
-profiler's timestamp records go: NativeTable.timestamp_placement), for an A/B of profiling's cost.
+profiler's timestamp records go: NativeTable.timestamp_placement), for an A/B of profiling's cost.  The knob was
+only in commit f84bb87 (removed after this A/B showed no difference): run it at that commit.
 
 Usage: python bench/results/2026-12-02-s11/placement.py PLACEMENT [bench arguments...]"""
 
@@ -15,8 +16,8 @@ original_init = wgpu_native.WgpuDevice.__init__
 
 
 def init(self: wgpu_native.WgpuDevice, *args: object, **kwargs: object) -> None:
-    original_init(self, *args, **kwargs)  # type: ignore[arg-type]
-    self._native_table.timestamp_placement = placement
+    original_init(self, *args, **kwargs)
+    setattr(self._native_table, "timestamp_placement", placement)  # (only at f84bb87: see the docstring)
 
 
 wgpu_native.WgpuDevice.__init__ = init  # type: ignore[method-assign]
