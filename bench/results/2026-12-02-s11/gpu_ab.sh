@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # H200 session 11: the step's Python compiled by Cython (setup.py COMPILED_PYTHON) against the same source
 # interpreted, side by side in one call: where_time.py's threaded steps, then the profiling overhead.
+# The COMPILED_PYTHON list this reads was a setup.py change measured here and then undone (no difference): with
+# today's setup.py the "plain" copy equals the compiled one.
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
