@@ -32,17 +32,10 @@ def main() -> None:
     for _ in range(50):
         off.captured_end_to_end()
         on.captured_end_to_end()
-    # what each profiled step did besides its replay: a ring read started, finished, or a per-step (detail) replay
+    # Host time of the calls a ring read makes (inclusive, microseconds per call), and what each profiled step did
+    # besides its replay (``events``: a ring read started or finished; a per-step sample is told by its index).
     events: list[str] = []
-    for name in ("_start_read_locked", "_finish_locked"):
-        original = getattr(_profiling.GpuStepTimer, name)
-
-        def wrapped(self: object, *args: object, _original: object = original, _name: str = name) -> object:
-            events.append(_name.split("_")[1])
-            return _original(self, *args)  # type: ignore[operator]
-
-        setattr(_profiling.GpuStepTimer, name, wrapped)
-    # host time of the calls a ring read makes (inclusive, microseconds per call)
+    step_events = {"_start_read_locked": "start", "_finish_locked": "finish"}
     spent: dict[str, list[float]] = {}
     device_type = type(on.device._native_device())
     for owner, name in (
@@ -50,7 +43,7 @@ def main() -> None:
         (_profiling.GpuStepTimer, "_finish_locked"),
         (_profiling.GpuStepTimer, "_collect_locked"),
         (_profiling.GpuStepTimer, "_fill"),
-        (_profiling.GpuStepTimer, "_read_plan" if hasattr(_profiling.GpuStepTimer, "_read_plan") else "_resolves"),
+        (_profiling.GpuStepTimer, "_resolves"),
         (device_type, "read_async"),
         (device_type, "read_async_finish"),
         (device_type, "validate_commands"),
@@ -61,6 +54,8 @@ def main() -> None:
         inner = getattr(owner, name)
 
         def timed(*args: object, _inner: object = inner, _name: str = name) -> object:
+            if _name in step_events:
+                events.append(step_events[_name])
             t = time.perf_counter()
             try:
                 return _inner(*args)  # type: ignore[operator]
@@ -83,7 +78,8 @@ def main() -> None:
         events.clear()
     base = statistics.median(t_off)
     print(
-        f"p50 off {base * 1e6:.1f} us, on {statistics.median(t_on) * 1e6:.1f}; mean off {statistics.mean(t_off) * 1e6:.1f}, on {statistics.mean(t_on) * 1e6:.1f}"
+        f"p50 off {base * 1e6:.1f} us, on {statistics.median(t_on) * 1e6:.1f}; "
+        f"mean off {statistics.mean(t_off) * 1e6:.1f}, on {statistics.mean(t_on) * 1e6:.1f}"
     )
     for m in (10, 16):
         row = []
@@ -93,11 +89,12 @@ def main() -> None:
             row.append(f"{r}:{statistics.mean(sel_on) / statistics.mean(sel_off):.2f}")
         print(f"mean on/off by index mod {m}: " + " ".join(row))
     groups: dict[str, list[float]] = {}
-    for i, (kind, t) in enumerate(zip(kinds, t_on)):
+    for kind, t in zip(kinds, t_on):
         groups.setdefault(kind, []).append(t)
-    total_excess = sum(t_on) - n * statistics.mean(t_off)
+    mean_off = statistics.mean(t_off)
+    total_excess = sum(t_on) - n * mean_off
     for kind, times in sorted(groups.items()):
-        excess = sum(times) - len(times) * statistics.mean(t_off)
+        excess = sum(times) - len(times) * mean_off
         print(
             f"  {kind:>14}: {len(times):5d} steps, mean {statistics.mean(times) * 1e6:6.1f} us, p50 "
             f"{statistics.median(times) * 1e6:6.1f}, share of the on arm's excess {excess / total_excess:.0%}"
