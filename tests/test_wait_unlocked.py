@@ -2,7 +2,8 @@
 
 A read (``read_buffer``, ``read_buffer_into``, ``submit_and_read``) or ``wait_idle`` submits and requests under
 the device's lock, waits for its request without it, and copies out under it again.  The tests stop a thread
-*inside* its wait (``_wait_until`` is wrapped for that thread only) and show that meanwhile another thread takes
+*inside* its wait (``_wait_until``, and ``_wait_map`` for ``read_buffer_into``'s wait in C, are wrapped for that
+thread only) and show that meanwhile another thread takes
 the device's lock, and creates, uploads, submits and reads to completion; that the stopped wait then finishes
 with the right data; that a device destroyed or lost during a wait gives that waiter a typed error (no hang, no
 crash); and that many threads reading at once through the staging pool all get their own data.
@@ -50,14 +51,23 @@ class PausedWait:
         self.resumed = threading.Event()
         self.thread: threading.Thread | None = None
         original = device._wait_until
+        original_map = device._wait_map
 
         def wait_until(done: Callable[[], bool], action: str) -> None:
-            if threading.current_thread() is self.thread and not self.entered.is_set():
-                self.entered.set()
-                assert self.resumed.wait(30), "the test never resumed the paused wait"
+            self._pause()
             original(done, action)
 
+        def wait_map(wait: Any, action: str) -> int:  # read_buffer_into's wait, in C
+            self._pause()
+            return original_map(wait, action)
+
         device._wait_until = wait_until  # type: ignore[method-assign]
+        device._wait_map = wait_map  # type: ignore[method-assign]
+
+    def _pause(self) -> None:
+        if threading.current_thread() is self.thread and not self.entered.is_set():
+            self.entered.set()
+            assert self.resumed.wait(30), "the test never resumed the paused wait"
 
     def start(self, work: Callable[[], Any]) -> dict[str, Any]:
         result: dict[str, Any] = {}
@@ -139,22 +149,34 @@ def test_a_waiting_thread_holds_no_lock_and_others_finish_meanwhile(device: Wgpu
     assert device.live_handles() == 0
 
 
-def test_destroying_the_device_during_a_wait_gives_the_waiter_a_typed_error(device: WgpuDevice) -> None:
+def _reader(device: WgpuDevice, buffer: int, how: str) -> Callable[[], Any]:
+    """A read of 4096 bytes of ``buffer`` by ``how``: read_buffer (Python wait) or read_buffer_into (C wait)."""
+    if how == "read_buffer":
+        return lambda: device.read_buffer(buffer, 0, 4096)
+    return lambda: device.read_buffer_into(buffer, 0, np.empty(4096, np.uint8))
+
+
+READS = pytest.mark.parametrize("how", ["read_buffer", "read_buffer_into"])
+
+
+@READS
+def test_destroying_the_device_during_a_wait_gives_the_waiter_a_typed_error(device: WgpuDevice, how: str) -> None:
     buffer = device.create_buffer(4096)
     paused = PausedWait(device)
-    result = paused.start(lambda: device.read_buffer(buffer, 0, 4096))
+    result = paused.start(_reader(device, buffer, how))
     device.destroy()  # takes the device's lock: the waiter does not hold it
     paused.resume()
     assert isinstance(result.get("error"), ReleasedValueError), result
     assert device.live_handles() == 0
 
 
-def test_losing_the_device_during_a_wait_gives_the_waiter_device_lost(device: WgpuDevice) -> None:
+@READS
+def test_losing_the_device_during_a_wait_gives_the_waiter_device_lost(device: WgpuDevice, how: str) -> None:
     """The device is lost while a thread waits, and another thread's call finds out: the waiter gets
     DeviceLostError (it never touches the staging buffer of a lost device), and so does every later call."""
     buffer = device.create_buffer(4096)
     paused = PausedWait(device)
-    result = paused.start(lambda: device.read_buffer(buffer, 0, 4096))
+    result = paused.start(_reader(device, buffer, how))
     _, lib = load_native()
     with device._lock:
         lib.wgpuDeviceDestroy(device._device)  # what a driver reset looks like from here
@@ -221,23 +243,30 @@ def test_many_threads_reading_at_once_each_get_their_own_data(device: WgpuDevice
     assert len(device._staging_free) == len(device._staging_all)  # every one given back
 
 
-def test_a_failed_request_is_raised_to_its_caller_only(device: WgpuDevice) -> None:
+@pytest.mark.parametrize("how", ["read_buffer", "submit_and_read"])
+def test_a_failed_request_is_raised_to_its_caller_only(device: WgpuDevice, how: str) -> None:
     """A read whose map request fails gives that caller a DeviceError; its staging buffer is not reused, and
     the next read works."""
     buffer = device.create_buffer(256)
     device.write_buffer(buffer, 0, bytes(range(256)))
-    original = device._request_map
+    original = device._copy_out_mapped
+    failed: list[int] = []
 
-    def failing(staging: Any, size: int, action: str) -> int:
-        token = original(staging, size, action)
-        device._wait_until(lambda: token in device._requests.map_results, action)
-        device._requests.map_results[token] = (-1, "injected failure")
-        return token
+    def failing(staging: Any, status: int, *rest: Any) -> None:
+        failed.append(staging.address)
+        original(staging, 3, *rest)  # WGPUMapAsyncStatus_Error, as wgpu-native would report it
 
-    device._request_map = failing  # type: ignore[method-assign]
-    with pytest.raises(DeviceError, match="injected failure"):
-        device.read_buffer(buffer, 0, 256)
-    device._request_map = original  # type: ignore[method-assign]
+    device._copy_out_mapped = failing  # type: ignore[method-assign]
+    out = np.empty(256, np.uint8)
+    read: Callable[[], object] = (
+        (lambda: device.read_buffer(buffer, 0, 256))
+        if how == "read_buffer"
+        else (lambda: device.submit_and_read(CommandList(), [(buffer, 0, out)]))
+    )
+    with pytest.raises(DeviceError, match="mapping the staging buffer failed"):
+        read()
+    device._copy_out_mapped = original  # type: ignore[method-assign]
+    assert failed and failed[0] not in device._staging_all  # freed, never reused
     assert device.read_buffer(buffer, 0, 256) == bytes(range(256))
     device.destroy_buffer(buffer)
     assert device.live_handles() == 0
@@ -271,12 +300,13 @@ def test_the_c_view_of_the_map_callback_descriptor_matches_webgpu_h() -> None:
     ]
 
 
-def test_a_device_destroyed_behind_the_library_during_a_wait_is_device_lost(device: WgpuDevice) -> None:
+@READS
+def test_a_device_destroyed_behind_the_library_during_a_wait_is_device_lost(device: WgpuDevice, how: str) -> None:
     """wgpu-native 29 completes a pending map of a destroyed device as a success (and would abort the process on
     reading the mapping): the waiter sees DeviceLostError instead, with nothing else telling it first."""
     buffer = device.create_buffer(4096)
     paused = PausedWait(device)
-    result = paused.start(lambda: device.read_buffer(buffer, 0, 4096))
+    result = paused.start(_reader(device, buffer, how))
     _, lib = load_native()
     with device._lock:
         lib.wgpuDeviceDestroy(device._device)
@@ -284,3 +314,102 @@ def test_a_device_destroyed_behind_the_library_during_a_wait_is_device_lost(devi
     assert isinstance(result.get("error"), DeviceLostError), result
     with pytest.raises(DeviceLostError):
         device.wait_idle()
+
+
+def _read_held_in_c(device: WgpuDevice, buffer: int, out: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start ``read_buffer_into`` in a thread while the caller holds the device's poll lock: nobody polls, so the
+    read's map request cannot complete and the thread stays inside its C wait.  Returns once it is there."""
+    result: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            device.read_buffer_into(buffer, 0, out)
+            result["done"] = True
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            result["error"] = error
+
+    thread = threading.Thread(target=read, name="reader-in-c")
+    thread.start()
+    for _ in range(10_000):
+        if device._unlocked.inflight == 1:
+            break
+        threading.Event().wait(0.001)
+    assert device._unlocked.inflight == 1, "the read never entered its C part"
+    return thread, result
+
+
+def test_destroying_the_device_while_a_read_waits_in_c_ends_that_wait(device: WgpuDevice) -> None:
+    """The device's destroy closes the reads' C gate: a read waiting in C returns at once (no hang), gets
+    ReleasedValueError, and nothing is freed before it left C."""
+    buffer = device.create_buffer(4096)
+    out = np.empty(4096, np.uint8)
+    poll_lock = device._requests.poll_lock
+    poll_lock.acquire()
+    try:
+        reader, result = _read_held_in_c(device, buffer, out)
+        destroyer = threading.Thread(target=device.destroy, name="destroyer")
+        destroyer.start()
+        for _ in range(10_000):
+            if device._unlocked.closed and device._unlocked.inflight == 0:
+                break
+            threading.Event().wait(0.001)
+        assert device._unlocked.inflight == 0, "the read did not leave its C wait when the device was destroyed"
+    finally:
+        poll_lock.release()  # the destroy waits for it (a poll in progress) once the gate is empty
+    destroyer.join(30)
+    reader.join(30)
+    assert not destroyer.is_alive() and not reader.is_alive()
+    assert isinstance(result.get("error"), ReleasedValueError), result
+    assert device.live_handles() == 0
+
+
+def test_a_buffer_released_while_a_read_copies_from_it_is_freed_when_the_read_ends(device: WgpuDevice) -> None:
+    """wgpu-native 29 aborts on a submission that uses a destroyed buffer, and a read's copy is encoded and
+    submitted outside the device's lock: a buffer released meanwhile leaves the handle table at once (the handle
+    is refused from then on) but is freed only when the read is done with it; the read returns its data."""
+    values = np.arange(1024, dtype=np.float32)
+    buffer = device.create_buffer(values.nbytes)
+    device.write_buffer(buffer, 0, values.tobytes())
+    out = np.zeros_like(values)
+    poll_lock = device._requests.poll_lock
+    poll_lock.acquire()
+    try:
+        reader, result = _read_held_in_c(device, buffer, out.view(np.uint8))
+        device.destroy_buffer(buffer)
+        assert device.live_handles() == 1  # released, not freed: the read still uses it
+        with pytest.raises(Exception, match="not a live buffer"):
+            device.read_buffer(buffer, 0, 4)
+    finally:
+        poll_lock.release()
+    reader.join(30)
+    assert not reader.is_alive()
+    assert result.get("done"), result
+    np.testing.assert_array_equal(out, values)
+    assert device.live_handles() == 0
+
+
+def test_a_replay_submit_refused_by_a_closing_device_raises_and_leaks_nothing(device: WgpuDevice) -> None:
+    """A captured graph's replay submits its command buffer encoded ahead outside the device's lock; the device's
+    destroy first closes the gate of such calls (and waits for those inside).  A submit that finds it closed
+    raises ReleasedValueError and releases that command buffer: nothing is submitted to a device being freed,
+    nothing leaks."""
+    assert device.encode_ahead
+    data = np.arange(128, dtype=np.float32)
+    pipeline = device.create_compute_pipeline(SCALE_KERNEL, label="scale")
+    x = device.create_buffer(data.nbytes)
+    y = device.create_buffer(data.nbytes)
+    group = device.create_bind_group(pipeline, [BindingEntry(0, x, 0, data.nbytes), BindingEntry(1, y, 0, data.nbytes)])
+    device.write_buffer(x, 0, data.tobytes())
+    commands = CommandList()
+    commands.add_dispatch(pipeline, group, 2)
+    commands.freeze()
+    device.submit(commands)  # validated and submitted; its next command buffer is encoded ahead
+    device.submit(commands)  # that one, submitted outside the lock
+    assert device.read_buffer(y, 0, data.nbytes) == (data * 2 + 1).tobytes()
+    assert len(device._ahead) == 1
+    device._close_unlocked_calls()  # the first step of destroy()
+    with pytest.raises(ReleasedValueError, match="destroyed while submitting"):
+        device.submit(commands)
+    assert not device._ahead and not device._jobs  # the command buffer was released, no encoding ahead queued
+    device.destroy()
+    assert device.live_handles() == 0

@@ -461,6 +461,11 @@ cdef class ErrorReports:
         return <uintptr_t>&self.queue.error_count
 
     @property
+    def lost_address(self):
+        """The address of the int the device-lost callback sets (nonzero once a loss was reported)."""
+        return <uintptr_t>&self.queue.lost
+
+    @property
     def pending(self):
         """Errors not taken yet, of every thread."""
         return self.queue.count

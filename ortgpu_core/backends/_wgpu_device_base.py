@@ -94,6 +94,10 @@ class _Handle:
     # pipelines: bindings of group 0 declared var<storage, read> / var<storage, read_write>
     read_only_bindings: frozenset[int] = frozenset()
     writable_bindings: frozenset[int] = frozenset()
+    # buffers: reads whose C part (outside the lock) may still use it; a release meanwhile leaves the handle table
+    # at once, and frees the buffer when the last of them ends (``doomed``)
+    busy: int = 0
+    doomed: bool = False
 
 
 _STORAGE_DECLARATION = re.compile(r"((?:@\w+\s*\([^)]*\)\s*)+)var\s*<\s*storage\s*(?:,\s*(\w+)\s*)?>")
@@ -150,6 +154,7 @@ class _DeviceBase:
         self._queue_address = 0  # the queue pointer's value (set with it), for the calls made from C
         self._lock = DeviceLock()  # see _serialized; releases from finalizers mid-call are deferred
         self._handles: dict[int, _Handle] = {}
+        self._doomed: list[_Handle] = []  # buffers released while a read used them (see _Handle.busy)
         self._generation = 0  # of the last handle made (see _new_handle)
         self._sentinel: Any = None  # a small COPY_DST buffer for _check_not_lost (made on first use)
         self._sentinel_address = 0
@@ -275,6 +280,14 @@ class _DeviceBase:
                 release(pointer)
             raise
         return pointer
+
+    def _unbusy(self, record: _Handle) -> None:
+        """(Under the lock.)  A read of ``record``'s buffer ended: free it now if it was released meanwhile."""
+        record.busy -= 1
+        if record.busy == 0 and record.doomed:
+            self._doomed.remove(record)
+            if self._device is not None:
+                self._free_buffer(record.pointer)
 
     def _free_buffer(self, pointer: Any) -> None:
         # void wgpuBufferDestroy(WGPUBuffer buffer); void wgpuBufferRelease(WGPUBuffer buffer)

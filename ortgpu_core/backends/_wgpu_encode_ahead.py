@@ -30,8 +30,9 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from .._errors import DeviceError
+from .._errors import DeviceError, ReleasedValueError
 from ._commands import CommandList
+from ._unlocked_calls import DONE, UnlockedCalls
 from ._wgpu_device_base import _DeviceBase
 
 # What a submission appends to a command list, as a dictionary key: the records of its tail (submit_and_read's
@@ -72,6 +73,7 @@ class _EncodeAhead(_DeviceBase):
     """The validation memo and the encode-ahead cache of frozen command lists (see the module's docstring)."""
 
     encode_ahead: bool
+    _unlocked: UnlockedCalls  # set once the device is open (_Readback._open_unlocked_calls)
 
     def _init_encode_ahead(self, encode_ahead: bool) -> None:
         """Set this layer's fields: nothing validated or encoded ahead yet; ``encode_ahead`` from the backend."""
@@ -180,9 +182,13 @@ class _EncodeAhead(_DeviceBase):
             if commands.frozen:
                 self._remember_validation(commands)
 
-    def _encode_and_submit(self, commands: CommandList, tail: CommandList | None, action: str) -> _AheadJob | None:
+    def _encode_and_submit(
+        self, commands: CommandList, tail: CommandList | None, action: str, defer: bool = False
+    ) -> tuple[_AheadJob | None, int]:
         """(Under the lock.)  Submit ``commands`` then ``tail`` as one submission; the errors wgpu-native reports
-        are raised (a typed error naming ``action``, or ``DeviceError`` when it could not encode them).
+        are raised (a typed error naming ``action``, or ``DeviceError`` when it could not encode them).  Returns
+        the job of encoding ahead (below) and, with ``defer``, the command buffer encoded ahead that the caller
+        submits itself once it has left the lock (:meth:`_submit_unlocked`; 0: submitted here).
 
         A validated frozen list (a captured graph's) is submitted from the command buffer encoded ahead for it
         (and this tail), when there is one; either way, with :attr:`encode_ahead` on, the job of encoding its next
@@ -206,6 +212,11 @@ class _EncodeAhead(_DeviceBase):
                 ready = 0
         if ready:
             self._check_not_lost("submit")  # submitted on a lost device, it would abort the process
+            if defer:
+                job = _AheadJob(commands, tail, key)
+                with self._jobs_changed:
+                    self._jobs.add(job)
+                return job, ready
             table.submit_encoded(ready)
             submitted = True
         else:
@@ -218,11 +229,24 @@ class _EncodeAhead(_DeviceBase):
         if not submitted:
             raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
         if not ahead:
-            return None
+            return None, 0
         job = _AheadJob(commands, tail, key)
         with self._jobs_changed:
             self._jobs.add(job)
-        return job
+        return job, 0
+
+    def _submit_unlocked(self, ready: int, job: _AheadJob | None, action: str) -> None:
+        """(Outside the lock.)  Submit ``ready``, a command buffer encoded ahead that :meth:`_encode_and_submit`
+        handed over, without the GIL and without the device's lock (:mod:`._unlocked_calls`: a destroy waits for
+        it), and raise what wgpu-native reported for it.  On an error the job of encoding ahead is dropped."""
+        try:
+            if self._unlocked.submit_encoded(ready) != DONE:
+                self._check_open()
+                raise ReleasedValueError(f"{action}: the device was destroyed while submitting; open a new one")
+            self._raise_pending(action)
+        except BaseException:
+            self._cancel_job(job)
+            raise
 
     def _encode_ahead(self, job: _AheadJob | None) -> None:
         """(Outside the lock.)  Encode ``job``'s command buffer and keep it for the list's next submit, unless a

@@ -4,30 +4,38 @@ A read copies its range into a staging buffer (MAP_READ | COPY_DST, a power of t
 out of the mapping; ``submit_and_read`` appends those copies to the submission itself (a tail, which the
 encode-ahead cache keeps with the list), so a run and its reads cost one submission and one wait.
 
-**Waiting never holds the device's lock.**  A read or a ``wait_idle`` is three steps: under the lock, the checks,
-the submission and the request (``wgpuBufferMapAsync`` / ``wgpuQueueOnSubmittedWorkDone``, each with a token of its
-own); then, *without* the lock, the wait for that request's callback; then, under the lock again, the copy out of
-the mapping and the unmap.  Other threads submit, upload and read meanwhile: K threads each driving a session
-overlap their host work with the GPU's instead of queueing behind one another's waits.
+**Waiting never holds the device's lock.**  A read (``read_buffer``, ``read_buffer_into``: ``to_numpy``'s) is four
+steps: under the lock, keeping the GIL, the checks and the staging buffer; then, *without* the lock, one C call
+(the GIL released once) that encodes and submits the copy and requests the mapping, and another that waits for it
+(:mod:`._unlocked_calls`); then, under the lock again, the copy out of the mapping and the unmap.
+``submit_and_read`` submits and requests under the lock (its copies ride in the submission), then waits the same
+way.  Other threads submit, upload and read meanwhile: K threads each driving a session overlap their host work
+with the GPU's instead of queueing behind one another's waits, and no thread gives the GIL away while it holds
+the device's lock for a native call of any length.
 
-The wait (:meth:`_Readback._wait_until`): one waiting thread at a time polls wgpu-native (the *poll lock*), without
-blocking for up to ``spin_wait_us`` (in C, with the GIL released: :mod:`._device_calls`), then blocking; the map and
-work-done callbacks fire inside its polls (or inside another thread's submit) whoever's requests they complete.
-They are C functions (:class:`._device_calls.Completions`) that take no GIL: they queue ``(token, status,
-message)`` and set the flag the spinning poller watches, so a thread inside wgpu-native, holding its locks, never
-waits for Python.  Waiters apply the queue (:meth:`_Requests.drain`: each request's status recorded by token, and
-that request's waiter woken, an event per thread), while the other waiters
-sleep (releasing the GIL) until their own request is complete or the polling thread leaves and hands the polling to
-one of them.  One poller at a time also keeps wgpu-native 29 from racing itself (two threads polling one
+The waits: one thread at a time polls wgpu-native (the *poll lock*, a :class:`._unlocked_calls.NativeLock`), without
+blocking for up to ``spin_wait_us``, then blocking; the callbacks fire inside its polls (or inside another thread's
+submit) whoever's requests they complete.  A read's wait (:meth:`_Readback._wait_map`) is a C loop without the GIL:
+its map callback sets the read's own :class:`._unlocked_calls.MapWait`; while another thread polls it spins
+(yielding its core), then naps.  ``wait_idle`` and the profiling ring's reads wait in Python
+(:meth:`_Readback._wait_until`): their work-done and map callbacks are C functions
+(:class:`._device_calls.Completions`) that queue ``(token, status, message)`` and set the flag the spinning poller
+watches; waiters apply the queue (:meth:`_Requests.drain`: each request's status recorded by token, and that
+request's waiter woken, an event per thread), while the other waiters sleep (releasing the GIL) until their own
+request is complete or the polling thread leaves and hands the polling to one of them (a C wait that ends drains
+the queue and hands over too).  No callback takes the GIL, so a thread inside wgpu-native, holding its locks, never
+waits for Python.  One poller at a time also keeps wgpu-native 29 from racing itself (two threads polling one
 device can trip an assertion in its ``Device::maintain``).  A blocking poll in wgpu-native 29 holds its fence lock
 until the GPU is done, so a submission from another thread waits for it: that is why GPU adapters spin first (their
 waits for small work end within the spin), while CPU adapters (lavapipe), where spinning would take a core from the
 driver, block at once.
 
-Errors: what a submission, a map request or a copy-out reports is raised to the thread that made it (those steps
-run under the lock, with the device's error sink).  The unlocked wait reads no error sink; it raises only
-``DeviceLostError`` (the device was lost: every caller should see it), ``ReleasedValueError`` (the device was
-destroyed while it waited) and ``DeviceError`` when its request failed or never completed.
+Errors: what a submission, a map request or a copy-out reports is raised to the thread that made it (wgpu-native
+reports it inside that thread's call: the device's error sink).  A wait raises only ``DeviceLostError`` (the device
+was lost: every caller should see it), ``ReleasedValueError`` (the device was destroyed while it waited) and
+``DeviceError`` when its request failed or never completed.  The buffer a read copies from is kept until the read
+ends, whoever releases it meanwhile (``_Handle.busy``); the device's destroy closes the gate of the unlocked calls
+and waits for those inside before it frees anything.
 
 Staging buffers: a pool; ``submit_and_read`` of a frozen list takes the buffer that list's last read used when it
 is free (its command buffer encoded ahead names that buffer, whichever thread reads), any read the free buffer its
@@ -64,6 +72,16 @@ from ._device_calls import (
     request_work_done,
     spin_poll,
 )
+from ._unlocked_calls import (
+    CLOSING,
+    DONE,
+    NOT_SUBMITTED,
+    WAIT_IDLE,
+    MapWait,
+    NativeLock,
+    UnlockedCalls,
+)
+from ._wgpu_device_base import _Handle
 from ._wgpu_encode_ahead import _EncodeAhead
 from ._wgpu_ffi import _address, _enum_suffix
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, host_read_target
@@ -77,6 +95,11 @@ _WAITER_RECHECK_S = 0.002
 # a core from the driver's own threads).  On the H200 spinning made submit + wait_idle of 16 small dispatches about
 # a fifth faster (`python -m bench --overhead` measures both; bench/RESULTS.md has the figures).
 DEFAULT_SPIN_WAIT_US = 2000.0
+
+
+# Map requests given up on (their read raised before the callback fired): the callback may still fire, and it
+# writes into the MapWait, so these are kept for the life of the process (a few bytes each, only after errors).
+_ABANDONED_WAITS: list[MapWait] = []
 
 
 class _Requests:
@@ -101,7 +124,8 @@ class _Requests:
         self.completions = Completions()
         self.fired_address = self.completions.fired_address
         self._drain_lock = threading.Lock()
-        self.poll_lock = threading.Lock()  # held by the one thread polling
+        # held by the one thread polling; C waits take it too (:class:`._unlocked_calls.UnlockedCalls`)
+        self.poll_lock = NativeLock()
         self.owners: dict[int, threading.Event] = {}  # token -> the event of the thread waiting for it
         self.sleeping: set[threading.Event] = set()  # events of the waiters sleeping (not polling)
         self._local = threading.local()
@@ -185,6 +209,28 @@ class _Readback(_EncodeAhead):
             )
         }
 
+    def _open_unlocked_calls(self) -> None:
+        """(Once the device and its native table exist.)  The native calls made outside the device's lock: a read's
+        copy, map request and wait, and the submit of a command buffer encoded ahead (:mod:`._unlocked_calls`)."""
+        lib = self._lib
+        self._unlocked = UnlockedCalls(
+            self._native_table,
+            self._requests.poll_lock,
+            _address(self._device),
+            self._native_calls["wgpuBufferMapAsync"],
+            self._device_poll_address,
+            int(lib.WGPUMapMode_Read),
+            int(lib.WGPUCallbackMode_AllowProcessEvents),
+            self._sink.reports.lost_address,
+        )
+
+    def _close_unlocked_calls(self) -> None:
+        """(Under the lock, first thing in the device's destroy.)  Refuse new unlocked native calls and wait for
+        those in progress: after this, nothing outside the lock uses the device's pointers or staging buffers."""
+        unlocked = getattr(self, "_unlocked", None)
+        if unlocked is not None:
+            unlocked.close()
+
     # -- the staging pool (under the device's lock) -----------------------------------------
     @property
     def _staging_size(self) -> int:
@@ -252,29 +298,44 @@ class _Readback(_EncodeAhead):
     def read_buffer(self, buffer: int, offset: int, size: int) -> bytes:
         """Wait for submitted work, then copy ``size`` bytes from ``offset`` out (through a staging buffer)."""
         action = f"read_buffer({buffer:#x}, offset={offset}, size={size})"
-        with self._lock:
-            self._check_open()
-            self._check_aligned(action, offset=offset, size=size)
-            if self._checked_read(buffer, offset, size, action) == 0:
-                return b""
-            staging, token = self._copy_and_map(buffer, offset, size, action)
+        self._check_aligned(action, offset=offset, size=size)
         out = bytearray(size)
-        target = self._ffi.from_buffer(out, require_writable=True)
-        self._finish_read(staging, token, size, action, [(self._address_of(target), size, 0)])
+        self._read_into(buffer, offset, out, action)
         return bytes(out)
 
     def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
         """Like :meth:`read_buffer`, into ``out`` (a writable C-contiguous buffer of any size; the device-side copy
         covers it rounded up to 4 bytes): one host copy, straight from the mapped staging buffer."""
-        action = f"read_buffer_into({buffer:#x}, offset={offset})"
+        self._read_into(buffer, offset, out, f"read_buffer_into({buffer:#x}, offset={offset})")
+
+    def _read_into(self, buffer: int, offset: int, out: Any, action: str) -> None:
+        """The read (``to_numpy``'s): under the lock, only checks and bookkeeping, keeping the GIL; the copy's
+        submission and map request in one C call and the wait in another, each releasing the GIL once and taking
+        no lock but the poll lock (:mod:`._unlocked_calls`); then the copy out under the lock."""
         with self._lock:
             self._check_open()
             view, padded = self._read_target(buffer, offset, out, action)
             if padded == 0:
                 return
-            staging, token = self._copy_and_map(buffer, offset, padded, action)
+            source = self._handles[buffer]
+            staging = self._take_staging(padded)
+            source.busy += 1  # a release of the buffer meanwhile is done when this read ends (see destroy_buffer)
+        wait = MapWait()
+        code = CLOSING
+        try:
+            code = self._unlocked.copy_and_map(buffer, offset, staging.address, padded, wait)
+            if code == DONE:
+                code = self._wait_map(wait, action)
+        finally:
+            self._after_wait()
+            if code != DONE:
+                self._abandon_read(staging, wait, code, source)
+        if code != DONE:
+            self._raise_failed_read(code, action)
         target = self._ffi.from_buffer(view, require_writable=True)
-        self._finish_read(staging, token, padded, action, [(self._address_of(target), view.nbytes, 0)])
+        self._copy_out_mapped(
+            staging, wait.status, padded, action, [(self._address_of(target), view.nbytes, 0)], source
+        )
 
     def _read_target(self, buffer: int, offset: int, out: Any, action: str) -> tuple[memoryview, int]:
         """``out`` as a byte view and the device range of the read (checked against ``buffer``)."""
@@ -291,26 +352,13 @@ class _Readback(_EncodeAhead):
             raise ValidationError(f"{action}: uniform buffers are write-only (no COPY_SRC usage)")
         return size
 
-    def _copy_and_map(self, buffer: int, offset: int, size: int, action: str) -> tuple[_Staging, int]:
-        """(Under the lock.)  Copy ``size`` bytes at ``offset`` into a staging buffer and request its mapping."""
-        staging = self._take_staging(size)
-        try:
-            commands = CommandList()
-            commands.add_copy(buffer, offset, staging.address, 0, size)
-            submitted = commands.encode_submit_native(self._native_table)
-            self._raise_pending(action)
-            if not submitted:
-                raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")
-            return staging, self._request_map(staging, size, action)
-        except BaseException:
-            self._give_back_staging(staging)
-            raise
-
     def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
         """:meth:`submit` ``commands``, then :meth:`read_buffer_into` each ``(buffer, offset, out)``, as one
-        command buffer (the copies to the staging buffer follow the commands in it) and one wait."""
+        command buffer (the copies to the staging buffer follow the commands in it) and one wait (in C, as a
+        read's: :meth:`_wait_map`)."""
         action = f"submit_and_read ({len(commands)} commands, {len(reads)} reads)"
         regions: list[tuple[int, int, int, memoryview]] = []  # (buffer, offset, padded size, view)
+        wait = MapWait()
         with self._lock:
             self._check_open()
             for index, (buffer, offset, out) in enumerate(reads):
@@ -332,12 +380,12 @@ class _Readback(_EncodeAhead):
                     if padded:
                         tail.add_copy(buffer, offset, staging.address, cursor, padded)
                     cursor += padded
-                job = self._encode_and_submit(commands, tail, action)
+                job, _ = self._encode_and_submit(commands, tail, action)
                 if total == 0:
                     self._give_back_staging(staging)
-                    token = 0
                 else:
-                    token = self._request_map(staging, total, action)
+                    self._unlocked.request_map(staging.address, total, wait)  # keeping the GIL (short)
+                    self._raise_pending(action)
             except BaseException:
                 self._cancel_job(job)
                 self._give_back_staging(staging)
@@ -351,14 +399,112 @@ class _Readback(_EncodeAhead):
         for target, (_, _, padded, view) in zip(targets, regions):
             copies.append((self._address_of(target), view.nbytes, at))
             at += padded
-        self._finish_read(staging, token, total, action, copies)
+        code = CLOSING
+        try:
+            code = self._wait_map(wait, action)
+        finally:
+            self._after_wait()
+            if code != DONE:
+                self._abandon_read(staging, wait, code, None)
+        if code != DONE:
+            self._raise_failed_read(code, action)
+        self._copy_out_mapped(staging, wait.status, total, action, copies, None)
+
+    def _wait_map(self, wait: MapWait, action: str) -> int:
+        """Wait, in C without the GIL or the device's lock, for ``wait``'s map request (spinning for
+        ``spin_wait_us``, then blocking); a blocking poll that completes nothing is checked for a lost device.
+        Returns a ``READ_*`` code."""
+        spin = self.spin_wait_us * 1e-6
+        blocking_polls = 0
+        while True:
+            code = self._unlocked.wait(wait, spin)
+            if code != WAIT_IDLE:
+                return code
+            blocking_polls += 1
+            with self._lock:
+                self._check_open()
+                self._check_not_lost(action)
+            if blocking_polls >= _MAP_POLL_ATTEMPTS:
+                return code
+            spin = 0.0
+
+    def _after_wait(self) -> None:
+        """A C wait ended: apply what its polls completed for the Python waits (``wait_idle``, the profiling ring)
+        and, if one sleeps, hand it the polling (a C wait never sets a Python waiter's event itself)."""
+        requests = self._requests
+        requests.drain()
+        if requests.sleeping:
+            requests.hand_over()
+
+    def _abandon_read(self, staging: _Staging, wait: MapWait, code: int, source: _Handle | None) -> None:
+        """A read whose C part returned ``code`` (not DONE), or raised: end it under the lock."""
+        if code != NOT_SUBMITTED:
+            _ABANDONED_WAITS.append(wait)  # its callback may still fire, into this object
+        with self._lock:
+            if source is not None:
+                self._unbusy(source)
+            self._drop_staging(staging, reusable=code == NOT_SUBMITTED)
+
+    def _drop_staging(self, staging: _Staging, reusable: bool) -> None:
+        """(Under the lock.)  A read that did not complete: its staging buffer goes back to the pool if nothing
+        was requested of it, else it is freed (its map may still be pending)."""
+        if self._device is None or staging.address not in self._staging_all:
+            return  # freed with the device
+        if reusable:
+            self._give_back_staging(staging)
+        else:
+            self._free_staging(staging)
+
+    def _raise_failed_read(self, code: int, action: str) -> None:
+        """The typed error of a read whose C part returned ``code`` (not DONE)."""
+        with self._lock:
+            self._check_open()  # destroyed (CLOSING) or lost (LOST)
+            self._check_not_lost(action)
+            self._raise_pending(action)  # what wgpu-native reported for the copy or the request
+        if code == NOT_SUBMITTED:
+            raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")
+        raise DeviceError(f"{action}: the device did not complete the request ({_MAP_POLL_ATTEMPTS} waits)")
+
+    def _copy_out_mapped(
+        self,
+        staging: _Staging,
+        status: int,
+        size: int,
+        action: str,
+        copies: list[tuple[int, int, int]],
+        source: _Handle | None,
+    ) -> None:
+        """(A map request of ``staging`` completed with ``status``.)  Under the lock, keeping the GIL: end the read
+        of ``source`` (if any), copy each ``(destination address, bytes, offset in the mapping)`` out of the mapped
+        range, unmap, and give the buffer back to the pool."""
+        lib = self._lib
+        with self._lock:
+            if source is not None:
+                self._unbusy(source)
+            self._check_open()  # destroyed meanwhile: the staging buffer went with the device
+            self._check_not_lost(action)
+            if status != lib.WGPUMapAsyncStatus_Success:
+                self._free_staging(staging)
+                name = _enum_suffix("WGPUMapAsyncStatus", status) if status > 0 else str(status)
+                raise DeviceError(f"{action}: mapping the staging buffer failed ({name})")
+            try:
+                calls = self._native_calls
+                # wgpuBufferGetConstMappedRange, the copies, wgpuBufferUnmap
+                if not copy_out(
+                    calls["wgpuBufferGetConstMappedRange"], calls["wgpuBufferUnmap"], staging.address, size, copies
+                ):
+                    raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
+            finally:
+                self._give_back_staging(staging)
+            self._raise_pending(action)
 
     def _address_of(self, cdata: Any) -> int:
         return int(self._ffi.cast("uintptr_t", cdata))
 
     def _request_map(self, staging: _Staging, size: int, action: str) -> int:
         """(Under the lock.)  Ask for the first ``size`` bytes of ``staging`` mapped (wgpuBufferMapAsync, called
-        keeping the GIL: :mod:`._device_calls`); returns the request's token."""
+        keeping the GIL: :mod:`._device_calls`), reported to the Python waits by token: the profiling ring's
+        reads (:mod:`._wgpu_timestamps`), which look for it without waiting.  Returns the request's token."""
         self._tokens += 1
         token = self._tokens
         self._requests.own(token)
@@ -379,8 +525,8 @@ class _Readback(_EncodeAhead):
     def _finish_read(
         self, staging: _Staging, token: int, size: int, action: str, copies: list[tuple[int, int, int]]
     ) -> None:
-        """Wait (without the lock) for the map request ``token`` of ``staging``, then (under the lock, keeping the
-        GIL) copy each ``(destination address, bytes, offset in the mapping)`` out of the mapped range, unmap, and
+        """(The profiling ring's reads.)  Wait (without the lock) for the map request ``token`` of ``staging``, then
+        (under the lock, keeping the GIL) copy each ``(destination address, bytes, offset in the mapping)`` out of the mapped range, unmap, and
         give the buffer back to the pool."""
         requests, lib = self._requests, self._lib
         try:

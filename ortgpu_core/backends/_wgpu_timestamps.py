@@ -181,7 +181,7 @@ class _Timestamps(_Readback):
             try:
                 tail = CommandList()
                 tail.add_copy(buffer, offset, staging.address, 0, size)
-                job = self._encode_and_submit(commands, tail, action)
+                job, _ = self._encode_and_submit(commands, tail, action)
                 token = self._request_map(staging, size, action)
             except BaseException:
                 self._cancel_job(job)

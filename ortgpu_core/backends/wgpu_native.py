@@ -265,6 +265,7 @@ class WgpuDevice(_Timestamps):
         self._native_table.timestamps_in_passes = "timestamp-query-inside-passes" in self.features
         self._raise_pending("opening the device")
         self._check_submitted_flag()
+        self._open_unlocked_calls()
 
     # -- buffers --------------------------------------------------------------------
     @_serialized
@@ -302,6 +303,10 @@ class WgpuDevice(_Timestamps):
         del self._handles[buffer]
         self._resolve_buffers.discard(buffer)
         self._forget_validation(buffer)
+        if record.busy:  # a read's C part may still copy from it: freed when the last such read ends
+            record.doomed = True
+            self._doomed.append(record)
+            return
         self._free_buffer(record.pointer)
         self._raise_pending_unless_lost(f"destroy_buffer({buffer:#x})")
 
@@ -483,19 +488,24 @@ class WgpuDevice(_Timestamps):
         graph's) is validated on its first submit only, until one of the
         handles it uses is released: replay pays no per-record Python work;
         its next command buffer is encoded after the submit, outside the
-        device's lock (see ``_EncodeAhead``).
+        device's lock (see ``_EncodeAhead``), and that command buffer is
+        submitted outside the lock too (``_unlocked_calls``).
         """
+        action = f"submit ({len(commands)} commands)"
         with self._lock:
             self._check_open()
             self._validate_for_submit(commands)
-            job = self._encode_and_submit(commands, None, f"submit ({len(commands)} commands)")
+            job, ready = self._encode_and_submit(commands, None, action, defer=True)
+        if ready:
+            self._submit_unlocked(ready, job, action)
         self._encode_ahead(job)
 
     # -- lifetime -------------------------------------------------------------------------
     def live_handles(self) -> int:
-        """Live buffers, pipelines, bind groups and query sets created through this device, and command buffers
-        encoded ahead for captured graphs (the staging buffer excluded)."""
-        return len(self._handles) + len(self._ahead)
+        """Live buffers, pipelines, bind groups and query sets created through this device (a buffer released
+        while a read copies from it until that read ends), and command buffers encoded ahead for captured graphs
+        (the staging buffers excluded)."""
+        return len(self._handles) + len(self._ahead) + len(self._doomed)
 
     def describe_live_handles(self) -> list[str]:
         """One line per live native object of this device (kind, handle, label)."""
@@ -541,10 +551,15 @@ class WgpuDevice(_Timestamps):
         if device is None:
             return
         lib = self._lib
+        self._close_unlocked_calls()  # no read's C part runs from here on (they end promptly: see _unlocked_calls)
         self._sink.ignore_lost = True
         self._release_ahead(lambda key: True)
         self._device = None
         handles, self._handles = self._handles, {}
+        for record in self._doomed:  # released while a read used them: that read will not free them now
+            record.doomed = False
+            handles[id(record)] = record
+        self._doomed.clear()
         self._resolve_buffers.clear()
         order = {"bind_group": 0, "pipeline": 1, "query_set": 2, "buffer": 3}
         for record in sorted(handles.values(), key=lambda r: order[r.kind]):

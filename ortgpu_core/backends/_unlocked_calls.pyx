@@ -1,0 +1,341 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The native calls a wgpu device makes outside its lock, in C without the GIL: a read's copy into the staging buffer,
+its submission and map request (one call), the wait for that map (another), and the submit of a command buffer
+encoded ahead for a captured graph (its replay).
+
+Why: with K threads each stepping a captured graph on one device, a step made of Python calls under the device's
+lock hands the GIL and that lock between threads many times per step; each hand-over wakes a thread on another
+core, and a thread that gives the GIL away for a native call while it holds the device's lock makes every other
+thread queue behind it (bench/RESULTS.md, sessions 8, 9 and 12).  Measured on the H200 (session 12,
+``native_floor.py``): the library's to_numpy(), in a step whose other parts were native, cost a fifth of the step
+rate at K=4 and more at K=8.  Here the GIL is released once per call, and no lock but the poll lock is held.
+
+Pieces:
+
+* :class:`NativeLock`: the device's *poll lock* (one thread polls wgpu-native at a time: two polling threads can
+  trip an assertion in wgpu-native 29's ``Device::maintain``), usable from Python like ``threading.Lock`` and taken
+  from C with a try-lock, so the Python waits of ``_wgpu_readback`` and the C waits here exclude each other.
+* :class:`MapWait`: one map request's status, set by a C callback (no GIL) that fires inside whichever thread's
+  poll or submit completes the request.  The callback writes into the object, so an object whose request may still
+  complete is kept alive by the caller (``_wgpu_readback`` keeps abandoned ones for the life of the process).
+* :class:`UnlockedCalls`: the device's pointers and entry points, and a *gate*: every call here enters it first and
+  leaves it last (an atomic count), and the device's ``destroy`` closes it and waits until no call is inside before
+  it frees anything, so nothing here ever uses a freed device, queue or staging buffer.  A call that finds the gate
+  closed returns ``CLOSING`` at once.
+
+What a call here uses, the caller keeps alive: the source buffer of a read's copy (``_wgpu_readback`` marks its
+record busy, and a release meanwhile is done when the read ends: wgpu-native 29 aborts the process on a submission
+that uses a destroyed buffer), and what a command buffer encoded ahead names (a captured graph's buffers are pinned
+while it is captured; a release of one of its handles cancels what was encoded ahead, under the lock, before the
+submit takes it).
+"""
+
+from cpython.pythread cimport (
+    NOWAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock,
+    PyThread_type_lock, WAIT_LOCK,
+)
+from libc.stdint cimport uint32_t, uint64_t, uintptr_t
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, nanosleep, timespec
+
+from ._commands cimport COMMAND_COPY, CommandList, CommandRecord, NativeTable
+
+cdef extern from *:
+    """
+    #include <sched.h>
+    static inline int ortgpu_read_int(const int *v) { return __atomic_load_n(v, __ATOMIC_SEQ_CST); }
+    static inline void ortgpu_write_int(int *v, int x) { __atomic_store_n(v, x, __ATOMIC_SEQ_CST); }
+    static inline int ortgpu_add_int(int *v, int x) { return __atomic_add_fetch(v, x, __ATOMIC_SEQ_CST); }
+    """
+    int ortgpu_read_int(const int*) nogil
+    void ortgpu_write_int(int*, int) nogil
+    int ortgpu_add_int(int*, int) nogil
+    int sched_yield() nogil
+
+# WGPUStringView (webgpu.h)
+ctypedef struct StringView:
+    const char* data
+    size_t length
+
+# WGPUBufferMapCallbackInfo (webgpu.h; the wgpu backend's tests check this layout against cffi's for _device_calls)
+ctypedef struct MapCallbackInfo:
+    void* nextInChain
+    uint32_t mode
+    void* callback
+    void* userdata1
+    void* userdata2
+
+ctypedef struct Future:
+    uint64_t id
+
+# WGPUFuture wgpuBufferMapAsync(WGPUBuffer, WGPUMapMode, size_t offset, size_t size, WGPUBufferMapCallbackInfo)
+ctypedef Future (*map_async_fn)(void*, uint64_t, size_t, size_t, MapCallbackInfo) noexcept nogil
+# WGPUBool wgpuDevicePoll(WGPUDevice device, WGPUBool wait, WGPUSubmissionIndex const * submissionIndex)
+ctypedef uint32_t (*device_poll_fn)(void*, uint32_t, const void*) noexcept nogil
+# void wgpuQueueSubmit(WGPUQueue, size_t, WGPUCommandBuffer const*)
+ctypedef void (*submit_fn)(void*, size_t, void* const*) noexcept nogil
+# void wgpuCommandBufferRelease(WGPUCommandBuffer)
+ctypedef void (*release_fn)(void*) noexcept nogil
+
+cdef enum:
+    _DONE = 0
+    _NOT_SUBMITTED = 1
+    _IDLE = 2
+    _CLOSING = 3
+    _LOST = 4
+
+#: What the calls of :class:`UnlockedCalls` return.
+DONE = _DONE  # copy_and_map: submitted and requested; wait: the request's callback fired; submit_encoded: submitted
+NOT_SUBMITTED = _NOT_SUBMITTED  # copy_and_map: wgpu-native could not encode the copy (its errors: the caller's)
+WAIT_IDLE = _IDLE  # wait: a blocking poll returned and the request had not completed (a lost device, maybe)
+CLOSING = _CLOSING  # the device is being destroyed (nothing was done)
+LOST = _LOST  # wait: the device-lost callback reported a loss
+
+# A thread that is not polling, once the spin is over, sleeps this long between checks (nanoseconds).
+cdef long _NAP_NS = 20000
+
+
+cdef inline double _monotonic_seconds() noexcept nogil:
+    cdef timespec now
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return now.tv_sec + now.tv_nsec * 1e-9
+
+
+cdef inline void _nap() noexcept nogil:
+    cdef timespec pause
+    pause.tv_sec = 0
+    pause.tv_nsec = _NAP_NS
+    nanosleep(&pause, NULL)
+
+
+cdef class NativeLock:
+    """A lock like ``threading.Lock`` (``acquire(blocking=True)``, ``release()``, ``locked()``, ``with``) that C
+    code can also try to take without the GIL."""
+
+    cdef PyThread_type_lock _lock
+    cdef int _held
+
+    def __cinit__(self):
+        self._lock = PyThread_allocate_lock()
+        if self._lock == NULL:
+            raise MemoryError("NativeLock: no lock")
+        self._held = 0
+
+    def __dealloc__(self):
+        if self._lock != NULL:
+            PyThread_free_lock(self._lock)
+
+    def acquire(self, bint blocking=True):
+        """Take the lock; with ``blocking=False`` return False at once when it is held.  A blocking acquire
+        releases the GIL while it waits."""
+        cdef int taken = PyThread_acquire_lock(self._lock, NOWAIT_LOCK)
+        if not taken:
+            if not blocking:
+                return False
+            with nogil:
+                PyThread_acquire_lock(self._lock, WAIT_LOCK)
+        ortgpu_write_int(&self._held, 1)
+        return True
+
+    def release(self):
+        if not ortgpu_read_int(&self._held):
+            raise RuntimeError("release of a NativeLock that is not held")
+        ortgpu_write_int(&self._held, 0)
+        PyThread_release_lock(self._lock)
+
+    def locked(self):
+        return bool(ortgpu_read_int(&self._held))
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.release()
+
+    cdef bint try_take(self) noexcept nogil:
+        if PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
+            ortgpu_write_int(&self._held, 1)
+            return True
+        return False
+
+    cdef void give(self) noexcept nogil:
+        ortgpu_write_int(&self._held, 0)
+        PyThread_release_lock(self._lock)
+
+
+cdef void _on_map(uint32_t status, StringView message, void* userdata1, void* userdata2) noexcept nogil:
+    # WGPUMapAsyncStatus values start at 1 (Success); 0 would read as "pending", so it is stored as -1
+    ortgpu_write_int(<int*>userdata1, <int>status if status != 0 else -1)
+
+
+cdef class MapWait:
+    """One map request's outcome: ``status`` is 0 while it is pending, then the WGPUMapAsyncStatus its callback
+    reported (-1 for 0)."""
+
+    cdef int _status
+
+    @property
+    def status(self):
+        return ortgpu_read_int(&self._status)
+
+
+cdef class UnlockedCalls:
+    """A device's native calls made outside its lock (see the module's docstring): built once per device, closed by
+    its ``destroy``."""
+
+    cdef NativeTable table
+    cdef NativeLock poll_lock
+    cdef CommandList empty  # encodes a lone copy (its tail)
+    cdef void* device
+    cdef map_async_fn fn_map
+    cdef device_poll_fn fn_poll
+    cdef uint32_t map_mode
+    cdef uint32_t callback_mode
+    cdef const int* lost
+    cdef int inflight
+    cdef int closing
+
+    def __init__(self, NativeTable table, NativeLock poll_lock, uintptr_t device, uintptr_t map_async,
+                 uintptr_t device_poll, uint32_t map_mode, uint32_t callback_mode, uintptr_t lost_flag):
+        """``table``: the device's command-loop table; ``poll_lock``: the device's poll lock; ``device``: the
+        WGPUDevice; ``map_async``/``device_poll``: the addresses of wgpuBufferMapAsync and wgpuDevicePoll;
+        ``map_mode``: WGPUMapMode_Read; ``callback_mode``: WGPUCallbackMode_AllowProcessEvents; ``lost_flag``: the
+        address of the int the device-lost callback sets (0: none).  The caller keeps all of them alive until
+        :meth:`close` returned."""
+        if device == 0 or map_async == 0 or device_poll == 0:
+            raise ValueError("UnlockedCalls: a null address")
+        self.table = table
+        self.poll_lock = poll_lock
+        self.empty = CommandList()
+        self.device = <void*>device
+        self.fn_map = <map_async_fn>map_async
+        self.fn_poll = <device_poll_fn>device_poll
+        self.map_mode = map_mode
+        self.callback_mode = callback_mode
+        self.lost = <const int*>lost_flag
+        self.inflight = 0
+        self.closing = 0
+
+    cdef bint _enter(self) noexcept nogil:
+        # Counted in first, then the flag checked: close() sets the flag first, then waits for the count, so
+        # either this sees the flag or close() sees this section (sequentially consistent atomics).
+        ortgpu_add_int(&self.inflight, 1)
+        if ortgpu_read_int(&self.closing):
+            ortgpu_add_int(&self.inflight, -1)
+            return False
+        return True
+
+    cdef void _leave(self) noexcept nogil:
+        ortgpu_add_int(&self.inflight, -1)
+
+    def close(self):
+        """Refuse every later call and wait (without the GIL) until none is inside.  Idempotent."""
+        ortgpu_write_int(&self.closing, 1)
+        with nogil:
+            while ortgpu_read_int(&self.inflight) > 0:
+                _nap()
+
+    @property
+    def closed(self):
+        return bool(ortgpu_read_int(&self.closing))
+
+    @property
+    def inflight(self):
+        """Calls inside the gate now (for tests)."""
+        return ortgpu_read_int(&self.inflight)
+
+    def copy_and_map(self, uintptr_t source, uint64_t offset, uintptr_t staging, uint64_t size, MapWait wait):
+        """Without the GIL: encode a copy of ``size`` bytes at ``offset`` of the buffer ``source`` (a backend
+        handle) into the staging buffer ``staging`` (an address) and submit it, then request the staging buffer's
+        mapping, reported to ``wait``.  Returns DONE, NOT_SUBMITTED or CLOSING."""
+        cdef CommandRecord copy
+        cdef int code
+        cdef MapCallbackInfo info
+        copy.kind = COMMAND_COPY
+        copy.a = source
+        copy.b = staging
+        copy.offset_a = offset
+        copy.offset_b = 0
+        copy.size = size
+        copy.x = copy.y = copy.z = 0
+        info.nextInChain = NULL
+        info.mode = self.callback_mode
+        info.callback = <void*>_on_map
+        info.userdata1 = <void*>&wait._status
+        info.userdata2 = NULL
+        with nogil:
+            if not self._enter():
+                code = _CLOSING
+            else:
+                if self.empty.encode_submit(self.table, NULL, &copy, 1):
+                    self.fn_map(<void*>staging, self.map_mode, 0, size, info)
+                    code = _DONE
+                else:
+                    code = _NOT_SUBMITTED
+                self._leave()
+        return code
+
+    def submit_encoded(self, uintptr_t command_buffer):
+        """Without the GIL: submit a command buffer encoded ahead (:meth:`CommandList.encode_native`) and release
+        it.  Returns DONE, or CLOSING (the device is being destroyed: the buffer was released unsubmitted)."""
+        cdef void* pointer = <void*>command_buffer
+        cdef bint entered
+        if command_buffer == 0:
+            raise ValueError("submit_encoded needs a command buffer address, not 0")
+        with nogil:
+            entered = self._enter()
+            if entered:
+                (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
+                (<release_fn>self.table.fn_release_command_buffer)(pointer)
+                self._leave()
+        if not entered:
+            self.table.release_encoded(command_buffer)
+            return _CLOSING
+        return _DONE
+
+    def request_map(self, uintptr_t staging, uint64_t size, MapWait wait):
+        """Request the mapping of the first ``size`` bytes of the staging buffer ``staging``, reported to ``wait``,
+        keeping the GIL (a short call, made under the device's lock: the device is not being destroyed)."""
+        cdef MapCallbackInfo info
+        info.nextInChain = NULL
+        info.mode = self.callback_mode
+        info.callback = <void*>_on_map
+        info.userdata1 = <void*>&wait._status
+        info.userdata2 = NULL
+        self.fn_map(<void*>staging, self.map_mode, 0, size, info)
+
+    def wait(self, MapWait wait, double spin_seconds):
+        """Without the GIL: wait until ``wait``'s request completes.  Polls wgpu-native while no other thread does
+        (the poll lock): without blocking for ``spin_seconds``, then blocking; a thread that is not polling spins
+        (yielding its core) meanwhile, then naps between checks.  Returns DONE, WAIT_IDLE (a blocking poll
+        completed the device's submitted work but not this request), CLOSING or LOST."""
+        cdef int code
+        with nogil:
+            if not self._enter():
+                code = _CLOSING
+            else:
+                code = self._wait(wait, _monotonic_seconds() + spin_seconds)
+                self._leave()
+        return code
+
+    cdef int _wait(self, MapWait wait, double deadline) noexcept nogil:
+        cdef bint spinning
+        while True:
+            if ortgpu_read_int(&wait._status) != 0:
+                return _DONE
+            if ortgpu_read_int(&self.closing):
+                return _CLOSING
+            if self.lost != NULL and ortgpu_read_int(self.lost):
+                return _LOST
+            spinning = _monotonic_seconds() < deadline
+            if self.poll_lock.try_take():
+                self.fn_poll(self.device, 0 if spinning else 1, NULL)
+                self.poll_lock.give()
+                if not spinning and ortgpu_read_int(&wait._status) == 0:
+                    # a blocking poll waits for all work submitted before it, this request's copy included
+                    return _IDLE
+            elif spinning:
+                sched_yield()
+            else:
+                _nap()
+
