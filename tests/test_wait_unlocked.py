@@ -388,7 +388,8 @@ def test_a_buffer_released_while_a_read_copies_from_it_is_freed_when_the_read_en
     assert device.live_handles() == 0
 
 
-def test_a_replay_submit_refused_by_a_closing_device_raises_and_leaks_nothing(device: WgpuDevice) -> None:
+@pytest.mark.parametrize("how", ["submit", "submit_and_read"])
+def test_a_replay_submit_refused_by_a_closing_device_raises_and_leaks_nothing(device: WgpuDevice, how: str) -> None:
     """A captured graph's replay submits its command buffer encoded ahead outside the device's lock; the device's
     destroy first closes the gate of such calls (and waits for those inside).  A submit that finds it closed
     raises ReleasedValueError and releases that command buffer: nothing is submitted to a device being freed,
@@ -403,13 +404,21 @@ def test_a_replay_submit_refused_by_a_closing_device_raises_and_leaks_nothing(de
     commands = CommandList()
     commands.add_dispatch(pipeline, group, 2)
     commands.freeze()
-    device.submit(commands)  # validated and submitted; its next command buffer is encoded ahead
-    device.submit(commands)  # that one, submitted outside the lock
+    out = np.zeros_like(data)
+
+    def replay() -> None:
+        if how == "submit":
+            device.submit(commands)
+        else:  # the copies into the staging buffer ride in the command buffer encoded ahead
+            device.submit_and_read(commands, [(y, 0, out)])
+
+    replay()  # validated and submitted; its next command buffer is encoded ahead
+    replay()  # that one, submitted outside the lock
     assert device.read_buffer(y, 0, data.nbytes) == (data * 2 + 1).tobytes()
     assert len(device._ahead) == 1
     device._close_unlocked_calls()  # the first step of destroy()
     with pytest.raises(ReleasedValueError, match="destroyed while submitting"):
-        device.submit(commands)
+        replay()
     assert not device._ahead and not device._jobs  # the command buffer was released, no encoding ahead queued
     device.destroy()
     assert device.live_handles() == 0

@@ -293,6 +293,33 @@ cdef class UnlockedCalls:
             return _CLOSING
         return _DONE
 
+    def submit_and_map(self, uintptr_t command_buffer, uintptr_t staging, uint64_t size, MapWait wait):
+        """Without the GIL: submit a command buffer encoded ahead whose last commands copy into the staging buffer
+        ``staging`` (a captured graph's replay_and_read), release it, then request the mapping of the first
+        ``size`` bytes of ``staging``, reported to ``wait``.  Returns DONE, or CLOSING (the device is being
+        destroyed: the buffer was released unsubmitted, nothing was requested)."""
+        cdef void* pointer = <void*>command_buffer
+        cdef bint entered
+        cdef MapCallbackInfo info
+        if command_buffer == 0 or staging == 0:
+            raise ValueError("submit_and_map: a null address")
+        info.nextInChain = NULL
+        info.mode = self.callback_mode
+        info.callback = <void*>_on_map
+        info.userdata1 = <void*>&wait._status
+        info.userdata2 = NULL
+        with nogil:
+            entered = self._enter()
+            if entered:
+                (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
+                (<release_fn>self.table.fn_release_command_buffer)(pointer)
+                self.fn_map(<void*>staging, self.map_mode, 0, size, info)
+                self._leave()
+        if not entered:
+            self.table.release_encoded(command_buffer)
+            return _CLOSING
+        return _DONE
+
     def request_map(self, uintptr_t staging, uint64_t size, MapWait wait):
         """Request the mapping of the first ``size`` bytes of the staging buffer ``staging``, reported to ``wait``,
         keeping the GIL (a short call, made under the device's lock: the device is not being destroyed)."""

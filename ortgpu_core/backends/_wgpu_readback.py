@@ -60,7 +60,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .._errors import DeviceError, ValidationError
+from .._errors import DeviceError, ReleasedValueError, ValidationError
 from ._commands import CommandList
 from ._device_calls import (
     COMPLETION_MAP,
@@ -380,15 +380,28 @@ class _Readback(_EncodeAhead):
                     if padded:
                         tail.add_copy(buffer, offset, staging.address, cursor, padded)
                     cursor += padded
-                job, _ = self._encode_and_submit(commands, tail, action)
+                # a command buffer encoded ahead (a replay's) is submitted, and its map requested, after the lock
+                job, ready = self._encode_and_submit(commands, tail, action, defer=total > 0)
                 if total == 0:
                     self._give_back_staging(staging)
-                else:
+                elif not ready:
                     self._unlocked.request_map(staging.address, total, wait)  # keeping the GIL (short)
                     self._raise_pending(action)
             except BaseException:
                 self._cancel_job(job)
                 self._give_back_staging(staging)
+                raise
+        if ready:
+            code = CLOSING
+            try:
+                code = self._unlocked.submit_and_map(ready, staging.address, total, wait)
+                if code != DONE:
+                    self._check_open()
+                    raise ReleasedValueError(f"{action}: the device was destroyed while submitting; open a new one")
+                self._raise_pending(action)
+            except BaseException:
+                self._cancel_job(job)
+                self._abandon_read(staging, wait, CLOSING, None)  # its map may have been requested
                 raise
         self._encode_ahead(job)  # the next replay's command buffer, encoded while this one runs
         if total == 0:
