@@ -422,3 +422,28 @@ def test_a_replay_submit_refused_by_a_closing_device_raises_and_leaks_nothing(de
     assert not device._ahead and not device._jobs  # the command buffer was released, no encoding ahead queued
     device.destroy()
     assert device.live_handles() == 0
+
+
+def test_the_poll_lock_behaves_like_a_threading_lock() -> None:
+    """The poll lock is shared by the Python waits (threading.Lock's interface) and the C waits (a try-lock)."""
+    from ortgpu_core.backends._unlocked_calls import NativeLock
+
+    lock = NativeLock()
+    assert not lock.locked()
+    assert lock.acquire(blocking=False)
+    assert lock.locked()
+    assert not lock.acquire(blocking=False)  # not re-entrant
+    taken = threading.Event()
+
+    def other() -> None:
+        with lock:  # blocks (releasing the GIL) until the owner releases
+            taken.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert not taken.wait(0.05)
+    lock.release()
+    thread.join(10)
+    assert taken.is_set() and not lock.locked()
+    with pytest.raises(RuntimeError, match="not held"):
+        lock.release()

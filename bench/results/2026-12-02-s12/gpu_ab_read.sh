@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200 session 12: to_numpy()'s read in C (the copy's submission and map request in one call without the GIL, the
-# wait in another; _native_read) against the read before it (old_read.tar: the four backend files it changed, as
+# wait in another; the module was named _native_read then, _unlocked_calls since) against the read before it (old_read.tar: the four backend files it changed, as
 # they were at b2141b5; made here by `git archive -o bench/results/2026-12-02-s12/old_read.tar b2141b5 <those files>`,
 # not committed), side by side in one call: where_time.py's threaded end_to_end steps, alternating, then the
 # threads bench on the new tree.
