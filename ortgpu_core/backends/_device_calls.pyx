@@ -32,6 +32,10 @@ from libc.string cimport memcpy
 
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
+from ._webgpu_types cimport (
+    Future, MapCallbackInfo, StringView, device_poll_fn, map_async_fn, mapped_range_fn, unmap_fn,
+)
+
 cdef extern from *:
     """
     static inline int ortgpu_load_flag(const int *flag) { return __atomic_load_n(flag, __ATOMIC_ACQUIRE); }
@@ -49,26 +53,6 @@ cdef extern from *:
     void ortgpu_store_size(size_t *target, size_t value) nogil
     void ortgpu_count_up(uint32_t *counter) nogil
     unsigned long ortgpu_thread_ident() nogil
-
-# The layout of WGPUBufferMapCallbackInfo (webgpu.h): checked against cffi's by the wgpu backend's tests.
-ctypedef struct MapCallbackInfo:
-    void* nextInChain
-    uint32_t mode
-    void* callback
-    void* userdata1
-    void* userdata2
-
-ctypedef struct Future:
-    uint64_t id
-
-# WGPUBool wgpuDevicePoll(WGPUDevice device, WGPUBool wait, WGPUSubmissionIndex const * submissionIndex)
-ctypedef uint32_t (*device_poll_fn)(void*, uint32_t, const void*) noexcept nogil
-# WGPUFuture wgpuBufferMapAsync(WGPUBuffer, WGPUMapMode, size_t offset, size_t size, WGPUBufferMapCallbackInfo)
-ctypedef Future (*map_async_fn)(void*, uint64_t, size_t, size_t, MapCallbackInfo) noexcept
-# void const * wgpuBufferGetConstMappedRange(WGPUBuffer buffer, size_t offset, size_t size)
-ctypedef const void* (*mapped_range_fn)(void*, size_t, size_t) noexcept
-# void wgpuBufferUnmap(WGPUBuffer buffer)
-ctypedef void (*unmap_fn)(void*) noexcept
 
 MAP_CALLBACK_INFO_SIZE = sizeof(MapCallbackInfo)
 
@@ -116,10 +100,6 @@ def map_read(uintptr_t map_async, uintptr_t buffer, uint64_t mode, size_t size, 
 
 # -- completions: the map and work-done callbacks, in C --------------------------------------------------------
 
-# WGPUStringView (webgpu.h): a pointer and a length (SIZE_MAX: NUL-terminated)
-ctypedef struct StringView:
-    const char* data
-    size_t length
 
 cdef enum:
     _MESSAGE_BYTES = 240

@@ -38,6 +38,7 @@ from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, nanosleep, timespec
 
 from ._commands cimport COMMAND_COPY, CommandList, CommandRecord, NativeTable
+from ._webgpu_types cimport MapCallbackInfo, StringView, device_poll_fn, map_async_fn
 
 cdef extern from *:
     """
@@ -51,26 +52,6 @@ cdef extern from *:
     int ortgpu_add_int(int*, int) nogil
     int sched_yield() nogil
 
-# WGPUStringView (webgpu.h)
-ctypedef struct StringView:
-    const char* data
-    size_t length
-
-# WGPUBufferMapCallbackInfo (webgpu.h; the wgpu backend's tests check this layout against cffi's for _device_calls)
-ctypedef struct MapCallbackInfo:
-    void* nextInChain
-    uint32_t mode
-    void* callback
-    void* userdata1
-    void* userdata2
-
-ctypedef struct Future:
-    uint64_t id
-
-# WGPUFuture wgpuBufferMapAsync(WGPUBuffer, WGPUMapMode, size_t offset, size_t size, WGPUBufferMapCallbackInfo)
-ctypedef Future (*map_async_fn)(void*, uint64_t, size_t, size_t, MapCallbackInfo) noexcept nogil
-# WGPUBool wgpuDevicePoll(WGPUDevice device, WGPUBool wait, WGPUSubmissionIndex const * submissionIndex)
-ctypedef uint32_t (*device_poll_fn)(void*, uint32_t, const void*) noexcept nogil
 # void wgpuQueueSubmit(WGPUQueue, size_t, WGPUCommandBuffer const*)
 ctypedef void (*submit_fn)(void*, size_t, void* const*) noexcept nogil
 # void wgpuCommandBufferRelease(WGPUCommandBuffer)
@@ -178,6 +159,16 @@ cdef class MapWait:
     def status(self):
         return ortgpu_read_int(&self._status)
 
+    cdef MapCallbackInfo callback_info(self, uint32_t callback_mode) noexcept:
+        # the descriptor of a map request reported to this object (built with the GIL, passed by value)
+        cdef MapCallbackInfo info
+        info.nextInChain = NULL
+        info.mode = callback_mode
+        info.callback = <void*>_on_map
+        info.userdata1 = <void*>&self._status
+        info.userdata2 = NULL
+        return info
+
 
 cdef class UnlockedCalls:
     """A device's native calls made outside its lock (see the module's docstring): built once per device, closed by
@@ -258,11 +249,7 @@ cdef class UnlockedCalls:
         copy.offset_b = 0
         copy.size = size
         copy.x = copy.y = copy.z = 0
-        info.nextInChain = NULL
-        info.mode = self.callback_mode
-        info.callback = <void*>_on_map
-        info.userdata1 = <void*>&wait._status
-        info.userdata2 = NULL
+        info = wait.callback_info(self.callback_mode)
         with nogil:
             if not self._enter():
                 code = _CLOSING
@@ -303,11 +290,7 @@ cdef class UnlockedCalls:
         cdef MapCallbackInfo info
         if command_buffer == 0 or staging == 0:
             raise ValueError("submit_and_map: a null address")
-        info.nextInChain = NULL
-        info.mode = self.callback_mode
-        info.callback = <void*>_on_map
-        info.userdata1 = <void*>&wait._status
-        info.userdata2 = NULL
+        info = wait.callback_info(self.callback_mode)
         with nogil:
             entered = self._enter()
             if entered:
@@ -323,12 +306,7 @@ cdef class UnlockedCalls:
     def request_map(self, uintptr_t staging, uint64_t size, MapWait wait):
         """Request the mapping of the first ``size`` bytes of the staging buffer ``staging``, reported to ``wait``,
         keeping the GIL (a short call, made under the device's lock: the device is not being destroyed)."""
-        cdef MapCallbackInfo info
-        info.nextInChain = NULL
-        info.mode = self.callback_mode
-        info.callback = <void*>_on_map
-        info.userdata1 = <void*>&wait._status
-        info.userdata2 = NULL
+        cdef MapCallbackInfo info = wait.callback_info(self.callback_mode)
         self.fn_map(<void*>staging, self.map_mode, 0, size, info)
 
     def wait(self, MapWait wait, double spin_seconds):

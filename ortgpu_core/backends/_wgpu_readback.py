@@ -490,26 +490,33 @@ class _Readback(_EncodeAhead):
         """(A map request of ``staging`` completed with ``status``.)  Under the lock, keeping the GIL: end the read
         of ``source`` (if any), copy each ``(destination address, bytes, offset in the mapping)`` out of the mapped
         range, unmap, and give the buffer back to the pool."""
-        lib = self._lib
         with self._lock:
             if source is not None:
                 self._unbusy(source)
-            self._check_open()  # destroyed meanwhile: the staging buffer went with the device
-            self._check_not_lost(action)
-            if status != lib.WGPUMapAsyncStatus_Success:
-                self._free_staging(staging)
-                name = _enum_suffix("WGPUMapAsyncStatus", status) if status > 0 else str(status)
-                raise DeviceError(f"{action}: mapping the staging buffer failed ({name})")
-            try:
-                calls = self._native_calls
-                # wgpuBufferGetConstMappedRange, the copies, wgpuBufferUnmap
-                if not copy_out(
-                    calls["wgpuBufferGetConstMappedRange"], calls["wgpuBufferUnmap"], staging.address, size, copies
-                ):
-                    raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
-            finally:
-                self._give_back_staging(staging)
-            self._raise_pending(action)
+            name = _enum_suffix("WGPUMapAsyncStatus", status) if status > 0 else str(status)
+            self._copy_out_locked(staging, status, f"({name})", size, action, copies)
+
+    def _copy_out_locked(
+        self, staging: _Staging, status: int, failure: str, size: int, action: str, copies: list[tuple[int, int, int]]
+    ) -> None:
+        """(Under the lock; ``staging``'s map request completed with ``status``, ``failure`` its words if it
+        failed.)  Keeping the GIL: copy each ``(destination address, bytes, offset in the mapping)`` out of the mapped
+        range, unmap, and give the buffer back to the pool; a failed request frees the buffer instead."""
+        self._check_open()  # destroyed meanwhile: the staging buffer went with the device
+        self._check_not_lost(action)
+        if status != self._lib.WGPUMapAsyncStatus_Success:
+            self._free_staging(staging)
+            raise DeviceError(f"{action}: mapping the staging buffer failed {failure}")
+        try:
+            calls = self._native_calls
+            # wgpuBufferGetConstMappedRange, the copies, wgpuBufferUnmap
+            if not copy_out(
+                calls["wgpuBufferGetConstMappedRange"], calls["wgpuBufferUnmap"], staging.address, size, copies
+            ):
+                raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
+        finally:
+            self._give_back_staging(staging)
+        self._raise_pending(action)
 
     def _address_of(self, cdata: Any) -> int:
         return int(self._ffi.cast("uintptr_t", cdata))
@@ -539,9 +546,8 @@ class _Readback(_EncodeAhead):
         self, staging: _Staging, token: int, size: int, action: str, copies: list[tuple[int, int, int]]
     ) -> None:
         """(The profiling ring's reads.)  Wait (without the lock) for the map request ``token`` of ``staging``, then
-        (under the lock, keeping the GIL) copy each ``(destination address, bytes, offset in the mapping)`` out of the mapped range, unmap, and
-        give the buffer back to the pool."""
-        requests, lib = self._requests, self._lib
+        copy out under the lock (:meth:`_copy_out_locked`)."""
+        requests = self._requests
         try:
             self._wait_until(lambda: token in requests.map_results, action)
         except BaseException:
@@ -553,21 +559,7 @@ class _Readback(_EncodeAhead):
             raise
         with self._lock:
             status, message = requests.map_results.pop(token)
-            self._check_open()  # destroyed meanwhile: the staging buffer went with the device
-            self._check_not_lost(action)
-            if status != lib.WGPUMapAsyncStatus_Success:
-                self._free_staging(staging)
-                raise DeviceError(f"{action}: mapping the staging buffer failed: {message}")
-            try:
-                calls = self._native_calls
-                # wgpuBufferGetConstMappedRange, the copies, wgpuBufferUnmap
-                if not copy_out(
-                    calls["wgpuBufferGetConstMappedRange"], calls["wgpuBufferUnmap"], staging.address, size, copies
-                ):
-                    raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
-            finally:
-                self._give_back_staging(staging)
-            self._raise_pending(action)
+            self._copy_out_locked(staging, status, f": {message}", size, action, copies)
 
     # -- waits -----------------------------------------------------------------------------
     def wait_idle(self) -> None:
