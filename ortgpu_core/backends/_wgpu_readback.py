@@ -8,8 +8,8 @@ encode-ahead cache keeps with the list), so a run and its reads cost one submiss
 steps: under the lock, keeping the GIL, the checks and the staging buffer; then, *without* the lock, one C call
 (the GIL released once) that encodes and submits the copy and requests the mapping, and another that waits for it
 (:mod:`._unlocked_calls`); then, under the lock again, the copy out of the mapping and the unmap.
-``submit_and_read`` submits and requests under the lock (its copies ride in the submission), then waits the same
-way.  Other threads submit, upload and read meanwhile: K threads each driving a session overlap their host work
+``submit_and_read``'s copies ride in its submission: it submits and requests the map (a captured graph's command
+buffer encoded ahead in one C call after the lock, anything else under it), then waits the same way.  Other threads submit, upload and read meanwhile: K threads each driving a session overlap their host work
 with the GPU's instead of queueing behind one another's waits, and no thread gives the GIL away while it holds
 the device's lock for a native call of any length.
 
@@ -426,7 +426,7 @@ class _Readback(_EncodeAhead):
     def _wait_map(self, wait: MapWait, action: str) -> int:
         """Wait, in C without the GIL or the device's lock, for ``wait``'s map request (spinning for
         ``spin_wait_us``, then blocking); a blocking poll that completes nothing is checked for a lost device.
-        Returns a ``READ_*`` code."""
+        Returns an :mod:`._unlocked_calls` code (DONE, CLOSING, LOST, or WAIT_IDLE once the polls are spent)."""
         spin = self.spin_wait_us * 1e-6
         blocking_polls = 0
         while True:
@@ -476,6 +476,8 @@ class _Readback(_EncodeAhead):
             self._raise_pending(action)  # what wgpu-native reported for the copy or the request
         if code == NOT_SUBMITTED:
             raise DeviceError(f"{action}: wgpu-native could not encode the copy to the staging buffer")
+        if code == CLOSING:
+            raise ReleasedValueError(f"{action}: the device was destroyed during the read; open a new one")
         raise DeviceError(f"{action}: the device did not complete the request ({_MAP_POLL_ATTEMPTS} waits)")
 
     def _copy_out_mapped(
