@@ -15,7 +15,12 @@ from __future__ import annotations
 import threading
 import warnings
 from types import TracebackType
-from typing import Callable
+from typing import Callable, Protocol
+
+
+class _Gate(Protocol):
+    def lock_taken(self) -> None: ...
+    def lock_released(self) -> None: ...
 
 
 class DeviceLock:
@@ -24,10 +29,17 @@ class DeviceLock:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._depth = 0  # guarded by _lock: nesting of the holding thread
+        self._held = 0  # guarded by _lock: the holding thread's acquisitions (never reset by the deferred releases)
         self._deferred: list[Callable[[], object]] = []  # guarded by _lock
+        # The native calls made outside the lock that submit (``_unlocked_calls.UnlockedCalls``): told when the lock
+        # is taken and released (outermost), so that they never interleave with what is done under it.
+        self.gate: _Gate | None = None
 
     def __enter__(self) -> DeviceLock:
         self._lock.acquire()
+        self._held += 1
+        if self._held == 1 and self.gate is not None:
+            self.gate.lock_taken()
         self._depth += 1
         return self
 
@@ -45,6 +57,9 @@ class DeviceLock:
                     self._depth = 1
         finally:
             self._depth -= 1
+            self._held -= 1
+            if self._held == 0 and self.gate is not None:
+                self.gate.lock_released()
             self._lock.release()
 
     def defer_if_nested(self, release: Callable[[], object]) -> bool:

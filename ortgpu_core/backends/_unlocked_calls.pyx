@@ -46,16 +46,26 @@ cdef extern from *:
     static inline int ortgpu_read_int(const int *v) { return __atomic_load_n(v, __ATOMIC_SEQ_CST); }
     static inline void ortgpu_write_int(int *v, int x) { __atomic_store_n(v, x, __ATOMIC_SEQ_CST); }
     static inline int ortgpu_add_int(int *v, int x) { return __atomic_add_fetch(v, x, __ATOMIC_SEQ_CST); }
+    static inline unsigned long ortgpu_read_ulong(const unsigned long *v) { return __atomic_load_n(v, __ATOMIC_SEQ_CST); }
+    static inline void ortgpu_write_ulong(unsigned long *v, unsigned long x) { __atomic_store_n(v, x, __ATOMIC_SEQ_CST); }
+    static inline unsigned long ortgpu_this_thread(void) { return PyThread_get_thread_ident(); }
+    static inline uint32_t ortgpu_read_uint(const uint32_t *v) { return __atomic_load_n(v, __ATOMIC_SEQ_CST); }
     """
     int ortgpu_read_int(const int*) nogil
     void ortgpu_write_int(int*, int) nogil
     int ortgpu_add_int(int*, int) nogil
+    unsigned long ortgpu_read_ulong(const unsigned long*) nogil
+    void ortgpu_write_ulong(unsigned long*, unsigned long) nogil
+    unsigned long ortgpu_this_thread() nogil
+    uint32_t ortgpu_read_uint(const uint32_t*) nogil
     int sched_yield() nogil
 
 # void wgpuQueueSubmit(WGPUQueue, size_t, WGPUCommandBuffer const*)
 ctypedef void (*submit_fn)(void*, size_t, void* const*) noexcept nogil
 # void wgpuCommandBufferRelease(WGPUCommandBuffer)
 ctypedef void (*release_fn)(void*) noexcept nogil
+# void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
+ctypedef void (*queue_write_fn)(void*, void*, uint64_t, const void*, size_t) noexcept nogil
 
 cdef enum:
     _DONE = 0
@@ -180,21 +190,29 @@ cdef class UnlockedCalls:
     cdef void* device
     cdef map_async_fn fn_map
     cdef device_poll_fn fn_poll
+    cdef queue_write_fn fn_write
     cdef uint32_t map_mode
     cdef uint32_t callback_mode
     cdef const int* lost
     cdef int inflight
     cdef int closing
+    # The device's lock and the calls here that submit exclude each other (see lock_taken): set while a thread holds
+    # the lock (its ident in locker), and the count of submitting calls inside.
+    cdef int locked
+    cdef unsigned long locker
+    cdef int submitting
 
     def __init__(self, NativeTable table, NativeLock poll_lock, uintptr_t device, uintptr_t map_async,
-                 uintptr_t device_poll, uint32_t map_mode, uint32_t callback_mode, uintptr_t lost_flag):
+                 uintptr_t device_poll, uintptr_t queue_write, uint32_t map_mode, uint32_t callback_mode,
+                 uintptr_t lost_flag):
         """``table``: the device's command-loop table; ``poll_lock``: the device's poll lock; ``device``: the
         WGPUDevice; ``map_async``/``device_poll``: the addresses of wgpuBufferMapAsync and wgpuDevicePoll;
-        ``map_mode``: WGPUMapMode_Read; ``callback_mode``: WGPUCallbackMode_AllowProcessEvents; ``lost_flag``: the
+        ``queue_write``: the address of wgpuQueueWriteBuffer (the liveness probe); ``map_mode``: WGPUMapMode_Read; ``callback_mode``: WGPUCallbackMode_AllowProcessEvents; ``lost_flag``: the
         address of the int the device-lost callback sets (0: none).  The caller keeps all of them alive until
         :meth:`close` returned."""
-        if device == 0 or map_async == 0 or device_poll == 0:
+        if device == 0 or map_async == 0 or device_poll == 0 or queue_write == 0:
             raise ValueError("UnlockedCalls: a null address")
+        self.fn_write = <queue_write_fn>queue_write
         self.table = table
         self.poll_lock = poll_lock
         self.empty = CommandList()
@@ -206,6 +224,9 @@ cdef class UnlockedCalls:
         self.lost = <const int*>lost_flag
         self.inflight = 0
         self.closing = 0
+        self.locked = 0
+        self.locker = 0
+        self.submitting = 0
 
     cdef bint _enter(self) noexcept nogil:
         # Counted in first, then the flag checked: close() sets the flag first, then waits for the count, so
@@ -218,6 +239,51 @@ cdef class UnlockedCalls:
 
     cdef void _leave(self) noexcept nogil:
         ortgpu_add_int(&self.inflight, -1)
+
+    cdef void _enter_submit(self) noexcept nogil:
+        # A call that submits waits while another thread holds the device's lock, and counts itself in: the lock's
+        # holder then waits for it (lock_taken).  Counted in first, then the flag checked (as in _enter).
+        cdef unsigned long me = ortgpu_this_thread()
+        while True:
+            ortgpu_add_int(&self.submitting, 1)
+            if not ortgpu_read_int(&self.locked) or ortgpu_read_ulong(&self.locker) == me:
+                return
+            ortgpu_add_int(&self.submitting, -1)
+            while ortgpu_read_int(&self.locked) and ortgpu_read_ulong(&self.locker) != me:
+                sched_yield()
+
+    cdef void _leave_submit(self) noexcept nogil:
+        ortgpu_add_int(&self.submitting, -1)
+
+    cdef bint _alive(self, uintptr_t sentinel) noexcept nogil:
+        # (Submitting.)  Whether the device can take a submission of a command buffer encoded earlier: an empty
+        # write to the device's own small buffer reports "device is lost" (wgpu-native 29 calls no device-lost
+        # callback for every loss) by counting up the device's errors; a submission to a lost device would abort
+        # the process.  Another thread's error counted meanwhile reads as a loss too: the caller then submits the
+        # ordinary way, under the lock, where the loss is checked again.
+        cdef uint32_t before
+        if self.table.error_count == NULL or sentinel == 0:
+            return True
+        before = ortgpu_read_uint(self.table.error_count)
+        self.fn_write(<void*>self.table.queue, <void*>sentinel, 0, NULL, 0)
+        return ortgpu_read_uint(self.table.error_count) == before
+
+    def lock_taken(self):
+        """(The device's lock was just taken by the calling thread, outermost.)  Keep the calls here that submit
+        out until :meth:`lock_released`, and wait (without the GIL) for those already submitting: what is done
+        under the device's lock never interleaves with a submission made here.  wgpu-native 29 aborts the process
+        on a submission to a device destroyed between the encoding and the submit; a loss made under the lock (a
+        test's, or the destroy's) cannot land inside one of these submissions, as it could not inside the ones
+        made under the lock."""
+        ortgpu_write_ulong(&self.locker, ortgpu_this_thread())
+        ortgpu_write_int(&self.locked, 1)
+        with nogil:
+            while ortgpu_read_int(&self.submitting) > 0:
+                sched_yield()
+
+    def lock_released(self):
+        """(The calling thread is about to release the device's lock, outermost.)"""
+        ortgpu_write_int(&self.locked, 0)
 
     def close(self):
         """Refuse every later call and wait (without the GIL) until none is inside.  Idempotent."""
@@ -254,54 +320,67 @@ cdef class UnlockedCalls:
             if not self._enter():
                 code = _CLOSING
             else:
+                self._enter_submit()
                 if self.empty.encode_submit(self.table, NULL, &copy, 1):
                     self.fn_map(<void*>staging, self.map_mode, 0, size, info)
                     code = _DONE
                 else:
                     code = _NOT_SUBMITTED
+                self._leave_submit()
                 self._leave()
         return code
 
-    def submit_encoded(self, uintptr_t command_buffer):
+    def submit_encoded(self, uintptr_t command_buffer, uintptr_t sentinel):
         """Without the GIL: submit a command buffer encoded ahead (:meth:`CommandList.encode_native`) and release
-        it.  Returns DONE, or CLOSING (the device is being destroyed: the buffer was released unsubmitted)."""
+        it, once the empty write to ``sentinel`` (a small buffer of the device's) found the device alive.  Returns
+        DONE; NOT_SUBMITTED (the probe counted an error: the buffer was released unsubmitted, submit the ordinary
+        way); or CLOSING (the device is being destroyed: released unsubmitted)."""
         cdef void* pointer = <void*>command_buffer
-        cdef bint entered
+        cdef int code = _CLOSING
         if command_buffer == 0:
             raise ValueError("submit_encoded needs a command buffer address, not 0")
         with nogil:
-            entered = self._enter()
-            if entered:
-                (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
-                (<release_fn>self.table.fn_release_command_buffer)(pointer)
+            if self._enter():
+                self._enter_submit()
+                if self._alive(sentinel):
+                    (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
+                    (<release_fn>self.table.fn_release_command_buffer)(pointer)
+                    code = _DONE
+                else:
+                    code = _NOT_SUBMITTED
+                self._leave_submit()
                 self._leave()
-        if not entered:
+        if code != _DONE:
             self.table.release_encoded(command_buffer)
-            return _CLOSING
-        return _DONE
+        return code
 
-    def submit_and_map(self, uintptr_t command_buffer, uintptr_t staging, uint64_t size, MapWait wait):
+    def submit_and_map(self, uintptr_t command_buffer, uintptr_t staging, uint64_t size, MapWait wait,
+                       uintptr_t sentinel):
         """Without the GIL: submit a command buffer encoded ahead whose last commands copy into the staging buffer
         ``staging`` (a captured graph's replay_and_read), release it, then request the mapping of the first
-        ``size`` bytes of ``staging``, reported to ``wait``.  Returns DONE, or CLOSING (the device is being
-        destroyed: the buffer was released unsubmitted, nothing was requested)."""
+        ``size`` bytes of ``staging``, reported to ``wait``.  Returns what :meth:`submit_encoded` does (nothing is
+        requested unless DONE)."""
         cdef void* pointer = <void*>command_buffer
-        cdef bint entered
+        cdef int code = _CLOSING
         cdef MapCallbackInfo info
         if command_buffer == 0 or staging == 0:
             raise ValueError("submit_and_map: a null address")
         info = wait.callback_info(self.callback_mode)
         with nogil:
-            entered = self._enter()
-            if entered:
-                (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
-                (<release_fn>self.table.fn_release_command_buffer)(pointer)
-                self.fn_map(<void*>staging, self.map_mode, 0, size, info)
+            if self._enter():
+                self._enter_submit()
+                if self._alive(sentinel):
+                    (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
+                    (<release_fn>self.table.fn_release_command_buffer)(pointer)
+                    self.fn_map(<void*>staging, self.map_mode, 0, size, info)
+                    code = _DONE
+                else:
+                    code = _NOT_SUBMITTED
+                self._leave_submit()
                 self._leave()
-        if not entered:
+        if code != _DONE:
             self.table.release_encoded(command_buffer)
-            return _CLOSING
-        return _DONE
+        return code
 
     def request_map(self, uintptr_t staging, uint64_t size, MapWait wait):
         """Request the mapping of the first ``size`` bytes of the staging buffer ``staging``, reported to ``wait``,

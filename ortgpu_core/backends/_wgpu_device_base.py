@@ -188,8 +188,16 @@ class _DeviceBase:
         else:
             self._sink.take()
 
+    def _reported(self) -> bool:
+        """Whether the callbacks reported anything not taken yet (an error of any thread, or a loss): when not,
+        :meth:`_raise_pending` has nothing to raise, and a hot path need not even name its action."""
+        sink = self._sink
+        return bool(sink.reports.pending) or sink.lost is not None
+
     def _raise_pending(self, action: str) -> None:
         """Raise what the callbacks collected during ``action`` as a typed exception."""
+        if not self._reported():
+            return
         sink = self._sink
         errors = sink.take()
         if errors:

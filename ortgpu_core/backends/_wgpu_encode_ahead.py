@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from .._errors import DeviceError, ReleasedValueError
 from ._commands import CommandList
-from ._unlocked_calls import DONE, UnlockedCalls
+from ._unlocked_calls import DONE, NOT_SUBMITTED, UnlockedCalls
 from ._wgpu_device_base import _DeviceBase
 
 # What a submission appends to a command list, as a dictionary key: the records of its tail (submit_and_read's
@@ -235,12 +235,22 @@ class _EncodeAhead(_DeviceBase):
             self._jobs.add(job)
         return job, 0
 
-    def _submit_unlocked(self, ready: int, job: _AheadJob | None, action: str) -> None:
-        """(Outside the lock.)  Submit ``ready``, a command buffer encoded ahead that :meth:`_encode_and_submit`
-        handed over, without the GIL and without the device's lock (:mod:`._unlocked_calls`: a destroy waits for
-        it), and raise what wgpu-native reported for it.  On an error the job of encoding ahead is dropped."""
+    def _submit_unlocked(self, commands: CommandList, ready: int, job: _AheadJob | None, action: str) -> None:
+        """(Outside the lock.)  Submit ``ready``, the command buffer encoded ahead for ``commands`` that
+        :meth:`_encode_and_submit` handed over, without the GIL and without the device's lock
+        (:mod:`._unlocked_calls`: the lock and a destroy wait for it), and raise what wgpu-native reported for it.
+        When its liveness probe counted an error, ``commands`` is submitted the ordinary way instead, under the
+        lock, after the loss check.  On an error the job of encoding ahead is dropped."""
         try:
-            if self._unlocked.submit_encoded(ready) != DONE:
+            code = self._unlocked.submit_encoded(ready, self._sentinel_address)
+            if code == NOT_SUBMITTED:
+                with self._lock:
+                    self._check_open()
+                    self._check_not_lost(action)
+                    if not commands.encode_submit_native(self._native_table):
+                        self._raise_pending(action)
+                        raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+            elif code != DONE:
                 self._check_open()
                 raise ReleasedValueError(f"{action}: the device was destroyed while submitting; open a new one")
             self._raise_pending(action)
@@ -265,7 +275,8 @@ class _EncodeAhead(_DeviceBase):
             encoded = job.commands.encode_native(self._native_table, job.tail)  # C, the GIL released
             # Errors reported while encoding ahead are this thread's (see _ErrorSink) but belong to no call of its:
             # dropped, as the buffer is (encoded == 0), and reported by the next submit, which encodes again.
-            self._sink.take()
+            if self._sink.reports.pending:
+                self._sink.take()
         finally:
             # Kept (or released, if a release cancelled the job meanwhile) under the jobs' lock, not the device's:
             # a release cancels the jobs it selects under that lock before it looks at what is kept, so either it

@@ -194,6 +194,7 @@ class _Readback(_EncodeAhead):
             spin = 0.0 if info.adapter_type == "CPU" else DEFAULT_SPIN_WAIT_US
         self.spin_wait_us = float(spin)
         self._requests = _Requests(int(lib.WGPUQueueWorkDoneStatus_Success))
+        self._map_success = int(lib.WGPUMapAsyncStatus_Success)
         # The map and work-done callbacks are C functions (:class:`._device_calls.Completions`): they take no GIL,
         # so a thread inside a wgpu-native poll or submit, holding wgpu-native's own locks, never waits for Python
         self._tokens = 0
@@ -219,10 +220,12 @@ class _Readback(_EncodeAhead):
             _address(self._device),
             self._native_calls["wgpuBufferMapAsync"],
             self._device_poll_address,
+            self._queue_write_address,
             int(lib.WGPUMapMode_Read),
             int(lib.WGPUCallbackMode_AllowProcessEvents),
             self._sink.reports.lost_address,
         )
+        self._lock.gate = self._unlocked  # the lock and the submissions made outside it exclude each other
 
     def _close_unlocked_calls(self) -> None:
         """(Under the lock, first thing in the device's destroy.)  Refuse new unlocked native calls and wait for
@@ -306,20 +309,37 @@ class _Readback(_EncodeAhead):
     def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
         """Like :meth:`read_buffer`, into ``out`` (a writable C-contiguous buffer of any size; the device-side copy
         covers it rounded up to 4 bytes): one host copy, straight from the mapped staging buffer."""
-        self._read_into(buffer, offset, out, f"read_buffer_into({buffer:#x}, offset={offset})")
+        self._read_into(buffer, offset, out, "")
 
     def _read_into(self, buffer: int, offset: int, out: Any, action: str) -> None:
         """The read (``to_numpy``'s): under the lock, only checks and bookkeeping, keeping the GIL; the copy's
         submission and map request in one C call and the wait in another, each releasing the GIL once and taking
-        no lock but the poll lock (:mod:`._unlocked_calls`); then the copy out under the lock."""
+        no lock but the poll lock (:mod:`._unlocked_calls`); then the copy out under the lock.  ``action`` names the
+        call in errors ("": read_buffer_into's, named only when one is raised)."""
         with self._lock:
             self._check_open()
-            view, padded = self._read_target(buffer, offset, out, action)
+            view = memoryview(out)
+            source = self._handles.get(buffer)
+            padded = -(-view.nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+            if (  # the checks of _read_target, in one test; it names what failed
+                view.readonly
+                or not view.c_contiguous
+                or source is None
+                or source.kind != "buffer"
+                or source.uniform
+                or offset < 0
+                or offset % BUFFER_ALIGNMENT
+                or offset + padded > source.size
+            ):
+                action = action or f"read_buffer_into({buffer:#x}, offset={offset})"
+                self._read_target(buffer, offset, out, action)
+                raise ValidationError(f"{action}: the read was refused")  # (_read_target raised first)
             if padded == 0:
                 return
-            source = self._handles[buffer]
+            view = view.cast("B")
             staging = self._take_staging(padded)
             source.busy += 1  # a release of the buffer meanwhile is done when this read ends (see destroy_buffer)
+        action = action or f"read_buffer_into({buffer:#x}, offset={offset})"
         wait = MapWait()
         code = CLOSING
         try:
@@ -394,8 +414,17 @@ class _Readback(_EncodeAhead):
         if ready:
             code = CLOSING
             try:
-                code = self._unlocked.submit_and_map(ready, staging.address, total, wait)
-                if code != DONE:
+                code = self._unlocked.submit_and_map(ready, staging.address, total, wait, self._sentinel_address)
+                if code == NOT_SUBMITTED:  # the liveness probe counted an error: submit the ordinary way, checked
+                    with self._lock:
+                        self._check_open()
+                        self._check_not_lost(action)
+                        if not commands.encode_submit_with_tail_native(self._native_table, tail):
+                            self._raise_pending(action)
+                            raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+                        self._unlocked.request_map(staging.address, total, wait)
+                        code = DONE
+                elif code != DONE:
                     self._check_open()
                     raise ReleasedValueError(f"{action}: the device was destroyed while submitting; open a new one")
                 self._raise_pending(action)
@@ -495,20 +524,28 @@ class _Readback(_EncodeAhead):
         with self._lock:
             if source is not None:
                 self._unbusy(source)
-            name = _enum_suffix("WGPUMapAsyncStatus", status) if status > 0 else str(status)
-            self._copy_out_locked(staging, status, f"({name})", size, action, copies)
+            self._copy_out_locked(staging, status, None, size, action, copies)
 
     def _copy_out_locked(
-        self, staging: _Staging, status: int, failure: str, size: int, action: str, copies: list[tuple[int, int, int]]
+        self,
+        staging: _Staging,
+        status: int,
+        message: str | None,
+        size: int,
+        action: str,
+        copies: list[tuple[int, int, int]],
     ) -> None:
-        """(Under the lock; ``staging``'s map request completed with ``status``, ``failure`` its words if it
-        failed.)  Keeping the GIL: copy each ``(destination address, bytes, offset in the mapping)`` out of the mapped
-        range, unmap, and give the buffer back to the pool; a failed request frees the buffer instead."""
+        """(Under the lock; ``staging``'s map request completed with ``status``, and ``message`` if its callback
+        gave one.)  Keeping the GIL: copy each ``(destination address, bytes, offset in the mapping)`` out of the
+        mapped range, unmap, and give the buffer back to the pool; a failed request frees the buffer instead."""
         self._check_open()  # destroyed meanwhile: the staging buffer went with the device
         self._check_not_lost(action)
-        if status != self._lib.WGPUMapAsyncStatus_Success:
+        if status != self._map_success:
             self._free_staging(staging)
-            raise DeviceError(f"{action}: mapping the staging buffer failed {failure}")
+            name = _enum_suffix("WGPUMapAsyncStatus", status) if status > 0 else str(status)
+            raise DeviceError(
+                f"{action}: mapping the staging buffer failed ({name}){': ' + message if message else ''}"
+            )
         try:
             calls = self._native_calls
             # wgpuBufferGetConstMappedRange, the copies, wgpuBufferUnmap
@@ -561,7 +598,7 @@ class _Readback(_EncodeAhead):
             raise
         with self._lock:
             status, message = requests.map_results.pop(token)
-            self._copy_out_locked(staging, status, f": {message}", size, action, copies)
+            self._copy_out_locked(staging, status, message, size, action, copies)
 
     # -- waits -----------------------------------------------------------------------------
     def wait_idle(self) -> None:

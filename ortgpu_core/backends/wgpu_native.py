@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from .._errors import DeviceError, InvalidArgumentError, ValidationError
 from ._commands import CommandList, NativeTable
@@ -53,7 +53,7 @@ from ._wgpu_device_base import _Handle, _serialized, _storage_bindings
 from ._wgpu_ffi import _address, _string_view, feature_name, load_native, native_version
 from ._wgpu_readback import DEFAULT_SPIN_WAIT_US
 from ._wgpu_timestamps import _Timestamps
-from .protocol import AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
+from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
 
 __all__ = [
     "WgpuBackend",
@@ -322,16 +322,29 @@ class WgpuDevice(_Timestamps):
         if not view.c_contiguous:
             view = memoryview(view.tobytes())
         size = view.nbytes
-        action = f"write_buffer({buffer:#x}, offset={offset}, {size} bytes)"
-        record = self._lookup(buffer, "buffer", action)
-        self._check_aligned(action, offset=offset, size=size)
-        if offset + size > record.size:
-            raise ValidationError(f"{action}: the write ends at {offset + size}, past the buffer's {record.size} bytes")
+        record = self._handles.get(buffer)
+        if (
+            record is None
+            or record.kind != "buffer"
+            or offset < 0
+            or offset % BUFFER_ALIGNMENT
+            or size % BUFFER_ALIGNMENT
+            or offset + size > record.size
+        ):
+            self._refuse_write(buffer, offset, size)
         if size == 0:
             return
         # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
         self._lib.wgpuQueueWriteBuffer(self._queue, record.pointer, offset, self._ffi.from_buffer(view), size)
-        self._raise_pending(action)
+        if self._reported():
+            self._raise_pending(f"write_buffer({buffer:#x}, offset={offset}, {size} bytes)")
+
+    def _refuse_write(self, buffer: int, offset: int, size: int) -> NoReturn:
+        """The typed error of a write that the checks of :meth:`write_buffer` refuse."""
+        action = f"write_buffer({buffer:#x}, offset={offset}, {size} bytes)"
+        record = self._lookup(buffer, "buffer", action)
+        self._check_aligned(action, offset=offset, size=size)
+        raise ValidationError(f"{action}: the write ends at {offset + size}, past the buffer's {record.size} bytes")
 
     # -- kernels --------------------------------------------------------------------
     @_serialized
@@ -497,7 +510,7 @@ class WgpuDevice(_Timestamps):
             self._validate_for_submit(commands)
             job, ready = self._encode_and_submit(commands, None, action, defer=True)
         if ready:
-            self._submit_unlocked(ready, job, action)
+            self._submit_unlocked(commands, ready, job, action)
         self._encode_ahead(job)
 
     # -- lifetime -------------------------------------------------------------------------
