@@ -8,6 +8,10 @@ queued instead and done when the outermost call leaves the lock, so device code 
 it, and the release still happens before the thread does anything else with the device.
 
 Releases only: a finalizer never creates or submits anything.
+
+The lock also keeps out the submissions the device makes outside it (:mod:`._unlocked_calls`): its outermost
+acquisition tells its ``gate``, which waits (without the GIL) for those in progress and holds new ones back until the
+lock is released, so nothing done under the lock (a destroy, a test's simulated loss) lands inside one of them.
 """
 
 from __future__ import annotations
