@@ -447,3 +447,46 @@ def test_the_poll_lock_behaves_like_a_threading_lock() -> None:
     assert taken.is_set() and not lock.locked()
     with pytest.raises(RuntimeError, match="not held"):
         lock.release()
+
+
+def test_a_destroy_under_the_lock_does_not_wait_forever_for_a_submission_held_back_by_that_lock(
+    device: WgpuDevice,
+) -> None:
+    """A read's submission made outside the lock waits while another thread holds the lock; when that thread is
+    the destroy, which waits for every call outside the lock to leave, the held-back submission gives up (nothing
+    submitted) instead of both waiting for each other."""
+    from ortgpu_core.backends._unlocked_calls import CLOSING, MapWait
+
+    buffer = device.create_buffer(4096)
+    with device._lock:
+        staging = device._take_staging(4096)
+    holding, inside, closed = threading.Event(), threading.Event(), threading.Event()
+    codes: list[int] = []
+
+    def destroyer() -> None:  # holds the device's lock, then closes the gate as destroy() does first
+        with device._lock:
+            holding.set()
+            assert inside.wait(30)
+            device._close_unlocked_calls()
+            closed.set()
+
+    def submitter() -> None:  # a read's C part, held back by the lock
+        codes.append(device._unlocked.copy_and_map(buffer, 0, staging.address, 4096, MapWait()))
+
+    threads = [threading.Thread(target=destroyer, daemon=True), threading.Thread(target=submitter, daemon=True)]
+    threads[0].start()
+    assert holding.wait(30)
+    threads[1].start()
+    for _ in range(10_000):
+        if device._unlocked.inflight == 1:
+            break
+        threading.Event().wait(0.001)
+    inside.set()
+    for thread in threads:
+        thread.join(30)
+    assert closed.is_set() and not any(thread.is_alive() for thread in threads), (
+        "the destroy and the submission deadlocked"
+    )
+    assert codes == [CLOSING]
+    device.destroy()
+    assert device.live_handles() == 0

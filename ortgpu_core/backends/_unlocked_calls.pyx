@@ -240,16 +240,20 @@ cdef class UnlockedCalls:
     cdef void _leave(self) noexcept nogil:
         ortgpu_add_int(&self.inflight, -1)
 
-    cdef void _enter_submit(self) noexcept nogil:
-        # A call that submits waits while another thread holds the device's lock, and counts itself in: the lock's
-        # holder then waits for it (lock_taken).  Counted in first, then the flag checked (as in _enter).
+    cdef bint _enter_submit(self) noexcept nogil:
+        # (Inside the gate.)  A call that submits waits while another thread holds the device's lock, and counts
+        # itself in: the lock's holder then waits for it (lock_taken).  Counted in first, then the flag checked (as
+        # in _enter).  False when the gate closed meanwhile (the lock's holder may be the destroy, waiting for this
+        # call to leave the gate): the call then does nothing.
         cdef unsigned long me = ortgpu_this_thread()
         while True:
             ortgpu_add_int(&self.submitting, 1)
             if not ortgpu_read_int(&self.locked) or ortgpu_read_ulong(&self.locker) == me:
-                return
+                return True
             ortgpu_add_int(&self.submitting, -1)
             while ortgpu_read_int(&self.locked) and ortgpu_read_ulong(&self.locker) != me:
+                if ortgpu_read_int(&self.closing):
+                    return False
                 sched_yield()
 
     cdef void _leave_submit(self) noexcept nogil:
@@ -320,13 +324,15 @@ cdef class UnlockedCalls:
             if not self._enter():
                 code = _CLOSING
             else:
-                self._enter_submit()
-                if self.empty.encode_submit(self.table, NULL, &copy, 1):
+                if not self._enter_submit():
+                    code = _CLOSING
+                elif self.empty.encode_submit(self.table, NULL, &copy, 1):
                     self.fn_map(<void*>staging, self.map_mode, 0, size, info)
                     code = _DONE
+                    self._leave_submit()
                 else:
                     code = _NOT_SUBMITTED
-                self._leave_submit()
+                    self._leave_submit()
                 self._leave()
         return code
 
@@ -341,14 +347,14 @@ cdef class UnlockedCalls:
             raise ValueError("submit_encoded needs a command buffer address, not 0")
         with nogil:
             if self._enter():
-                self._enter_submit()
-                if self._alive(sentinel):
-                    (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
-                    (<release_fn>self.table.fn_release_command_buffer)(pointer)
-                    code = _DONE
-                else:
-                    code = _NOT_SUBMITTED
-                self._leave_submit()
+                if self._enter_submit():
+                    if self._alive(sentinel):
+                        (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
+                        (<release_fn>self.table.fn_release_command_buffer)(pointer)
+                        code = _DONE
+                    else:
+                        code = _NOT_SUBMITTED
+                    self._leave_submit()
                 self._leave()
         if code != _DONE:
             self.table.release_encoded(command_buffer)
@@ -368,15 +374,15 @@ cdef class UnlockedCalls:
         info = wait.callback_info(self.callback_mode)
         with nogil:
             if self._enter():
-                self._enter_submit()
-                if self._alive(sentinel):
-                    (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
-                    (<release_fn>self.table.fn_release_command_buffer)(pointer)
-                    self.fn_map(<void*>staging, self.map_mode, 0, size, info)
-                    code = _DONE
-                else:
-                    code = _NOT_SUBMITTED
-                self._leave_submit()
+                if self._enter_submit():
+                    if self._alive(sentinel):
+                        (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
+                        (<release_fn>self.table.fn_release_command_buffer)(pointer)
+                        self.fn_map(<void*>staging, self.map_mode, 0, size, info)
+                        code = _DONE
+                    else:
+                        code = _NOT_SUBMITTED
+                    self._leave_submit()
                 self._leave()
         if code != _DONE:
             self.table.release_encoded(command_buffer)
