@@ -341,44 +341,34 @@ cdef class UnlockedCalls:
         it, once the empty write to ``sentinel`` (a small buffer of the device's) found the device alive.  Returns
         DONE; NOT_SUBMITTED (the probe counted an error: the buffer was released unsubmitted, submit the ordinary
         way); or CLOSING (the device is being destroyed: released unsubmitted)."""
-        cdef void* pointer = <void*>command_buffer
-        cdef int code = _CLOSING
-        if command_buffer == 0:
-            raise ValueError("submit_encoded needs a command buffer address, not 0")
-        with nogil:
-            if self._enter():
-                if self._enter_submit():
-                    if self._alive(sentinel):
-                        (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
-                        (<release_fn>self.table.fn_release_command_buffer)(pointer)
-                        code = _DONE
-                    else:
-                        code = _NOT_SUBMITTED
-                    self._leave_submit()
-                self._leave()
-        if code != _DONE:
-            self.table.release_encoded(command_buffer)
-        return code
+        return self._submit(command_buffer, sentinel, 0, 0, None)
 
     def submit_and_map(self, uintptr_t command_buffer, uintptr_t staging, uint64_t size, MapWait wait,
                        uintptr_t sentinel):
-        """Without the GIL: submit a command buffer encoded ahead whose last commands copy into the staging buffer
-        ``staging`` (a captured graph's replay_and_read), release it, then request the mapping of the first
-        ``size`` bytes of ``staging``, reported to ``wait``.  Returns what :meth:`submit_encoded` does (nothing is
-        requested unless DONE)."""
+        """:meth:`submit_encoded` for a command buffer whose last commands copy into the staging buffer ``staging``
+        (a captured graph's replay_and_read), then, once submitted, the request of the mapping of the first
+        ``size`` bytes of ``staging``, reported to ``wait`` (nothing is requested unless DONE)."""
+        if staging == 0:
+            raise ValueError("submit_and_map: a null staging address")
+        return self._submit(command_buffer, sentinel, staging, size, wait)
+
+    cdef int _submit(self, uintptr_t command_buffer, uintptr_t sentinel, uintptr_t staging, uint64_t size,
+                     MapWait wait) except -1:
         cdef void* pointer = <void*>command_buffer
         cdef int code = _CLOSING
         cdef MapCallbackInfo info
-        if command_buffer == 0 or staging == 0:
-            raise ValueError("submit_and_map: a null address")
-        info = wait.callback_info(self.callback_mode)
+        if command_buffer == 0:
+            raise ValueError("a command buffer address, not 0, is needed")
+        if wait is not None:
+            info = wait.callback_info(self.callback_mode)
         with nogil:
             if self._enter():
                 if self._enter_submit():
                     if self._alive(sentinel):
                         (<submit_fn>self.table.fn_submit)(<void*>self.table.queue, 1, &pointer)
                         (<release_fn>self.table.fn_release_command_buffer)(pointer)
-                        self.fn_map(<void*>staging, self.map_mode, 0, size, info)
+                        if staging != 0:
+                            self.fn_map(<void*>staging, self.map_mode, 0, size, info)
                         code = _DONE
                     else:
                         code = _NOT_SUBMITTED

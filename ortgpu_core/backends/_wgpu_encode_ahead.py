@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from .._errors import DeviceError, ReleasedValueError
 from ._commands import CommandList
-from ._unlocked_calls import DONE, NOT_SUBMITTED, UnlockedCalls
+from ._unlocked_calls import DONE, NOT_SUBMITTED, MapWait, UnlockedCalls
 from ._wgpu_device_base import _DeviceBase
 
 # What a submission appends to a command list, as a dictionary key: the records of its tail (submit_and_read's
@@ -235,21 +235,41 @@ class _EncodeAhead(_DeviceBase):
             self._jobs.add(job)
         return job, 0
 
-    def _submit_unlocked(self, commands: CommandList, ready: int, job: _AheadJob | None, action: str) -> None:
-        """(Outside the lock.)  Submit ``ready``, the command buffer encoded ahead for ``commands`` that
-        :meth:`_encode_and_submit` handed over, without the GIL and without the device's lock
-        (:mod:`._unlocked_calls`: the lock and a destroy wait for it), and raise what wgpu-native reported for it.
-        When its liveness probe counted an error, ``commands`` is submitted the ordinary way instead, under the
-        lock, after the loss check.  On an error the job of encoding ahead is dropped."""
+    def _submit_unlocked(
+        self,
+        commands: CommandList,
+        tail: CommandList | None,
+        ready: int,
+        job: _AheadJob | None,
+        action: str,
+        read: tuple[int, int, MapWait] | None = None,
+    ) -> None:
+        """(Outside the lock.)  Submit ``ready``, the command buffer encoded ahead for ``commands`` (and ``tail``)
+        that :meth:`_encode_and_submit` handed over, without the GIL and without the device's lock
+        (:mod:`._unlocked_calls`: the lock and a destroy wait for it), then request the map of ``read`` (staging
+        address, size, wait) if given, and raise what wgpu-native reported.  When the liveness probe counted an
+        error, ``commands`` is submitted the ordinary way instead, under the lock, after the loss check.  On an
+        error the job of encoding ahead is dropped."""
+        unlocked = self._unlocked
         try:
-            code = self._unlocked.submit_encoded(ready, self._sentinel_address)
+            if read is None:
+                code = unlocked.submit_encoded(ready, self._sentinel_address)
+            else:
+                code = unlocked.submit_and_map(ready, read[0], read[1], read[2], self._sentinel_address)
             if code == NOT_SUBMITTED:
                 with self._lock:
                     self._check_open()
                     self._check_not_lost(action)
-                    if not commands.encode_submit_native(self._native_table):
+                    table = self._native_table
+                    if tail is None:
+                        submitted = commands.encode_submit_native(table)
+                    else:
+                        submitted = commands.encode_submit_with_tail_native(table, tail)
+                    if not submitted:
                         self._raise_pending(action)
                         raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
+                    if read is not None:
+                        unlocked.request_map(*read)
             elif code != DONE:
                 self._check_open()
                 raise ReleasedValueError(f"{action}: the device was destroyed while submitting; open a new one")

@@ -309,13 +309,13 @@ class _Readback(_EncodeAhead):
     def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
         """Like :meth:`read_buffer`, into ``out`` (a writable C-contiguous buffer of any size; the device-side copy
         covers it rounded up to 4 bytes): one host copy, straight from the mapped staging buffer."""
-        self._read_into(buffer, offset, out, "")
+        self._read_into(buffer, offset, out, f"read_buffer_into({buffer:#x}, offset={offset})")
 
     def _read_into(self, buffer: int, offset: int, out: Any, action: str) -> None:
         """The read (``to_numpy``'s): under the lock, only checks and bookkeeping, keeping the GIL; the copy's
         submission and map request in one C call and the wait in another, each releasing the GIL once and taking
         no lock but the poll lock (:mod:`._unlocked_calls`); then the copy out under the lock.  ``action`` names the
-        call in errors ("": read_buffer_into's, named only when one is raised)."""
+        call in errors."""
         with self._lock:
             self._check_open()
             view = memoryview(out)
@@ -331,7 +331,6 @@ class _Readback(_EncodeAhead):
                 or offset % BUFFER_ALIGNMENT
                 or offset + padded > source.size
             ):
-                action = action or f"read_buffer_into({buffer:#x}, offset={offset})"
                 self._read_target(buffer, offset, out, action)
                 raise ValidationError(f"{action}: the read was refused")  # (_read_target raised first)
             if padded == 0:
@@ -339,7 +338,6 @@ class _Readback(_EncodeAhead):
             view = view.cast("B")
             staging = self._take_staging(padded)
             source.busy += 1  # a release of the buffer meanwhile is done when this read ends (see destroy_buffer)
-        action = action or f"read_buffer_into({buffer:#x}, offset={offset})"
         wait = MapWait()
         code = CLOSING
         try:
@@ -412,24 +410,9 @@ class _Readback(_EncodeAhead):
                 self._give_back_staging(staging)
                 raise
         if ready:
-            code = CLOSING
             try:
-                code = self._unlocked.submit_and_map(ready, staging.address, total, wait, self._sentinel_address)
-                if code == NOT_SUBMITTED:  # the liveness probe counted an error: submit the ordinary way, checked
-                    with self._lock:
-                        self._check_open()
-                        self._check_not_lost(action)
-                        if not commands.encode_submit_with_tail_native(self._native_table, tail):
-                            self._raise_pending(action)
-                            raise DeviceError(f"{action}: wgpu-native could not encode the command buffer")
-                        self._unlocked.request_map(staging.address, total, wait)
-                        code = DONE
-                elif code != DONE:
-                    self._check_open()
-                    raise ReleasedValueError(f"{action}: the device was destroyed while submitting; open a new one")
-                self._raise_pending(action)
+                self._submit_unlocked(commands, tail, ready, job, action, (staging.address, total, wait))
             except BaseException:
-                self._cancel_job(job)
                 self._abandon_read(staging, wait, CLOSING, None)  # its map may have been requested
                 raise
         self._encode_ahead(job)  # the next replay's command buffer, encoded while this one runs

@@ -510,7 +510,7 @@ class WgpuDevice(_Timestamps):
             self._validate_for_submit(commands)
             job, ready = self._encode_and_submit(commands, None, action, defer=True)
         if ready:
-            self._submit_unlocked(commands, ready, job, action)
+            self._submit_unlocked(commands, None, ready, job, action)
         self._encode_ahead(job)
 
     # -- lifetime -------------------------------------------------------------------------

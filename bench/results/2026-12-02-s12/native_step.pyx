@@ -10,6 +10,7 @@ from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy
 
 from ortgpu_core.backends._commands cimport COMMAND_COPY, CommandList, CommandRecord, NativeTable
+from ortgpu_core.backends._webgpu_types cimport MapCallbackInfo, StringView, map_async_fn, device_poll_fn
 
 cdef extern from *:
     """
@@ -27,25 +28,9 @@ cdef extern from *:
     void s12_store(int*, int) nogil
     int sched_yield() nogil
 
-ctypedef struct StringView:
-    const char* data
-    size_t length
-
-ctypedef struct MapCallbackInfo:
-    void* nextInChain
-    uint32_t mode
-    void* callback
-    void* userdata1
-    void* userdata2
-
-ctypedef struct Future:
-    uint64_t id
-
 ctypedef void (*write_fn)(void*, void*, uint64_t, const void*, size_t) noexcept nogil
-ctypedef Future (*map_fn)(void*, uint64_t, size_t, size_t, MapCallbackInfo) noexcept nogil
 ctypedef const void* (*range_fn)(void*, size_t, size_t) noexcept nogil
 ctypedef void (*unmap_fn)(void*) noexcept nogil
-ctypedef uint32_t (*poll_fn)(void*, uint32_t, const void*) noexcept nogil
 
 cdef uintptr_t MASK = 0x0000FFFFFFFFFFFF
 
@@ -65,10 +50,10 @@ cdef class Stepper:
     cdef void* staging
     cdef size_t out_size
     cdef write_fn fn_write
-    cdef map_fn fn_map
+    cdef map_async_fn fn_map
     cdef range_fn fn_range
     cdef unmap_fn fn_unmap
-    cdef poll_fn fn_poll
+    cdef device_poll_fn fn_poll
     cdef uint32_t callback_mode
     cdef uint32_t map_read
     cdef uint32_t success
@@ -93,10 +78,10 @@ cdef class Stepper:
         self.tail[0].offset_b = 0
         self.tail[0].size = out_size
         self.fn_write = <write_fn><uintptr_t>fns["wgpuQueueWriteBuffer"]
-        self.fn_map = <map_fn><uintptr_t>fns["wgpuBufferMapAsync"]
+        self.fn_map = <map_async_fn><uintptr_t>fns["wgpuBufferMapAsync"]
         self.fn_range = <range_fn><uintptr_t>fns["wgpuBufferGetConstMappedRange"]
         self.fn_unmap = <unmap_fn><uintptr_t>fns["wgpuBufferUnmap"]
-        self.fn_poll = <poll_fn><uintptr_t>fns["wgpuDevicePoll"]
+        self.fn_poll = <device_poll_fn><uintptr_t>fns["wgpuDevicePoll"]
         self.callback_mode = callback_mode
         self.map_read = map_read
         self.success = success
