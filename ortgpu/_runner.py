@@ -352,9 +352,9 @@ class SessionRunner:
         """What a submission holds: the Env's serial lock in ``serialized`` mode, else nothing."""
         return _serial_lock(self.env) if self.env.execution_mode == "serialized" else contextlib.nullcontext()
 
-    def submit(self, commands: CommandList) -> None:
+    def submit(self, commands: CommandList, read_ahead: Sequence[tuple[int, int, int]] = ()) -> None:
         with self.submission():
-            self.backend_device.submit(commands)
+            self.backend_device.submit(commands, read_ahead)
 
     def wait_idle(self) -> None:
         """Block until the device finished the work submitted so far (``replay_async`` and profiling wait so)."""

@@ -120,6 +120,7 @@ cdef class CapturedGraph:
     cdef object _origin_ref  # weak reference to the origin IOBinding, once released
     cdef CommandList _commands
     cdef object _submit
+    cdef tuple _read_ahead  # (buffer handle, 0, bytes) of each output: copied ahead in the replay's submission
     cdef PinSet _pins
     cdef object _program
     cdef bint _released
@@ -153,6 +154,13 @@ cdef class CapturedGraph:
         graph._origin_ref = None
         graph._commands = commands.freeze()
         graph._submit = owner.submit
+        # The outputs' ranges, for the backend to copy in each replay's own submission, so that to_numpy() after
+        # replay() submits nothing (the bound values are pinned while captured: their buffers stay the same)
+        graph._read_ahead = tuple(
+            ((<OrtValue>value)._buffer.handle, 0, (<OrtValue>value)._nbytes)
+            for value in binding.get_outputs()
+            if (<OrtValue>value)._buffer is not None and (<OrtValue>value)._nbytes
+        )
         graph._pins = pins
         graph._program = program
         graph._released = False
@@ -260,7 +268,7 @@ cdef class CapturedGraph:
             # Profiling off: one attribute check.  On: the owner replays the graph's program step by step, timed.
             try:
                 if getattr(self._owner, "profiler", None) is None or not self._owner.profile_replay(self, self._program):
-                    self._submit(self._commands)
+                    self._submit(self._commands, self._read_ahead)
             except DeviceError as error:
                 self._fail(error)
                 raise

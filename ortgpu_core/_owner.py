@@ -7,7 +7,7 @@ session's runner (``ortgpu._runner.SessionRunner``), which holds the session's p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 if TYPE_CHECKING:
     from ._graph import CapturedGraph
@@ -48,8 +48,9 @@ class GraphOwner(Protocol):
         """Why the session can no longer replay (its Env or itself closed, and what to do), or None."""
         ...
 
-    def submit(self, commands: CommandList) -> None:
-        """Submit ``commands`` (in serialized mode, under the Env's serial lock)."""
+    def submit(self, commands: CommandList, read_ahead: Sequence[tuple[int, int, int]] = ()) -> None:
+        """Submit ``commands`` (in serialized mode, under the Env's serial lock); ``read_ahead``: the ranges a read
+        may ask for next (the backend's ``submit``)."""
         ...
 
     def submit_and_read(self, commands: CommandList, reads: list[tuple[int, int, Any]]) -> None:

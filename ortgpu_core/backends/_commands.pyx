@@ -367,6 +367,28 @@ cdef class CommandList:
                 n += 1
         return n
 
+    def written_among(self, dict bind_group_writes, watched):
+        """The handles in ``watched`` (a container of buffer handles) that this list's records may write: the
+        buffers a dispatch's bind group binds writable (``bind_group_writes``: bind group handle -> those buffer
+        handles), a copy's destination, a clear's buffer, a resolve's destination.  A C loop over the records (the
+        wgpu backend asks this of every submission while some buffer has a read ahead)."""
+        cdef Py_ssize_t i
+        cdef CommandRecord* r
+        cdef set found = set()
+        for i in range(self._count):
+            r = &self._records[i]
+            if r.kind == COMMAND_DISPATCH:
+                for handle in bind_group_writes.get(r.b, ()):
+                    if handle in watched:
+                        found.add(handle)
+            elif r.kind == COMMAND_COPY or r.kind == COMMAND_RESOLVE:
+                if r.b in watched:
+                    found.add(r.b)
+            elif r.kind == COMMAND_CLEAR:
+                if r.a in watched:
+                    found.add(r.a)
+        return found
+
     def records(self):
         """The records as tuples, for backends that interpret them in Python.
 

@@ -107,15 +107,25 @@ class _FakeExecution(_FakeDeviceBase):
             for index, record in enumerate(commands.records()):
                 self._validate(index, record)
 
-    def submit(self, commands: CommandList) -> None:
+    def submit(self, commands: CommandList, read_ahead: Sequence[tuple[int, int, int]] = ()) -> None:
         """Validate every record of ``commands``, then execute them in order.
 
         Atomic for validation: if any record is invalid, :class:`ValidationError`
         is raised and nothing executes.  (An exception raised by a twin
         propagates as is, after the records before it have executed.)
+        ``read_ahead`` ranges are checked as the wgpu backend checks them (reads here copy nothing ahead: they
+        are already immediate).
         """
         with self._backend.operations.operation("submit", self._ordinal), self._lock:
             self._check_usable()
+            for item in read_ahead:
+                if not (isinstance(item, tuple) and len(item) == 3 and all(isinstance(v, int) for v in item)):
+                    raise ValidationError(
+                        f"submit: read_ahead takes (buffer, offset, size) tuples of ints, not {item!r}"
+                    )
+                buffer, offset, size = item
+                padded = -(-size // 4) * 4
+                self._readable(buffer, offset, size, padded, f"submit: read_ahead {item!r}", count=False)
             fired = self._backend.faults._next_submit()
             for fault in fired:  # a loss wins over a validation error injected for the same submit
                 if fault.kind == "lose_device_on_submit":

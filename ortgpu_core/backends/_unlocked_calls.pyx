@@ -378,6 +378,21 @@ cdef class UnlockedCalls:
             self.table.release_encoded(command_buffer)
         return code
 
+    def map_staging(self, uintptr_t staging, uint64_t size, MapWait wait):
+        """Without the GIL or the device's lock: request the mapping of the first ``size`` bytes of the staging
+        buffer ``staging``, reported to ``wait`` (a read whose copy an earlier submission made: a read ahead).
+        Returns DONE or CLOSING (nothing was requested)."""
+        cdef MapCallbackInfo info = wait.callback_info(self.callback_mode)
+        cdef int code = _CLOSING
+        with nogil:
+            if self._enter():
+                if self._enter_submit():
+                    self.fn_map(<void*>staging, self.map_mode, 0, size, info)
+                    code = _DONE
+                    self._leave_submit()
+                self._leave()
+        return code
+
     def request_map(self, uintptr_t staging, uint64_t size, MapWait wait):
         """Request the mapping of the first ``size`` bytes of the staging buffer ``staging``, reported to ``wait``,
         keeping the GIL (a short call, made under the device's lock: the device is not being destroyed)."""

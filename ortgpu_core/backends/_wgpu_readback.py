@@ -370,6 +370,12 @@ class _Readback(_EncodeAhead):
             raise ValidationError(f"{action}: uniform buffers are write-only (no COPY_SRC usage)")
         return size
 
+    def _note_writes(self, commands: CommandList) -> bool:
+        """(Under the lock, before ``commands`` is submitted.)  Whether it writes a buffer read ahead (then marked
+        stale; the submission must be made under the lock): the read-ahead layer (:mod:`._wgpu_read_ahead`)
+        overrides this."""
+        return False
+
     def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
         """:meth:`submit` ``commands``, then :meth:`read_buffer_into` each ``(buffer, offset, out)``, as one
         command buffer (the copies to the staging buffer follow the commands in it) and one wait (in C, as a
@@ -399,7 +405,8 @@ class _Readback(_EncodeAhead):
                         tail.add_copy(buffer, offset, staging.address, cursor, padded)
                     cursor += padded
                 # a command buffer encoded ahead (a replay's) is submitted, and its map requested, after the lock
-                job, ready = self._encode_and_submit(commands, tail, action, defer=total > 0)
+                locked = self._note_writes(commands)
+                job, ready = self._encode_and_submit(commands, tail, action, defer=total > 0 and not locked)
                 if total == 0:
                     self._give_back_staging(staging)
                 elif not ready:
@@ -517,10 +524,12 @@ class _Readback(_EncodeAhead):
         size: int,
         action: str,
         copies: list[tuple[int, int, int]],
+        give_back: bool = True,
     ) -> None:
         """(Under the lock; ``staging``'s map request completed with ``status``, and ``message`` if its callback
         gave one.)  Keeping the GIL: copy each ``(destination address, bytes, offset in the mapping)`` out of the
-        mapped range, unmap, and give the buffer back to the pool; a failed request frees the buffer instead."""
+        mapped range, unmap, and give the buffer back to the pool (unless not ``give_back``: a read ahead's own); a
+        failed request frees the buffer instead."""
         self._check_open()  # destroyed meanwhile: the staging buffer went with the device
         self._check_not_lost(action)
         if status != self._map_success:
@@ -537,7 +546,8 @@ class _Readback(_EncodeAhead):
             ):
                 raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
         finally:
-            self._give_back_staging(staging)
+            if give_back:
+                self._give_back_staging(staging)
         self._raise_pending(action)
 
     def _address_of(self, cdata: Any) -> int:

@@ -18,7 +18,7 @@ is a live query set of this device, indices are below its count, the destination
 the offset is a multiple of 256 and the values fit.  A bad record raises ``ValidationError`` and nothing is
 submitted.
 
-Ownership: :class:`_Timestamps` is a layer of ``WgpuDevice`` (after ``_Readback``; ``_DeviceBase``'s docstring
+Ownership: :class:`_Timestamps` is a layer of ``WgpuDevice`` (after ``_ReadAheads``; ``_DeviceBase``'s docstring
 describes the layers).  Query sets are handles of kind ``"query_set"`` in the base's handle table (counted by
 ``live_handles``, released with the device); this layer owns ``_resolve_buffers`` (the buffers made with
 QUERY_RESOLVE usage), ``_timestamp_period``, and the reads started by :meth:`_Timestamps.read_async` that are not
@@ -44,7 +44,8 @@ from .._errors import ValidationError
 from ._commands import CommandList
 from ._wgpu_device_base import _Handle, _serialized
 from ._wgpu_ffi import _string_view
-from ._wgpu_readback import _Readback, _Staging
+from ._wgpu_read_ahead import _ReadAheads
+from ._wgpu_readback import _Staging
 from .protocol import MAX_QUERIES, QUERY_RESOLVE_ALIGNMENT, host_read_target
 
 # At most this many source buffers' staging preferences and cancelled reads' tokens are remembered (then forgotten
@@ -66,7 +67,7 @@ class _AsyncRead:
         self.closed = False
 
 
-class _Timestamps(_Readback):
+class _Timestamps(_ReadAheads):
     """Query sets, query-resolve buffers and the checks on timestamp/resolve records (see the module docstring)."""
 
     features: frozenset[str]  # set by WgpuDevice once the device is open
@@ -181,6 +182,7 @@ class _Timestamps(_Readback):
             try:
                 tail = CommandList()
                 tail.add_copy(buffer, offset, staging.address, 0, size)
+                self._note_writes(commands)
                 job, _ = self._encode_and_submit(commands, tail, action)
                 token = self._request_map(staging, size, action)
             except BaseException:

@@ -221,8 +221,14 @@ class BackendDevice(Protocol):
     def release_bind_group(self, bind_group: int) -> None: ...
 
     # -- submission --------------------------------------------------------
-    def submit(self, commands: CommandList) -> None:
-        """Encode ``commands`` in order and submit them as one command buffer."""
+    def submit(self, commands: CommandList, read_ahead: Sequence[tuple[int, int, int]] = ()) -> None:
+        """Encode ``commands`` in order and submit them as one command buffer.
+
+        ``read_ahead``: ``(buffer, offset, size)`` ranges that a read may ask for next (a captured graph's
+        outputs).  A backend may copy them to the host-visible side in the same submission, so that a following
+        ``read_buffer_into`` of such a range submits nothing; reads always return the buffer's contents as of
+        the read, whatever was written since.  The ranges are checked as reads are (a bad one raises
+        ``ValidationError`` and nothing is submitted)."""
         ...
 
     def wait_idle(self) -> None:

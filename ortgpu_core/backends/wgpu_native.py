@@ -237,6 +237,7 @@ class WgpuDevice(_Timestamps):
         self._init_encode_ahead(backend.encode_ahead)
         self.info = info
         self._init_readback(info, backend.spin_wait_us)
+        self._init_read_ahead()
         self._init_timestamps()
 
         ffi, lib = self._ffi, self._lib
@@ -302,6 +303,8 @@ class WgpuDevice(_Timestamps):
         record = self._lookup(buffer, "buffer", "destroy_buffer")
         del self._handles[buffer]
         self._resolve_buffers.discard(buffer)
+        if buffer in self._aheads:
+            self._drop_read_ahead(buffer)
         self._forget_validation(buffer)
         if record.busy:  # a read's C part may still copy from it: freed when the last such read ends
             record.doomed = True
@@ -334,6 +337,8 @@ class WgpuDevice(_Timestamps):
             self._refuse_write(buffer, offset, size)
         if size == 0:
             return
+        if self._aheads:
+            self._note_written(buffer)  # a read ahead of it is stale from here on
         # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
         self._lib.wgpuQueueWriteBuffer(self._queue, record.pointer, offset, self._ffi.from_buffer(view), size)
         if self._reported():
@@ -474,6 +479,12 @@ class WgpuDevice(_Timestamps):
         self._handles[handle] = _Handle(
             "bind_group", bind_group, buffers=tuple(e.buffer for e in entries), pipeline=pipeline
         )
+        # what a dispatch with it may write (the read aheads it makes stale): every storage buffer not bound read-only
+        self._bind_group_writes[handle] = tuple(
+            e.buffer
+            for e in entries
+            if e.binding not in pipeline_record.read_only_bindings and not self._handles[e.buffer].uniform
+        )
         return handle
 
     @_serialized
@@ -483,6 +494,7 @@ class WgpuDevice(_Timestamps):
             return
         record = self._lookup(bind_group, "bind_group", "release_bind_group")
         del self._handles[bind_group]
+        self._bind_group_writes.pop(bind_group, None)
         self._forget_validation(bind_group)
         # void wgpuBindGroupRelease(WGPUBindGroup bindGroup)
         self._lib.wgpuBindGroupRelease(record.pointer)
@@ -494,7 +506,7 @@ class WgpuDevice(_Timestamps):
         self._check_open()
         return self._native_table
 
-    def submit(self, commands: CommandList) -> None:
+    def submit(self, commands: CommandList, read_ahead: Sequence[tuple[int, int, int]] = ()) -> None:
         """Validate, then encode ``commands`` in order and submit them as one command buffer.
 
         Encoding runs in C with the GIL released.  A frozen list (a captured
@@ -503,14 +515,37 @@ class WgpuDevice(_Timestamps):
         its next command buffer is encoded after the submit, outside the
         device's lock (see ``_EncodeAhead``), and that command buffer is
         submitted outside the lock too (``_unlocked_calls``).
+
+        ``read_ahead`` ``(buffer, offset, size)`` ranges are copied to staging buffers of their own at the end of
+        the same submission, so that a read of them that follows costs no submission (:mod:`._wgpu_read_ahead`).
         """
         action = f"submit ({len(commands)} commands)"
+        tail = None
+        refreshed: list[Any] = []
+        token: object = None
         with self._lock:
             self._check_open()
             self._validate_for_submit(commands)
-            job, ready = self._encode_and_submit(commands, None, action, defer=True)
+            locked = False
+            if read_ahead or self._aheads:
+                if read_ahead:
+                    self._check_read_ahead(read_ahead, action)
+                tail, refreshed, token, locked = self._read_ahead_tail(commands, read_ahead, action)
+            try:
+                job, ready = self._encode_and_submit(commands, tail, action, defer=not locked)
+            except BaseException:
+                self._refresh_ended(refreshed, token, False)
+                raise
+            if not ready:
+                self._refresh_ended(refreshed, token, True)
         if ready:
-            self._submit_unlocked(commands, None, ready, job, action)
+            try:
+                self._submit_unlocked(commands, tail, ready, job, action)
+            except BaseException:
+                with self._lock:
+                    self._refresh_ended(refreshed, token, False)
+                raise
+            self._refresh_ended(refreshed, token, True)
         self._encode_ahead(job)
 
     # -- lifetime -------------------------------------------------------------------------

@@ -60,11 +60,11 @@ def _frozen_commands(arm: OrtgpuArms) -> Any:
     caught: list[Any] = []
     original = wgpu_native.WgpuDevice.submit
 
-    def spy(self: Any, commands: Any) -> None:
+    def spy(self: Any, commands: Any, *rest: Any) -> None:
         caught.append(commands)
-        original(self, commands)
+        original(self, commands, *rest)
 
-    wgpu_native.WgpuDevice.submit = spy  # type: ignore[method-assign]
+    wgpu_native.WgpuDevice.submit = spy  # type: ignore[method-assign,assignment]
     try:
         assert arm.graph is not None
         arm.graph.replay()

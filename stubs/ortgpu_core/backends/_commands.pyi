@@ -1,6 +1,6 @@
 """Types of the compiled ``ortgpu_core.backends._commands`` (see ``_commands.pyx``)."""
 
-from typing import Final, Literal, final
+from typing import Container, Final, Literal, final
 
 from typing_extensions import Self
 
@@ -72,6 +72,9 @@ class CommandList:
     def dispatch_count(self) -> int: ...
     @property
     def query_count(self) -> int: ...
+    def written_among(self, bind_group_writes: dict[int, tuple[int, ...]], watched: Container[int]) -> set[int]:
+        """The handles in ``watched`` that the records may write (bind groups' writable buffers, copy, clear and
+        resolve destinations)."""
     def records(
         self,
     ) -> list[_DispatchRecord | _CopyRecord | _ClearRecord | _TimestampRecord | _ResolveRecord]: ...

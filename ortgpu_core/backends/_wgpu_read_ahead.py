@@ -1,0 +1,269 @@
+"""Reads ahead: a captured graph's outputs copied to the host-visible side in the replay's own submission, so that
+``to_numpy()`` after ``replay()`` costs no submission of its own, and never returns anything but the buffer's
+current contents.
+
+Why: a threaded step of ``update_inplace`` + ``replay()`` + ``to_numpy()`` made two submissions (the replay's, then
+the read's copy); on the H200 the same step's native work with the copy riding in the replay's submission reached
+0.84 of the GPU's ceiling at K=4 threads, and with its own submission far less (bench/RESULTS.md, session 13).
+
+How: ``submit(commands, read_ahead=[(buffer, offset, size), ...])`` names the ranges a read may ask for next.
+Each such buffer gets a :class:`_ReadAhead`: a staging buffer of its own (MAP_READ | COPY_DST), and whether that
+staging buffer holds the buffer's current contents (``fresh``).  The submission then ends with copies of the ranges
+into their staging buffers (a tail, encoded ahead with the list as ``submit_and_read``'s is), and those become
+fresh.  A read of a fresh range maps its staging buffer (no copy, no submission), waits, copies out and unmaps.
+
+Staleness, the safety part: every way this device writes a buffer marks a read ahead of it stale, under the
+device's lock, before the write is made: ``write_buffer``, and every submission (``submit``, ``submit_and_read``,
+``read_async``), whose command list's writes are known (:meth:`CommandList.written_among`: the buffers its
+dispatches' bind groups bind writable, and copy, clear and resolve destinations).  A submission that writes a
+watched buffer without refreshing it is made under the lock (never from the unlocked path), so its marking and
+its place in the queue are one step: a refresh marked fresh later is also submitted later, and the staging copy,
+made in the same submission as the refresh's writes, equals the buffer after it.  A refresh is submitted outside
+the lock (the point of all this), so until its submit returned (``pending``) a read of that range takes the ordinary
+path; a read holds its staging buffer (``busy``) until it unmapped it, and a refresh that finds it busy leaves that
+range out (and marks it stale).
+
+Which ranges are copied: those a read asked for since the range's last refresh (``wanted``; new ranges start
+wanted), so replays that nobody reads in between copy nothing after the first.  Ranges over
+:data:`READ_AHEAD_MAX_BYTES` are not read ahead.
+
+Ownership: :class:`_ReadAheads` is a layer of ``WgpuDevice`` (after ``_Readback``, whose staging buffers and waits it
+uses); ``_aheads`` (buffer handle -> :class:`_ReadAhead`), ``_bind_group_writes`` and ``_list_writes`` are read and
+changed under the device's lock, except ``_ReadAhead.pending`` (a list: append under the lock, remove after the
+unlocked submit returned, both atomic under the GIL).  Releasing the buffer drops its read ahead (its staging buffer
+is freed, or, while a read maps it, when that read ends); the device's destroy frees the staging buffers with the
+pool's.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Sequence
+
+from .._errors import ValidationError
+from ._commands import CommandList
+from ._unlocked_calls import CLOSING, DONE, NOT_SUBMITTED, MapWait
+from ._wgpu_readback import _ABANDONED_WAITS, _Readback, _Staging
+from .protocol import BUFFER_ALIGNMENT
+
+#: Ranges larger than this are not read ahead (their staging buffer would double the output's memory).
+READ_AHEAD_MAX_BYTES = 1 << 24
+# At most this many frozen lists' watched writes are remembered.
+_LIST_MEMORY = 4096
+
+
+class _ReadAhead:
+    """One buffer's read ahead: the range ``[start, start + size)`` (size padded to 4 bytes) and its staging
+    buffer; ``fresh`` when the staging buffer holds the range's current contents; ``wanted`` when a read asked
+    for the buffer since the last refresh; ``pending`` the tokens of refreshes not submitted yet; ``busy`` while a
+    read maps the staging buffer; ``dropped`` once the buffer was released (the staging buffer is then freed by the
+    read that holds it)."""
+
+    __slots__ = ("buffer", "start", "size", "staging", "fresh", "wanted", "pending", "busy", "dropped")
+
+    def __init__(self, buffer: int, start: int, size: int, staging: _Staging) -> None:
+        self.buffer = buffer
+        self.start = start
+        self.size = size
+        self.staging = staging
+        self.fresh = False
+        self.wanted = True
+        self.pending: list[object] = []
+        self.busy = False
+        self.dropped = False
+
+
+class _ReadAheads(_Readback):
+    """Reads ahead of buffers a submission names (see the module's docstring)."""
+
+    def _init_read_ahead(self) -> None:
+        """Set this layer's fields: no read ahead."""
+        self._aheads: dict[int, _ReadAhead] = {}
+        self._aheads_version = 0  # moves whenever a read ahead is made or dropped
+        self._bind_group_writes: dict[int, tuple[int, ...]] = {}  # bind group -> buffers it binds writable
+        # frozen lists: id -> (the list, weakly; _aheads_version; the watched buffers it writes)
+        self._list_writes: dict[int, tuple[weakref.ref[CommandList], int, frozenset[int]]] = {}
+
+    # -- what writes a watched buffer (under the lock) ------------------------------------------------
+    def _watched_writes(self, commands: CommandList) -> frozenset[int]:
+        """The buffers with a read ahead that ``commands`` may write (cached per frozen list)."""
+        if commands.frozen:
+            cached = self._list_writes.get(id(commands))
+            if cached is not None and cached[1] == self._aheads_version and cached[0]() is commands:
+                return cached[2]
+        found = frozenset(commands.written_among(self._bind_group_writes, self._aheads))
+        if commands.frozen:
+            if len(self._list_writes) > _LIST_MEMORY:  # (entries of lists that died: forgotten all at once)
+                self._list_writes.clear()
+            self._list_writes[id(commands)] = (weakref.ref(commands), self._aheads_version, found)
+        return found
+
+    def _note_writes(self, commands: CommandList) -> bool:
+        """(Under the lock, before ``commands`` is submitted.)  Mark the read aheads ``commands`` may write stale;
+        True when there was one (the submission must then be made under the lock: see the module's docstring)."""
+        if not self._aheads:
+            return False
+        written = self._watched_writes(commands)
+        for buffer in written:
+            self._aheads[buffer].fresh = False
+        return bool(written)
+
+    def _note_written(self, buffer: int) -> None:
+        """(Under the lock, before a write of ``buffer`` is queued.)"""
+        ahead = self._aheads.get(buffer)
+        if ahead is not None:
+            ahead.fresh = False
+
+    # -- making, refreshing and dropping read aheads (under the lock) ----------------------------------
+    def _check_read_ahead(self, read_ahead: Sequence[tuple[int, int, int]], action: str) -> None:
+        """Refuse a bad ``read_ahead`` argument (before anything is submitted)."""
+        for item in read_ahead:
+            if not (isinstance(item, tuple) and len(item) == 3 and all(isinstance(v, int) for v in item)):
+                raise ValidationError(f"{action}: read_ahead takes (buffer, offset, size) tuples of ints, not {item!r}")
+            buffer, offset, size = item
+            where = f"{action}, read_ahead ({buffer:#x}, offset={offset}, size={size})"
+            record = self._lookup(buffer, "buffer", where)
+            self._check_aligned(where, offset=offset)
+            if size < 0 or offset + size > record.size:
+                raise ValidationError(f"{where}: the range is past the buffer's {record.size} bytes")
+            if record.uniform:
+                raise ValidationError(f"{where}: uniform buffers cannot be read (no COPY_SRC usage)")
+
+    def _read_ahead_tail(
+        self, commands: CommandList, read_ahead: Sequence[tuple[int, int, int]], action: str
+    ) -> tuple[CommandList | None, list[_ReadAhead], object, bool]:
+        """(Under the lock, ``read_ahead`` checked.)  The copies to append to ``commands``' submission, the read
+        aheads they refresh (marked fresh, with ``token`` pending), and whether the submission must be made under
+        the lock (it writes a watched buffer that it does not refresh).  Stale marks first, then fresh ones."""
+        aheads = self._aheads
+        refreshed: list[_ReadAhead] = []
+        for buffer, offset, size in read_ahead:
+            padded = -(-size // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+            if padded == 0 or padded > READ_AHEAD_MAX_BYTES:
+                continue
+            ahead = aheads.get(buffer)
+            if ahead is not None and (ahead.start != offset or ahead.size != padded):
+                self._drop_read_ahead(buffer)
+                ahead = None
+            if ahead is None:
+                ahead = _ReadAhead(buffer, offset, padded, self._take_staging(padded))
+                aheads[buffer] = ahead
+                self._aheads_version += 1
+            if ahead.wanted and not ahead.busy:
+                refreshed.append(ahead)
+        written = self._watched_writes(commands) if aheads else frozenset()
+        for buffer in written:
+            aheads[buffer].fresh = False
+        locked = any(aheads[buffer] not in refreshed for buffer in written)
+        token = object()
+        if not refreshed:
+            return None, refreshed, token, locked
+        tail = CommandList()
+        for ahead in refreshed:
+            tail.add_copy(ahead.buffer, ahead.start, ahead.staging.address, 0, ahead.size)
+            ahead.fresh = True
+            ahead.wanted = False
+            ahead.pending.append(token)
+        return tail, refreshed, token, locked
+
+    @staticmethod
+    def _refresh_ended(refreshed: list[_ReadAhead], token: object, submitted: bool) -> None:
+        """A refresh's submit returned (``submitted``) or raised (the read aheads are stale: under the lock)."""
+        for ahead in refreshed:
+            if not submitted:
+                ahead.fresh = False
+            ahead.pending.remove(token)
+
+    def _drop_read_ahead(self, buffer: int) -> None:
+        """(Under the lock.)  Forget ``buffer``'s read ahead: its staging buffer is freed now, or by the read that
+        maps it."""
+        ahead = self._aheads.pop(buffer, None)
+        if ahead is None:
+            return
+        self._aheads_version += 1
+        ahead.dropped = True
+        ahead.fresh = False
+        if not ahead.busy:
+            self._drop_staging(ahead.staging, reusable=False)
+
+    # -- reads ---------------------------------------------------------------------------------------
+    def _read_into(self, buffer: int, offset: int, out: Any, action: str) -> None:
+        """A read of a buffer with a read ahead: from its staging buffer when that is fresh and covers the range
+        (a map, a wait and the copy out: no submission), else the ordinary read.  Other buffers: the ordinary
+        read."""
+        if buffer not in self._aheads:
+            super()._read_into(buffer, offset, out, action)
+            return
+        ahead = None
+        with self._lock:
+            self._check_open()
+            candidate = self._aheads.get(buffer)
+            view = memoryview(out)
+            if candidate is not None and not view.readonly and view.c_contiguous:
+                candidate.wanted = True
+                padded = -(-view.nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+                if (
+                    candidate.fresh
+                    and not candidate.busy
+                    and not candidate.pending
+                    and padded > 0
+                    and offset >= candidate.start
+                    and offset % BUFFER_ALIGNMENT == 0
+                    and offset + padded <= candidate.start + candidate.size
+                ):
+                    candidate.busy = True
+                    ahead = candidate
+        if ahead is None:
+            super()._read_into(buffer, offset, out, action)
+            return
+        view = view.cast("B")
+        wait = MapWait()
+        code = CLOSING
+        try:
+            code = self._unlocked.map_staging(ahead.staging.address, ahead.size, wait)
+            if code == DONE:
+                code = self._wait_map(wait, action)
+        finally:
+            self._after_wait()
+            if code != DONE:
+                self._abandon_read_ahead(ahead, wait, code)
+        if code != DONE:
+            self._raise_failed_read(code, action)
+        target = self._ffi.from_buffer(view, require_writable=True)
+        with self._lock:
+            ahead.busy = False
+            failed = True
+            try:
+                self._copy_out_locked(
+                    ahead.staging,
+                    wait.status,
+                    None,
+                    ahead.size,
+                    action,
+                    [(self._address_of(target), view.nbytes, offset - ahead.start)],
+                    give_back=False,
+                )
+                failed = False
+            finally:
+                if failed or ahead.dropped:
+                    # a failed map frees the staging buffer (_copy_out_locked); a dropped read ahead's is freed here
+                    if not failed:
+                        self._drop_staging(ahead.staging, reusable=False)
+                    if self._aheads.get(ahead.buffer) is ahead:
+                        self._aheads.pop(ahead.buffer)
+                        self._aheads_version += 1
+                    ahead.fresh = False
+
+    def _abandon_read_ahead(self, ahead: _ReadAhead, wait: MapWait, code: int) -> None:
+        """A read ahead's map or wait returned ``code`` (not DONE), or raised: its staging buffer may still be
+        mapping, so it is freed and the read ahead dropped."""
+        if code != NOT_SUBMITTED:
+            _ABANDONED_WAITS.append(wait)
+        with self._lock:
+            ahead.busy = False
+            if self._aheads.get(ahead.buffer) is ahead:
+                self._aheads.pop(ahead.buffer)
+                self._aheads_version += 1
+            ahead.dropped = True
+            ahead.fresh = False
+            self._drop_staging(ahead.staging, reusable=False)
