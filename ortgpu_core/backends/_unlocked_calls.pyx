@@ -281,9 +281,10 @@ cdef class UnlockedCalls:
         made under the lock."""
         ortgpu_write_ulong(&self.locker, ortgpu_this_thread())
         ortgpu_write_int(&self.locked, 1)
-        with nogil:
-            while ortgpu_read_int(&self.submitting) > 0:
-                sched_yield()
+        if ortgpu_read_int(&self.submitting) > 0:  # (else the GIL is kept: handing it around costs every thread)
+            with nogil:
+                while ortgpu_read_int(&self.submitting) > 0:
+                    sched_yield()
 
     def lock_released(self):
         """(The calling thread is about to release the device's lock, outermost.)"""
