@@ -47,11 +47,12 @@ def device(backend: WgpuBackend) -> Iterator[WgpuDevice]:
 class Spy:
     """Stands in for the device's unlocked calls and counts the ones that submit or map."""
 
-    COUNTED = ("copy_and_map", "map_staging", "submit_encoded", "submit_and_map")
+    COUNTED = ("copy_and_map", "read_mapped", "submit_encoded", "submit_and_map")
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.calls: list[str] = []
+        self.hold: Callable[[str], None] = lambda name: None  # runs before each counted call
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self.inner, name)
@@ -60,6 +61,7 @@ class Spy:
 
         def counted(*args: Any) -> Any:
             self.calls.append(name)
+            self.hold(name)
             return attribute(*args)
 
         return counted
@@ -113,9 +115,9 @@ def test_a_read_after_a_submit_that_read_ahead_submits_nothing_and_is_right(devi
         scale.replay(_inputs(step))
         np.testing.assert_array_equal(scale.read(), _inputs(step) * 2 + 1)
         calls = scale.spy.take()
-        assert "copy_and_map" not in calls and "map_staging" in calls, calls
+        assert "copy_and_map" not in calls and "read_mapped" in calls, calls
     np.testing.assert_array_equal(scale.read(), _inputs(3) * 2 + 1)  # read twice: the copy is still current
-    assert scale.spy.take() == ["map_staging"]
+    assert scale.spy.take() == ["read_mapped"]
     scale.release()
     assert device.live_handles() == 0
 
@@ -247,22 +249,21 @@ def test_replays_nobody_reads_stop_copying_and_reads_stay_right(device: WgpuDevi
     assert device.live_handles() == 0
 
 
-class PausedMapWait:
-    """Stops the next C map wait of a thread started by :meth:`start` until :meth:`resume`."""
+class PausedRead:
+    """Holds the next read from a copy made ahead (``read_mapped``, the one C call of such a read: it has taken
+    the staging buffer) of a thread started by :meth:`start` until :meth:`resume`."""
 
-    def __init__(self, device: WgpuDevice) -> None:
+    def __init__(self, spy: Spy) -> None:
         self.entered = threading.Event()
         self.resumed = threading.Event()
         self.thread: threading.Thread | None = None
-        original = device._wait_map
 
-        def wait_map(wait: Any, action: str) -> int:
-            if threading.current_thread() is self.thread and not self.entered.is_set():
+        def hold(name: str) -> None:
+            if name == "read_mapped" and threading.current_thread() is self.thread and not self.entered.is_set():
                 self.entered.set()
                 assert self.resumed.wait(30)
-            return original(wait, action)
 
-        device._wait_map = wait_map  # type: ignore[method-assign]
+        spy.hold = hold
 
     def start(self, work: Callable[[], Any]) -> dict[str, Any]:
         result: dict[str, Any] = {}
@@ -292,7 +293,7 @@ def test_a_replay_while_a_read_maps_the_copy_leaves_it_out_and_both_are_right(de
     scale.read()
     scale.replay(_inputs(2))
     scale.spy.take()
-    paused = PausedMapWait(device)
+    paused = PausedRead(scale.spy)
     result = paused.start(scale.read)  # maps the copy of replay 2, stopped in its wait
     scale.replay(_inputs(3))  # the copy is busy: this replay copies nothing (the range is stale)
     paused.resume()
@@ -309,7 +310,7 @@ def test_releasing_the_buffer_while_a_read_maps_its_copy_frees_it_after(device: 
     scale.replay(_inputs(1))
     scale.read()
     scale.replay(_inputs(2))
-    paused = PausedMapWait(device)
+    paused = PausedRead(scale.spy)
     result = paused.start(scale.read)
     staging = device._aheads[scale.y].staging
     scale.release()  # y released: its read ahead is dropped, the staging buffer kept for the read
@@ -328,7 +329,7 @@ def test_destroying_the_device_while_a_read_maps_its_copy_raises_released(backen
     scale.replay(_inputs(1))
     scale.read()
     scale.replay(_inputs(2))
-    paused = PausedMapWait(device)
+    paused = PausedRead(scale.spy)
     result = paused.start(scale.read)
     device.destroy()
     paused.resume()

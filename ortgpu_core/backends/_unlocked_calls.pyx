@@ -35,6 +35,7 @@ from cpython.pythread cimport (
     PyThread_type_lock, WAIT_LOCK,
 )
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
+from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, nanosleep, timespec
 
 from ._commands cimport COMMAND_COPY, CommandList, CommandRecord, NativeTable
@@ -66,6 +67,10 @@ ctypedef void (*submit_fn)(void*, size_t, void* const*) noexcept nogil
 ctypedef void (*release_fn)(void*) noexcept nogil
 # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
 ctypedef void (*queue_write_fn)(void*, void*, uint64_t, const void*, size_t) noexcept nogil
+# void const * wgpuBufferGetConstMappedRange(WGPUBuffer buffer, size_t offset, size_t size)
+ctypedef const void* (*const_range_fn)(void*, size_t, size_t) noexcept nogil
+# void wgpuBufferUnmap(WGPUBuffer buffer)
+ctypedef void (*buffer_unmap_fn)(void*) noexcept nogil
 
 cdef enum:
     _DONE = 0
@@ -73,6 +78,7 @@ cdef enum:
     _IDLE = 2
     _CLOSING = 3
     _LOST = 4
+    _MAP_FAILED = 5
 
 #: What the calls of :class:`UnlockedCalls` return.
 DONE = _DONE  # copy_and_map: submitted and requested; wait: the request's callback fired; submit_encoded: submitted
@@ -80,6 +86,7 @@ NOT_SUBMITTED = _NOT_SUBMITTED  # copy_and_map: wgpu-native could not encode the
 WAIT_IDLE = _IDLE  # wait: a blocking poll returned and the request had not completed (a lost device, maybe)
 CLOSING = _CLOSING  # the device is being destroyed (nothing was done)
 LOST = _LOST  # wait: the device-lost callback reported a loss
+MAP_FAILED = _MAP_FAILED  # read_mapped: the map request completed with another status than success (still mapped: no)
 
 # A thread that is not polling, once the spin is over, sleeps this long between checks (nanoseconds).
 cdef long _NAP_NS = 20000
@@ -379,18 +386,38 @@ cdef class UnlockedCalls:
             self.table.release_encoded(command_buffer)
         return code
 
-    def map_staging(self, uintptr_t staging, uint64_t size, MapWait wait):
-        """Without the GIL or the device's lock: request the mapping of the first ``size`` bytes of the staging
-        buffer ``staging``, reported to ``wait`` (a read whose copy an earlier submission made: a read ahead).
-        Returns DONE or CLOSING (nothing was requested)."""
+    def read_mapped(self, uintptr_t staging, uint64_t size, MapWait wait, double spin_seconds, uintptr_t mapped_range,
+                    uintptr_t unmap, uint32_t success, uintptr_t destination, size_t count, size_t offset):
+        """Without the GIL or the device's lock, in one call: request the mapping of the first ``size`` bytes of
+        the staging buffer ``staging`` (a copy an earlier submission made into it: a read ahead), wait for it as
+        :meth:`wait` does, and once it succeeded copy ``count`` bytes at ``offset`` of the mapping to
+        ``destination`` and unmap (``mapped_range``/``unmap``: wgpuBufferGetConstMappedRange / wgpuBufferUnmap;
+        ``success``: WGPUMapAsyncStatus_Success).  Returns DONE (copied and unmapped), CLOSING (nothing
+        requested, or the device is being destroyed), LOST, WAIT_IDLE (still pending: the caller waits on),
+        MAP_FAILED (the request failed: nothing is mapped) or NOT_SUBMITTED (mapped but no range: unmapped)."""
         cdef MapCallbackInfo info = wait.callback_info(self.callback_mode)
         cdef int code = _CLOSING
+        cdef const char* mapped
+        if mapped_range == 0 or unmap == 0 or staging == 0 or (count and destination == 0):
+            raise ValueError("read_mapped: a null address")
+        if offset + count > size:
+            raise ValueError("read_mapped: the copy is past the mapped range")
         with nogil:
             if self._enter():
                 if self._enter_submit():
                     self.fn_map(<void*>staging, self.map_mode, 0, size, info)
-                    code = _DONE
                     self._leave_submit()
+                    code = self._wait(wait, _monotonic_seconds() + spin_seconds)
+                    if code == _DONE:
+                        if <uint32_t>ortgpu_read_int(&wait._status) != success:
+                            code = _MAP_FAILED
+                        else:
+                            mapped = <const char*>(<const_range_fn>mapped_range)(<void*>staging, 0, size)
+                            if mapped == NULL:
+                                code = _NOT_SUBMITTED
+                            elif count:
+                                memcpy(<void*>destination, mapped + offset, count)
+                            (<buffer_unmap_fn>unmap)(<void*>staging)
                 self._leave()
         return code
 

@@ -37,12 +37,13 @@ pool's.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, Sequence
 
-from .._errors import ValidationError
+from .._errors import DeviceError, ValidationError
 from ._commands import CommandList
-from ._unlocked_calls import CLOSING, DONE, NOT_SUBMITTED, MapWait
+from ._unlocked_calls import CLOSING, DONE, MAP_FAILED, NOT_SUBMITTED, WAIT_IDLE, MapWait
 from ._wgpu_readback import _ABANDONED_WAITS, _Readback, _Staging
 from .protocol import BUFFER_ALIGNMENT
 
@@ -59,7 +60,7 @@ class _ReadAhead:
     read maps the staging buffer; ``dropped`` once the buffer was released (the staging buffer is then freed by the
     read that holds it)."""
 
-    __slots__ = ("buffer", "start", "size", "staging", "fresh", "wanted", "pending", "busy", "dropped")
+    __slots__ = ("buffer", "start", "size", "staging", "fresh", "wanted", "pending", "busy", "dropped", "lock")
 
     def __init__(self, buffer: int, start: int, size: int, staging: _Staging) -> None:
         self.buffer = buffer
@@ -71,6 +72,9 @@ class _ReadAhead:
         self.pending: list[object] = []
         self.busy = False
         self.dropped = False
+        # guards busy and dropped, and the check a read makes before it takes the staging buffer (the device's lock
+        # is not taken by a read that hits: see _ReadAheads._read_into)
+        self.lock = threading.Lock()
 
 
 class _ReadAheads(_Readback):
@@ -137,6 +141,7 @@ class _ReadAheads(_Readback):
         the lock (it writes a watched buffer that it does not refresh).  Stale marks first, then fresh ones."""
         aheads = self._aheads
         refreshed: list[_ReadAhead] = []
+        token = object()
         for buffer, offset, size in read_ahead:
             padded = -(-size // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
             if padded == 0 or padded > READ_AHEAD_MAX_BYTES:
@@ -149,13 +154,14 @@ class _ReadAheads(_Readback):
                 ahead = _ReadAhead(buffer, offset, padded, self._take_staging(padded))
                 aheads[buffer] = ahead
                 self._aheads_version += 1
-            if ahead.wanted and not ahead.busy:
-                refreshed.append(ahead)
+            with ahead.lock:  # a read takes the staging buffer (busy) under it, seeing no refresh pending
+                if ahead.wanted and not ahead.busy:
+                    ahead.pending.append(token)
+                    refreshed.append(ahead)
         written = self._watched_writes(commands) if aheads else frozenset()
         for buffer in written:
             aheads[buffer].fresh = False
         locked = any(aheads[buffer] not in refreshed for buffer in written)
-        token = object()
         if not refreshed:
             return None, refreshed, token, locked
         tail = CommandList()
@@ -163,7 +169,6 @@ class _ReadAheads(_Readback):
             tail.add_copy(ahead.buffer, ahead.start, ahead.staging.address, 0, ahead.size)
             ahead.fresh = True
             ahead.wanted = False
-            ahead.pending.append(token)
         return tail, refreshed, token, locked
 
     @staticmethod
@@ -181,89 +186,106 @@ class _ReadAheads(_Readback):
         if ahead is None:
             return
         self._aheads_version += 1
-        ahead.dropped = True
-        ahead.fresh = False
-        if not ahead.busy:
+        with ahead.lock:
+            ahead.dropped = True
+            ahead.fresh = False
+            busy = ahead.busy
+        if not busy:  # (else the read that holds it frees it: _end_read_ahead)
             self._drop_staging(ahead.staging, reusable=False)
 
     # -- reads ---------------------------------------------------------------------------------------
     def _read_into(self, buffer: int, offset: int, out: Any, action: str) -> None:
         """A read of a buffer with a read ahead: from its staging buffer when that is fresh and covers the range
-        (a map, a wait and the copy out: no submission), else the ordinary read.  Other buffers: the ordinary
-        read."""
-        if buffer not in self._aheads:
-            super()._read_into(buffer, offset, out, action)
-            return
-        ahead = None
-        with self._lock:
-            self._check_open()
-            candidate = self._aheads.get(buffer)
-            view = memoryview(out)
-            if candidate is not None and not view.readonly and view.c_contiguous:
-                candidate.wanted = True
-                padded = -(-view.nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
-                if (
-                    candidate.fresh
-                    and not candidate.busy
-                    and not candidate.pending
-                    and padded > 0
-                    and offset >= candidate.start
-                    and offset % BUFFER_ALIGNMENT == 0
-                    and offset + padded <= candidate.start + candidate.size
-                ):
-                    candidate.busy = True
-                    ahead = candidate
+        (one C call, without the GIL or the device's lock: map, wait, copy out, unmap; no submission), else the
+        ordinary read.  Other buffers: the ordinary read."""
+        ahead = self._aheads.get(buffer)
         if ahead is None:
             super()._read_into(buffer, offset, out, action)
             return
+        view = memoryview(out)
+        taken = False
+        if not view.readonly and view.c_contiguous and self._device is not None:
+            padded = -(-view.nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+            with ahead.lock:  # (the refresh takes it too: see _read_ahead_tail)
+                ahead.wanted = True
+                if (
+                    ahead.fresh
+                    and not ahead.busy
+                    and not ahead.pending
+                    and not ahead.dropped
+                    and padded > 0
+                    and offset >= ahead.start
+                    and offset % BUFFER_ALIGNMENT == 0
+                    and offset + padded <= ahead.start + ahead.size
+                ):
+                    ahead.busy = taken = True
+        if not taken:
+            super()._read_into(buffer, offset, out, action)
+            return
         view = view.cast("B")
+        target = self._ffi.from_buffer(view, require_writable=True)
         wait = MapWait()
         code = CLOSING
+        calls = self._native_calls
         try:
-            code = self._unlocked.map_staging(ahead.staging.address, ahead.size, wait)
-            if code == DONE:
+            code = self._unlocked.read_mapped(
+                ahead.staging.address,
+                ahead.size,
+                wait,
+                self.spin_wait_us * 1e-6,
+                calls["wgpuBufferGetConstMappedRange"],
+                calls["wgpuBufferUnmap"],
+                self._map_success,
+                self._address_of(target),
+                view.nbytes,
+                offset - ahead.start,
+            )
+            if code == WAIT_IDLE:  # (a blocking poll that did not complete it: wait on, then copy out the usual way)
                 code = self._wait_map(wait, action)
+                if code == DONE:
+                    with self._lock:
+                        self._copy_out_locked(
+                            ahead.staging,
+                            wait.status,
+                            None,
+                            ahead.size,
+                            action,
+                            [(self._address_of(target), view.nbytes, offset - ahead.start)],
+                            give_back=False,
+                        )
         finally:
             self._after_wait()
             if code != DONE:
                 self._abandon_read_ahead(ahead, wait, code)
+            else:
+                self._end_read_ahead(ahead)
+        if code == MAP_FAILED:
+            raise DeviceError(f"{action}: mapping the read-ahead staging buffer failed (status {wait.status})")
         if code != DONE:
             self._raise_failed_read(code, action)
-        target = self._ffi.from_buffer(view, require_writable=True)
-        with self._lock:
+        if self._reported():
+            self._raise_pending(action)
+
+    def _end_read_ahead(self, ahead: _ReadAhead) -> None:
+        """A read of ``ahead``'s staging buffer is over (unmapped): free it if the read ahead was dropped meanwhile."""
+        with ahead.lock:
             ahead.busy = False
-            failed = True
-            try:
-                self._copy_out_locked(
-                    ahead.staging,
-                    wait.status,
-                    None,
-                    ahead.size,
-                    action,
-                    [(self._address_of(target), view.nbytes, offset - ahead.start)],
-                    give_back=False,
-                )
-                failed = False
-            finally:
-                if failed or ahead.dropped:
-                    # a failed map frees the staging buffer (_copy_out_locked); a dropped read ahead's is freed here
-                    if not failed:
-                        self._drop_staging(ahead.staging, reusable=False)
-                    if self._aheads.get(ahead.buffer) is ahead:
-                        self._aheads.pop(ahead.buffer)
-                        self._aheads_version += 1
-                    ahead.fresh = False
+            dropped = ahead.dropped
+        if dropped:
+            with self._lock:
+                self._drop_staging(ahead.staging, reusable=False)
 
     def _abandon_read_ahead(self, ahead: _ReadAhead, wait: MapWait, code: int) -> None:
         """A read ahead's map or wait returned ``code`` (not DONE), or raised: its staging buffer may still be
-        mapping, so it is freed and the read ahead dropped."""
-        if code != NOT_SUBMITTED:
-            _ABANDONED_WAITS.append(wait)
+        mapping (or mapped), so it is freed and the read ahead dropped."""
+        if code not in (MAP_FAILED, NOT_SUBMITTED):
+            _ABANDONED_WAITS.append(wait)  # its callback may still fire, into this object
         with self._lock:
-            ahead.busy = False
             if self._aheads.get(ahead.buffer) is ahead:
                 self._aheads.pop(ahead.buffer)
                 self._aheads_version += 1
-            ahead.dropped = True
-            ahead.fresh = False
+            with ahead.lock:
+                ahead.busy = False
+                ahead.dropped = True
+                ahead.fresh = False
             self._drop_staging(ahead.staging, reusable=False)

@@ -7,6 +7,7 @@ NOT_SUBMITTED: int
 WAIT_IDLE: int
 CLOSING: int
 LOST: int
+MAP_FAILED: int
 
 class NativeLock:
     def acquire(self, blocking: bool = True) -> bool: ...
@@ -45,5 +46,17 @@ class UnlockedCalls:
     def lock_taken(self) -> None: ...
     def lock_released(self) -> None: ...
     def request_map(self, staging: int, size: int, wait: MapWait) -> None: ...
-    def map_staging(self, staging: int, size: int, wait: MapWait) -> int: ...
+    def read_mapped(
+        self,
+        staging: int,
+        size: int,
+        wait: MapWait,
+        spin_seconds: float,
+        mapped_range: int,
+        unmap: int,
+        success: int,
+        destination: int,
+        count: int,
+        offset: int,
+    ) -> int: ...
     def wait(self, wait: MapWait, spin_seconds: float) -> int: ...
