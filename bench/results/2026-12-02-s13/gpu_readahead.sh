@@ -16,7 +16,7 @@ echo "== library beside the native step"
 ARMS=ortgpu,ahead,three timeout 150 python3 bench/results/2026-12-02-s13/group_floor.py 1,2,4,8 2000 2 2>&1 | tee $OUT/group.txt
 echo "== profiling overhead"
 timeout 150 python3 -m bench --model mlp16 --profile-overhead --iterations 400 2>&1 | tail -8 | tee $OUT/profile.txt
-if [ -n "${TESTS:-1}" ]; then
+if [ "${TESTS:-1}" = 1 ]; then
   echo "== tests"
   timeout 200 python3 -m pytest -q -p no:cacheprovider --backend=wgpu tests/test_read_ahead.py tests/test_wait_unlocked.py tests/test_device_loss_threads.py tests/test_concurrency.py 2>&1 | tail -4
 fi
