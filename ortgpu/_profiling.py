@@ -581,7 +581,10 @@ class SessionProfiler:
         self._runs_seen = itertools.count()  # runs and replays offered to take_detail (next() is atomic)
         # The runner's cache of captured graphs' buffer maps while this record lasts, by id(graph):
         # (graph, inputs, outputs, (event name, event args))
-        self.graph_io: dict[int, tuple[object, dict[str, Any], dict[str, Any], tuple[str, dict[str, Any]]]] = {}
+        self.graph_io: dict[
+            int,
+            tuple[object, dict[str, Any], dict[str, Any], tuple[str, dict[str, Any]], Callable[[CommandList], None]],
+        ] = {}
         self.start_ns = time.perf_counter_ns()
         self.start_wall_ns = time.time_ns()
         self._events: list[dict[str, Any]] = []

@@ -640,9 +640,9 @@ def test_a_profiled_replay_and_read_is_one_submission(env: Env, tmp_path: Path) 
         calls: list[str] = []
         submit, submit_and_read = runner.submit, runner.submit_and_read
 
-        def counting_submit(commands: Any) -> None:
+        def counting_submit(commands: Any, read_ahead: Any = ()) -> None:
             calls.append("submit")
-            submit(commands)
+            submit(commands, read_ahead)
 
         def counting_submit_and_read(commands: Any, reads: Any) -> None:
             calls.append(f"submit_and_read({len(reads)})")
@@ -700,9 +700,9 @@ def test_a_full_ring_is_read_once_and_replays_keep_their_order(
             calls.append("read")
             read(commands, buffer, offset, out)
 
-        def counting_submit(commands: Any) -> None:
+        def counting_submit(commands: Any, read_ahead: Any = ()) -> None:
             calls.append("submit")
-            submit(commands)
+            submit(commands, read_ahead)
 
         def counting_submit_and_read(commands: Any, reads: Any) -> None:
             calls.append(f"submit_and_read({len(reads)})")

@@ -83,13 +83,13 @@ class Calls:
         self.runs: list[_GpuRun] = []
 
     def _counted(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
-        def counted(*args: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
             if name == "read_async_done" and self.done is not None:
-                answer = self.done() and bool(call(*args))
+                answer = self.done() and bool(call(*args, **kwargs))
                 self.log.append(f"done={answer}")
                 return answer
             self.log.append(name)
-            return call(*args)
+            return call(*args, **kwargs)
 
         return counted
 
