@@ -120,8 +120,17 @@ class _ReadAheads(_Readback):
 
     # -- making, refreshing and dropping read aheads (under the lock) ----------------------------------
     def _check_read_ahead(self, read_ahead: Sequence[tuple[int, int, int]], action: str) -> None:
-        """Refuse a bad ``read_ahead`` argument (before anything is submitted)."""
+        """Refuse a bad ``read_ahead`` argument (before anything is submitted).  A range that has its read ahead
+        already (made after this check, dropped when its buffer is released) is not checked again."""
+        aheads = self._aheads
         for item in read_ahead:
+            ahead = aheads.get(item[0]) if type(item) is tuple and len(item) == 3 else None
+            if (
+                ahead is not None
+                and ahead.start == item[1]
+                and ahead.size == -(-item[2] // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+            ):
+                continue
             if not (isinstance(item, tuple) and len(item) == 3 and all(isinstance(v, int) for v in item)):
                 raise ValidationError(f"{action}: read_ahead takes (buffer, offset, size) tuples of ints, not {item!r}")
             buffer, offset, size = item
