@@ -421,6 +421,13 @@ cdef class UnlockedCalls:
                 self._leave()
         return code
 
+    def queue_write(self, uintptr_t buffer, uint64_t offset, uintptr_t data, size_t size):
+        """wgpuQueueWriteBuffer of ``size`` bytes at ``data`` into the buffer ``buffer`` (a native address) at
+        ``offset``, *keeping* the GIL: a short call (a copy into wgpu-native's staging memory), made under the
+        device's lock, where handing the GIL to another thread and waiting to get it back would cost more than the
+        call (cffi releases it for every call)."""
+        self.fn_write(<void*>self.table.queue, <void*>buffer, offset, <const void*>data, size)
+
     def request_map(self, uintptr_t staging, uint64_t size, MapWait wait):
         """Request the mapping of the first ``size`` bytes of the staging buffer ``staging``, reported to ``wait``,
         keeping the GIL (a short call, made under the device's lock: the device is not being destroyed)."""

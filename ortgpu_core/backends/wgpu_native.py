@@ -339,8 +339,13 @@ class WgpuDevice(_Timestamps):
             return
         if self._aheads:
             self._note_written(buffer)  # a read ahead of it is stale from here on
-        # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size)
-        self._lib.wgpuQueueWriteBuffer(self._queue, record.pointer, offset, self._ffi.from_buffer(view), size)
+        # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size),
+        # keeping the GIL (see UnlockedCalls.queue_write)
+        ffi = self._ffi
+        data = ffi.from_buffer(view)
+        self._unlocked.queue_write(
+            int(ffi.cast("uintptr_t", record.pointer)), offset, int(ffi.cast("uintptr_t", data)), size
+        )
         if self._reported():
             self._raise_pending(f"write_buffer({buffer:#x}, offset={offset}, {size} bytes)")
 
