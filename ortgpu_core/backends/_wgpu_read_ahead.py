@@ -28,11 +28,11 @@ wanted), so replays that nobody reads in between copy nothing after the first.  
 :data:`READ_AHEAD_MAX_BYTES` are not read ahead.
 
 Ownership: :class:`_ReadAheads` is a layer of ``WgpuDevice`` (after ``_Readback``, whose staging buffers and waits it
-uses); ``_aheads`` (buffer handle -> :class:`_ReadAhead`), ``_bind_group_writes`` and ``_list_writes`` are read and
-changed under the device's lock, except ``_ReadAhead.pending`` (a list: append under the lock, remove after the
-unlocked submit returned, both atomic under the GIL).  Releasing the buffer drops its read ahead (its staging buffer
-is freed, or, while a read maps it, when that read ends); the device's destroy frees the staging buffers with the
-pool's.
+uses); ``_aheads`` (buffer handle -> :class:`_ReadAhead`), ``_bind_group_writes`` and ``_list_writes`` are changed
+under the device's lock; a read that hits takes only the read ahead's own lock (``_ReadAhead.lock``, which guards
+``busy``, ``pending``, ``dropped`` and ``freed``, and which a refresh takes to check ``busy``).  Releasing the buffer
+drops its read ahead; its staging buffer is freed by whoever ends its last use (a read that maps it, a refresh
+submitted outside the lock that copies into it); the device's destroy frees the staging buffers with the pool's.
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ class _ReadAhead:
     """One buffer's read ahead: the range ``[start, start + size)`` (size padded to 4 bytes) and its staging
     buffer; ``fresh`` when the staging buffer holds the range's current contents; ``wanted`` when a read asked
     for the buffer since the last refresh; ``pending`` the tokens of refreshes not submitted yet; ``busy`` while a
-    read maps the staging buffer; ``dropped`` once the buffer was released (the staging buffer is then freed by the
-    read that holds it)."""
+    read maps the staging buffer; ``dropped`` once the buffer was released or a read of it failed (the staging
+    buffer is then freed by whoever ends its last use: ``freed``)."""
 
-    __slots__ = ("buffer", "start", "size", "staging", "fresh", "wanted", "pending", "busy", "dropped", "lock")
+    __slots__ = ("buffer", "start", "size", "staging", "fresh", "wanted", "pending", "busy", "dropped", "freed", "lock")
 
     def __init__(self, buffer: int, start: int, size: int, staging: _Staging) -> None:
         self.buffer = buffer
@@ -72,6 +72,7 @@ class _ReadAhead:
         self.pending: list[object] = []
         self.busy = False
         self.dropped = False
+        self.freed = False  # its staging buffer was freed (once dropped and unused)
         # guards busy and dropped, and the check a read makes before it takes the staging buffer (the device's lock
         # is not taken by a read that hits: see _ReadAheads._read_into)
         self.lock = threading.Lock()
@@ -180,17 +181,35 @@ class _ReadAheads(_Readback):
             ahead.wanted = False
         return tail, refreshed, token, locked
 
-    @staticmethod
-    def _refresh_ended(refreshed: list[_ReadAhead], token: object, submitted: bool) -> None:
-        """A refresh's submit returned (``submitted``) or raised (the read aheads are stale: under the lock)."""
+    def _refresh_ended(self, refreshed: list[_ReadAhead], token: object, submitted: bool) -> None:
+        """A refresh's submit returned (``submitted``) or raised (the read aheads are stale: under the lock).  A
+        read ahead dropped meanwhile has its staging buffer freed now (the refresh's command buffer named it)."""
+        dropped = False
         for ahead in refreshed:
-            if not submitted:
-                ahead.fresh = False
-            ahead.pending.remove(token)
+            with ahead.lock:
+                if not submitted:
+                    ahead.fresh = False
+                ahead.pending.remove(token)
+                dropped = dropped or ahead.dropped
+        if dropped:
+            with self._lock:
+                for ahead in refreshed:
+                    self._free_dropped(ahead)
+
+    def _free_dropped(self, ahead: _ReadAhead) -> None:
+        """(Under the lock.)  Free a dropped read ahead's staging buffer once nothing uses it any more: no read maps
+        it (``busy``) and no refresh that copies into it is between its marking and its submit (``pending``).
+        Whoever ends the last use frees it, once."""
+        with ahead.lock:
+            free = ahead.dropped and not ahead.busy and not ahead.pending and not ahead.freed
+            if free:
+                ahead.freed = True
+        if free:
+            self._drop_staging(ahead.staging, reusable=False)
 
     def _drop_read_ahead(self, buffer: int) -> None:
-        """(Under the lock.)  Forget ``buffer``'s read ahead: its staging buffer is freed now, or by the read that
-        maps it."""
+        """(Under the lock.)  Forget ``buffer``'s read ahead: its staging buffer is freed now, or by the last read or
+        refresh that uses it (:meth:`_free_dropped`)."""
         ahead = self._aheads.pop(buffer, None)
         if ahead is None:
             return
@@ -198,9 +217,7 @@ class _ReadAheads(_Readback):
         with ahead.lock:
             ahead.dropped = True
             ahead.fresh = False
-            busy = ahead.busy
-        if not busy:  # (else the read that holds it frees it: _end_read_ahead)
-            self._drop_staging(ahead.staging, reusable=False)
+        self._free_dropped(ahead)
 
     # -- reads ---------------------------------------------------------------------------------------
     def _read_into(self, buffer: int, offset: int, out: Any, action: str) -> None:
@@ -282,7 +299,7 @@ class _ReadAheads(_Readback):
             dropped = ahead.dropped
         if dropped:
             with self._lock:
-                self._drop_staging(ahead.staging, reusable=False)
+                self._free_dropped(ahead)
 
     def _abandon_read_ahead(self, ahead: _ReadAhead, wait: MapWait, code: int) -> None:
         """A read ahead's map or wait returned ``code`` (not DONE), or raised: its staging buffer may still be
@@ -297,4 +314,4 @@ class _ReadAheads(_Readback):
                 ahead.busy = False
                 ahead.dropped = True
                 ahead.fresh = False
-            self._drop_staging(ahead.staging, reusable=False)
+            self._free_dropped(ahead)
