@@ -25,7 +25,10 @@ range out (and marks it stale).
 
 Which ranges are copied: those a read asked for since the range's last refresh (``wanted``; new ranges start
 wanted), so replays that nobody reads in between copy nothing after the first.  Ranges over
-:data:`READ_AHEAD_MAX_BYTES` are not read ahead.
+:data:`READ_AHEAD_MAX_BYTES` are not read ahead.  Costs: a read ahead (and its staging buffer, as large as the range)
+lives as long as its buffer, also after the graph that asked for it was released (its copy stays valid for reads
+until the buffer is written); while any read ahead exists, every submission's command list is scanned for the
+buffers it writes (a C loop over its records; cached per frozen list).
 
 Ownership: :class:`_ReadAheads` is a layer of ``WgpuDevice`` (after ``_Readback``, whose staging buffers and waits it
 uses); ``_aheads`` (buffer handle -> :class:`_ReadAhead`), ``_bind_group_writes`` and ``_list_writes`` are changed
