@@ -289,6 +289,10 @@ class _ReadAheads(_Readback):
             else:
                 self._end_read_ahead(ahead)
         if code == MAP_FAILED:
+            with self._lock:  # a lost or destroyed device fails the request: that is the error to raise
+                self._check_open()
+                self._check_not_lost(action)
+                self._raise_pending(action)
             raise DeviceError(f"{action}: mapping the read-ahead staging buffer failed (status {wait.status})")
         if code != DONE:
             self._raise_failed_read(code, action)
