@@ -104,6 +104,21 @@ class Scale:
         self.device.release_pipeline(self.pipeline)
 
 
+def test_a_command_list_names_the_watched_buffers_it_may_write() -> None:
+    """``CommandList.written_among``: the writable buffers of each dispatch's bind group, copy and resolve
+    destinations and cleared buffers, limited to the watched ones; sources and read-only bindings are not writes."""
+    commands = CommandList()
+    commands.add_dispatch(11, 101, 1)  # bind group 101 writes buffer 7
+    commands.add_dispatch(11, 102, 1)  # bind group 102 writes nothing watched
+    commands.add_copy(8, 0, 9, 0, 16)  # reads 8, writes 9
+    commands.add_clear(10, 0, 16)
+    commands.add_resolve(12, 0, 2, 13, 0)
+    writes = {101: (7, 20), 102: (21,)}
+    assert commands.written_among(writes, {7, 8, 9, 10, 13, 30}) == {7, 9, 10, 13}
+    assert commands.written_among(writes, {8, 30}) == set()
+    assert CommandList().written_among(writes, {7}) == set()
+
+
 def _inputs(step: int) -> np.ndarray:
     return (np.arange(N, dtype=np.float32) + 100 * step) / 3
 
