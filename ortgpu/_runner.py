@@ -422,18 +422,13 @@ class SessionRunner:
             }
             outputs = {n: v._device_buffer for n, v in binding.outputs().items() if v._device_buffer is not None}
             label = (f"replay graph {graph.graph_id}", {"graph_id": graph.graph_id})
-            # the outputs read ahead in the replay's submission, as an unprofiled replay's are (see CapturedGraph)
-            read_ahead = tuple(
-                (v._device_buffer.handle, 0, v.nbytes)
-                for v in binding.outputs().values()
-                if v._device_buffer is not None and v.nbytes
-            )
             cached = profiler.graph_io[id(graph)] = (
                 graph,
                 inputs,
                 outputs,
                 label,
-                functools.partial(self.submit, read_ahead=read_ahead),
+                # the outputs read ahead in the replay's submission, as an unprofiled replay's are
+                functools.partial(self.submit, read_ahead=graph._read_ahead_ranges()),
             )
         _, inputs, outputs, (name, args), submit = cached
         if timer is not None:

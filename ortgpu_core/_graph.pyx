@@ -174,6 +174,11 @@ cdef class CapturedGraph:
     def session(self):
         return self._session
 
+    def _read_ahead_ranges(self):
+        """Internal: the ``(buffer handle, 0, bytes)`` ranges of the outputs, which each replay's submission copies
+        ahead (the backend's ``submit(commands, read_ahead)``); the profiler's timed replays pass them too."""
+        return self._read_ahead
+
     @property
     def binding(self):
         """The :class:`FrozenIOBinding` this graph replays (``CaptureStateError`` once released)."""

@@ -137,6 +137,14 @@ def test_a_read_after_a_submit_that_read_ahead_submits_nothing_and_is_right(devi
     assert device.live_handles() == 0
 
 
+def _fresh_copy(scale: Scale) -> Scale:
+    """Replay 1 (read), then replay 2: replay 2's copy is fresh."""
+    scale.replay(_inputs(1))
+    scale.read()
+    scale.replay(_inputs(2))
+    return scale
+
+
 def _writer(device: WgpuDevice, scale: Scale, how: str) -> Callable[[], np.ndarray]:
     """A write of ``scale.y`` by ``how``; returns what y holds after it."""
     other = np.full(N, 7.25, np.float32)
@@ -303,10 +311,7 @@ class PausedRead:
 
 @pytest.mark.wgpu_only
 def test_a_replay_while_a_read_maps_the_copy_leaves_it_out_and_both_are_right(device: WgpuDevice) -> None:
-    scale = Scale(device)
-    scale.replay(_inputs(1))
-    scale.read()
-    scale.replay(_inputs(2))
+    scale = _fresh_copy(Scale(device))
     scale.spy.take()
     paused = PausedRead(scale.spy)
     result = paused.start(scale.read)  # maps the copy of replay 2, stopped in its wait
@@ -321,10 +326,7 @@ def test_a_replay_while_a_read_maps_the_copy_leaves_it_out_and_both_are_right(de
 
 @pytest.mark.wgpu_only
 def test_releasing_the_buffer_while_a_read_maps_its_copy_frees_it_after(device: WgpuDevice) -> None:
-    scale = Scale(device)
-    scale.replay(_inputs(1))
-    scale.read()
-    scale.replay(_inputs(2))
+    scale = _fresh_copy(Scale(device))
     paused = PausedRead(scale.spy)
     result = paused.start(scale.read)
     staging = device._aheads[scale.y].staging
@@ -340,10 +342,7 @@ def test_releasing_the_buffer_while_a_read_maps_its_copy_frees_it_after(device: 
 @pytest.mark.wgpu_only
 def test_destroying_the_device_while_a_read_maps_its_copy_raises_released(backend: WgpuBackend) -> None:
     device = backend.open_device(backend.default_adapter_index())
-    scale = Scale(device)
-    scale.replay(_inputs(1))
-    scale.read()
-    scale.replay(_inputs(2))
+    scale = _fresh_copy(Scale(device))
     paused = PausedRead(scale.spy)
     result = paused.start(scale.read)
     device.destroy()

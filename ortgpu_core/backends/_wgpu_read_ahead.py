@@ -48,7 +48,7 @@ from .._errors import DeviceError, ValidationError
 from ._commands import CommandList
 from ._unlocked_calls import CLOSING, DONE, MAP_FAILED, NOT_SUBMITTED, WAIT_IDLE, MapWait
 from ._wgpu_readback import _ABANDONED_WAITS, _Readback, _Staging
-from .protocol import BUFFER_ALIGNMENT
+from .protocol import BUFFER_ALIGNMENT, padded
 
 #: Ranges larger than this are not read ahead (their staging buffer would double the output's memory).
 READ_AHEAD_MAX_BYTES = 1 << 24
@@ -109,12 +109,14 @@ class _ReadAheads(_Readback):
     def _note_writes(self, commands: CommandList) -> bool:
         """(Under the lock, before ``commands`` is submitted.)  Mark the read aheads ``commands`` may write stale;
         True when there was one (the submission must then be made under the lock: see the module's docstring)."""
-        if not self._aheads:
-            return False
+        return bool(self._mark_stale(commands)) if self._aheads else False
+
+    def _mark_stale(self, commands: CommandList) -> frozenset[int]:
+        """(Under the lock.)  Mark the read aheads ``commands`` may write stale; returns their buffers."""
         written = self._watched_writes(commands)
         for buffer in written:
             self._aheads[buffer].fresh = False
-        return bool(written)
+        return written
 
     def _note_written(self, buffer: int) -> None:
         """(Under the lock, before a write of ``buffer`` is queued.)"""
@@ -129,11 +131,7 @@ class _ReadAheads(_Readback):
         aheads = self._aheads
         for item in read_ahead:
             ahead = aheads.get(item[0]) if type(item) is tuple and len(item) == 3 else None
-            if (
-                ahead is not None
-                and ahead.start == item[1]
-                and ahead.size == -(-item[2] // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
-            ):
+            if ahead is not None and ahead.start == item[1] and ahead.size == padded(item[2]):
                 continue
             if not (isinstance(item, tuple) and len(item) == 3 and all(isinstance(v, int) for v in item)):
                 raise ValidationError(f"{action}: read_ahead takes (buffer, offset, size) tuples of ints, not {item!r}")
@@ -156,24 +154,22 @@ class _ReadAheads(_Readback):
         refreshed: list[_ReadAhead] = []
         token = object()
         for buffer, offset, size in read_ahead:
-            padded = -(-size // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
-            if padded == 0 or padded > READ_AHEAD_MAX_BYTES:
+            size = padded(size)
+            if size == 0 or size > READ_AHEAD_MAX_BYTES:
                 continue
             ahead = aheads.get(buffer)
-            if ahead is not None and (ahead.start != offset or ahead.size != padded):
-                self._drop_read_ahead(buffer)
+            if ahead is not None and (ahead.start != offset or ahead.size != size):
+                self._drop(ahead)
                 ahead = None
             if ahead is None:
-                ahead = _ReadAhead(buffer, offset, padded, self._take_staging(padded))
+                ahead = _ReadAhead(buffer, offset, size, self._take_staging(size))
                 aheads[buffer] = ahead
                 self._aheads_version += 1
             with ahead.lock:  # a read takes the staging buffer (busy) under it, seeing no refresh pending
                 if ahead.wanted and not ahead.busy:
                     ahead.pending.append(token)
                     refreshed.append(ahead)
-        written = self._watched_writes(commands) if aheads else frozenset()
-        for buffer in written:
-            aheads[buffer].fresh = False
+        written = self._mark_stale(commands) if aheads else frozenset()
         locked = any(aheads[buffer] not in refreshed for buffer in written)
         if not refreshed:
             return None, refreshed, token, locked
@@ -211,12 +207,17 @@ class _ReadAheads(_Readback):
             self._drop_staging(ahead.staging, reusable=False)
 
     def _drop_read_ahead(self, buffer: int) -> None:
-        """(Under the lock.)  Forget ``buffer``'s read ahead: its staging buffer is freed now, or by the last read or
-        refresh that uses it (:meth:`_free_dropped`)."""
-        ahead = self._aheads.pop(buffer, None)
-        if ahead is None:
-            return
-        self._aheads_version += 1
+        """(Under the lock.)  Forget ``buffer``'s read ahead, if it has one (:meth:`_drop`)."""
+        ahead = self._aheads.get(buffer)
+        if ahead is not None:
+            self._drop(ahead)
+
+    def _drop(self, ahead: _ReadAhead) -> None:
+        """(Under the lock.)  Forget ``ahead`` (it is stale from here on): its staging buffer is freed now, or by the
+        last read or refresh that uses it (:meth:`_free_dropped`)."""
+        if self._aheads.get(ahead.buffer) is ahead:
+            del self._aheads[ahead.buffer]
+            self._aheads_version += 1
         with ahead.lock:
             ahead.dropped = True
             ahead.fresh = False
@@ -234,7 +235,7 @@ class _ReadAheads(_Readback):
         view = memoryview(out)
         taken = False
         if not view.readonly and view.c_contiguous and self._device is not None:
-            padded = -(-view.nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+            size = padded(view.nbytes)
             with ahead.lock:  # (the refresh takes it too: see _read_ahead_tail)
                 ahead.wanted = True
                 if (
@@ -242,10 +243,10 @@ class _ReadAheads(_Readback):
                     and not ahead.busy
                     and not ahead.pending
                     and not ahead.dropped
-                    and padded > 0
+                    and size > 0
                     and offset >= ahead.start
                     and offset % BUFFER_ALIGNMENT == 0
-                    and offset + padded <= ahead.start + ahead.size
+                    and offset + size <= ahead.start + ahead.size
                 ):
                     ahead.busy = taken = True
         if not taken:
@@ -314,11 +315,6 @@ class _ReadAheads(_Readback):
         if code not in (MAP_FAILED, NOT_SUBMITTED):
             _ABANDONED_WAITS.append(wait)  # its callback may still fire, into this object
         with self._lock:
-            if self._aheads.get(ahead.buffer) is ahead:
-                self._aheads.pop(ahead.buffer)
-                self._aheads_version += 1
             with ahead.lock:
                 ahead.busy = False
-                ahead.dropped = True
-                ahead.fresh = False
-            self._free_dropped(ahead)
+            self._drop(ahead)

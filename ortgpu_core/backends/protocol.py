@@ -70,13 +70,18 @@ QUERY_RESOLVE_ALIGNMENT = 256
 MAX_QUERIES = 4096
 
 
+def padded(nbytes: int) -> int:
+    """``nbytes`` rounded up to :data:`BUFFER_ALIGNMENT` (the device range a read or copy of them covers)."""
+    return -(-nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+
+
 def host_read_target(out: Any, action: str) -> tuple[memoryview, int]:
     """``out`` of a read (``read_buffer_into``, ``submit_and_read``) as a flat byte view, and the device range it
     needs (its size rounded up to :data:`BUFFER_ALIGNMENT`); ``ValidationError`` unless writable and C-contiguous."""
     view = memoryview(out)
     if view.readonly or not view.c_contiguous:
         raise ValidationError(f"{action}: out must be a writable C-contiguous buffer (e.g. a numpy array)")
-    return view.cast("B"), -(-view.nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+    return view.cast("B"), padded(view.nbytes)
 
 
 #: A numpy twin of a compute kernel, run by the fake backend in place of WGSL.

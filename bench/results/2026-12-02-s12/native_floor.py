@@ -80,42 +80,51 @@ def _handle(value: Any) -> int:
     return int(buffer.handle)
 
 
+def stepper_arguments(
+    arm: OrtgpuArms,
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], np.dtype[Any], Any, tuple[Any, ...]]:
+    """What a native stepper is built from for ``arm`` (one input, one output): the input's bytes, an output
+    array, the output's shape and dtype, a staging buffer kept by the caller (never given back), and the stepper's
+    constructor arguments (session 13's ``native_group.Stepper`` takes the same)."""
+    device: Any = arm.device._native_device()
+    (name,) = arm.inputs
+    (out_name,) = arm.outputs
+    src = np.ascontiguousarray(arm.feeds[name]).view(np.uint8).reshape(-1)
+    out = arm.outputs[out_name]
+    ffi, lib = device._ffi, device._lib
+    with device._lock:
+        staging = device._take_staging(out.nbytes)
+    fns = {
+        n: int(ffi.cast("uintptr_t", ffi.addressof(lib, n)))
+        for n in (
+            "wgpuQueueWriteBuffer",
+            "wgpuBufferMapAsync",
+            "wgpuBufferGetConstMappedRange",
+            "wgpuBufferUnmap",
+            "wgpuDevicePoll",
+        )
+    }
+    args = (
+        device._native_table,
+        _frozen_commands(arm),
+        device._queue_address,
+        int(ffi.cast("uintptr_t", device._device)),
+        _handle(arm.inputs[name]),
+        _handle(out),
+        staging.address,
+        out.nbytes,
+        fns,
+        int(lib.WGPUCallbackMode_AllowProcessEvents),
+        int(lib.WGPUMapMode_Read),
+        int(lib.WGPUMapAsyncStatus_Success),
+    )
+    return src, np.empty(out.nbytes, np.uint8), tuple(out.shape()), out.dtype, staging, args
+
+
 class NativeArm:
     def __init__(self, arm: OrtgpuArms) -> None:
-        device: Any = arm.device._native_device()
-        (name,) = arm.inputs
-        (out_name,) = arm.outputs
-        self.src = np.ascontiguousarray(arm.feeds[name]).view(np.uint8).reshape(-1)
-        out = arm.outputs[out_name]
-        self.dst = np.empty(out.nbytes, np.uint8)
-        self.shape, self.dtype = tuple(out.shape()), out.dtype
-        ffi, lib = device._ffi, device._lib
-        with device._lock:
-            self.staging = device._take_staging(out.nbytes)  # kept by this arm: never given back
-        fns = {
-            n: int(ffi.cast("uintptr_t", ffi.addressof(lib, n)))
-            for n in (
-                "wgpuQueueWriteBuffer",
-                "wgpuBufferMapAsync",
-                "wgpuBufferGetConstMappedRange",
-                "wgpuBufferUnmap",
-                "wgpuDevicePoll",
-            )
-        }
-        self.stepper = native_step.Stepper(
-            device._native_table,
-            _frozen_commands(arm),
-            device._queue_address,
-            int(ffi.cast("uintptr_t", device._device)),
-            _handle(arm.inputs[name]),
-            _handle(out),
-            self.staging.address,
-            out.nbytes,
-            fns,
-            int(lib.WGPUCallbackMode_AllowProcessEvents),
-            int(lib.WGPUMapMode_Read),
-            int(lib.WGPUMapAsyncStatus_Success),
-        )
+        self.src, self.dst, self.shape, self.dtype, self.staging, args = stepper_arguments(arm)
+        self.stepper = native_step.Stepper(*args)
 
     def one(self) -> np.ndarray:
         self.stepper.step(self.src, self.dst)

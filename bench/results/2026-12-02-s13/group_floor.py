@@ -30,45 +30,13 @@ HERE = __file__.rsplit("/", 1)[0]
 sys.path.insert(0, HERE)
 sys.path.insert(0, HERE.replace("2026-12-02-s13", "2026-12-02-s12"))
 import native_group  # type: ignore[import-not-found]  # noqa: E402  (built on the device machine)
-from native_floor import _frozen_commands, _handle, _time_steps  # noqa: E402  (session 12's diagnostic, found by mypy)
+from native_floor import _time_steps, stepper_arguments  # noqa: E402  (session 12's diagnostic, found by mypy)
 
 
 class GroupArm:
     def __init__(self, arm: OrtgpuArms) -> None:
-        device: Any = arm.device._native_device()
-        (name,) = arm.inputs
-        (out_name,) = arm.outputs
-        self.src = np.ascontiguousarray(arm.feeds[name]).view(np.uint8).reshape(-1)
-        out = arm.outputs[out_name]
-        self.dst = np.empty(out.nbytes, np.uint8)
-        self.shape, self.dtype = tuple(out.shape()), out.dtype
-        ffi, lib = device._ffi, device._lib
-        with device._lock:
-            self.staging = device._take_staging(out.nbytes)  # kept by this arm: never given back
-        fns = {
-            n: int(ffi.cast("uintptr_t", ffi.addressof(lib, n)))
-            for n in (
-                "wgpuQueueWriteBuffer",
-                "wgpuBufferMapAsync",
-                "wgpuBufferGetConstMappedRange",
-                "wgpuBufferUnmap",
-                "wgpuDevicePoll",
-            )
-        }
-        self.stepper = native_group.Stepper(
-            device._native_table,
-            _frozen_commands(arm),
-            device._queue_address,
-            int(ffi.cast("uintptr_t", device._device)),
-            _handle(arm.inputs[name]),
-            _handle(out),
-            self.staging.address,
-            out.nbytes,
-            fns,
-            int(lib.WGPUCallbackMode_AllowProcessEvents),
-            int(lib.WGPUMapMode_Read),
-            int(lib.WGPUMapAsyncStatus_Success),
-        )
+        self.src, self.dst, self.shape, self.dtype, self.staging, args = stepper_arguments(arm)
+        self.stepper = native_group.Stepper(*args)
 
     def result(self) -> np.ndarray:
         return self.dst.view(self.dtype).reshape(self.shape)
