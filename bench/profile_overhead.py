@@ -11,8 +11,8 @@ mean includes the per-step ones: the mean ratio is what profiling costs on avera
 
 The profiled session's trace gives the GPU time of a replay: first to last timestamp of each replay span timed
 whole (``args.gpu_ns`` where ``args.detail`` is false: two timestamps around the same work as unprofiled), median
-over the timed replays. :func:`gpu_time_per_replay` measures that alone (for
-``--threads``: the throughput ceiling ``1 / gpu_time``).
+over the timed replays. :func:`gpu_time_per_replay` measures it with the GPU kept busy (for ``--threads``: the
+throughput ceiling ``1 / gpu_time``).
 """
 
 from __future__ import annotations
@@ -72,24 +72,29 @@ def _check(name: str, got: list[npt.NDArray[Any]], want: list[npt.NDArray[Any]])
 
 
 def gpu_time_per_replay(
-    model_bytes: bytes, feeds: dict[str, npt.NDArray[Any]], env: ortgpu.Env, replays: int = 50
+    model_bytes: bytes, feeds: dict[str, npt.NDArray[Any]], env: ortgpu.Env, replays: int = 200, warmup: int = 100
 ) -> float | None:
-    """Median GPU seconds of one captured replay (first to last timestamp), from ``replays`` profiled replays of
-    a session of its own; None where the device has no timestamp queries (or the model cannot be captured)."""
+    """Median GPU seconds of one captured replay (first to last timestamp) while the GPU is kept busy: ``warmup`` +
+    ``replays`` profiled replays of a session of its own submitted back to back (nothing read between them), the
+    median over the last ``replays``; None where the device has no timestamp queries (or the model cannot be
+    captured).  Replays made one at a time with a wait between (a step) run on a GPU that is partly idle and may
+    not be at its full clock: on the H200 their spans read 0.12-0.42 ms against 0.109 ms pipelined, depending on
+    what ran before (bench/RESULTS.md, session 14), and the first pipelined replays still read about 0.123 ms."""
     arms = OrtgpuArms(model_bytes, feeds, env)
     try:
         try:
-            arms.capture()
+            graph = arms.capture()
         except ortgpu.CaptureStateError:
             return None
         with tempfile.TemporaryDirectory() as folder:
             _profiled(arms, folder)
-            for _ in range(replays):
-                arms.captured_read_end_to_end()
+            for _ in range(warmup + replays):
+                graph.replay()
+            arms.captured_end_to_end()  # waits for them all (its own span is the last)
             timing, spans = _end_profiling(arms)
         if timing != "gpu-timestamps" or not spans:
             return None
-        return statistics.median(spans) / 1e9
+        return statistics.median(spans[-replays - 1 : -1] or spans) / 1e9
     finally:
         arms.close()
 

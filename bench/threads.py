@@ -19,9 +19,10 @@ step, where ``end_to_end``'s replay + ``to_numpy()`` submits again for the read)
 ``run_only`` waits with ``wait_idle()``, which waits for the whole device: with K threads, one thread's wait also
 covers the work the other threads submitted before it (the boundary is "until the device is idle").
 
-The GPU ceiling (captured arm): the GPU time of one replay, measured with timestamp queries (first to last timestamp
-of a profiled replay, median over 50, :func:`bench.profile_overhead.gpu_time_per_replay`), gives the most replays per
-second the GPU could run, ``1 / gpu_time``; each K's captured throughput is reported as a fraction of it (issue 15:
+The GPU ceiling (captured arm): the GPU time of one replay, measured with timestamp queries while the GPU is kept
+busy (first to last timestamp of a profiled replay, 300 submitted back to back, median over the last 200,
+:func:`bench.profile_overhead.gpu_time_per_replay`), gives the most replays per second the GPU could run,
+``1 / gpu_time``; each K's captured throughput is reported as a fraction of it (issue 15:
 at K=4, 1.6x K=1, or within 80% of that ceiling where the GPU is the limit). Not measured on a device without
 timestamp queries.
 """
@@ -319,7 +320,7 @@ def print_gpu_ceiling(ceiling: dict[str, Any]) -> None:
         print("GPU ceiling: not measured (no GPU timestamp queries on this device, or no captured arm)")
         return
     print(
-        f"GPU time per replay (timestamps, median of 50): {ceiling['gpu_time_per_replay_s'] * 1e3:.4f} ms; "
+        f"GPU time per replay (timestamps, replays back to back, median of 200): {ceiling['gpu_time_per_replay_s'] * 1e3:.4f} ms; "
         f"ceiling 1/gpu_time = {ceiling['ceiling_per_s']:.0f} replays/s"
     )
     for boundary, by_k in ceiling["fraction"].items():

@@ -57,9 +57,9 @@ class PausedWait:
             self._pause()
             original(done, action)
 
-        def wait_map(wait: Any, action: str) -> int:  # read_buffer_into's wait, in C
+        def wait_map(wait: Any, action: str, blocked: bool = False) -> int:  # read_buffer_into's wait, in C
             self._pause()
-            return original_map(wait, action)
+            return original_map(wait, action, blocked)
 
         device._wait_until = wait_until  # type: ignore[method-assign]
         device._wait_map = wait_map  # type: ignore[method-assign]

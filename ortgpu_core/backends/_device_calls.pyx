@@ -30,7 +30,7 @@ from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from posix.time cimport clock_gettime, nanosleep, timespec, CLOCK_MONOTONIC
 
 from ._webgpu_types cimport (
     Future, MapCallbackInfo, StringView, device_poll_fn, map_async_fn, mapped_range_fn, unmap_fn,
@@ -80,6 +80,32 @@ def spin_poll(uintptr_t device_poll, uintptr_t device, uintptr_t flag, double se
             polls += 1
             if ortgpu_load_flag(fired) != 0 or _monotonic_seconds() >= deadline:
                 break
+    return polls
+
+
+def nap_poll(uintptr_t device_poll, uintptr_t device, uintptr_t flag, double seconds):
+    """As :func:`spin_poll`, but sleeping between polls (20 us, doubling up to 200 us): polls ``device`` without
+    blocking, with the GIL released, until the int at ``flag`` is nonzero or ``seconds`` have passed; returns the
+    number of polls made (at least one).  The caller keeps the device and the flag alive meanwhile."""
+    cdef const int* fired = <const int*>flag
+    cdef device_poll_fn poll = <device_poll_fn>device_poll
+    cdef long polls = 0
+    cdef double deadline
+    cdef timespec pause
+    cdef long nap_ns = 20000
+    if device_poll == 0 or device == 0 or flag == 0:
+        raise ValueError("nap_poll: a null address")
+    with nogil:
+        deadline = _monotonic_seconds() + seconds
+        while True:
+            poll(<void*>device, 0, NULL)
+            polls += 1
+            if ortgpu_load_flag(fired) != 0 or _monotonic_seconds() >= deadline:
+                break
+            pause.tv_sec = 0
+            pause.tv_nsec = nap_ns
+            nanosleep(&pause, NULL)
+            nap_ns = nap_ns * 2 if nap_ns * 2 < 200000 else 200000
     return polls
 
 

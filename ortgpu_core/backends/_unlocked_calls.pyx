@@ -90,6 +90,12 @@ MAP_FAILED = _MAP_FAILED  # read_mapped: the map request completed with another 
 
 # A thread that is not polling, once the spin is over, sleeps this long between checks (nanoseconds).
 cdef long _NAP_NS = 20000
+# The polling thread, once the spin is over, keeps polling without blocking for a wait's ``nap_seconds`` more, sleeping
+# between polls from this long, doubling up to the longest (nanoseconds); only then does it block in the driver.
+# A blocking poll holds wgpu-native 29's fence lock until the GPU has finished all work submitted before it, so
+# every other thread's submission waits that long and the GPU runs dry behind it (bench/RESULTS.md, session 14).
+cdef long _NAP_POLL_FIRST_NS = 20000
+cdef long _NAP_POLL_LONGEST_NS = 200000
 
 
 cdef inline double _monotonic_seconds() noexcept nogil:
@@ -98,11 +104,15 @@ cdef inline double _monotonic_seconds() noexcept nogil:
     return now.tv_sec + now.tv_nsec * 1e-9
 
 
-cdef inline void _nap() noexcept nogil:
+cdef inline void _sleep_ns(long nanoseconds) noexcept nogil:
     cdef timespec pause
     pause.tv_sec = 0
-    pause.tv_nsec = _NAP_NS
+    pause.tv_nsec = nanoseconds
     nanosleep(&pause, NULL)
+
+
+cdef inline void _nap() noexcept nogil:
+    _sleep_ns(_NAP_NS)
 
 
 cdef class NativeLock:
@@ -208,6 +218,9 @@ cdef class UnlockedCalls:
     cdef int locked
     cdef unsigned long locker
     cdef int submitting
+    # Blocking polls made by the waits (here and the Python waits of _wgpu_readback, always under the poll lock):
+    # each one holds wgpu-native's fence lock, and so every other thread's submission, until the GPU is done.
+    cdef public unsigned long blocking_polls
 
     def __init__(self, NativeTable table, NativeLock poll_lock, uintptr_t device, uintptr_t map_async,
                  uintptr_t device_poll, uintptr_t queue_write, uint32_t map_mode, uint32_t callback_mode,
@@ -234,6 +247,7 @@ cdef class UnlockedCalls:
         self.locked = 0
         self.locker = 0
         self.submitting = 0
+        self.blocking_polls = 0
 
     cdef bint _enter(self) noexcept nogil:
         # Counted in first, then the flag checked: close() sets the flag first, then waits for the count, so
@@ -386,8 +400,9 @@ cdef class UnlockedCalls:
             self.table.release_encoded(command_buffer)
         return code
 
-    def read_mapped(self, uintptr_t staging, uint64_t size, MapWait wait, double spin_seconds, uintptr_t mapped_range,
-                    uintptr_t unmap, uint32_t success, uintptr_t destination, size_t count, size_t offset):
+    def read_mapped(self, uintptr_t staging, uint64_t size, MapWait wait, double spin_seconds, double nap_seconds,
+                    uintptr_t mapped_range, uintptr_t unmap, uint32_t success, uintptr_t destination, size_t count,
+                    size_t offset):
         """Without the GIL or the device's lock, in one call: request the mapping of the first ``size`` bytes of
         the staging buffer ``staging`` (a copy an earlier submission made into it: a read ahead), wait for it as
         :meth:`wait` does, and once it succeeded copy ``count`` bytes at ``offset`` of the mapping to
@@ -407,7 +422,7 @@ cdef class UnlockedCalls:
                 if self._enter_submit():
                     self.fn_map(<void*>staging, self.map_mode, 0, size, info)
                     self._leave_submit()
-                    code = self._wait(wait, _monotonic_seconds() + spin_seconds)
+                    code = self._wait(wait, spin_seconds, nap_seconds)
                     if code == _DONE:
                         if <uint32_t>ortgpu_read_int(&wait._status) != success:
                             code = _MAP_FAILED
@@ -434,9 +449,10 @@ cdef class UnlockedCalls:
         cdef MapCallbackInfo info = wait.callback_info(self.callback_mode)
         self.fn_map(<void*>staging, self.map_mode, 0, size, info)
 
-    def wait(self, MapWait wait, double spin_seconds):
+    def wait(self, MapWait wait, double spin_seconds, double nap_seconds):
         """Without the GIL: wait until ``wait``'s request completes.  Polls wgpu-native while no other thread does
-        (the poll lock): without blocking for ``spin_seconds``, then blocking; a thread that is not polling spins
+        (the poll lock): without blocking for ``spin_seconds``, then still without blocking but sleeping between
+        polls (20 us, doubling up to 200 us) for ``nap_seconds``, then blocking; a thread that is not polling spins
         (yielding its core) meanwhile, then naps between checks.  Returns DONE, WAIT_IDLE (a blocking poll
         completed the device's submitted work but not this request), CLOSING or LOST."""
         cdef int code
@@ -444,12 +460,19 @@ cdef class UnlockedCalls:
             if not self._enter():
                 code = _CLOSING
             else:
-                code = self._wait(wait, _monotonic_seconds() + spin_seconds)
+                code = self._wait(wait, spin_seconds, nap_seconds)
                 self._leave()
         return code
 
-    cdef int _wait(self, MapWait wait, double deadline) noexcept nogil:
-        cdef bint spinning
+    cdef int _wait(self, MapWait wait, double spin_seconds, double nap_seconds) noexcept nogil:
+        # Spin (polling without blocking) for spin_seconds; then poll without blocking with naps between polls for
+        # nap_seconds more; then block in the driver.  Only the thread holding the poll lock polls; the others
+        # yield their core while spinning, then nap.
+        cdef double now = _monotonic_seconds()
+        cdef double spin_end = now + spin_seconds
+        cdef double nap_end = spin_end + nap_seconds
+        cdef long nap_ns = _NAP_POLL_FIRST_NS
+        cdef bint spinning, napping
         while True:
             if ortgpu_read_int(&wait._status) != 0:
                 return _DONE
@@ -457,11 +480,21 @@ cdef class UnlockedCalls:
                 return _CLOSING
             if self.lost != NULL and ortgpu_read_int(self.lost):
                 return _LOST
-            spinning = _monotonic_seconds() < deadline
+            now = _monotonic_seconds()
+            spinning = now < spin_end
+            napping = not spinning and now < nap_end
             if self.poll_lock.try_take():
-                self.fn_poll(self.device, 0 if spinning else 1, NULL)
+                if spinning or napping:
+                    self.fn_poll(self.device, 0, NULL)
+                else:
+                    self.blocking_polls += 1
+                    self.fn_poll(self.device, 1, NULL)
                 self.poll_lock.give()
-                if not spinning and ortgpu_read_int(&wait._status) == 0:
+                if napping:
+                    if ortgpu_read_int(&wait._status) == 0:
+                        _sleep_ns(nap_ns)
+                        nap_ns = nap_ns * 2 if nap_ns * 2 < _NAP_POLL_LONGEST_NS else _NAP_POLL_LONGEST_NS
+                elif not spinning and ortgpu_read_int(&wait._status) == 0:
                     # a blocking poll waits for all work submitted before it, this request's copy included
                     return _IDLE
             elif spinning:

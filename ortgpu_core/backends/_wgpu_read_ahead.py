@@ -263,6 +263,7 @@ class _ReadAheads(_Readback):
                 ahead.size,
                 wait,
                 self.spin_wait_us * 1e-6,
+                self.nap_poll_s,
                 calls["wgpuBufferGetConstMappedRange"],
                 calls["wgpuBufferUnmap"],
                 self._map_success,
@@ -271,7 +272,7 @@ class _ReadAheads(_Readback):
                 offset - ahead.start,
             )
             if code == WAIT_IDLE:  # (a blocking poll that did not complete it: wait on, then copy out the usual way)
-                code = self._wait_map(wait, action)
+                code = self._wait_map(wait, action, blocked=True)
                 if code == DONE:
                     with self._lock:
                         self._copy_out_locked(

@@ -14,7 +14,8 @@ with the GPU's instead of queueing behind one another's waits, and no thread giv
 the device's lock for a native call of any length.
 
 The waits: one thread at a time polls wgpu-native (the *poll lock*, a :class:`._unlocked_calls.NativeLock`), without
-blocking for up to ``spin_wait_us``, then blocking; the callbacks fire inside its polls (or inside another thread's
+blocking for up to ``spin_wait_us``, then still without blocking but sleeping between polls for ``nap_poll_s``
+(:data:`NAP_POLL_S`), then blocking; the callbacks fire inside its polls (or inside another thread's
 submit) whoever's requests they complete.  A read's wait (:meth:`_Readback._wait_map`) is a C loop without the GIL:
 its map callback sets the read's own :class:`._unlocked_calls.MapWait`; while another thread polls it spins
 (yielding its core), then naps.  ``wait_idle`` and the profiling ring's reads wait in Python
@@ -26,9 +27,9 @@ request is complete or the polling thread leaves and hands the polling to one of
 the queue and hands over too).  No callback takes the GIL, so a thread inside wgpu-native, holding its locks, never
 waits for Python.  One poller at a time also keeps wgpu-native 29 from racing itself (two threads polling one
 device can trip an assertion in its ``Device::maintain``).  A blocking poll in wgpu-native 29 holds its fence lock
-until the GPU is done, so a submission from another thread waits for it: that is why GPU adapters spin first (their
-waits for small work end within the spin), while CPU adapters (lavapipe), where spinning would take a core from the
-driver, block at once.
+until the GPU is done, so a submission from another thread waits for it: that is why a wait polls without blocking
+first, spinning on GPU adapters (their waits for small work end within the spin; CPU adapters, lavapipe, do not spin:
+it would take a core from the driver), then sleeping between polls, and blocks only after ``nap_poll_s``.
 
 Errors: what a submission, a map request or a copy-out reports is raised to the thread that made it (wgpu-native
 reports it inside that thread's call: the device's error sink).  A wait raises only ``DeviceLostError`` (the device
@@ -60,7 +61,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .._errors import DeviceError, ReleasedValueError, ValidationError
+from .._errors import DeviceError, InvalidArgumentError, ReleasedValueError, ValidationError
 from ._commands import CommandList
 from ._device_calls import (
     COMPLETION_MAP,
@@ -69,6 +70,7 @@ from ._device_calls import (
     Completions,
     copy_out,
     map_read,
+    nap_poll,
     request_work_done,
     spin_poll,
 )
@@ -95,6 +97,12 @@ _WAITER_RECHECK_S = 0.002
 # a core from the driver's own threads).  On the H200 spinning made submit + wait_idle of 16 small dispatches about
 # a fifth faster (`python -m bench --overhead` measures both; bench/RESULTS.md has the figures).
 DEFAULT_SPIN_WAIT_US = 2000.0
+# After the spin, a wait's poller keeps polling without blocking, sleeping 20 us to 200 us between polls, for this
+# long (seconds) before it blocks in the driver: a blocking poll holds wgpu-native 29's fence lock until the GPU has
+# finished everything submitted before it, so every other thread's submission waits behind it and the GPU runs dry
+# (bench/RESULTS.md, session 14).  A request that never completes (a device lost without its callback) is still found
+# by the blocking polls after this.
+NAP_POLL_S = 1.0
 
 
 # Map requests given up on (their read raised before the callback fired): the callback may still fire, and it
@@ -193,6 +201,7 @@ class _Readback(_EncodeAhead):
         if spin is None:
             spin = 0.0 if info.adapter_type == "CPU" else DEFAULT_SPIN_WAIT_US
         self.spin_wait_us = float(spin)
+        self.nap_poll_s = NAP_POLL_S
         self._requests = _Requests(int(lib.WGPUQueueWorkDoneStatus_Success))
         self._map_success = int(lib.WGPUMapAsyncStatus_Success)
         # The map and work-done callbacks are C functions (:class:`._device_calls.Completions`): they take no GIL,
@@ -226,6 +235,21 @@ class _Readback(_EncodeAhead):
             self._sink.reports.lost_address,
         )
         self._lock.gate = self._unlocked  # the lock and the submissions made outside it exclude each other
+
+    @property
+    def blocking_polls(self) -> int:
+        """Blocking polls the device's waits made so far: each held every other thread's submission until the GPU
+        had finished all work submitted before it (a wait makes one only after its spin and its ``nap_poll_s``)."""
+        unlocked = getattr(self, "_unlocked", None)
+        return 0 if unlocked is None else int(unlocked.blocking_polls)
+
+    def set_nap_poll(self, seconds: float) -> None:
+        """How long a wait's poller keeps polling without blocking after its spin, sleeping between polls
+        (:data:`NAP_POLL_S` by default; 0: it blocks in the driver right after the spin, as before session 14).
+        For the bench's A/B and tests."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+            raise InvalidArgumentError(f"set_nap_poll takes a finite number of seconds >= 0, not {seconds!r}")
+        self.nap_poll_s = float(seconds)
 
     def _close_unlocked_calls(self) -> None:
         """(Under the lock, first thing in the device's destroy.)  Refuse new unlocked native calls and wait for
@@ -442,14 +466,16 @@ class _Readback(_EncodeAhead):
             self._raise_failed_read(code, action)
         self._copy_out_mapped(staging, wait.status, total, action, copies, None)
 
-    def _wait_map(self, wait: MapWait, action: str) -> int:
+    def _wait_map(self, wait: MapWait, action: str, blocked: bool = False) -> int:
         """Wait, in C without the GIL or the device's lock, for ``wait``'s map request (spinning for
-        ``spin_wait_us``, then blocking); a blocking poll that completes nothing is checked for a lost device.
-        Returns an :mod:`._unlocked_calls` code (DONE, CLOSING, LOST, or WAIT_IDLE once the polls are spent)."""
-        spin = self.spin_wait_us * 1e-6
+        ``spin_wait_us``, then polling with naps for ``nap_poll_s``, then blocking; ``blocked``: a blocking poll
+        already completed everything submitted without completing it, so this blocks at once); a blocking poll that
+        completes nothing is checked for a lost device.  Returns an :mod:`._unlocked_calls` code (DONE, CLOSING,
+        LOST, or WAIT_IDLE once the polls are spent)."""
+        spin, nap = (0.0, 0.0) if blocked else (self.spin_wait_us * 1e-6, self.nap_poll_s)
         blocking_polls = 0
         while True:
-            code = self._unlocked.wait(wait, spin)
+            code = self._unlocked.wait(wait, spin, nap)
             if code != WAIT_IDLE:
                 return code
             blocking_polls += 1
@@ -458,7 +484,7 @@ class _Readback(_EncodeAhead):
                 self._check_not_lost(action)
             if blocking_polls >= _MAP_POLL_ATTEMPTS:
                 return code
-            spin = 0.0
+            spin = nap = 0.0
 
     def _after_wait(self) -> None:
         """A C wait ended: apply what its polls completed for the Python waits (``wait_idle``, the profiling ring)
@@ -631,12 +657,13 @@ class _Readback(_EncodeAhead):
 
         event = requests.event()
         deadline = time.perf_counter() + self.spin_wait_us * 1e-6
+        nap_deadline = deadline + self.nap_poll_s
         blocking_polls = 0
         while not done():
             self._check_waitable(action)
             if requests.poll_lock.acquire(blocking=False):
                 try:
-                    polls, idle = self._poll_while(done, deadline, action)
+                    polls, idle = self._poll_while(done, deadline, action, nap_deadline)
                 finally:
                     requests.poll_lock.release()
                     requests.hand_over()  # a sleeping waiter takes over the polling
@@ -660,11 +687,14 @@ class _Readback(_EncodeAhead):
             finally:
                 requests.sleeping.discard(event)
 
-    def _poll_while(self, done: Callable[[], bool], deadline: float, action: str) -> tuple[int, bool]:
+    def _poll_while(
+        self, done: Callable[[], bool], deadline: float, action: str, nap_deadline: float | None = None
+    ) -> tuple[int, bool]:
         """(Holding the poll lock.)  Poll until ``done()``, the device is lost or destroyed, or the blocking-poll
         budget is spent: until ``deadline`` without blocking, in C with the GIL released (:mod:`._device_calls`; it
-        returns to check ``done()`` whenever a callback fired), then blocking.  Returns the blocking polls made,
-        and whether it stopped because a blocking poll completed nothing."""
+        returns to check ``done()`` whenever a callback fired), then until ``nap_deadline`` (default: ``deadline``)
+        still without blocking but sleeping between polls, then blocking.  Returns the blocking polls made, and
+        whether it stopped because a blocking poll completed nothing."""
         requests, lib, null = self._requests, self._lib, self._ffi.NULL
         blocking = 0
         while not done() and blocking < _MAP_POLL_ATTEMPTS:
@@ -678,8 +708,13 @@ class _Readback(_EncodeAhead):
             if left > 0:
                 spin_poll(self._device_poll_address, _address(device), requests.fired_address, left)
                 continue
+            napping = (nap_deadline or deadline) - time.perf_counter()
+            if napping > 0:
+                nap_poll(self._device_poll_address, _address(device), requests.fired_address, napping)
+                continue
             # WGPUBool wgpuDevicePoll(WGPUDevice, WGPUBool wait, WGPUSubmissionIndex const *): its "queue empty"
             # answer is not trusted (see wait_idle); done() reads what the fired callbacks recorded
+            self._unlocked.blocking_polls += 1
             lib.wgpuDevicePoll(device, 1, null)
             blocking += 1
             if not requests.completions.fired:

@@ -91,7 +91,8 @@ class WgpuBackend:
         Vulkan, Metal or D3D12 adapter, and initialising EGL prints warnings on machines without a display.
 
         ``spin_wait_us``: how long a wait for the device (``wait_idle``, ``read_buffer``) polls without blocking,
-        keeping one CPU core busy, before it blocks in the driver.  Blocking adds wake-up latency (on the H200,
+        keeping one CPU core busy, before it polls with sleeps between polls (for up to
+        ``_wgpu_readback.NAP_POLL_S``), then blocks in the driver.  Sleeping or blocking adds wake-up latency (on the H200,
         submit + wait of 16 small dispatches: 95.6 us spinning, 123.5 us blocking); spinning costs a core while
         the GPU works.  ``None`` (default):
         :data:`DEFAULT_SPIN_WAIT_US` on GPU adapters, 0 on CPU adapters (software drivers need the cores).
@@ -106,7 +107,7 @@ class WgpuBackend:
             or not 0 <= spin_wait_us < float("inf")
         ):
             raise InvalidArgumentError(
-                f"spin_wait_us must be a finite number of microseconds >= 0 (0 = always block), not {spin_wait_us!r}"
+                f"spin_wait_us must be a finite number of microseconds >= 0 (0 = no spin), not {spin_wait_us!r}"
             )
         if not isinstance(encode_ahead, bool):
             raise InvalidArgumentError(f"encode_ahead must be True or False, not {encode_ahead!r}")

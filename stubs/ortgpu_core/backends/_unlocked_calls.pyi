@@ -35,6 +35,7 @@ class UnlockedCalls:
         callback_mode: int,
         lost_flag: int,
     ) -> None: ...
+    blocking_polls: int
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
@@ -53,6 +54,7 @@ class UnlockedCalls:
         size: int,
         wait: MapWait,
         spin_seconds: float,
+        nap_seconds: float,
         mapped_range: int,
         unmap: int,
         success: int,
@@ -60,4 +62,4 @@ class UnlockedCalls:
         count: int,
         offset: int,
     ) -> int: ...
-    def wait(self, wait: MapWait, spin_seconds: float) -> int: ...
+    def wait(self, wait: MapWait, spin_seconds: float, nap_seconds: float) -> int: ...
