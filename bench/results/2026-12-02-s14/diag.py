@@ -42,6 +42,7 @@ def spans_of(arms: OrtgpuArms, step: str, replays: int) -> list[int]:
 
 def describe(label: str, spans: list[int]) -> None:
     s = sorted(spans)
+
     def q(p: float) -> float:
         return s[min(len(s) - 1, int(p * len(s)))] / 1e3
 
@@ -93,6 +94,7 @@ def tail(env: ortgpu.Env, model_bytes: bytes, feeds: dict[str, Any]) -> None:
         for arms in sessions:
             arms.capture()
         interval = sys.getswitchinterval()
+
         def nothing() -> None:
             pass
 
@@ -175,7 +177,9 @@ def profile(env: ortgpu.Env, model_bytes: bytes, feeds: dict[str, Any]) -> None:
                 import json
 
                 events = json.load(handle)["traceEvents"]
-            spans = [e["args"] for e in events if e.get("ph") == "X" and e.get("cat") == "replay" and "gpu_ns" in e["args"]]
+            spans = [
+                e["args"] for e in events if e.get("ph") == "X" and e.get("cat") == "replay" and "gpu_ns" in e["args"]
+            ]
             for detail in (False, True):
                 chosen = [int(a["gpu_ns"]) for a in spans if a.get("detail") is detail]
                 if chosen:
@@ -194,7 +198,8 @@ def spin(env: ortgpu.Env, model_bytes: bytes, feeds: dict[str, Any]) -> None:
     envs = {}
     for label, (us, nap) in settings.items():
         envs[label] = ortgpu.Env(backend=WgpuBackend(spin_wait_us=us))
-        getattr(envs[label].default_device._native_device(), "set_nap_poll")(nap)
+        native: Any = envs[label].default_device._native_device()
+        native.set_nap_poll(nap)
     sessions = {label: [OrtgpuArms(model_bytes, feeds, e) for _ in range(8)] for label, e in envs.items()}
     try:
         for group in sessions.values():
@@ -231,7 +236,7 @@ def ceiling2(env: ortgpu.Env, model_bytes: bytes, feeds: dict[str, Any]) -> None
                 arms._read()
                 timing, spans = _end_profiling(arms)
             describe(f"pipelined x300 after {warm} (all)", spans)
-            describe(f"pipelined, last 200", spans[-200:])
+            describe("pipelined, last 200", spans[-200:])
         finally:
             arms.close()
     time.sleep(2)
@@ -299,9 +304,12 @@ def breakdown(env: ortgpu.Env, model_bytes: bytes, feeds: dict[str, Any]) -> Non
                 # clustering: for each slow step, how many other threads had a slow step overlapping it
                 starts, ends = every[slow, 0], every[slow, 3]
                 overlaps = [int(((starts < e) & (ends > s)).sum()) - 1 for s, e in zip(starts, ends)]
-                print(f"   slow steps overlapping another slow step: mean {np.mean(overlaps):.2f} of {k - 1} other threads"
-                      f"; slow-step start gaps (ms, sorted, first 12): "
-                      f"{np.round(np.diff(np.sort(starts))[:12] * 1e3, 2).tolist()}", flush=True)
+                print(
+                    f"   slow steps overlapping another slow step: mean {np.mean(overlaps):.2f} of {k - 1} other threads"
+                    f"; slow-step start gaps (ms, sorted, first 12): "
+                    f"{np.round(np.diff(np.sort(starts))[:12] * 1e3, 2).tolist()}",
+                    flush=True,
+                )
     finally:
         for arms in sessions:
             arms.close()
@@ -345,7 +353,9 @@ def lockstats(env: ortgpu.Env, model_bytes: bytes, feeds: dict[str, Any]) -> Non
                 records.clear()
                 window, times = time_threads([a.captured_end_to_end for a in sessions[:k]], 50, 1000, None)
                 steps = sum(len(t) for t in times)
-                print(f"K={k}: {steps / window:6.0f} steps/s; lock acquisitions per step {len(records) / (steps + 50 * k):.2f}")
+                print(
+                    f"K={k}: {steps / window:6.0f} steps/s; lock acquisitions per step {len(records) / (steps + 50 * k):.2f}"
+                )
                 by: dict[str, list[tuple[float, float]]] = {}
                 for caller, asked, got, released in records:
                     by.setdefault(caller, []).append((got - asked, released - got))
@@ -367,6 +377,105 @@ def lockstats(env: ortgpu.Env, model_bytes: bytes, feeds: dict[str, Any]) -> Non
             arms.close()
 
 
+def profile2(env: ortgpu.Env, model_bytes: bytes, feeds: dict[str, Any]) -> None:
+    """Profiling's steady-state cost by ring size and detail sampling: replay + to_numpy, interleaved, 200 warm
+    steps (every slot's timed list built), then 1500 timed."""
+    import ortgpu._profiling as profiling
+
+    print("== profile2: replay + to_numpy, interleaved after 200 warm steps; ring slots x detail_every")
+    settings = {
+        "off": None,
+        "16/10": (16, 10),
+        "64/10": (64, 10),
+        "16/50": (16, 50),
+        "64/50": (64, 50),
+        "64/never": (64, 10**9),
+    }
+    arms = {name: OrtgpuArms(model_bytes, feeds, env) for name in settings}
+    folder = tempfile.mkdtemp()
+    usual = profiling.RING_SLOTS
+    try:
+        for name, setting in settings.items():
+            a = arms[name]
+            a.capture()
+            if setting is not None:
+                profiling.RING_SLOTS = setting[0]
+                a.session.profile_file_prefix = os.path.join(folder, name.replace("/", "_"))
+                a.session.start_profiling(detail_every=setting[1])
+                a.captured_end_to_end()  # the timer is made now, with this ring size
+        profiling.RING_SLOTS = usual
+        steps: dict[str, list[float]] = {n: [] for n in arms}
+        calls: dict[str, list[float]] = {n: [] for n in arms}
+        order = list(arms.items())
+        for i in range(1700):
+            for name, a in order if i % 2 == 0 else order[::-1]:
+                t0 = time.perf_counter()
+                a._upload()
+                t1 = time.perf_counter()
+                _replay(a)
+                t2 = time.perf_counter()
+                a._read()
+                t3 = time.perf_counter()
+                if i >= 200:
+                    calls[name].append(t2 - t1)
+                    steps[name].append(t3 - t0)
+        base_mean, base_p50 = statistics.fmean(steps["off"]), statistics.median(steps["off"])
+        for name in arms:
+            print(
+                f"{name:9s} step p50 {statistics.median(steps[name]) * 1e6:7.1f} us mean {statistics.fmean(steps[name]) * 1e6:7.1f}"
+                f" (x off: p50 {statistics.median(steps[name]) / base_p50:5.3f} mean {statistics.fmean(steps[name]) / base_mean:5.3f});"
+                f" replay() p50 {statistics.median(calls[name]) * 1e6:6.1f} mean {statistics.fmean(calls[name]) * 1e6:6.1f} us",
+                flush=True,
+            )
+    finally:
+        profiling.RING_SLOTS = usual
+        for a in arms.values():
+            a.close()
+
+
+def periodic(env: ortgpu.Env, model_bytes: bytes, feeds: dict[str, Any]) -> None:
+    """Which profiled replays are slow: replay() and read time by position in the ring's read cycle."""
+    import ortgpu._profiling as profiling
+
+    print("== periodic: profiled replay + to_numpy (one session), time by step index modulo the ring's read period")
+    usual = profiling.RING_SLOTS
+    for slots, every, period in ((16, 10**9, 12), (64, 10**9, 48), (16, 10, 12)):
+        profiling.RING_SLOTS = slots
+        a = OrtgpuArms(model_bytes, feeds, env)
+        try:
+            a.capture()
+            a.session.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "p")
+            a.session.start_profiling(detail_every=every)
+            for _ in range(300):
+                a.captured_end_to_end()
+            calls, reads = [], []
+            for _ in range(period * 50):
+                a._upload()
+                t0 = time.perf_counter()
+                _replay(a)
+                t1 = time.perf_counter()
+                a._read()
+                t2 = time.perf_counter()
+                calls.append(t1 - t0)
+                reads.append(t2 - t1)
+            c, r = np.asarray(calls) * 1e6, np.asarray(reads) * 1e6
+            by = [(round(float(c[k::period].mean())), round(float(r[k::period].mean()))) for k in range(period)]
+            print(
+                f"slots {slots} detail_every {every}: replay p50 {np.median(c):.1f} mean {c.mean():.1f}, read p50 "
+                f"{np.median(r):.1f} mean {r.mean():.1f} us; by index mod {period} (replay, read): {by}",
+                flush=True,
+            )
+            slow = np.argsort(c)[-20:]
+            print(
+                f"   slowest 20 replays: us {np.round(np.sort(c)[-20:]).tolist()} at index mod {period} "
+                f"{sorted((slow % period).tolist())}",
+                flush=True,
+            )
+        finally:
+            profiling.RING_SLOTS = usual
+            a.close()
+
+
 def main() -> None:
     parts = sys.argv[1:] or ["ceiling", "tail", "profile"]
     model, shapes = build_model("mlp16", 1)
@@ -375,7 +484,16 @@ def main() -> None:
     env = ortgpu.Env()
     print(env.default_device, flush=True)
     for part in parts:
-        {"ceiling": ceiling, "tail": tail, "profile": profile, "spin": spin, "ceiling2": ceiling2, "breakdown": breakdown, "lockstats": lockstats}[part](env, model_bytes, feeds)
+        {
+            "ceiling": ceiling,
+            "tail": tail,
+            "profile": profile,
+            "spin": spin,
+            "ceiling2": ceiling2,
+            "breakdown": breakdown,
+            "lockstats": lockstats,
+            "profile2": profile2,
+        }[part](env, model_bytes, feeds)
     print("live handles", ortgpu.live_handles() if hasattr(ortgpu, "live_handles") else "?", flush=True)
 
 
