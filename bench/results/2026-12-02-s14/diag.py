@@ -493,6 +493,7 @@ def main() -> None:
             "breakdown": breakdown,
             "lockstats": lockstats,
             "profile2": profile2,
+            "periodic": periodic,
         }[part](env, model_bytes, feeds)
     print("live handles", ortgpu.live_handles() if hasattr(ortgpu, "live_handles") else "?", flush=True)
 
