@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from hypothesis import settings
@@ -133,6 +133,17 @@ def env(backend_name: str) -> Iterator[ortgpu_core.Env]:
 @pytest.fixture
 def device(env: ortgpu_core.Env) -> ortgpu_core.Device:
     return env.default_device
+
+
+@pytest.fixture(scope="module", params=[None, 300.0], ids=["default-wait", "spin-300us"])
+def waiting_backend(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A wgpu backend with each way of waiting: the adapter's default (lavapipe: no spin) and a 300 us spin first
+    (the GPU adapters' default: the poll loop in C without the GIL).  For the tests of waits (wgpu only)."""
+    from ortgpu_core.backends.wgpu_native import WgpuBackend
+
+    instance = WgpuBackend(spin_wait_us=request.param)
+    yield instance
+    instance.close()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -16,9 +16,10 @@ from ortgpu._executor import DeviceProgram, PipelineCache, device_caps, padded_b
 from ortgpu._model import LoadedModel, load_model
 from ortgpu._planner import ExecutionPlan, plan_model
 from ortgpu.ops._runner import padded_size
-from ortgpu_core.backends.protocol import BackendDevice
+from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
-__all__ = ["RawBuffer", "run_model", "SCALE_KERNEL"]
+__all__ = ["FrozenKernel", "RawBuffer", "run_model", "SCALE_KERNEL"]
 
 #: A WGSL kernel for raw-device tests: y = 2x + 1 over binding 1's length (x at binding 0).
 SCALE_KERNEL = """
@@ -35,6 +36,41 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 """
 
 _raw_generations = itertools.count(1)
+
+
+class FrozenKernel:
+    """A two-binding kernel (``x`` read at binding 0, ``y`` written at binding 1, ``n`` floats each) dispatched by a
+    frozen (captured-like) list on a raw backend device: the shape of a replay, without a session."""
+
+    def __init__(self, device: Any, kernel: str, n: int, label: str) -> None:
+        self.device = device
+        self.n = n
+        nbytes = n * 4
+        self.pipeline = device.create_compute_pipeline(kernel, label=label)
+        self.x = device.create_buffer(nbytes)
+        self.y = device.create_buffer(nbytes)
+        self.group = device.create_bind_group(
+            self.pipeline, [BindingEntry(0, self.x, 0, nbytes), BindingEntry(1, self.y, 0, nbytes)]
+        )
+        self.commands = CommandList()
+        self.commands.add_dispatch(self.pipeline, self.group, (n + 63) // 64)
+        self.commands.freeze()
+
+    def submit(self, x: np.ndarray, read_ahead: bool = True) -> None:
+        """Write ``x`` and submit the list, naming all of ``y`` to be read ahead if ``read_ahead``."""
+        self.device.write_buffer(self.x, 0, np.ascontiguousarray(x, np.float32).tobytes())
+        self.device.submit(self.commands, [(self.y, 0, self.n * 4)] if read_ahead else [])
+
+    def read(self) -> np.ndarray:
+        out = np.empty(self.n, np.float32)
+        self.device.read_buffer_into(self.y, 0, out)
+        return out
+
+    def release(self) -> None:
+        self.device.release_bind_group(self.group)
+        for buffer in (self.x, self.y):
+            self.device.destroy_buffer(buffer)
+        self.device.release_pipeline(self.pipeline)
 
 
 @dataclass(eq=False)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
-from helpers import SCALE_KERNEL
+from helpers import SCALE_KERNEL, FrozenKernel
 
 import ortgpu
 from ortgpu_core._errors import ReleasedValueError, ValidationError
@@ -71,37 +71,16 @@ class Spy:
         return calls
 
 
-class Scale:
+class Scale(FrozenKernel):
     """y = 2x + 1 on the device, as a frozen (captured-like) list, with ``y`` read ahead."""
 
     def __init__(self, device: WgpuDevice) -> None:
-        self.device = device
-        self.pipeline = device.create_compute_pipeline(SCALE_KERNEL, label="scale")
-        self.x = device.create_buffer(NBYTES)
-        self.y = device.create_buffer(NBYTES)
-        self.group = device.create_bind_group(
-            self.pipeline, [BindingEntry(0, self.x, 0, NBYTES), BindingEntry(1, self.y, 0, NBYTES)]
-        )
-        self.commands = CommandList()
-        self.commands.add_dispatch(self.pipeline, self.group, N // 64)
-        self.commands.freeze()
+        super().__init__(device, SCALE_KERNEL, N, "scale")
         self.spy = Spy(device._unlocked)
         device._unlocked = self.spy  # type: ignore[assignment]
 
     def replay(self, x: np.ndarray) -> None:
-        self.device.write_buffer(self.x, 0, x.tobytes())
-        self.device.submit(self.commands, [(self.y, 0, NBYTES)])
-
-    def read(self) -> np.ndarray:
-        out = np.empty(N, np.float32)
-        self.device.read_buffer_into(self.y, 0, out)
-        return out
-
-    def release(self) -> None:
-        self.device.release_bind_group(self.group)
-        for buffer in (self.x, self.y):
-            self.device.destroy_buffer(buffer)
-        self.device.release_pipeline(self.pipeline)
+        self.submit(x)
 
 
 def test_a_command_list_names_the_watched_buffers_it_may_write() -> None:

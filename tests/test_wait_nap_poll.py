@@ -20,10 +20,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 import pytest
+from helpers import FrozenKernel
 
 from ortgpu_core._errors import InvalidArgumentError
-from ortgpu_core.backends._commands import CommandList
-from ortgpu_core.backends.protocol import BindingEntry
 from ortgpu_core.backends.wgpu_native import WgpuBackend, WgpuDevice
 
 pytestmark = pytest.mark.wgpu_only
@@ -55,54 +54,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 COUNT = 60_000
 
 
-@pytest.fixture(scope="module", params=[None, 300.0], ids=["default-wait", "spin-300us"])
-def backend(request: pytest.FixtureRequest) -> Iterator[WgpuBackend]:
-    instance = WgpuBackend(spin_wait_us=request.param)
-    yield instance
-    instance.close()
-
-
 @pytest.fixture
-def device(backend: WgpuBackend) -> Iterator[WgpuDevice]:
-    opened = backend.open_device(backend.default_adapter_index())
+def device(waiting_backend: WgpuBackend) -> Iterator[WgpuDevice]:
+    opened = waiting_backend.open_device(waiting_backend.default_adapter_index())
     opened.set_nap_poll(60.0)  # the tests' work always ends inside it, however slow the machine
     yield opened
     opened.destroy()
 
 
-class Loop:
-    """y[i] = count + i, computed by ``count`` additions per invocation, as a frozen list reading ``y`` ahead."""
+class Loop(FrozenKernel):
+    """y[i] = count + i, computed by ``count`` additions per invocation."""
 
     def __init__(self, device: WgpuDevice) -> None:
-        self.device = device
-        self.pipeline = device.create_compute_pipeline(LOOP_KERNEL, label="loop")
-        self.x = device.create_buffer(NBYTES)
-        self.y = device.create_buffer(NBYTES)
-        self.group = device.create_bind_group(
-            self.pipeline, [BindingEntry(0, self.x, 0, NBYTES), BindingEntry(1, self.y, 0, NBYTES)]
-        )
-        self.commands = CommandList()
-        self.commands.add_dispatch(self.pipeline, self.group, N // 64)
-        self.commands.freeze()
+        super().__init__(device, LOOP_KERNEL, N, "loop")
 
-    def submit(self, count: int, read_ahead: bool = False) -> None:
-        self.device.write_buffer(self.x, 0, np.full(N, count, np.float32).tobytes())
-        self.device.submit(self.commands, [(self.y, 0, NBYTES)] if read_ahead else [])
-
-    def read(self) -> np.ndarray:
-        out = np.empty(N, np.float32)
-        self.device.read_buffer_into(self.y, 0, out)
-        return out
+    def submit(self, count: int, read_ahead: bool = False) -> None:  # type: ignore[override]
+        super().submit(np.full(N, count, np.float32), read_ahead)
 
     @staticmethod
     def expected(count: int) -> np.ndarray:
         return np.arange(N, dtype=np.float32) + count
-
-    def release(self) -> None:
-        self.device.release_bind_group(self.group)
-        for buffer in (self.x, self.y):
-            self.device.destroy_buffer(buffer)
-        self.device.release_pipeline(self.pipeline)
 
 
 def _read(loop: Loop) -> np.ndarray:

@@ -26,18 +26,9 @@ from ortgpu_core.backends.wgpu_native import WgpuBackend, WgpuDevice, load_nativ
 pytestmark = pytest.mark.wgpu_only
 
 
-@pytest.fixture(scope="module", params=[None, 300.0], ids=["default-wait", "spin-300us"])
-def backend(request: pytest.FixtureRequest) -> Iterator[WgpuBackend]:
-    """The adapter's default wait (lavapipe: block at once), and a spin first (the GPU adapters' default: the
-    poll loop in C without the GIL)."""
-    instance = WgpuBackend(spin_wait_us=request.param)
-    yield instance
-    instance.close()
-
-
 @pytest.fixture
-def device(backend: WgpuBackend) -> Iterator[WgpuDevice]:
-    opened = backend.open_device(backend.default_adapter_index())
+def device(waiting_backend: WgpuBackend) -> Iterator[WgpuDevice]:
+    opened = waiting_backend.open_device(waiting_backend.default_adapter_index())
     yield opened
     opened.destroy()
 

@@ -63,14 +63,17 @@ cdef inline double _monotonic_seconds() noexcept nogil:
     return now.tv_sec + now.tv_nsec * 1e-9
 
 
-def spin_poll(uintptr_t device_poll, uintptr_t device, uintptr_t flag, double seconds):
+def spin_poll(uintptr_t device_poll, uintptr_t device, uintptr_t flag, double seconds, bint nap=False):
     """Poll ``device`` without blocking (``device_poll``: the address of wgpuDevicePoll), with the GIL released,
     until the int at ``flag`` is nonzero or ``seconds`` have passed; returns the number of polls made (at least
-    one).  The caller keeps the device and the flag alive meanwhile."""
+    one).  With ``nap``, sleep between polls (20 us, doubling up to 200 us) instead of spinning.  The caller keeps
+    the device and the flag alive meanwhile."""
     cdef const int* fired = <const int*>flag
     cdef device_poll_fn poll = <device_poll_fn>device_poll
     cdef long polls = 0
     cdef double deadline
+    cdef timespec pause
+    cdef long nap_ns = 20000
     if device_poll == 0 or device == 0 or flag == 0:
         raise ValueError("spin_poll: a null address")
     with nogil:
@@ -80,32 +83,11 @@ def spin_poll(uintptr_t device_poll, uintptr_t device, uintptr_t flag, double se
             polls += 1
             if ortgpu_load_flag(fired) != 0 or _monotonic_seconds() >= deadline:
                 break
-    return polls
-
-
-def nap_poll(uintptr_t device_poll, uintptr_t device, uintptr_t flag, double seconds):
-    """As :func:`spin_poll`, but sleeping between polls (20 us, doubling up to 200 us): polls ``device`` without
-    blocking, with the GIL released, until the int at ``flag`` is nonzero or ``seconds`` have passed; returns the
-    number of polls made (at least one).  The caller keeps the device and the flag alive meanwhile."""
-    cdef const int* fired = <const int*>flag
-    cdef device_poll_fn poll = <device_poll_fn>device_poll
-    cdef long polls = 0
-    cdef double deadline
-    cdef timespec pause
-    cdef long nap_ns = 20000
-    if device_poll == 0 or device == 0 or flag == 0:
-        raise ValueError("nap_poll: a null address")
-    with nogil:
-        deadline = _monotonic_seconds() + seconds
-        while True:
-            poll(<void*>device, 0, NULL)
-            polls += 1
-            if ortgpu_load_flag(fired) != 0 or _monotonic_seconds() >= deadline:
-                break
-            pause.tv_sec = 0
-            pause.tv_nsec = nap_ns
-            nanosleep(&pause, NULL)
-            nap_ns = nap_ns * 2 if nap_ns * 2 < 200000 else 200000
+            if nap:
+                pause.tv_sec = 0
+                pause.tv_nsec = nap_ns
+                nanosleep(&pause, NULL)
+                nap_ns = nap_ns * 2 if nap_ns * 2 < 200000 else 200000
     return polls
 
 

@@ -70,7 +70,6 @@ from ._device_calls import (
     Completions,
     copy_out,
     map_read,
-    nap_poll,
     request_work_done,
     spin_poll,
 )
@@ -710,7 +709,7 @@ class _Readback(_EncodeAhead):
                 continue
             napping = (nap_deadline or deadline) - time.perf_counter()
             if napping > 0:
-                nap_poll(self._device_poll_address, _address(device), requests.fired_address, napping)
+                spin_poll(self._device_poll_address, _address(device), requests.fired_address, napping, True)
                 continue
             # WGPUBool wgpuDevicePoll(WGPUDevice, WGPUBool wait, WGPUSubmissionIndex const *): its "queue empty"
             # answer is not trusted (see wait_idle); done() reads what the fired callbacks recorded

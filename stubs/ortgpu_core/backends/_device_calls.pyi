@@ -4,8 +4,7 @@ WORK_DONE_CALLBACK: int
 COMPLETION_MAP: int
 COMPLETION_WORK_DONE: int
 
-def spin_poll(device_poll: int, device: int, flag: int, seconds: float) -> int: ...
-def nap_poll(device_poll: int, device: int, flag: int, seconds: float) -> int: ...
+def spin_poll(device_poll: int, device: int, flag: int, seconds: float, nap: bool = False) -> int: ...
 def map_read(
     map_async: int,
     buffer: int,
