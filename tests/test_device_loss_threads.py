@@ -78,7 +78,7 @@ def _lose_wgpu_device(env: Env) -> None:
     opened = env.default_device._native_device()
     device: Any = getattr(opened, "wrapped", opened)  # a SerializedDevice in serialized mode
     _, lib = load_native()
-    with device._lock:
+    with device._lock.exclusive():
         lib.wgpuDeviceDestroy(device._device)
 
 

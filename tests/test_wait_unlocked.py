@@ -169,7 +169,7 @@ def test_losing_the_device_during_a_wait_gives_the_waiter_device_lost(device: Wg
     paused = PausedWait(device)
     result = paused.start(_reader(device, buffer, how))
     _, lib = load_native()
-    with device._lock:
+    with device._lock.exclusive():
         lib.wgpuDeviceDestroy(device._device)  # what a driver reset looks like from here
     with pytest.raises(DeviceLostError, match="lost"):
         device.create_buffer(64)  # another thread's call learns of the loss
@@ -299,7 +299,7 @@ def test_a_device_destroyed_behind_the_library_during_a_wait_is_device_lost(devi
     paused = PausedWait(device)
     result = paused.start(_reader(device, buffer, how))
     _, lib = load_native()
-    with device._lock:
+    with device._lock.exclusive():
         lib.wgpuDeviceDestroy(device._device)
     paused.resume()
     assert isinstance(result.get("error"), DeviceLostError), result
@@ -454,8 +454,8 @@ def test_a_destroy_under_the_lock_does_not_wait_forever_for_a_submission_held_ba
     holding, inside, closed = threading.Event(), threading.Event(), threading.Event()
     codes: list[int] = []
 
-    def destroyer() -> None:  # holds the device's lock, then closes the gate as destroy() does first
-        with device._lock:
+    def destroyer() -> None:  # holds the device's lock exclusively, then closes the gate as destroy() does first
+        with device._lock.exclusive():
             holding.set()
             assert inside.wait(30)
             device._close_unlocked_calls()

@@ -16,10 +16,11 @@ lock is released, so nothing done under the lock (a destroy, a test's simulated 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 from types import TracebackType
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 
 class _Gate(Protocol):
@@ -35,17 +36,40 @@ class DeviceLock:
         self._depth = 0  # guarded by _lock: nesting of the holding thread
         self._held = 0  # guarded by _lock: the holding thread's acquisitions (never reset by the deferred releases)
         self._deferred: list[Callable[[], object]] = []  # guarded by _lock
-        # The native calls made outside the lock that submit (``_unlocked_calls.UnlockedCalls``): told when the lock
-        # is taken and released (outermost), so that they never interleave with what is done under it.
+        # The native calls made outside the lock that submit or write (``_unlocked_calls.UnlockedCalls``): told when
+        # an exclusive section starts and ends (outermost), so that they never interleave with what is done in it.
         self.gate: _Gate | None = None
+        self._excluding = 0  # guarded by _lock: nesting of the holder's exclusive sections
 
     def __enter__(self) -> DeviceLock:
         self._lock.acquire()
         self._held += 1
-        if self._held == 1 and self.gate is not None:
-            self.gate.lock_taken()
+        if self._held == 1:
+            self._exclude()
         self._depth += 1
         return self
+
+    def _exclude(self) -> None:
+        self._excluding += 1
+        if self._excluding == 1 and self.gate is not None:
+            self.gate.lock_taken()
+
+    def _unexclude(self) -> None:
+        self._excluding -= 1
+        if self._excluding == 0 and self.gate is not None:
+            self.gate.lock_released()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[DeviceLock]:
+        """Hold the lock and keep out the native calls made outside it (waiting for those in progress): for what
+        must never land inside one of them (a buffer's destroy, a test's simulated loss).  Every outermost holding
+        of the lock does so today; this names the sections that rely on it."""
+        with self:
+            self._exclude()
+            try:
+                yield self
+            finally:
+                self._unexclude()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -62,8 +86,8 @@ class DeviceLock:
         finally:
             self._depth -= 1
             self._held -= 1
-            if self._held == 0 and self.gate is not None:
-                self.gate.lock_released()
+            if self._held == 0:
+                self._unexclude()
             self._lock.release()
 
     def defer_if_nested(self, release: Callable[[], object]) -> bool:

@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The native calls a wgpu device makes outside its lock, in C without the GIL: a read's copy into the staging buffer,
-its submission and map request (one call), the wait for that map (another), and the submit of a command buffer
-encoded ahead for a captured graph (its replay).
+its submission and map request (one call), the wait for that map (another), the submit of a command buffer
+encoded ahead for a captured graph (its replay), and an upload's queue write (entered with the GIL by
+``try_enter_write``, which never waits: a write that finds the device's lock held is made under the lock instead).
 
 Why: with K threads each stepping a captured graph on one device, a step made of Python calls under the device's
 lock hands the GIL and that lock between threads many times per step; each hand-over wakes a thread on another
@@ -442,6 +443,34 @@ cdef class UnlockedCalls:
         device's lock, where handing the GIL to another thread and waiting to get it back would cost more than the
         call (cffi releases it for every call)."""
         self.fn_write(<void*>self.table.queue, <void*>buffer, offset, <const void*>data, size)
+
+    def try_enter_write(self):
+        """(With the GIL, never waiting.)  Enter the gate as a call that writes outside the device's lock: False when
+        the gate is closed or another thread holds the lock exclusively (the caller then writes under the lock).
+        Once entered, an exclusive holder (a buffer's destroy) waits for :meth:`write_entered` or
+        :meth:`leave_write`."""
+        cdef unsigned long me = ortgpu_this_thread()
+        if not self._enter():
+            return False
+        ortgpu_add_int(&self.submitting, 1)
+        if not ortgpu_read_int(&self.locked) or ortgpu_read_ulong(&self.locker) == me:
+            return True
+        ortgpu_add_int(&self.submitting, -1)
+        self._leave()
+        return False
+
+    def leave_write(self):
+        """Leave the gate entered by :meth:`try_enter_write` without writing."""
+        ortgpu_add_int(&self.submitting, -1)
+        self._leave()
+
+    def write_entered(self, uintptr_t buffer, uint64_t offset, uintptr_t data, size_t size):
+        """(Entered by :meth:`try_enter_write`.)  wgpuQueueWriteBuffer of ``size`` bytes at ``data`` into the
+        buffer ``buffer`` (a native address) at ``offset``, without the GIL, then leave the gate."""
+        with nogil:
+            self.fn_write(<void*>self.table.queue, <void*>buffer, offset, <const void*>data, size)
+            ortgpu_add_int(&self.submitting, -1)
+            self._leave()
 
     def request_map(self, uintptr_t staging, uint64_t size, MapWait wait):
         """Request the mapping of the first ``size`` bytes of the staging buffer ``staging``, reported to ``wait``,

@@ -298,9 +298,12 @@ class _DeviceBase:
                 self._free_buffer(record.pointer)
 
     def _free_buffer(self, pointer: Any) -> None:
-        # void wgpuBufferDestroy(WGPUBuffer buffer); void wgpuBufferRelease(WGPUBuffer buffer)
-        self._lib.wgpuBufferDestroy(pointer)
-        self._lib.wgpuBufferRelease(pointer)
+        """(Under the lock.)  Destroy and release a buffer, keeping out the submissions and writes made outside the
+        lock meanwhile (wgpu-native 29 aborts the process on a submission naming a destroyed buffer)."""
+        with self._lock.exclusive():
+            # void wgpuBufferDestroy(WGPUBuffer buffer); void wgpuBufferRelease(WGPUBuffer buffer)
+            self._lib.wgpuBufferDestroy(pointer)
+            self._lib.wgpuBufferRelease(pointer)
 
     def validate_commands(self, commands: CommandList) -> None:
         """Reject, in Python, records whose handles are not live here, or whose sizes break the limits.
