@@ -135,6 +135,16 @@ def device(env: ortgpu_core.Env) -> ortgpu_core.Device:
     return env.default_device
 
 
+@pytest.fixture(scope="module")
+def wgpu_backend() -> Iterator[Any]:
+    """A wgpu backend with its default settings, for the tests of the raw wgpu device (wgpu only)."""
+    from ortgpu_core.backends.wgpu_native import WgpuBackend
+
+    instance = WgpuBackend()
+    yield instance
+    instance.close()
+
+
 @pytest.fixture(scope="module", params=[None, 300.0], ids=["default-wait", "spin-300us"])
 def waiting_backend(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A wgpu backend with each way of waiting: the adapter's default (lavapipe: no spin) and a 300 us spin first

@@ -30,11 +30,9 @@ N = 256
 NBYTES = N * 4
 
 
-@pytest.fixture(scope="module")
-def backend() -> Iterator[WgpuBackend]:
-    instance = WgpuBackend()
-    yield instance
-    instance.close()
+@pytest.fixture
+def backend(wgpu_backend: WgpuBackend) -> WgpuBackend:
+    return wgpu_backend
 
 
 @pytest.fixture

@@ -27,11 +27,9 @@ pytestmark = pytest.mark.wgpu_only
 NBYTES = 4096
 
 
-@pytest.fixture(scope="module")
-def backend() -> Iterator[WgpuBackend]:
-    instance = WgpuBackend()
-    yield instance
-    instance.close()
+@pytest.fixture
+def backend(wgpu_backend: WgpuBackend) -> WgpuBackend:
+    return wgpu_backend
 
 
 @pytest.fixture

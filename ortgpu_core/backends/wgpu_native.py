@@ -375,11 +375,9 @@ class WgpuDevice(_Timestamps):
         return True
 
     @_serialized
-    def _write_buffer_locked(self, buffer: int, offset: int, data: bytes | bytearray | memoryview) -> None:
+    def _write_buffer_locked(self, buffer: int, offset: int, view: memoryview) -> None:
+        """The write of :meth:`write_buffer` (``view`` C-contiguous) under the lock, refusing what its checks refuse."""
         self._check_open()
-        view = memoryview(data)
-        if not view.c_contiguous:
-            view = memoryview(view.tobytes())
         size = view.nbytes
         record = self._handles.get(buffer)
         if (
