@@ -10,21 +10,24 @@ wgpu-native's ``timestamp-query-inside-encoders``; the H200 and lavapipe have bo
 with its own clock).  A profiled run or replay is then ONE submission, the same records as the unprofiled one
 with a timestamp written before each planned step and after the last, into the query set of a free slot of a small
 ring (:class:`GpuStepTimer`, one per program, so per session: its query sets and resolve buffer are released with
-the program, i.e. with the graph or the session).  Nothing waits for it, and nothing is resolved per run.  A slot
-is free, pending (a run's timestamps in its query set) or being read; the ring has :data:`RING_SLOTS` slots (fewer
+the program, i.e. with the graph or the session), and, after its work, the resolve of those timestamps into the
+slot's part of the ring's resolve buffer.  Nothing waits for it.  A slot is free, pending (a run's resolved
+timestamps in its part of the buffer) or being read; the ring has :data:`RING_SLOTS` slots (fewer
 for a plan whose slot is large: :data:`RING_BYTES`).  Once three quarters of them are pending, a ``replay()`` (or an
 ordinary run) starts a read of them that nobody waits for, right after its own submit (the device's
-``read_async``: their resolves and a copy to a staging buffer, one submission, the mapping requested); each later
+``read_async``: one copy of their part of the resolve buffer to a staging buffer, the mapping requested); each later
 profiled run asks, without waiting, whether it has completed (``read_async_done``: the map callback fired in some
 poll or submit) and finishes it when it has (the ticks copied out), and only then are those slots free again, so a
-query set is written again only after its values were copied out and no run gets another's values.  A run waits
+slot is written again only after its values were copied out and no run gets another's values.  A run waits
 for a read only when no slot is free (the GPU more than a quarter of the ring behind).  ``replay_and_read()``
 (which waits for its outputs anyway) reads the pending slots in that wait when no slot is free (the replay
-submitted, then the resolves with the output copies); writing the trace (``end_profiling``) reads the rest (one
+submitted, then the ring's copy with the output copies); writing the trace (``end_profiling``) reads the rest (one
 wait) and finishes the reads in flight.  On a device without ``read_async`` (:data:`ASYNC_READS` off models it)
 the ring is read when full, with one wait.  That keeps a profiled replay as asynchronous as an unprofiled one
 (``replay()`` submits and returns): on the H200 the ring's reads cost a captured mlp16 ``replay()`` + ``to_numpy()``
-about 2 points less on average than one wait per :data:`RING_SLOTS` replays (session 9).  The timestamps are kept
+about 2 points less on average than one wait per :data:`RING_SLOTS` replays (session 9), and resolving in each run
+(not per slot in the read: a read then encoded and validated a resolve per slot, about 125 us per read) cut the
+ring's share further (session 16).  The timestamps are kept
 raw (ticks) until events are asked for (``trace()``, ``event_count``, the trace written): a profiled run or replay
 builds no event on the host meanwhile.
 Timed command lists are frozen and cached per slot and per set of bound buffers, so the wgpu backend validates
@@ -244,15 +247,16 @@ class _RingRead:
 class GpuStepTimer:
     """GPU timestamps of one program's profiled runs and replays (see the module docstring): per slot of its ring
     (``slots``, :data:`RING_SLOTS` at most) a query set of ``len(steps) + 1`` timestamps, a part of one resolve
-    buffer and the frozen timed command lists, and the runs whose values are not read yet.  Made by the runner for
+    buffer (each run resolves its timestamps there, after its work) and the frozen timed command lists, and the runs
+    whose values are not read yet.  Made by the runner for
     a program on first profiled use (``program.timing_resources``), released with it.  Its own lock serializes its
     runs and reads.
 
-    A slot is free, pending (a run's timestamps are in its query set) or being read (a read started without
-    waiting covers it); it is free again only once that read has completed, so a slot's query set is written again
-    only after its previous values were resolved and copied out, and each run gets its own slot's values.
+    A slot is free, pending (a run's resolved timestamps are in its part of the resolve buffer) or being read (a
+    read started without waiting covers it); it is free again only once that read has completed, so a slot is
+    written again only after its previous values were copied out, and each run gets its own slot's values.
 
-    ``read(commands, buffer, offset, out)`` submits ``commands`` (the pending runs' resolves) and reads the resolve
+    ``read(commands, buffer, offset, out)`` submits ``commands`` (none: each run resolved its own) and reads the resolve
     buffer after them, in one submission (the runner's ``_read_timestamps``: ``submit_and_read``, under its
     submission lock in serialized mode): the reads that wait.  A bound method is held weakly (the timer must not
     keep its runner, or the profilers its runs belong to, alive); the reads that do not wait (the device's
@@ -294,8 +298,7 @@ class GpuStepTimer:
         self._free = list(range(self.slots))  # the free slots, ascending
         self._released = False  # the program was released (runs may still be pending: see release)
         self._freed = False  # the query set and resolve buffer are freed
-        # one query set per slot: a run's timestamps stay in its slot's set until the ring is read back, and are
-        # resolved then, all in one list
+        # one query set per slot (and a part of the resolve buffer, where the slot's run resolves them)
         self.query_sets: list[int] = []
         try:
             for _ in range(self.slots):
@@ -324,11 +327,12 @@ class GpuStepTimer:
     ) -> None:
         """Submit ``program``'s work on these buffers once, timed (per step with ``detail``, else as a whole), and
         note it for ``profiler`` (raw: it becomes events when they are asked for).  Its timestamps go to a free
-        slot's query set, and are resolved and read back with other pending runs: without ``submit_and_read``, by
+        slot's query set, resolved after its work into the slot's part of the resolve buffer, and read back with
+        other pending runs: without ``submit_and_read``, by
         a read nobody waits for, started once three quarters of the ring are pending and finished by a later run
         when it has completed (a run waits for one only when no slot is free); with ``submit_and_read``
         (``replay_and_read``: ``reads`` are made in the same submission as the work, which waits for them anyway),
-        in that wait when no slot is free (the work submitted first, then the resolves with the reads); and when
+        in that wait when no slot is free (the work submitted first, then the ring's copy with the reads); and when
         the trace is written."""
         with self._lock:
             if self._released:
@@ -355,6 +359,10 @@ class GpuStepTimer:
                     commands = cached[1]
                 else:
                     commands, token = program.record_timed(inputs, outputs, self.query_sets[slot], per_step=detail)
+                    # the run resolves its own timestamps into its slot of the resolve buffer, after its work: a
+                    # read of the ring is then one copy (no resolve per slot to encode and validate per read)
+                    count = self.queries if detail else 2
+                    commands.add_resolve(self.query_sets[slot], 0, count, self.resolve_buffer, slot * self.stride)
                     commands.freeze()
                     lists[slot] = (token, commands)
             except BaseException:
@@ -380,13 +388,13 @@ class GpuStepTimer:
                 raise
             profiler._add_gpu_run(run)
             if submit_and_read is not None:
-                if not free:  # the ring is full: its runs' timestamps are resolved and read in this wait
+                if not free:  # the ring is full: its runs' timestamps are read in this wait
                     self._read_ring_with(submit_and_read, list(reads or ()))
             elif self._async and len(pending) >= self._read_at:
                 self._start_read_locked()
 
     def drain(self) -> None:
-        """Resolve and read back every pending run's timestamps (one submission, one wait) into their runs, and
+        """Read back every pending run's timestamps (one submission, one wait) into their runs, and
         finish the reads in flight.  A timer released with runs pending (its program was released: a graph
         released, a session closed, while profiling) frees its query sets and buffer once they are read (or the
         read fails)."""
@@ -409,7 +417,7 @@ class GpuStepTimer:
                 if read is not None:  # (else freed, or the runner is gone: nothing can be read any more)
                     first = min(entry[0] for entry in pending)
                     values = np.zeros((max(entry[0] for entry in pending) + 1 - first) * self.stride // 8, np.uint64)
-                    read(self._resolves(pending), self.resolve_buffer, first * self.stride, values.view(np.uint8))
+                    read(CommandList(), self.resolve_buffer, first * self.stride, values.view(np.uint8))
                     self._fill(pending, values, first)
         except BaseException as failure:
             error = failure
@@ -424,16 +432,14 @@ class GpuStepTimer:
             raise error
 
     def _start_read_locked(self) -> None:
-        """Start reading every pending run without waiting (``read_async``: their resolves and the copy in one
-        submission); a start that fails leaves them pending (read by the next read that waits)."""
+        """Start reading every pending run without waiting (``read_async``: one copy of their part of the resolve
+        buffer); a start that fails leaves them pending (read by the next read that waits)."""
         pending = self._pending
         first = min(entry[0] for entry in pending)
         size = (max(entry[0] for entry in pending) + 1 - first) * self.stride
         try:
             with self._submission():
-                ticket = self._device.read_async(
-                    self._resolves(pending), self.resolve_buffer, first * self.stride, size
-                )
+                ticket = self._device.read_async(CommandList(), self.resolve_buffer, first * self.stride, size)
         except OrtGpuError:
             return
         self._pending = []
@@ -481,25 +487,15 @@ class GpuStepTimer:
         self._free.sort()
 
     def _read_ring_with(self, submit_and_read: Callable[[CommandList, _Reads], None], reads: _Reads) -> None:
-        """Resolve every pending run's timestamps and read them, with ``reads``, in one submission and wait (a
-        failure leaves them pending, still in their query sets)."""
+        """Read every pending run's timestamps, with ``reads``, in one submission and wait (a failure leaves them
+        pending)."""
         pending = self._pending
         first = min(entry[0] for entry in pending)
         values = np.zeros((max(entry[0] for entry in pending) + 1 - first) * self.stride // 8, dtype=np.uint64)
-        submit_and_read(
-            self._resolves(pending), [*reads, (self.resolve_buffer, first * self.stride, values.view(np.uint8))]
-        )
+        submit_and_read(CommandList(), [*reads, (self.resolve_buffer, first * self.stride, values.view(np.uint8))])
         self._pending = []
         self._fill(pending, values, first)
         self._lost(pending)
-
-    def _resolves(self, pending: list[_Pending]) -> CommandList:
-        """The resolve of each of ``pending``'s timestamps into its slot of the resolve buffer."""
-        commands = CommandList()
-        for slot, run, _ in pending:
-            count = self.queries if run.detail else 2
-            commands.add_resolve(self.query_sets[slot], 0, count, self.resolve_buffer, slot * self.stride)
-        return commands
 
     def _fill(self, pending: list[_Pending], values: np.ndarray, first: int) -> None:
         """Give each of ``pending`` its ticks from ``values`` (the ring's slots from ``first`` up, as read back)."""
