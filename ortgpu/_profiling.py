@@ -9,8 +9,8 @@ events are appended under its own lock, and writing the trace drains only that r
 wgpu-native's ``timestamp-query-inside-encoders``; the H200 and lavapipe have both; the fake backend models them
 with its own clock).  A profiled run or replay is then ONE submission, the same records as the unprofiled one
 with a timestamp written before each planned step and after the last, into the query set of a free slot of a small
-ring (:class:`GpuStepTimer`, one per program, so per session: its query sets and resolve buffer are released with
-the program, i.e. with the graph or the session), and, after its work, the resolve of those timestamps into the
+ring (:class:`GpuStepTimer`, one per program, so per session: its query sets and resolve buffer are given back
+when the record ends, made again by a later one, and released with the program), and, after its work, the resolve of those timestamps into the
 slot's part of the ring's resolve buffer.  Nothing waits for it.  A slot is free, pending (a run's resolved
 timestamps in its part of the buffer) or being read; the ring has :data:`RING_SLOTS` slots (fewer
 for a plan whose slot is large: :data:`RING_BYTES`).  Once three quarters of them are pending, a ``replay()`` (or an
@@ -249,7 +249,8 @@ class GpuStepTimer:
     (``slots``, :data:`RING_SLOTS` at most) a query set of ``len(steps) + 1`` timestamps, a part of one resolve
     buffer (each run resolves its timestamps there, after its work) and the frozen timed command lists, and the runs
     whose values are not read yet.  Made by the runner for
-    a program on first profiled use (``program.timing_resources``), released with it.  Its own lock serializes its
+    a program on first profiled use (``program.timing_resources``), released with it; idle between profiling
+    records (:meth:`idle`: no query sets, buffer or lists).  Its own lock serializes its
     runs and reads.
 
     A slot is free, pending (a run's resolved timestamps are in its part of the resolve buffer) or being read (a
@@ -298,18 +299,26 @@ class GpuStepTimer:
         self._free = list(range(self.slots))  # the free slots, ascending
         self._released = False  # the program was released (runs may still be pending: see release)
         self._freed = False  # the query set and resolve buffer are freed
-        # one query set per slot (and a part of the resolve buffer, where the slot's run resolves them)
+        # one query set per slot (and a part of the resolve buffer, where the slot's run resolves them); made now,
+        # given back when a profiling record ends (idle), made again by the next profiled run
         self.query_sets: list[int] = []
+        self.resolve_buffer = 0
+        self._allocate_locked()
+
+    def _allocate_locked(self) -> None:
+        """Make the query sets and the resolve buffer (nothing is kept when one fails)."""
+        device, query_sets = self._device, []
         try:
             for _ in range(self.slots):
-                self.query_sets.append(device.create_query_set(self.queries, label="ortgpu profiling timestamps"))
-            self.resolve_buffer: int = device.create_query_resolve_buffer(
+                query_sets.append(device.create_query_set(self.queries, label="ortgpu profiling timestamps"))
+            resolve_buffer: int = device.create_query_resolve_buffer(
                 self.stride * self.slots, label="ortgpu profiling timestamps (resolved)"
             )
         except BaseException:
-            for query_set in self.query_sets:
+            for query_set in query_sets:
                 device.release_query_set(query_set)
             raise
+        self.query_sets, self.resolve_buffer = query_sets, resolve_buffer
 
     def run(
         self,
@@ -337,6 +346,9 @@ class GpuStepTimer:
         with self._lock:
             if self._released:
                 raise RuntimeError("this GPU step timer was released with its program")
+            if not self.query_sets:  # idle since a profiling record ended
+                with self._submission():
+                    self._allocate_locked()
             if self._reading:
                 self._collect_locked()
             free = self._free
@@ -535,14 +547,35 @@ class GpuStepTimer:
             self._cancel_reads_locked()
             self._free_locked()
 
+    def idle(self) -> None:
+        """A profiling record ended: give back the query sets and the resolve buffer, and drop the timed command
+        lists (and with them the command buffers the device encoded ahead for them), unless runs are pending or
+        being read (another thread's, still profiling) or the timer was released.  A later profiled run makes
+        them again.  (Held on, they slowed the device's unprofiled submissions: session 16.)"""
+        with self._lock:
+            if self._released or self._freed or self._pending or self._reading or not self.query_sets:
+                return
+            self._lists = [None] * self.slots
+            self._span_lists = [None] * self.slots
+            self._io = None
+            self._last_profiler = None
+            with self._submission():
+                self._free_resources_locked()
+
     def _free_locked(self) -> None:
         if self._freed:
             return
         self._freed = True
+        self._free_resources_locked()
+
+    def _free_resources_locked(self) -> None:
+        query_sets, self.query_sets = self.query_sets, []
+        resolve_buffer, self.resolve_buffer = self.resolve_buffer, 0
         try:
-            self._device.destroy_buffer(self.resolve_buffer)
+            if resolve_buffer:
+                self._device.destroy_buffer(resolve_buffer)
         finally:
-            for query_set in self.query_sets:
+            for query_set in query_sets:
                 self._device.release_query_set(query_set)
 
 
@@ -713,10 +746,11 @@ class SessionProfiler:
         with self._lock:
             self._timers.add(timer)
 
-    def drain(self) -> None:
+    def drain(self, idle: bool = False) -> None:
         """Read back the timestamps of this record's GPU-timed runs not read yet, and make the events of those read
         (they join the record).  A read that fails (device lost or closed) drops those runs, noted in
-        ``otherData.timing_errors``."""
+        ``otherData.timing_errors``.  With ``idle`` (the record ends), the timers then give back what they hold
+        (:meth:`GpuStepTimer.idle`)."""
         with self._lock:
             timers = list(self._timers) + self._orphans
             self._timers = weakref.WeakSet()
@@ -724,6 +758,8 @@ class SessionProfiler:
         for timer in timers:
             try:
                 timer.drain()
+                if idle:
+                    timer.idle()
             except OrtGpuError as error:
                 with self._lock:
                     self._timing_errors.append(f"{type(error).__name__}: {error}")
@@ -865,6 +901,12 @@ class SessionProfiler:
                 "start_time_ns": self.start_wall_ns,
             },
         }
+
+    def finish(self) -> str:
+        """The record ends (``end_profiling``): read back every run, let the timers give back their query sets,
+        buffers and timed lists, and write the trace; returns its path."""
+        self.drain(idle=True)
+        return self.write()
 
     def write(self) -> str:
         """Write the trace to ``<prefix>_<session id>_<timestamp>.json``; returns its absolute path."""

@@ -686,8 +686,9 @@ class InferenceSession(NotCopyable):
         if profiler is None:
             return ""
         # A replay in flight on another thread may still add its event: write after taking the record out, so
-        # no later run adds to it, and let the file hold what was recorded until now.
-        return profiler.write()
+        # no later run adds to it, and let the file hold what was recorded until now.  The GPU step timers give
+        # back their query sets and timed lists (a later record makes them again).
+        return profiler.finish()
 
     @contextlib.contextmanager
     def profiling(self) -> Iterator[ProfilingRecord]:

@@ -404,6 +404,34 @@ def test_gpu_timed_steps_are_positive_and_fit_their_span(env: Env, tmp_path: Pat
     assert {e["pid"] for e in complete(trace)} == {sess.session_id}
 
 
+def test_ending_a_record_gives_back_the_timing_resources(env: Env, tmp_path: Path) -> None:
+    """end_profiling leaves nothing of the record's GPU timing on the device (the query sets, the resolve buffer
+    and the timed command lists are given back: held on, they slowed unprofiled submissions), and a later record
+    makes them again and times its runs as the first did."""
+    with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "again")) as sess:
+        x = image()
+        _, y_value, _, graph = captured(sess, x)
+        try:
+            assert_reference(graph.replay_and_read()[0], x)
+            assert_reference(sess.run(None, {"X": x})[0], x)
+            before = env.live_handles()
+            for record in range(2):
+                sess.start_profiling()
+                for _ in range(3):
+                    assert_reference(sess.run(None, {"X": x})[0], x)
+                    graph.replay()
+                    assert_reference(y_value.to_numpy(), x)
+                assert env.live_handles() > before  # a record's query sets and resolve buffers
+                trace = load(sess.end_profiling())
+                assert env.live_handles() == before, f"record {record} left timing resources behind"
+                assert trace["otherData"]["timing"] == "gpu-timestamps"
+                for cat in ("run", "replay"):
+                    spans = [e for e in complete(trace, cat) if e["args"].get("timing") == "gpu"]
+                    assert len(spans) == 3 and all(e["args"]["gpu_ns"] > 0 for e in spans)
+        finally:
+            graph.release()
+
+
 def test_timing_resources_are_released_with_the_session(env: Env, tmp_path: Path) -> None:
     """A profiled program holds one query set and one resolve buffer, released when the session closes (the env
     fixture also checks that nothing leaked)."""
