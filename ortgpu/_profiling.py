@@ -25,9 +25,10 @@ submitted, then the ring's copy with the output copies); writing the trace (``en
 wait) and finishes the reads in flight.  On a device without ``read_async`` (:data:`ASYNC_READS` off models it)
 the ring is read when full, with one wait.  That keeps a profiled replay as asynchronous as an unprofiled one
 (``replay()`` submits and returns): on the H200 the ring's reads cost a captured mlp16 ``replay()`` + ``to_numpy()``
-about 2 points less on average than one wait per :data:`RING_SLOTS` replays (session 9), and resolving in each run
-(not per slot in the read: a read then encoded and validated a resolve per slot, about 125 us per read) cut the
-ring's share further (session 16).  The timestamps are kept
+about 2 points less on average than one wait per :data:`RING_SLOTS` replays (session 9).  Each run resolves its
+own timestamps (session 16): a read of the ring then took 47-75 us on the H200 instead of about 125 us (a resolve per
+slot to encode and validate), though the mean cost of profiling did not move beyond the noise (1.13-1.17 on/off
+before and after, ``bench/results/2026-12-03-s16``).  The timestamps are kept
 raw (ticks) until events are asked for (``trace()``, ``event_count``, the trace written): a profiled run or replay
 builds no event on the host meanwhile.
 Timed command lists are frozen and cached per slot and per set of bound buffers, so the wgpu backend validates
@@ -551,7 +552,7 @@ class GpuStepTimer:
         """A profiling record ended: give back the query sets and the resolve buffer, and drop the timed command
         lists (and with them the command buffers the device encoded ahead for them), unless runs are pending or
         being read (another thread's, still profiling) or the timer was released.  A later profiled run makes
-        them again.  (Held on, they slowed the device's unprofiled submissions: session 16.)"""
+        them again, so a session holds nothing for profiling between records."""
         with self._lock:
             if self._released or self._freed or self._pending or self._reading or not self.query_sets:
                 return

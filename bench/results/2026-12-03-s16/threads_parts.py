@@ -4,7 +4,7 @@ replay timed whole: detail only on the first), unprofiled again (do sessions tha
 Per pass: the throughput, and per step the calls and time of the wgpu device's parts (wrapped with timers), the
 device lock's acquisition wait and hold time (outermost holdings).
 
-python3 threads_parts.py   (KS=4 ITER=500)
+python3 threads_parts.py   (KS=4 ITER=500 VARIANT=full: what a timer gives back at a record's end, see idle_variant)
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ import ortgpu
 from bench.__main__ import build_model, model_feeds
 from bench.harness import OrtgpuArms
 from bench.threads import time_threads
+from ortgpu import _profiling
 from ortgpu_core.backends import _device_lock, wgpu_native
 
 KS = [int(k) for k in os.environ.get("KS", "4").split(",")]
 ITER = int(os.environ.get("ITER", "500"))
+VARIANT = os.environ.get("VARIANT", "full")
 WARMUP = 50
 PARTS = (
     "read_async",
@@ -78,6 +80,31 @@ def wrap() -> None:
     lock_cls.__exit__ = timed_exit
 
 
+def idle_variant(variant: str) -> None:
+    """What a timer gives back when a profiling record ends: ``full`` (the library's), ``lists`` (only the timed
+    command lists, with what was encoded ahead for them), ``sets`` (only the query sets and resolve buffer; the
+    lists then name freed query sets, so they are dropped too, but the device's encoded-ahead buffers for them are
+    kept alive by holding the lists elsewhere), ``none`` (nothing: as before session 16)."""
+    timer_cls: Any = _profiling.GpuStepTimer
+    full: Callable[..., Any] = timer_cls.idle
+    kept: list[Any] = []
+
+    def idle(self: Any) -> None:
+        if variant == "none":
+            return
+        if variant == "lists":
+            with self._lock:
+                self._lists = [None] * self.slots
+                self._span_lists = [None] * self.slots
+                self._io = None
+            return
+        if variant == "sets":
+            kept.extend(self._lists + self._span_lists)
+        full(self)
+
+    timer_cls.idle = idle
+
+
 def report(label: str, window: float, steps: int) -> None:
     print(f"-- {label}: {steps / window:7.0f} steps/s", flush=True)
     for name, values in sorted(records.items()):
@@ -96,6 +123,8 @@ def main() -> None:
     for arms in sessions:
         arms.capture()
     wrap()
+    idle_variant(VARIANT)
+    print(f"timers' idle at a record's end: {VARIANT}")
     for k in KS:
         using = sessions[:k]
         for label in ("unprofiled", "profiled (whole)", "unprofiled again"):
