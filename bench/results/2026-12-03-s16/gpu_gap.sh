@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# H200 session 16 (carry .gl and .whl): the threads bench with the spinning poller pausing between polls
+# (ORTGPU_POLL_GAP_NS, an experiment switch read at import by _unlocked_calls.pyx in the tree of run 6, removed
+# since: no clear effect), settings alternating, ROUNDS rounds.
+set -u
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+python3 setup.py -q build_ext --inplace -j 8 > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+for round in $(seq ${ROUNDS:-2}); do
+  for gap in ${GAPS:-0 5000 20000}; do
+    echo "== threads bench, round $round, ORTGPU_POLL_GAP_NS=$gap"
+    ORTGPU_POLL_GAP_NS=$gap timeout 120 python3 -m bench --model mlp16 --batch 1 --threads ${KS:-1,4,8} --capture on --iterations 400 --warmup 50 2>&1 | grep -E "^ +[0-9]+ ortgpu.*(end_to_end|run_only)|ceiling" | tee -a $OUT/gap.txt
+  done
+done
