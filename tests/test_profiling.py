@@ -348,6 +348,56 @@ def test_concurrent_profiled_replays_stay_apart(env: Env, tmp_path: Path) -> Non
             sess.close()
 
 
+def test_records_started_and_ended_while_other_threads_run(env: Env, tmp_path: Path) -> None:
+    """One thread starts and ends profiling records over and over while two others replay the session's captured
+    graph and run it: every output is right, nothing raises, each trace holds only this session's events with GPU
+    spans that have durations, and the timers given back at each record's end are made again by the next record's
+    first run (nothing leaks: the env fixture checks after the session closes)."""
+    records = 12
+    with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "toggle")) as sess:
+        x_value, y_value, _, graph = captured(sess)
+        x = image()
+        x_value.update_inplace(x)
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def replaying() -> None:
+            try:
+                while not stop.is_set():
+                    assert_reference(graph.replay_and_read()[0], x)
+            except BaseException as error:  # noqa: BLE001 - reported by the main thread
+                errors.append(error)
+
+        def running() -> None:
+            try:
+                while not stop.is_set():
+                    assert_reference(sess.run(None, {"X": x})[0], x)
+            except BaseException as error:  # noqa: BLE001 - reported by the main thread
+                errors.append(error)
+
+        workers = [threading.Thread(target=replaying), threading.Thread(target=running)]
+        spans = 0
+        try:
+            for worker in workers:
+                worker.start()
+            for _ in range(records):
+                sess.start_profiling()
+                for _ in range(3):  # this thread's own runs, so that every record holds some
+                    assert_reference(sess.run(None, {"X": x})[0], x)
+                trace = load(sess.end_profiling())
+                assert {e["pid"] for e in complete(trace)} == {sess.session_id}
+                timed = [e for e in complete(trace) if e["cat"] in ("run", "replay") and e["args"]["timing"] == "gpu"]
+                assert len(timed) >= 3 and all(e["args"]["gpu_ns"] > 0 for e in timed)
+                spans += len(timed)
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join()
+            graph.release()
+        assert not errors, errors
+        assert spans >= 3 * records
+
+
 # -- GPU timestamps ------------------------------------------------------------------------------------------------
 
 

@@ -485,7 +485,8 @@ def test_serialized_mode_reads_under_the_envs_lock(
     tmp_path: Path, backend_name: str, monkeypatch: pytest.MonkeyPatch, four_slots: int
 ) -> None:
     """In serialized mode every device operation holds the Env's serial lock: the ring's reads that do not wait
-    are started and finished under it too (as the runner's own submits and reads are)."""
+    are started and finished under it too (as the runner's own submits and reads are), and so are the ring's query
+    sets and buffer, given back at a record's end and made again by the next record's first replay."""
     from ortgpu._device_caches import _serial_lock
 
     environment = Env(backend=backend_name, execution_mode="serialized")
@@ -499,20 +500,25 @@ def test_serialized_mode_reads_under_the_envs_lock(
             device = sess._runner.backend_device
 
             def checking(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
-                def checked(*args: Any) -> Any:
+                def checked(*args: Any, **kwargs: Any) -> Any:
                     held.append((name, lock._is_owned()))  # type: ignore[attr-defined]
-                    return call(*args)
+                    return call(*args, **kwargs)
 
                 return checked
 
-            for name in ("read_async", "read_async_finish"):
+            calls = ("read_async", "read_async_finish", "create_query_set", "create_query_resolve_buffer")
+            for name in (*calls, "release_query_set"):
                 monkeypatch.setattr(device, name, checking(name, getattr(device, name)))
             sess.start_profiling()
             for _ in range(7):
                 graph.replay()
             assert len(spans(load(sess.end_profiling()))) == 7
+            sess.start_profiling()  # the ring was given back: made again (under the lock) by the first replay
+            for _ in range(7):
+                graph.replay()
+            assert len(spans(load(sess.end_profiling()))) == 7
             graph.release()
-        assert {name for name, _ in held} == {"read_async", "read_async_finish"}
+        assert {name for name, _ in held} == {*calls, "release_query_set"}
         assert all(owned for _, owned in held), held
     finally:
         environment.close()
