@@ -38,9 +38,10 @@ PARTS = (
 )
 
 
-def wrap(records: dict[str, list[float]]) -> None:
+def wrap(records: dict[str, list[float]], parts: tuple[str, ...] = PARTS) -> None:
+    """Time every call of the wgpu device's methods named in ``parts`` into ``records`` (seconds, by name)."""
     cls: Any = wgpu_native.WgpuDevice
-    for name in PARTS:
+    for name in parts:
         original: Callable[..., Any] = getattr(cls, name)
 
         def timed(self: Any, *args: Any, _original: Callable[..., Any] = original, _name: str = name, **kw: Any) -> Any:

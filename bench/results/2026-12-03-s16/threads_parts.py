@@ -10,6 +10,7 @@ python3 threads_parts.py   (KS=4 ITER=500 VARIANT=full: what a timer gives back 
 from __future__ import annotations
 
 import collections
+import importlib.util
 import os
 import statistics
 import tempfile
@@ -22,7 +23,7 @@ from bench.__main__ import build_model, model_feeds
 from bench.harness import OrtgpuArms
 from bench.threads import time_threads
 from ortgpu import _profiling
-from ortgpu_core.backends import _device_lock, wgpu_native
+from ortgpu_core.backends import _device_lock
 
 KS = [int(k) for k in os.environ.get("KS", "4").split(",")]
 ITER = int(os.environ.get("ITER", "500"))
@@ -44,18 +45,13 @@ held = threading.local()
 
 
 def wrap() -> None:
-    cls: Any = wgpu_native.WgpuDevice
-    for name in PARTS:
-        original: Callable[..., Any] = getattr(cls, name)
-
-        def timed(self: Any, *args: Any, _original: Callable[..., Any] = original, _name: str = name, **kw: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return _original(self, *args, **kw)
-            finally:
-                records[_name].append(time.perf_counter() - start)
-
-        setattr(cls, name, timed)
+    spec = importlib.util.spec_from_file_location(
+        "ring_parts", os.path.join(os.path.dirname(__file__), "..", "2026-12-02-s15", "ring_parts.py")
+    )
+    assert spec is not None and spec.loader is not None
+    ring_parts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ring_parts)
+    ring_parts.wrap(records, PARTS)  # session 15's timers around the device's calls
     lock_cls: Any = _device_lock.DeviceLock
     enter: Callable[..., Any] = lock_cls.__enter__
     leave: Callable[..., Any] = lock_cls.__exit__
