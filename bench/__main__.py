@@ -36,7 +36,8 @@ at a barrier after their warm-up, for ``--iterations`` steps each (or ``--second
 reports the aggregate steps per second and each thread's p50 and p99 (JSON: ``threads``). Every session's outputs are
 compared with the single-thread reference before timing and after. The captured arm also gets the GPU ceiling: the
 GPU time of one replay from timestamp queries, ``1 / gpu_time``, and each K's throughput as a fraction of it (JSON:
-``threads.gpu_ceiling``).
+``threads.gpu_ceiling``); with ``--gpu-under-load``, also a replay's GPU time while the K threads step, and the
+fraction of the time the GPU is busy with replays (JSON: ``threads.gpu_under_load``).
 
 With ``--profile-overhead`` the bench measures what profiling costs a captured replay instead
 (``bench/profile_overhead.py``): two sessions with a captured graph each, one profiled, timed interleaved for
@@ -67,7 +68,15 @@ from .flops import model_flops
 from .harness import ArmResult, OrtgpuArms, median_ms, summarize, time_loop
 from .models import conv_chain, matmul_chain, mlp, random_feeds, resnet, transformer_encoder
 from .recurrent_models import crnn_recognizer, silero_like_vad, vad_feeds
-from .threads import gpu_ceiling, parse_thread_counts, print_gpu_ceiling, print_table, run_threads, scaling
+from .threads import (
+    gpu_ceiling,
+    parse_thread_counts,
+    print_gpu_ceiling,
+    print_gpu_under_load,
+    print_table,
+    run_threads,
+    scaling,
+)
 
 #: The captured arm that reads its outputs with graph.replay_and_read() (end_to_end only).
 READ_ARM = "ortgpu capture on, replay_and_read"
@@ -268,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --threads: time each (K, arm, boundary) for this many seconds instead of --iterations per thread",
     )
     parser.add_argument(
+        "--gpu-under-load",
+        action="store_true",
+        help="with --threads: also measure a replay's GPU time (timestamps) while the K threads step, each session "
+        "profiled, and the fraction of the time the GPU is busy with replays",
+    )
+    parser.add_argument(
         "--profile-overhead",
         action="store_true",
         help="measure a captured replay with profiling off vs on, interleaved (p50s, ratio on/off, GPU time per "
@@ -289,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--seconds must be positive, not {args.seconds}")
     elif args.seconds is not None:
         parser.error("--seconds applies to --threads only")
+    elif args.gpu_under_load:
+        parser.error("--gpu-under-load applies to --threads only")
     if args.iterations < 1 or args.warmup < 0:
         parser.error("--iterations must be at least 1 and --warmup at least 0")
     if not args.overhead_only:
@@ -559,7 +576,16 @@ def _run_threads(
         arms.close()
     wanted = {"off": ["capture off"], "on": ["capture on"], "both": ["capture off", "capture on"]}[args.capture]
     results, info = run_threads(
-        model_bytes, feeds, env, reference, args.thread_counts, wanted, args.warmup, args.iterations, args.seconds
+        model_bytes,
+        feeds,
+        env,
+        reference,
+        args.thread_counts,
+        wanted,
+        args.warmup,
+        args.iterations,
+        args.seconds,
+        under_load=args.gpu_under_load and "capture on" in wanted,
     )
     if "capture_refused" in info:
         report["capture_refused"] = info["capture_refused"]
@@ -573,6 +599,9 @@ def _run_threads(
 
         ceiling = gpu_ceiling(results, gpu_time_per_replay(model_bytes, feeds, env))
     print_gpu_ceiling(ceiling)
+    loaded: dict[str, Any] = info.pop("gpu_under_load", {})
+    if args.gpu_under_load and "capture on" in wanted and "capture_refused" not in info:
+        print_gpu_under_load(results, loaded)
     report["threads"] = {
         "thread_counts": args.thread_counts,
         "iterations_per_thread": None if args.seconds is not None else args.iterations,
@@ -582,6 +611,7 @@ def _run_threads(
         "results": [result.summary() for result in results],
         "scaling": scaling(results),
         "gpu_ceiling": ceiling,
+        "gpu_under_load": loaded,
     }
     _write_report(args, report)
     return 0

@@ -25,11 +25,21 @@ busy (first to last timestamp of a profiled replay, 300 submitted back to back, 
 ``1 / gpu_time``; each K's captured throughput is reported as a fraction of it (issue 15:
 at K=4, 1.6x K=1, or within 80% of that ceiling where the GPU is the limit). Not measured on a device without
 timestamp queries.
+
+Whether the GPU is the limit at K (``--gpu-under-load``, captured arm): after K's timed steps, the same K threads step
+``end_to_end`` again with every session profiled (each replay timed whole: two timestamps), and the median GPU time of
+a replay under that load (first to last timestamp) is reported with ``busy`` = the unprofiled end_to_end throughput x
+that median: the fraction of the window the GPU would spend on replays (1.0: the GPU is the limit).  The profiled
+pass's own throughput is lower (profiling costs the host); only its GPU times are used.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import statistics
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,6 +55,8 @@ from .harness import OrtgpuArms
 __all__ = [
     "ThreadResult",
     "gpu_ceiling",
+    "gpu_under_load",
+    "print_gpu_under_load",
     "parse_thread_counts",
     "print_gpu_ceiling",
     "print_table",
@@ -213,6 +225,45 @@ def time_threads(
     return max(ends) - opened, times
 
 
+#: ``detail_every`` of the profiled pass of ``--gpu-under-load``: only a record's first replay is timed per step.
+_WHOLE_ONLY = 1 << 30
+
+
+def gpu_under_load(
+    sessions: list[OrtgpuArms], warmup: int, iterations: int, seconds: float | None
+) -> dict[str, Any] | None:
+    """The GPU time of a replay while ``len(sessions)`` threads each step their own captured graph ``end_to_end``,
+    every session profiled (replays timed whole): median and p90 over the replays timed whole, or None where the
+    device has no timestamp queries."""
+    spans: list[int] = []
+    with tempfile.TemporaryDirectory() as folder:
+        for index, arms in enumerate(sessions):
+            arms.session.profile_file_prefix = os.path.join(folder, f"load_{index}")
+            arms.session.start_profiling(_WHOLE_ONLY)
+        try:
+            window, times = time_threads([arms.captured_end_to_end for arms in sessions], warmup, iterations, seconds)
+        finally:
+            timings = set()
+            for arms in sessions:
+                path = arms.session.end_profiling()
+                with open(path, encoding="utf-8") as handle:
+                    trace: dict[str, Any] = json.load(handle)
+                timings.add(trace["otherData"]["timing"])
+                spans.extend(
+                    int(e["args"]["gpu_ns"])
+                    for e in trace["traceEvents"]
+                    if e.get("ph") == "X" and e.get("cat") == "replay" and e.get("args", {}).get("detail") is False
+                )
+    if timings != {"gpu-timestamps"} or not spans:
+        return None
+    return {
+        "gpu_time_per_replay_s": statistics.median(spans) / 1e9,
+        "p90_s": (statistics.quantiles(spans, n=10)[-1] if len(spans) > 1 else spans[0]) / 1e9,
+        "replays_timed": len(spans),
+        "profiled_steps_per_s": sum(len(t) for t in times) / window,
+    }
+
+
 def run_threads(
     model_bytes: bytes,
     feeds: dict[str, npt.NDArray[Any]],
@@ -224,11 +275,13 @@ def run_threads(
     iterations: int,
     seconds: float | None = None,
     progress: bool = True,
+    under_load: bool = False,
 ) -> tuple[list[ThreadResult], dict[str, Any]]:
-    """Time ``arms_wanted`` (``"capture off"``, ``"capture on"``) with each count of ``thread_counts``.
+    """Time ``arms_wanted`` (``"capture off"``, ``"capture on"``) with each count of ``thread_counts``; with
+    ``under_load``, also the GPU time of a replay at each count (:func:`gpu_under_load`, captured arm).
 
-    Returns the results and a report part: the per-session output checks, and where capture was refused (then the
-    captured arm is skipped), the reason.
+    Returns the results and a report part: the per-session output checks, where capture was refused (then the
+    captured arm is skipped) the reason, and ``gpu_under_load`` by str(K).
     """
     info: dict[str, Any] = {"tolerance": THREAD_TOLERANCE}
     sessions: list[OrtgpuArms] = []
@@ -255,6 +308,12 @@ def run_threads(
                         print(f"  {count} thread(s), ortgpu {arm} {boundary} ...", file=sys.stderr, flush=True)
                     window, times = time_threads(steps, warmup, iterations, seconds)
                     results.append(ThreadResult(count, f"ortgpu {arm}", boundary, window, times))
+                if under_load and arm == "capture on":
+                    if progress:
+                        print(f"  {count} thread(s), GPU time per replay under load ...", file=sys.stderr, flush=True)
+                    loaded = gpu_under_load(sessions[:count], warmup, iterations, seconds)
+                    if loaded is not None:
+                        info.setdefault("gpu_under_load", {})[str(count)] = loaded
         for index, arms in enumerate(sessions):  # still right after all the threaded steps
             after = {"capture off": _check(f"thread {index} capture off", arms.uncaptured_end_to_end(), reference)}
             if arms.graph is not None:
@@ -326,3 +385,19 @@ def print_gpu_ceiling(ceiling: dict[str, Any]) -> None:
     for boundary, by_k in ceiling["fraction"].items():
         row = ", ".join(f"K={k}: {value:.2f}" for k, value in by_k.items())
         print(f"  capture on, {boundary}: throughput / ceiling: {row}")
+
+
+def print_gpu_under_load(results: list[ThreadResult], loaded: dict[str, dict[str, Any]]) -> None:
+    """One line per K: the GPU time of a replay under that load and ``busy`` (see the module docstring)."""
+    if not loaded:
+        print("GPU time per replay under load: not measured (no GPU timestamp queries on this device)")
+        return
+    rate = {r.threads: r.throughput for r in results if r.arm == "ortgpu capture on" and r.boundary == "end_to_end"}
+    print("GPU under load (the K threads stepping end_to_end again, each session profiled, replays timed whole):")
+    for k, row in loaded.items():
+        gpu = row["gpu_time_per_replay_s"]
+        row["busy"] = rate[int(k)] * gpu
+        print(
+            f"  K={k}: GPU time per replay under load {gpu * 1e3:.4f} ms (p90 {row['p90_s'] * 1e3:.4f}, "
+            f"{row['replays_timed']} replays); end_to_end throughput x that = busy {row['busy']:.2f}"
+        )

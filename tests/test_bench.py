@@ -742,6 +742,27 @@ def test_bench_threads_json(
     assert "results" not in report  # the single-thread arms are not run with --threads
 
 
+def test_bench_threads_gpu_under_load(
+    backend_name: str, model_path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--gpu-under-load: per K, a profiled pass of the K threads gives a replay's GPU time under that load (the
+    replays timed whole: each session's first is timed per step), and busy = end_to_end throughput x that time."""
+    json_path = tmp_path / "out.json"
+    argv = small_args(model_path, backend_name, "--threads", "1,2", "--capture", "on", "--gpu-under-load")
+    assert run_bench(*argv, "--json", str(json_path)) == 0
+    out, _ = capsys.readouterr()
+    part = json.loads(json_path.read_text())["threads"]
+    loaded = part["gpu_under_load"]
+    assert set(loaded) == {"1", "2"} and "gpu_under_load" not in part["outputs_checked"]
+    for k, row in loaded.items():
+        e2e = next(r for r in part["results"] if r["threads"] == int(k) and r["boundary"] == "end_to_end")
+        assert 0 < row["gpu_time_per_replay_s"] <= row["p90_s"]
+        assert row["replays_timed"] == int(k) * (WARMUP + ITERATIONS - 1)
+        assert row["profiled_steps_per_s"] > 0
+        assert row["busy"] == pytest.approx(e2e["throughput_per_s"] * row["gpu_time_per_replay_s"])
+        assert f"K={k}: GPU time per replay under load {row['gpu_time_per_replay_s'] * 1e3:.4f} ms" in out
+
+
 def test_bench_threads_for_seconds(backend_name: str, model_path: str, tmp_path: Path) -> None:
     json_path = tmp_path / "out.json"
     argv = small_args(model_path, backend_name, "--threads", "2", "--seconds", "0.3", "--capture", "on")
@@ -810,6 +831,7 @@ def test_bench_threads_refuses_a_wrong_replay(
         (["--threads", "2", "--overhead"], "leave out --vs, --overhead and --plot"),
         (["--threads", "2", "--seconds", "0"], "--seconds must be positive"),
         (["--seconds", "1"], "--seconds applies to --threads only"),
+        (["--gpu-under-load"], "--gpu-under-load applies to --threads only"),
     ],
 )
 def test_bench_threads_bad_arguments(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
