@@ -58,9 +58,9 @@ def _end_profiling(arms: OrtgpuArms) -> tuple[str, list[int]]:
         os.remove(path)
 
 
-def _profiled(arms: OrtgpuArms, folder: str) -> None:
+def _profiled(arms: OrtgpuArms, folder: str, detail_every: int | None = None) -> None:
     arms.session.profile_file_prefix = os.path.join(folder, "profile")
-    arms.session.start_profiling()
+    arms.session.start_profiling(detail_every)
 
 
 def _check(name: str, got: list[npt.NDArray[Any]], want: list[npt.NDArray[Any]]) -> None:

@@ -35,8 +35,6 @@ pass's own throughput is lower (profiling costs the host); only its GPU times ar
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import sys
 import tempfile
@@ -51,6 +49,7 @@ import numpy.typing as npt
 import ortgpu
 
 from .harness import OrtgpuArms
+from .profile_overhead import _end_profiling, _profiled
 
 __all__ = [
     "ThreadResult",
@@ -236,24 +235,17 @@ def gpu_under_load(
     every session profiled (replays timed whole): median and p90 over the replays timed whole, or None where the
     device has no timestamp queries."""
     spans: list[int] = []
+    timings = set()
     with tempfile.TemporaryDirectory() as folder:
-        for index, arms in enumerate(sessions):
-            arms.session.profile_file_prefix = os.path.join(folder, f"load_{index}")
-            arms.session.start_profiling(_WHOLE_ONLY)
+        for arms in sessions:
+            _profiled(arms, folder, _WHOLE_ONLY)
         try:
             window, times = time_threads([arms.captured_end_to_end for arms in sessions], warmup, iterations, seconds)
         finally:
-            timings = set()
             for arms in sessions:
-                path = arms.session.end_profiling()
-                with open(path, encoding="utf-8") as handle:
-                    trace: dict[str, Any] = json.load(handle)
-                timings.add(trace["otherData"]["timing"])
-                spans.extend(
-                    int(e["args"]["gpu_ns"])
-                    for e in trace["traceEvents"]
-                    if e.get("ph") == "X" and e.get("cat") == "replay" and e.get("args", {}).get("detail") is False
-                )
+                timing, whole = _end_profiling(arms)
+                timings.add(timing)
+                spans.extend(whole)
     if timings != {"gpu-timestamps"} or not spans:
         return None
     return {

@@ -36,7 +36,7 @@ from ortgpu_core.backends._commands import CommandList
 def detail_every(n: int) -> Iterator[None]:
     original = profile_overhead._profiled
 
-    def profiled(arms: Any, folder: str) -> None:
+    def profiled(arms: Any, folder: str, detail_every: int | None = None) -> None:
         arms.session.profile_file_prefix = f"{folder}/profile"
         arms.session.start_profiling(detail_every=n)
 

@@ -3,10 +3,7 @@
 # (ORTGPU_POLL_GAP_NS, an experiment switch read at import by _unlocked_calls.pyx in the tree of run 6, removed
 # since: no clear effect), settings alternating, ROUNDS rounds.
 set -u
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-python3 setup.py -q build_ext --inplace -j 8 > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+source bench/results/2026-12-03-s16/device_setup.sh
 for round in $(seq ${ROUNDS:-2}); do
   for gap in ${GAPS:-0 5000 20000}; do
     echo "== threads bench, round $round, ORTGPU_POLL_GAP_NS=$gap"

@@ -3,10 +3,7 @@
 # THREAD_RUNS separate processes (is the K=4 shortfall per process or per measurement?); with LOADED=1,
 # loaded_gpu_time.py.
 set -u
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-python3 setup.py -q build_ext --inplace -j 8 > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+source bench/results/2026-12-03-s16/device_setup.sh
 here=bench/results/2026-12-03-s16
 for round in $(seq ${ROUNDS:-2}); do
   echo "== profile parts, round $round"
