@@ -129,9 +129,13 @@ def checked_detail_every(value: object) -> int:
 #: slots are resolved and read back together (one wait) once they are all used, or when the trace is written.  Each
 #: slot has its own frozen timed command list (per kind: per step, or whole), built on its first use; runs timed per
 #: step take the free slots from the first up, runs timed whole from the last down, so the few per-step runs between
-#: two reads (one in ``detail_every``) reuse the same few slots and lists.  (64 slots measured worse on the H200:
-#: every slot's lists are built and validated once.)
-RING_SLOTS = 16
+#: two reads (one in ``detail_every``) reuse the same few slots and lists.  32: with each run resolving its own
+#: timestamps, a read of the ring costs about the same whatever it covers, so fewer reads cost less; on the H200
+#: (session 17, ``bench/results/2026-12-03-s17/ring_size.py``, two processes) 32 slots against 16 took a captured
+#: mlp16 replay's mean cost of profiling from 1.139 / 1.158 to 1.121 / 1.130 timed whole, and from 1.169 / 1.178
+#: to 1.160 / 1.160 with the default per-step sample; 64 gave no more (1.122 / 1.122 and 1.159 / 1.160), and every
+#: slot's lists are built and validated once (session 9 measured 64 worse with a resolve per slot in each read).
+RING_SLOTS = 32
 
 #: A resolve buffer's size at most, for plans whose slot is large (many steps): fewer slots then, never under
 #: :data:`MIN_RING_SLOTS`.

@@ -1,7 +1,7 @@
 """The profiler's ring of timestamps read without waiting (issue 15: profiling's cost on average).
 
 A profiled ``replay()`` leaves its timestamps in a slot of its program's ring; once three quarters of the ring are
-pending (of 16 slots: 12; of MIN_RING_SLOTS = 4, which most tests here use: 2), those slots are resolved and copied
+pending (of RING_SLOTS = 32: 24; of MIN_RING_SLOTS = 4, which most tests here use: 2), those slots are resolved and copied
 out by a read nobody waits for (the device's ``read_async``), which a later profiled run picks up when it has
 completed (``read_async_done``, then ``read_async_finish``).  A run waits for a read only when no slot is free.
 These tests check that, on both backends: the calls made, that every run gets its own timestamps (never another
@@ -177,26 +177,29 @@ def test_a_replay_loop_never_waits_for_the_ring(
 def test_a_read_starts_when_three_quarters_of_the_ring_are_pending(
     env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A ring of RING_SLOTS (16): the first read starts right after the 12th replay's submit, covering those 12;
-    the next 4 replays take the free slots (they ask whether it completed, and finish it once it has)."""
+    """A ring of RING_SLOTS (32): the first read starts right after the 24th replay's submit, covering those 24;
+    the next 8 replays take the free slots (they ask whether it completed, and finish it once it has)."""
+    slots = _profiling.RING_SLOTS
+    read_at = slots - max(_profiling.MIN_RING_SLOTS // 2, slots // 4)
+    assert (slots, read_at) == (32, 24)
     with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "p")) as sess:
         _, _, graph = captured(sess)
         calls = Calls(sess, monkeypatch)
         sess.start_profiling()
         calls.done = lambda: False
-        for _ in range(12):
+        for _ in range(read_at):
             graph.replay()
-        assert calls.take() == ["submit"] * 12 + ["read_async"]
+        assert calls.take() == ["submit"] * read_at + ["read_async"]
         timer = next(iter(sess._runner.profiler._timers))  # type: ignore[union-attr]
-        assert timer.slots == _profiling.RING_SLOTS == 16 and len(timer._reading[0].pending) == 12
-        for _ in range(4):
+        assert timer.slots == slots and len(timer._reading[0].pending) == read_at
+        for _ in range(slots - read_at):
             graph.replay()
-        assert calls.take() == ["done=False", "submit"] * 4
+        assert calls.take() == ["done=False", "submit"] * (slots - read_at)
         calls.done = None
-        graph.replay()  # the 12 slots are free again once the read is finished (the 17th replay's slot among them)
+        graph.replay()  # the slots read are free again once the read is finished (this replay's slot among them)
         log = calls.take()
         assert log[-1] == "submit" and "read_async_finish" in log
-        assert len(timer._free) + len(timer._pending) == 16 - sum(len(r.pending) for r in timer._reading)
+        assert len(timer._free) + len(timer._pending) == slots - sum(len(r.pending) for r in timer._reading)
         sess.end_profiling()
         graph.release()
 
@@ -235,7 +238,7 @@ def test_a_run_waits_only_when_no_slot_is_free(
 def test_replays_and_reads_mixed_get_their_own_timestamps(
     env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """replay(), replay_and_read() and ordinary runs, mixed, over many turns of the ring (16 slots), each timed per
+    """replay(), replay_and_read() and ordinary runs, mixed, over many turns of the ring (RING_SLOTS), each timed per
     step one in four: each run's timestamps are its own (never another run's), every output is right, and the
     trace has every run in order."""
     with InferenceSession(
