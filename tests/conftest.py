@@ -40,6 +40,20 @@ def selected_backends(config: pytest.Config) -> tuple[str, ...]:
     return ALL_BACKENDS if choice == "all" else (str(choice),)
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Name the peer the comparisons run against, and say so when it is older than the one they were validated with
+    (onnxruntime 1.32: older ones lack newer opsets' kernels and differ on some edge cases, see
+    ``tests/test_ops_elementwise.py``'s ``PEER_DEFECTS_BEFORE_VALIDATED``)."""
+    import onnxruntime
+
+    from tests.test_ops_elementwise import PEER_VALIDATED_VERSION, peer_version
+
+    line = f"peer: onnxruntime {onnxruntime.__version__}"
+    if peer_version() < PEER_VALIDATED_VERSION:
+        line += " (older than 1.32, which the comparisons with it were validated against: install onnxruntime>=1.32)"
+    return line
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "wgpu_only: needs the wgpu-native backend")
     config.addinivalue_line("markers", "fake_only: needs the fake backend")
