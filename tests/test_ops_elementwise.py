@@ -223,24 +223,23 @@ PEER_DEFECTS_BEFORE_VALIDATED = {
 }
 
 
-def peer_version() -> tuple[int, ...]:
-    """The installed onnxruntime's version as numbers (its leading numeric parts)."""
-    parts = []
-    for part in onnxruntime.__version__.split(".")[:2]:
-        digits = "".join(c for c in part if c.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
+def _version(text: str) -> tuple[int, ...]:
+    """A version string's major and minor numbers (their leading digits)."""
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in text.split(".")[:2])
+
+
+#: The installed onnxruntime's (major, minor).
+PEER_VERSION = _version(onnxruntime.__version__)
+PEER_TOO_OLD = PEER_VERSION < PEER_VALIDATED_VERSION
+#: What to install, said by every message about an older peer.
+PEER_REQUIREMENT = "onnxruntime>=" + ".".join(map(str, PEER_VALIDATED_VERSION))
 
 
 def check_reference(case: Case) -> None:
-    if (
-        case.in_onnxruntime
-        and case.op_type in PEER_DEFECTS_BEFORE_VALIDATED
-        and peer_version() < PEER_VALIDATED_VERSION
-    ):
+    if PEER_TOO_OLD and case.in_onnxruntime and case.op_type in PEER_DEFECTS_BEFORE_VALIDATED:
         pytest.fail(
             f"{case.id}: onnxruntime {onnxruntime.__version__} {PEER_DEFECTS_BEFORE_VALIDATED[case.op_type]}, so it "
-            "cannot check this reference; install onnxruntime>=1.32 (pip install 'onnxruntime>=1.32')"
+            f"cannot check this reference; install {PEER_REQUIREMENT} (pip install '{PEER_REQUIREMENT}')"
         )
     arrays = make_inputs(case)
     if not case.in_onnxruntime:

@@ -179,9 +179,8 @@ def test_a_read_starts_when_three_quarters_of_the_ring_are_pending(
 ) -> None:
     """A ring of RING_SLOTS (32): the first read starts right after the 24th replay's submit, covering those 24;
     the next 8 replays take the free slots (they ask whether it completed, and finish it once it has)."""
-    slots = _profiling.RING_SLOTS
-    read_at = slots - max(_profiling.MIN_RING_SLOTS // 2, slots // 4)
-    assert (slots, read_at) == (32, 24)
+    slots, read_at = 32, 24
+    assert _profiling.RING_SLOTS == slots
     with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "p")) as sess:
         _, _, graph = captured(sess)
         calls = Calls(sess, monkeypatch)
@@ -191,7 +190,7 @@ def test_a_read_starts_when_three_quarters_of_the_ring_are_pending(
             graph.replay()
         assert calls.take() == ["submit"] * read_at + ["read_async"]
         timer = next(iter(sess._runner.profiler._timers))  # type: ignore[union-attr]
-        assert timer.slots == slots and len(timer._reading[0].pending) == read_at
+        assert timer.slots == slots and timer._read_at == read_at and len(timer._reading[0].pending) == read_at
         for _ in range(slots - read_at):
             graph.replay()
         assert calls.take() == ["done=False", "submit"] * (slots - read_at)
