@@ -33,7 +33,14 @@ raw (ticks) until events are asked for (``trace()``, ``event_count``, the trace 
 builds no event on the host meanwhile.
 Timed command lists are frozen and cached per slot and per set of bound buffers, so the wgpu backend validates
 each once and encodes it ahead, as it does a captured graph's list; runs timed per step take the slots from the
-first up, runs timed whole from the last down, so the few per-step lists are reused.  Events: one per planned step, its duration the GPU time between
+first up, runs timed whole from the last down, so the few per-step lists are reused.  Each run picks the slot the
+next run will take (the next free one of the kind ``detail_every`` says comes next) and names that slot's list to
+its submit (``encode_next``), so the device encodes the command buffer of the list used next, just before its
+use, instead of this run's own (used again only a ring's length later); the next run takes that slot when it is
+of that kind and still free.  On the H200 a command buffer encoded 32 submits before its submit took about 5 us
+more to submit than one encoded just before (session 18), and a captured mlp16 replay profiled whole cost 1.134-1.142
+of an unprofiled one on average with this against 1.198-1.199 without (1.180-1.192 against 1.212-1.217 with the
+default per-step sample; ``bench/results/2026-12-03-s18``, one process each, interleaved).  Events: one per planned step, its duration the GPU time between
 its timestamps (name: its first node; cat: its op types, ``+`` joined; ``args.nodes``, ``args.placement``,
 ``args.dispatches``), inside one span per run (cat ``"run"``) or replay (cat ``"replay"``) lasting first to last
 timestamp (``args.gpu_ns``).  **Placement on the timeline**: the GPU clock is not the host's; GPU times are mapped
@@ -302,6 +309,7 @@ class GpuStepTimer:
         self._pending: list[_Pending] = []
         self._reading: list[_RingRead] = []  # reads started without waiting, oldest first
         self._free = list(range(self.slots))  # the free slots, ascending
+        self._predicted: tuple[bool, int] | None = None  # (detail, slot) the next run is expected to take
         self._released = False  # the program was released (runs may still be pending: see release)
         self._freed = False  # the query set and resolve buffer are freed
         # one query set per slot (and a part of the resolve buffer, where the slot's run resolves them); made now,
@@ -330,7 +338,7 @@ class GpuStepTimer:
         program: Any,
         inputs: Mapping[str, Any],
         outputs: Mapping[str, Any],
-        submit: Callable[[CommandList], None],
+        submit: Callable[..., None],
         profiler: SessionProfiler,
         name: str,
         cat: str,
@@ -362,7 +370,12 @@ class GpuStepTimer:
                     self._finish_locked(self._reading.pop(0))  # the oldest read (it waits, if it has to)
                 else:
                     self._drain_locked()
-            slot = free.pop(0) if detail else free.pop()
+            predicted = self._predicted
+            if predicted is not None and predicted[0] == detail and predicted[1] in free:
+                slot = predicted[1]  # the slot whose list was encoded ahead for this run (see below)
+                free.remove(slot)
+            else:
+                slot = free.pop(0) if detail else free.pop()
             io = self._io
             if io is not None and io[0] is inputs and io[1] is outputs:
                 token = io[2]
@@ -389,6 +402,18 @@ class GpuStepTimer:
             if reference is None or reference() is not profiler:  # tell each profiler once which timers it has
                 profiler._timed_by(self)
                 reference = self._last_profiler = weakref.ref(profiler)
+            # The slot (and list) the next run will take, told to the submit so that the device encodes that list's
+            # command buffer ahead instead of this one's (used again only a ring's length later): see
+            # ``submit(encode_next=...)``.  Taken by the next run if it is of the predicted kind and still free.
+            following = None
+            self._predicted = None
+            if free and submit_and_read is None:
+                next_detail = profiler.next_is_detail()
+                next_slot = free[0] if next_detail else free[-1]
+                self._predicted = (next_detail, next_slot)
+                entry = (self._lists if next_detail else self._span_lists)[next_slot]
+                if entry is not None and entry[0] is token:
+                    following = entry[1]
             tid, thread_name = _thread()
             run = _GpuRun(0, name, cat, args, tid, thread_name, detail, self._info)
             pending = self._pending
@@ -397,6 +422,8 @@ class GpuStepTimer:
             try:
                 if submit_and_read is not None and free:
                     submit_and_read(commands, list(reads or ()))
+                elif following is not None:
+                    submit(commands, encode_next=following)
                 else:
                     submit(commands)
             except BaseException:
@@ -613,6 +640,7 @@ class SessionProfiler:
         self.metadata = dict(metadata)
         self.detail_every = detail_every
         self._runs_seen = itertools.count()  # runs and replays offered to take_detail (next() is atomic)
+        self._last_seen = -1  # the last number take_detail drew (next_is_detail's guess of the next)
         # The runner's cache of captured graphs' buffer maps while this record lasts, by id(graph):
         # (graph, inputs, outputs, (event name, event args))
         self.graph_io: dict[
@@ -673,7 +701,13 @@ class SessionProfiler:
     def take_detail(self) -> bool:
         """Whether the run or replay about to start is timed per step (the first of the record, then every
         ``detail_every``-th); counts it either way."""
-        return next(self._runs_seen) % self.detail_every == 0
+        seen = self._last_seen = next(self._runs_seen)
+        return seen % self.detail_every == 0
+
+    def next_is_detail(self) -> bool:
+        """Whether the next run or replay is expected to be timed per step (a guess, for encoding ahead: another
+        thread may draw first)."""
+        return (self._last_seen + 1) % self.detail_every == 0
 
     def mark(self, name: str, cat: str, args: Mapping[str, Any] | None = None) -> None:
         """Record an instant event (``ph: "i"``, thread scope) of the calling thread now: a replay not timed."""
@@ -800,7 +834,7 @@ class SessionProfiler:
         program: Any,
         inputs: Mapping[str, Any],
         outputs: Mapping[str, Any],
-        submit: Callable[[CommandList], None],
+        submit: Callable[..., None],
         name: str,
         cat: str,
         args: Mapping[str, Any],

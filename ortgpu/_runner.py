@@ -353,9 +353,19 @@ class SessionRunner:
         """What a submission holds: the Env's serial lock in ``serialized`` mode, else nothing."""
         return _serial_lock(self.env) if self.env.execution_mode == "serialized" else contextlib.nullcontext()
 
-    def submit(self, commands: CommandList, read_ahead: Sequence[tuple[int, int, int]] = ()) -> None:
+    def submit(
+        self,
+        commands: CommandList,
+        read_ahead: Sequence[tuple[int, int, int]] = (),
+        encode_next: CommandList | None = None,
+    ) -> None:
+        """Submit ``commands`` (the backend's ``submit``: ``read_ahead``, the ranges a read may ask for next;
+        ``encode_next``, the list submitted next) under :meth:`submission`."""
         with self.submission():
-            self.backend_device.submit(commands, read_ahead)
+            if encode_next is None:
+                self.backend_device.submit(commands, read_ahead)
+            else:
+                self.backend_device.submit(commands, read_ahead, encode_next)
 
     def wait_idle(self) -> None:
         """Block until the device finished the work submitted so far (``replay_async`` and profiling wait so)."""

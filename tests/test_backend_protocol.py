@@ -486,3 +486,29 @@ def test_submit_and_read_is_submit_then_reads(device: BackendDevice) -> None:
     finally:
         device.destroy_buffer(a)
         device.destroy_buffer(b)
+
+
+def test_encode_next_is_a_hint_that_changes_no_result(device: BackendDevice) -> None:
+    """``submit(commands, encode_next=other)`` runs ``commands`` as a plain submit does, whatever ``other`` is
+    (a frozen list or not, submitted next or not); anything but a CommandList or None is refused before anything
+    runs."""
+    a, b = device.create_buffer(64, label="a"), device.create_buffer(64, label="b")
+    try:
+        payload = np.arange(16, dtype=np.uint32) + 7
+        device.write_buffer(a, 0, payload.tobytes())
+        copy, clear = CommandList(), CommandList()
+        copy.add_copy(a, 0, b, 0, 64)
+        clear.add_clear(b, 0, 64)
+        copy.freeze()
+        for hint in (clear, copy, CommandList(), None):
+            device.submit(clear)
+            device.submit(copy, encode_next=hint)
+            np.testing.assert_array_equal(np.frombuffer(device.read_buffer(b, 0, 64), np.uint32), payload)
+        device.submit(clear, encode_next=copy)
+        assert device.read_buffer(b, 0, 64) == bytes(64)
+        with pytest.raises(ValidationError, match="encode_next must be a CommandList or None"):
+            device.submit(copy, encode_next=[copy])  # type: ignore[arg-type]
+        assert device.read_buffer(b, 0, 64) == bytes(64)  # the refused submit ran nothing
+    finally:
+        device.destroy_buffer(a)
+        device.destroy_buffer(b)

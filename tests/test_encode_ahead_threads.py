@@ -221,3 +221,56 @@ def test_a_list_read_from_two_threads_keeps_using_what_was_encoded_ahead(device:
         device.destroy_buffer(x)
         device.destroy_buffer(y)
         device.release_pipeline(pipeline)
+
+
+def test_encode_next_encodes_the_named_list_ahead_instead_of_the_submitted_one(device: WgpuDevice) -> None:
+    """``submit(a, encode_next=b)``: the command buffer encoded ahead after the submit is ``b``'s (once ``b`` was
+    validated by a submit of its own), not ``a``'s; each list still computes its own result, with or without a
+    command buffer encoded ahead, and nothing is left behind."""
+    pipeline = device.create_compute_pipeline(SCALE_KERNEL, label="scale")
+    triple = device.create_compute_pipeline(TRIPLE_KERNEL, label="triple")
+    x = device.create_buffer(4 * COUNT)
+    y = device.create_buffer(4 * COUNT)
+    entries = [BindingEntry(0, x, 0, 4 * COUNT), BindingEntry(1, y, 0, 4 * COUNT)]
+    groups = [device.create_bind_group(pipeline, entries), device.create_bind_group(triple, entries)]
+    before = device.live_handles()
+    try:
+        data = np.arange(COUNT, dtype=np.float32)
+        device.write_buffer(x, 0, data.tobytes())
+        scale, times3 = CommandList(), CommandList()
+        scale.add_dispatch(pipeline, groups[0], COUNT // 64)
+        times3.add_dispatch(triple, groups[1], COUNT // 64)
+        scale.freeze()
+        times3.freeze()
+        out = np.empty(COUNT, np.float32)
+
+        def ahead_for() -> set[int]:
+            device.wait_idle()  # (no encoding ahead is running once the submits returned)
+            return {list_id for list_id, _ in device._ahead}
+
+        device.submit(times3, encode_next=scale)  # times3 not validated before: validated now; scale is not yet
+        assert ahead_for() == {id(times3)}  # so the submitted list's own next buffer is encoded, as without a hint
+        device.submit(scale, encode_next=times3)  # scale validated now, encoded at submit; times3's buffer is kept
+        assert ahead_for() == {id(times3)}
+        device.read_buffer_into(y, 0, out)
+        np.testing.assert_array_equal(out, data * 2 + 1)
+        device.submit(times3, encode_next=scale)  # times3's buffer encoded ahead is used; scale's is encoded next
+        assert ahead_for() == {id(scale)}
+        device.read_buffer_into(y, 0, out)
+        np.testing.assert_array_equal(out, data * 3)
+        device.submit(scale, encode_next=times3)
+        assert ahead_for() == {id(times3)}
+        device.read_buffer_into(y, 0, out)
+        np.testing.assert_array_equal(out, data * 2 + 1)
+        with pytest.raises(ValidationError, match="encode_next must be a CommandList or None"):
+            device.submit(scale, encode_next="times3")  # type: ignore[arg-type]
+        assert ahead_for() == {id(times3)}  # the refused submit changed nothing
+        del scale, times3  # their buffers encoded ahead go with them
+        assert device.live_handles() == before
+    finally:
+        for group in groups:
+            device.release_bind_group(group)
+        device.destroy_buffer(x)
+        device.destroy_buffer(y)
+        device.release_pipeline(pipeline)
+        device.release_pipeline(triple)

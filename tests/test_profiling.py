@@ -272,10 +272,10 @@ def test_profiling_off_submits_as_before(env: Env, tmp_path: Path) -> None:
         submitted: list[int] = []
         queries: list[list[str]] = []
 
-        def counting(commands: Any) -> None:
+        def counting(commands: Any, *rest: Any, **hints: Any) -> None:
             submitted.append(commands.dispatch_count)
             queries.append([r[0] for r in commands.records() if r[0] in ("timestamp", "resolve")])
-            original(commands)
+            original(commands, *rest, **hints)
 
         runner.submit = counting  # type: ignore[method-assign]
         x = image()
@@ -542,9 +542,9 @@ def test_a_device_without_timestamps_falls_back_to_host_timing(tmp_path: Path) -
             original = runner.submit
             submitted: list[tuple[int, int]] = []
 
-            def counting(commands: Any) -> None:
+            def counting(commands: Any, *rest: Any, **hints: Any) -> None:
                 submitted.append((commands.dispatch_count, commands.query_count))
-                original(commands)
+                original(commands, *rest, **hints)
 
             runner.submit = counting  # type: ignore[method-assign]
             with sess.profiling() as record:
@@ -719,9 +719,9 @@ def test_a_profiled_replay_and_read_is_one_submission(env: Env, tmp_path: Path) 
         calls: list[str] = []
         submit, submit_and_read = runner.submit, runner.submit_and_read
 
-        def counting_submit(commands: Any, read_ahead: Any = ()) -> None:
+        def counting_submit(commands: Any, read_ahead: Any = (), encode_next: Any = None) -> None:
             calls.append("submit")
-            submit(commands, read_ahead)
+            submit(commands, read_ahead, encode_next)
 
         def counting_submit_and_read(commands: Any, reads: Any) -> None:
             calls.append(f"submit_and_read({len(reads)})")
@@ -779,9 +779,9 @@ def test_a_full_ring_is_read_once_and_replays_keep_their_order(
             calls.append("read")
             read(commands, buffer, offset, out)
 
-        def counting_submit(commands: Any, read_ahead: Any = ()) -> None:
+        def counting_submit(commands: Any, read_ahead: Any = (), encode_next: Any = None) -> None:
             calls.append("submit")
-            submit(commands, read_ahead)
+            submit(commands, read_ahead, encode_next)
 
         def counting_submit_and_read(commands: Any, reads: Any) -> None:
             calls.append(f"submit_and_read({len(reads)})")

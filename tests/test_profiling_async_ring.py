@@ -524,3 +524,48 @@ def test_serialized_mode_reads_under_the_envs_lock(
         assert all(owned for _, owned in held), held
     finally:
         environment.close()
+
+
+def test_each_replay_names_the_list_the_next_one_submits(
+    env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ring's slots have lists of their own, used in turn; each profiled replay tells its submit which list the
+    next replay will submit (``encode_next``: the wgpu backend encodes that one's command buffer ahead, just before
+    its use, instead of the submitted one's), and the next replay takes that slot.  Checked over three laps of the
+    ring with runs timed per step (one in 3) and whole, reads of the ring in between: every hint is the list the
+    next replay submits, every replay after the first lap gives one unless no slot was free, and every result and
+    every run's timestamps are right."""
+    submitted: list[tuple[CommandList, CommandList | None]] = []
+    with InferenceSession(
+        MODEL, env=env, graph_capture=True, profile_detail_every=3, profile_file_prefix=str(tmp_path / "p")
+    ) as sess:
+        x_value, y_value, graph = captured(sess)
+        runner = sess._runner
+        submit = runner.submit
+
+        def recording(commands: CommandList, read_ahead: Any = (), encode_next: CommandList | None = None) -> None:
+            submitted.append((commands, encode_next))
+            submit(commands, read_ahead, encode_next)
+
+        monkeypatch.setattr(runner, "submit", recording)
+        sess.start_profiling()
+        runs = record_runs(sess, monkeypatch)
+        timer = None
+        laps = 3 * _profiling.RING_SLOTS
+        no_slot_free = []
+        for index in range(laps):
+            x = image()
+            x_value.update_inplace(x)
+            graph.replay()
+            assert_reference(y_value.to_numpy(), x)
+            timer = timer or next(iter(runner.profiler._timers))  # type: ignore[union-attr]
+            if not timer._free:
+                no_slot_free.append(index)
+        sess.end_profiling()
+        graph.release()
+    assert len(submitted) == laps
+    for (_, hint), (following, _) in zip(submitted, submitted[1:]):
+        assert hint is None or hint is following
+    hinted = [index for index, (_, hint) in enumerate(submitted) if hint is not None]
+    assert set(range(_profiling.RING_SLOTS, laps - 1)) - set(no_slot_free) <= set(hinted), (hinted, no_slot_free)
+    assert_own_ticks(runs, queries=3)

@@ -107,17 +107,27 @@ class _FakeExecution(_FakeDeviceBase):
             for index, record in enumerate(commands.records()):
                 self._validate(index, record)
 
-    def submit(self, commands: CommandList, read_ahead: Sequence[tuple[int, int, int]] = ()) -> None:
+    def submit(
+        self,
+        commands: CommandList,
+        read_ahead: Sequence[tuple[int, int, int]] = (),
+        encode_next: CommandList | None = None,
+    ) -> None:
         """Validate every record of ``commands``, then execute them in order.
 
         Atomic for validation: if any record is invalid, :class:`ValidationError`
         is raised and nothing executes.  (An exception raised by a twin
         propagates as is, after the records before it have executed.)
         ``read_ahead`` ranges are checked as the wgpu backend checks them (reads here copy nothing ahead: they
-        are already immediate).
+        are already immediate); ``encode_next`` is checked (a CommandList or None) and otherwise unused: nothing
+        is encoded here.
         """
         with self._backend.operations.operation("submit", self._ordinal), self._lock:
             self._check_usable()
+            if encode_next is not None and not isinstance(encode_next, CommandList):
+                raise ValidationError(
+                    f"submit: encode_next must be a CommandList or None, not {type(encode_next).__name__}"
+                )
             for item in read_ahead:
                 if not (isinstance(item, tuple) and len(item) == 3 and all(isinstance(v, int) for v in item)):
                     raise ValidationError(

@@ -235,6 +235,22 @@ class _EncodeAhead(_DeviceBase):
             self._jobs.add(job)
         return job, 0
 
+    def _job_for_next(self, commands: CommandList, tail: CommandList | None) -> tuple[bool, _AheadJob | None]:
+        """(Under the lock.)  For a submit told that ``commands`` comes next (``submit(encode_next=...)``):
+        whether the submitted list's own job of encoding ahead gives way to ``commands`` (a frozen list validated
+        here: its first submit validates it, and encodes it then), and the job of encoding ``commands``' next
+        command buffer (with ``tail``) ahead: None when one is already kept or being encoded for it (and this
+        tail).  The caller runs that job with :meth:`_encode_ahead` instead of its own, which it cancels."""
+        if not (commands.frozen and self.encode_ahead and id(commands) in self._validated):
+            return False, None
+        key = (id(commands), () if tail is None else tuple(tail.records()))
+        with self._jobs_changed:
+            if key in self._ahead or any(job.key == key for job in self._jobs):
+                return True, None
+            job = _AheadJob(commands, tail, key)
+            self._jobs.add(job)
+        return True, job
+
     def _submit_unlocked(
         self,
         commands: CommandList,

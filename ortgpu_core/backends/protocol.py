@@ -226,14 +226,25 @@ class BackendDevice(Protocol):
     def release_bind_group(self, bind_group: int) -> None: ...
 
     # -- submission --------------------------------------------------------
-    def submit(self, commands: CommandList, read_ahead: Sequence[tuple[int, int, int]] = ()) -> None:
+    def submit(
+        self,
+        commands: CommandList,
+        read_ahead: Sequence[tuple[int, int, int]] = (),
+        encode_next: CommandList | None = None,
+    ) -> None:
         """Encode ``commands`` in order and submit them as one command buffer.
 
         ``read_ahead``: ``(buffer, offset, size)`` ranges that a read may ask for next (a captured graph's
         outputs).  A backend may copy them to the host-visible side in the same submission, so that a following
         ``read_buffer_into`` of such a range submits nothing; reads always return the buffer's contents as of
         the read, whatever was written since.  The ranges are checked as reads are (a bad one raises
-        ``ValidationError`` and nothing is submitted)."""
+        ``ValidationError`` and nothing is submitted).
+
+        ``encode_next``: the frozen list the caller will submit next with the same ``read_ahead`` (a hint; None:
+        ``commands`` again).  A backend that encodes a frozen list's next command buffer ahead (the wgpu backend)
+        encodes that list's instead of ``commands``', so a caller that submits several lists in turn (the
+        profiler's ring) finds each one encoded just before its use.  It changes no result: a list submitted
+        without a command buffer encoded ahead is encoded then."""
         ...
 
     def wait_idle(self) -> None:

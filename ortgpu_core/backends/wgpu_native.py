@@ -565,7 +565,12 @@ class WgpuDevice(_Timestamps):
         self._check_open()
         return self._native_table
 
-    def submit(self, commands: CommandList, read_ahead: Sequence[tuple[int, int, int]] = ()) -> None:
+    def submit(
+        self,
+        commands: CommandList,
+        read_ahead: Sequence[tuple[int, int, int]] = (),
+        encode_next: CommandList | None = None,
+    ) -> None:
         """Validate, then encode ``commands`` in order and submit them as one command buffer.
 
         Encoding runs in C with the GIL released.  A frozen list (a captured
@@ -577,11 +582,23 @@ class WgpuDevice(_Timestamps):
 
         ``read_ahead`` ``(buffer, offset, size)`` ranges are copied to staging buffers of their own at the end of
         the same submission, so that a read of them that follows costs no submission (:mod:`._wgpu_read_ahead`).
+
+        ``encode_next`` (a frozen list validated here, to be submitted next with the same ``read_ahead``): the
+        command buffer encoded ahead after the submit is that list's instead of ``commands``' (see
+        :meth:`_EncodeAhead._job_for_next`).  The profiler's ring submits its slots' lists in turn: each one's
+        command buffer is then encoded just before its use instead of a ring's length earlier (on the H200 one
+        encoded 32 submits earlier took about 5 us more to submit: ``bench/results/2026-12-03-s18``).
         """
+        if encode_next is not None and not isinstance(encode_next, CommandList):
+            raise ValidationError(
+                f"submit: encode_next must be a CommandList or None, not {type(encode_next).__name__}"
+            )
         action = f"submit ({len(commands)} commands)"
         tail = None
         refreshed: list[Any] = []
         token: object = None
+        following: Any = None
+        instead = False  # the submitted list's own encoding ahead gives way to encode_next's
         with self._lock:
             self._check_open()
             self._validate_for_submit(commands)
@@ -597,14 +614,20 @@ class WgpuDevice(_Timestamps):
                 raise
             if not ready:
                 self._refresh_ended(refreshed, token, True)
+            if job is not None and encode_next is not None and encode_next is not commands:
+                instead, following = self._job_for_next(encode_next, tail)
         if ready:
             try:
                 self._submit_unlocked(commands, tail, ready, job, action)
             except BaseException:
+                self._cancel_job(following)
                 with self._lock:
                     self._refresh_ended(refreshed, token, False)
                 raise
             self._refresh_ended(refreshed, token, True)
+        if instead:
+            self._cancel_job(job)
+            job = following
         self._encode_ahead(job)
 
     # -- lifetime -------------------------------------------------------------------------
