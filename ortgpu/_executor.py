@@ -538,13 +538,13 @@ class DeviceProgram(Generic[_Buffer]):
         return _with_early_submit(commands)
 
     def record_timed(
-        self, inputs: _BufferMap, outputs: _BufferMap, query_set: int, per_step: bool = True
+        self, inputs: _BufferMap, outputs: _BufferMap, query_set: int, per_step: bool = True, first_query: int = 0
     ) -> tuple[CommandList, object]:
         """:meth:`record` with a timestamp written into ``query_set`` before each planned step (query ``i`` before
         step ``i``) and one after the last (query ``len(plan.steps)``): the same work in the same order, in one
         command list (a timestamp between dispatches is written inside their compute pass where the device allows
         it, else it ends the pass).  Without ``per_step``: query 0 before the first step and query 1 after the
-        last, nothing between.
+        last, nothing between.  Query numbers start at ``first_query`` (``first_query + i``).
         Also returns the cached bind-group list the records use: while :meth:`bind_groups_token` returns the same
         object for these buffers, the list stays valid (for callers that keep it)."""
         groups, commands = self._start_list(inputs, outputs)
@@ -552,13 +552,13 @@ class DeviceProgram(Generic[_Buffer]):
         if per_step:
             g = 0
             for step_index in range(steps):
-                commands.add_timestamp(query_set, step_index)
+                commands.add_timestamp(query_set, first_query + step_index)
                 g = self._record_steps(commands, step_index, step_index + 1, groups, g, inputs, outputs)
-            commands.add_timestamp(query_set, steps)
+            commands.add_timestamp(query_set, first_query + steps)
         else:
-            commands.add_timestamp(query_set, 0)
+            commands.add_timestamp(query_set, first_query)
             self._record_steps(commands, 0, steps, groups, 0, inputs, outputs)
-            commands.add_timestamp(query_set, 1)
+            commands.add_timestamp(query_set, first_query + 1)
         return _with_early_submit(commands), groups
 
     def bind_groups_token(self, inputs: _BufferMap, outputs: _BufferMap) -> object:

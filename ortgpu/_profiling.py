@@ -8,27 +8,33 @@ events are appended under its own lock, and writing the trace drains only that r
 **GPU timestamps where the device has them** (``timestamps_supported``: WebGPU's ``timestamp-query`` plus
 wgpu-native's ``timestamp-query-inside-encoders``; the H200 and lavapipe have both; the fake backend models them
 with its own clock).  A profiled run or replay is then ONE submission, the same records as the unprofiled one
-with a timestamp written before each planned step and after the last, into the query set of a free slot of a small
-ring (:class:`GpuStepTimer`, one per program, so per session: its query sets and resolve buffer are given back
-when the record ends, made again by a later one, and released with the program), and, after its work, the resolve of those timestamps into the
-slot's part of the ring's resolve buffer.  Nothing waits for it.  A slot is free, pending (a run's resolved
-timestamps in its part of the buffer) or being read; the ring has :data:`RING_SLOTS` slots (fewer
+with timestamps written into a free slot of a small ring (:class:`GpuStepTimer`, one per program, so per session:
+its query sets and resolve buffer are given back when the record ends, made again by a later one, and released with
+the program).  A run timed per step writes one before each planned step and one after the last into its slot's
+query set, and resolves them after its work into the slot's part of the ring's resolve buffer; a run timed whole
+(most of them: see the sample below) writes its two into the slot's pair of queries of one query set shared by the
+ring (the span query set) and resolves nothing: the read of the ring resolves all of those at once (one resolve of
+a range of that query set into the buffer after the slots' parts), then copies (session 18: a resolve per run cost
+a captured mlp16 step about 2%, measured in session 17).  Nothing waits for it.  A slot is free, pending (a run's
+timestamps written) or being read; the ring has :data:`RING_SLOTS` slots (fewer
 for a plan whose slot is large: :data:`RING_BYTES`).  Once three quarters of them are pending, a ``replay()`` (or an
 ordinary run) starts a read of them that nobody waits for, right after its own submit (the device's
-``read_async``: one copy of their part of the resolve buffer to a staging buffer, the mapping requested); each later
+``read_async``: the resolve of the pending spans and one copy of their part of the resolve buffer to a staging
+buffer, the mapping requested); each later
 profiled run asks, without waiting, whether it has completed (``read_async_done``: the map callback fired in some
 poll or submit) and finishes it when it has (the ticks copied out), and only then are those slots free again, so a
 slot is written again only after its values were copied out and no run gets another's values.  A run waits
 for a read only when no slot is free (the GPU more than a quarter of the ring behind).  ``replay_and_read()``
 (which waits for its outputs anyway) reads the pending slots in that wait when no slot is free (the replay
-submitted, then the ring's copy with the output copies); writing the trace (``end_profiling``) reads the rest (one
+submitted, then the ring's read with the output copies); writing the trace (``end_profiling``) reads the rest (one
 wait) and finishes the reads in flight.  On a device without ``read_async`` (:data:`ASYNC_READS` off models it)
 the ring is read when full, with one wait.  That keeps a profiled replay as asynchronous as an unprofiled one
 (``replay()`` submits and returns): on the H200 the ring's reads cost a captured mlp16 ``replay()`` + ``to_numpy()``
-about 2 points less on average than one wait per :data:`RING_SLOTS` replays (session 9).  Each run resolves its
-own timestamps (session 16): a read of the ring then took 47-75 us on the H200 instead of about 125 us (a resolve per
-slot to encode and validate), though the mean cost of profiling did not move beyond the noise (1.13-1.17 on/off
-before and after, ``bench/results/2026-12-03-s16``).  The timestamps are kept
+about 2 points less on average than one wait per :data:`RING_SLOTS` replays (session 9).  Before session 16 a read
+resolved each pending slot's own query set (one resolve per slot to encode and validate: about 125 us a read on the
+H200); session 16 had each run resolve its own (47-75 us a read); one resolve for all the spans keeps the read
+short without a resolve per run.  Every query of the span query set is written once when it is made, so a read's
+resolve never covers a query no run has written.  The timestamps are kept
 raw (ticks) until events are asked for (``trace()``, ``event_count``, the trace written): a profiled run or replay
 builds no event on the host meanwhile.
 Timed command lists are frozen and cached per slot and per set of bound buffers, so the wgpu backend validates
@@ -136,8 +142,8 @@ def checked_detail_every(value: object) -> int:
 #: slots are resolved and read back together (one wait) once they are all used, or when the trace is written.  Each
 #: slot has its own frozen timed command list (per kind: per step, or whole), built on its first use; runs timed per
 #: step take the free slots from the first up, runs timed whole from the last down, so the few per-step runs between
-#: two reads (one in ``detail_every``) reuse the same few slots and lists.  32: with each run resolving its own
-#: timestamps, a read of the ring costs about the same whatever it covers, so fewer reads cost less; on the H200
+#: two reads (one in ``detail_every``) reuse the same few slots and lists.  32: a read of the ring costs about the
+#: same whatever it covers (one copy, one resolve of the spans), so fewer reads cost less; on the H200
 #: (session 17, ``bench/results/2026-12-03-s17/ring_size.py``, two processes) 32 slots against 16 took a captured
 #: mlp16 replay's mean cost of profiling from 1.139 / 1.158 to 1.121 / 1.130 timed whole, and from 1.169 / 1.178
 #: to 1.160 / 1.160 with the default per-step sample; 64 gave no more (1.122 / 1.122 and 1.159 / 1.160), and every
@@ -245,32 +251,34 @@ def _thread() -> tuple[int, str]:
 
 class _RingRead:
     """A read of some of the ring's slots, started without waiting (``read_async``): the device's ticket, the runs
-    it reads, and where their values go (``values`` holds slots ``first`` and up)."""
+    it reads, and where their values go (``values`` holds the resolve buffer's bytes from ``start`` on)."""
 
-    __slots__ = ("ticket", "pending", "values", "first")
+    __slots__ = ("ticket", "pending", "values", "start")
 
-    def __init__(self, ticket: Any, pending: list[_Pending], values: np.ndarray, first: int) -> None:
+    def __init__(self, ticket: Any, pending: list[_Pending], values: np.ndarray, start: int) -> None:
         self.ticket = ticket
         self.pending = pending
         self.values = values
-        self.first = first
+        self.start = start
 
 
 class GpuStepTimer:
     """GPU timestamps of one program's profiled runs and replays (see the module docstring): per slot of its ring
-    (``slots``, :data:`RING_SLOTS` at most) a query set of ``len(steps) + 1`` timestamps, a part of one resolve
-    buffer (each run resolves its timestamps there, after its work) and the frozen timed command lists, and the runs
-    whose values are not read yet.  Made by the runner for
+    (``slots``, :data:`RING_SLOTS` at most) a query set of ``len(steps) + 1`` timestamps and a part of one resolve
+    buffer (a run timed per step resolves its timestamps there, after its work), a pair of queries of the span query
+    set (a run timed whole writes its two there; the read of the ring resolves them into the buffer after the slots'
+    parts: ``span_base``), the frozen timed command lists, and the runs whose values are not read yet.  Made by the
+    runner for
     a program on first profiled use (``program.timing_resources``), released with it; idle between profiling
     records (:meth:`idle`: no query sets, buffer or lists).  Its own lock serializes its
     runs and reads.
 
-    A slot is free, pending (a run's resolved timestamps are in its part of the resolve buffer) or being read (a
-    read started without waiting covers it); it is free again only once that read has completed, so a slot is
-    written again only after its previous values were copied out, and each run gets its own slot's values.
+    A slot is free, pending (a run's timestamps are written) or being read (a read started without waiting covers
+    it); it is free again only once that read has completed, so a slot is written again only after its previous
+    values were copied out, and each run gets its own slot's values.
 
-    ``read(commands, buffer, offset, out)`` submits ``commands`` (none: each run resolved its own) and reads the resolve
-    buffer after them, in one submission (the runner's ``_read_timestamps``: ``submit_and_read``, under its
+    ``read(commands, buffer, offset, out)`` submits ``commands`` (the resolve of the pending spans) and reads the
+    resolve buffer after them, in one submission (the runner's ``_read_timestamps``: ``submit_and_read``, under its
     submission lock in serialized mode): the reads that wait.  A bound method is held weakly (the timer must not
     keep its runner, or the profilers its runs belong to, alive); the reads that do not wait (the device's
     ``read_async``) are made under the same owner's ``submission()``."""
@@ -289,6 +297,10 @@ class GpuStepTimer:
         self.queries = len(steps) + 1
         self.stride = -(-8 * self.queries // QUERY_RESOLVE_ALIGNMENT) * QUERY_RESOLVE_ALIGNMENT
         self.slots = max(MIN_RING_SLOTS, min(RING_SLOTS, RING_BYTES // self.stride))
+        # Runs timed whole write queries 2 * slot and 2 * slot + 1 of one query set (``span_query_set``), resolved
+        # by the read of the ring (one resolve for all of them), into the resolve buffer after the slots' parts
+        self.span_base = self.slots * self.stride
+        self.span_bytes = -(-16 * self.slots // QUERY_RESOLVE_ALIGNMENT) * QUERY_RESOLVE_ALIGNMENT
         self._device = device
         self._read: Callable[[], _Read | None] = (
             weakref.WeakMethod(read) if hasattr(read, "__self__") else (lambda: read)
@@ -315,23 +327,35 @@ class GpuStepTimer:
         # one query set per slot (and a part of the resolve buffer, where the slot's run resolves them); made now,
         # given back when a profiling record ends (idle), made again by the next profiled run
         self.query_sets: list[int] = []
+        self.span_query_set = 0
         self.resolve_buffer = 0
         self._allocate_locked()
 
     def _allocate_locked(self) -> None:
-        """Make the query sets and the resolve buffer (nothing is kept when one fails)."""
+        """Make the query sets and the resolve buffer (nothing is kept when one fails), under the runner's
+        ``submission()``.  Every query of the span query set is written once now, so that a read's resolve of a
+        range of it never meets a query no run has written yet (WebGPU resolves those as 0, but a Vulkan driver
+        asked to wait for an unwritten query may hang)."""
         device, query_sets = self._device, []
+        resolve_buffer = span_query_set = 0
         try:
             for _ in range(self.slots):
                 query_sets.append(device.create_query_set(self.queries, label="ortgpu profiling timestamps"))
-            resolve_buffer: int = device.create_query_resolve_buffer(
-                self.stride * self.slots, label="ortgpu profiling timestamps (resolved)"
+            span_query_set = device.create_query_set(2 * self.slots, label="ortgpu profiling timestamps (spans)")
+            resolve_buffer = device.create_query_resolve_buffer(
+                self.span_base + self.span_bytes, label="ortgpu profiling timestamps (resolved)"
             )
+            written = CommandList()
+            for index in range(2 * self.slots):
+                written.add_timestamp(span_query_set, index)
+            device.submit(written)
         except BaseException:
-            for query_set in query_sets:
+            if resolve_buffer:
+                device.destroy_buffer(resolve_buffer)
+            for query_set in [*query_sets, span_query_set] if span_query_set else query_sets:
                 device.release_query_set(query_set)
             raise
-        self.query_sets, self.resolve_buffer = query_sets, resolve_buffer
+        self.query_sets, self.span_query_set, self.resolve_buffer = query_sets, span_query_set, resolve_buffer
 
     def run(
         self,
@@ -388,11 +412,17 @@ class GpuStepTimer:
                 if cached is not None and cached[0] is token:
                     commands = cached[1]
                 else:
-                    commands, token = program.record_timed(inputs, outputs, self.query_sets[slot], per_step=detail)
-                    # the run resolves its own timestamps into its slot of the resolve buffer, after its work: a
-                    # read of the ring is then one copy (no resolve per slot to encode and validate per read)
-                    count = self.queries if detail else 2
-                    commands.add_resolve(self.query_sets[slot], 0, count, self.resolve_buffer, slot * self.stride)
+                    if detail:
+                        commands, token = program.record_timed(inputs, outputs, self.query_sets[slot])
+                        # the run resolves its own timestamps into its slot of the resolve buffer, after its work
+                        # (one resolve per such run: a read would need one per slot)
+                        commands.add_resolve(
+                            self.query_sets[slot], 0, self.queries, self.resolve_buffer, slot * self.stride
+                        )
+                    else:  # its two timestamps are resolved by the read of the ring, with the other such runs'
+                        commands, token = program.record_timed(
+                            inputs, outputs, self.span_query_set, per_step=False, first_query=2 * slot
+                        )
                     commands.freeze()
                     lists[slot] = (token, commands)
             except BaseException:
@@ -459,10 +489,10 @@ class GpuStepTimer:
             if pending:
                 read = None if self._freed else self._read()
                 if read is not None:  # (else freed, or the runner is gone: nothing can be read any more)
-                    first = min(entry[0] for entry in pending)
-                    values = np.zeros((max(entry[0] for entry in pending) + 1 - first) * self.stride // 8, np.uint64)
-                    read(CommandList(), self.resolve_buffer, first * self.stride, values.view(np.uint8))
-                    self._fill(pending, values, first)
+                    commands, start, size = self._read_plan(pending)
+                    values = np.zeros(size // 8, np.uint64)
+                    read(commands, self.resolve_buffer, start, values.view(np.uint8))
+                    self._fill(pending, values, start)
         except BaseException as failure:
             error = failure
         finally:
@@ -479,15 +509,14 @@ class GpuStepTimer:
         """Start reading every pending run without waiting (``read_async``: one copy of their part of the resolve
         buffer); a start that fails leaves them pending (read by the next read that waits)."""
         pending = self._pending
-        first = min(entry[0] for entry in pending)
-        size = (max(entry[0] for entry in pending) + 1 - first) * self.stride
+        commands, start, size = self._read_plan(pending)
         try:
             with self._submission():
-                ticket = self._device.read_async(CommandList(), self.resolve_buffer, first * self.stride, size)
+                ticket = self._device.read_async(commands, self.resolve_buffer, start, size)
         except OrtGpuError:
             return
         self._pending = []
-        self._reading.append(_RingRead(ticket, pending, np.zeros(size // 8, dtype=np.uint64), first))
+        self._reading.append(_RingRead(ticket, pending, np.zeros(size // 8, dtype=np.uint64), start))
 
     def _submission(self) -> ContextManager[object]:
         """What the runner holds around a device operation (``submission()``: the Env's serial lock in serialized
@@ -507,7 +536,7 @@ class GpuStepTimer:
         try:
             with self._submission():
                 self._device.read_async_finish(ring_read.ticket, ring_read.values.view(np.uint8))
-            self._fill(ring_read.pending, ring_read.values, ring_read.first)
+            self._fill(ring_read.pending, ring_read.values, ring_read.start)
         finally:
             self._lost(ring_read.pending)
 
@@ -534,19 +563,43 @@ class GpuStepTimer:
         """Read every pending run's timestamps, with ``reads``, in one submission and wait (a failure leaves them
         pending)."""
         pending = self._pending
-        first = min(entry[0] for entry in pending)
-        values = np.zeros((max(entry[0] for entry in pending) + 1 - first) * self.stride // 8, dtype=np.uint64)
-        submit_and_read(CommandList(), [*reads, (self.resolve_buffer, first * self.stride, values.view(np.uint8))])
+        commands, start, size = self._read_plan(pending)
+        values = np.zeros(size // 8, dtype=np.uint64)
+        submit_and_read(commands, [*reads, (self.resolve_buffer, start, values.view(np.uint8))])
         self._pending = []
-        self._fill(pending, values, first)
+        self._fill(pending, values, start)
         self._lost(pending)
 
-    def _fill(self, pending: list[_Pending], values: np.ndarray, first: int) -> None:
-        """Give each of ``pending`` its ticks from ``values`` (the ring's slots from ``first`` up, as read back)."""
-        per_slot = self.stride // 8
+    def _read_plan(self, pending: list[_Pending]) -> tuple[CommandList, int, int]:
+        """How to read ``pending``'s timestamps: the commands to submit before the copy (one resolve of the span
+        query set's range holding the runs timed whole, from a slot at a multiple of 16 up: its destination must
+        be aligned to 256 bytes), and the byte range of the resolve buffer to copy (from the first per-step run's
+        part, or the first span's, to the last span's, or the last per-step run's part)."""
+        commands = CommandList()
+        detailed = [entry[0] for entry in pending if entry[1].detail]
+        spans = [entry[0] for entry in pending if not entry[1].detail]
+        if spans:
+            per_block = QUERY_RESOLVE_ALIGNMENT // 16
+            low, high = min(spans) // per_block * per_block, max(spans) + 1
+            commands.add_resolve(
+                self.span_query_set, 2 * low, 2 * (high - low), self.resolve_buffer, self.span_base + 16 * low
+            )
+            end = self.span_base + 16 * high
+        else:
+            end = (max(detailed) + 1) * self.stride
+        start = min(detailed) * self.stride if detailed else self.span_base + 16 * min(spans)
+        return commands, start, end - start
+
+    def _fill(self, pending: list[_Pending], values: np.ndarray, start: int) -> None:
+        """Give each of ``pending`` its ticks from ``values`` (the resolve buffer's bytes from ``start`` on, as
+        read back): a per-step run's from its slot's part, a span's from its place after them."""
         for slot, run, _ in pending:
-            start = (slot - first) * per_slot
-            run.ticks = values[start : start + (self.queries if run.detail else 2)].copy()
+            if run.detail:
+                at = (slot * self.stride - start) // 8
+                run.ticks = values[at : at + self.queries].copy()
+            else:
+                at = (self.span_base + 16 * slot - start) // 8
+                run.ticks = values[at : at + 2].copy()
 
     def release(self) -> None:
         """Called when the program is released: free the query sets and the resolve buffer, or, when runs are
@@ -602,6 +655,9 @@ class GpuStepTimer:
 
     def _free_resources_locked(self) -> None:
         query_sets, self.query_sets = self.query_sets, []
+        if self.span_query_set:
+            query_sets.append(self.span_query_set)
+            self.span_query_set = 0
         resolve_buffer, self.resolve_buffer = self.resolve_buffer, 0
         try:
             if resolve_buffer:
