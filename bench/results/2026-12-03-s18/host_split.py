@@ -84,5 +84,7 @@ print(f"{ITER} interleaved iterations; per step, us")
 for label, row in results.items():
     print(f"{label}: submits from a buffer encoded ahead {sum(ready_of[label])} of {len(ready_of[label])}")
     for key, values in row.items():
-        print(f"  {key:20s} p50 {statistics.median(values) / 1e3:8.1f}  mean {statistics.fmean(values) / 1e3:8.1f}  n {len(values)}")
+        print(
+            f"  {key:20s} p50 {statistics.median(values) / 1e3:8.1f}  mean {statistics.fmean(values) / 1e3:8.1f}  n {len(values)}"
+        )
 os.remove(on.session.end_profiling())

@@ -31,6 +31,9 @@ import ortgpu  # noqa: E402
 from bench.__main__ import build_model, model_feeds  # noqa: E402
 from bench.harness import OrtgpuArms  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from s18_program import GraphProgram  # noqa: E402
+
 ITER = int(os.environ.get("ITER", "1500"))
 SLOTS = 32
 if os.environ.get("TINY"):  # 16 MatMul+Relu layers of 8x8: the host's part alone, where the GPU is slow (lavapipe)
@@ -41,7 +44,10 @@ if os.environ.get("TINY"):  # 16 MatMul+Relu layers of 8x8: the host's part alon
     nodes, inits, prev = [], [], "x"
     for i in range(16):
         inits.append(helper.make_tensor(f"w{i}", TensorProto.FLOAT, [8, 8], rng.random(64, dtype=np.float32)))
-        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"y{i}"])]
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
+            helper.make_node("Relu", [f"m{i}"], [f"y{i}"]),
+        ]
         prev = f"y{i}"
     model = helper.make_model(
         helper.make_graph(
@@ -86,28 +92,9 @@ for arms, every in profiled:
     arms.session.profile_file_prefix = os.path.join(folder, "p")
     arms.session.start_profiling(every)
 
-runner: Any = off.session._runner
-seen: dict[str, Any] = {}
-
-
-class Spy:
-    def profile_replay(self, graph_: Any, program: Any, reads: Any = None) -> int:
-        seen["program"] = program
-        return 0
-
-
-runner.profiler = object()
-original = runner.profile_replay
-runner.profile_replay = Spy().profile_replay
-graph.replay()
-runner.profile_replay = original
-runner.profiler = None
-program = seen["program"]
-device: Any = off._backend_device
-binding = graph.binding
-inputs = {n: v._device_buffer for n, v in binding.inputs().items() if n not in program.plan.unread_inputs}
-outputs = {n: v._device_buffer for n, v in binding.outputs().items()}
-ranges = graph._read_ahead_ranges()
+caught = GraphProgram(off)
+program, device = caught.program, caught.device
+inputs, outputs, ranges = caught.inputs, caught.outputs, caught.ranges
 resolve = device.create_query_resolve_buffer(256 * SLOTS)
 query_sets = [device.create_query_set(2, label="s18 timestamps") for _ in range(SLOTS)]
 plain = program.record(inputs, outputs).freeze()
@@ -204,7 +191,9 @@ for index in range(ITER):
         step_t[name].append(end - start)
 base = statistics.median(step_t["off"]), statistics.fmean(step_t["off"])
 print(f"{ITER} interleaved iterations (order alternating)")
-print(f"{'arm':11} {'upload p50':>10} {'call p50':>9} {'call mean':>9} {'step p50':>9} {'step mean':>9} {'p50/off':>8} {'mean/off':>9}")
+print(
+    f"{'arm':11} {'upload p50':>10} {'call p50':>9} {'call mean':>9} {'step p50':>9} {'step mean':>9} {'p50/off':>8} {'mean/off':>9}"
+)
 for name in names:
     c, s = call_t[name], step_t[name]
     p50, mean = statistics.median(s), statistics.fmean(s)

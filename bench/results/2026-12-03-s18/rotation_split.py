@@ -27,34 +27,17 @@ import ortgpu  # noqa: E402
 from bench.__main__ import build_model, model_feeds  # noqa: E402
 from bench.harness import OrtgpuArms  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from s18_program import GraphProgram  # noqa: E402
+
 ITER = int(os.environ.get("ITER", "1500"))
 model, shapes = build_model("mlp16", 1)
 feeds = model_feeds("mlp16", model, shapes)
 env = ortgpu.Env()
 arms = OrtgpuArms(model.SerializeToString(), feeds, env)
-graph = arms.capture()
-runner: Any = arms.session._runner
-seen: dict[str, Any] = {}
-
-
-class Spy:
-    def profile_replay(self, graph_: Any, program: Any, reads: Any = None) -> int:
-        seen["program"] = program
-        return 0
-
-
-runner.profiler = object()
-original = runner.profile_replay
-runner.profile_replay = Spy().profile_replay
-graph.replay()
-runner.profile_replay = original
-runner.profiler = None
-program = seen["program"]
-device: Any = arms._backend_device
-binding = graph.binding
-inputs = {n: v._device_buffer for n, v in binding.inputs().items() if n not in program.plan.unread_inputs}
-outputs = {n: v._device_buffer for n, v in binding.outputs().items()}
-ranges = graph._read_ahead_ranges()
+caught = GraphProgram(arms)
+program, device = caught.program, caught.device
+inputs, outputs, ranges = caught.inputs, caught.outputs, caught.ranges
 resolve = device.create_query_resolve_buffer(256 * 32)
 query_sets = [device.create_query_set(2, label="s18 timestamps") for _ in range(32)]
 
