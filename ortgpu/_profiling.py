@@ -155,6 +155,9 @@ RING_SLOTS = 32
 RING_BYTES = 1 << 20
 MIN_RING_SLOTS = 4
 
+#: Bytes of a span's two resolved timestamps in the resolve buffer (after the slots' parts, slot by slot).
+_SPAN_BYTES = 16
+
 #: Whether the ring is read without waiting where the device can (``read_async``; see :class:`GpuStepTimer`):
 #: tests and the bench's A/B switch it off to compare.
 ASYNC_READS = True
@@ -300,7 +303,7 @@ class GpuStepTimer:
         # Runs timed whole write queries 2 * slot and 2 * slot + 1 of one query set (``span_query_set``), resolved
         # by the read of the ring (one resolve for all of them), into the resolve buffer after the slots' parts
         self.span_base = self.slots * self.stride
-        self.span_bytes = -(-16 * self.slots // QUERY_RESOLVE_ALIGNMENT) * QUERY_RESOLVE_ALIGNMENT
+        self.span_bytes = -(-_SPAN_BYTES * self.slots // QUERY_RESOLVE_ALIGNMENT) * QUERY_RESOLVE_ALIGNMENT
         self._device = device
         self._read: Callable[[], _Read | None] = (
             weakref.WeakMethod(read) if hasattr(read, "__self__") else (lambda: read)
@@ -352,7 +355,7 @@ class GpuStepTimer:
         except BaseException:
             if resolve_buffer:
                 device.destroy_buffer(resolve_buffer)
-            for query_set in [*query_sets, span_query_set] if span_query_set else query_sets:
+            for query_set in query_sets + ([span_query_set] if span_query_set else []):
                 device.release_query_set(query_set)
             raise
         self.query_sets, self.span_query_set, self.resolve_buffer = query_sets, span_query_set, resolve_buffer
@@ -452,10 +455,8 @@ class GpuStepTimer:
             try:
                 if submit_and_read is not None and free:
                     submit_and_read(commands, list(reads or ()))
-                elif following is not None:
-                    submit(commands, encode_next=following)
                 else:
-                    submit(commands)
+                    submit(commands, encode_next=following)
             except BaseException:
                 pending.pop()  # no slot taken
                 bisect.insort(free, slot)
@@ -576,30 +577,31 @@ class GpuStepTimer:
         be aligned to 256 bytes), and the byte range of the resolve buffer to copy (from the first per-step run's
         part, or the first span's, to the last span's, or the last per-step run's part)."""
         commands = CommandList()
-        detailed = [entry[0] for entry in pending if entry[1].detail]
         spans = [entry[0] for entry in pending if not entry[1].detail]
         if spans:
-            per_block = QUERY_RESOLVE_ALIGNMENT // 16
+            per_block = QUERY_RESOLVE_ALIGNMENT // _SPAN_BYTES
             low, high = min(spans) // per_block * per_block, max(spans) + 1
             commands.add_resolve(
-                self.span_query_set, 2 * low, 2 * (high - low), self.resolve_buffer, self.span_base + 16 * low
+                self.span_query_set, 2 * low, 2 * (high - low), self.resolve_buffer, self._place(low, False)[0]
             )
-            end = self.span_base + 16 * high
-        else:
-            end = (max(detailed) + 1) * self.stride
-        start = min(detailed) * self.stride if detailed else self.span_base + 16 * min(spans)
-        return commands, start, end - start
+        places = [self._place(slot, run.detail) for slot, run, _ in pending]
+        start = min(offset for offset, _ in places)
+        return commands, start, max(offset + 8 * count for offset, count in places) - start
+
+    def _place(self, slot: int, detail: bool) -> tuple[int, int]:
+        """Where a run's resolved timestamps lie in the resolve buffer: (byte offset, how many): a per-step run's in
+        its slot's part, a span's after the slots' parts."""
+        if detail:
+            return slot * self.stride, self.queries
+        return self.span_base + _SPAN_BYTES * slot, 2
 
     def _fill(self, pending: list[_Pending], values: np.ndarray, start: int) -> None:
         """Give each of ``pending`` its ticks from ``values`` (the resolve buffer's bytes from ``start`` on, as
-        read back): a per-step run's from its slot's part, a span's from its place after them."""
+        read back)."""
         for slot, run, _ in pending:
-            if run.detail:
-                at = (slot * self.stride - start) // 8
-                run.ticks = values[at : at + self.queries].copy()
-            else:
-                at = (self.span_base + 16 * slot - start) // 8
-                run.ticks = values[at : at + 2].copy()
+            offset, count = self._place(slot, run.detail)
+            at = (offset - start) // 8
+            run.ticks = values[at : at + count].copy()
 
     def release(self) -> None:
         """Called when the program is released: free the query sets and the resolve buffer, or, when runs are

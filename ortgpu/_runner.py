@@ -362,10 +362,7 @@ class SessionRunner:
         """Submit ``commands`` (the backend's ``submit``: ``read_ahead``, the ranges a read may ask for next;
         ``encode_next``, the list submitted next) under :meth:`submission`."""
         with self.submission():
-            if encode_next is None:
-                self.backend_device.submit(commands, read_ahead)
-            else:
-                self.backend_device.submit(commands, read_ahead, encode_next)
+            self.backend_device.submit(commands, read_ahead, encode_next)
 
     def wait_idle(self) -> None:
         """Block until the device finished the work submitted so far (``replay_async`` and profiling wait so)."""

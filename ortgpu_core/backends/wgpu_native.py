@@ -50,6 +50,7 @@ from ._wgpu_adapters import (
     request_device,
 )
 from ._wgpu_device_base import _Handle, _serialized, _storage_bindings
+from ._wgpu_encode_ahead import _AheadJob
 from ._wgpu_ffi import _address, _string_view, feature_name, load_native, native_version
 from ._wgpu_readback import DEFAULT_SPIN_WAIT_US
 from ._wgpu_timestamps import _Timestamps
@@ -597,7 +598,7 @@ class WgpuDevice(_Timestamps):
         tail = None
         refreshed: list[Any] = []
         token: object = None
-        following: Any = None
+        following: _AheadJob | None = None
         instead = False  # the submitted list's own encoding ahead gives way to encode_next's
         with self._lock:
             self._check_open()
