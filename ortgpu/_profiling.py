@@ -122,7 +122,7 @@ GPU_NOTE = (
 )
 
 #: Every how many runs and replays one is timed per step (see the module docstring); the first always is.
-DEFAULT_DETAIL_EVERY = 10
+DEFAULT_DETAIL_EVERY = 50
 
 
 def checked_detail_every(value: object) -> int:
@@ -148,7 +148,7 @@ def checked_detail_every(value: object) -> int:
 #: mlp16 replay's mean cost of profiling from 1.139 / 1.158 to 1.121 / 1.130 timed whole, and from 1.169 / 1.178
 #: to 1.160 / 1.160 with the default per-step sample; 64 gave no more (1.122 / 1.122 and 1.159 / 1.160), and every
 #: slot's lists are built and validated once (session 9 measured 64 worse with a resolve per slot in each read).
-RING_SLOTS = 32
+RING_SLOTS = 64
 
 #: A resolve buffer's size at most, for plans whose slot is large (many steps): fewer slots then, never under
 #: :data:`MIN_RING_SLOTS`.
@@ -389,19 +389,25 @@ class GpuStepTimer:
             if not self.query_sets:  # idle since a profiling record ended
                 with self._submission():
                     self._allocate_locked()
-            if self._reading:
-                self._collect_locked()
             free = self._free
+            if not free and self._reading:
+                self._collect_locked()
             if not free:
                 if self._reading:
                     self._finish_locked(self._reading.pop(0))  # the oldest read (it waits, if it has to)
                 else:
                     self._drain_locked()
             predicted = self._predicted
-            if predicted is not None and predicted[0] == detail and predicted[1] in free:
-                slot = predicted[1]  # the slot whose list was encoded ahead for this run (see below)
-                free.remove(slot)
-            else:
+            slot = -1
+            if predicted is not None and predicted[0] == detail:
+                slot = predicted[1]  # the slot whose list was encoded ahead for this run (see below), if still free
+                if free[-1] == slot:  # (the usual case for a run timed whole: no search)
+                    free.pop()
+                elif slot in free:
+                    free.remove(slot)
+                else:
+                    slot = -1
+            if slot < 0:
                 slot = free.pop(0) if detail else free.pop()
             io = self._io
             if io is not None and io[0] is inputs and io[1] is outputs:
@@ -409,32 +415,11 @@ class GpuStepTimer:
             else:
                 token = program.bind_groups_token(inputs, outputs)
                 self._io = (inputs, outputs, token)
-            lists = self._lists if detail else self._span_lists
-            cached = lists[slot]
             try:
-                if cached is not None and cached[0] is token:
-                    commands = cached[1]
-                else:
-                    if detail:
-                        commands, token = program.record_timed(inputs, outputs, self.query_sets[slot])
-                        # the run resolves its own timestamps into its slot of the resolve buffer, after its work
-                        # (one resolve per such run: a read would need one per slot)
-                        commands.add_resolve(
-                            self.query_sets[slot], 0, self.queries, self.resolve_buffer, slot * self.stride
-                        )
-                    else:  # its two timestamps are resolved by the read of the ring, with the other such runs'
-                        commands, token = program.record_timed(
-                            inputs, outputs, self.span_query_set, per_step=False, first_query=2 * slot
-                        )
-                    commands.freeze()
-                    lists[slot] = (token, commands)
+                commands = self._timed_list_locked(program, inputs, outputs, token, detail, slot)
             except BaseException:
                 bisect.insort(free, slot)
                 raise
-            reference = self._last_profiler
-            if reference is None or reference() is not profiler:  # tell each profiler once which timers it has
-                profiler._timed_by(self)
-                reference = self._last_profiler = weakref.ref(profiler)
             # The slot (and list) the next run will take, told to the submit so that the device encodes that list's
             # command buffer ahead instead of this one's (used again only a ring's length later): see
             # ``submit(encode_next=...)``.  Taken by the next run if it is of the predicted kind and still free.
@@ -444,29 +429,65 @@ class GpuStepTimer:
                 next_detail = profiler.next_is_detail()
                 next_slot = free[0] if next_detail else free[-1]
                 self._predicted = (next_detail, next_slot)
-                entry = (self._lists if next_detail else self._span_lists)[next_slot]
-                if entry is not None and entry[0] is token:
-                    following = entry[1]
-            tid, thread_name = _thread()
-            run = _GpuRun(0, name, cat, args, tid, thread_name, detail, self._info)
-            pending = self._pending
-            pending.append((slot, run, reference))
-            run.anchor_ns = time.perf_counter_ns()
+                try:  # (recorded now if that slot has none yet: its first use, too, finds it encoded ahead)
+                    following = self._timed_list_locked(program, inputs, outputs, token, next_detail, next_slot)
+                except OrtGpuError:
+                    pass  # recorded again, raising, by the run that takes the slot
+            anchor_ns = time.perf_counter_ns()
             try:
                 if submit_and_read is not None and free:
                     submit_and_read(commands, list(reads or ()))
                 else:
                     submit(commands, encode_next=following)
             except BaseException:
-                pending.pop()  # no slot taken
-                bisect.insort(free, slot)
+                bisect.insort(free, slot)  # no slot taken
                 raise
+            # The run's record is made after its submit (the submit is what the caller waits on first)
+            reference = self._last_profiler
+            if reference is None or reference() is not profiler:  # tell each profiler once which timers it has
+                profiler._timed_by(self)
+                reference = self._last_profiler = weakref.ref(profiler)
+            tid, thread_name = _thread()
+            run = _GpuRun(anchor_ns, name, cat, args, tid, thread_name, detail, self._info)
+            pending = self._pending
+            pending.append((slot, run, reference))
             profiler._add_gpu_run(run)
+            if self._reading:  # reads that completed meanwhile are finished after the submit, not before it
+                self._collect_locked()
             if submit_and_read is not None:
                 if not free:  # the ring is full: its runs' timestamps are read in this wait
                     self._read_ring_with(submit_and_read, list(reads or ()))
             elif self._async and len(pending) >= self._read_at:
                 self._start_read_locked()
+
+    def _timed_list_locked(
+        self,
+        program: Any,
+        inputs: Mapping[str, Any],
+        outputs: Mapping[str, Any],
+        token: object,
+        detail: bool,
+        slot: int,
+    ) -> CommandList:
+        """``slot``'s frozen timed list (per step with ``detail``, else whole) on these buffers (bind-group list
+        ``token``): the cached one, or recorded now (and cached)."""
+        lists = self._lists if detail else self._span_lists
+        cached = lists[slot]
+        if cached is not None and cached[0] is token:
+            return cached[1]
+        commands: CommandList
+        if detail:
+            commands, token = program.record_timed(inputs, outputs, self.query_sets[slot])
+            # the run resolves its own timestamps into its slot of the resolve buffer, after its work (one resolve
+            # per such run: a read would need one per slot)
+            commands.add_resolve(self.query_sets[slot], 0, self.queries, self.resolve_buffer, slot * self.stride)
+        else:  # its two timestamps are resolved by the read of the ring, with the other such runs'
+            commands, token = program.record_timed(
+                inputs, outputs, self.span_query_set, per_step=False, first_query=2 * slot
+            )
+        commands.freeze()
+        lists[slot] = (token, commands)
+        return commands
 
     def drain(self) -> None:
         """Read back every pending run's timestamps (one submission, one wait) into their runs, and
@@ -577,16 +598,18 @@ class GpuStepTimer:
         be aligned to 256 bytes), and the byte range of the resolve buffer to copy (from the first per-step run's
         part, or the first span's, to the last span's, or the last per-step run's part)."""
         commands = CommandList()
-        spans = [entry[0] for entry in pending if not entry[1].detail]
+        spans = [slot for slot, run, _ in pending if not run.detail]
+        details = [slot for slot, run, _ in pending if run.detail]
         if spans:
             per_block = QUERY_RESOLVE_ALIGNMENT // _SPAN_BYTES
             low, high = min(spans) // per_block * per_block, max(spans) + 1
             commands.add_resolve(
                 self.span_query_set, 2 * low, 2 * (high - low), self.resolve_buffer, self._place(low, False)[0]
             )
-        places = [self._place(slot, run.detail) for slot, run, _ in pending]
-        start = min(offset for offset, _ in places)
-        return commands, start, max(offset + 8 * count for offset, count in places) - start
+        # (every per-step part lies before the spans' area)
+        start = self._place(min(details), True)[0] if details else self._place(min(spans), False)[0]
+        last = self._place(max(spans), False) if spans else self._place(max(details), True)
+        return commands, start, last[0] + 8 * last[1] - start
 
     def _place(self, slot: int, detail: bool) -> tuple[int, int]:
         """Where a run's resolved timestamps lie in the resolve buffer: (byte offset, how many): a per-step run's in
@@ -598,10 +621,15 @@ class GpuStepTimer:
     def _fill(self, pending: list[_Pending], values: np.ndarray, start: int) -> None:
         """Give each of ``pending`` its ticks from ``values`` (the resolve buffer's bytes from ``start`` on, as
         read back)."""
+        # (the same places as _place's, in uint64s from start; the ticks are views: the read's array is its own)
+        spans_at, stride, queries = (self.span_base - start) // 8, self.stride // 8, self.queries
         for slot, run, _ in pending:
-            offset, count = self._place(slot, run.detail)
-            at = (offset - start) // 8
-            run.ticks = values[at : at + count].copy()
+            if run.detail:
+                at = slot * stride - start // 8
+                run.ticks = values[at : at + queries]
+            else:
+                at = spans_at + 2 * slot
+                run.ticks = values[at : at + 2]
 
     def release(self) -> None:
         """Called when the program is released: free the query sets and the resolve buffer, or, when runs are

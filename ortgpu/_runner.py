@@ -14,7 +14,6 @@ first, then programs and buffers.  Pipelines live in a per-device cache shared b
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -92,6 +91,7 @@ class SessionRunner:
     ) -> None:
         self.session_id = session_id
         self.env = env
+        self._serialized = env.execution_mode == "serialized"  # (fixed for the Env's life)
         self.device = device
         self.model = model
         self.graph_capture = graph_capture
@@ -351,7 +351,7 @@ class SessionRunner:
 
     def submission(self) -> ContextManager[object]:
         """What a submission holds: the Env's serial lock in ``serialized`` mode, else nothing."""
-        return _serial_lock(self.env) if self.env.execution_mode == "serialized" else contextlib.nullcontext()
+        return _serial_lock(self.env) if self._serialized else contextlib.nullcontext()
 
     def submit(
         self,
@@ -360,8 +360,12 @@ class SessionRunner:
         encode_next: CommandList | None = None,
     ) -> None:
         """Submit ``commands`` (the backend's ``submit``: ``read_ahead``, the ranges a read may ask for next;
-        ``encode_next``, the list submitted next) under :meth:`submission`."""
-        with self.submission():
+        ``encode_next``, the list submitted next) under :meth:`submission` (nothing to hold in concurrent mode:
+        a replay's submit pays no context manager)."""
+        if self._serialized:
+            with _serial_lock(self.env):
+                self.backend_device.submit(commands, read_ahead, encode_next)
+        else:
             self.backend_device.submit(commands, read_ahead, encode_next)
 
     def wait_idle(self) -> None:
@@ -413,7 +417,9 @@ class SessionRunner:
         if profiler is None or program is None:
             return 0
         detail = profiler.take_detail()
-        timer = self._gpu_timer(program)
+        timer = program.timing_resources
+        if not isinstance(timer, GpuStepTimer):
+            timer = self._gpu_timer(program)
         if timer is None and not detail:  # host timing, not in the sample: replayed as unprofiled, marked
             profiler.mark(f"replay graph {graph.graph_id}", "replay", {"graph_id": graph.graph_id})
             return 0
@@ -435,7 +441,7 @@ class SessionRunner:
                 outputs,
                 label,
                 # the outputs read ahead in the replay's submission, as an unprofiled replay's are
-                functools.partial(self.submit, read_ahead=graph._read_ahead_ranges()),
+                self._submitter(graph._read_ahead_ranges()),
             )
         _, inputs, outputs, (name, args), submit = cached
         if timer is not None:
@@ -457,6 +463,15 @@ class SessionRunner:
         with profiler.span(name, "replay", {**args, "timing": "host"}):
             profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle)
         return 1
+
+    def _submitter(self, read_ahead: Sequence[tuple[int, int, int]]) -> Callable[..., None]:
+        """:meth:`submit` with these ``read_ahead`` ranges: ``submitter(commands, encode_next=None)``."""
+        submit = self.submit
+
+        def submit_reading_ahead(commands: CommandList, encode_next: CommandList | None = None) -> None:
+            submit(commands, read_ahead, encode_next)
+
+        return submit_reading_ahead
 
     def _gpu_timer(self, program: DeviceProgram[DeviceBuffer]) -> GpuStepTimer | None:
         """``program``'s GPU step timer (made on first use, released with the program), or None where its runs

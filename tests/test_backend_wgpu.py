@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
+from helpers import SCALE_KERNEL
 
 from ortgpu_core._errors import (
     DeviceLostError,
@@ -849,3 +850,48 @@ def test_errors_reach_only_the_thread_whose_call_reported_them(clean: WgpuDevice
         device._raise_pending("this thread's call")
     assert raised == ["the other thread's call: the other thread's error"]
     assert device._sink.reports.pending == 0
+
+
+def test_a_timestamp_with_no_pass_open_begins_the_pass(clean: WgpuDevice) -> None:
+    """Where the device writes timestamps inside compute passes, a list's first timestamp (no pass open yet) begins
+    the pass and is written in it (``timestamps_open_pass``, on by default there); either way the work's result is
+    the same and the resolved timestamps are ordered: before the dispatch <= after it."""
+    device = clean
+    table = device._native_table
+    assert table.timestamps_open_pass == table.timestamps_in_passes
+    if not device.timestamps_supported:
+        pytest.fail("the wgpu device has no timestamp queries inside encoders (lavapipe and the H200 have them)")
+    pipeline = device.create_compute_pipeline(SCALE_KERNEL, label="scale")
+    count = 256
+    x = device.create_buffer(4 * count)
+    y = device.create_buffer(4 * count)
+    group = device.create_bind_group(pipeline, [BindingEntry(0, x, 0, 4 * count), BindingEntry(1, y, 0, 4 * count)])
+    query_set = device.create_query_set(2, label="test")
+    resolved = device.create_query_resolve_buffer(256, label="test")
+    initial = table.timestamps_open_pass
+    try:
+        data = np.arange(count, dtype=np.float32)
+        device.write_buffer(x, 0, data.tobytes())
+        for open_pass in (True, False):
+            table.timestamps_open_pass = open_pass
+            device.write_buffer(y, 0, np.zeros(count, np.float32).tobytes())
+            commands = CommandList()
+            commands.add_timestamp(query_set, 0)
+            commands.add_dispatch(pipeline, group, count // 64)
+            commands.add_timestamp(query_set, 1)
+            commands.add_resolve(query_set, 0, 2, resolved, 0)
+            device.submit(commands)
+            out = np.empty(count, np.float32)
+            device.read_buffer_into(y, 0, out)
+            np.testing.assert_array_equal(out, data * 2 + 1)
+            ticks = np.empty(2, np.uint64)
+            device.read_buffer_into(resolved, 0, ticks.view(np.uint8))
+            assert 0 < int(ticks[0]) <= int(ticks[1]), (open_pass, ticks)
+    finally:
+        table.timestamps_open_pass = initial
+        device.destroy_buffer(resolved)
+        device.release_query_set(query_set)
+        device.release_bind_group(group)
+        device.destroy_buffer(x)
+        device.destroy_buffer(y)
+        device.release_pipeline(pipeline)

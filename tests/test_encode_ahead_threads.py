@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from helpers import SCALE_KERNEL
 
-from ortgpu_core._errors import ValidationError
+from ortgpu_core._errors import OrtGpuError, ValidationError
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BindingEntry
 from ortgpu_core.backends.wgpu_native import WgpuBackend, WgpuDevice
@@ -224,8 +224,8 @@ def test_a_list_read_from_two_threads_keeps_using_what_was_encoded_ahead(device:
 
 
 def test_encode_next_encodes_the_named_list_ahead_instead_of_the_submitted_one(device: WgpuDevice) -> None:
-    """``submit(a, encode_next=b)``: the command buffer encoded ahead after the submit is ``b``'s (once ``b`` was
-    validated by a submit of its own), not ``a``'s; each list still computes its own result, with or without a
+    """``submit(a, encode_next=b)``: the command buffer encoded ahead after the submit is ``b``'s (validated then,
+    if it was not yet), not ``a``'s; each list still computes its own result, with or without a
     command buffer encoded ahead, and nothing is left behind."""
     pipeline = device.create_compute_pipeline(SCALE_KERNEL, label="scale")
     triple = device.create_compute_pipeline(TRIPLE_KERNEL, label="triple")
@@ -248,9 +248,9 @@ def test_encode_next_encodes_the_named_list_ahead_instead_of_the_submitted_one(d
             device.wait_idle()  # (no encoding ahead is running once the submits returned)
             return {list_id for list_id, _ in device._ahead}
 
-        device.submit(times3, encode_next=scale)  # times3 not validated before: validated now; scale is not yet
-        assert ahead_for() == {id(times3)}  # so the submitted list's own next buffer is encoded, as without a hint
-        device.submit(scale, encode_next=times3)  # scale validated now, encoded at submit; times3's buffer is kept
+        device.submit(times3, encode_next=scale)  # both validated now (scale by the hint), scale encoded ahead
+        assert ahead_for() == {id(scale)}
+        device.submit(scale, encode_next=times3)  # scale's buffer encoded ahead is used, times3's encoded next
         assert ahead_for() == {id(times3)}
         device.read_buffer_into(y, 0, out)
         np.testing.assert_array_equal(out, data * 2 + 1)
@@ -274,3 +274,40 @@ def test_encode_next_encodes_the_named_list_ahead_instead_of_the_submitted_one(d
         device.destroy_buffer(y)
         device.release_pipeline(pipeline)
         device.release_pipeline(triple)
+
+
+def test_a_hinted_list_that_fails_validation_is_not_encoded_and_its_own_submit_raises(device: WgpuDevice) -> None:
+    """``submit(a, encode_next=b)`` where ``b`` names a released bind group: ``a`` is submitted and computes its
+    result (the hint is dropped: ``a``'s own next buffer is encoded ahead), and ``b``'s own submit raises the
+    typed error, changing nothing."""
+    pipeline = device.create_compute_pipeline(SCALE_KERNEL, label="scale")
+    x = device.create_buffer(4 * COUNT)
+    y = device.create_buffer(4 * COUNT)
+    entries = [BindingEntry(0, x, 0, 4 * COUNT), BindingEntry(1, y, 0, 4 * COUNT)]
+    group = device.create_bind_group(pipeline, entries)
+    released = device.create_bind_group(pipeline, entries)
+    before = device.live_handles()
+    try:
+        data = np.arange(COUNT, dtype=np.float32)
+        device.write_buffer(x, 0, data.tobytes())
+        good, bad = CommandList(), CommandList()
+        good.add_dispatch(pipeline, group, COUNT // 64)
+        bad.add_dispatch(pipeline, released, COUNT // 64)
+        good.freeze()
+        bad.freeze()
+        device.release_bind_group(released)
+        device.submit(good, encode_next=bad)
+        device.wait_idle()
+        assert {list_id for list_id, _ in device._ahead} == {id(good)}
+        out = np.empty(COUNT, np.float32)
+        device.read_buffer_into(y, 0, out)
+        np.testing.assert_array_equal(out, data * 2 + 1)
+        with pytest.raises(OrtGpuError, match="bind_group"):
+            device.submit(bad)
+        del good, bad
+        assert device.live_handles() == before - 1  # (the released group)
+    finally:
+        device.release_bind_group(group)
+        device.destroy_buffer(x)
+        device.destroy_buffer(y)
+        device.release_pipeline(pipeline)

@@ -1,7 +1,7 @@
 """The profiler's ring of timestamps read without waiting (issue 15: profiling's cost on average).
 
 A profiled ``replay()`` leaves its timestamps in a slot of its program's ring; once three quarters of the ring are
-pending (of RING_SLOTS = 32: 24; of MIN_RING_SLOTS = 4, which most tests here use: 2), those slots are resolved and copied
+pending (of RING_SLOTS = 64: 48; of MIN_RING_SLOTS = 4, which most tests here use: 2), those slots are resolved and copied
 out by a read nobody waits for (the device's ``read_async``), which a later profiled run picks up when it has
 completed (``read_async_done``, then ``read_async_finish``).  A run waits for a read only when no slot is free.
 These tests check that, on both backends: the calls made, that every run gets its own timestamps (never another
@@ -139,7 +139,8 @@ def test_a_replay_loop_never_waits_for_the_ring(
     env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, four_slots: int
 ) -> None:
     """Replays alone: a read starts (read_async, right after the submit) once half the ring is pending; the next
-    runs ask whether it completed (read_async_done) and finish it when it has (read_async_finish); no read waits
+    runs ask, after their submit, whether it completed (read_async_done) and finish it when it has
+    (read_async_finish); no read waits
     (the runner's _read_timestamps is called only for the trace).  Every replay is in the trace, with its own
     timestamps."""
     with InferenceSession(
@@ -155,7 +156,7 @@ def test_a_replay_loop_never_waits_for_the_ring(
         assert calls.take() == ["submit", "submit", "read_async"]
         graph.replay()
         graph.replay()
-        assert calls.take() == ["done=False", "submit", "done=False", "submit", "read_async"]
+        assert calls.take() == ["submit", "done=False", "submit", "done=False", "read_async"]
         calls.done = None  # the device's own answers from here on
         for _ in range(41):
             graph.replay()
@@ -177,9 +178,10 @@ def test_a_replay_loop_never_waits_for_the_ring(
 def test_a_read_starts_when_three_quarters_of_the_ring_are_pending(
     env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A ring of RING_SLOTS (32): the first read starts right after the 24th replay's submit, covering those 24;
-    the next 8 replays take the free slots (they ask whether it completed, and finish it once it has)."""
-    slots, read_at = 32, 24
+    """A ring of RING_SLOTS (64): the first read starts right after the 48th replay's submit, covering those 48;
+    the next 16 replays take the free slots (they ask, after their submit, whether it completed, and finish it once
+    it has)."""
+    slots, read_at = 64, 48
     assert _profiling.RING_SLOTS == slots
     with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "p")) as sess:
         _, _, graph = captured(sess)
@@ -193,7 +195,7 @@ def test_a_read_starts_when_three_quarters_of_the_ring_are_pending(
         assert timer.slots == slots and timer._read_at == read_at and len(timer._reading[0].pending) == read_at
         for _ in range(slots - read_at):
             graph.replay()
-        assert calls.take() == ["done=False", "submit"] * (slots - read_at)
+        assert calls.take() == ["submit", "done=False"] * (slots - read_at)
         calls.done = None
         graph.replay()  # the slots read are free again once the read is finished (this replay's slot among them)
         log = calls.take()
@@ -217,16 +219,16 @@ def test_a_run_waits_only_when_no_slot_is_free(
         calls.done = lambda: False
         for _ in range(4):
             graph.replay()
-        assert calls.take() == ["submit", "submit", "read_async", "done=False", "submit", "done=False", "submit"] + [
+        assert calls.take() == ["submit", "submit", "read_async", "submit", "done=False", "submit", "done=False"] + [
             "read_async"
         ]
         graph.replay()
-        assert calls.take() == ["done=False", "read_async_finish", "submit"]
+        assert calls.take() == ["done=False", "read_async_finish", "submit", "done=False"]
         assert all(run.ticks is not None for run in runs[:2]) and all(run.ticks is None for run in runs[2:])
         graph.replay()
-        assert calls.take() == ["done=False", "submit", "read_async"]
+        assert calls.take() == ["submit", "done=False", "read_async"]
         graph.replay()
-        assert calls.take() == ["done=False", "read_async_finish", "submit"]
+        assert calls.take() == ["done=False", "read_async_finish", "submit", "done=False"]
         trace = load(sess.end_profiling())
         assert calls.take() == ["read", "read_async_finish"]  # the pending run (one wait), then the read in flight
         graph.release()
@@ -284,7 +286,7 @@ def test_a_graph_released_while_its_ring_is_read(
         for _ in range(3):
             graph.replay()
         graph.release()
-        assert calls.take()[-2:] == ["done=False", "submit"]
+        assert calls.take()[-2:] == ["submit", "done=False"]
         trace = load(sess.end_profiling())
         assert calls.take() == ["read", "read_async_finish"]
     assert_own_ticks(runs, queries=3)
@@ -342,8 +344,8 @@ def test_an_env_closed_while_a_ring_is_read(
 
 @pytest.mark.fake_only
 def test_a_device_lost_while_a_ring_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, four_slots: int) -> None:
-    """The device lost while a read is in flight: the next replay raises DeviceLostError (the read's finish, or the
-    replay's own submit); the trace is written without the lost runs; closing frees everything."""
+    """The device lost while a read is in flight: the next replay raises DeviceLostError (from its own submit); the
+    trace is written without the lost runs (the read's finish raises then); closing frees everything."""
     environment = Env(backend="fake")
     try:
         sess = InferenceSession(MODEL, env=environment, graph_capture=True, profile_file_prefix=str(tmp_path / "p"))
@@ -356,9 +358,10 @@ def test_a_device_lost_while_a_ring_is_read(tmp_path: Path, monkeypatch: pytest.
         sess._runner.backend_device.lose("lost in a test")
         calls.done = None
         with pytest.raises(DeviceLostError):
-            graph.replay()
-        assert "read_async_finish" in calls.take()
+            graph.replay()  # (its own submit raises: reads in flight are finished after a submit)
+        assert calls.take()[-1] == "submit"
         trace = load(sess.end_profiling())
+        assert "read_async_finish" in calls.take()  # the read in flight, finished (raising) when the trace is written
         assert len(spans(trace)) <= 3
         sess.close()
     finally:
@@ -605,20 +608,21 @@ def test_runs_timed_whole_are_resolved_by_the_read_of_the_ring(
         monkeypatch.setattr(device, "read_async", reading)
         sess.start_profiling()
         runs = record_runs(sess, monkeypatch)
-        for _ in range(30):
+        for _ in range(60):
             x = image()
             x_value.update_inplace(x)
             graph.replay()
             assert_reference(y_value.to_numpy(), x)
         timer = next(iter(runner.profiler._timers))  # type: ignore[union-attr]
+        assert timer._read_at == 48
         span_query_set = timer.span_query_set
         path = sess.end_profiling()
         graph.release()
     assert submitted[0] == ["timestamp"] * 3 + ["resolve"]  # the first replay: per step
     assert all(kinds == ["timestamp"] * 2 for kinds in submitted[1:]), submitted
-    assert len(resolves) == 1 and len(resolves[0]) == 1  # one read started (at 24 pending), one resolve in it
+    assert len(resolves) == 1 and len(resolves[0]) == 1  # one read started (at 48 pending), one resolve in it
     (_, query_set, first, count, _, _) = resolves[0][0]
-    assert query_set == span_query_set and first % 2 == 0 and count >= 2 * 23
+    assert query_set == span_query_set and first % 2 == 0 and count >= 2 * 47
     assert_own_ticks(runs, queries=3)
     replays = spans(load(path))
-    assert len(replays) == 30 and all(r["args"]["gpu_ns"] > 0 for r in replays)
+    assert len(replays) == 60 and all(r["args"]["gpu_ns"] > 0 for r in replays)

@@ -52,6 +52,7 @@ cdef class NativeTable:
     # Whether timestamps may be written inside a compute pass (wgpu-native's timestamp-query-inside-passes): a
     # timestamp record then keeps the open pass instead of ending it.
     cdef bint pass_timestamps
+    cdef bint open_pass_timestamps
     cdef void* fn_resolve_query_set
 
 cdef class CommandList:

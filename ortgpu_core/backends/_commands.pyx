@@ -96,7 +96,10 @@ cdef inline void _encode_record(NativeTable table, void* encoder, CommandRecord*
     # timestamp is written on the encoder, between passes: wgpu-native's timestamp-query-inside-encoders), except
     # that a timestamp is written inside the open pass where the table allows it (timestamp-query-inside-passes):
     # ending a pass per profiled step would add the pass's own cost to every step.
-    if r.kind == COMMAND_TIMESTAMP and compute_pass[0] != NULL and table.pass_timestamps:
+    if r.kind == COMMAND_TIMESTAMP and table.pass_timestamps and (compute_pass[0] != NULL or table.open_pass_timestamps):
+        if compute_pass[0] == NULL:  # (open_pass_timestamps: a pass is begun for it, as for a dispatch)
+            compute_pass[0] = (<begin_compute_pass_fn>table.fn_begin_compute_pass)(encoder, NULL)
+            last_pipeline[0] = NULL
         (<write_timestamp_fn>table.fn_pass_write_timestamp)(compute_pass[0], _native(r.a), r.x)
     elif r.kind == COMMAND_DISPATCH:
         if compute_pass[0] == NULL:
@@ -154,6 +157,7 @@ cdef class NativeTable:
         self.fn_write_timestamp = <void*><uintptr_t>fn("CommandEncoderWriteTimestamp")
         self.fn_pass_write_timestamp = <void*><uintptr_t>fn("ComputePassEncoderWriteTimestamp")
         self.pass_timestamps = False
+        self.open_pass_timestamps = False
         self.fn_resolve_query_set = <void*><uintptr_t>fn("CommandEncoderResolveQuerySet")
 
     def submit_encoded(self, uintptr_t command_buffer):
@@ -197,6 +201,16 @@ cdef class NativeTable:
     @timestamps_in_passes.setter
     def timestamps_in_passes(self, bint value):
         self.pass_timestamps = value
+
+    @property
+    def timestamps_open_pass(self):
+        """With :attr:`timestamps_in_passes`: whether a timestamp record with no compute pass open begins one and
+        is written inside it (the pass then holds the dispatches that follow) rather than on the encoder."""
+        return self.open_pass_timestamps
+
+    @timestamps_open_pass.setter
+    def timestamps_open_pass(self, bint value):
+        self.open_pass_timestamps = value
 
     @staticmethod
     def entry_point_names():

@@ -30,7 +30,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from .._errors import DeviceError, ReleasedValueError
+from .._errors import DeviceError, OrtGpuError, ReleasedValueError
 from ._commands import CommandList
 from ._unlocked_calls import DONE, NOT_SUBMITTED, MapWait, UnlockedCalls
 from ._wgpu_device_base import _DeviceBase
@@ -237,11 +237,16 @@ class _EncodeAhead(_DeviceBase):
 
     def _job_for_next(self, commands: CommandList, tail: CommandList | None) -> tuple[bool, _AheadJob | None]:
         """(Under the lock.)  For a submit told that ``commands`` comes next (``submit(encode_next=...)``):
-        whether the submitted list's own job of encoding ahead gives way to ``commands`` (a frozen list validated
-        here: its first submit validates it, and encodes it then), and the job of encoding ``commands``' next
-        command buffer (with ``tail``) ahead: None when one is already kept or being encoded for it (and this
-        tail).  The caller runs that job with :meth:`_encode_ahead` instead of its own, which it cancels."""
-        if not (commands.frozen and self.encode_ahead and id(commands) in self._validated):
+        whether the submitted list's own job of encoding ahead gives way to ``commands`` (a frozen list, validated
+        now if it was not yet: so a list's first submit, too, finds its command buffer encoded; one that fails
+        validation is not hinted, and its own submit raises), and the job of encoding ``commands``' next command
+        buffer (with ``tail``) ahead: None when one is already kept or being encoded for it (and this tail).  The
+        caller runs that job with :meth:`_encode_ahead` instead of its own, which it cancels."""
+        if not (commands.frozen and self.encode_ahead):
+            return False, None
+        try:
+            self._validate_for_submit(commands)
+        except OrtGpuError:
             return False, None
         key = (id(commands), () if tail is None else tuple(tail.records()))
         with self._jobs_changed:

@@ -266,6 +266,10 @@ class WgpuDevice(_Timestamps):
         )
         # Profiled steps' timestamps go inside the open compute pass where the device allows it (no pass ends)
         self._native_table.timestamps_in_passes = "timestamp-query-inside-passes" in self.features
+        # ... and a timestamp with no pass open (a timed list's first) begins the pass rather than being written on
+        # the encoder: wgpu-core resets an encoder-level query inline, a pass's queries together before the pass
+        # (on the H200 a run timed whole cost 0.3-0.8 us less so: bench/results/2026-12-03-s19 floor_split.py)
+        self._native_table.timestamps_open_pass = self._native_table.timestamps_in_passes
         self._raise_pending("opening the device")
         self._check_submitted_flag()
         self._open_unlocked_calls()

@@ -42,6 +42,11 @@ class NativeTable:
         """Whether timestamp records inside a run of dispatches are written in the open compute pass."""
     @timestamps_in_passes.setter
     def timestamps_in_passes(self, value: bool) -> None: ...
+    @property
+    def timestamps_open_pass(self) -> bool:
+        """Whether a timestamp record with no compute pass open begins one and is written inside it."""
+    @timestamps_open_pass.setter
+    def timestamps_open_pass(self, value: bool) -> None: ...
 
 @final
 class CommandList:
