@@ -327,8 +327,10 @@ class GpuStepTimer:
         self._predicted: tuple[bool, int] | None = None  # (detail, slot) the next run is expected to take
         self._released = False  # the program was released (runs may still be pending: see release)
         self._freed = False  # the query set and resolve buffer are freed
-        # one query set per slot (and a part of the resolve buffer, where the slot's run resolves them); made now,
-        # given back when a profiling record ends (idle), made again by the next profiled run
+        # per slot a query set for a run timed per step (0 until a run timed per step takes the slot: most runs are
+        # timed whole, and on the H200 making 64 query sets up front cost a record's first replays about 7 ms) and a
+        # part of the resolve buffer, where that run resolves them; with the span query set and the buffer, made by a
+        # record's first profiled run, given back when the record ends (idle), made again by the next profiled run
         self.query_sets: list[int] = []
         self.span_query_set = 0
         self.resolve_buffer = 0
@@ -339,11 +341,9 @@ class GpuStepTimer:
         ``submission()``.  Every query of the span query set is written once now, so that a read's resolve of a
         range of it never meets a query no run has written yet (WebGPU resolves those as 0, but a Vulkan driver
         asked to wait for an unwritten query may hang)."""
-        device, query_sets = self._device, []
+        device = self._device
         resolve_buffer = span_query_set = 0
         try:
-            for _ in range(self.slots):
-                query_sets.append(device.create_query_set(self.queries, label="ortgpu profiling timestamps"))
             span_query_set = device.create_query_set(2 * self.slots, label="ortgpu profiling timestamps (spans)")
             resolve_buffer = device.create_query_resolve_buffer(
                 self.span_base + self.span_bytes, label="ortgpu profiling timestamps (resolved)"
@@ -355,10 +355,21 @@ class GpuStepTimer:
         except BaseException:
             if resolve_buffer:
                 device.destroy_buffer(resolve_buffer)
-            for query_set in query_sets + ([span_query_set] if span_query_set else []):
-                device.release_query_set(query_set)
+            if span_query_set:
+                device.release_query_set(span_query_set)
             raise
-        self.query_sets, self.span_query_set, self.resolve_buffer = query_sets, span_query_set, resolve_buffer
+        self.query_sets = [0] * self.slots
+        self.span_query_set, self.resolve_buffer = span_query_set, resolve_buffer
+
+    def _slot_query_set_locked(self, slot: int) -> int:
+        """``slot``'s query set for runs timed per step (made on its first use, under the runner's
+        ``submission()``)."""
+        query_set = self.query_sets[slot]
+        if not query_set:
+            with self._submission():
+                query_set = self._device.create_query_set(self.queries, label="ortgpu profiling timestamps")
+            self.query_sets[slot] = query_set
+        return query_set
 
     def run(
         self,
@@ -386,7 +397,7 @@ class GpuStepTimer:
         with self._lock:
             if self._released:
                 raise RuntimeError("this GPU step timer was released with its program")
-            if not self.query_sets:  # idle since a profiling record ended
+            if not self.span_query_set:  # idle since a profiling record ended
                 with self._submission():
                     self._allocate_locked()
             free = self._free
@@ -477,10 +488,11 @@ class GpuStepTimer:
             return cached[1]
         commands: CommandList
         if detail:
-            commands, token = program.record_timed(inputs, outputs, self.query_sets[slot])
+            query_set = self._slot_query_set_locked(slot)
+            commands, token = program.record_timed(inputs, outputs, query_set)
             # the run resolves its own timestamps into its slot of the resolve buffer, after its work (one resolve
             # per such run: a read would need one per slot)
-            commands.add_resolve(self.query_sets[slot], 0, self.queries, self.resolve_buffer, slot * self.stride)
+            commands.add_resolve(query_set, 0, self.queries, self.resolve_buffer, slot * self.stride)
         else:  # its two timestamps are resolved by the read of the ring, with the other such runs'
             commands, token = program.record_timed(
                 inputs, outputs, self.span_query_set, per_step=False, first_query=2 * slot
@@ -668,7 +680,7 @@ class GpuStepTimer:
         being read (another thread's, still profiling) or the timer was released.  A later profiled run makes
         them again, so a session holds nothing for profiling between records."""
         with self._lock:
-            if self._released or self._freed or self._pending or self._reading or not self.query_sets:
+            if self._released or self._freed or self._pending or self._reading or not self.span_query_set:
                 return
             self._lists = [None] * self.slots
             self._span_lists = [None] * self.slots
@@ -684,7 +696,7 @@ class GpuStepTimer:
         self._free_resources_locked()
 
     def _free_resources_locked(self) -> None:
-        query_sets, self.query_sets = self.query_sets, []
+        query_sets, self.query_sets = [query_set for query_set in self.query_sets if query_set], []
         if self.span_query_set:
             query_sets.append(self.span_query_set)
             self.span_query_set = 0

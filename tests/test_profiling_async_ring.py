@@ -626,3 +626,40 @@ def test_runs_timed_whole_are_resolved_by_the_read_of_the_ring(
     assert_own_ticks(runs, queries=3)
     replays = spans(load(path))
     assert len(replays) == 60 and all(r["args"]["gpu_ns"] > 0 for r in replays)
+
+
+def test_a_slot_gets_its_per_step_query_set_only_when_a_run_timed_per_step_takes_it(
+    env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs timed whole write the span query set: a ring's slots make their own query sets (for runs timed per
+    step) only when such a run takes them (or is expected to take them next), so 40 replays with one in 20 timed per
+    step make the span query set and three slots' of 64; all are given back when the record ends."""
+    with InferenceSession(
+        MODEL, env=env, graph_capture=True, profile_detail_every=20, profile_file_prefix=str(tmp_path / "p")
+    ) as sess:
+        x_value, y_value, graph = captured(sess)
+        device = sess._runner.backend_device
+        made: list[int] = []
+        create = device.create_query_set
+
+        def counting(count: int, *, label: str = "") -> int:
+            made.append(count)
+            return create(count, label=label)
+
+        monkeypatch.setattr(device, "create_query_set", counting)
+        before = device.live_handles()
+        sess.start_profiling()
+        for _ in range(40):
+            x = image()
+            x_value.update_inplace(x)
+            graph.replay()
+            assert_reference(y_value.to_numpy(), x)
+        timer = next(iter(sess._runner.profiler._timers))  # type: ignore[union-attr]
+        # the span query set, then slot 0's (replay 0), slot 1's (replay 20: slot 0 is still pending, not read yet)
+        # and slot 2's (the slot the 41st replay, timed per step, is expected to take: its list is made ahead)
+        assert made == [2 * timer.slots] + [timer.queries] * 3
+        assert [bool(query_set) for query_set in timer.query_sets[:4]] == [True, True, True, False]
+        replays = spans(load(sess.end_profiling()))
+        assert device.live_handles() == before
+        graph.release()
+    assert [r["args"]["detail"] for r in replays] == [i % 20 == 0 for i in range(40)]

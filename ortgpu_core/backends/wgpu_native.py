@@ -619,17 +619,18 @@ class WgpuDevice(_Timestamps):
                 raise
             if not ready:
                 self._refresh_ended(refreshed, token, True)
-            if job is not None and encode_next is not None and encode_next is not commands:
-                instead, following = self._job_for_next(encode_next, tail)
         if ready:
             try:
                 self._submit_unlocked(commands, tail, ready, job, action)
             except BaseException:
-                self._cancel_job(following)
                 with self._lock:
                     self._refresh_ended(refreshed, token, False)
                 raise
             self._refresh_ended(refreshed, token, True)
+        if job is not None and encode_next is not None and encode_next is not commands:
+            # After the submit: validating a list not submitted yet (its first use) must not delay this one's
+            with self._lock:
+                instead, following = self._job_for_next(encode_next, tail)
         if instead:
             self._cancel_job(job)
             job = following

@@ -1,0 +1,19 @@
+# Session 19, H200 call 5: with the next slot's list validated and encoded ahead on its first use too (ring of 64, reads finished after the submit, first timestamp inside
+# the pass, the trimmed host path, default sample 1 in 50): ring_and_sample twice, --profile-overhead twice, tests.
+source bench/results/2026-12-03-s16/device_setup.sh
+mkdir -p $OUT/run5
+for i in 1 2; do
+  ITER=3000 ARMS="whole32 whole64 d10@64 d25@64 d50@64 d100@64" \
+    python3 bench/results/2026-12-03-s19/ring_and_sample.py > $OUT/run5/ring_$i.txt 2>&1
+  cat $OUT/run5/ring_$i.txt
+done
+for i in 1 2; do
+  python3 -m bench --model mlp16 --profile-overhead --iterations 400 > $OUT/run5/profile_$i.txt 2>&1
+  grep -A4 "profiling overhead" $OUT/run5/profile_$i.txt
+done
+timeout 240 python3 -m pytest -q -x -p no:cacheprovider --backend=wgpu tests/test_profiling.py \
+  tests/test_profiling_async_ring.py tests/test_encode_ahead_threads.py tests/test_backend_protocol.py \
+  tests/test_capture.py tests/test_backend_wgpu.py tests/test_profiling_bench.py 2>&1 | tail -5 | tee $OUT/run5/tests.txt
+timeout 240 python3 -m bench --model mlp16 --batch 1 --threads 1,4,8 --capture on --iterations 400 --warmup 50 \
+  > $OUT/run5/threads.txt 2>&1
+tail -6 $OUT/run5/threads.txt
