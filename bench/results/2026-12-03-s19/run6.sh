@@ -1,5 +1,5 @@
-# Session 19, H200 call 6: as call 5, with the hint's validation after the submit and the slots' per-step query sets made on first use (ring of 64,
-# the pass, the trimmed host path, default sample 1 in 50): ring_and_sample twice, --profile-overhead twice, tests.
+# Session 19, H200 call 6: as call 5, with the hint's validation after the submit and the slots' per-step query
+# sets made on first use: ring_and_sample twice, --profile-overhead twice, the tests on wgpu.
 source bench/results/2026-12-03-s16/device_setup.sh
 mkdir -p $OUT/run6
 for i in 1 2; do
@@ -12,4 +12,5 @@ for i in 1 2; do
   grep -A4 "profiling overhead" $OUT/run6/profile_$i.txt
 done
 timeout 240 python3 -m pytest -q -x -p no:cacheprovider --backend=wgpu tests/test_profiling.py \
+  tests/test_profiling_async_ring.py tests/test_encode_ahead_threads.py tests/test_backend_protocol.py \
   tests/test_capture.py tests/test_backend_wgpu.py tests/test_profiling_bench.py 2>&1 | tail -5 | tee $OUT/run6/tests.txt
