@@ -2,12 +2,15 @@
 
 Two :class:`~bench.harness.OrtgpuArms` over the same model and feeds, each with its own session and captured graph:
 one never profiled, one profiling the whole time (``session.start_profiling()``; GPU timestamps where the device has
-them, else host timing). After their warm-up, the two are timed interleaved, one step each in turn (the order
-alternating per iteration), so drifts of the machine hit both alike, at two end-to-end steps: ``replay + to_numpy``
-(the bench's captured ``end_to_end``) and ``replay_and_read``. Reported: each one's p50 and mean with profiling off
-and on, and the ratios on / off (issue 15's target on the GPU: at most 1.10).  Profiling times one replay in
-``profile_detail_every`` (default 10) per step and the others whole, so the p50 shows a replay timed whole and the
-mean includes the per-step ones: the mean ratio is what profiling costs on average.
+them, else host timing). First the profiling record's start-up is timed apart (:data:`STARTUP_LAPS` turns of the
+profiler's ring, ``replay + to_numpy`` interleaved with the unprofiled arm: every slot's timed lists are recorded,
+validated and encoded on their first use, and the first reads of the ring made; reported as the extra time in all,
+a cost paid once per record).  Then, after their warm-up, the two are timed interleaved, one step each in turn (the
+order alternating per iteration), so drifts of the machine hit both alike, at two end-to-end steps: ``replay +
+to_numpy`` (the bench's captured ``end_to_end``) and ``replay_and_read``. Reported: each one's p50 and mean with
+profiling off and on, and the ratios on / off (issue 15's target on the GPU: at most 1.10).  Profiling times one
+replay in ``profile_detail_every`` (default 50) per step and the others whole, so the p50 shows a replay timed whole
+and the mean includes the per-step ones: the mean ratio is what profiling costs on average.
 
 The profiled session's trace gives the GPU time of a replay: first to last timestamp of each replay span timed
 whole (``args.gpu_ns`` where ``args.detail`` is false: two timestamps around the same work as unprofiled), median
@@ -27,6 +30,7 @@ from typing import Any, Callable
 import numpy.typing as npt
 
 import ortgpu
+from ortgpu._profiling import RING_SLOTS
 
 from .harness import OrtgpuArms
 
@@ -34,6 +38,9 @@ __all__ = ["measure_profile_overhead", "gpu_time_per_replay", "print_profile_ove
 
 #: Outputs of the profiled arm must equal the unprofiled one's within this relative error (the same kernels).
 TOLERANCE = 1e-6
+
+#: Turns of the profiler's ring timed as the record's start-up (see :func:`measure_profile_overhead`).
+STARTUP_LAPS = 2
 
 
 def _trace_gpu_ns(path: str, cat: str = "replay") -> tuple[str, list[int]]:
@@ -111,6 +118,22 @@ def measure_profile_overhead(
         on.capture()
         with tempfile.TemporaryDirectory() as folder:
             _profiled(on, folder)
+            # The record's start-up, once per profiling record: its first STARTUP_LAPS turns of the ring (each slot's
+            # timed lists recorded, validated and encoded on first use, the first reads), timed apart from the
+            # steady state below
+            startup = STARTUP_LAPS * RING_SLOTS
+            spent = {"off": 0.0, "on": 0.0}
+            _check("replay + to_numpy, profiling on (start)", on.captured_end_to_end(), off.captured_end_to_end())
+            for _ in range(startup):
+                for label, arms in (("off", off), ("on", on)):
+                    start = time.perf_counter()
+                    arms.captured_end_to_end()
+                    spent[label] += time.perf_counter() - start
+            result["startup"] = {
+                "replays": startup,
+                "extra_s": spent["on"] - spent["off"],
+                "mean_ratio_on_off": spent["on"] / spent["off"],
+            }
             steps: dict[str, tuple[Callable[[], list[npt.NDArray[Any]]], Callable[[], list[npt.NDArray[Any]]]]] = {
                 "replay + to_numpy": (off.captured_end_to_end, on.captured_end_to_end),
                 "replay_and_read": (off.captured_read_end_to_end, on.captured_read_end_to_end),
@@ -159,11 +182,18 @@ def print_profile_overhead(result: dict[str, Any]) -> None:
         f"{'step':20s} {'p50 off ms':>10s} {'p50 on ms':>10s} {'on/off':>7s} {'mean off':>9s} {'mean on':>9s} {'on/off':>7s}"
     )
     for name, row in result.items():
-        if isinstance(row, dict):
+        if isinstance(row, dict) and name != "startup":
             print(
                 f"{name:20s} {row['p50_off_s'] * 1e3:10.4f} {row['p50_on_s'] * 1e3:10.4f} {row['ratio_on_off']:7.3f}"
                 f" {row['mean_off_s'] * 1e3:9.4f} {row['mean_on_s'] * 1e3:9.4f} {row['mean_ratio_on_off']:7.3f}"
             )
+    startup = result.get("startup")
+    if startup:
+        print(
+            f"record start-up (once per profiling record, before the steps above): its first {startup['replays']}"
+            f" profiled replays + to_numpy took {startup['extra_s'] * 1e3:.2f} ms more in all than unprofiled"
+            f" (mean on/off {startup['mean_ratio_on_off']:.3f})"
+        )
     gpu = result.get("gpu_time_per_replay_s")
     if gpu:
         print(

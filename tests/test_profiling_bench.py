@@ -11,7 +11,7 @@ import pytest
 
 import bench.__main__ as bench_main
 from bench.models import mlp
-from ortgpu._profiling import DEFAULT_DETAIL_EVERY
+from ortgpu._profiling import DEFAULT_DETAIL_EVERY, RING_SLOTS
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +37,13 @@ def test_profile_overhead_reports_off_on_and_gpu_time(
         assert row["ratio_on_off"] == pytest.approx(row["p50_on_s"] / row["p50_off_s"])
         assert row["mean_ratio_on_off"] == pytest.approx(row["mean_on_s"] / row["mean_off_s"])
     # every profiled replay of the on arm was timed on the GPU: checks, warm-up and the timed iterations
-    # 18 profiled replays (2 steps x (2 warm-up + 1 check + 6 timed)); the first and every DEFAULT_DETAIL_EVERY-th
-    # are timed per step, the GPU time per replay comes from those timed whole
-    profiled = 2 * (2 + 1 + 6)
+    # the record's start-up (a check, then two turns of the ring), then 18 profiled replays (2 steps x (1 warm-up +
+    # 2 checks + 6 timed)); the first and every DEFAULT_DETAIL_EVERY-th are timed per step, the GPU time per replay
+    # comes from those timed whole
+    startup = part["startup"]
+    assert startup["replays"] == 2 * RING_SLOTS and startup["mean_ratio_on_off"] > 0
+    assert "record start-up" in out
+    profiled = 1 + startup["replays"] + 2 * (2 + 1 + 6)
     per_step = len(range(0, profiled, DEFAULT_DETAIL_EVERY))
     assert part["replays_timed_on_gpu"] == profiled - per_step and part["gpu_time_per_replay_s"] > 0
     assert not list(tmp_path.glob("*profile*"))  # the traces went to a temporary folder, now gone
