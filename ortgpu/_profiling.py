@@ -21,12 +21,12 @@ for a plan whose slot is large: :data:`RING_BYTES`).  Once three quarters of the
 ordinary run) starts a read of them that nobody waits for, right after its own submit (the device's
 ``read_async``: the resolve of the pending spans and one copy of their part of the resolve buffer to a staging
 buffer, the mapping requested); each later
-profiled run asks, without waiting, whether it has completed (``read_async_done``: the map callback fired in some
-poll or submit) and finishes it when it has (the ticks copied out), and only then are those slots free again, so a
-slot is written again only after its values were copied out and no run gets another's values.  A run waits
-for a read only when no slot is free (the GPU more than a quarter of the ring behind).  ``replay_and_read()``
-(which waits for its outputs anyway) reads the pending slots in that wait when no slot is free (the replay
-submitted, then the ring's read with the output copies); writing the trace (``end_profiling``) reads the rest (one
+profiled run asks after its submit, without waiting, whether it has completed (``read_async_done``: the map
+callback fired in some poll or submit) and finishes it when it has (the ticks copied out), and only then are those
+slots free again, so a slot is written again only after its values were copied out and no run gets another's
+values.  A run waits for a read (before its submit) only when no slot is free (the GPU more than a quarter of the
+ring behind).  A profiled ``replay_and_read()`` is a profiled replay whose outputs are read ahead in its
+submission (as ``replay()``'s are), then copied out; writing the trace (``end_profiling``) reads the rest (one
 wait) and finishes the reads in flight.  On a device without ``read_async`` (:data:`ASYNC_READS` off models it)
 the ring is read when full, with one wait.  That keeps a profiled replay as asynchronous as an unprofiled one
 (``replay()`` submits and returns): on the H200 the ring's reads cost a captured mlp16 ``replay()`` + ``to_numpy()``
@@ -39,11 +39,15 @@ raw (ticks) until events are asked for (``trace()``, ``event_count``, the trace 
 builds no event on the host meanwhile.
 Timed command lists are frozen and cached per slot and per set of bound buffers, so the wgpu backend validates
 each once and encodes it ahead, as it does a captured graph's list; runs timed per step take the slots from the
-first up, runs timed whole from the last down, so the few per-step lists are reused.  Each run picks the slot the
-next run will take (the next free one of the kind ``detail_every`` says comes next) and names that slot's list to
-its submit (``encode_next``), so the device encodes the command buffer of the list used next, just before its
-use, instead of this run's own (used again only a ring's length later); the next run takes that slot when it is
-of that kind and still free.  On the H200 a command buffer encoded 32 submits before its submit took about 5 us
+first up (a slot's query set for them is made when the first such run takes it), runs timed whole from the last
+down, so the few per-step lists are reused.  Each run picks the slot the next run will take (the next free one of
+the kind ``detail_every`` says comes next), records that slot's list if it has none yet, and names it to its submit
+(``encode_next``), so the device validates it if need be and encodes its command buffer after this submit, just
+before its use, instead of this run's own (used again only a ring's length later); the next run takes that slot
+when it is of that kind and still free.  A record's first turn of the ring still records, validates and encodes
+each slot's list once, and its first profiled run makes the span query set and the buffer: a start-up paid once
+per record (``python -m bench --profile-overhead`` reports it apart).  The run's own record (its event's data) is
+made after its submit.  On the H200 a command buffer encoded 32 submits before its submit took about 5 us
 more to submit than one encoded just before (session 18), and a captured mlp16 replay profiled whole cost 1.134-1.142
 of an unprofiled one on average with this against 1.198-1.199 without (1.180-1.192 against 1.212-1.217 with the
 default per-step sample; ``bench/results/2026-12-03-s18``, one process each, interleaved).  Events: one per planned step, its duration the GPU time between
@@ -70,10 +74,9 @@ the others are timed whole, with two timestamps (before the first step, after th
 (a replay there: an instant event ``ph: "i"`` at its submit).  Per-step timestamps are not free on the GPU (measured
 on the H200, mlp16 captured: a replay with a timestamp per step took 1.4-1.5x an unprofiled one with the timestamps
 inside the compute pass, 1.7-1.9x when each timestamp ended the pass), so detail on every replay would cost about
-half a replay; sampled one in 10, they cost that replay about 4-5% on average (session 9: ``python -m bench
---profile-overhead``, mlp16 captured, mean on/off 1.13-1.16 with the default, 1.10-1.12 with ``detail_every=20``,
-1.08-1.12 with 50, 1.09-1.10 with none; the span's own two timestamps cost about 4%, the host work about 4%).
-``detail_every=1`` times every run and replay per step.
+half a replay; sampled one in 50 (the default since session 19; 10 before), about 1% on average (session 19, H200, mlp16
+captured, ``bench/results/2026-12-03-s19/ring_and_sample.py``: mean on/off 1.07-1.09 timed whole, 1.08-1.10 one in
+50, 1.11-1.13 one in 10).  ``detail_every=1`` times every run and replay per step.
 
 Profiling off costs one attribute check per run or replay.
 """
@@ -138,16 +141,16 @@ def checked_detail_every(value: object) -> int:
     return value
 
 
-#: Slots of a program's ring: a profiled run writes its timestamps into a free slot's query set, and all pending
-#: slots are resolved and read back together (one wait) once they are all used, or when the trace is written.  Each
+#: Slots of a program's ring: a profiled run writes its timestamps into a free slot, and pending slots are resolved
+#: and read back together by a read nobody waits for (see the module docstring), or when the trace is written.  Each
 #: slot has its own frozen timed command list (per kind: per step, or whole), built on its first use; runs timed per
 #: step take the free slots from the first up, runs timed whole from the last down, so the few per-step runs between
-#: two reads (one in ``detail_every``) reuse the same few slots and lists.  32: a read of the ring costs about the
-#: same whatever it covers (one copy, one resolve of the spans), so fewer reads cost less; on the H200
-#: (session 17, ``bench/results/2026-12-03-s17/ring_size.py``, two processes) 32 slots against 16 took a captured
-#: mlp16 replay's mean cost of profiling from 1.139 / 1.158 to 1.121 / 1.130 timed whole, and from 1.169 / 1.178
-#: to 1.160 / 1.160 with the default per-step sample; 64 gave no more (1.122 / 1.122 and 1.159 / 1.160), and every
-#: slot's lists are built and validated once (session 9 measured 64 worse with a resolve per slot in each read).
+#: two reads (one in ``detail_every``) reuse the same few slots and lists.  A read costs about the same whatever it
+#: covers (one resolve of the spans, one copy), so fewer reads cost less; 64 since session 19, once using many lists
+#: in turn no longer cost (each run names the next list to encode: ``encode_next``).  On the H200 (captured mlp16,
+#: ``bench/results/2026-12-03-s19/ring_and_sample.py``, interleaved, two processes per call) every replay timed
+#: whole cost on average 1.074 / 1.070 of an unprofiled one with 64 slots against 1.086 / 1.075 with 32 (call 4),
+#: and 128 gave no more than 64 (call 1).
 RING_SLOTS = 64
 
 #: A resolve buffer's size at most, for plans whose slot is large (many steps): fewer slots then, never under
@@ -234,7 +237,6 @@ class _GpuRun:
 # A run waiting in its slot: (slot, the run, its profiler, weakly: a timer a profiler adopted must not keep the
 # profiler alive).
 _Pending = tuple[int, _GpuRun, "weakref.ref[SessionProfiler]"]
-_Reads = list[tuple[int, int, Any]]
 
 #: The device methods of a read nobody waits for (``AsyncReadDevice``); without them the ring is read with one wait.
 _ASYNC_METHODS = ("read_async", "read_async_done", "read_async_finish", "read_async_cancel")
@@ -382,18 +384,13 @@ class GpuStepTimer:
         cat: str,
         args: Mapping[str, Any],
         detail: bool = True,
-        reads: _Reads | None = None,
-        submit_and_read: Callable[[CommandList, _Reads], None] | None = None,
     ) -> None:
         """Submit ``program``'s work on these buffers once, timed (per step with ``detail``, else as a whole), and
         note it for ``profiler`` (raw: it becomes events when they are asked for).  Its timestamps go to a free
-        slot's query set, resolved after its work into the slot's part of the resolve buffer, and read back with
-        other pending runs: without ``submit_and_read``, by
-        a read nobody waits for, started once three quarters of the ring are pending and finished by a later run
-        when it has completed (a run waits for one only when no slot is free); with ``submit_and_read``
-        (``replay_and_read``: ``reads`` are made in the same submission as the work, which waits for them anyway),
-        in that wait when no slot is free (the work submitted first, then the ring's copy with the reads); and when
-        the trace is written."""
+        slot (per step: the slot's query set, resolved after its work into the slot's part of the resolve buffer;
+        whole: the slot's pair of the span query set), and are read back with other pending runs by a read nobody
+        waits for, started once three quarters of the ring are pending and finished by a later run when it has
+        completed (a run waits for one only when no slot is free), and when the trace is written."""
         with self._lock:
             if self._released:
                 raise RuntimeError("this GPU step timer was released with its program")
@@ -436,7 +433,7 @@ class GpuStepTimer:
             # ``submit(encode_next=...)``.  Taken by the next run if it is of the predicted kind and still free.
             following = None
             self._predicted = None
-            if free and submit_and_read is None:
+            if free:
                 next_detail = profiler.next_is_detail()
                 next_slot = free[0] if next_detail else free[-1]
                 self._predicted = (next_detail, next_slot)
@@ -446,10 +443,7 @@ class GpuStepTimer:
                     pass  # recorded again, raising, by the run that takes the slot
             anchor_ns = time.perf_counter_ns()
             try:
-                if submit_and_read is not None and free:
-                    submit_and_read(commands, list(reads or ()))
-                else:
-                    submit(commands, encode_next=following)
+                submit(commands, encode_next=following)
             except BaseException:
                 bisect.insort(free, slot)  # no slot taken
                 raise
@@ -465,10 +459,7 @@ class GpuStepTimer:
             profiler._add_gpu_run(run)
             if self._reading:  # reads that completed meanwhile are finished after the submit, not before it
                 self._collect_locked()
-            if submit_and_read is not None:
-                if not free:  # the ring is full: its runs' timestamps are read in this wait
-                    self._read_ring_with(submit_and_read, list(reads or ()))
-            elif self._async and len(pending) >= self._read_at:
+            if self._async and len(pending) >= self._read_at:
                 self._start_read_locked()
 
     def _timed_list_locked(
@@ -592,17 +583,6 @@ class GpuStepTimer:
                 run.ticks = _LOST
         self._free.extend(entry[0] for entry in pending)
         self._free.sort()
-
-    def _read_ring_with(self, submit_and_read: Callable[[CommandList, _Reads], None], reads: _Reads) -> None:
-        """Read every pending run's timestamps, with ``reads``, in one submission and wait (a failure leaves them
-        pending)."""
-        pending = self._pending
-        commands, start, size = self._read_plan(pending)
-        values = np.zeros(size // 8, dtype=np.uint64)
-        submit_and_read(commands, [*reads, (self.resolve_buffer, start, values.view(np.uint8))])
-        self._pending = []
-        self._fill(pending, values, start)
-        self._lost(pending)
 
     def _read_plan(self, pending: list[_Pending]) -> tuple[CommandList, int, int]:
         """How to read ``pending``'s timestamps: the commands to submit before the copy (one resolve of the span
@@ -937,16 +917,13 @@ class SessionProfiler:
         cat: str,
         args: Mapping[str, Any],
         detail: bool = True,
-        reads: _Reads | None = None,
-        submit_and_read: Callable[[CommandList, _Reads], None] | None = None,
     ) -> None:
         """Submit ``program`` once with GPU timestamps (``timer``; per step with ``detail``, else the whole); its
-        span (and step) events join this record once the timestamps are read back and events are asked for.  With
-        ``submit_and_read``, ``reads`` are made in the same submission, and the timestamps read with them (see
+        span (and step) events join this record once the timestamps are read back and events are asked for (see
         :meth:`GpuStepTimer.run`).  A submission that raises is recorded as a host span with ``args.error``."""
         start = time.perf_counter_ns()
         try:
-            timer.run(program, inputs, outputs, submit, self, name, cat, args, detail, reads, submit_and_read)
+            timer.run(program, inputs, outputs, submit, self, name, cat, args, detail)
         except BaseException as error:
             self.add(
                 name, cat, start, time.perf_counter_ns(), {**args, "timing": "host", "error": type(error).__name__}

@@ -404,15 +404,14 @@ class SessionRunner:
         self,
         graph: CapturedGraph,
         program: DeviceProgram[DeviceBuffer] | None,
-        reads: list[tuple[int, int, Any]] | None = None,
     ) -> int:
         """Called by ``replay()`` and ``replay_and_read()`` (under the graph's lock, after its checks): replay
         ``graph`` timed into this session's profiling record.  Returns 0 when it did not (profiling off, or a
         replay left out of the sample on the host-timing path: the graph submits its recorded list as usual), 1
-        when it replayed, 2 when it replayed and also made ``reads`` (``(buffer, offset, out)``, as
-        ``submit_and_read`` takes) in the same submission.  The work is the graph's own program on its own buffers:
-        one submission with GPU timestamps where the device has them (nothing waited for unless there are reads,
-        as an unprofiled replay), else split per step and waited for (host timing)."""
+        when it replayed (``replay_and_read()`` then copies the outputs out: they are read ahead in the replay's
+        submission, as an unprofiled ``replay()``'s are).  The work is the graph's own program on its own buffers:
+        one submission with GPU timestamps where the device has them (nothing waited for, as an unprofiled
+        replay), else split per step and waited for (host timing)."""
         profiler = self.profiler
         if profiler is None or program is None:
             return 0
@@ -445,21 +444,10 @@ class SessionRunner:
             )
         _, inputs, outputs, (name, args), submit = cached
         if timer is not None:
-            # With reads (replay_and_read): made in the replay's submission (the ring's timestamps in its wait, when due)
-            profiler.run_timed_on_gpu(
-                timer,
-                program,
-                inputs,
-                outputs,
-                submit,
-                name,
-                "replay",
-                args,
-                detail,
-                reads,
-                None if reads is None else self.submit_and_read,
-            )
-            return 1 if reads is None else 2
+            # replay_and_read too: its outputs are read ahead in this submission (as replay()'s), and it copies
+            # them out after (1): the timed lists are then submitted as replay()'s are, each naming the next
+            profiler.run_timed_on_gpu(timer, program, inputs, outputs, submit, name, "replay", args, detail)
+            return 1
         with profiler.span(name, "replay", {**args, "timing": "host"}):
             profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle)
         return 1

@@ -322,19 +322,18 @@ cdef class CapturedGraph:
                 arrays.append(array)
                 if value._nbytes:
                     reads.append((value._buffer.handle, 0, array.reshape(-1).view(np.uint8)))
-            # Profiling on: the owner replays the graph's program timed, and reads the outputs in the same
-            # submission (2) or not (1: host timing, read here after)
+            # Profiling on: the owner replays the graph's program timed (1), its outputs read ahead in that
+            # submission (host timing: waited for step by step); they are copied out here after
             try:
                 profiled = 0 if getattr(self._owner, "profiler", None) is None else self._owner.profile_replay(
-                    self, self._program, reads
+                    self, self._program
                 )
             except DeviceError as error:
                 self._fail(error)
                 raise
             if profiled:
                 self.replays += 1
-                if profiled == 1:
-                    arrays = self._binding.copy_outputs_to_cpu()
+                arrays = self._binding.copy_outputs_to_cpu()
                 if self._program is not None:
                     self._program.raise_data_errors()
                 return arrays
