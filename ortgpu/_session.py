@@ -150,9 +150,9 @@ class InferenceSession(NotCopyable):
         ``<prefix>_<session id>_<timestamp>.json``.
     profile_detail_every:
         While profiling, the first run or replay and then every Nth are timed per step (GPU timestamps where the
-        device has them); the others run as unprofiled ones and are only marked in the trace.  Default 10 (per-step
-        timestamps cost the GPU about half a replay, so timing every one would; see :mod:`ortgpu._profiling`);
-        1 times every run and replay.
+        device has them); the others are timed whole (one span each) or, where runs are timed on the host, run as
+        unprofiled ones and only marked in the trace.  Default 50 (per-step timestamps cost the GPU about half a
+        replay, so timing every one would; see :mod:`ortgpu._profiling`); 1 times every run and replay.
     """
 
     _copy_hint = "Create another InferenceSession from the same model."
