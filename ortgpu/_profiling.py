@@ -75,8 +75,8 @@ the others are timed whole, with two timestamps (before the first step, after th
 on the H200, mlp16 captured: a replay with a timestamp per step took 1.4-1.5x an unprofiled one with the timestamps
 inside the compute pass, 1.7-1.9x when each timestamp ended the pass), so detail on every replay would cost about
 half a replay; sampled one in 50 (the default since session 19; 10 before), about 1% on average (session 19, H200, mlp16
-captured, ``bench/results/2026-12-03-s19/ring_and_sample.py``: mean on/off 1.07-1.09 timed whole, 1.08-1.10 one in
-50, 1.11-1.13 one in 10).  ``detail_every=1`` times every run and replay per step.
+captured, ``bench/results/2026-12-03-s19/ring_and_sample.py``, runs 4-8: mean on/off 1.06-1.09 timed whole,
+1.07-1.10 one in 50, 1.10-1.13 one in 10).  ``detail_every=1`` times every run and replay per step.
 
 Profiling off costs one attribute check per run or replay.
 """
