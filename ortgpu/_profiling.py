@@ -398,13 +398,16 @@ class GpuStepTimer:
                 with self._submission():
                     self._allocate_locked()
             free = self._free
-            if not free and self._reading:
-                self._collect_locked()
             if not free:
-                if self._reading:
-                    self._finish_locked(self._reading.pop(0))  # the oldest read (it waits, if it has to)
-                else:
-                    self._drain_locked()
+                try:
+                    if self._reading:
+                        self._collect_locked()
+                    if not free and self._reading:
+                        self._finish_locked(self._reading.pop(0))  # the oldest read (it waits, if it has to)
+                    elif not free:
+                        self._drain_locked()
+                except OrtGpuError as error:  # the read's runs are lost (their slots free), noted; this run goes on
+                    profiler._note_timing_error(error)
             predicted = self._predicted
             slot = -1
             if predicted is not None and predicted[0] == detail:
@@ -458,7 +461,10 @@ class GpuStepTimer:
             pending.append((slot, run, reference))
             profiler._add_gpu_run(run)
             if self._reading:  # reads that completed meanwhile are finished after the submit, not before it
-                self._collect_locked()
+                try:
+                    self._collect_locked()
+                except OrtGpuError as error:  # this run was submitted: the failed read's runs are lost, noted
+                    profiler._note_timing_error(error)
             if self._async and len(pending) >= self._read_at:
                 self._start_read_locked()
 
@@ -859,6 +865,11 @@ class SessionProfiler:
                 thread_name=run.thread_name,
             )
 
+    def _note_timing_error(self, error: BaseException) -> None:
+        """A read of timestamps failed (its runs are lost): said in the trace's ``otherData.timing_errors``."""
+        with self._lock:
+            self._timing_errors.append(f"{type(error).__name__}: {error}")
+
     def _timed_by(self, timer: GpuStepTimer) -> None:
         with self._lock:
             self._timers.add(timer)
@@ -878,8 +889,7 @@ class SessionProfiler:
                 if idle:
                     timer.idle()
             except OrtGpuError as error:
-                with self._lock:
-                    self._timing_errors.append(f"{type(error).__name__}: {error}")
+                self._note_timing_error(error)
         self._expand_gpu_runs()
 
     def _gpu_offset(self, candidate: float) -> float:

@@ -392,6 +392,82 @@ def test_a_read_that_cannot_start_leaves_its_runs_pending(
     assert len(spans(trace)) == 6
 
 
+def test_a_read_that_fails_after_a_replay_was_submitted_is_noted_not_raised(
+    env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, four_slots: int
+) -> None:
+    """A read of the ring that fails when a later replay finishes it (after that replay's submit): the replay
+    returns (its own work was submitted, its result right), the read's runs are lost, and the trace says why in
+    ``otherData.timing_errors``; the other runs keep their own timestamps."""
+    with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "p")) as sess:
+        x_value, y_value, graph = captured(sess)
+        device = sess._runner.backend_device
+        finish = device.read_async_finish
+        failed: list[int] = []
+
+        def failing_once(*args: Any) -> Any:
+            if not failed:
+                failed.append(1)
+                raise DeviceError("read_async_finish failed (a test)")
+            return finish(*args)
+
+        monkeypatch.setattr(device, "read_async_finish", failing_once)
+        sess.start_profiling()
+        runs = record_runs(sess, monkeypatch)
+        for _ in range(6):
+            x = image()
+            x_value.update_inplace(x)
+            graph.replay()
+            assert_reference(y_value.to_numpy(), x)
+        trace = load(sess.end_profiling())
+        graph.release()
+    assert failed
+    lost = [run for run in runs if run.ticks is _LOST]
+    assert len(lost) == 2  # the two runs of the first read (half of the four slots)
+    assert_own_ticks([run for run in runs if run.ticks is not _LOST], queries=3)
+    assert len(spans(trace)) == 4
+    assert any("read_async_finish failed (a test)" in error for error in trace["otherData"]["timing_errors"])
+
+
+def test_a_read_a_replay_must_wait_for_that_fails_is_noted_and_the_replay_goes_on(
+    env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, four_slots: int
+) -> None:
+    """Reads that never complete on their own hold every slot, so the fifth replay must finish the oldest before
+    its submit; that finish fails: the replay still runs (its result right), the read's runs are lost and the
+    trace says why."""
+    with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "p")) as sess:
+        x_value, y_value, graph = captured(sess)
+        calls = Calls(sess, monkeypatch)
+        device = sess._runner.backend_device
+        finish = device.read_async_finish
+        failed: list[int] = []
+
+        def failing_once(*args: Any) -> Any:
+            if not failed:
+                failed.append(1)
+                raise DeviceError("read_async_finish failed (a test)")
+            return finish(*args)
+
+        monkeypatch.setattr(device, "read_async_finish", failing_once)
+        sess.start_profiling()
+        runs = record_runs(sess, monkeypatch)
+        calls.done = lambda: False
+        for _ in range(4):
+            graph.replay()
+        calls.take()
+        x = image()
+        x_value.update_inplace(x)
+        graph.replay()
+        assert_reference(y_value.to_numpy(), x)
+        assert failed and calls.take()[-2:] == ["submit", "done=False"]
+        calls.done = None
+        trace = load(sess.end_profiling())
+        graph.release()
+    assert [run.ticks is _LOST for run in runs] == [True, True, False, False, False]
+    assert_own_ticks(runs[2:], queries=3)
+    assert len(spans(trace)) == 3
+    assert any("read_async_finish failed (a test)" in error for error in trace["otherData"]["timing_errors"])
+
+
 def test_two_sessions_in_two_threads_each_get_their_own(
     env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, four_slots: int
 ) -> None:
