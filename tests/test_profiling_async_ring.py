@@ -392,6 +392,23 @@ def test_a_read_that_cannot_start_leaves_its_runs_pending(
     assert len(spans(trace)) == 6
 
 
+def finish_fails_once(sess: InferenceSession, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the session device's first ``read_async_finish`` raise a ``DeviceError`` (the later ones work); the list
+    returned holds one item once it has."""
+    device = sess._runner.backend_device
+    finish = device.read_async_finish
+    failed: list[int] = []
+
+    def failing_once(*args: Any) -> Any:
+        if not failed:
+            failed.append(1)
+            raise DeviceError("read_async_finish failed (a test)")
+        return finish(*args)
+
+    monkeypatch.setattr(device, "read_async_finish", failing_once)
+    return failed
+
+
 def test_a_read_that_fails_after_a_replay_was_submitted_is_noted_not_raised(
     env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, four_slots: int
 ) -> None:
@@ -400,17 +417,7 @@ def test_a_read_that_fails_after_a_replay_was_submitted_is_noted_not_raised(
     ``otherData.timing_errors``; the other runs keep their own timestamps."""
     with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "p")) as sess:
         x_value, y_value, graph = captured(sess)
-        device = sess._runner.backend_device
-        finish = device.read_async_finish
-        failed: list[int] = []
-
-        def failing_once(*args: Any) -> Any:
-            if not failed:
-                failed.append(1)
-                raise DeviceError("read_async_finish failed (a test)")
-            return finish(*args)
-
-        monkeypatch.setattr(device, "read_async_finish", failing_once)
+        failed = finish_fails_once(sess, monkeypatch)
         sess.start_profiling()
         runs = record_runs(sess, monkeypatch)
         for _ in range(6):
@@ -437,17 +444,7 @@ def test_a_read_a_replay_must_wait_for_that_fails_is_noted_and_the_replay_goes_o
     with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "p")) as sess:
         x_value, y_value, graph = captured(sess)
         calls = Calls(sess, monkeypatch)
-        device = sess._runner.backend_device
-        finish = device.read_async_finish
-        failed: list[int] = []
-
-        def failing_once(*args: Any) -> Any:
-            if not failed:
-                failed.append(1)
-                raise DeviceError("read_async_finish failed (a test)")
-            return finish(*args)
-
-        monkeypatch.setattr(device, "read_async_finish", failing_once)
+        failed = finish_fails_once(sess, monkeypatch)
         sess.start_profiling()
         runs = record_runs(sess, monkeypatch)
         calls.done = lambda: False
