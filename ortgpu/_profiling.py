@@ -619,15 +619,10 @@ class GpuStepTimer:
     def _fill(self, pending: list[_Pending], values: np.ndarray, start: int) -> None:
         """Give each of ``pending`` its ticks from ``values`` (the resolve buffer's bytes from ``start`` on, as
         read back)."""
-        # (the same places as _place's, in uint64s from start; the ticks are views: the read's array is its own)
-        spans_at, stride, queries = (self.span_base - start) // 8, self.stride // 8, self.queries
         for slot, run, _ in pending:
-            if run.detail:
-                at = slot * stride - start // 8
-                run.ticks = values[at : at + queries]
-            else:
-                at = spans_at + 2 * slot
-                run.ticks = values[at : at + 2]
+            offset, count = self._place(slot, run.detail)
+            at = (offset - start) // 8
+            run.ticks = values[at : at + count]  # a view: the read's array is this read's alone
 
     def release(self) -> None:
         """Called when the program is released: free the query sets and the resolve buffer, or, when runs are

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from .._errors import ValidationError
 from ._commands import CommandList
 from ._fake_device_base import _BindGroup, _Buffer, _FakeDeviceBase, _Pipeline, _QuerySet
-from .protocol import QUERY_RESOLVE_ALIGNMENT, host_read_target
+from .protocol import QUERY_RESOLVE_ALIGNMENT, check_encode_next, host_read_target
 
 _Step = (
     tuple[Literal["dispatch"], _Pipeline, _BindGroup, tuple[int, int, int]]
@@ -124,10 +124,7 @@ class _FakeExecution(_FakeDeviceBase):
         """
         with self._backend.operations.operation("submit", self._ordinal), self._lock:
             self._check_usable()
-            if encode_next is not None and not isinstance(encode_next, CommandList):
-                raise ValidationError(
-                    f"submit: encode_next must be a CommandList or None, not {type(encode_next).__name__}"
-                )
+            check_encode_next(encode_next)
             for item in read_ahead:
                 if not (isinstance(item, tuple) and len(item) == 3 and all(isinstance(v, int) for v in item)):
                     raise ValidationError(

@@ -40,6 +40,11 @@ from ._wgpu_device_base import _DeviceBase
 _TailKey = tuple[tuple[Any, ...], ...]
 
 
+def _ahead_key(commands: CommandList, tail: CommandList | None) -> tuple[int, _TailKey]:
+    """What a command buffer encoded ahead is kept under: the list's id and the records of the tail it ends with."""
+    return id(commands), () if tail is None else tuple(tail.records())
+
+
 class _AheadJob:
     """The encoding of a frozen list's next command buffer, made after its submit *outside* the device's lock
     (:meth:`_EncodeAhead._encode_ahead`).  ``state``: "pending" (made under the lock), "encoding", "done" (its
@@ -203,7 +208,7 @@ class _EncodeAhead(_DeviceBase):
             self._release_ahead(lambda key: key[0] == list_id)  # encode_ahead was switched off
         ready = 0
         if ahead:
-            key = (list_id, () if tail is None else tuple(tail.records()))
+            key = _ahead_key(commands, tail)
             with self._jobs_changed:  # (an encoding ahead stores into these under that lock alone)
                 ready = self._ahead.pop(key, 0)
                 owner = self._ahead_lists.pop(key, None)
@@ -248,7 +253,7 @@ class _EncodeAhead(_DeviceBase):
             self._validate_for_submit(commands)
         except OrtGpuError:
             return False, None
-        key = (id(commands), () if tail is None else tuple(tail.records()))
+        key = _ahead_key(commands, tail)
         with self._jobs_changed:
             if key in self._ahead or any(job.key == key for job in self._jobs):
                 return True, None

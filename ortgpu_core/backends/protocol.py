@@ -75,6 +75,13 @@ def padded(nbytes: int) -> int:
     return -(-nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
 
 
+def check_encode_next(encode_next: object) -> None:
+    """``submit``'s ``encode_next`` hint must be a :class:`CommandList` or None (``ValidationError`` otherwise,
+    before anything is submitted)."""
+    if encode_next is not None and not isinstance(encode_next, CommandList):
+        raise ValidationError(f"submit: encode_next must be a CommandList or None, not {type(encode_next).__name__}")
+
+
 def host_read_target(out: Any, action: str) -> tuple[memoryview, int]:
     """``out`` of a read (``read_buffer_into``, ``submit_and_read``) as a flat byte view, and the device range it
     needs (its size rounded up to :data:`BUFFER_ALIGNMENT`); ``ValidationError`` unless writable and C-contiguous."""

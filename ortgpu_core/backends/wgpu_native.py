@@ -54,7 +54,7 @@ from ._wgpu_encode_ahead import _AheadJob
 from ._wgpu_ffi import _address, _string_view, feature_name, load_native, native_version
 from ._wgpu_readback import DEFAULT_SPIN_WAIT_US
 from ._wgpu_timestamps import _Timestamps
-from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin
+from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin, check_encode_next
 
 __all__ = [
     "WgpuBackend",
@@ -594,10 +594,7 @@ class WgpuDevice(_Timestamps):
         command buffer is then encoded just before its use instead of a ring's length earlier (on the H200 one
         encoded 32 submits earlier took about 5 us more to submit: ``bench/results/2026-12-03-s18``).
         """
-        if encode_next is not None and not isinstance(encode_next, CommandList):
-            raise ValidationError(
-                f"submit: encode_next must be a CommandList or None, not {type(encode_next).__name__}"
-            )
+        check_encode_next(encode_next)
         action = f"submit ({len(commands)} commands)"
         tail = None
         refreshed: list[Any] = []
