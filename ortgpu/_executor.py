@@ -51,7 +51,7 @@ __all__ = [
 
 #: A recorded plan with at least ``2 * EARLY_SUBMIT_DISPATCHES`` dispatches submits its first
 #: ``EARLY_SUBMIT_DISPATCHES`` as a command buffer of their own (``CommandList.early_submit``), so the GPU starts
-#: while the host encodes the rest: wgpu-native spends ~1.4 us per dispatch finishing a command buffer (H200), which
+#: while the host encodes the rest: wgpu-native's finishing of a command buffer costs time per dispatch, which
 #: otherwise all comes before the GPU's first dispatch.  0 turns it off.
 EARLY_SUBMIT_DISPATCHES = 4
 

@@ -99,7 +99,7 @@ GEMM_TILES: tuple[GemmConfig, ...] = (
     GemmConfig(tile_m=64, tile_n=64, tile_k=16, rows=4, cols=4, stages=1, split_k=1, legacy=False),
     GemmConfig(tile_m=32, tile_n=64, tile_k=16, rows=4, cols=4, stages=1, split_k=1, legacy=False),
 )
-#: Workgroups a GEMM should launch to fill the GPU (4 per SM on a 132-SM H200).
+#: Workgroups a GEMM should launch to fill the GPU (4 per SM on a 132-SM GPU, the largest this was tuned on).
 GEMM_TARGET_WORKGROUPS = 528
 #: Split-K keeps at least this many K per slice (so the partial sums stay cheap next to the products).
 GEMM_SPLIT_MIN_K = 64
@@ -109,9 +109,9 @@ GEMM_MAX_SPLIT_K = 16
 GEMM_OVERRIDE: GemmConfig | None = None
 #: Exact problems ``(batch, M, N, K)`` -> configuration, consulted before the rule (``python -m
 #: bench.sweep_kernels`` prints a ready-to-paste table of the fastest configuration per measured shape).
-# Measured on the H200 (`python -m bench.sweep_kernels`, 636 variants, 0 wrong results; bench/RESULTS.md has the
-# figures): the fastest configuration per measured shape of the benchmark models; the rule above (also chosen
-# by that sweep: the best of 72 candidate rules, mean slowdown x1.27 against per-shape best) covers other shapes.
+# Chosen by `python -m bench.sweep_kernels` on a discrete GPU: the fastest configuration per measured shape of the
+# benchmark models; the rule above (also chosen by that sweep, the candidate rule closest to the per-shape best on
+# average) covers other shapes.
 GEMM_SHAPE_CONFIGS: dict[tuple[int, int, int, int], GemmConfig] = {
     (1, 128, 384, 1536): GemmConfig(
         tile_m=64, tile_n=64, tile_k=16, rows=4, cols=4, stages=2, split_k=11, legacy=False

@@ -126,11 +126,11 @@ def _power_of_two(value: int) -> bool:
 
 
 #: Default configurations per layout, best first; :func:`default_gemv_config` takes the first the device fits.
-#: From the H200 sweeps of 2026-11-29 (``python -m bench.sweep_kernels --shapes gemv``, weights cycling through
-#: copies beyond the L2 cache as in mlp16, interleaved rounds; bench/RESULTS.md): ``"kn"`` 4x128/u2 was the fastest
-#: or within 1% of it at [1024, 1024] and [4096, 4096] (x1.23-1.26 over the 2x128 kernel used before), 2x128/u2 is
-#: the fallback for devices with 256 invocations per workgroup; ``"nk"`` 4x64/u2 within 3% of the best at
-#: [4096, 4096] and [8192, 8192] (x1.04-1.05 over 4x64).
+#: Chosen by ``python -m bench.sweep_kernels --shapes gemv`` on a discrete GPU (weights cycling through copies beyond
+#: the L2 cache as in mlp16, interleaved rounds; bench/RESULTS.md has the figures): ``"kn"`` 4x128/u2 was the
+#: fastest or close to it at [1024, 1024] and [4096, 4096], and faster than the 2x128 kernel used before; 2x128/u2 is
+#: the fallback for devices with 256 invocations per workgroup; ``"nk"`` 4x64/u2 close to the best at
+#: [4096, 4096] and [8192, 8192], and faster than 4x64 without unrolling.
 GEMV_DEFAULTS: dict[str, tuple[GemvConfig, ...]] = {
     "kn": (GemvConfig(threads_x=4, threads_k=128, unroll=2), GemvConfig(threads_x=2, threads_k=128, unroll=2)),
     "nk": (GemvConfig(threads_x=4, threads_k=64, unroll=2),),

@@ -46,7 +46,7 @@ MAX_TAPS = 64
 
 
 #: ``fn fdiv(a, b)``: a correctly rounded f32 quotient, as the reference's float32 arithmetic gives (WGSL's ``/`` may
-#: be 2.5 ulp off, and the H200's was: a nearest ``ceil`` of an exact half-pixel coordinate picked the next row).
+#: be 2.5 ulp off, and NVIDIA's Vulkan driver's was: a nearest ``ceil`` of an exact half-pixel coordinate picked the next row).
 _FDIV = (
     EXACT_DIVISION_WGSL
     + "fn fdiv(a: f32, b: f32) -> f32 { return bitcast<f32>(div_bits(bitcast<u32>(a), bitcast<u32>(b))); }\n"

@@ -131,8 +131,8 @@ class _ArgReduce(Operator):
             operator = (">" if self.largest else "<") + ("=" if last else "")
             better = f"(v {operator} best)"
             if x.dtype.kind == "f":
-                # NaN by its bits: a comparison with NaN is false in IEEE, which GPU drivers need not keep (the H200
-                # let a NaN replace the best)
+                # NaN by its bits: a comparison with NaN is false in IEEE, which GPU drivers need not keep (NVIDIA's
+                # Vulkan driver let a NaN replace the best)
                 nan = "((bitcast<u32>({}) & 0x7fffffffu) > 0x7f800000u)"
                 better = f"(!{nan.format('v')} && !{nan.format('best')} && {better})"
         wgsl = (

@@ -158,7 +158,7 @@ class Mul(BinaryOperator):
 @register
 class Div(BinaryOperator):
     """Div; float32 on the device is correctly rounded, like numpy and onnxruntime's CPU: WGSL's ``/`` may be off by
-    2.5 ulp (the H200's was), which flipped a later Round (DynamicQuantizeLinear's expansion gave 25 for 26), so the
+    2.5 ulp (NVIDIA's Vulkan driver's was), which flipped a later Round (DynamicQuantizeLinear's expansion gave 25 for 26), so the
     quotient is computed on the bits (:data:`~ortgpu.ops.quantize.EXACT_DIVISION_WGSL`)."""
 
     op_type = "Div"

@@ -99,7 +99,7 @@ class Hardmax(Operator):
             "  var index = 0u;\n"
             f"  for (var r = 1u; r < {layout.length}u; r = r + 1u) {{\n"
             "    let v = bitcast<f32>(src[base + row_offset(r)]);\n"
-            # NaN tested by its bits: GPU drivers need not keep IEEE NaN comparisons (the H200's replaced a NaN)
+            # NaN tested by its bits: GPU drivers need not keep IEEE NaN comparisons (NVIDIA's replaced a NaN)
             "    let either_nan = (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u\n"
             "      || (bitcast<u32>(best) & 0x7fffffffu) > 0x7f800000u;\n"
             "    if (!either_nan && v > best) { best = v; index = r; }\n"

@@ -260,7 +260,7 @@ def pad_plan(
             lines.append(f"  i{axis} = clamp(i{axis}, 0, {length - 1});")
         elif mode == "wrap":
             # Unsigned remainders only: shifted by a multiple of the length past the front padding, the index is
-            # never negative (the signed-remainder form read wrong elements on the H200's driver).
+            # never negative (the signed-remainder form read wrong elements on NVIDIA's driver).
             shift = (max(pad_begin, 0) // length + 1) * length
             lines.append(f"  i{axis} = i32(u32(i{axis} + {shift}) % {length}u);")
         elif length == 1:

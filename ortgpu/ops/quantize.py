@@ -501,7 +501,7 @@ class DynamicQuantizeLinear(Operator):
             # -inf / inf is NaN: onnxruntime's clamp makes that zero point 255
             "    var zero = select(0u, 255u, low_bits == 0xff800000u);\n"
             "    if ((low_bits & 0x7fffffffu) < 0x7f800000u && high_bits < 0x7f800000u) {\n"
-            # two subnormals (exponent 0) add as integers, exactly: GPUs that flush subnormals (the H200's) gave 0
+            # two subnormals (exponent 0) add as integers, exactly: GPUs that flush subnormals (NVIDIA's) gave 0
             "      var range = bitcast<f32>(high_bits) - bitcast<f32>(low_bits);\n"
             "      if (((high_bits | low_bits) & 0x7f800000u) == 0u) {\n"
             "        range = bitcast<f32>(high_bits + (low_bits & 0x7fffffffu));\n"

@@ -110,7 +110,7 @@ class TensorScatter(Operator):
         # InvalidArgumentError, as the reference does), its writes dropped meanwhile.
         checked = indices is not None and not circular and 2 not in constants and steps > 0
         check = f"\n  if (w < 0 || w > {length - steps}) {{ atomicOr(&status[0], 1u); }}" if checked else ""
-        # unsigned remainders only (the signed-remainder form was wrong on the H200's driver): w wraps into
+        # unsigned remainders only (the signed-remainder form was wrong on NVIDIA's driver): w wraps into
         # [0, length) first, so c - w + length is never negative
         offset = (
             f"i32((u32(c) + {length}u - select(u32(w) % {length}u, ({length}u - u32(-w) % {length}u) % {length}u, "
