@@ -300,8 +300,8 @@ cdef class CapturedGraph:
         submission: one submit and one wait for the whole step, where replay + ``to_numpy()`` per output submits
         again for each read.  Synchronous.  In verify mode it is ``replay(verify=True)`` then the reads.
 
-        A convenience, not a speed-up: on the H200 (16-layer MLP, one output) it measured slower than
-        ``replay()`` + ``to_numpy()`` (bench/RESULTS.md has the figures)."""
+        A convenience, not a speed-up: on a discrete GPU (16-layer MLP, one output) it measured no faster than
+        ``replay()`` + ``to_numpy()``, whose read is copied ahead in the replay's submission too (bench/RESULTS.md)."""
         cdef list arrays = []
         cdef list reads = []
         cdef OrtValue value

@@ -12,12 +12,12 @@ and submits, holding its locks, and take no GIL there; they queue what they repo
 
 Under the lock: cffi releases the GIL around every call, so a thread holding the device's lock would give the GIL
 away for a call of a few microseconds and then queue for it behind whatever Python another thread runs, with the
-device locked all that time (measured on the H200: with two threads reading, the under-the-lock part of a 4 KB read
-went from 8 us to 110 us; keeping the GIL there, 50 us, and 4 KB reads by two threads 9.6k -> 14.3k per second).
+device locked all that time (with two threads reading, the under-the-lock part of a small read grew many times
+over; keeping the GIL there made it shorter and two threads' small reads faster).
 :func:`map_read` (``wgpuBufferMapAsync``), :func:`copy_out` (get the mapped range, copy out, unmap),
 :func:`queue_write` (the empty write that probes for a lost device) and :func:`request_work_done` keep the GIL: they
-are short.  (Submits and uploads keeping the GIL made no difference to the threads bench's throughput, in session 7
-and again in session 8, where it also worsened p99 at K=8: they release it.)  Keeping the GIL in a native call is
+are short.  (Submits and uploads keeping the GIL made no difference to the threads bench's throughput and worsened
+its p99 at K=8 threads: they release it.)  Keeping the GIL in a native call is
 safe because no wgpu-native callback needs it: all of them are C, here (:class:`Completions`,
 :class:`ErrorReports`).
 """

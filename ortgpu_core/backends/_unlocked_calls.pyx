@@ -7,9 +7,9 @@ encoded ahead for a captured graph (its replay), and an upload's queue write (en
 Why: with K threads each stepping a captured graph on one device, a step made of Python calls under the device's
 lock hands the GIL and that lock between threads many times per step; each hand-over wakes a thread on another
 core, and a thread that gives the GIL away for a native call while it holds the device's lock makes every other
-thread queue behind it (bench/RESULTS.md, sessions 8, 9 and 12).  Measured on the H200 (session 12,
-``native_floor.py``): the library's to_numpy(), in a step whose other parts were native, cost a fifth of the step
-rate at K=4 and more at K=8.  Here the GIL is released once per call, and no lock but the poll lock is held.
+thread queue behind it.  A Python to_numpy(), in a step whose other parts were native, cost a good part of
+the step rate at K=4 threads and more at K=8.  Here the GIL is released once per call, and no lock but the poll
+lock is held.
 
 Pieces:
 
@@ -94,7 +94,7 @@ cdef long _NAP_NS = 20000
 # The polling thread, once the spin is over, keeps polling without blocking for a wait's ``nap_seconds`` more, sleeping
 # between polls from this long, doubling up to the longest (nanoseconds); only then does it block in the driver.
 # A blocking poll holds wgpu-native 29's fence lock until the GPU has finished all work submitted before it, so
-# every other thread's submission waits that long and the GPU runs dry behind it (bench/RESULTS.md, session 14).
+# every other thread's submission waits that long and the GPU runs dry behind it.
 cdef long _NAP_POLL_FIRST_NS = 20000
 cdef long _NAP_POLL_LONGEST_NS = 200000
 

@@ -237,8 +237,8 @@ class _DeviceBase:
         counting up per handle made) in the 16 bits above the 48 address bits.  wgpu-native reuses the address
         of a freed object for the next one, so a bare address would let a handle held past its release (by
         another thread, say) name the new object and pass every liveness check: reads from a released buffer
-        returned the contents of the buffer made after it at the same address (found on the H200, race_probe.py
-        in bench/results/2026-12-01-s8).  With the generation, a stale handle matches a live one only if the
+        returned the contents of the buffer made after it at the same address (found on a discrete GPU by a
+        race between threads).  With the generation, a stale handle matches a live one only if the
         same address comes back exactly a multiple of 65535 handles later.  The command loop masks the
         generation off (``_commands.HANDLE_ADDRESS_MASK``)."""
         address = _address(pointer)

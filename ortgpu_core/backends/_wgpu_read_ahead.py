@@ -3,8 +3,8 @@
 current contents.
 
 Why: a threaded step of ``update_inplace`` + ``replay()`` + ``to_numpy()`` made two submissions (the replay's, then
-the read's copy); on the H200 the same step's native work with the copy riding in the replay's submission reached
-0.84 of the GPU's ceiling at K=4 threads, and with its own submission far less (bench/RESULTS.md, session 13).
+the read's copy); the same step's native work with the copy riding in the replay's submission came close to the
+GPU's ceiling at K=4 threads, and with its own submission stayed far below it (bench/RESULTS.md, threads).
 
 How: ``submit(commands, read_ahead=[(buffer, offset, size), ...])`` names the ranges a read may ask for next.
 Each such buffer gets a :class:`_ReadAhead`: a staging buffer of its own (MAP_READ | COPY_DST), and whether that

@@ -93,13 +93,13 @@ _MAP_POLL_ATTEMPTS = 10_000
 # A waiter that is not polling re-checks at least this often (seconds), whatever it was woken for.
 _WAITER_RECHECK_S = 0.002
 # Default spin before a blocking wait, on GPU adapters (0 on CPU adapters: there the spinning thread would take
-# a core from the driver's own threads).  On the H200 spinning made submit + wait_idle of 16 small dispatches about
-# a fifth faster (`python -m bench --overhead` measures both; bench/RESULTS.md has the figures).
+# a core from the driver's own threads).  On a discrete GPU spinning makes submit + wait_idle of a few small dispatches
+# faster (`python -m bench --overhead` measures both; bench/RESULTS.md has the figures).
 DEFAULT_SPIN_WAIT_US = 2000.0
 # After the spin, a wait's poller keeps polling without blocking, sleeping 20 us to 200 us between polls, for this
 # long (seconds) before it blocks in the driver: a blocking poll holds wgpu-native 29's fence lock until the GPU has
-# finished everything submitted before it, so every other thread's submission waits behind it and the GPU runs dry
-# (bench/RESULTS.md, session 14).  A request that never completes (a device lost without its callback) is still found
+# finished everything submitted before it, so every other thread's submission waits behind it and the GPU runs dry.
+# A request that never completes (a device lost without its callback) is still found
 # by the blocking polls after this.
 NAP_POLL_S = 1.0
 
@@ -244,7 +244,7 @@ class _Readback(_EncodeAhead):
 
     def set_nap_poll(self, seconds: float) -> None:
         """How long a wait's poller keeps polling without blocking after its spin, sleeping between polls
-        (:data:`NAP_POLL_S` by default; 0: it blocks in the driver right after the spin, as before session 14).
+        (:data:`NAP_POLL_S` by default; 0: it blocks in the driver right after the spin).
         For the bench's A/B and tests."""
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
             raise InvalidArgumentError(f"set_nap_poll takes a finite number of seconds >= 0, not {seconds!r}")
@@ -625,8 +625,8 @@ class _Readback(_EncodeAhead):
         lib, requests = self._lib, self._requests
         with self._lock:
             self._check_open()
-            # wgpuDevicePoll's "queue empty" answer can come before the GPU has finished (seen on the H200), so the
-            # wait is for a work-done callback registered after everything submitted so far.
+            # wgpuDevicePoll's "queue empty" answer can come before the GPU has finished (seen on NVIDIA's driver), so
+            # the wait is for a work-done callback registered after everything submitted so far.
             self._tokens += 1
             token = self._tokens
             requests.own(token)

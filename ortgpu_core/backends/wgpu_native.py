@@ -93,8 +93,8 @@ class WgpuBackend:
 
         ``spin_wait_us``: how long a wait for the device (``wait_idle``, ``read_buffer``) polls without blocking,
         keeping one CPU core busy, before it polls with sleeps between polls (for up to
-        ``_wgpu_readback.NAP_POLL_S``), then blocks in the driver.  Sleeping or blocking adds wake-up latency (on the H200,
-        submit + wait of 16 small dispatches: 95.6 us spinning, 123.5 us blocking); spinning costs a core while
+        ``_wgpu_readback.NAP_POLL_S``), then blocks in the driver.  Sleeping or blocking adds wake-up latency (a
+        submit + wait of a few small dispatches is faster spinning: bench/RESULTS.md); spinning costs a core while
         the GPU works.  ``None`` (default):
         :data:`DEFAULT_SPIN_WAIT_US` on GPU adapters, 0 on CPU adapters (software drivers need the cores).
 
@@ -197,7 +197,7 @@ class WgpuDevice(_Timestamps):
 
     ``encode_ahead`` (from the backend; may be switched per device): submitting a captured graph's frozen command
     list encodes its *next* command buffer right after the submit, while the GPU works, so the next replay only
-    submits: wgpu-native's ``wgpuCommandEncoderFinish`` (about 1-2 us per dispatch on the H200) leaves the replay's
+    submits: wgpu-native's ``wgpuCommandEncoderFinish`` (most of the host cost per dispatch) leaves the replay's
     critical path.  One command buffer per graph (and per set of output reads) is held between replays; it is
     released with the graph, with any handle it uses, when the staging buffer it copies into is replaced, and by
     :meth:`destroy`; :meth:`live_handles` counts it.  Released unsubmitted, wgpu-native 29 would never free it
@@ -268,7 +268,7 @@ class WgpuDevice(_Timestamps):
         self._native_table.timestamps_in_passes = "timestamp-query-inside-passes" in self.features
         # ... and a timestamp with no pass open (a timed list's first) begins the pass rather than being written on
         # the encoder: wgpu-core resets an encoder-level query inline, a pass's queries together before the pass
-        # (on the H200 a run timed whole cost 0.3-0.8 us less so: bench/results/2026-12-03-s19 floor_split.py)
+        # (a run timed whole costs slightly less so)
         self._native_table.timestamps_open_pass = self._native_table.timestamps_in_passes
         self._raise_pending("opening the device")
         self._check_submitted_flag()
@@ -328,7 +328,7 @@ class WgpuDevice(_Timestamps):
 
         Made outside the device's lock, and without the GIL for the native call, when nobody holds the lock (an
         upload then waits neither for the lock nor for the submissions other threads make outside it: at K=8
-        threads on the H200 that wait was 0.6-0.7 ms of a 1.3 ms step, session 15); else, and for every write the
+        threads that wait was about half a step); else, and for every write the
         checks refuse, under the lock."""
         view = memoryview(data)
         if not view.c_contiguous:
@@ -591,8 +591,8 @@ class WgpuDevice(_Timestamps):
         ``encode_next`` (a frozen list validated here, to be submitted next with the same ``read_ahead``): the
         command buffer encoded ahead after the submit is that list's instead of ``commands``' (see
         :meth:`_EncodeAhead._job_for_next`).  The profiler's ring submits its slots' lists in turn: each one's
-        command buffer is then encoded just before its use instead of a ring's length earlier (on the H200 one
-        encoded 32 submits earlier took about 5 us more to submit: ``bench/results/2026-12-03-s18``).
+        command buffer is then encoded just before its use instead of a ring's length earlier (a command buffer
+        encoded many submits before its own takes longer to submit).
         """
         check_encode_next(encode_next)
         action = f"submit ({len(commands)} commands)"
