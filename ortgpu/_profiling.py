@@ -6,7 +6,8 @@ loses the events of concurrently profiled sessions): a :class:`SessionProfiler` 
 events are appended under its own lock, and writing the trace drains only that record.
 
 **GPU timestamps where the device has them** (``timestamps_supported``: WebGPU's ``timestamp-query`` plus
-wgpu-native's ``timestamp-query-inside-encoders``; the H200 and lavapipe have both; the fake backend models them
+wgpu-native's ``timestamp-query-inside-encoders``; NVIDIA's Vulkan driver and lavapipe have both; the fake backend
+models them
 with its own clock).  A profiled run or replay is then ONE submission, the same records as the unprofiled one
 with timestamps written into a free slot of a small ring (:class:`GpuStepTimer`, one per program, so per session:
 its query sets and resolve buffer are given back when the record ends, made again by a later one, and released with
@@ -14,8 +15,8 @@ the program).  A run timed per step writes one before each planned step and one 
 query set, and resolves them after its work into the slot's part of the ring's resolve buffer; a run timed whole
 (most of them: see the sample below) writes its two into the slot's pair of queries of one query set shared by the
 ring (the span query set) and resolves nothing: the read of the ring resolves all of those at once (one resolve of
-a range of that query set into the buffer after the slots' parts), then copies (session 18: a resolve per run cost
-a captured mlp16 step about 2%, measured in session 17).  Nothing waits for it.  A slot is free, pending (a run's
+a range of that query set into the buffer after the slots' parts), then copies (a resolve of its own per run cost
+a captured mlp16 step measurably more).  Nothing waits for it.  A slot is free, pending (a run's
 timestamps written) or being read; the ring has :data:`RING_SLOTS` slots (fewer
 for a plan whose slot is large: :data:`RING_BYTES`).  Once three quarters of them are pending, a ``replay()`` (or an
 ordinary run) starts a read of them that nobody waits for, right after its own submit (the device's
@@ -29,10 +30,9 @@ ring behind).  A profiled ``replay_and_read()`` is a profiled replay whose outpu
 submission (as ``replay()``'s are), then copied out; writing the trace (``end_profiling``) reads the rest (one
 wait) and finishes the reads in flight.  On a device without ``read_async`` (:data:`ASYNC_READS` off models it)
 the ring is read when full, with one wait.  That keeps a profiled replay as asynchronous as an unprofiled one
-(``replay()`` submits and returns): on the H200 the ring's reads cost a captured mlp16 ``replay()`` + ``to_numpy()``
-about 2 points less on average than one wait per :data:`RING_SLOTS` replays (session 9).  Before session 16 a read
-resolved each pending slot's own query set (one resolve per slot to encode and validate: about 125 us a read on the
-H200); session 16 had each run resolve its own (47-75 us a read); one resolve for all the spans keeps the read
+(``replay()`` submits and returns): the ring's reads cost a captured ``replay()`` + ``to_numpy()`` less on
+average than one wait per :data:`RING_SLOTS` replays.  A resolve per pending slot makes a read encode and validate
+one resolve per slot, and a resolve per run makes every run pay one; one resolve for all the spans keeps the read
 short without a resolve per run.  Every query of the span query set is written once when it is made, so a read's
 resolve never covers a query no run has written.  The timestamps are kept
 raw (ticks) until events are asked for (``trace()``, ``event_count``, the trace written): a profiled run or replay
@@ -47,10 +47,10 @@ before its use, instead of this run's own (used again only a ring's length later
 when it is of that kind and still free.  A record's first turn of the ring still records, validates and encodes
 each slot's list once, and its first profiled run makes the span query set and the buffer: a start-up paid once
 per record (``python -m bench --profile-overhead`` reports it apart).  The run's own record (its event's data) is
-made after its submit.  On the H200 a command buffer encoded 32 submits before its submit took about 5 us
-more to submit than one encoded just before (session 18), and a captured mlp16 replay profiled whole cost 1.134-1.142
-of an unprofiled one on average with this against 1.198-1.199 without (1.180-1.192 against 1.212-1.217 with the
-default per-step sample; ``bench/results/2026-12-03-s18``, one process each, interleaved).  Events: one per planned step, its duration the GPU time between
+made after its submit.  A command buffer encoded a ring's length before its submit takes longer to submit than one
+encoded just before, so encoding each slot's list just before its use makes a profiled replay measurably cheaper
+(``python -m bench --profile-overhead``; bench/RESULTS.md has the figures).  Events: one per planned step, its
+duration the GPU time between
 its timestamps (name: its first node; cat: its op types, ``+`` joined; ``args.nodes``, ``args.placement``,
 ``args.dispatches``), inside one span per run (cat ``"run"``) or replay (cat ``"replay"``) lasting first to last
 timestamp (``args.gpu_ns``).  **Placement on the timeline**: the GPU clock is not the host's; GPU times are mapped
@@ -71,12 +71,11 @@ replay span says which in ``args.timing`` (``"gpu"`` or ``"host"``).
 :data:`DEFAULT_DETAIL_EVERY`): the first run or replay of a record and then every Nth are timed per step as above;
 the others are timed whole, with two timestamps (before the first step, after the last: the span alone, with
 ``args.detail`` false, and no step events), or, on the host-timing path, run as unprofiled ones inside a host span
-(a replay there: an instant event ``ph: "i"`` at its submit).  Per-step timestamps are not free on the GPU (measured
-on the H200, mlp16 captured: a replay with a timestamp per step took 1.4-1.5x an unprofiled one with the timestamps
-inside the compute pass, 1.7-1.9x when each timestamp ended the pass), so detail on every replay would cost about
-half a replay; sampled one in 50 (the default since session 19; 10 before), about 1% on average (session 19, H200, mlp16
-captured, ``bench/results/2026-12-03-s19/ring_and_sample.py``, runs 4-8: mean on/off 1.06-1.09 timed whole,
-1.07-1.10 one in 50, 1.10-1.13 one in 10).  ``detail_every=1`` times every run and replay per step.
+(a replay there: an instant event ``ph: "i"`` at its submit).  Per-step timestamps are not free on the GPU (a
+timestamp per step lengthens a replay by a large fraction, more when each timestamp ends the compute pass), so
+detail on every replay would cost about half a replay; sampled one in 50, it adds about a point to the mean of a
+replay timed whole, where one in 10 adds several (bench/RESULTS.md has the figures).  ``detail_every=1`` times
+every run and replay per step.
 
 Profiling off costs one attribute check per run or replay.
 """
@@ -146,11 +145,9 @@ def checked_detail_every(value: object) -> int:
 #: slot has its own frozen timed command list (per kind: per step, or whole), built on its first use; runs timed per
 #: step take the free slots from the first up, runs timed whole from the last down, so the few per-step runs between
 #: two reads (one in ``detail_every``) reuse the same few slots and lists.  A read costs about the same whatever it
-#: covers (one resolve of the spans, one copy), so fewer reads cost less; 64 since session 19, once using many lists
-#: in turn no longer cost (each run names the next list to encode: ``encode_next``).  On the H200 (captured mlp16,
-#: ``bench/results/2026-12-03-s19/ring_and_sample.py``, interleaved, two processes per call) every replay timed
-#: whole cost on average 1.074 / 1.070 of an unprofiled one with 64 slots against 1.086 / 1.075 with 32 (call 4),
-#: and 128 gave no more than 64 (call 1).
+#: covers (one resolve of the spans, one copy), so fewer reads cost less, and using many lists in turn costs
+#: nothing since each run names the next list to encode (``encode_next``): a larger ring halves the reads.  64 slots
+#: measured cheaper than 32, and 128 no cheaper than 64 (bench/RESULTS.md).
 RING_SLOTS = 64
 
 #: A resolve buffer's size at most, for plans whose slot is large (many steps): fewer slots then, never under
@@ -330,7 +327,7 @@ class GpuStepTimer:
         self._released = False  # the program was released (runs may still be pending: see release)
         self._freed = False  # the query set and resolve buffer are freed
         # per slot a query set for a run timed per step (0 until a run timed per step takes the slot: most runs are
-        # timed whole, and on the H200 making 64 query sets up front cost a record's first replays about 7 ms) and a
+        # timed whole, and making 64 query sets up front costs a record's first replays milliseconds) and a
         # part of the resolve buffer, where that run resolves them; with the span query set and the buffer, made by a
         # record's first profiled run, given back when the record ends (idle), made again by the next profiled run
         self.query_sets: list[int] = []
