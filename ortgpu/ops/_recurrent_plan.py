@@ -35,19 +35,13 @@ from ._kernel import (
     flagging_twin,
 )
 from ._recurrent_cells import Activation
-from ._recurrent_wgsl import (
-    GROUP,
-    Config,
-    final_kernel,
+from ._recurrent_persistent_wgsl import (
     persistent_kernel,
     persistent_split_kernel,
     persistent_workgroup,
-    prepare_kernel,
-    project_kernel,
     split_shared_floats,
-    step_kernel,
-    transpose_kernel,
 )
+from ._recurrent_wgsl import GROUP, Config, final_kernel, prepare_kernel, project_kernel, step_kernel, transpose_kernel
 from ._tiling import grid_for_groups
 
 if TYPE_CHECKING:
