@@ -70,8 +70,7 @@ from ._ort_api import (
 )
 from ._run_options import NodeArg, NodePlacement, RunOptions
 from ._session import InferenceSession
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "__version__",

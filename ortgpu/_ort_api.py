@@ -20,6 +20,8 @@ import numpy.typing as npt
 
 from ortgpu_core import InvalidArgumentError, OrtGpuError, OrtValue, UnsupportedOpError
 
+from ._version import __version__
+
 __all__ = [
     "WEBGPU_PROVIDER",
     "CPU_PROVIDER",
@@ -325,14 +327,10 @@ def get_device() -> str:
 
 
 def get_version_string() -> str:
-    from . import __version__
-
     return __version__
 
 
 def get_build_info() -> str:
-    from . import __version__
-
     return (
         f"ortgpu Build Info: version={__version__}, backend=wgpu-native (WGSL kernels), "
         f"python={platform.python_version()}, os={os.name}"

@@ -1,6 +1,6 @@
 """Planning a loaded model for concrete input shapes.
 
-:func:`plan_model` turns a :class:`~ortgpu._model.LoadedModel` and one input
+:func:`plan_model` turns a :class:`~ortgpu.loader._model.LoadedModel` and one input
 shape signature into an :class:`~ortgpu._plan_types.ExecutionPlan`: every
 tensor's shape (folding what the shapes make constant), a check of every
 tensor against the device's limits before anything is allocated, one
@@ -26,12 +26,8 @@ import numpy as np
 
 from ortgpu_core._errors import DtypeError, ModelError, ShapeError, UnsupportedOpError
 
-from ._expand_control_flow import Expansion
-from ._limits import FoldBudget
 from ._memory_plan import plan_memory, uploaded_constants
-from ._model import GraphNode, LoadedModel
 from ._plan_types import ExecutionPlan, Placement, PlacementRow, PlannedStep, PlannedTensor
-from ._propagate import Shape, is_concrete, propagate, public_attrs
 from ._rewrites import (
     FUSABLE_PRODUCERS,
     FoldContext,
@@ -42,6 +38,10 @@ from ._rewrites import (
     fuse_epilogue,
     plan_node,
 )
+from .loader._expand_control_flow import Expansion
+from .loader._limits import FoldBudget
+from .loader._model import GraphNode, LoadedModel
+from .loader._propagate import Shape, is_concrete, propagate, public_attrs
 from .ops import DeviceCaps, TensorInfo, get_operator
 from .ops._runner import padded_size
 from .ops.optional import (
@@ -256,7 +256,7 @@ def _placement(steps: Sequence[PlannedStep], expansions: Sequence[Expansion]) ->
 def _subgraph_rows(owner: str, op_type: str, attrs: Mapping[str, Any], top: str = "") -> list[PlacementRow]:
     """Rows for the nodes of the subgraphs of a control-flow node that runs whole on the CPU (nested included);
     ``top``: the outermost such node (the one the plan runs whole)."""
-    from ._subgraph import Subgraph
+    from .loader._subgraph import Subgraph
 
     top = top or owner
     rows: list[PlacementRow] = []

@@ -23,9 +23,9 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._model import GraphNode
 from ._plan_types import Placement, PlannedStep
-from ._propagate import Shape
+from .loader._model import GraphNode
+from .loader._propagate import Shape
 from .ops import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from .ops.transpose import permutation
 
@@ -57,7 +57,7 @@ class FoldContext:
 
     ``constants`` and ``types`` gain the tensors the rewrite computes; ``graph_outputs`` are never rewritten
     away; ``cache`` keeps computed tensors for the next plan of the same model (the model's
-    :attr:`~ortgpu._model.LoadedModel.rewrite_cache`), so plans for other input shapes share them.
+    :attr:`~ortgpu.loader._model.LoadedModel.rewrite_cache`), so plans for other input shapes share them.
     """
 
     constants: dict[str, np.ndarray]

@@ -13,7 +13,7 @@ import numpy as np
 
 from ortgpu_core import InvalidArgumentError
 
-from ._model import ValueInfo
+from .loader._model import ValueInfo
 
 __all__ = ["RunOptions", "NodeArg", "NodePlacement"]
 

@@ -52,7 +52,6 @@ from ortgpu_core._errors import DtypeError, NotCopyable, ShapeError
 from ortgpu_core._graph import CapturedGraph
 
 from ._capture import check_graph_id
-from ._model import load_model
 from ._ort_api import (
     CPU_PROVIDER,
     WEBGPU_PROVIDER,
@@ -67,6 +66,7 @@ from ._ort_api import (
 from ._profiling import DEFAULT_DETAIL_EVERY, ProfilingRecord, SessionProfiler, checked_detail_every
 from ._run_options import NodeArg, NodePlacement, RunOptions, _node_arg
 from ._runner import AnyBinding, AnyValue, SessionRunner
+from .loader._model import load_model
 from .ops.optional import (
     is_optional_box,
     is_optional_dtype,
@@ -802,7 +802,7 @@ def _save_loaded_model(source: object, options: SessionOptions) -> None:
     import onnx
     from onnx import external_data_helper
 
-    from ._model import _apply_overrides, _parse
+    from .loader._model import _apply_overrides, _parse
 
     model, model_dir = _parse(source)  # type: ignore[arg-type]
     _apply_overrides(model, options.initializer_arrays(), options.free_dimensions(), options.free_denotations())
@@ -838,7 +838,7 @@ def _config_from_model(source: object, options: SessionOptions) -> None:
     ``options``, as onnxruntime does."""
     import json
 
-    from ._model import _parse
+    from .loader._model import _parse
 
     model, _ = _parse(source)  # type: ignore[arg-type]
     text = next((p.value for p in model.metadata_props if p.key == "ort_config"), None)

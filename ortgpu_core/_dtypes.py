@@ -8,7 +8,7 @@ import numpy as np
 
 from ._errors import DtypeError
 
-__all__ = ["as_dtype", "onnx_element_type", "onnx_type_name", "dtype_from_onnx", "check_device_dtype"]
+__all__ = ["ONNX_DTYPES", "as_dtype", "onnx_element_type", "onnx_type_name", "dtype_from_onnx", "check_device_dtype"]
 
 # ONNX TensorProto.DataType numbers (stable across onnx versions).
 _ONNX_ELEMENT_TYPES: dict[np.dtype[Any], tuple[int, str]] = {
@@ -25,6 +25,8 @@ _ONNX_ELEMENT_TYPES: dict[np.dtype[Any], tuple[int, str]] = {
     np.dtype(np.uint32): (12, "uint32"),
     np.dtype(np.uint64): (13, "uint64"),
 }
+#: The dtypes with an ONNX element type ortgpu supports (``ortgpu`` adds host-only strings to these for models).
+ONNX_DTYPES: frozenset[np.dtype[Any]] = frozenset(_ONNX_ELEMENT_TYPES)
 _FROM_ONNX: dict[int, np.dtype[Any]] = {number: dtype for dtype, (number, _) in _ONNX_ELEMENT_TYPES.items()}
 _FROM_ONNX_NAME: dict[str, np.dtype[Any]] = {
     f"tensor({name})": dtype for dtype, (_, name) in _ONNX_ELEMENT_TYPES.items()

@@ -1,6 +1,6 @@
 """Capturing models with control flow (issue 13), on both backends.
 
-What the plan knows, it expands (``ortgpu._expand_control_flow``): an ``If`` whose condition is a constant or a
+What the plan knows, it expands (``ortgpu.loader._expand_control_flow``): an ``If`` whose condition is a constant or a
 value-deciding input, a ``Loop`` with a known trip count, a ``Scan``; those run on the device and capture like any
 node.  A graph captured for the value of an input that decided its work (an ``If`` on the sample rate) re-reads that
 input before every replay and refuses with ``CaptureStateError`` when it changed.  Control flow that depends on

@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.dirname(HERE) not in sys.path:
     sys.path.insert(0, os.path.dirname(HERE))
 
-from ortgpu._model import _NUMPY_DTYPES  # noqa: E402 - the dtypes numpy (and so ortgpu) can hold
+from ortgpu._types import SUPPORTED_DTYPES  # noqa: E402 - the dtypes numpy (and so ortgpu) can hold
 from ortgpu_core._errors import InvalidArgumentError, ModelError  # noqa: E402
 
 #: Floors that keep what was reached (issue 12): passing counted cases on each backend, and counted cases
@@ -114,7 +114,7 @@ def numpy_dtypes_only(case: Any) -> bool:
     for inputs, outputs in case.data_sets:
         for value in list(inputs) + list(outputs):
             value = as_array(value)
-            if not isinstance(value, np.ndarray) or value.dtype not in _NUMPY_DTYPES:
+            if not isinstance(value, np.ndarray) or value.dtype not in SUPPORTED_DTYPES:
                 return False
     return True
 

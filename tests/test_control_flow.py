@@ -20,7 +20,7 @@ import pytest
 
 import ortgpu
 import ortgpu_core
-from ortgpu._model import load_model
+from ortgpu.loader._model import load_model
 from ortgpu_core._errors import CaptureStateError, ModelError, UnsupportedOpError
 
 F = onnx.TensorProto.FLOAT
@@ -538,7 +538,7 @@ def test_expansion_is_bounded_over_nested_loops(env: ortgpu_core.Env) -> None:
     count) and the loop runs whole; a small nest unrolls onto the device."""
     import time
 
-    from ortgpu._expand_control_flow import MAX_EXPANDED_NODES
+    from ortgpu.loader._expand_control_flow import MAX_EXPANDED_NODES
 
     with ortgpu.InferenceSession(_nested_loops(1000, 1000), env=env) as session:
         start = time.perf_counter()

@@ -15,8 +15,8 @@ from helpers import run_model
 from onnx import TensorProto, helper
 
 from ortgpu._executor import DeviceProgram, PipelineCache, WeightStore, device_caps, padded_bytes
-from ortgpu._model import load_model
 from ortgpu._planner import plan_model
+from ortgpu.loader._model import load_model
 from ortgpu.ops import registered_op_types
 from ortgpu.ops._runner import padded_size
 from ortgpu_core._errors import ModelError, UnsupportedOpError

@@ -18,8 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ortgpu
 import ortgpu_core
-from ortgpu._model import load_model
 from ortgpu._planner import plan_model
+from ortgpu.loader._model import load_model
 from ortgpu.ops import DeviceCaps
 from ortgpu_core._errors import InvalidArgumentError, InvalidModelError, ModelError, ShapeError
 from ortgpu_core.backends.fake import DEFAULT_FAKE_LIMITS
@@ -123,7 +123,7 @@ def test_tile_whose_shape_overflows_onnx_inference_is_a_shape_error(env: ortgpu_
 
 
 def test_planner_sizes_are_exact_python_ints() -> None:
-    from ortgpu._limits import element_count, tensor_bytes
+    from ortgpu._types import element_count, tensor_bytes
     from ortgpu.ops import TensorInfo
 
     assert element_count([2**32, 2**32]) == 2**64
@@ -456,7 +456,7 @@ def test_external_data_length_must_match_the_tensor(tmp_path: Path) -> None:
 def test_topological_order_of_an_unsorted_graph_and_a_cycle() -> None:
     """onnx's checker (which requires sorted nodes) is skipped for models over 2 GB: the loader sorts them itself,
     in linear time (a reversed chain used to take one pass per node)."""
-    from ortgpu._model import GraphNode, _topological
+    from ortgpu.loader._model import GraphNode, _topological
 
     count = 3000
     chain = [GraphNode(f"n{i}", "Relu", "", (f"t{i}",), (f"t{i + 1}",), {}, 17) for i in range(count)]

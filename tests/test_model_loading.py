@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ortgpu_core
-from ortgpu._model import load_model
 from ortgpu._planner import plan_model
+from ortgpu.loader._model import load_model
 from ortgpu.ops import DeviceCaps
 from ortgpu_core._errors import InvalidModelError, ModelError, ShapeError, UnsupportedOpError
 from ortgpu_core.backends.fake import DEFAULT_FAKE_LIMITS

@@ -13,8 +13,8 @@ import onnxruntime
 import pytest
 
 import ortgpu
-from ortgpu._model import load_model
 from ortgpu._planner import plan_model
+from ortgpu.loader._model import load_model
 from ortgpu.ops import DeviceCaps
 from ortgpu_core.backends.fake import DEFAULT_FAKE_LIMITS
 

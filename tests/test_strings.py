@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ortgpu
 from ortgpu import ModelError, OrtGpuError
-from ortgpu._propagate import SHAPE_INPUT_POSITIONS
+from ortgpu.loader._propagate import SHAPE_INPUT_POSITIONS
 
 S = TensorProto.STRING
 

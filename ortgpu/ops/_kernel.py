@@ -35,7 +35,7 @@ import numpy as np
 
 from ortgpu_core.backends.protocol import DeviceLimits, KernelTwin
 
-from .._limits import element_count
+from .._types import element_count
 
 __all__ = [
     "TensorInfo",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from typing import TypeVar
 
@@ -29,9 +30,8 @@ def _load_all() -> None:
     global _loaded
     if _loaded:
         return
-    from . import __path__ as package_path
-
-    for module in pkgutil.iter_modules(package_path):
+    # This package's folder (its __path__), read without importing the package from one of its own modules.
+    for module in pkgutil.iter_modules([os.path.dirname(__file__)]):
         if not module.name.startswith("_"):
             importlib.import_module(f"{__package__}.{module.name}")
     _loaded = True

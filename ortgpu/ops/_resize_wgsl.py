@@ -1,4 +1,4 @@
-"""The WGSL kernels of Resize and Upsample (see :mod:`.resize` for the semantics).
+"""The WGSL kernels of Resize and Upsample (see :mod:`._resize_reference` for the semantics).
 
 One invocation per output element (two for float16: the write rule of :mod:`._wgsl`).  The source coordinate
 of every resized axis is computed with the same float32 operations as :func:`.resize.axis_coordinates`, the
@@ -16,6 +16,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget, reference_twin
+from ._resize_reference import (
+    F32,
+    ResizeConfig,
+    align_denominator,
+    crop_terms,
+    half_pixel_symmetric_offset,
+    resize_reference,
+)
 from ._tiling import wgsl_f32 as _wgsl_f32
 from ._wgsl import (
     LINEAR_INVOCATION,
@@ -31,7 +39,6 @@ from ._wgsl import (
 )
 from ._wgsl_kernels import gather_kernel
 from .quantize import EXACT_DIVISION_WGSL
-from .resize import F32, ResizeConfig, align_denominator, crop_terms, half_pixel_symmetric_offset, resize_reference
 
 __all__ = ["resize_plan"]
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from ortgpu_core.backends.protocol import KernelTwin
 
-from .._limits import element_count
+from .._types import element_count
 from ._kernel import (
     Binding,
     DeviceCaps,

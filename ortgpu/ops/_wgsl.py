@@ -52,7 +52,7 @@ import numpy as np
 
 from ortgpu_core.backends.protocol import DeviceLimits
 
-from .._limits import element_count
+from .._types import element_count
 from ._kernel import DeviceCaps, NotOnDevice, TensorInfo
 
 __all__ = [

@@ -19,7 +19,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from .._limits import element_count
+from .._types import element_count
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
 from ._row_norm import RowNorm, row_norm_plan

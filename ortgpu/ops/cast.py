@@ -24,10 +24,10 @@ import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import onnx
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from .._types import numpy_dtype_of
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 from ._wgsl import INT64_WGSL, require_device_dtype, wgsl_compute_type
@@ -54,9 +54,11 @@ _DEVICE_DTYPES = (
 def onnx_dtype(code: int, op_type: str, opset: int) -> np.dtype[Any]:
     """The numpy dtype of an ONNX ``TensorProto`` data type code (UnsupportedOpError if none)."""
     try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(code)))
-    except (KeyError, ValueError, TypeError):
-        raise UnsupportedOpError(f"{op_type} (opset {opset}): data type {code} is not supported") from None
+        dtype = numpy_dtype_of(int(code))
+    except (ValueError, TypeError):
+        dtype = None
+    if dtype is None:
+        raise UnsupportedOpError(f"{op_type} (opset {opset}): data type {code} is not supported")
     if dtype.kind not in "fiubO":
         raise UnsupportedOpError(f"{op_type} (opset {opset}): data type {dtype} is not supported")
     return dtype

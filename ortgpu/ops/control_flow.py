@@ -1,13 +1,14 @@
-"""Control flow: If, Loop and Scan, run on the CPU by the subgraph interpreter of :mod:`ortgpu._subgraph`.
+"""Control flow: If, Loop and Scan, run on the CPU by the subgraph interpreter of :mod:`ortgpu.loader._subgraph`.
 
-Their ``GRAPH`` attributes reach them as :class:`ortgpu._subgraph.Subgraph` values.  Outer-scope tensors a
-subgraph reads are appended by the loader to the node's inputs, after the declared ones, in the order of
-``Subgraph.outer_names`` (see :mod:`ortgpu._subgraph`): each operator splits its ``inputs`` into declared inputs
-and those trailing outer-scope values.
+Their ``GRAPH`` attributes reach them as :class:`ortgpu._types.SubgraphRunner` values (which the loader builds:
+these operators never import it).  Outer-scope tensors a subgraph reads are appended by the loader to the node's
+inputs, after the declared ones, in the order of ``SubgraphRunner.outer_names`` (see
+:mod:`ortgpu.loader._subgraph`): each operator splits its ``inputs`` into declared inputs and those trailing
+outer-scope values.
 
 Shapes: onnx's shape inference often leaves control-flow outputs unknown; the planner then runs ``reference``
 once on the constants and zeros.  ``If``'s condition and ``Loop``'s trip count and condition decide shapes, so
-they are shape-deciding inputs (``ortgpu._propagate.SHAPE_INPUT_POSITIONS``): a plan needs their values.  A run
+they are shape-deciding inputs (``ortgpu.loader._propagate.SHAPE_INPUT_POSITIONS``): a plan needs their values.  A run
 whose shapes differ from the planned ones is a typed error of the executor, never a wrong value.
 
 Limits: a Loop stops with a typed error past :data:`MAX_LOOP_ITERATIONS` iterations or
@@ -20,19 +21,15 @@ are refused with a typed error when the model loads.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
-import onnx
-import onnx.helper
 
 from ortgpu_core._errors import ModelError, ShapeError, UnsupportedOpError
 
+from .._types import SubgraphRunner, numpy_dtype_of
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
-
-if TYPE_CHECKING:
-    from .._subgraph import Subgraph
 
 __all__ = ["If", "Loop", "Scan8", "Scan9", "MAX_LOOP_ITERATIONS", "MAX_SCAN_OUTPUT_BYTES", "declared_output_types"]
 
@@ -44,17 +41,15 @@ MAX_LOOP_ITERATIONS = 1_000_000
 MAX_SCAN_OUTPUT_BYTES = 4 << 30
 
 
-def _subgraph(attrs: Mapping[str, Any], name: str, op_type: str) -> Subgraph:
-    from .._subgraph import Subgraph
-
+def _subgraph(attrs: Mapping[str, Any], name: str, op_type: str) -> SubgraphRunner:
     value = attrs.get(name)
-    if not isinstance(value, Subgraph):
+    if not isinstance(value, SubgraphRunner):
         raise UnsupportedOpError(f"{op_type}: attribute {name!r} is missing or not a subgraph")
     return value
 
 
 def _split(
-    inputs: Sequence[np.ndarray | None], declared: int, graph: Subgraph, op_type: str
+    inputs: Sequence[np.ndarray | None], declared: int, graph: SubgraphRunner, op_type: str
 ) -> tuple[list[np.ndarray | None], dict[str, np.ndarray]]:
     """The declared inputs, and the trailing outer-scope values by name."""
     names = graph.outer_names
@@ -77,7 +72,7 @@ def _scalar(value: np.ndarray, what: str) -> Any:
     return value.reshape(-1)[0]
 
 
-def _declared(graph: Subgraph, index: int) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
+def _declared(graph: SubgraphRunner, index: int) -> tuple[tuple[int, ...], np.dtype[Any]] | None:
     """The static shape and dtype the subgraph declares for its output ``index`` (None: not fully static)."""
     value = graph.graph.output[index]
     tensor = value.type.tensor_type
@@ -86,9 +81,8 @@ def _declared(graph: Subgraph, index: int) -> tuple[tuple[int, ...], np.dtype[An
     dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
     if any(d is None or d < 0 for d in dims):
         return None
-    try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
-    except Exception:  # noqa: BLE001 - a dtype numpy lacks: no declared shape to use
+    dtype = numpy_dtype_of(tensor.elem_type)
+    if dtype is None:  # a dtype numpy lacks: no declared shape to use
         return None
     return tuple(int(d) for d in dims if d is not None), dtype
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from .._limits import element_count
+from .._types import element_count
 from ._epilogue import EpilogueStep, apply_epilogue, epilogue_function, parse_epilogue
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
@@ -51,6 +51,20 @@ class SpatialGeometry:
 def _auto_pad(attrs: Mapping[str, Any]) -> str:
     value = attrs.get("auto_pad", "NOTSET")
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def same_padding(auto_pad: str, totals: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Each axis's total padding split as ``auto_pad`` says: ``SAME_UPPER`` puts the odd one at the end,
+    ``SAME_LOWER`` at the beginning.  Returns the begin and end pads.  (The one statement of the rule: Conv,
+    ConvTranspose, the pools and the integer convolutions all split with it.)"""
+    begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals]
+    return begin, [t - b for t, b in zip(totals, begin)]
+
+
+def conv_same_totals(spatial: Sequence[int], strides: Sequence[int], extents: Sequence[int]) -> list[int]:
+    """The total padding per axis that auto_pad SAME gives a convolution: ``ceil(size / stride)`` outputs for
+    windows of the dilated ``extents``, never negative."""
+    return [max(0, (-(-size // s) - 1) * s + e - size) for size, s, e in zip(spatial, strides, extents)]
 
 
 def _divide_toward_zero(numerator: int, denominator: int) -> int:
@@ -86,17 +100,11 @@ def spatial_geometry(
                 f"the kernel {list(kernel)} over {list(spatial)}), which onnxruntime refuses too; use explicit pads "
                 "or auto_pad VALID"
             )
-        begin = [n // 2 if auto_pad == "SAME_UPPER" else (n + 1) // 2 for n in needed]
-        end = [n - b for n, b in zip(needed, begin)]
+        begin, end = same_padding(auto_pad, needed)
         out = _window_counts(spatial, begin, end, extents, strides, ceil_mode)
     elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out = [-(-size // s) for size, s in zip(spatial, strides)]
-        totals = [max(0, (o - 1) * s + e - size) for o, s, e, size in zip(out, strides, extents, spatial)]
-        if auto_pad == "SAME_UPPER":
-            begin = [t // 2 for t in totals]
-        else:
-            begin = [t - t // 2 for t in totals]
-        end = [t - b for t, b in zip(totals, begin)]
+        begin, end = same_padding(auto_pad, conv_same_totals(spatial, strides, extents))
     elif auto_pad in ("NOTSET", "VALID"):
         if auto_pad == "VALID":
             begin, end = [0] * rank, [0] * rank

@@ -15,12 +15,12 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from .._limits import element_count
+from .._types import element_count
 from ._epilogue import apply_epilogue, epilogue_function
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from ._registry import register
 from ._tiling import THREADS, BindingTable, grid_for_groups, require_float32, single_kernel_plan, workgroup_index
-from .conv import _auto_pad, _conv_steps, ints
+from .conv import _auto_pad, _conv_steps, ints, same_padding
 
 __all__ = ["ConvTranspose", "conv_transpose_geometry"]
 
@@ -57,11 +57,7 @@ def conv_transpose_geometry(
             # (a kernel shorter than the stride), the output is the full one, as onnxruntime and onnx's shape
             # inference size it (onnx's reference evaluator alone pads on to input * stride).
             out = [f - t for f, t in zip(full, totals)]
-        halves = [int(t / 2) for t in totals]  # C division (towards zero), as onnxruntime distributes it
-        if auto_pad == "SAME_UPPER":
-            begin = halves
-        else:
-            begin = [t - h for t, h in zip(totals, halves)]
+        begin, _ = same_padding(auto_pad, totals)  # totals are never negative: as onnxruntime distributes them
     else:
         pads = ints(attrs.get("pads"), [0] * (2 * rank)) if auto_pad != "VALID" else (0,) * (2 * rank)
         if len(pads) != 2 * rank:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import onnx.helper
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
+from .._types import numpy_dtype_of
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 from ._wgsl import wgsl_compute_type
@@ -31,9 +31,11 @@ class EyeLike(Operator):
         if "dtype" not in attrs:
             return x
         try:
-            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(attrs["dtype"])))
-        except Exception:  # noqa: BLE001 - an unknown or unrepresentable element type
-            raise UnsupportedOpError(f"EyeLike: dtype {attrs['dtype']} is not supported") from None
+            dtype = numpy_dtype_of(int(attrs["dtype"]))
+        except (ValueError, TypeError):
+            dtype = None
+        if dtype is None:  # an unknown or unrepresentable element type
+            raise UnsupportedOpError(f"EyeLike: dtype {attrs['dtype']} is not supported")
         if dtype.kind not in "biuf":
             raise UnsupportedOpError(f"EyeLike: dtype {dtype} is not supported")
         return dtype

@@ -15,7 +15,7 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError
 
-from .._limits import element_count
+from .._types import element_count
 from ._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from ._registry import register
 from ._row_norm import RowNorm, require_row_norm_dtypes, row_norm_plan

@@ -30,7 +30,7 @@ import numpy as np
 
 from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 
-from .._limits import element_count
+from .._types import element_count
 from ._kernel import (
     Binding,
     DeviceCaps,

@@ -58,7 +58,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from .._limits import element_count
+from .._types import element_count
 from ._epilogue import EpilogueStep, apply_epilogue, parse_epilogue
 from ._gemv import plan_gemv
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo

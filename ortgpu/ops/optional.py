@@ -34,6 +34,7 @@ import numpy as np
 
 from ortgpu_core._errors import InvalidArgumentError, ModelError, UnsupportedOpError
 
+from .._types import onnx_dtype_to_numpy
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 from .sequences import box, element_dtype_of, element_shapes_of, is_box, is_sequence_dtype, sequence_dtype
@@ -209,8 +210,6 @@ def optional_type_name(dtype: np.dtype[Any]) -> str:
 def element_type_of_proto(type_proto: Any, what: str) -> np.dtype[Any]:
     """The element dtype (a numpy dtype, or a sequence dtype) of an ONNX ``TypeProto`` of a tensor or a sequence of
     tensors; other types are refused."""
-    from .._model import onnx_dtype_to_numpy
-
     kind = type_proto.WhichOneof("value")
     if kind == "tensor_type" and type_proto.tensor_type.elem_type:
         return np.dtype(onnx_dtype_to_numpy(type_proto.tensor_type.elem_type, what))

@@ -37,7 +37,7 @@ import onnx.helper
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from .._limits import element_count
+from .._types import element_count
 from ._kernel import (
     Binding,
     DeviceCaps,

@@ -22,14 +22,13 @@ saturates.
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from .._limits import element_count
+from .._types import element_count
 from ._kernel import (
     Binding,
     DeviceCaps,
@@ -56,6 +55,7 @@ from ._wgsl import (
     wgsl_float,
     workgroup_size_for,
 )
+from .conv import conv_same_totals, same_padding
 from .quantize import saturate_round
 from .quantized_matmul import wrap_int32
 
@@ -82,12 +82,9 @@ def _pads(
     if auto_pad == "VALID":
         return [(0, 0)] * rank
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        result = []
-        for size, k, s, dil in zip(spatial, kernel, strides, dilations):
-            total = max(0, (math.ceil(size / s) - 1) * s + (k - 1) * dil + 1 - size)
-            small = total // 2
-            result.append((small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small))
-        return result
+        extents = [(k - 1) * dil + 1 for k, dil in zip(kernel, dilations)]
+        begin, end = same_padding(auto_pad, conv_same_totals(spatial, strides, extents))
+        return list(zip(begin, end))
     raise UnsupportedOpError(f"{op_type}: auto_pad {auto_pad!r} is not supported")
 
 

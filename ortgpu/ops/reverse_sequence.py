@@ -16,7 +16,7 @@ import numpy as np
 
 from ortgpu_core._errors import InvalidArgumentError, ShapeError, UnsupportedOpError
 
-from .._limits import element_count
+from .._types import element_count
 from ._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, flagging_twin, reference_twin
 from ._registry import register
 from ._run_time_indices import index_lines, require_index_dtype

@@ -15,6 +15,7 @@ import numpy as np
 
 from ortgpu_core._errors import InvalidArgumentError, ModelError, ShapeError, UnsupportedOpError
 
+from .._types import SubgraphRunner, onnx_dtype_to_numpy
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 
@@ -135,8 +136,6 @@ class SequenceEmpty(_SequenceOp):
     def reference(
         self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], outputs: Sequence[TensorInfo]
     ) -> list[np.ndarray]:
-        from .._model import onnx_dtype_to_numpy
-
         element = onnx_dtype_to_numpy(int(attrs.get("dtype", 1)), "SequenceEmpty's dtype")
         return [box([], np.dtype(element))]
 
@@ -275,10 +274,8 @@ class SequenceMap(_SequenceOp):
     def reference(
         self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], outputs: Sequence[TensorInfo]
     ) -> list[np.ndarray]:
-        from .._subgraph import Subgraph
-
         body = attrs.get("body")
-        if not isinstance(body, Subgraph):
+        if not isinstance(body, SubgraphRunner):
             raise UnsupportedOpError("SequenceMap: attribute 'body' is missing or not a subgraph")
         outer_names = body.outer_names
         declared = list(inputs[: len(inputs) - len(outer_names)])
@@ -305,8 +302,6 @@ class SequenceMap(_SequenceOp):
             element = None
             elem_type = body.graph.output[index].type
             if elem_type.HasField("tensor_type") and elem_type.tensor_type.elem_type:
-                from .._model import onnx_dtype_to_numpy
-
                 element = np.dtype(onnx_dtype_to_numpy(elem_type.tensor_type.elem_type, "SequenceMap output"))
             out.append(box(collected, element))
         return out

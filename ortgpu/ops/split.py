@@ -14,7 +14,7 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from .._limits import element_count
+from .._types import element_count
 from ._kernel import Binding, DeviceCaps, KernelSpec, Operator, OpPlan, TensorInfo, reference_twin
 from ._registry import register
 from ._wgsl_kernels import gather_kernel

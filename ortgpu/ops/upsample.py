@@ -14,7 +14,7 @@ from ortgpu_core._errors import ShapeError
 
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
-from .resize import ResizeConfig, resize_config, resize_reference
+from ._resize_reference import ResizeConfig, resize_config, resize_reference
 
 __all__ = ["Upsample"]
 

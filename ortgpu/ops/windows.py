@@ -18,6 +18,7 @@ import onnx.helper
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
+from .._types import numpy_dtype_of
 from ._kernel import Operator, TensorInfo
 from ._registry import register
 
@@ -26,11 +27,8 @@ __all__ = ["HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix"]
 
 def _output_dtype(op_type: str, attrs: Mapping[str, Any]) -> np.dtype[Any]:
     element_type = int(attrs.get("output_datatype", onnx.TensorProto.FLOAT))
-    try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(element_type))
-    except Exception:  # noqa: BLE001 - unknown element types
-        dtype = np.dtype(object)
-    if dtype.kind not in "iuf":
+    dtype = numpy_dtype_of(element_type)
+    if dtype is None or dtype.kind not in "iuf":
         raise UnsupportedOpError(f"{op_type}: output_datatype {element_type} is not supported (a numeric type)")
     return dtype
 

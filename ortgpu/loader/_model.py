@@ -36,21 +36,30 @@ from onnx import external_data_helper
 
 from ortgpu_core._errors import InvalidModelError, UnsupportedOpError
 
+from .._types import onnx_dtype_to_numpy
+from ..ops import get_operator
+from ..ops.optional import element_type_of_proto, is_structured_dtype, optional_dtype
+from ..ops.sequences import sequence_dtype
+from ._graph_node import (
+    MAX_IR_VERSION,
+    MAX_OPSET,
+    MIN_OPSET,
+    Dim,
+    GraphNode,
+    Shape,
+    _effective_opset,
+    _to_array,
+)
 from ._limits import FoldBudget, LoadLimits, check_node_count
 from ._limits import check_external_data as _check_external_data
 from ._propagate import (
     SHAPE_INPUT_POSITIONS,
-    Dim,
-    Shape,
     is_concrete,
     propagate,
     public_attrs,
     value_dependent_inputs,
 )
-from ._subgraph import CONTROL_FLOW_OPS, Subgraph, count_nodes, is_control_flow, outer_names
-from .ops import get_operator
-from .ops.optional import element_type_of_proto, is_structured_dtype, optional_dtype
-from .ops.sequences import sequence_dtype
+from ._subgraph import _attribute_value, count_nodes, is_control_flow, outer_names
 
 __all__ = [
     "Dim",
@@ -61,8 +70,8 @@ __all__ = [
     "MAX_IR_VERSION",
     "MIN_OPSET",
     "MAX_OPSET",
+    # re-exported from ortgpu._types, ortgpu.loader._graph_node and ortgpu.loader._propagate
     "onnx_dtype_to_numpy",
-    # re-exported from ortgpu._propagate
     "Shape",
     "is_concrete",
     "propagate",
@@ -71,33 +80,8 @@ __all__ = [
     "value_dependent_inputs",
 ]
 
-#: Newest IR version and default-domain opset range ortgpu accepts.
-MAX_IR_VERSION = 14
-MIN_OPSET = 7
-MAX_OPSET = 28
-
-# Shapes are propagated and constants folded in ortgpu._propagate; how much folding may create (per constant,
-# per model) and the node-count limit: ortgpu._limits.
-
-_NUMPY_DTYPES = frozenset(
-    np.dtype(name)
-    for name in (
-        "float16",
-        "float32",
-        "float64",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "bool",
-        # TensorProto.STRING: object arrays of str, host values only (nodes that touch them run on the CPU)
-        "object",
-    )
-)
+# Shapes are propagated and constants folded in ortgpu.loader._propagate; how much folding may create (per
+# constant, per model) and the node-count limit: ortgpu.loader._limits.
 
 
 @dataclass(frozen=True)
@@ -111,27 +95,6 @@ class ValueInfo:
     typed: bool = True
     #: False where neither the model nor inference gives a rank (``shape`` is then ``()`` and says nothing).
     ranked: bool = True
-
-
-@dataclass(frozen=True)
-class GraphNode:
-    """One node of the graph, with attributes as Python values.
-
-    Missing optional inputs are ``""``.  Attribute values: ints, floats,
-    ``str`` (decoded UTF-8), lists of those, numpy arrays for tensors.
-    """
-
-    name: str
-    op_type: str
-    domain: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attrs: Mapping[str, Any]
-    opset: int
-
-    def describe(self) -> str:
-        """How error messages name the node: ``Conv node 'conv1' (opset 17)``."""
-        return f"{self.op_type} node {self.name!r} (opset {self.opset})"
 
 
 @dataclass
@@ -180,80 +143,6 @@ class LoadedModel:
 
 # ---------------------------------------------------------------------------
 # dtypes and attributes
-
-
-def onnx_dtype_to_numpy(elem_type: int, what: str) -> np.dtype[Any]:
-    """The numpy dtype of an ONNX element type, or ``UnsupportedOpError`` naming ``what``."""
-    try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-    except Exception:  # noqa: BLE001 - unknown enum values, strings
-        dtype = None
-    if dtype is None or dtype not in _NUMPY_DTYPES:
-        name = (
-            onnx.TensorProto.DataType.Name(elem_type)
-            if elem_type in onnx.TensorProto.DataType.values()
-            else str(elem_type)
-        )
-        raise UnsupportedOpError(
-            f"{what} has element type {name}, which ortgpu does not support "
-            "(supported: float16/32/64, int8..int64, uint8..uint64, bool, string)"
-        )
-    return dtype
-
-
-def _attribute_value(
-    attribute: onnx.AttributeProto,
-    node_text: str,
-    op_type: str = "",
-    domain: str = "",
-    opsets: Mapping[str, int] | None = None,
-    outer: Sequence[str] = (),
-) -> Any:
-    """An attribute as a Python value.  A ``GRAPH`` attribute of ``If``/``Loop``/``Scan`` (given the model's
-    ``opsets`` and the node's ``outer``-scope extra inputs) becomes a :class:`ortgpu._subgraph.Subgraph`; other
-    subgraph attributes are refused."""
-    kind = attribute.type
-    if kind == onnx.AttributeProto.GRAPH and opsets is not None and is_control_flow(op_type, domain):
-        return Subgraph.build(attribute.g, opsets, f"{attribute.name} of {node_text}", outer)
-    if kind in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        raise UnsupportedOpError(
-            f"{node_text} has a subgraph attribute {attribute.name!r}; ortgpu runs no control flow"
-            + (f" other than {', '.join(sorted(CONTROL_FLOW_OPS))}" if kind == onnx.AttributeProto.GRAPH else "")
-        )
-    if kind == onnx.AttributeProto.TENSOR:
-        return _to_array(attribute.t, f"tensor attribute {attribute.name!r} of {node_text}")
-    if kind == onnx.AttributeProto.TENSORS:
-        return [_to_array(t, f"tensor attribute {attribute.name!r} of {node_text}") for t in attribute.tensors]
-    if kind == onnx.AttributeProto.SPARSE_TENSOR:
-        raise UnsupportedOpError(f"{node_text} has a sparse tensor attribute {attribute.name!r}")
-    value = onnx.helper.get_attribute_value(attribute)
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, list):
-        return [v.decode("utf-8") if isinstance(v, bytes) else v for v in value]
-    return value
-
-
-def _to_array(tensor: onnx.TensorProto, what: str) -> np.ndarray:
-    """``tensor``'s data as a C-contiguous array; its data disagreeing with its shape is an ``InvalidModelError``."""
-    try:
-        array = np.asarray(onnx.numpy_helper.to_array(tensor), order="C")
-        if array.dtype == object:  # STRING: onnx gives str (or bytes from old exporters): always str
-            array = _as_str_objects(array)
-        return array
-    except (ValueError, TypeError, OverflowError, MemoryError) as error:
-        raise InvalidModelError(
-            f"{what} (shape {list(tensor.dims)}) cannot be read: {str(error)[:200]}; its data does not match its "
-            "shape and type, the model is corrupt"
-        ) from None
-
-
-def _as_str_objects(array: np.ndarray) -> np.ndarray:
-    """A STRING tensor's data as an object array of ``str`` (bytes decoded as UTF-8)."""
-    out = np.empty(array.shape, dtype=object)
-    for index, item in np.ndenumerate(array):
-        out[index] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -314,30 +203,6 @@ def _check_versions(model: onnx.ModelProto) -> dict[str, int]:
             "ones for operators unchanged since): convert it with onnx.version_converter"
         )
     return opsets
-
-
-def _effective_opset(op_type: str, domain: str, opset: int) -> int:
-    """The opset a node of a default-domain model older than :data:`MIN_OPSET` runs at.
-
-    ortgpu implements the operators as they are from opset 7 on.  An operator whose definition did not change
-    between the model's opset and opset 7 (``Not``, ``Identity``, ``Conv``...) runs as at opset 7, as
-    onnxruntime does; one that changed (``Add`` before 7 had ``broadcast`` and ``axis``) is refused with the
-    reason, never run with the newer semantics.
-    """
-    if domain != "" or opset >= MIN_OPSET:
-        return opset
-    try:
-        then = onnx.defs.get_schema(op_type, opset).since_version
-        at_min = onnx.defs.get_schema(op_type, MIN_OPSET).since_version
-    except Exception:  # noqa: BLE001 - not an ai.onnx operator at that opset: refused where it is looked up
-        return opset
-    if then != at_min:
-        raise UnsupportedOpError(
-            f"{op_type} at ai.onnx opset {opset} follows its opset-{then} definition, which changed in opset "
-            f"{at_min}; ortgpu implements opsets {MIN_OPSET}..{MAX_OPSET}: convert the model with "
-            "onnx.version_converter"
-        )
-    return MIN_OPSET
 
 
 def _graph_nodes(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[GraphNode]:

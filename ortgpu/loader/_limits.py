@@ -1,10 +1,8 @@
 """Load-time limits and checks that keep a hostile model from exhausting memory or time.
 
-* :func:`element_count` / :func:`tensor_bytes`: shape arithmetic in Python ints (a wrapping ``int64`` product
-  turned ``[2**32, 2**32]`` into 0 elements); every size check uses them.
 * :class:`LoadLimits`: the most nodes a model may have (``max_nodes``) and the most bytes of constants that
   constant folding may create for it (``max_fold_bytes``, over the load and each plan together).  Each limit is a
-  keyword argument of :func:`ortgpu._model.load_model`; when one is not given, the environment variable
+  keyword argument of :func:`ortgpu.loader._model.load_model`; when one is not given, the environment variable
   (``ORTGPU_MAX_NODES``, ``ORTGPU_MAX_FOLD_BYTES``, a plain decimal integer, read at each load) or else the
   module default below applies.
 * :class:`FoldBudget`: what folding may still create.  Once it is spent, larger constants are not folded: their
@@ -18,7 +16,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -27,15 +25,13 @@ from onnx import external_data_helper
 
 from ortgpu_core._errors import InvalidArgumentError, InvalidModelError, ModelError
 
-if TYPE_CHECKING:
-    from ._model import GraphNode
+from .._types import numpy_dtype_of, tensor_bytes
+from ._graph_node import GraphNode
 
 #: ``name -> (shape, dtype)`` as shape propagation keeps it (dims may be symbolic or None).
 _Types = Mapping[str, "tuple[tuple[Any, ...], np.dtype[Any]]"]
 
 __all__ = [
-    "element_count",
-    "tensor_bytes",
     "DEFAULT_MAX_FOLD_BYTES",
     "DEFAULT_MAX_NODES",
     "FOLD_TENSOR_LIMIT_BYTES",
@@ -80,19 +76,6 @@ def max_cached_plans() -> int:
     if value < 1:
         raise InvalidArgumentError(f"environment variable {MAX_CACHED_PLANS_ENV} must be at least 1; got {value}")
     return value
-
-
-def element_count(shape: Iterable[Any]) -> int:
-    """The number of elements of ``shape``, exact (Python ints: no int64 wrap-around)."""
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count
-
-
-def tensor_bytes(shape: Iterable[Any], dtype: Any) -> int:
-    """The bytes of a C-contiguous tensor of ``shape`` and ``dtype``, exact."""
-    return element_count(shape) * int(np.dtype(dtype).itemsize)
 
 
 # ---------------------------------------------------------------------------
@@ -344,11 +327,9 @@ def _external_int(info: dict[str, str], key: str, what: str) -> int | None:
 
 def _stored_bytes(tensor: onnx.TensorProto) -> int | None:
     """Bytes the tensor's data takes in raw form, or None when that is not a fixed multiple of its shape."""
-    try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
-    except Exception:  # noqa: BLE001 - unknown or sub-byte element types: the loader reports them later
-        return None
-    if dtype.kind not in "biuf":
+    dtype = numpy_dtype_of(tensor.data_type)
+    # None or kind "V": unknown or sub-byte element types, which the loader reports later
+    if dtype is None or dtype.kind not in "biuf":
         return None
     if any(d < 0 for d in tensor.dims):
         raise InvalidModelError(f"tensor {tensor.name!r} has a negative dimension in its shape {list(tensor.dims)}")

@@ -27,16 +27,14 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ortgpu_core._errors import OrtGpuError
 
-if TYPE_CHECKING:
-    from ._model import GraphNode
-    from ._propagate import Shape
-    from ._subgraph import Subgraph
+from ._graph_node import GraphNode, Shape
+from ._subgraph import Subgraph
 
 __all__ = ["EXPANDABLE", "MAX_EXPANDED_NODES", "Expansion", "expand"]
 
@@ -45,9 +43,9 @@ EXPANDABLE = frozenset({"If", "Loop", "Scan"})
 #: The most nodes one control-flow node expands into (an unrolled Loop or Scan: iterations x body nodes).
 MAX_EXPANDED_NODES = 4096
 
-Types = dict[str, tuple["Shape", np.dtype[Any]]]
+Types = dict[str, tuple[Shape, np.dtype[Any]]]
 #: Propagates nodes with the planner's state (types, constants, budget): returns the remaining and folded nodes.
-Propagator = Callable[[list["GraphNode"]], tuple[list["GraphNode"], list[str]]]
+Propagator = Callable[[list[GraphNode]], tuple[list[GraphNode], list[str]]]
 
 
 @dataclass(frozen=True)
@@ -101,8 +99,6 @@ class _NotExpanded(Exception):
 
 
 def _subgraph(node: GraphNode, name: str) -> Subgraph:
-    from ._subgraph import Subgraph
-
     value = node.attrs.get(name)
     if not isinstance(value, Subgraph):
         raise _NotExpanded
@@ -155,8 +151,6 @@ class _Builder:
             raise _NotExpanded
 
     def node(self, name: str, op_type: str, inputs: Sequence[str], outputs: Sequence[str], **attrs: Any) -> GraphNode:
-        from ._model import GraphNode
-
         return GraphNode(name, op_type, "", tuple(inputs), tuple(outputs), attrs, self.owner.opset)
 
     def instantiate(self, graph: Subgraph, prefix: str, bound: Mapping[str, str]) -> list[str]:

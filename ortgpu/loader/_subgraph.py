@@ -2,9 +2,11 @@
 
 How subgraphs reach an operator
 -------------------------------
-The loader (:mod:`ortgpu._model`) turns a ``GRAPH`` attribute of an ``If``/``Loop``/``Scan`` node of the default
-domain into a :class:`Subgraph`: the ``onnx.GraphProto`` itself, the model's opsets, and the body's nodes checked
-and converted once (an operator ortgpu lacks, or an attribute it cannot hold, is refused when the model loads).
+The loader (:mod:`ortgpu.loader._model`, through :func:`_attribute_value`) turns a ``GRAPH`` attribute of an
+``If``/``Loop``/``Scan`` node of the default domain into a :class:`Subgraph` (to the operator, an
+:class:`ortgpu._types.SubgraphRunner`): the ``onnx.GraphProto`` itself, the model's opsets, and the body's nodes
+checked and converted once (an operator ortgpu lacks, or an attribute it cannot hold, is refused when the model
+loads).
 Subgraph attributes of other operators (and ``GRAPHS`` lists) stay refused with a typed error.
 
 Outer-scope names: a body may read tensors of the enclosing graphs by name.  The executor hands a node only its
@@ -25,18 +27,19 @@ agree).  Everything the interpreter cannot do raises a typed :class:`ortgpu_core
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
+import onnx.helper
 
 from ortgpu_core._errors import InvalidModelError, ModelError, OrtGpuError, ShapeError, UnsupportedOpError
 
-from .ops import Operator, TensorInfo, get_operator
-from .ops.optional import element_type_of_proto, is_structured_box
-
-if TYPE_CHECKING:
-    from ._model import GraphNode
+from .._types import SubgraphRunner, onnx_dtype_to_numpy
+from ..ops import Operator, TensorInfo, get_operator
+from ..ops.optional import element_type_of_proto, is_structured_box
+from ._graph_node import GraphNode, _effective_opset, _to_array
+from ._node_inference import _apply_operator_shapes, _infer_with_onnx
 
 __all__ = ["CONTROL_FLOW_OPS", "Subgraph", "count_nodes", "outer_names", "free_names", "is_control_flow"]
 
@@ -105,6 +108,39 @@ def count_nodes(graph: onnx.GraphProto) -> int:
     return total
 
 
+def _attribute_value(
+    attribute: onnx.AttributeProto,
+    node_text: str,
+    op_type: str = "",
+    domain: str = "",
+    opsets: Mapping[str, int] | None = None,
+    outer: Sequence[str] = (),
+) -> Any:
+    """An attribute as a Python value.  A ``GRAPH`` attribute of ``If``/``Loop``/``Scan`` (given the model's
+    ``opsets`` and the node's ``outer``-scope extra inputs) becomes a :class:`ortgpu._subgraph.Subgraph`; other
+    subgraph attributes are refused."""
+    kind = attribute.type
+    if kind == onnx.AttributeProto.GRAPH and opsets is not None and is_control_flow(op_type, domain):
+        return Subgraph.build(attribute.g, opsets, f"{attribute.name} of {node_text}", outer)
+    if kind in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        raise UnsupportedOpError(
+            f"{node_text} has a subgraph attribute {attribute.name!r}; ortgpu runs no control flow"
+            + (f" other than {', '.join(sorted(CONTROL_FLOW_OPS))}" if kind == onnx.AttributeProto.GRAPH else "")
+        )
+    if kind == onnx.AttributeProto.TENSOR:
+        return _to_array(attribute.t, f"tensor attribute {attribute.name!r} of {node_text}")
+    if kind == onnx.AttributeProto.TENSORS:
+        return [_to_array(t, f"tensor attribute {attribute.name!r} of {node_text}") for t in attribute.tensors]
+    if kind == onnx.AttributeProto.SPARSE_TENSOR:
+        raise UnsupportedOpError(f"{node_text} has a sparse tensor attribute {attribute.name!r}")
+    value = onnx.helper.get_attribute_value(attribute)
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, list):
+        return [v.decode("utf-8") if isinstance(v, bytes) else v for v in value]
+    return value
+
+
 @dataclass(eq=False)
 class _Step:
     node: GraphNode
@@ -115,7 +151,7 @@ class _Step:
 
 
 @dataclass(eq=False)
-class Subgraph:
+class Subgraph(SubgraphRunner):
     """A subgraph attribute value: the graph, the opsets its nodes run at, and its checked nodes.
 
     ``outer_names``: the outer-scope names the owning node passes as its trailing extra inputs, in order (see
@@ -133,8 +169,6 @@ class Subgraph:
     @classmethod
     def build(cls, graph: onnx.GraphProto, opsets: Mapping[str, int], what: str, names: Sequence[str] = ()) -> Subgraph:
         """Check and convert ``graph``'s nodes (nested subgraphs included); typed errors for what ortgpu lacks."""
-        from ._model import GraphNode, _attribute_value, _effective_opset, _to_array, onnx_dtype_to_numpy
-
         subgraph = cls(graph, dict(opsets), what, tuple(names))
         if graph.sparse_initializer:
             raise UnsupportedOpError(f"the {what} has sparse initializers, which ortgpu does not support")
@@ -283,8 +317,6 @@ class Subgraph:
 
     def _infer(self, step: _Step, values: Sequence[np.ndarray | None]) -> dict[str, Any]:
         """onnx's shape inference of ``step`` for these input values (cached by input shapes and small data)."""
-        from ._propagate import _apply_operator_shapes, _infer_with_onnx
-
         node = step.node
         if any(is_structured_box(value) for value in values):
             # onnx would read a sequence or an optional (an object box) as a string tensor: the node's run decides
