@@ -186,10 +186,6 @@ KNOWN_CIRCLES: dict[frozenset[str], str] = {
         "the fake device's mixin parts name each other's types (TYPE_CHECKING imports); the device by composition "
         "(issue 35, point 2) removes it"
     ),
-    frozenset({"ortgpu.ops._recurrent_plan", "ortgpu.ops.recurrent"}): (
-        "the device plan's twins annotate the operator class (a TYPE_CHECKING import); a protocol for its "
-        "recurrence removes it once the recurrent kernels' split (in progress) lands"
-    ),
 }
 
 

@@ -18,7 +18,7 @@ operator's own float64 cell, the states stored as float32 between steps as on th
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -44,9 +44,6 @@ from ._recurrent_persistent_wgsl import (
 from ._recurrent_wgsl import GROUP, Config, final_kernel, prepare_kernel, project_kernel, step_kernel, transpose_kernel
 from ._tiling import grid_for_groups
 
-if TYPE_CHECKING:
-    from .recurrent import _Recurrent
-
 __all__ = [
     "PERSISTENT_MAX_HIDDEN",
     "MAX_SPLIT",
@@ -67,6 +64,28 @@ SPLIT_MIN_CHUNK = 16
 FORCE_PERSISTENT = False
 
 Array = np.ndarray
+
+
+class _Recurrence(Protocol):
+    """What the plan's twins need of the operator (:class:`ortgpu.ops.recurrent._Recurrent`): its numpy
+    recurrence, so the twins compute as the reference does without this module importing the operator's."""
+
+    def recur(
+        self,
+        x_proj: Array,
+        r: Array,
+        rb: Array,
+        lengths: Array,
+        states: list[Array],
+        peepholes: Array | None,
+        functions: list[list[Activation]],
+        attrs: Mapping[str, Any],
+        reverse: Sequence[bool],
+        steps: Iterable[int],
+        y: Array | None,
+    ) -> list[Array]: ...
+
+
 F32 = np.dtype(np.float32)
 Twin = Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]
 
@@ -140,7 +159,7 @@ class _Parts:
 
     def __init__(
         self,
-        op: _Recurrent,
+        op: _Recurrence,
         cfg: Config,
         functions: list[list[Activation]],
         outputs: Sequence[TensorInfo],
@@ -342,7 +361,7 @@ def _storage_count(bindings: Sequence[Binding]) -> int:
 
 
 def device_plan(
-    op: _Recurrent,
+    op: _Recurrence,
     cfg: Config,
     functions: list[list[Activation]],
     inputs: Sequence[TensorInfo | None],
