@@ -34,7 +34,9 @@ from ortgpu_core import (
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
 from ortgpu_core._graph import CapturedGraph, GraphLabel, PinSet
 from ortgpu_core._owner import GraphOwner
+from ortgpu_core._replay import GraphSubmitter, ReadRange, ReplayWork
 from ortgpu_core._value import DeviceBuffer
+from ortgpu_core.backends._commands import CommandList
 
 from ._executor import DeviceProgram
 from ._planner import ExecutionPlan
@@ -51,6 +53,9 @@ class CaptureHost(GraphOwner, Protocol):
     lock: Any  # the session's run lock (a threading.RLock)
     allocator: SessionAllocator
 
+    @property
+    def session_id(self) -> int: ...
+
     def bound_plan(
         self, binding: AnyBinding, *, for_capture: bool, deciding: dict[str, np.ndarray] | None = None
     ) -> ExecutionPlan: ...
@@ -58,6 +63,8 @@ class CaptureHost(GraphOwner, Protocol):
     def run_bound(
         self, plan: ExecutionPlan, inputs: dict[str, AnyValue], cpu_inputs: dict[str, Any], outputs: dict[str, AnyValue]
     ) -> None: ...
+    def submit(self, commands: CommandList) -> None: ...
+    def graph_submitter(self) -> GraphSubmitter: ...
 
 
 class GraphRegistry:
@@ -82,6 +89,13 @@ class GraphRegistry:
     def forget(self, graph: CapturedGraph) -> None:
         if self._graphs.get(graph.graph_id) is graph:
             del self._graphs[graph.graph_id]
+
+    def use_submitter(self, submitter: GraphSubmitter) -> None:
+        """Replay every live graph through ``submitter`` from now on (profiling started or ended; the caller holds
+        the session's run lock, under which capture chooses a graph's submitter and registers it)."""
+        for graph in list(self._graphs.values()):  # (a copy: release() on another thread forgets its graph)
+            if graph is not None:
+                graph._use_submitter(submitter)
 
     def release_all(self) -> None:
         """Release every graph (for the session's ``close()``, which holds ``capture_lock``)."""
@@ -136,18 +150,27 @@ class GraphRegistry:
                 program = host.new_program(plan)
                 inputs = frozen.inputs()
                 outputs = frozen.outputs()
-                commands = program.record(
-                    {n: _buffer(v) for n, v in inputs.items() if n not in plan.unread_inputs},
-                    {n: _buffer(v) for n, v in outputs.items()},
+                read = {n: _buffer(v) for n, v in inputs.items() if n not in plan.unread_inputs}
+                written = {n: _buffer(v) for n, v in outputs.items()}
+                work = ReplayWork(
+                    graph_id,
+                    program.record(read, written).freeze(),
+                    _read_ahead(frozen),
+                    read,
+                    written,
+                    program,
                 )
                 # The capture run itself, of the list frozen as the graph will hold it: a backend that encodes a
                 # frozen list's next submission ahead (wgpu) has the first replay's command buffer ready when
                 # capture returns.
-                host.submit(commands.freeze())
+                host.submit(work.commands)
                 program.raise_data_errors()  # the capture run read an index out of range: no graph
                 bound: dict[str, AnyValue | np.ndarray] = {**frozen.cpu_inputs(), **inputs}
                 guard = _value_guard(label, {name: bound[name] for name in deciding}, deciding) if deciding else None
-                graph = CapturedGraph._create(session, host, label, frozen, commands, pins, program, guard)
+                graph = CapturedGraph._create(session, host, label, frozen, work, host.graph_submitter(), pins, guard)
+                # Registered under the run lock, as its submitter was chosen: profiling starting or ending (which
+                # swaps the live graphs' submitters under that lock) either sees this graph or chose its submitter.
+                self._graphs[graph_id] = graph
         except BaseException:
             # A failed capture registers no graph and leaves the binding unlocked, whatever failed (on a lost
             # device too, where freeing the program's native objects may raise: the device freed them already).
@@ -164,7 +187,6 @@ class GraphRegistry:
             finally:
                 del self._graphs[graph_id]
             raise
-        self._graphs[graph_id] = graph
         return graph
 
 
@@ -194,6 +216,18 @@ def _value_guard(
 def _show(array: np.ndarray) -> str:
     text = np.array2string(array, threshold=8, edgeitems=2)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _read_ahead(binding: FrozenIOBinding) -> tuple[ReadRange, ...]:
+    """The ranges of ``binding``'s outputs, in the model's output order, that each replay's submission copies ahead,
+    so that ``to_numpy()`` after ``replay()`` submits nothing (the bound values are pinned while captured: their
+    buffers stay the same)."""
+    ranges: list[ReadRange] = []
+    for value in binding.get_outputs():
+        buffer = value._device_buffer
+        if buffer is not None and value.nbytes:
+            ranges.append((buffer.handle, 0, value.nbytes))
+    return tuple(ranges)
 
 
 def _buffer(value: OrtValue[CPU] | OrtValue[WebGPU]) -> DeviceBuffer:

@@ -717,12 +717,10 @@ class SessionProfiler:
         self.detail_every = detail_every
         self._runs_seen = itertools.count()  # runs and replays offered to take_detail (next() is atomic)
         self._last_seen = -1  # the last number take_detail drew (next_is_detail's guess of the next)
-        # The runner's cache of captured graphs' buffer maps while this record lasts, by id(graph):
-        # (graph, inputs, outputs, (event name, event args))
-        self.graph_io: dict[
-            int,
-            tuple[object, dict[str, Any], dict[str, Any], tuple[str, dict[str, Any]], Callable[[CommandList], None]],
-        ] = {}
+        # The profiled replay's cache while this record lasts, by id() of a graph's ReplayWork (the work itself
+        # first: an id is only trusted for the object it was taken from): (work, (event name, event args), its
+        # submission reading the outputs ahead)
+        self.graph_io: dict[int, tuple[object, tuple[str, dict[str, Any]], Callable[..., None]]] = {}
         self.start_ns = time.perf_counter_ns()
         self.start_wall_ns = time.time_ns()
         self._events: list[dict[str, Any]] = []

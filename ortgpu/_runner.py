@@ -3,8 +3,8 @@ submission), and the object the core's bindings and graphs talk to.
 
 :class:`~ortgpu.InferenceSession` keeps the public API and delegates here.  The runner implements the core's
 :class:`~ortgpu_core._owner.BindingOwner` and :class:`~ortgpu_core._owner.GraphOwner` protocols (``check_open``,
-``check_bind``, ``submit``, ``submit_and_read``, ``verify_replay``, ``forget_graph``), so the core never calls
-a session's private methods.  It holds no reference to the session object, so it adds no reference cycle.
+``check_bind``, ``verify_replay``, ``forget_graph``), so the core never calls a session's private methods, and
+hands each captured graph the :class:`~ortgpu_core._replay.GraphSubmitter` it replays through.  It holds no reference to the session object, so it adds no reference cycle.
 
 Ownership: the runner owns the session's :class:`SessionAllocator` (intermediates, staging buffers,
 ``run_with_ort_values`` outputs), its uploaded weights and its captured graphs; ``close()`` releases the graphs
@@ -37,6 +37,7 @@ from ortgpu_core import (
     ShapeError,
     WebGPU,
 )
+from ortgpu_core._replay import GraphSubmitter, PlainSubmitter, SerializedSubmitter
 from ortgpu_core._value import DeviceBuffer, padded_size
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice
@@ -45,6 +46,7 @@ from ._capture import AnyBinding, AnyValue, GraphRegistry, verify_replay
 from ._device_caches import _pipeline_cache, _serial_lock
 from ._executor import DeviceProgram, WeightStore, device_caps, host_io_names
 from ._planner import ExecutionPlan, plan_model
+from ._profiled_replay import ProfiledReplay
 from ._profiling import GpuStepTimer, SessionProfiler, gpu_timing_possible
 from .loader._limits import max_cached_plans
 from .loader._model import LoadedModel, ValueInfo
@@ -115,7 +117,15 @@ class SessionRunner:
         self.graphs = GraphRegistry()  # captured graphs by id, and the capture lock (see _capture)
         # This session's own profiling record while profiling is on (see _profiling); None: runs and replays pay
         # one attribute check.
-        self.profiler: SessionProfiler | None = None
+        self._profiler: SessionProfiler | None = None  # (see the profiler property)
+        # What captured graphs replay through (see ortgpu_core._replay): swapped on the live graphs when the
+        # profiler property is set (profiling starts or ends).
+        self._unprofiled_replay: GraphSubmitter = (
+            SerializedSubmitter(self.backend_device, _serial_lock(env))
+            if self._serialized
+            else PlainSubmitter(self.backend_device)
+        )
+        self._profiled_replay = ProfiledReplay(self, self._unprofiled_replay)
         self.input_infos = {info.name: info for info in model.inputs}
         self.output_infos = {info.name: info for info in model.outputs}
         self.closed = False
@@ -353,6 +363,25 @@ class SessionRunner:
         """What a submission holds: the Env's serial lock in ``serialized`` mode, else nothing."""
         return _serial_lock(self.env) if self._serialized else contextlib.nullcontext()
 
+    def graph_submitter(self) -> GraphSubmitter:
+        """The submitter a graph captured now replays through (under :attr:`lock`): the profiled one while this
+        session profiles, else the plain (or serialized) one."""
+        return self._unprofiled_replay if self._profiler is None else self._profiled_replay
+
+    @property
+    def profiler(self) -> SessionProfiler | None:
+        """This session's profiling record while profiling is on, else None."""
+        return self._profiler
+
+    @profiler.setter
+    def profiler(self, profiler: SessionProfiler | None) -> None:
+        """Start (a record) or end (None) profiling: the live graphs swap to the profiled submitter, or back.
+        Under the run lock, which capture holds from choosing a graph's submitter until the graph is registered,
+        so a graph captured meanwhile gets the submitter that matches."""
+        with self.lock:
+            self._profiler = profiler
+            self.graphs.use_submitter(self.graph_submitter())
+
     def submit(
         self,
         commands: CommandList,
@@ -389,7 +418,7 @@ class SessionRunner:
             return
         args = {"steps": len(program.plan.steps)}
         detail = profiler.take_detail()
-        timer = self._gpu_timer(program) if not host else None
+        timer = self.gpu_timer(program) if not host else None
         if timer is not None:
             profiler.run_timed_on_gpu(timer, program, inputs, outputs, self.submit, "run", "run", args, detail)
             return
@@ -400,68 +429,7 @@ class SessionRunner:
         with profiler.span("run", "run", {**args, "timing": "host"}):
             profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle, host)
 
-    def profile_replay(
-        self,
-        graph: CapturedGraph,
-        program: DeviceProgram[DeviceBuffer] | None,
-    ) -> int:
-        """Called by ``replay()`` and ``replay_and_read()`` (under the graph's lock, after its checks): replay
-        ``graph`` timed into this session's profiling record.  Returns 0 when it did not (profiling off, or a
-        replay left out of the sample on the host-timing path: the graph submits its recorded list as usual), 1
-        when it replayed (``replay_and_read()`` then copies the outputs out: they are read ahead in the replay's
-        submission, as an unprofiled ``replay()``'s are).  The work is the graph's own program on its own buffers:
-        one submission with GPU timestamps where the device has them (nothing waited for, as an unprofiled
-        replay), else split per step and waited for (host timing)."""
-        profiler = self.profiler
-        if profiler is None or program is None:
-            return 0
-        detail = profiler.take_detail()
-        timer = program.timing_resources
-        if not isinstance(timer, GpuStepTimer):
-            timer = self._gpu_timer(program)
-        if timer is None and not detail:  # host timing, not in the sample: replayed as unprofiled, marked
-            profiler.mark(f"replay graph {graph.graph_id}", "replay", {"graph_id": graph.graph_id})
-            return 0
-        # A captured graph's buffers never change: its buffer maps (and its events' name and args) are made once
-        # per profiling record
-        cached = profiler.graph_io.get(id(graph))
-        if cached is None or cached[0] is not graph:
-            binding = graph.binding
-            inputs = {
-                n: v._device_buffer
-                for n, v in binding.inputs().items()
-                if v._device_buffer is not None and n not in program.plan.unread_inputs
-            }
-            outputs = {n: v._device_buffer for n, v in binding.outputs().items() if v._device_buffer is not None}
-            label = (f"replay graph {graph.graph_id}", {"graph_id": graph.graph_id})
-            cached = profiler.graph_io[id(graph)] = (
-                graph,
-                inputs,
-                outputs,
-                label,
-                # the outputs read ahead in the replay's submission, as an unprofiled replay's are
-                self._submitter(graph._read_ahead_ranges()),
-            )
-        _, inputs, outputs, (name, args), submit = cached
-        if timer is not None:
-            # replay_and_read too: its outputs are read ahead in this submission (as replay()'s), and it copies
-            # them out after (1): the timed lists are then submitted as replay()'s are, each naming the next
-            profiler.run_timed_on_gpu(timer, program, inputs, outputs, submit, name, "replay", args, detail)
-            return 1
-        with profiler.span(name, "replay", {**args, "timing": "host"}):
-            profiler.run_steps(program, inputs, outputs, self.submit, self.wait_idle)
-        return 1
-
-    def _submitter(self, read_ahead: Sequence[tuple[int, int, int]]) -> Callable[..., None]:
-        """:meth:`submit` with these ``read_ahead`` ranges: ``submitter(commands, encode_next=None)``."""
-        submit = self.submit
-
-        def submit_reading_ahead(commands: CommandList, encode_next: CommandList | None = None) -> None:
-            submit(commands, read_ahead, encode_next)
-
-        return submit_reading_ahead
-
-    def _gpu_timer(self, program: DeviceProgram[DeviceBuffer]) -> GpuStepTimer | None:
+    def gpu_timer(self, program: DeviceProgram[DeviceBuffer]) -> GpuStepTimer | None:
         """``program``'s GPU step timer (made on first use, released with the program), or None where its runs
         are timed on the host (no timestamp queries on the device, or CPU steps in the plan)."""
         timer = program.timing_resources

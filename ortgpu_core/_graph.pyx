@@ -7,16 +7,19 @@ A graph owns:
   captured with; its references keep their buffers alive even when the user
   drops theirs),
 * pins on those buffers (``release()`` on a pinned value raises),
-* the frozen :class:`~ortgpu_core.backends._commands.CommandList` it replays,
-* the executor state the list refers to (intermediate buffers, bind groups).
+* its :class:`~ortgpu_core._replay.ReplayWork`: the frozen command list it replays, with the program that owns
+  the native objects the list refers to (intermediate buffers, bind groups),
+* the :class:`~ortgpu_core._replay.GraphSubmitter` that submits that work (plain, serialized or profiled: the
+  session swaps it when profiling starts or ends).
 
 ``release()`` drops all of these, the snapshot included: a released graph no
 longer keeps the user's values alive (it remembers its origin binding only
 weakly, to return it again from a repeated ``release()``).
 
-``replay()`` submits the command list: on the wgpu backend a C loop encodes
-every record through wgpu-native's function pointers with the GIL released,
-then submits once; nothing is allocated per dispatch.  ``release()`` unpins,
+``replay()`` is the state guard plus one call, ``submitter.replay(work)``: on the
+wgpu backend a C loop encodes every record through wgpu-native's function
+pointers with the GIL released, then submits once; nothing is allocated per
+dispatch.  ``release()`` unpins,
 frees the graph's own state and unlocks the binding it was captured from
 (returning it).  The session registers graphs by id under a lock.
 """
@@ -28,10 +31,9 @@ import weakref
 cimport cython
 
 from ._binding cimport FrozenIOBinding, IOBinding
-import numpy as np
 
-from ._value cimport DeviceBuffer, OrtValue
-from .backends._commands cimport CommandList
+from ._value cimport DeviceBuffer
+from ._replay import ReplayWork
 from ._errors import ArgumentTypeError, CaptureStateError, DeviceError, DeviceLostError, NotCopyable, ReleasedValueError
 
 
@@ -115,14 +117,14 @@ cdef class CapturedGraph:
     cdef readonly object graph_id
     cdef readonly object label
     cdef object _session  # the InferenceSession (the public .session)
-    cdef object _owner  # its runner: a GraphOwner (ortgpu_core._owner), what this class calls
+    cdef object _owner  # its runner: a GraphOwner (ortgpu_core._owner), for the checks around a replay
     cdef FrozenIOBinding _binding  # None once released
     cdef object _origin_ref  # weak reference to the origin IOBinding, once released
-    cdef CommandList _commands
-    cdef object _submit
-    cdef tuple _read_ahead  # (buffer handle, 0, bytes) of each output: copied ahead in the replay's submission
+    cdef object _work  # the ReplayWork (ortgpu_core._replay); None once released
+    cdef object _submitter  # the GraphSubmitter its work goes through; swapped by the session (_use_submitter)
+    cdef readonly Py_ssize_t dispatch_count  # (kept after release, for repr)
+    cdef readonly Py_ssize_t command_count
     cdef PinSet _pins
-    cdef object _program
     cdef bint _released
     cdef object _lock  # serializes replay with release, so a replay never submits freed bind groups
     cdef object _guard  # None, or a callable raising CaptureStateError when the graph's decided inputs changed
@@ -140,11 +142,28 @@ cdef class CapturedGraph:
         raise ArgumentTypeError("CapturedGraph objects are made by session.capture(binding, graph_id)")
 
     @staticmethod
-    def _create(session, owner, label, FrozenIOBinding binding, CommandList commands, PinSet pins, program, guard=None):
-        """Internal: capture has locked the origin binding for ``label`` and pinned the buffers (``pins``);
-        ``owner`` (a GraphOwner, the session's runner) submits, verifies and forgets the graph.  ``guard`` (None,
-        or a callable) runs before every replay's submission and raises ``CaptureStateError`` when an input whose
-        value decided the recorded work (a branch, a trip count, a shape) holds another value now."""
+    def _create(session, owner, label, FrozenIOBinding binding, work, submitter, PinSet pins, guard=None):
+        """Internal: capture has locked the origin binding for ``label`` and pinned the buffers (``pins``).
+
+        Parameters
+        ----------
+        session
+            The public session object (``graph.session``).
+        owner
+            The session's runner, a :class:`~ortgpu_core._owner.GraphOwner`: the checks around a replay, verify
+            mode, and forgetting the graph at release.
+        work
+            The :class:`~ortgpu_core._replay.ReplayWork` recorded at capture; the graph takes ownership of its
+            program (released with the graph).
+        submitter
+            The :class:`~ortgpu_core._replay.GraphSubmitter` for the session's current mode; the session swaps
+            it with :meth:`_use_submitter` while the graph lives.
+        guard
+            None, or a callable run before every replay's submission that raises ``CaptureStateError`` when an
+            input whose value decided the recorded work (a branch, a trip count, a shape) holds another value now.
+        """
+        if not isinstance(work, ReplayWork):
+            raise ArgumentTypeError(f"work must be a ReplayWork, got {type(work).__name__}")
         cdef CapturedGraph graph = CapturedGraph.__new__(CapturedGraph)
         graph.graph_id = label.graph_id
         graph.label = label
@@ -152,17 +171,11 @@ cdef class CapturedGraph:
         graph._owner = owner
         graph._binding = binding
         graph._origin_ref = None
-        graph._commands = commands.freeze()
-        graph._submit = owner.submit
-        # The outputs' ranges, for the backend to copy in each replay's own submission, so that to_numpy() after
-        # replay() submits nothing (the bound values are pinned while captured: their buffers stay the same)
-        graph._read_ahead = tuple(
-            ((<OrtValue>value)._buffer.handle, 0, (<OrtValue>value)._nbytes)
-            for value in binding.get_outputs()
-            if (<OrtValue>value)._buffer is not None and (<OrtValue>value)._nbytes
-        )
+        graph._work = work
+        graph._submitter = submitter
+        graph.dispatch_count = work.commands.dispatch_count
+        graph.command_count = len(work.commands)
         graph._pins = pins
-        graph._program = program
         graph._released = False
         graph._lock = threading.Lock()
         graph._guard = guard
@@ -170,14 +183,21 @@ cdef class CapturedGraph:
         graph.replays = 0
         return graph
 
+    def _use_submitter(self, submitter):
+        """Internal: replay through ``submitter`` from the next replay on (the session swaps it when profiling
+        starts or ends).  A plain assignment, not under the graph's lock: a replay in flight finishes with the
+        submitter it started with."""
+        self._submitter = submitter
+
+    @property
+    def _replay_work(self):
+        """Internal: the :class:`~ortgpu_core._replay.ReplayWork` this graph replays (None once released)."""
+        return self._work
+
     @property
     def session(self):
+        """The session that captured this graph."""
         return self._session
-
-    def _read_ahead_ranges(self):
-        """Internal: the ``(buffer handle, 0, bytes)`` ranges of the outputs, which each replay's submission copies
-        ahead (the backend's ``submit(commands, read_ahead)``); the profiler's timed replays pass them too."""
-        return self._read_ahead
 
     @property
     def binding(self):
@@ -210,16 +230,6 @@ cdef class CapturedGraph:
         if self._released:
             return "released"
         return "failed" if self._failure is not None else "live"
-
-    @property
-    def dispatch_count(self):
-        """Compute dispatches recorded in the graph."""
-        return self._commands.dispatch_count
-
-    @property
-    def command_count(self):
-        """Records (dispatches, copies, clears) in the graph."""
-        return len(self._commands)
 
     cdef int _check_not_released(self) except -1:
         if self._released:
@@ -260,24 +270,35 @@ cdef class CapturedGraph:
         index out of range for a Gather fed at run time, clamped on the device)
         is not reported by ``replay()``; ``replay_and_read()`` and verify mode
         raise ``InvalidArgumentError`` for it, as ordinary runs do.
+
+        Raises
+        ------
+        CaptureStateError
+            The graph was released or failed, or an input whose value decided the recorded work changed.
+        DeviceError
+            The submission failed; the graph is failed from then on (see :attr:`failed`).
         """
         if verify or self._owner.verify_replays:
             self._check_not_released()
             self._owner.verify_replay(self)
             return
         with self._lock:
-            self._check_not_released()
-            self._owner.check_open("replay a captured graph")
-            if self._guard is not None:
-                self._guard()
-            # Profiling off: one attribute check.  On: the owner replays the graph's program step by step, timed.
+            self._check_replayable()
             try:
-                if getattr(self._owner, "profiler", None) is None or not self._owner.profile_replay(self, self._program):
-                    self._submit(self._commands, self._read_ahead)
+                self._submitter.replay(self._work)
             except DeviceError as error:
                 self._fail(error)
                 raise
             self.replays += 1
+
+    cdef int _check_replayable(self) except -1:
+        """The state guard of every replay (under ``_lock``): not released or failed, the session open, and the
+        inputs that decided the recorded work unchanged."""
+        self._check_not_released()
+        self._owner.check_open("replay a captured graph")
+        if self._guard is not None:
+            self._guard()
+        return 0
 
     def replay_async(self):
         """``await graph.replay_async()``: :meth:`replay` in a worker thread (the event loop's default executor),
@@ -292,7 +313,7 @@ cdef class CapturedGraph:
 
     def _replay_and_wait(self):
         self.replay()
-        self._owner.wait_idle()
+        self._submitter.wait_idle()
 
     def replay_and_read(self):
         """:meth:`replay`, then host copies of the bound outputs in the model's output order (what
@@ -300,52 +321,33 @@ cdef class CapturedGraph:
         submission: one submit and one wait for the whole step, where replay + ``to_numpy()`` per output submits
         again for each read.  Synchronous.  In verify mode it is ``replay(verify=True)`` then the reads.
 
-        A convenience, not a speed-up: on a discrete GPU (16-layer MLP, one output) it measured no faster than
-        ``replay()`` + ``to_numpy()``, whose read is copied ahead in the replay's submission too (bench/RESULTS.md)."""
-        cdef list arrays = []
-        cdef list reads = []
-        cdef OrtValue value
+        A convenience, not a speed-up: it is not faster than ``replay()`` + ``to_numpy()`` (bench/RESULTS.md
+        has the figures).
+
+        Raises
+        ------
+        CaptureStateError, DeviceError
+            As :meth:`replay`.
+        InvalidArgumentError
+            A kernel found invalid data (an index out of range), as an ordinary run reports it.
+        """
         if self._owner.verify_replays:
             self.replay(verify=True)
             with self._lock:
                 self._check_not_released()
                 return self._binding.copy_outputs_to_cpu()
         with self._lock:
-            self._check_not_released()
-            self._owner.check_open("replay a captured graph")
-            if self._guard is not None:
-                self._guard()
-            for item in self._binding.get_outputs():  # device values: capture refuses host-bound outputs
-                value = <OrtValue>item
-                value._check_usable("read the value")
-                array = np.empty(value._shape, dtype=value._dtype)
-                arrays.append(array)
-                if value._nbytes:
-                    reads.append((value._buffer.handle, 0, array.reshape(-1).view(np.uint8)))
-            # Profiling on: the owner replays the graph's program timed (1), its outputs read ahead in that
-            # submission (host timing: waited for step by step); they are copied out here after
+            self._check_replayable()
+            work = self._work
             try:
-                profiled = 0 if getattr(self._owner, "profiler", None) is None else self._owner.profile_replay(
-                    self, self._program
-                )
-            except DeviceError as error:
-                self._fail(error)
-                raise
-            if profiled:
-                self.replays += 1
-                arrays = self._binding.copy_outputs_to_cpu()
-                if self._program is not None:
-                    self._program.raise_data_errors()
-                return arrays
-            try:
-                self._owner.submit_and_read(self._commands, reads)
+                # (device values only: capture refuses host-bound outputs)
+                arrays = self._submitter.replay_and_read(work, self._binding.get_outputs())
             except DeviceError as error:
                 self._fail(error)
                 raise
             self.replays += 1
-            if self._program is not None:
-                # Synchronous already: a kernel that found invalid data (an index out of range) raises here.
-                self._program.raise_data_errors()
+            # Synchronous already: a kernel that found invalid data (an index out of range) raises here.
+            work.program.raise_data_errors()
         return arrays
 
     def _check_inputs(self):
@@ -357,13 +359,14 @@ cdef class CapturedGraph:
                 self._guard()
 
     def _replay_unchecked(self):
-        """Internal: submit without the verify indirection (used by verification itself)."""
+        """Internal: submit the recorded list alone, without the verify indirection or read-ahead (used by
+        verification itself, which reads the outputs after)."""
         with self._lock:
             self._check_not_released()
             if self._guard is not None:
                 self._guard()
             try:
-                self._submit(self._commands)
+                self._submitter.replay_alone(self._work)
             except DeviceError as error:
                 self._fail(error)
                 raise
@@ -383,12 +386,11 @@ cdef class CapturedGraph:
             # a closed or lost device has freed already.
             self._released = True
             self._pins.release()
-            program, self._program = self._program, None
-            if program is not None:
-                try:
-                    program.release()
-                except (DeviceLostError, ReleasedValueError):
-                    pass  # the device is gone, and with it everything the program held
+            work, self._work = self._work, None
+            try:
+                work.program.release()
+            except (DeviceLostError, ReleasedValueError):
+                pass  # the device is gone, and with it everything the program held
             origin = self._binding.origin
             if origin is not None:
                 (<IOBinding>origin)._unlock_for(self.label)
@@ -422,4 +424,4 @@ cdef class CapturedGraph:
             else f" failed ({type(self._failure).__name__}) replays={self.replays}" if self._failure is not None
             else f" replays={self.replays}"
         )
-        return f"<CapturedGraph {self.label} dispatches={self._commands.dispatch_count}{state}>"
+        return f"<CapturedGraph {self.label} dispatches={self.dispatch_count}{state}>"

@@ -1,17 +1,17 @@
 """What bindings and captured graphs need from the session that owns them: the seam between core and session.
 
 The core never imports :mod:`ortgpu` and never calls a session's private methods.  A binding calls its
-:class:`BindingOwner`; a captured graph calls its :class:`GraphOwner`.  In ortgpu one object implements both: the
+:class:`BindingOwner`; a captured graph calls its :class:`GraphOwner`, and submits through the
+:class:`~ortgpu_core._replay.GraphSubmitter` it was given at capture.  In ortgpu one object implements both: the
 session's runner (``ortgpu._runner.SessionRunner``), which holds the session's plans, programs and buffers.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ._graph import CapturedGraph
-    from .backends._commands import CommandList
 
 __all__ = ["BindingOwner", "GraphOwner"]
 
@@ -32,13 +32,14 @@ class BindingOwner(Protocol):
 
 
 class GraphOwner(Protocol):
-    """What a :class:`~ortgpu_core._graph.CapturedGraph` asks of its session."""
+    """What a :class:`~ortgpu_core._graph.CapturedGraph` asks of its session: the checks around a replay, verify
+    mode, and forgetting the graph.  Submission is not here: the graph submits through the
+    :class:`~ortgpu_core._replay.GraphSubmitter` the session gave it at capture."""
 
     @property
-    def session_id(self) -> int: ...
-
-    @property
-    def verify_replays(self) -> bool: ...
+    def verify_replays(self) -> bool:
+        """Whether every replay is verified (the session was created with ``verify_replays=True``)."""
+        ...
 
     def check_open(self, what: str = ...) -> None:
         """Raise ``ReleasedValueError`` if the session or its Env is closed."""
@@ -46,15 +47,6 @@ class GraphOwner(Protocol):
 
     def closed_reason(self) -> str | None:
         """Why the session can no longer replay (its Env or itself closed, and what to do), or None."""
-        ...
-
-    def submit(self, commands: CommandList, read_ahead: Sequence[tuple[int, int, int]] = ()) -> None:
-        """Submit ``commands`` (in serialized mode, under the Env's serial lock); ``read_ahead``: the ranges a read
-        may ask for next (the backend's ``submit``)."""
-        ...
-
-    def submit_and_read(self, commands: CommandList, reads: list[tuple[int, int, Any]]) -> None:
-        """Submit ``commands`` and read ``(buffer, offset, out)`` regions in the same submission."""
         ...
 
     def verify_replay(self, graph: CapturedGraph) -> None:

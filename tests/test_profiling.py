@@ -719,7 +719,9 @@ def test_a_profiled_replay_and_read_is_one_submission(env: Env, tmp_path: Path) 
         runner = sess._runner
         calls: list[str] = []
         submit, submit_and_read = runner.submit, runner.submit_and_read
-        ranges = graph._read_ahead_ranges()
+        work = graph._replay_work
+        assert work is not None
+        ranges = work.read_ahead  # the outputs' ranges, read ahead in each replay's submission
         assert ranges
 
         def counting_submit(commands: Any, read_ahead: Any = (), encode_next: Any = None) -> None:

@@ -9,8 +9,8 @@ from typing_extensions import Never
 
 from ._binding import FrozenIOBinding, IOBinding
 from ._owner import GraphOwner
+from ._replay import GraphSubmitter, ReplayWork
 from ._value import DeviceBuffer
-from .backends._commands import CommandList
 
 @final
 class GraphLabel:
@@ -37,11 +37,14 @@ class CapturedGraph:
         owner: GraphOwner,
         label: GraphLabel,
         binding: FrozenIOBinding,
-        commands: CommandList,
+        work: ReplayWork,
+        submitter: GraphSubmitter,
         pins: PinSet,
-        program: Any,
         guard: Callable[[], None] | None = None,
     ) -> CapturedGraph: ...
+    def _use_submitter(self, submitter: GraphSubmitter) -> None: ...
+    @property
+    def _replay_work(self) -> ReplayWork | None: ...
     def __copy__(self) -> Never: ...
     def __deepcopy__(self, memo: object) -> Never: ...
     def __reduce_ex__(self, protocol: SupportsIndex) -> Never: ...
@@ -51,7 +54,6 @@ class CapturedGraph:
     def label(self) -> GraphLabel: ...
     @property
     def session(self) -> Any: ...
-    def _read_ahead_ranges(self) -> tuple[tuple[int, int, int], ...]: ...
     @property
     def binding(self) -> FrozenIOBinding: ...
     @property
