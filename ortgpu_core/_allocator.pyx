@@ -20,11 +20,11 @@ import weakref
 import numpy as np
 
 from ._env cimport Device, Env
-from ._value cimport DeviceBuffer, OrtValue, Provenance, make_device_value
+from ._value cimport DeviceBuffer, Provenance, make_device_value
 from ._value import check_shape, padded_size
 from ._dtypes import as_dtype, check_device_dtype
 from ._dlpack import host_array, is_dlpack_producer
-from ._errors import ArgumentTypeError, NotCopyable, OutOfMemoryError, ReleasedValueError, ShapeError
+from ._errors import ArgumentTypeError, NotCopyable, ReleasedValueError, ShapeError
 
 _CREATE = object()
 
@@ -55,7 +55,9 @@ cdef class DeviceAllocator:
 
     cpdef check_open(self):
         if self._closed:
-            raise ReleasedValueError(f"{self!r} is closed ({self._closed_reason}); values can no longer be allocated from it")
+            raise ReleasedValueError(
+                f"{self!r} is closed ({self._closed_reason}); values can no longer be allocated from it"
+            )
         if self.device._closed:
             raise ReleasedValueError(f"{self!r} cannot allocate: its device was closed with its Env")
 
@@ -66,6 +68,7 @@ cdef class DeviceAllocator:
 
     @property
     def closed(self):
+        """True once the allocator was closed (its session or Env closed): it makes no more values."""
         return self._closed
 
     def _describe_owner(self):
@@ -198,4 +201,7 @@ cdef class SessionAllocator(DeviceAllocator):
 
     def __repr__(self):
         state = " closed" if self._closed else ""
-        return f"<SessionAllocator session={self.session_id} device={self.device.index} ({self.device.name}) env={self.env_id}{state}>"
+        return (
+            f"<SessionAllocator session={self.session_id} device={self.device.index} ({self.device.name}) "
+            f"env={self.env_id}{state}>"
+        )

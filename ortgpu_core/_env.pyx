@@ -119,6 +119,7 @@ cdef class Device:
 
     @property
     def closed(self):
+        """True once the device was closed (its Env closed, or the device lost): it takes no more work."""
         return self._closed
 
     @property
@@ -210,13 +211,16 @@ cdef class Env:
 
     @property
     def closed(self):
+        """True once :meth:`close` ran: the Env's devices, allocators and sessions are closed with it."""
         return self._closed
 
     def check_device(self, device):
         """Raise ``ProvenanceError`` unless ``device`` is one of this Env's open devices."""
         self.check_open()
         if not isinstance(device, Device):
-            raise ArgumentTypeError(f"expected an ortgpu Device, got {type(device).__name__}: use env.devices or env.default_device")
+            raise ArgumentTypeError(
+                f"expected an ortgpu Device, got {type(device).__name__}: use env.devices or env.default_device"
+            )
         if (<Device>device).env_id != self.id:
             raise ProvenanceError(
                 f"{device!r} belongs to Env {(<Device>device).env_id}, not Env {self.id}; "
@@ -284,7 +288,10 @@ cdef class Env:
 
     def __repr__(self):
         state = " closed" if self._closed else ""
-        return f"<Env {self.id} backend={self.backend_name!r} execution_mode={self.execution_mode!r} devices={len(self._devices)}{state}>"
+        return (
+            f"<Env {self.id} backend={self.backend_name!r} execution_mode={self.execution_mode!r} "
+            f"devices={len(self._devices)}{state}>"
+        )
 
 
 _default_env = None

@@ -20,15 +20,23 @@ cdef class DeviceBuffer:
 
 cdef class Provenance:
     cdef readonly str placement
+    """"webgpu" for a device value, "cpu" for a host value."""
     cdef readonly int vendor_id
+    """The PCI vendor id of the value's device (0 for a host value)."""
     cdef readonly int device_id
+    """The PCI device id of the value's device (0 for a host value)."""
     cdef readonly object device
+    """The :class:`Device` holding the value, or None for a host value."""
     cdef readonly str allocator_kind
+    """"shared", "session", or "host": which allocator made the value."""
     cdef readonly object session_id
+    """The owning session's id, for a value of a session allocator; else None."""
     cdef readonly object env_id
+    """The id of the Env the value belongs to, or None for a host value."""
 
 cdef class OrtValue:
     cdef readonly Provenance provenance
+    """Where the value lives and who owns it; checked whenever the value is bound or copied."""
     cdef object _array
     cdef DeviceBuffer _buffer
     cdef tuple _shape

@@ -37,7 +37,8 @@ from ._errors import (
     UnsafeAccessError,
     refuse_copy,
 )
-from ._dtypes import as_dtype, dtype_from_onnx, onnx_element_type, onnx_type_name
+from ._dtypes import as_dtype, dtype_from_onnx, onnx_type_name
+from ._dtypes import onnx_element_type as _onnx_element_type_of
 from ._dlpack import host_array, is_dlpack_producer
 
 _generations = itertools.count(1)
@@ -100,6 +101,7 @@ cdef class DeviceBuffer:
 
     @property
     def released(self):
+        """True once the buffer's memory was freed (``release()``, or its allocator closed)."""
         return self._released
 
     @property
@@ -263,7 +265,8 @@ cdef class Provenance:
         owner = f"session {self.session_id}" if self.session_id is not None else "the Env-shared allocator"
         return (
             f"a {self.allocator_kind} webgpu value of {owner} on device {self.device.index} "
-            f"({self.device.name}, vendor_id=0x{self.vendor_id:04x}, device_id=0x{self.device_id:04x}) in Env {self.env_id}"
+            f"({self.device.name}, vendor_id=0x{self.vendor_id:04x}, device_id=0x{self.device_id:04x}) "
+            f"in Env {self.env_id}"
         )
 
     def __repr__(self):
@@ -478,11 +481,12 @@ cdef class OrtValue:
 
     @property
     def nbytes(self):
+        """The size of the value's data in bytes (elements times the dtype's size)."""
         return self._nbytes
 
     def element_type(self):
         """The ONNX element type number (1 = float, 7 = int64, ...)."""
-        return onnx_element_type(self._dtype)
+        return _onnx_element_type_of(self._dtype)
 
     def data_type(self):
         """onnxruntime's type string, e.g. ``'tensor(float)'``."""
@@ -511,6 +515,7 @@ cdef class OrtValue:
 
     @property
     def released(self):
+        """True once the value or its device buffer was released: it can no longer be read, written or bound."""
         return self._released or (self._buffer is not None and self._buffer._released)
 
     # -- CPU-only access ------------------------------------------------------
