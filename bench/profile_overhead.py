@@ -86,7 +86,7 @@ def gpu_time_per_replay(
     median over the last ``replays``; None where the device has no timestamp queries (or the model cannot be
     captured).  Replays made one at a time with a wait between (a step) run on a GPU that is partly idle and may
     not be at its full clock: on the H200 their spans read 0.12-0.42 ms against 0.109 ms pipelined, depending on
-    what ran before (bench/RESULTS.md, session 14), and the first pipelined replays still read about 0.123 ms."""
+    what ran before (measured 2026-12-02), and the first pipelined replays still read about 0.123 ms."""
     arms = OrtgpuArms(model_bytes, feeds, env)
     try:
         try:
