@@ -20,7 +20,7 @@ from typing import Any
 from ortgpu_core import Env
 from ortgpu_core.backends.protocol import BackendDevice
 
-from ._executor import PipelineCache
+from ._pipeline_cache import PipelineCache
 
 _serial_locks: "weakref.WeakKeyDictionary[Env, threading.RLock]" = weakref.WeakKeyDictionary()
 _serial_locks_guard = threading.Lock()

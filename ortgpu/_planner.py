@@ -26,6 +26,19 @@ import numpy as np
 
 from ortgpu_core._errors import DtypeError, ModelError, ShapeError, UnsupportedOpError
 
+from ._host_values import (
+    OPTIONAL_REASON,
+    SEQUENCE_REASON,
+    element_dtype_of,
+    element_shapes_of,
+    is_optional_dtype,
+    is_sequence_dtype,
+    optional_element_dtype,
+    optional_present,
+    optional_type_name,
+    sequence_dtype,
+    value_dtype_matches,
+)
 from ._memory_plan import plan_memory, uploaded_constants
 from ._plan_types import ExecutionPlan, Placement, PlacementRow, PlannedStep, PlannedTensor
 from ._rewrites import (
@@ -44,15 +57,6 @@ from .loader._model import GraphNode, LoadedModel
 from .loader._propagate import Shape, is_concrete, propagate, public_attrs
 from .ops import DeviceCaps, TensorInfo, get_operator
 from .ops._runner import padded_size
-from .ops.optional import (
-    OPTIONAL_REASON,
-    is_optional_dtype,
-    optional_element_dtype,
-    optional_present,
-    optional_type_name,
-    value_dtype_matches,
-)
-from .ops.sequences import SEQUENCE_REASON, element_dtype_of, element_shapes_of, is_sequence_dtype, sequence_dtype
 
 __all__ = [
     "Placement",

@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ortgpu._executor import DeviceProgram, PipelineCache, device_caps, padded_bytes
+from ortgpu._executor import DeviceProgram, device_caps, padded_bytes
+from ortgpu._pipeline_cache import PipelineCache
 from ortgpu._planner import ExecutionPlan, plan_model
 from ortgpu.loader._model import LoadedModel, load_model
 from ortgpu.ops._runner import padded_size

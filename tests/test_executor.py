@@ -14,7 +14,8 @@ import pytest
 from helpers import run_model
 from onnx import TensorProto, helper
 
-from ortgpu._executor import DeviceProgram, PipelineCache, WeightStore, device_caps, padded_bytes
+from ortgpu._executor import DeviceProgram, WeightStore, device_caps, padded_bytes
+from ortgpu._pipeline_cache import PipelineCache
 from ortgpu._planner import plan_model
 from ortgpu.loader._model import load_model
 from ortgpu.ops import registered_op_types

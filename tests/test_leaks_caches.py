@@ -19,7 +19,7 @@ import pytest
 
 import ortgpu
 from ortgpu import _device_caches
-from ortgpu._executor import PipelineCache
+from ortgpu._pipeline_cache import PipelineCache
 from ortgpu_core._errors import ValidationError
 from ortgpu_core.backends.fake import FREED_RECORDS_KEPT, FakeBackend
 from ortgpu_core.backends.wgpu_native import WgpuBackend

@@ -4,7 +4,7 @@ A plan is made for concrete input shapes, and for the values of the inputs that 
 (``LoadedModel.value_dependent_inputs``: an ``If`` condition or a ``Loop`` trip count fed by a graph input makes
 that input one).  Where, at that point, a control-flow node's decisions are constants, the planner replaces the
 node by the nodes it would run (:func:`expand`); they are planned like any other node (WGSL kernels, fusion,
-capture).  Otherwise the node stays whole and runs in the CPU interpreter of :mod:`ortgpu._subgraph`.
+capture).  Otherwise the node stays whole and runs in the CPU interpreter of :mod:`ortgpu.loader._subgraph`.
 
 * ``If`` whose condition is a constant (an initializer, a folded shape function, a value-deciding input):
   the chosen branch, inlined.

@@ -10,14 +10,14 @@ filled in, so ``Shape -> Gather -> Concat -> Reshape`` chains fold completely.
 Graph rewrites (BatchNormalization folded into Conv, fused epilogues) are the
 planner's (:mod:`ortgpu._rewrites`), so ``fuse=False`` plans the graph as loaded.
 
-Control flow (``If``/``Loop``/``Scan``): their subgraph attributes become :class:`ortgpu._subgraph.Subgraph`
+Control flow (``If``/``Loop``/``Scan``): their subgraph attributes become :class:`ortgpu.loader._subgraph.Subgraph`
 values, and the outer-scope tensors the subgraphs read are appended to the node's inputs after its declared ones
-(see :mod:`ortgpu._subgraph`); other operators' subgraph attributes are refused.  Node-count limits count the
+(see :mod:`ortgpu.loader._subgraph`); other operators' subgraph attributes are refused.  Node-count limits count the
 nodes of subgraphs too.
 
-Shape inference and folding live in :mod:`ortgpu._propagate` (shared with the
+Shape inference and folding live in :mod:`ortgpu.loader._propagate` (shared with the
 planner); the limits a hostile model meets (node count, folding budget, external
-data checks) in :mod:`ortgpu._limits`.
+data checks) in :mod:`ortgpu.loader._limits`.
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ from onnx import external_data_helper
 
 from ortgpu_core._errors import InvalidModelError, UnsupportedOpError
 
+from .._host_values import element_type_of_proto, is_structured_dtype, optional_dtype, sequence_dtype
 from .._types import onnx_dtype_to_numpy
 from ..ops import get_operator
-from ..ops.optional import element_type_of_proto, is_structured_dtype, optional_dtype
-from ..ops.sequences import sequence_dtype
 from ._graph_node import (
     MAX_IR_VERSION,
     MAX_OPSET,
@@ -224,7 +223,7 @@ def _graph_nodes(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[Grap
             opset = _effective_opset(proto.op_type, domain, opset)
         except UnsupportedOpError as error:
             raise UnsupportedOpError(f"{text}: {error}") from None
-        # Control flow: the outer-scope names its subgraphs read become trailing extra inputs (ortgpu._subgraph).
+        # Control flow: the outer-scope names its subgraphs read become trailing extra inputs (ortgpu.loader._subgraph).
         extras = outer_names(proto) if is_control_flow(proto.op_type, domain) else ()
         attrs: dict[str, Any] = {
             a.name: _attribute_value(a, text, proto.op_type, domain, opsets, extras) for a in proto.attribute
@@ -438,8 +437,8 @@ def load_model(
     ``max_nodes``: a model with more nodes is a :class:`ModelError`.  ``max_fold_bytes``: the most bytes of
     constants that constant folding creates for this model (at load and in each plan together); once spent,
     larger foldable nodes stay and run.  When not given: the environment variables ``ORTGPU_MAX_NODES`` and
-    ``ORTGPU_MAX_FOLD_BYTES``, else :data:`ortgpu._limits.DEFAULT_MAX_NODES` (100000) and
-    :data:`~ortgpu._limits.DEFAULT_MAX_FOLD_BYTES` (256 MiB).
+    ``ORTGPU_MAX_FOLD_BYTES``, else :data:`ortgpu.loader._limits.DEFAULT_MAX_NODES` (100000) and
+    :data:`~ortgpu.loader._limits.DEFAULT_MAX_FOLD_BYTES` (256 MiB).
     """
     limits = LoadLimits.resolve(max_fold_bytes=max_fold_bytes, max_nodes=max_nodes)
     model, model_dir = _parse(path_or_bytes)

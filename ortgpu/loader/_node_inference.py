@@ -17,9 +17,9 @@ import onnx.shape_inference
 
 from ortgpu_core._errors import ModelError, UnsupportedOpError
 
+from .._host_values import is_structured_dtype
 from .._types import numpy_dtype_of
 from ..ops import TensorInfo, get_operator
-from ..ops.optional import is_structured_dtype
 from ._graph_node import Dim, GraphNode, Shape
 
 __all__ = ["is_concrete", "public_attrs"]
@@ -126,7 +126,7 @@ def _infer_with_onnx(
         if value is not None and value.size <= _DATA_PROPAGATION_LIMIT:
             input_data[name] = onnx.numpy_helper.from_array(np.asarray(value, order="C"), name)
     declared = list(node.inputs)
-    # Control flow: the outer-scope names a body reads ride as trailing extra inputs (see ortgpu._subgraph); onnx
+    # Control flow: the outer-scope names a body reads ride as trailing extra inputs (see ortgpu.loader._subgraph); onnx
     # knows them only as outer-scope values, so they stay out of the node and keep their types in input_types.
     outer = next((tuple(v.outer_names) for v in node.attrs.values() if hasattr(v, "outer_names")), ())
     if outer and len(declared) >= len(outer) and tuple(declared[-len(outer) :]) == outer:

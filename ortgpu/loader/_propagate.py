@@ -18,10 +18,9 @@ import numpy as np
 
 from ortgpu_core._errors import ModelError, UnsupportedOpError
 
+from .._host_values import is_sequence_dtype, is_structured_dtype, probe_value
 from ..ops import TensorInfo, get_operator
 from ..ops.control_flow import declared_output_types
-from ..ops.optional import is_structured_dtype, probe_value
-from ..ops.sequences import is_sequence_dtype
 from ._expand_control_flow import EXPANDABLE, Expansion, expand
 from ._graph_node import Dim, GraphNode, Shape
 from ._limits import FoldBudget, LoadLimits, check_shape_probe, keep_folded, may_fold
@@ -89,10 +88,10 @@ def propagate(
     With ``concrete`` every graph input shape is known: a dim onnx cannot infer
     is found by running the node's reference on zeros, and an unresolvable one
     is an error.  Folding creates at most ``budget``'s bytes of constants (default:
-    :data:`ortgpu._limits.DEFAULT_MAX_FOLD_BYTES`); nodes it cannot afford stay.
+    :data:`ortgpu.loader._limits.DEFAULT_MAX_FOLD_BYTES`); nodes it cannot afford stay.
 
     With ``expansions`` (a list to fill), control flow whose decisions are constants by now is replaced by the
-    nodes it runs (:mod:`ortgpu._expand_control_flow`); each replacement is recorded there.
+    nodes it runs (:mod:`ortgpu.loader._expand_control_flow`); each replacement is recorded there.
     """
     if budget is None:
         budget = FoldBudget(LoadLimits().max_fold_bytes)

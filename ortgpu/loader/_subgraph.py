@@ -35,9 +35,9 @@ import onnx.helper
 
 from ortgpu_core._errors import InvalidModelError, ModelError, OrtGpuError, ShapeError, UnsupportedOpError
 
+from .._host_values import element_type_of_proto, is_structured_box
 from .._types import SubgraphRunner, onnx_dtype_to_numpy
 from ..ops import Operator, TensorInfo, get_operator
-from ..ops.optional import element_type_of_proto, is_structured_box
 from ._graph_node import GraphNode, _effective_opset, _to_array
 from ._node_inference import _apply_operator_shapes, _infer_with_onnx
 
@@ -117,7 +117,7 @@ def _attribute_value(
     outer: Sequence[str] = (),
 ) -> Any:
     """An attribute as a Python value.  A ``GRAPH`` attribute of ``If``/``Loop``/``Scan`` (given the model's
-    ``opsets`` and the node's ``outer``-scope extra inputs) becomes a :class:`ortgpu._subgraph.Subgraph`; other
+    ``opsets`` and the node's ``outer``-scope extra inputs) becomes a :class:`ortgpu.loader._subgraph.Subgraph`; other
     subgraph attributes are refused."""
     kind = attribute.type
     if kind == onnx.AttributeProto.GRAPH and opsets is not None and is_control_flow(op_type, domain):

@@ -160,7 +160,7 @@ class _ControlFlow(Operator):
             f"{self.op_type}: {self.why_whole}; it runs whole on the CPU (its subgraph node by node in numpy)"
         )
 
-    #: Why the planner could not expand the node into plain nodes (see :mod:`ortgpu._expand_control_flow`).
+    #: Why the planner could not expand the node into plain nodes (see :mod:`ortgpu.loader._expand_control_flow`).
     why_whole = "control flow"
 
 
@@ -205,7 +205,7 @@ class Loop(_ControlFlow):
     since_version = 1
     why_whole = (
         "its iterations are not known when planning (a trip count or condition computed from data, a body whose "
-        "condition depends on data), or unrolling it would exceed ortgpu._expand_control_flow.MAX_EXPANDED_NODES "
+        "condition depends on data), or unrolling it would exceed ortgpu.loader._expand_control_flow.MAX_EXPANDED_NODES "
         "nodes, or it runs zero times with scan outputs"
     )
 
@@ -375,7 +375,9 @@ class Scan9(_ControlFlow):
 
     op_type = "Scan"
     since_version = 9
-    why_whole = "its length is zero, or unrolling it would exceed ortgpu._expand_control_flow.MAX_EXPANDED_NODES nodes"
+    why_whole = (
+        "its length is zero, or unrolling it would exceed ortgpu.loader._expand_control_flow.MAX_EXPANDED_NODES nodes"
+    )
 
     def reference(
         self,

@@ -1,10 +1,7 @@
 """ONNX sequence operators (``seq(tensor)`` values), CPU references only.
 
-A sequence value lives on the host: inside ortgpu it is a 0-d numpy object array whose one item is a Python
-``list`` of numpy arrays (a "box", :func:`box`); its dtype carries ``metadata={"sequence": (element dtype,
-element shapes)}`` where the planner knows them (:func:`sequence_dtype`).  The box keeps the machinery of host
-values (string tensors): object dtype, no device slot, every node that reads or writes one runs on the CPU.
-Sessions take and give plain lists of arrays.
+Sequence values live on the host; how ortgpu holds them (a "box") is :mod:`ortgpu._host_values`, which this module
+re-exports for its callers.
 """
 
 from __future__ import annotations
@@ -15,11 +12,24 @@ import numpy as np
 
 from ortgpu_core._errors import InvalidArgumentError, ModelError, ShapeError, UnsupportedOpError
 
+from .._host_values import (
+    SEQUENCE_REASON,
+    box,
+    element_dtype_of,
+    element_shapes_of,
+    is_box,
+    is_sequence_dtype,
+    items,
+    sequence_dtype,
+    sequence_signature,
+)
 from .._types import SubgraphRunner, onnx_dtype_to_numpy
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._registry import register
 
 __all__ = [
+    "element_shapes_of",
+    "is_box",
     "box",
     "items",
     "is_sequence_dtype",
@@ -28,61 +38,6 @@ __all__ = [
     "element_dtype_of",
     "SEQUENCE_REASON",
 ]
-
-#: Why a node that reads or writes a sequence runs on the CPU.
-SEQUENCE_REASON = "sequence values live on the host"
-
-ElementShapes = tuple[tuple[int, ...], ...] | None
-
-
-def sequence_dtype(element: np.dtype[Any] | None, shapes: ElementShapes = None) -> np.dtype[Any]:
-    """The object dtype of a sequence value: equal to ``object`` (a host value), with its element dtype and (when
-    known) the element shapes in its metadata."""
-    return np.dtype(object, metadata={"sequence": (element, shapes)})
-
-
-def is_sequence_dtype(dtype: np.dtype[Any]) -> bool:
-    return dtype.metadata is not None and "sequence" in dtype.metadata
-
-
-def element_dtype_of(dtype: np.dtype[Any]) -> np.dtype[Any] | None:
-    meta = dtype.metadata
-    return None if meta is None or "sequence" not in meta else meta["sequence"][0]
-
-
-def element_shapes_of(dtype: np.dtype[Any]) -> ElementShapes:
-    meta = dtype.metadata
-    return None if meta is None or "sequence" not in meta else meta["sequence"][1]
-
-
-def box(values: Sequence[np.ndarray], element: np.dtype[Any] | None = None) -> np.ndarray:
-    """A sequence value (see the module docstring); its dtype records the element dtype and shapes."""
-    arrays = [np.asarray(v) for v in values]
-    if element is None and arrays:
-        element = arrays[0].dtype
-    out = np.empty((), dtype=sequence_dtype(element, tuple(tuple(int(d) for d in a.shape) for a in arrays)))
-    out[()] = arrays
-    return out
-
-
-def is_box(value: object) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype == object and value.shape == () and isinstance(value[()], list)
-
-
-def items(value: np.ndarray | None, what: str) -> list[np.ndarray]:
-    """The arrays of sequence value ``value``."""
-    if value is None or not is_box(value):
-        raise ModelError(f"{what}: expected a sequence value")
-    found = value[()]
-    assert isinstance(found, list)
-    return found
-
-
-def sequence_signature(value: np.ndarray) -> tuple[Any, ...]:
-    """Element dtype and shapes of a sequence value (what its plans depend on)."""
-    arrays = items(value, "sequence")
-    element = element_dtype_of(value.dtype)
-    return (str(element) if element is not None else None, tuple(tuple(a.shape) for a in arrays))
 
 
 def _cpu(name: str) -> OpPlan:
