@@ -214,7 +214,7 @@ NUMPY_ORACLES: dict[str, Callable[..., np.ndarray]] = {
 
 
 #: The onnxruntime these reference comparisons were validated against, and what older ones get wrong (measured with
-#: onnxruntime 1.31.1, session 17: on the GPU machine, whose onnxruntime is pinned for the bench's WebGPU peer).
+#: onnxruntime 1.31.1 on the GPU machine, whose onnxruntime is pinned for the bench's WebGPU peer).
 #: Comparing with a peer known to be wrong for an op checks nothing, and INT64_MIN % -1 kills the interpreter.
 PEER_VALIDATED_VERSION = (1, 32)
 PEER_DEFECTS_BEFORE_VALIDATED = {

@@ -3,7 +3,7 @@
 wgpu-native 29's blocking poll (``wgpuDevicePoll(wait=true)``) holds the device's fence lock until the GPU has
 finished everything submitted before it, and ``wgpuQueueSubmit`` needs that lock: every other thread's submission
 waits behind such a poll and the GPU runs dry meanwhile (on the H200 with 8 threads replaying, the cause of steps
-taking over 3 ms; bench/RESULTS.md, session 14).  So a wait, after its spin, polls without blocking and sleeps
+taking over 3 ms; bench/RESULTS.md, threads).  So a wait, after its spin, polls without blocking and sleeps
 between polls for ``nap_poll_s`` (1 s by default), and only then blocks in the driver (a device lost without its
 callback is still found then).
 

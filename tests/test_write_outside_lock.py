@@ -2,7 +2,7 @@
 
 ``WgpuDevice.write_buffer`` enters the gate of the native calls made outside the lock (``UnlockedCalls``) instead
 of taking the lock, and makes the queue write without the GIL: at 8 threads on the H200 an upload otherwise waited
-0.6-0.7 ms for the lock and for the submissions other threads made outside it (bench/RESULTS.md, session 15).
+0.6-0.7 ms for the lock and for the submissions other threads made outside it (bench/RESULTS.md, threads).
 
 The hazards these tests hold down: a write landing inside what a holder of the lock does (a buffer's destroy, a
 test's simulated loss, any call), a write into a buffer destroyed under it (a use after free in wgpu-native), and
