@@ -21,9 +21,9 @@ import threading
 
 import numpy as np
 
-from ._value cimport OrtValue, DeviceBuffer
+from ._value cimport OrtValue
 from ._dlpack import host_array, is_dlpack_producer
-from ._errors import ArgumentTypeError, CaptureStateError, NotCopyable, UnsafeAccessError, ReleasedValueError
+from ._errors import ArgumentTypeError, CaptureStateError, NotCopyable, UnsafeAccessError
 
 
 def _raw_pointer_refused(str kind, str name):
@@ -41,12 +41,18 @@ cdef tuple _signature_of(dict inputs, dict outputs, dict cpu_inputs):
     cdef list parts = []
     for name in sorted(inputs):
         buffer = (<OrtValue>inputs[name]).device_buffer()
-        parts.append(("input", name, "webgpu", buffer.generation) if buffer is not None else ("input", name, "cpu", id(inputs[name])))
+        parts.append(
+            ("input", name, "webgpu", buffer.generation) if buffer is not None
+            else ("input", name, "cpu", id(inputs[name]))
+        )
     for name in sorted(cpu_inputs):
         parts.append(("cpu-input", name, "cpu", id(cpu_inputs[name])))
     for name in sorted(outputs):
         buffer = (<OrtValue>outputs[name]).device_buffer()
-        parts.append(("output", name, "webgpu", buffer.generation) if buffer is not None else ("output", name, "cpu", id(outputs[name])))
+        parts.append(
+            ("output", name, "webgpu", buffer.generation) if buffer is not None
+            else ("output", name, "cpu", id(outputs[name]))
+        )
     return tuple(parts)
 
 
@@ -211,14 +217,18 @@ cdef class IOBinding(_BindingView):
     def freeze(self):
         """An immutable snapshot of this binding (it remembers this binding as its origin)."""
         with self._lock:
-            return FrozenIOBinding._create(self._session, self._owner, self._inputs, self._outputs, self._cpu_inputs, self)
+            return FrozenIOBinding._create(
+                self._session, self._owner, self._inputs, self._outputs, self._cpu_inputs, self
+            )
 
     def _freeze_and_lock(self, label):
         """Capture's first step: under this binding's lock, lock it for graph ``label`` and return the snapshot
         the graph will replay.  One step, so no bind on another thread can land between the two."""
         with self._lock:
             self._captured_by.append(label)
-            return FrozenIOBinding._create(self._session, self._owner, self._inputs, self._outputs, self._cpu_inputs, self)
+            return FrozenIOBinding._create(
+                self._session, self._owner, self._inputs, self._outputs, self._cpu_inputs, self
+            )
 
     def _lock_matching(self, label, FrozenIOBinding snapshot):
         """Lock this binding for graph ``label``, which captures ``snapshot`` (frozen from it earlier), if it
@@ -271,6 +281,7 @@ cdef class FrozenIOBinding(_BindingView):
 
     def __repr__(self):
         return (
-            f"<FrozenIOBinding session={self._owner.session_id} inputs={sorted(self._inputs) + sorted(self._cpu_inputs)} "
+            f"<FrozenIOBinding session={self._owner.session_id} "
+            f"inputs={sorted(self._inputs) + sorted(self._cpu_inputs)} "
             f"outputs={sorted(self._outputs)}>"
         )

@@ -25,7 +25,6 @@ frees the graph's own state and unlocks the binding it was captured from
 """
 
 import threading
-import warnings
 import weakref
 
 cimport cython

@@ -64,6 +64,10 @@ cdef class CommandList:
     cdef object __weakref__
     cdef CommandRecord* _append(self) except NULL
     cdef void* _finish(self, NativeTable table, void* encoder, uint32_t errors_before) noexcept nogil
-    cdef int _finish_submit(self, NativeTable table, void* encoder, uint32_t errors_before, double* phases) noexcept nogil
+    cdef int _finish_submit(
+        self, NativeTable table, void* encoder, uint32_t errors_before, double* phases
+    ) noexcept nogil
     cdef void* encode(self, NativeTable table, CommandRecord* tail, Py_ssize_t tail_count) noexcept nogil
-    cdef int encode_submit(self, NativeTable table, double* phases, CommandRecord* tail, Py_ssize_t tail_count) except -1 nogil
+    cdef int encode_submit(
+        self, NativeTable table, double* phases, CommandRecord* tail, Py_ssize_t tail_count
+    ) except -1 nogil

@@ -14,7 +14,7 @@ alive until the list is submitted or dropped.
 """
 
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
-from libc.stdlib cimport malloc, realloc, free
+from libc.stdlib cimport realloc, free
 from libc.string cimport memset
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
@@ -96,7 +96,9 @@ cdef inline void _encode_record(NativeTable table, void* encoder, CommandRecord*
     # timestamp is written on the encoder, between passes: wgpu-native's timestamp-query-inside-encoders), except
     # that a timestamp is written inside the open pass where the table allows it (timestamp-query-inside-passes):
     # ending a pass per profiled step would add the pass's own cost to every step.
-    if r.kind == COMMAND_TIMESTAMP and table.pass_timestamps and (compute_pass[0] != NULL or table.open_pass_timestamps):
+    if r.kind == COMMAND_TIMESTAMP and table.pass_timestamps and (
+        compute_pass[0] != NULL or table.open_pass_timestamps
+    ):
         if compute_pass[0] == NULL:  # (open_pass_timestamps: a pass is begun for it, as for a dispatch)
             compute_pass[0] = (<begin_compute_pass_fn>table.fn_begin_compute_pass)(encoder, NULL)
             last_pipeline[0] = NULL
@@ -117,7 +119,9 @@ cdef inline void _encode_record(NativeTable table, void* encoder, CommandRecord*
         elif r.kind == COMMAND_TIMESTAMP:
             (<write_timestamp_fn>table.fn_write_timestamp)(encoder, _native(r.a), r.x)
         elif r.kind == COMMAND_RESOLVE:
-            (<resolve_query_set_fn>table.fn_resolve_query_set)(encoder, _native(r.a), r.x, r.y, _native(r.b), r.offset_b)
+            (<resolve_query_set_fn>table.fn_resolve_query_set)(
+                encoder, _native(r.a), r.x, r.y, _native(r.b), r.offset_b
+            )
         else:
             (<clear_buffer_fn>table.fn_clear_buffer)(encoder, _native(r.a), r.offset_a, r.size)
 
@@ -439,7 +443,9 @@ cdef class CommandList:
             command_buffer = NULL
         return command_buffer
 
-    cdef int _finish_submit(self, NativeTable table, void* encoder, uint32_t errors_before, double* phases) noexcept nogil:
+    cdef int _finish_submit(
+        self, NativeTable table, void* encoder, uint32_t errors_before, double* phases
+    ) noexcept nogil:
         # :meth:`_finish`, then submit and release the command buffer; adds the seconds spent to phases[1] and
         # phases[2].  Returns whether it was submitted.
         cdef double started = _monotonic_seconds() if phases != NULL else 0.0
@@ -455,7 +461,9 @@ cdef class CommandList:
             phases[2] += _monotonic_seconds() - finished
         return command_buffer != NULL
 
-    cdef int encode_submit(self, NativeTable table, double* phases, CommandRecord* tail, Py_ssize_t tail_count) except -1 nogil:
+    cdef int encode_submit(
+        self, NativeTable table, double* phases, CommandRecord* tail, Py_ssize_t tail_count
+    ) except -1 nogil:
         # One encoder, compute passes spanning runs of consecutive dispatches, one submit; or, with
         # ``early_submit`` = n and more dispatches than that, the first n dispatches in a command buffer of their
         # own, submitted before the rest is encoded.  ``tail`` (``tail_count`` records, may be NULL) is encoded

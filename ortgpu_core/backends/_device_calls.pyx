@@ -335,7 +335,6 @@ def copy_out(uintptr_t mapped_range, uintptr_t unmap, uintptr_t buffer, size_t s
         (<unmap_fn>unmap)(<void*>buffer)
 
 
-
 # -- errors and device loss: the device's uncaptured-error and device-lost callbacks, in C ----------------------
 
 ctypedef struct ErrorEntry:

@@ -48,8 +48,12 @@ cdef extern from *:
     static inline int ortgpu_read_int(const int *v) { return __atomic_load_n(v, __ATOMIC_SEQ_CST); }
     static inline void ortgpu_write_int(int *v, int x) { __atomic_store_n(v, x, __ATOMIC_SEQ_CST); }
     static inline int ortgpu_add_int(int *v, int x) { return __atomic_add_fetch(v, x, __ATOMIC_SEQ_CST); }
-    static inline unsigned long ortgpu_read_ulong(const unsigned long *v) { return __atomic_load_n(v, __ATOMIC_SEQ_CST); }
-    static inline void ortgpu_write_ulong(unsigned long *v, unsigned long x) { __atomic_store_n(v, x, __ATOMIC_SEQ_CST); }
+    static inline unsigned long ortgpu_read_ulong(const unsigned long *v) {
+        return __atomic_load_n(v, __ATOMIC_SEQ_CST);
+    }
+    static inline void ortgpu_write_ulong(unsigned long *v, unsigned long x) {
+        __atomic_store_n(v, x, __ATOMIC_SEQ_CST);
+    }
     static inline unsigned long ortgpu_this_thread(void) { return PyThread_get_thread_ident(); }
     static inline uint32_t ortgpu_read_uint(const uint32_t *v) { return __atomic_load_n(v, __ATOMIC_SEQ_CST); }
     """
@@ -228,8 +232,9 @@ cdef class UnlockedCalls:
                  uintptr_t lost_flag):
         """``table``: the device's command-loop table; ``poll_lock``: the device's poll lock; ``device``: the
         WGPUDevice; ``map_async``/``device_poll``: the addresses of wgpuBufferMapAsync and wgpuDevicePoll;
-        ``queue_write``: the address of wgpuQueueWriteBuffer (the liveness probe); ``map_mode``: WGPUMapMode_Read; ``callback_mode``: WGPUCallbackMode_AllowProcessEvents; ``lost_flag``: the
-        address of the int the device-lost callback sets (0: none).  The caller keeps all of them alive until
+        ``queue_write``: the address of wgpuQueueWriteBuffer (the liveness probe); ``map_mode``: WGPUMapMode_Read;
+        ``callback_mode``: WGPUCallbackMode_AllowProcessEvents; ``lost_flag``: the address of the int the device-lost
+        callback sets (0: none).  The caller keeps all of them alive until
         :meth:`close` returned."""
         if device == 0 or map_async == 0 or device_poll == 0 or queue_write == 0:
             raise ValueError("UnlockedCalls: a null address")
@@ -530,4 +535,3 @@ cdef class UnlockedCalls:
                 sched_yield()
             else:
                 _nap()
-
