@@ -393,7 +393,7 @@ class Runner:
     def _out_shape(self) -> tuple[int, ...]:
         s = self.shape
         if s.op == "MatMul":
-            from ortgpu.ops.matmul import matmul_output_shape
+            from ortgpu.ops.ai_onnx.matmul import matmul_output_shape
 
             assert s.inputs[0] is not None and s.inputs[1] is not None
             return matmul_output_shape(s.inputs[0], s.inputs[1])

@@ -1,5 +1,6 @@
 """Sequence and optional values as ortgpu holds them on the host: the types the loader, the planner, the
-executor, the session and the operators on them (:mod:`ortgpu.ops.sequences`, :mod:`ortgpu.ops.optional`) share.
+executor, the session and the operators on them (:mod:`ortgpu.ops.ai_onnx.sequences`,
+:mod:`ortgpu.ops.ai_onnx.optional`) share.
 
 Sequences (``seq(tensor)``): a 0-d numpy object array whose one item is a Python ``list`` of numpy arrays (a
 "box", :func:`box`); its dtype carries ``metadata={"sequence": (element dtype, element shapes)}`` where the planner

@@ -27,7 +27,7 @@ from ._plan_types import Placement, PlannedStep
 from .loader._model import GraphNode
 from .loader._propagate import Shape
 from .ops import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
-from .ops.transpose import permutation
+from .ops.ai_onnx.transpose import permutation
 
 __all__ = [
     "FUSABLE_PRODUCERS",

@@ -90,7 +90,7 @@ class NodePlacement:
 def _node_arg(info: ValueInfo) -> NodeArg:
     from ortgpu_core._dtypes import onnx_type_name
 
-    from .ops.sequences import element_dtype_of
+    from ._host_values import element_dtype_of
 
     # Strings (object arrays, host values only) are no device dtype of the core: named here, as onnxruntime does.
     type_name = "tensor(string)" if info.dtype == object else onnx_type_name(info.dtype)

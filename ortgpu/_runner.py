@@ -45,13 +45,12 @@ from ortgpu_core.backends.protocol import BackendDevice
 from ._capture import AnyBinding, AnyValue, GraphRegistry, verify_replay
 from ._device_caches import _pipeline_cache, _serial_lock
 from ._executor import DeviceProgram, WeightStore, device_caps, host_io_names
+from ._host_values import host_signature, is_box, is_optional_box, is_structured_dtype, items, optional_element
 from ._planner import ExecutionPlan, plan_model
 from ._profiled_replay import ProfiledReplay
 from ._profiling import GpuStepTimer, SessionProfiler, gpu_timing_possible
 from .loader._limits import max_cached_plans
 from .loader._model import LoadedModel, ValueInfo
-from .ops.optional import host_signature, is_optional_box, is_structured_dtype, optional_element
-from .ops.sequences import is_box, items
 
 if TYPE_CHECKING:
     from ortgpu_core._graph import CapturedGraph

@@ -17,7 +17,9 @@ Layout: this module holds the public API (construction, metadata, argument check
 to the session's :class:`~ortgpu._runner.SessionRunner` (plans, programs, buffers, runs, submission; what
 bindings and graphs call); the captured-graph registry, capture, replay checks and verify mode are in
 :mod:`ortgpu._capture`; the per-device pipeline caches and per-Env serial locks in
-:mod:`ortgpu._device_caches`; ``RunOptions``, ``NodeArg`` and ``NodePlacement`` in :mod:`ortgpu._run_options`.
+:mod:`ortgpu._device_caches`; ``RunOptions``, ``NodeArg`` and ``NodePlacement`` in :mod:`ortgpu._run_options`;
+feeds and results converted between the user's values and host values in :mod:`ortgpu._host_io`; the Env,
+device and model options read in :mod:`ortgpu._session_setup`.
 """
 
 from __future__ import annotations
@@ -48,14 +50,19 @@ from ortgpu_core import (
 )
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
 from ortgpu_core._dlpack import SupportsDLPack, host_array, is_dlpack_producer
-from ortgpu_core._errors import DtypeError, NotCopyable, ShapeError
+from ortgpu_core._errors import NotCopyable
 from ortgpu_core._graph import CapturedGraph
 
 from ._capture import check_graph_id
+from ._host_io import as_host_value, as_output, as_string_objects, list_as_array
+from ._host_values import (
+    is_optional_dtype,
+    is_structured_dtype,
+    optional_type_name,
+)
 from ._ort_api import (
     CPU_PROVIDER,
     WEBGPU_PROVIDER,
-    ExecutionMode,
     Fail,
     GraphOptimizationLevel,
     ModelMetadata,
@@ -66,18 +73,8 @@ from ._ort_api import (
 from ._profiling import DEFAULT_DETAIL_EVERY, ProfilingRecord, SessionProfiler, checked_detail_every
 from ._run_options import NodeArg, NodePlacement, RunOptions, _node_arg
 from ._runner import AnyBinding, AnyValue, SessionRunner
+from ._session_setup import config_from_model, cpu_env, device_from_options, save_loaded_model
 from .loader._model import load_model
-from .ops.optional import (
-    is_optional_box,
-    is_optional_dtype,
-    is_structured_dtype,
-    optional_box,
-    optional_element,
-    optional_element_dtype,
-    optional_present,
-    optional_type_name,
-)
-from .ops.sequences import box, element_dtype_of, is_box, is_sequence_dtype, items
 
 __all__ = ["InferenceSession"]
 
@@ -183,7 +180,7 @@ class InferenceSession(NotCopyable):
         self._sess_options: SessionOptions = sess_options if sess_options is not None else SessionOptions()
         options = self._sess_options
         if os.environ.get("ORT_LOAD_CONFIG_FROM_MODEL") == "1":
-            _config_from_model(path_or_bytes, options)
+            config_from_model(path_or_bytes, options)
         if profile_file_prefix is None and options.enable_profiling:
             profile_file_prefix = options.profile_file_prefix
         self.profile_file_prefix: str = (
@@ -216,7 +213,7 @@ class InferenceSession(NotCopyable):
             # CPU alone: every node on the CPU, through the numpy twins of the kernels (the fake backend's device
             # runs them on the host).  Slow; for checks and machines without a GPU.
             if env is None:
-                env = _cpu_env()
+                env = cpu_env()
             elif env.backend_name != "fake":
                 raise InvalidArgumentError(
                     "providers=['CPUExecutionProvider'] runs the model on the host (numpy); the env= given is a "
@@ -228,7 +225,7 @@ class InferenceSession(NotCopyable):
         self.env: Env = env if env is not None else get_env()
         webgpu_options = options[names.index(WEBGPU_PROVIDER)] if WEBGPU_PROVIDER in names else {}
         if webgpu_options:
-            chosen = _device_from_options(self.env, webgpu_options)
+            chosen = device_from_options(self.env, webgpu_options)
             if device is None:
                 device = chosen
             if webgpu_options.get("enableGraphCapture", "0").lower() in ("1", "true"):
@@ -266,7 +263,7 @@ class InferenceSession(NotCopyable):
                 )
             self.env._register_session(self)  # Env.close() closes the session (graphs first) before its devices
             if opts.optimized_model_filepath:
-                _save_loaded_model(self._model_source, opts)
+                save_loaded_model(self._model_source, opts)
             if profile:
                 self.start_profiling()
         except BaseException:
@@ -399,7 +396,7 @@ class InferenceSession(NotCopyable):
         for name, value in (input_values or {}).items():
             given = self._runner.input_infos.get(name)
             if given is not None and is_structured_dtype(given.dtype):
-                values[name] = _as_host_value(name, value, given.dtype)
+                values[name] = as_host_value(name, value, given.dtype)
                 dtypes[name] = values[name].dtype
                 shapes[name] = ()
             else:
@@ -544,22 +541,22 @@ class InferenceSession(NotCopyable):
                     array, f"input {name!r}"
                 )  # CPU tensors shared, device tensors copied by their producer
             if is_structured_dtype(self._runner.input_infos[name].dtype):
-                arrays[name] = _as_host_value(name, array, self._runner.input_infos[name].dtype)
+                arrays[name] = as_host_value(name, array, self._runner.input_infos[name].dtype)
                 continue
             if isinstance(array, (list, tuple)):
                 # onnxruntime accepts nested lists: read as an array of the model input's dtype (what numpy makes of
                 # the list must convert exactly; a float list for an int input is refused, not truncated).
-                array = _list_as_array(name, array, self._runner.input_infos[name].dtype)
+                array = list_as_array(name, array, self._runner.input_infos[name].dtype)
             if not isinstance(array, np.ndarray):
                 raise ArgumentTypeError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
             if self._runner.input_infos[name].dtype == object and array.dtype.kind in "USV":
-                array = _as_string_objects(array)  # a string input: numpy str/bytes arrays as object arrays of str
+                array = as_string_objects(array)  # a string input: numpy str/bytes arrays as object arrays of str
             self._runner.check_info(name, self._runner.input_infos[name], array.dtype, tuple(array.shape), "input")
             arrays[name] = array
         results = self._runner.run_arrays(arrays, order)
         # Sequence outputs come back as lists of arrays, optional ones as None or their element (copies: the run's
         # values are not shared).
-        return [_as_output(name, value) for name, value in zip(order, results)]
+        return [as_output(name, value) for name, value in zip(order, results)]
 
     def run_with_ort_values(
         self,
@@ -763,202 +760,9 @@ class InferenceSession(NotCopyable):
         return self._runner.graphs.ids()
 
 
-_cpu_env_instance: Env | None = None
-_cpu_env_guard = threading.Lock()
-
-
-def _cpu_env() -> Env:
-    """The process's host Env (the fake backend: numpy twins of the kernels) for CPU-only sessions."""
-    global _cpu_env_instance
-    with _cpu_env_guard:
-        if _cpu_env_instance is None or _cpu_env_instance.closed:
-            _cpu_env_instance = Env(backend="fake")
-        return _cpu_env_instance
-
-
-def _device_from_options(env: Env, options: Mapping[str, str]) -> Device:
-    """The WebGPU provider's ``deviceId`` (or ``device_id``) option: an index into ``env.devices``."""
-    known = {"deviceId", "device_id", "enableGraphCapture"}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise InvalidArgumentError(
-            f"WebGpuExecutionProvider options {unknown} are not supported by ortgpu; it knows {sorted(known)} "
-            "(pass env=/device= for more control)"
-        )
-    raw = options.get("deviceId", options.get("device_id", "0"))
-    try:
-        index = int(raw)
-    except ValueError:
-        raise InvalidArgumentError(f"WebGpuExecutionProvider deviceId must be an integer, got {raw!r}") from None
-    if not 0 <= index < len(env.devices):
-        raise InvalidArgumentError(f"WebGpuExecutionProvider deviceId {index}: this Env has {len(env.devices)} devices")
-    return env.devices[index]
-
-
-def _save_loaded_model(source: object, options: SessionOptions) -> None:
-    """``optimized_model_filepath``: save the model as loaded (ortgpu's rewrites are not ONNX; overrides applied).
-    onnxruntime's config entries ``session.optimized_model_external_initializers_file_name`` (a file next to the
-    saved model) and ``..._min_size_in_bytes`` put the larger initializers in an external data file."""
-    import onnx
-    from onnx import external_data_helper
-
-    from .loader._model import _apply_overrides, _parse
-
-    model, model_dir = _parse(source)  # type: ignore[arg-type]
-    _apply_overrides(model, options.initializer_arrays(), options.free_dimensions(), options.free_denotations())
-    if model_dir is not None and any(
-        external_data_helper.uses_external_data(t) for t in external_data_helper._get_all_tensors(model)
-    ):
-        external_data_helper.load_external_data_for_model(model, model_dir)
-    config = options.config_entries()
-    external = config.get("session.optimized_model_external_initializers_file_name", "")
-    path = options.optimized_model_filepath
-    if external:
-        threshold = int(config.get("session.optimized_model_external_initializers_min_size_in_bytes", "1024"))
-        data_path = os.path.join(os.path.dirname(os.path.abspath(path)), external)
-        if os.path.exists(data_path):
-            os.remove(data_path)  # onnxruntime overwrites it; onnx's writer would append
-        onnx.save_model(
-            model,
-            path,
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=external,
-            size_threshold=threshold,
-        )
-        # onnxruntime writes the data file even when no initializer reaches the threshold.
-        if not os.path.exists(data_path):
-            open(data_path, "wb").close()
-    else:
-        onnx.save_model(model, path)
-
-
-def _config_from_model(source: object, options: SessionOptions) -> None:
-    """``$ORT_LOAD_CONFIG_FROM_MODEL=1``: read the model's ``ort_config`` metadata (JSON ``session_options``) into
-    ``options``, as onnxruntime does."""
-    import json
-
-    from .loader._model import _parse
-
-    model, _ = _parse(source)  # type: ignore[arg-type]
-    text = next((p.value for p in model.metadata_props if p.key == "ort_config"), None)
-    if text is None:
-        return
-    try:
-        values = json.loads(text).get("session_options", {})
-    except (ValueError, AttributeError) as error:
-        raise InvalidArgumentError(f"the model's ort_config metadata is not valid JSON: {error}") from error
-    for key, value in values.items():
-        if key == "graph_optimization_level":
-            options.graph_optimization_level = GraphOptimizationLevel(int(value))
-        elif key == "execution_mode":
-            options.execution_mode = ExecutionMode(int(value))
-        elif key in ("enable_profiling", "enable_mem_pattern", "enable_cpu_mem_arena", "use_deterministic_compute"):
-            setattr(options, key, bool(value))
-        elif key in ("inter_op_num_threads", "intra_op_num_threads", "log_severity_level", "log_verbosity_level"):
-            setattr(options, key, int(value))
-        elif key in ("profile_file_prefix", "logid", "optimized_model_filepath"):
-            setattr(options, key, str(value))
-        else:
-            raise InvalidArgumentError(f"the model's ort_config sets {key!r}, which ortgpu does not know")
-
-
-def _as_sequence(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
-    """A sequence input (a list or tuple of numpy arrays of the model's element dtype) as ortgpu's host value."""
-    if not isinstance(value, (list, tuple)) or not all(isinstance(a, np.ndarray) for a in value):
-        raise ArgumentTypeError(
-            f"input {name!r} is a sequence: pass a list of numpy arrays, got {type(value).__name__}"
-        )
-    element = element_dtype_of(dtype)
-    for index, array in enumerate(value):
-        if element is not None and array.dtype != element:
-            raise DtypeError(
-                f"input {name!r} is a sequence of {element}; its element {index} has dtype {array.dtype} (ortgpu "
-                "never casts silently)"
-            )
-    return box([np.array(a) for a in value], element)
-
-
-def _as_host_value(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
-    """A sequence or optional input as ortgpu's host value (a box)."""
-    if is_sequence_dtype(dtype):
-        return _as_sequence(name, value, dtype)
-    return _as_optional(name, value, dtype)
-
-
-def _as_optional(name: str, value: object, dtype: np.dtype[Any]) -> np.ndarray:
-    """An optional input (None: empty; else its element, an array or a list of arrays) as ortgpu's host value."""
-    element = optional_element_dtype(dtype)
-    if value is None:
-        return optional_box(None, element)
-    if is_sequence_dtype(element):
-        return optional_box(_as_sequence(name, value, element))
-    if not isinstance(value, np.ndarray):
-        raise ArgumentTypeError(
-            f"input {name!r} is an {optional_type_name(dtype)}: pass a numpy array, or None for an empty one; got "
-            f"{type(value).__name__}"
-        )
-    if element.kind == "O" and value.dtype.kind in "US":
-        value = _as_string_objects(value)
-    if value.dtype != element:
-        raise DtypeError(
-            f"input {name!r} is an {optional_type_name(dtype)}; got an array of {value.dtype} (ortgpu never casts "
-            "silently)"
-        )
-    declared = optional_present(dtype)[1]
-    if declared is not None and (
-        len(declared) != value.ndim or any(d is not None and d != s for d, s in zip(declared, value.shape))
-    ):
-        raise ShapeError(
-            f"input {name!r} is an {optional_type_name(dtype)} of shape {list(declared)}; got shape {list(value.shape)}"
-        )
-    return optional_box(np.array(value))
-
-
-def _as_output(name: str, value: np.ndarray) -> Any:
-    """A run's output as sessions give it: a sequence as a list of arrays, an optional as None or its element."""
-    if is_optional_box(value):
-        element = optional_element(value)
-        return None if element is None else _as_output(name, element)
-    if is_box(value):
-        return [np.array(a) for a in items(value, name)]
-    return value
-
-
 def _described(info: Any) -> NodeArg:
     """The :class:`NodeArg` of a model input or output, optionals named as onnxruntime names them."""
     arg = _node_arg(info)
     if is_optional_dtype(info.dtype):
         return NodeArg(arg.name, arg.shape, optional_type_name(info.dtype), arg.dtype)
     return arg
-
-
-def _list_as_array(name: str, value: list[Any] | tuple[Any, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
-    """A (nested) list input as an array of the input's dtype; refused where the conversion would change a value."""
-    natural = np.array(value, dtype=object if dtype.kind == "O" else None)
-    if dtype.kind == "O":
-        return _as_string_objects(natural) if natural.dtype.kind in "US" else natural
-    try:
-        converted = natural.astype(dtype)
-    except (TypeError, ValueError) as error:
-        raise DtypeError(f"input {name!r}: the list does not convert to {dtype} ({error})") from None
-    if natural.dtype.kind in "fc" and dtype.kind in "fc":
-        # Python floats are doubles: rounding to the input's float type is what onnxruntime does too.
-        return converted
-    if not np.array_equal(converted.astype(natural.dtype), natural):
-        raise DtypeError(
-            f"input {name!r}: the list's values ({natural.dtype}) do not convert exactly to {dtype}; pass a numpy "
-            f"array of {dtype}"
-        )
-    return converted
-
-
-def _as_string_objects(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """A numpy ``str_``/``bytes_`` array as an object array of ``str`` (bytes decoded as UTF-8), as string inputs
-    are held."""
-    out = np.empty(array.shape, dtype=object)
-    for index, item in np.ndenumerate(array):
-        if isinstance(item, np.void):  # raw bytes (onnxruntime accepts np.void arrays for strings)
-            item = item.tobytes()
-        out[index] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
-    return out

@@ -4,6 +4,8 @@
   them; which of them a model may use is the core's table (``ortgpu_core._dtypes``) plus ``STRING`` (host only).
 * :func:`element_count` / :func:`tensor_bytes`: shape arithmetic in Python ints (a wrapping ``int64`` product
   turned ``[2**32, 2**32]`` into 0 elements); every size check uses them.
+* :class:`TensorInfo`: a tensor's static shape and dtype, what the planner tells an operator (re-exported by
+  :mod:`ortgpu.ops`).
 * :class:`SubgraphRunner`: what a control-flow operator (``If``, ``Loop``, ``Scan``, ``SequenceMap``) receives as
   a ``GRAPH`` attribute: the loader builds it (:class:`ortgpu.loader._subgraph.Subgraph`), the operator only runs
   it, so the operators never import the loader.
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -27,6 +30,7 @@ __all__ = [
     "onnx_dtype_to_numpy",
     "element_count",
     "tensor_bytes",
+    "TensorInfo",
     "SubgraphRunner",
 ]
 
@@ -72,6 +76,24 @@ def element_count(shape: Iterable[Any]) -> int:
 def tensor_bytes(shape: Iterable[Any], dtype: Any) -> int:
     """The bytes of a C-contiguous tensor of ``shape`` and ``dtype``, exact."""
     return element_count(shape) * int(np.dtype(dtype).itemsize)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Static shape and dtype of one tensor."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    @property
+    def size(self) -> int:
+        """Elements, exact (Python ints: a shape whose element count overflows int64 stays huge, not wrapped)."""
+        return element_count(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes, exact (the size times the dtype's item size)."""
+        return self.size * self.dtype.itemsize
 
 
 class SubgraphRunner(abc.ABC):

@@ -241,7 +241,7 @@ MATMUL_DEVICE_CASES: list[tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[An
 def test_matmul_device(
     device: Any, a_shape: tuple[int, ...], b_shape: tuple[int, ...], epilogue: tuple[tuple[Any, ...], ...]
 ) -> None:
-    from ortgpu.ops.matmul import matmul_output_shape
+    from ortgpu.ops.ai_onnx.matmul import matmul_output_shape
 
     out = matmul_output_shape(a_shape, b_shape)
     extras = [rand(*out[-1:]), rand(*out[:-2], 1, out[-1]) if len(out) >= 2 else rand(1)]

@@ -406,7 +406,7 @@ CASES += [
     # the device computes fractional powers in f32, so results are kept small enough to truncate alike
     Case(
         "Pow", [ints(4, 9, low=0, high=4), floats(9, low=0.0, high=1.0)], opset=15, label="int32-float32"
-    ),  # small results: f32 pow truncated to int is exact there (large ones can be off by one, see ops/binary.py)
+    ),  # small results: f32 pow truncated to int is exact there (large ones can be off by one, see ops/ai_onnx/binary.py)
     Case(
         "Pow",
         [ints(4, 9, low=-12, high=12), lambda rng: rng.integers(0, 7, 9).astype(np.float32)],

@@ -530,7 +530,7 @@ def test_exact_division_is_correctly_rounded(op_device: BackendDevice) -> None:
     from ortgpu.ops import Binding, KernelSpec, OpPlan, TensorInfo, reference_twin
     from ortgpu.ops._runner import run_plan
     from ortgpu.ops._wgsl import LINEAR_INVOCATION, grid_for, kernel_entry, storage_declaration, workgroup_size_for
-    from ortgpu.ops.quantize import EXACT_DIVISION_WGSL
+    from ortgpu.ops.ai_onnx.quantize import EXACT_DIVISION_WGSL
 
     rng = np.random.default_rng()
     count = 1 << 16

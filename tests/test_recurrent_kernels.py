@@ -275,7 +275,7 @@ def test_the_path_choice_follows_the_device_limits() -> None:
 
     from ortgpu.ops import DeviceCaps
     from ortgpu.ops._kernel import LLVMPIPE_LOOP_BUDGET
-    from ortgpu.ops._recurrent_wgsl import Config
+    from ortgpu.ops.ai_onnx._recurrent_wgsl import Config
     from ortgpu_core.backends.fake import DEFAULT_FAKE_LIMITS
 
     def config(hidden: int, seq: int) -> Config:

@@ -283,7 +283,7 @@ def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
         # Loader tolerance (as onnxruntime): an output without a type takes the one shape inference gives it.
         return ValueInfo(value.name, (), np.dtype(np.float32), typed=False, ranked=False)
     if value.type.HasField("sequence_type"):
-        # A sequence of tensors: a host value (see ortgpu.ops.sequences); its element dtype is recorded, the
+        # A sequence of tensors: a host value (see ortgpu.ops.ai_onnx.sequences); its element dtype is recorded, the
         # element shapes come with each run's value.
         element = value.type.sequence_type.elem_type
         if not element.HasField("tensor_type") or element.tensor_type.elem_type == 0:
@@ -294,7 +294,7 @@ def _value_info(value: onnx.ValueInfoProto, what: str) -> ValueInfo:
         elem_dtype = onnx_dtype_to_numpy(element.tensor_type.elem_type, f"{what} {value.name!r}")
         return ValueInfo(value.name, (), sequence_dtype(np.dtype(elem_dtype)))
     if value.type.HasField("optional_type"):
-        # An optional tensor or sequence: a host value (see ortgpu.ops.optional); whether it holds an element, and
+        # An optional tensor or sequence: a host value (see ortgpu.ops.ai_onnx.optional); whether it holds an element, and
         # the element's shapes, come with each run's value.
         held_type = value.type.optional_type.elem_type
         held = element_type_of_proto(held_type, f"{what} {value.name!r}")

@@ -18,8 +18,8 @@ import onnx.shape_inference
 from ortgpu_core._errors import ModelError, UnsupportedOpError
 
 from .._host_values import is_structured_dtype
-from .._types import numpy_dtype_of
-from ..ops import TensorInfo, get_operator
+from .._types import TensorInfo, numpy_dtype_of
+from ..ops import get_operator
 from ._graph_node import Dim, GraphNode, Shape
 
 __all__ = ["is_concrete", "public_attrs"]

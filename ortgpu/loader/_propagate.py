@@ -19,8 +19,9 @@ import numpy as np
 from ortgpu_core._errors import ModelError, UnsupportedOpError
 
 from .._host_values import is_sequence_dtype, is_structured_dtype, probe_value
-from ..ops import TensorInfo, get_operator
-from ..ops.control_flow import declared_output_types
+from .._types import TensorInfo
+from ..ops import get_operator
+from ..ops.ai_onnx.control_flow import declared_output_types
 from ._expand_control_flow import EXPANDABLE, Expansion, expand
 from ._graph_node import Dim, GraphNode, Shape
 from ._limits import FoldBudget, LoadLimits, check_shape_probe, keep_folded, may_fold
@@ -324,11 +325,11 @@ SHAPE_INPUT_POSITIONS: dict[str, tuple[int, ...]] = {
     "CumSum": (1,),  # the axis: a kernel per axis, planned for its value
     "CumProd": (1,),
     "AffineGrid": (1,),  # the output size
-    # Control flow (ortgpu.ops.control_flow): the trip count and condition decide a Loop's scan-output length,
+    # Control flow (ortgpu.ops.ai_onnx.control_flow): the trip count and condition decide a Loop's scan-output length,
     # the condition which branch (and so which shapes) an If gives.
     "Loop": (0, 1),
     "If": (0,),
-    # Sequences (ortgpu.ops.sequences): positions pick which element (and so which shape) a node gives.
+    # Sequences (ortgpu.ops.ai_onnx.sequences): positions pick which element (and so which shape) a node gives.
     "SequenceAt": (1,),
     "SequenceInsert": (2,),
     "SequenceErase": (1,),

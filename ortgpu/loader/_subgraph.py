@@ -36,8 +36,8 @@ import onnx.helper
 from ortgpu_core._errors import InvalidModelError, ModelError, OrtGpuError, ShapeError, UnsupportedOpError
 
 from .._host_values import element_type_of_proto, is_structured_box
-from .._types import SubgraphRunner, onnx_dtype_to_numpy
-from ..ops import Operator, TensorInfo, get_operator
+from .._types import SubgraphRunner, TensorInfo, onnx_dtype_to_numpy
+from ..ops import Operator, get_operator
 from ._graph_node import GraphNode, _effective_opset, _to_array
 from ._node_inference import _apply_operator_shapes, _infer_with_onnx
 
@@ -178,9 +178,9 @@ class Subgraph(SubgraphRunner):
         for value in list(graph.input) + list(graph.output):
             kind = value.type.WhichOneof("value")
             if kind == "sequence_type" and value.type.sequence_type.elem_type.HasField("tensor_type"):
-                continue  # a sequence of tensors: a host value (ortgpu.ops.sequences), as in the main graph
+                continue  # a sequence of tensors: a host value (ortgpu.ops.ai_onnx.sequences), as in the main graph
             if kind == "optional_type":
-                # An optional tensor or sequence: a host value (ortgpu.ops.optional); other elements are refused.
+                # An optional tensor or sequence: a host value (ortgpu.ops.ai_onnx.optional); other elements are refused.
                 element_type_of_proto(value.type.optional_type.elem_type, f"{value.name!r} of the {what}")
                 continue
             if kind not in (None, "tensor_type"):

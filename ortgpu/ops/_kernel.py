@@ -35,7 +35,7 @@ import numpy as np
 
 from ortgpu_core.backends.protocol import DeviceLimits, KernelTwin
 
-from .._types import element_count
+from .._types import TensorInfo
 
 __all__ = [
     "TensorInfo",
@@ -53,23 +53,6 @@ __all__ = [
 
 class NotOnDevice(Exception):
     """Raised by ``Operator.plan``: this node variant must run on the CPU (the message says why)."""
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """Static shape and dtype of one tensor."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-
-    @property
-    def size(self) -> int:
-        """Elements, exact (Python ints: a shape whose element count overflows int64 stays huge, not wrapped)."""
-        return element_count(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,11 @@
-"""Operator registry: op type -> implementations by first opset."""
+"""Operator registry: (domain, op type) -> implementations by the opset they start at.
+
+Operators live in one subpackage per domain (``ai_onnx``, ``ai_onnx_ml``, ``ai_onnx_preview_training``,
+``com_microsoft``; :data:`DOMAIN_PACKAGES`).  The registry imports every public module of those packages on first
+use, so adding an operator means adding a decorated class, never editing a list.  As onnx's reference evaluator
+does, each registered class states the domain opset it starts at (``since_version``) and :func:`get_operator`
+picks the highest one not above the model's opset for that domain.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,15 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import Operator
 
-__all__ = ["register", "get_operator", "registered_op_types"]
+__all__ = ["DOMAIN_PACKAGES", "register", "get_operator", "registered_op_types"]
+
+#: Domain as a model writes it (``""`` for ai.onnx) -> the subpackage of :mod:`ortgpu.ops` holding its operators.
+DOMAIN_PACKAGES = {
+    "": "ai_onnx",
+    "ai.onnx.ml": "ai_onnx_ml",
+    "ai.onnx.preview.training": "ai_onnx_preview_training",
+    "com.microsoft": "com_microsoft",
+}
 
 _REGISTRY: dict[tuple[str, str], list[type[Operator]]] = {}
 _loaded = False
@@ -20,9 +35,38 @@ OperatorType = TypeVar("OperatorType", bound=type[Operator])
 
 
 def register(cls: OperatorType) -> OperatorType:
-    """Class decorator: register an :class:`Operator` subclass."""
-    _REGISTRY.setdefault((cls.domain, cls.op_type), []).append(cls)
-    _REGISTRY[(cls.domain, cls.op_type)].sort(key=lambda c: c.since_version)
+    """Class decorator: register an :class:`Operator` subclass under its domain, op type and ``since_version``.
+
+    Parameters
+    ----------
+    cls
+        The operator class; its module must lie in its domain's package (:data:`DOMAIN_PACKAGES`), so that the
+        folder and the registration say the same thing.
+
+    Returns
+    -------
+    type
+        ``cls``, unchanged.
+
+    Raises
+    ------
+    ValueError
+        The domain has no package, the class lies outside it, or the (domain, op type, since_version) triple is
+        already registered (two classes would compete for the same opsets).
+    """
+    package = DOMAIN_PACKAGES.get(cls.domain)
+    if package is None:
+        raise ValueError(f"{cls.__qualname__}: domain {cls.domain!r} has no package in ortgpu.ops.DOMAIN_PACKAGES")
+    if not cls.__module__.startswith(f"{__package__}.{package}."):
+        raise ValueError(
+            f"{cls.__qualname__} ({cls.__module__}): a {cls.domain or 'ai.onnx'} operator belongs in "
+            f"{__package__}.{package}"
+        )
+    versions = _REGISTRY.setdefault((cls.domain, cls.op_type), [])
+    if any(other.since_version == cls.since_version for other in versions):
+        raise ValueError(f"{cls.__qualname__}: {cls.op_type} since opset {cls.since_version} is already registered")
+    versions.append(cls)
+    versions.sort(key=lambda c: c.since_version)
     return cls
 
 
@@ -30,20 +74,44 @@ def _load_all() -> None:
     global _loaded
     if _loaded:
         return
-    # This package's folder (its __path__), read without importing the package from one of its own modules.
-    for module in pkgutil.iter_modules([os.path.dirname(__file__)]):
-        if not module.name.startswith("_"):
-            importlib.import_module(f"{__package__}.{module.name}")
+    # Each domain package's folder, read without importing this package from one of its own modules.
+    here = os.path.dirname(__file__)
+    for package in DOMAIN_PACKAGES.values():
+        for module in pkgutil.iter_modules([os.path.join(here, package)]):
+            if not module.name.startswith("_"):
+                importlib.import_module(f"{__package__}.{package}.{module.name}")
     _loaded = True
 
 
 def registered_op_types() -> list[str]:
+    """The op types ortgpu implements, in all domains, sorted."""
     _load_all()
     return sorted(op for (_, op) in _REGISTRY)
 
 
 def get_operator(op_type: str, opset: int, domain: str = "") -> Operator:
-    """The implementation of ``op_type`` for a model importing ``opset`` of its domain."""
+    """The implementation of ``op_type`` for a model importing ``opset`` of its domain.
+
+    Parameters
+    ----------
+    op_type
+        The node's operator name.
+    opset
+        The version of ``domain`` the model imports.
+    domain
+        The node's domain; ``""`` and ``"ai.onnx"`` both name the default one.
+
+    Returns
+    -------
+    Operator
+        An instance of the registered class with the highest ``since_version`` not above ``opset``, built for
+        ``opset`` (classes that cover several versions read it as ``self.opset``).
+
+    Raises
+    ------
+    UnsupportedOpError
+        ortgpu implements no version of the operator, or only versions later than ``opset``.
+    """
     _load_all()
     candidates = _REGISTRY.get(("" if domain == "ai.onnx" else domain, op_type))
     if not candidates:

@@ -16,7 +16,8 @@ from ._value import CPU, DeviceBuffer, OrtValue, WebGPU
 @disjoint_base
 class _BindingView:
     @property
-    def session(self) -> Any: ...
+    # The session that made the binding: an ortgpu.InferenceSession, which the core (below ortgpu) cannot name.
+    def session(self) -> object: ...
     @property
     def session_id(self) -> int: ...
     def inputs(self) -> dict[str, OrtValue[CPU] | OrtValue[WebGPU]]: ...
@@ -59,9 +60,9 @@ class FrozenIOBinding(_BindingView):
     def _create(
         session: object,
         owner: BindingOwner,
-        inputs: dict[str, Any],
-        outputs: dict[str, Any],
-        cpu_inputs: dict[str, Any],
+        inputs: dict[str, OrtValue[CPU] | OrtValue[WebGPU]],
+        outputs: dict[str, OrtValue[CPU] | OrtValue[WebGPU]],
+        cpu_inputs: dict[str, npt.NDArray[Any]],
         origin: IOBinding | None,
     ) -> FrozenIOBinding: ...
     @property

@@ -1,0 +1,118 @@
+"""Where a session's Env, device and model come from, as onnxruntime's ``SessionOptions`` and provider options
+say: the CPU provider's Env, the WebGPU provider's ``deviceId``, ``session.load_config_from_model`` and
+``optimized_model_filepath``.  :class:`ortgpu.InferenceSession` calls these while it is built.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Mapping
+
+from ortgpu_core import Device, Env, InvalidArgumentError
+
+from ._ort_api import ExecutionMode, GraphOptimizationLevel, SessionOptions
+
+__all__ = ["cpu_env", "device_from_options", "save_loaded_model", "config_from_model"]
+
+
+_cpu_env_instance: Env | None = None
+
+
+_cpu_env_guard = threading.Lock()
+
+
+def cpu_env() -> Env:
+    """The process's host Env (the fake backend: numpy twins of the kernels) for CPU-only sessions."""
+    global _cpu_env_instance
+    with _cpu_env_guard:
+        if _cpu_env_instance is None or _cpu_env_instance.closed:
+            _cpu_env_instance = Env(backend="fake")
+        return _cpu_env_instance
+
+
+def device_from_options(env: Env, options: Mapping[str, str]) -> Device:
+    """The WebGPU provider's ``deviceId`` (or ``device_id``) option: an index into ``env.devices``."""
+    known = {"deviceId", "device_id", "enableGraphCapture"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise InvalidArgumentError(
+            f"WebGpuExecutionProvider options {unknown} are not supported by ortgpu; it knows {sorted(known)} "
+            "(pass env=/device= for more control)"
+        )
+    raw = options.get("deviceId", options.get("device_id", "0"))
+    try:
+        index = int(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"WebGpuExecutionProvider deviceId must be an integer, got {raw!r}") from None
+    if not 0 <= index < len(env.devices):
+        raise InvalidArgumentError(f"WebGpuExecutionProvider deviceId {index}: this Env has {len(env.devices)} devices")
+    return env.devices[index]
+
+
+def save_loaded_model(source: object, options: SessionOptions) -> None:
+    """``optimized_model_filepath``: save the model as loaded (ortgpu's rewrites are not ONNX; overrides applied).
+    onnxruntime's config entries ``session.optimized_model_external_initializers_file_name`` (a file next to the
+    saved model) and ``..._min_size_in_bytes`` put the larger initializers in an external data file."""
+    import onnx
+    from onnx import external_data_helper
+
+    from .loader._model import _apply_overrides, _parse
+
+    model, model_dir = _parse(source)  # type: ignore[arg-type]
+    _apply_overrides(model, options.initializer_arrays(), options.free_dimensions(), options.free_denotations())
+    if model_dir is not None and any(
+        external_data_helper.uses_external_data(t) for t in external_data_helper._get_all_tensors(model)
+    ):
+        external_data_helper.load_external_data_for_model(model, model_dir)
+    config = options.config_entries()
+    external = config.get("session.optimized_model_external_initializers_file_name", "")
+    path = options.optimized_model_filepath
+    if external:
+        threshold = int(config.get("session.optimized_model_external_initializers_min_size_in_bytes", "1024"))
+        data_path = os.path.join(os.path.dirname(os.path.abspath(path)), external)
+        if os.path.exists(data_path):
+            os.remove(data_path)  # onnxruntime overwrites it; onnx's writer would append
+        onnx.save_model(
+            model,
+            path,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=external,
+            size_threshold=threshold,
+        )
+        # onnxruntime writes the data file even when no initializer reaches the threshold.
+        if not os.path.exists(data_path):
+            open(data_path, "wb").close()
+    else:
+        onnx.save_model(model, path)
+
+
+def config_from_model(source: object, options: SessionOptions) -> None:
+    """``$ORT_LOAD_CONFIG_FROM_MODEL=1``: read the model's ``ort_config`` metadata (JSON ``session_options``) into
+    ``options``, as onnxruntime does."""
+    import json
+
+    from .loader._model import _parse
+
+    model, _ = _parse(source)  # type: ignore[arg-type]
+    text = next((p.value for p in model.metadata_props if p.key == "ort_config"), None)
+    if text is None:
+        return
+    try:
+        values = json.loads(text).get("session_options", {})
+    except (ValueError, AttributeError) as error:
+        raise InvalidArgumentError(f"the model's ort_config metadata is not valid JSON: {error}") from error
+    for key, value in values.items():
+        if key == "graph_optimization_level":
+            options.graph_optimization_level = GraphOptimizationLevel(int(value))
+        elif key == "execution_mode":
+            options.execution_mode = ExecutionMode(int(value))
+        elif key in ("enable_profiling", "enable_mem_pattern", "enable_cpu_mem_arena", "use_deterministic_compute"):
+            setattr(options, key, bool(value))
+        elif key in ("inter_op_num_threads", "intra_op_num_threads", "log_severity_level", "log_verbosity_level"):
+            setattr(options, key, int(value))
+        elif key in ("profile_file_prefix", "logid", "optimized_model_filepath"):
+            setattr(options, key, str(value))
+        else:
+            raise InvalidArgumentError(f"the model's ort_config sets {key!r}, which ortgpu does not know")

@@ -1,0 +1,444 @@
+"""MatMul: numpy's matmul semantics (batched, broadcast batch dimensions, 1-D operands), with fused epilogues.
+
+Fusion contract (MatMul, Gemm and Conv)
+---------------------------------------
+The planner may fold elementwise successors of a MatMul, Gemm or Conv node into it by giving the node the
+special attribute ``"_epilogue"``: a tuple of steps applied, in order, to each float32 output element before
+it is stored:
+
+``("add", k)``
+    add input ``k`` of the node, broadcast (numpy rules) to the output shape; it must not change the output
+    shape.  A bias, a residual.
+``("scale", c)``
+    ``x * c`` (a float32 constant; the planner folds ``Mul``/``Div`` by a scalar constant, e.g. attention's
+    ``1 / sqrt(d)``).
+``("relu",)``
+    ``max(x, 0)``.
+``("gelu",)``
+    ``0.5 x (1 + erf(x / sqrt 2))`` (the erf form; ONNX Gelu with ``approximate="none"``, or the exported
+    ``Div(x, sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5`` subgraph, which the planner recognises).
+``("clip", lo, hi)``
+    ``min(max(x, lo), hi)``; ``-inf``/``inf`` leave that side open.
+``("sigmoid",)``
+    ``1 / (1 + exp(-x))``.
+
+Extra inputs are appended *after the op's own inputs, padded to the op's full arity with ``None``*: MatMul
+reads inputs 0-1, so its first extra input is index 2; Gemm (A, B, optional C) and Conv (X, W, optional B)
+start theirs at index 3 (a Gemm without C, fused with a bias, has inputs ``[A, B, None, bias]`` and
+``_epilogue=(("add", 3),)``).  Extra inputs must have the output's dtype (float32).  Gemm applies ``alpha``
+and ``beta * C`` and Conv its bias before the epilogue steps; all of it happens in registers, in one kernel.
+Both ``reference`` and the WebGPU kernels honour the attribute, so a fused node placed on the CPU computes the
+same thing.  Outputs are the op's own (one tensor).
+
+Folded input transposes (MatMul only)
+-------------------------------------
+The planner may also fold a ``Transpose`` whose only consumer is a MatMul into it, with the special attribute
+``"_input_perms"``: ``(perm_a, perm_b)``, each ``None`` or a permutation of that input's axes (rank >= 2).  Input
+``i`` then holds the tensor *before* the transpose and the operand is ``numpy.transpose(input_i, perm_i)``; the
+kernel reads it through the permuted strides (attention's head split, ``[B, S, H, D] -> [B, H, S, D]`` and
+``-> [B, H, D, S]``, costs no dispatch and no copy).  The GEMV path (one output row) takes no folded input: such a
+plan raises :class:`NotOnDevice` and the planner keeps the Transpose.
+
+Kernels
+-------
+* M = 1 (one row, no batch; also after folding, see below): a GEMV kernel that streams B with vec4 loads,
+  splitting K over a workgroup (and optionally over workgroups: split-K) and reducing through workgroup memory
+  or subgroup shuffles; the variant is chosen per shape by :func:`._gemv.choose_gemv_config` (today's kernel
+  everywhere until the sweep's measurements fill :data:`._gemv.GEMV_SHAPE_CONFIGS`).
+* otherwise: the shared-memory tiled GEMM of :mod:`._tiled_gemm` (tile shape and split-K chosen per problem by
+  :func:`._gemm.choose_gemm_config`; vec4 loads where the layouts allow).  When B has no batch dimensions (a weight matrix) the batch
+  dimensions of A fold into M, so ``[B, S, K] x [K, N]`` is one ``[B*S, K] x [K, N]`` GEMM.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ortgpu_core._errors import UnsupportedOpError
+
+from ..._types import element_count
+from .._epilogue import EpilogueStep, apply_epilogue, parse_epilogue
+from .._gemv import plan_gemv
+from .._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from .._registry import register
+from .._tiled_gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
+from .._tiling import broadcast_strides, c_strides, index_function, require_float32
+
+__all__ = ["MatMul", "plan_gemm", "matmul_output_shape", "input_perms"]
+
+Perm = tuple[int, ...]
+
+
+def input_perms(attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]]) -> tuple[Perm | None, Perm | None]:
+    """The ``_input_perms`` attribute, checked against the two inputs' shapes (see the module docstring)."""
+    raw = attrs.get("_input_perms")
+    if raw is None:
+        return None, None
+    if not isinstance(raw, (tuple, list)) or len(raw) != 2:
+        raise UnsupportedOpError(f"MatMul: _input_perms must be (perm_a, perm_b), got {raw!r}")
+    perms: list[Perm | None] = []
+    for index, (perm, shape) in enumerate(zip(raw, shapes)):
+        if perm is None:
+            perms.append(None)
+            continue
+        perm = tuple(int(p) for p in perm)
+        if len(shape) < 2 or sorted(perm) != list(range(len(shape))):
+            raise UnsupportedOpError(
+                f"MatMul: _input_perms[{index}] = {perm} is not a permutation of input "
+                f"{index}'s {len(shape)} axes (rank >= 2)"
+            )
+        perms.append(perm)
+    return perms[0], perms[1]
+
+
+def _permuted(shape: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
+    return shape if perm is None else tuple(shape[p] for p in perm)
+
+
+def _view(array: np.ndarray, perm: Perm | None) -> np.ndarray:
+    return array if perm is None else np.transpose(array, perm)
+
+
+def _operand_strides(logical: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
+    """Element strides of the operand ``numpy.transpose(source, perm)`` of shape ``logical``, per logical axis."""
+    if perm is None:
+        return c_strides(logical)
+    source = [0] * len(perm)
+    for axis, p in enumerate(perm):
+        source[p] = logical[axis]
+    source_strides = c_strides(source)
+    return tuple(source_strides[p] for p in perm)
+
+
+def _rows_merge(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Do the batch axes and the rows of an operand (all but its last axis) form one evenly strided run?"""
+    expected = strides[-2] * shape[-2]
+    for size, stride in zip(reversed(shape[:-2]), reversed(strides[:-2])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _scaled(name: str, stride: int) -> str:
+    return name if stride == 1 else f"{name} * {stride}u"
+
+
+def matmul_output_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy.matmul's output shape (raises ``ValueError`` on a mismatch)."""
+    if not a_shape or not b_shape:
+        raise ValueError("MatMul operands must have at least one dimension")
+    a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
+    b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
+    if a2[-1] != b2[-2]:
+        raise ValueError(f"MatMul: inner dimensions differ, {a_shape} x {b_shape}")
+    batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    shape = batch + (a2[-2], b2[-1])
+    if len(a_shape) == 1:
+        shape = shape[:-2] + shape[-1:]
+    if len(b_shape) == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def plan_gemm(
+    op_type: str,
+    *,
+    a_shape: tuple[int, ...],
+    b_shape: tuple[int, ...],
+    trans_a: bool,
+    trans_b: bool,
+    steps: Sequence[EpilogueStep],
+    out_shape: tuple[int, ...],
+    compute: Any,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    caps: DeviceCaps,
+    a_perm: Perm | None = None,
+    b_perm: Perm | None = None,
+) -> OpPlan:
+    """The plan of ``out = epilogue(op(A) @ op(B))`` with A = input 0, B = input 1.
+
+    ``a_shape``/``b_shape`` are at least 2-D (1-D operands already lifted); transposes apply to 2-D operands
+    only (Gemm).  ``compute`` is the twin's whole-node function.  ``a_perm``/``b_perm`` (MatMul's folded
+    transposes, not with ``trans_a``/``trans_b``): input ``i`` holds the source and the operand, of shape
+    ``a_shape``/``b_shape``, is ``numpy.transpose(source, perm)``.
+    """
+    if element_count(out_shape) == 0:
+        return OpPlan()
+    if (a_shape[-2] if trans_a else a_shape[-1]) == 0:
+        # K = 0: every output is epilogue(0 [+ beta * C]), which the twin computes; the GEMM/GEMV kernels would
+        # bind zero-length operands (a validation error on wgpu) or leave the output unwritten.
+        raise NotOnDevice(f"{op_type}: the inner dimension K is 0 (the output is the epilogue of zeros)")
+    if a_perm is not None or b_perm is not None:
+        if trans_a or trans_b:
+            raise ValueError("plan_gemm: folded transposes (a_perm/b_perm) do not combine with trans_a/trans_b")
+        return _plan_strided_gemm(
+            op_type, a_shape, b_shape, a_perm, b_perm, steps, out_shape, compute, inputs, outputs, caps
+        )
+    m = a_shape[-1] if trans_a else a_shape[-2]
+    k = a_shape[-2] if trans_a else a_shape[-1]
+    n = b_shape[-2] if trans_b else b_shape[-1]
+    a_batch, b_batch = a_shape[:-2], b_shape[:-2]
+    batch_shape = tuple(np.broadcast_shapes(a_batch, b_batch))
+    batch = element_count(batch_shape)
+    if element_count(b_batch) == 1 and not trans_a:
+        m, batch = m * element_count(a_batch), 1  # A's batch folds into its rows
+    if batch == 1 and m == 1 and k > 0:
+        return plan_gemv(
+            op_type,
+            n=n,
+            k=k,
+            layout="nk" if trans_b else "kn",
+            steps=steps,
+            out_shape=out_shape,
+            compute=compute,
+            inputs=inputs,
+            outputs=outputs,
+            caps=caps,
+        )
+
+    prelude = ""
+    a_base = b_base = ""
+    if batch > 1:
+        prelude += index_function("a_batch", batch_shape, broadcast_strides(a_batch, batch_shape))
+        prelude += index_function("b_batch", batch_shape, broadcast_strides(b_batch, batch_shape))
+        a_base = f"a_batch(b) * {m * k}u + "
+        b_base = f"b_batch(b) * {k * n}u + "
+    a_index = f"k * {m}u + m" if trans_a else f"m * {k}u + k"
+    b_index = f"n * {k}u + k" if trans_b else f"k * {n}u + n"
+    a_lifted, b_lifted = a_shape, b_shape
+
+    def operands(full: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+        a, b = full[0], full[1]
+        assert a is not None and b is not None
+        a, b = a.reshape(a_lifted), b.reshape(b_lifted)
+        if trans_a:
+            a = a.T
+        if trans_b:
+            b = b.T
+        if batch == 1:
+            return a.reshape(1, m, k), b.reshape(1, k, n)
+        a_full = np.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(batch, m, k)
+        b_full = np.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(batch, k, n)
+        return a_full, b_full
+
+    vectors = (not trans_a and k % 4 == 0, trans_a and m % 4 == 0, not trans_b and n % 4 == 0, trans_b and k % 4 == 0)
+    return _loaded_gemm(
+        op_type,
+        batch=batch,
+        m=m,
+        n=n,
+        k=k,
+        a_base=a_base,
+        b_base=b_base,
+        a_index=a_index,
+        b_index=b_index,
+        vectors=vectors,
+        prelude=prelude,
+        operands=operands,
+        steps=steps,
+        out_shape=out_shape,
+        compute=compute,
+        inputs=inputs,
+        outputs=outputs,
+        caps=caps,
+    )
+
+
+def _loaded_gemm(
+    op_type: str,
+    *,
+    batch: int,
+    m: int,
+    n: int,
+    k: int,
+    a_base: str,
+    b_base: str,
+    a_index: str,
+    b_index: str,
+    vectors: tuple[bool, bool, bool, bool],
+    prelude: str,
+    operands: Any,
+    steps: Sequence[EpilogueStep],
+    out_shape: tuple[int, ...],
+    compute: Any,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    caps: DeviceCaps,
+) -> OpPlan:
+    """The tiled GEMM over inputs 0 (A) and 1 (B) read at ``base + index`` (WGSL expressions in ``b``, ``m``,
+    ``k``, ``n``); ``vectors`` says which vec4 loaders are valid: (A along k, A along m, B along n, B along k)."""
+    a_in, b_in = Binding("input", 0), Binding("input", 1)
+    a_s, b_s = binding_name(a_in), binding_name(b_in)
+    a_v, b_v = binding_name(a_in, "vec4<f32>"), binding_name(b_in, "vec4<f32>")
+    a_vector = GemmLoad(f"    return {a_v}[({a_base}{a_index}) / 4u];", ((a_in, "vec4<f32>"),))
+    b_vector = GemmLoad(f"    return {b_v}[({b_base}{b_index}) / 4u];", ((b_in, "vec4<f32>"),))
+    a4k, a4m, b4n, b4k = vectors
+    problem = GemmProblem(
+        batch=batch,
+        m=m,
+        n=n,
+        k=k,
+        load_a=GemmLoad(f"    return {a_s}[{a_base}{a_index}];", ((a_in, "f32"),)),
+        load_b=GemmLoad(f"    return {b_s}[{b_base}{b_index}];", ((b_in, "f32"),)),
+        load_a4k=a_vector if a4k else None,
+        load_a4m=a_vector if a4m else None,
+        load_b4n=b_vector if b4n else None,
+        load_b4k=b_vector if b4k else None,
+        prelude=prelude,
+        operands=operands,
+    )
+    return plan_tiled_gemm(
+        op_type,
+        problem,
+        steps=steps,
+        out_shape=out_shape,
+        compute=compute,
+        inputs=inputs,
+        outputs=outputs,
+        caps=caps,
+    )
+
+
+def _plan_strided_gemm(
+    op_type: str,
+    a_shape: tuple[int, ...],
+    b_shape: tuple[int, ...],
+    a_perm: Perm | None,
+    b_perm: Perm | None,
+    steps: Sequence[EpilogueStep],
+    out_shape: tuple[int, ...],
+    compute: Any,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    caps: DeviceCaps,
+) -> OpPlan:
+    """:func:`plan_gemm` with operands read through folded transposes: every load goes through the operand's
+    element strides, vec4 loads only where the strides keep four neighbours together and aligned."""
+    sa, sb = _operand_strides(a_shape, a_perm), _operand_strides(b_shape, b_perm)
+    m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
+    a_batch, b_batch = a_shape[:-2], b_shape[:-2]
+    batch_shape = tuple(np.broadcast_shapes(a_batch, b_batch))
+    batch = element_count(batch_shape)
+    if element_count(b_batch) == 1 and _rows_merge(a_shape, sa):
+        m, batch = m * element_count(a_batch), 1  # A's batch folds into its rows
+    if batch == 1 and m == 1:
+        raise NotOnDevice(f"{op_type}: a one-row product (GEMV) reads its operands contiguously; keep the Transpose")
+
+    def batch_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
+        pad = len(batch_shape) - (len(shape) - 2)
+        own = [0 if size == 1 else stride for size, stride in zip(shape[:-2], strides[:-2])]
+        return [0] * pad + [
+            0 if size != out else stride for size, out, stride in zip(shape[:-2], batch_shape[pad:], own)
+        ]
+
+    prelude = ""
+    a_base = b_base = ""
+    a_offsets = b_offsets = [0]
+    if batch > 1:
+        a_offsets, b_offsets = batch_strides(a_shape, sa), batch_strides(b_shape, sb)
+        prelude += index_function("a_batch", batch_shape, a_offsets) + index_function("b_batch", batch_shape, b_offsets)
+        a_base, b_base = "a_batch(b) + ", "b_batch(b) + "
+    a_index = f"{_scaled('m', sa[-2])} + {_scaled('k', sa[-1])}"
+    b_index = f"{_scaled('k', sb[-2])} + {_scaled('n', sb[-1])}"
+
+    def aligned(*strides: int) -> bool:
+        return all(s % 4 == 0 for s in strides)
+
+    def operands(full: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+        a, b = full[0], full[1]
+        assert a is not None and b is not None
+        a, b = _view(a, a_perm), _view(b, b_perm)
+        if batch == 1:  # no batch, or A's batch folded into its rows
+            return a.reshape(1, m, k), b.reshape(1, k, n)
+        a_full = np.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(batch, m, k)
+        b_full = np.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(batch, k, n)
+        return a_full, b_full
+
+    vectors = (
+        sa[-1] == 1 and k % 4 == 0 and aligned(sa[-2], *a_offsets),
+        sa[-2] == 1 and m % 4 == 0 and aligned(sa[-1], *a_offsets),
+        sb[-1] == 1 and n % 4 == 0 and aligned(sb[-2], *b_offsets),
+        sb[-2] == 1 and k % 4 == 0 and aligned(sb[-1], *b_offsets),
+    )
+    return _loaded_gemm(
+        op_type,
+        batch=batch,
+        m=m,
+        n=n,
+        k=k,
+        a_base=a_base,
+        b_base=b_base,
+        a_index=a_index,
+        b_index=b_index,
+        vectors=vectors,
+        prelude=prelude,
+        operands=operands,
+        steps=steps,
+        out_shape=out_shape,
+        compute=compute,
+        inputs=inputs,
+        outputs=outputs,
+        caps=caps,
+    )
+
+
+@register
+class MatMul(Operator):
+    """MatMul-1/9/13 (numpy.matmul)."""
+
+    op_type = "MatMul"
+    since_version = 1
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        a, b = inputs[0], inputs[1]
+        assert a is not None and b is not None
+        if a.dtype != b.dtype:
+            raise UnsupportedOpError(f"MatMul: operand dtypes differ ({a.dtype}, {b.dtype}) at opset {self.opset}")
+        a_perm, b_perm = input_perms(attrs, [tuple(a.shape), tuple(b.shape)])
+        y = np.matmul(_view(a, a_perm), _view(b, b_perm))
+        shapes = [None if x is None else tuple(x.shape) for x in inputs]
+        steps = parse_epilogue("MatMul", attrs, 2, shapes, tuple(y.shape))
+        return [apply_epilogue(np.asarray(y, dtype=a.dtype), steps, inputs)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        a, b = inputs[0], inputs[1]
+        assert a is not None and b is not None
+        require_float32("MatMul", list(inputs) + list(outputs))
+        a_perm, b_perm = input_perms(attrs, [a.shape, b.shape])
+        a_logical, b_logical = _permuted(a.shape, a_perm), _permuted(b.shape, b_perm)
+        out_shape = matmul_output_shape(a_logical, b_logical)
+        shapes = [a_logical, b_logical] + [None if x is None else x.shape for x in inputs[2:]]
+        steps = parse_epilogue("MatMul", attrs, 2, shapes, out_shape)
+        a_shape = (1,) + a_logical if len(a_logical) == 1 else a_logical
+        b_shape = b_logical + (1,) if len(b_logical) == 1 else b_logical
+        return plan_gemm(
+            "MatMul",
+            a_shape=a_shape,
+            b_shape=b_shape,
+            trans_a=False,
+            trans_b=False,
+            steps=steps,
+            out_shape=out_shape,
+            compute=lambda full: self.reference(full, attrs, outputs),
+            inputs=inputs,
+            outputs=outputs,
+            caps=caps,
+            a_perm=a_perm,
+            b_perm=b_perm,
+        )

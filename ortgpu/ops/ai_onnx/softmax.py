@@ -1,0 +1,123 @@
+"""Softmax and LogSoftmax.
+
+Before opset 13 the input is coerced to 2-D at ``axis`` (default 1): the normalisation runs over all axes
+from ``axis`` on.  From opset 13 it runs over the single ``axis`` (default -1).  Either way the device kernel
+is a row kernel (:func:`._tiling.row_layout`) over those axes: row maximum, sum of exponentials, then the
+outputs, each pass combining through workgroup memory when several invocations share a row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ortgpu_core._errors import UnsupportedOpError
+
+from .._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo
+from .._registry import register
+from .._tiling import (
+    BindingTable,
+    require_float32,
+    row_kernel_header,
+    row_kernel_prologue,
+    row_layout,
+    single_kernel_plan,
+)
+
+__all__ = ["Softmax", "LogSoftmax"]
+
+
+class _SoftmaxBase(Operator):
+    log = False
+
+    def _axes(self, rank: int, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+        if self.opset >= 13:
+            axis = int(attrs.get("axis", -1))
+        else:
+            axis = int(attrs.get("axis", 1))
+        if axis < -rank or axis >= max(rank, 1):
+            raise UnsupportedOpError(f"{self.op_type}: axis {axis} out of range for rank {rank} (opset {self.opset})")
+        if rank == 0:
+            return ()
+        axis %= rank
+        return (axis,) if self.opset >= 13 else tuple(range(axis, rank))
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        x = inputs[0]
+        assert x is not None
+        axes = self._axes(x.ndim, attrs)
+        wide = x.astype(np.float64)
+        shifted = wide - np.max(wide, axis=axes, keepdims=True)
+        if self.log:
+            y = shifted - np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True))
+        else:
+            e = np.exp(shifted)
+            y = e / np.sum(e, axis=axes, keepdims=True)
+        return [y.astype(x.dtype)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        x = inputs[0]
+        assert x is not None
+        require_float32(self.op_type, [x] + list(outputs))
+        layout = row_layout(x.shape, self._axes(len(x.shape), attrs))
+        if layout.rows == 0 or layout.length == 0:
+            return OpPlan()
+        threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, self.op_type, loops=3)
+        table = BindingTable()
+        x_name = table.add(Binding("input", 0))
+        output = table.add(Binding("output", 0), writable=True)
+        value = "v - row_max - log(row_sum)" if self.log else "exp(v - row_max) / row_sum"
+        wgsl = f"""{table.declarations()}
+{helpers}
+{row_kernel_prologue(grid, rows_per_group)}
+    var m = -3.402823466e+38f;
+    if (valid) {{
+        for (var r = t; r < LENGTH; r = r + T) {{ m = max(m, {x_name}[base + row_offset(r)]); }}
+    }}
+    let row_max = wg_max(m, t, slot);
+    var s = 0.0;
+    if (valid) {{
+        for (var r = t; r < LENGTH; r = r + T) {{ s = s + exp({x_name}[base + row_offset(r)] - row_max); }}
+    }}
+    let row_sum = wg_sum(s, t, slot);
+    if (valid) {{
+        for (var r = t; r < LENGTH; r = r + T) {{
+            let i = base + row_offset(r);
+            let v = {x_name}[i];
+            {output}[i] = {value};
+        }}
+    }}
+}}
+"""
+        compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
+        return single_kernel_plan(self.op_type, wgsl, grid, table, compute, inputs, outputs, caps)
+
+
+@register
+class Softmax(_SoftmaxBase):
+    """Softmax-1/11/13."""
+
+    op_type = "Softmax"
+    since_version = 1
+
+
+@register
+class LogSoftmax(_SoftmaxBase):
+    """LogSoftmax-1/11/13."""
+
+    op_type = "LogSoftmax"
+    since_version = 1
+    log = True
