@@ -27,7 +27,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ortgpu_core
-from ortgpu import Env, InferenceSession, _profiling
+from ortgpu import Env, InferenceSession, _gpu_step_timer
 from ortgpu._profiling import RING_SLOTS
 from ortgpu_core import ArgumentTypeError, InvalidArgumentError, ValidationError
 from ortgpu_core.backends._commands import CommandList
@@ -770,8 +770,8 @@ def test_a_full_ring_is_read_once_and_replays_keep_their_order(
     with them).  With a ring of MIN_RING_SLOTS (4) slots (RING_BYTES made small): a replay_and_read, 2 replays and
     a replay_and_read (4 of 4 pending), 5 replays (the ring read on its own before the first), the trace (read for
     the last one).  The trace has every replay, in submission order, each span after the previous one."""
-    monkeypatch.setattr(_profiling, "RING_BYTES", 1)
-    monkeypatch.setattr(_profiling, "ASYNC_READS", False)
+    monkeypatch.setattr(_gpu_step_timer, "RING_BYTES", 1)
+    monkeypatch.setattr(_gpu_step_timer, "ASYNC_READS", False)
     with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "ring")) as sess:
         x_value, _, binding, graph = captured(sess)
         runner = sess._runner
@@ -798,7 +798,7 @@ def test_a_full_ring_is_read_once_and_replays_keep_their_order(
         runner._read_timestamps = counting_read  # type: ignore[method-assign]
         runner.submit = counting_submit  # type: ignore[method-assign]
         runner.submit_and_read = counting_submit_and_read  # type: ignore[method-assign]
-        slots = _profiling.MIN_RING_SLOTS
+        slots = _gpu_step_timer.MIN_RING_SLOTS
         assert slots == 4
         try:
             sess.start_profiling()

@@ -27,7 +27,7 @@ import onnxruntime
 import pytest
 
 import ortgpu_core
-from ortgpu import Env, InferenceSession, _profiling
+from ortgpu import Env, InferenceSession, _gpu_step_timer, _profiling
 from ortgpu._profiling import _LOST, GpuStepTimer, _GpuRun
 from ortgpu_core import DeviceError, DeviceLostError
 from ortgpu_core.backends._commands import CommandList
@@ -130,8 +130,8 @@ def assert_own_ticks(runs: list[_GpuRun], queries: int) -> None:
 @pytest.fixture
 def four_slots(monkeypatch: pytest.MonkeyPatch) -> int:
     """Rings of MIN_RING_SLOTS (4) slots: a read starts after 2 pending runs."""
-    monkeypatch.setattr(_profiling, "RING_BYTES", 1)
-    assert _profiling.MIN_RING_SLOTS == 4
+    monkeypatch.setattr(_gpu_step_timer, "RING_BYTES", 1)
+    assert _gpu_step_timer.MIN_RING_SLOTS == 4
     return 4
 
 
@@ -515,7 +515,7 @@ def test_timers_without_reads_that_do_not_wait(
     env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, four_slots: int
 ) -> None:
     """A device without read_async (ASYNC_READS off models it): the ring is read by a read that waits, when full."""
-    monkeypatch.setattr(_profiling, "ASYNC_READS", False)
+    monkeypatch.setattr(_gpu_step_timer, "ASYNC_READS", False)
     with InferenceSession(MODEL, env=env, graph_capture=True, profile_file_prefix=str(tmp_path / "p")) as sess:
         _, _, graph = captured(sess)
         calls = Calls(sess, monkeypatch)
