@@ -56,14 +56,16 @@ def _node_test_models() -> Iterator[tuple[bytes, dict[str, Any]]]:
         warnings.simplefilter("ignore")
         cases = loader.load_node_model_tests()
     for case in sorted(cases, key=lambda c: c.name):
-        if not case.data_sets:
+        model: Any = case.model
+        if model is None or not case.data_sets:
             continue
         inputs, _ = case.data_sets[0]
-        names = [value.name for value in case.model.graph.input]
-        feeds = {}
+        names = [value.name for value in model.graph.input]
+        feeds: dict[str, Any] = {}
         for name, value in zip(names, inputs):
-            feeds[name] = numpy_helper.to_array(value) if hasattr(value, "raw_data") else value
-        yield case.model.SerializeToString(), feeds
+            stored: Any = value  # a TensorProto, or already a numpy value
+            feeds[name] = numpy_helper.to_array(stored) if hasattr(stored, "raw_data") else stored
+        yield model.SerializeToString(), feeds
 
 
 def _shapes(model: Any, batch: int) -> dict[str, tuple[int, ...]]:
