@@ -12,13 +12,13 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import Operator
 
-__all__ = ["DOMAIN_PACKAGES", "register", "get_operator", "registered_op_types"]
+__all__ = ["DOMAIN_PACKAGES", "register", "register_row", "get_operator", "registered_op_types"]
 
 #: Domain as a model writes it (``""`` for ai.onnx) -> the subpackage of :mod:`ortgpu.ops` holding its operators.
 DOMAIN_PACKAGES = {
@@ -68,6 +68,33 @@ def register(cls: OperatorType) -> OperatorType:
     versions.append(cls)
     versions.sort(key=lambda c: c.since_version)
     return cls
+
+
+def register_row(
+    base: type[Operator], module: str, op_type: str, since_version: int, **attributes: Any
+) -> type[Operator]:
+    """Make and register the class of one row of an operator table: ``base`` with ``op_type``, ``since_version``
+    and ``attributes`` set, named after the operator and placed in ``module`` (the table's), so that a family of
+    same-shaped operators is one generic class and a table of rows rather than a class per operator.
+
+    Parameters
+    ----------
+    base
+        The family's generic class, which reads its row's values from class attributes.
+    module
+        ``__name__`` of the module holding the table.
+    op_type, since_version
+        The operator and the opset of its domain the row's implementation starts at.
+    **attributes
+        The row's other class attributes.
+
+    Returns
+    -------
+    type
+        The registered class.
+    """
+    namespace = {"op_type": op_type, "since_version": since_version, "__module__": module, **attributes}
+    return register(type(op_type, (base,), namespace))
 
 
 def _load_all() -> None:

@@ -3,7 +3,8 @@
 Outputs are bool tensors, one byte per element; the kernels write four
 elements (one ``u32`` word) per invocation.  int64 and uint64 inputs compare
 exactly on the device through both words of each element (a comparison needs
-no carries); every narrower integer type in its i32/u32 compute type.
+no carries); every narrower integer type in its i32/u32 compute type.  The comparisons are rows of
+:data:`COMPARISONS` over one class.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from .._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
-from .._registry import register
+from .._registry import register, register_row
 from .._wgsl import require_device_dtype
 from .._wgsl_kernels import Operand, elementwise_plan
 
-__all__ = ["ComparisonOperator", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not"]
+__all__ = ["ComparisonOperator", "COMPARISONS", "Not"]
 
 _DEVICE_DTYPES = (
     "float32",
@@ -99,46 +100,27 @@ class ComparisonOperator(Operator):
         return elementwise_plan(self.op_type, operands, outputs, expression, caps, function, inputs)
 
 
-@register
-class Equal(ComparisonOperator):
-    op_type = "Equal"
-    since_version = 1
-    symbol = "=="
-    allows_bool = True
-    allows_string = True
-    numpy_function = staticmethod(np.equal)
+#: The comparisons, one row each: (op type, first opset, WGSL operator, numpy function, bool inputs allowed).
+#: Equal alone also compares strings (on the host).
+COMPARISONS: tuple[tuple[str, int, str, Callable[..., Any], bool], ...] = (
+    ("Equal", 1, "==", np.equal, True),
+    ("Less", 1, "<", np.less, False),
+    ("Greater", 1, ">", np.greater, False),
+    ("LessOrEqual", 12, "<=", np.less_equal, False),
+    ("GreaterOrEqual", 12, ">=", np.greater_equal, False),
+)
 
-
-@register
-class Less(ComparisonOperator):
-    op_type = "Less"
-    since_version = 1
-    symbol = "<"
-    numpy_function = staticmethod(np.less)
-
-
-@register
-class Greater(ComparisonOperator):
-    op_type = "Greater"
-    since_version = 1
-    symbol = ">"
-    numpy_function = staticmethod(np.greater)
-
-
-@register
-class LessOrEqual(ComparisonOperator):
-    op_type = "LessOrEqual"
-    since_version = 12
-    symbol = "<="
-    numpy_function = staticmethod(np.less_equal)
-
-
-@register
-class GreaterOrEqual(ComparisonOperator):
-    op_type = "GreaterOrEqual"
-    since_version = 12
-    symbol = ">="
-    numpy_function = staticmethod(np.greater_equal)
+for _op_type, _since_version, _symbol, _function, _allows_bool in COMPARISONS:
+    register_row(
+        ComparisonOperator,
+        __name__,
+        _op_type,
+        _since_version,
+        symbol=_symbol,
+        numpy_function=staticmethod(_function),
+        allows_bool=_allows_bool,
+        allows_string=_op_type == "Equal",
+    )
 
 
 @register

@@ -3,7 +3,7 @@
 Before opset 7 these took a legacy ``broadcast`` attribute (with ``axis``); the
 default (no broadcasting: equal shapes) is supported, ``broadcast=1`` is refused.
 The device kernels compute in WGSL ``bool`` (one byte per element, four
-elements per invocation).
+elements per invocation).  The operators are rows of :data:`LOGICAL_OPERATORS` over one class.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from .._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
-from .._registry import register
+from .._registry import register_row
 from .._wgsl_kernels import Operand, elementwise_plan
 
-__all__ = ["LogicalOperator", "And", "Or", "Xor"]
+__all__ = ["LogicalOperator", "LOGICAL_OPERATORS"]
 
 
 class LogicalOperator(Operator):
@@ -66,25 +66,19 @@ class LogicalOperator(Operator):
         return elementwise_plan(self.op_type, operands, outputs, self.expression, caps, function, inputs)
 
 
-@register
-class And(LogicalOperator):
-    op_type = "And"
-    since_version = 1
-    expression = "x0 && x1"
-    numpy_function = staticmethod(np.logical_and)
+#: The logical operators, one row each: (op type, first opset, WGSL expression in ``x0`` and ``x1``, numpy function).
+LOGICAL_OPERATORS: tuple[tuple[str, int, str, Callable[..., Any]], ...] = (
+    ("And", 1, "x0 && x1", np.logical_and),
+    ("Or", 1, "x0 || x1", np.logical_or),
+    ("Xor", 1, "x0 != x1", np.logical_xor),
+)
 
-
-@register
-class Or(LogicalOperator):
-    op_type = "Or"
-    since_version = 1
-    expression = "x0 || x1"
-    numpy_function = staticmethod(np.logical_or)
-
-
-@register
-class Xor(LogicalOperator):
-    op_type = "Xor"
-    since_version = 1
-    expression = "x0 != x1"
-    numpy_function = staticmethod(np.logical_xor)
+for _op_type, _since_version, _expression, _function in LOGICAL_OPERATORS:
+    register_row(
+        LogicalOperator,
+        __name__,
+        _op_type,
+        _since_version,
+        expression=_expression,
+        numpy_function=staticmethod(_function),
+    )

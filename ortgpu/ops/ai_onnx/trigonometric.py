@@ -15,7 +15,8 @@ from arithmetic, ``sqrt``, ``exp`` and ``log`` alone:
 * asinh/acosh/atanh: :data:`LOG1P_WGSL` forms without cancellation near 0 (and near 1 for acosh);
   ``log(|x|) + log 2`` for large arguments, where ``x * x`` would overflow.
 
-The WGSL helpers (:data:`MATH_WGSL`) are shared with :mod:`ortgpu.ops.activations`.
+The operators are rows of :data:`TRIG_OPERATORS` over one class.  The WGSL helpers (:data:`MATH_WGSL`) are shared
+with :mod:`ortgpu.ops.ai_onnx.activations`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from .._kernel import TensorInfo
-from .._registry import register
+from .._registry import register_row
 from .._wgsl import INT64_WGSL, wgsl_float
 from .unary import UnaryOperator
 
@@ -37,17 +38,7 @@ __all__ = [
     "FloatUnary",
     "MATH_WGSL",
     "TRIG_WGSL",
-    "Cos",
-    "Sin",
-    "Tan",
-    "Acos",
-    "Asin",
-    "Atan",
-    "Cosh",
-    "Sinh",
-    "Acosh",
-    "Asinh",
-    "Atanh",
+    "TRIG_OPERATORS",
 ]
 
 
@@ -349,89 +340,21 @@ class _Trig(FloatUnary):
         return type(self).ufunc(x)
 
 
-@register
-class Sin(_Trig):
-    op_type = "Sin"
-    since_version = 7
-    function = "sin_f32"
-    ufunc = np.sin
+#: The trigonometric and hyperbolic operators, one row each: (op type, first opset, WGSL function of ``x0`` in
+#: :data:`TRIG_WGSL` / :data:`INVERSE_WGSL`, numpy ufunc of the reference).
+TRIG_OPERATORS: tuple[tuple[str, int, str, Any], ...] = (
+    ("Sin", 7, "sin_f32", np.sin),
+    ("Cos", 7, "cos_f32", np.cos),
+    ("Tan", 7, "tan_f32", np.tan),
+    ("Asin", 7, "asin_f32", np.arcsin),
+    ("Acos", 7, "acos_f32", np.arccos),
+    ("Atan", 7, "atan_f32", np.arctan),
+    ("Sinh", 9, "sinh_f32", np.sinh),
+    ("Cosh", 9, "cosh_f32", np.cosh),
+    ("Asinh", 9, "asinh_f32", np.arcsinh),
+    ("Acosh", 9, "acosh_f32", np.arccosh),
+    ("Atanh", 9, "atanh_f32", np.arctanh),
+)
 
-
-@register
-class Cos(_Trig):
-    op_type = "Cos"
-    since_version = 7
-    function = "cos_f32"
-    ufunc = np.cos
-
-
-@register
-class Tan(_Trig):
-    op_type = "Tan"
-    since_version = 7
-    function = "tan_f32"
-    ufunc = np.tan
-
-
-@register
-class Asin(_Trig):
-    op_type = "Asin"
-    since_version = 7
-    function = "asin_f32"
-    ufunc = np.arcsin
-
-
-@register
-class Acos(_Trig):
-    op_type = "Acos"
-    since_version = 7
-    function = "acos_f32"
-    ufunc = np.arccos
-
-
-@register
-class Atan(_Trig):
-    op_type = "Atan"
-    since_version = 7
-    function = "atan_f32"
-    ufunc = np.arctan
-
-
-@register
-class Sinh(_Trig):
-    op_type = "Sinh"
-    since_version = 9
-    function = "sinh_f32"
-    ufunc = np.sinh
-
-
-@register
-class Cosh(_Trig):
-    op_type = "Cosh"
-    since_version = 9
-    function = "cosh_f32"
-    ufunc = np.cosh
-
-
-@register
-class Asinh(_Trig):
-    op_type = "Asinh"
-    since_version = 9
-    function = "asinh_f32"
-    ufunc = np.arcsinh
-
-
-@register
-class Acosh(_Trig):
-    op_type = "Acosh"
-    since_version = 9
-    function = "acosh_f32"
-    ufunc = np.arccosh
-
-
-@register
-class Atanh(_Trig):
-    op_type = "Atanh"
-    since_version = 9
-    function = "atanh_f32"
-    ufunc = np.arctanh
+for _op_type, _since_version, _function, _ufunc in TRIG_OPERATORS:
+    register_row(_Trig, __name__, _op_type, _since_version, function=_function, ufunc=_ufunc)

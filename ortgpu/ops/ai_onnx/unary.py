@@ -1,44 +1,40 @@
 """Unary elementwise math: Sqrt Exp Log Neg Abs Reciprocal Relu LeakyRelu Sigmoid Tanh Erf Gelu
 HardSigmoid HardSwish.
 
-Each class pairs a numpy reference with a WGSL expression in ``x0`` (the
-input in its compute type, f32 for float32/float16) for
-:func:`~ortgpu.ops._wgsl_kernels.elementwise_kernel`.  Floating ops run on device for
-float32 and float16 (computed in f32); Neg, Abs and Relu also for every
-integer type (int64 exactly, on ``vec2<u32>`` pairs).
+The operators are rows of one table (:data:`UNARY_OPERATORS`): each row pairs a numpy reference with a WGSL
+expression in ``x0`` (the input in its compute type, f32 for float32/float16) for
+:func:`~ortgpu.ops._wgsl_kernels.elementwise_kernel`, and states the opset the operator starts at; one class per row
+is made from :class:`TableUnary` and registered.  Adding such an operator is adding a row (and its test).  Floating
+ops run on device for float32 and float16 (computed in f32); Neg, Abs and Relu also for every integer type (int64
+exactly, on ``vec2<u32>`` pairs).
+
+:class:`UnaryOperator` is the base of every one-input elementwise operator, including the families of
+:mod:`~ortgpu.ops.ai_onnx.trigonometric` and :mod:`~ortgpu.ops.ai_onnx.activations`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
 from .._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
-from .._registry import register
+from .._registry import register_row
 from .._wgsl import INT64_WGSL, require_device_dtype, wgsl_float
 from .._wgsl_kernels import Operand, elementwise_kernel, kernel_bindings
 
 __all__ = [
     "UnaryOperator",
-    "Sqrt",
-    "Exp",
-    "Log",
-    "Neg",
-    "Abs",
-    "Reciprocal",
-    "Relu",
-    "LeakyRelu",
-    "Sigmoid",
-    "Tanh",
-    "Erf",
-    "Gelu",
-    "HardSigmoid",
-    "HardSwish",
+    "UnaryRow",
+    "TableUnary",
+    "UNARY_OPERATORS",
     "ERF_WGSL",
+    "SIGMOID_WGSL",
+    "TANH_WGSL",
     "erf_numpy",
 ]
 
@@ -173,218 +169,180 @@ def _float(attrs: Mapping[str, Any], name: str, default: float) -> float:
     return float(value)
 
 
-@register
-class Sqrt(UnaryOperator):
-    op_type = "Sqrt"
-    since_version = 1
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        with np.errstate(invalid="ignore"):
-            return np.sqrt(x)
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return "sqrt(x0)"
-
-
-@register
-class Exp(UnaryOperator):
-    op_type = "Exp"
-    since_version = 1
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        with np.errstate(over="ignore"):
-            return np.exp(x)
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return "exp(x0)"
-
-
-@register
-class Log(UnaryOperator):
-    op_type = "Log"
-    since_version = 1
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.log(x)
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return "log(x0)"
-
-
-@register
-class Neg(UnaryOperator):
-    op_type = "Neg"
-    since_version = 1
-    device_dtypes = _FLOATS_AND_INTS
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        return np.negative(x)
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        # 0 - x wraps for i32::MIN as numpy does (unary minus on the literal would not be the point).
-        if dtype.kind == "f":
-            return "-x0"
-        return "0u - x0" if dtype.kind == "u" else "bitcast<i32>(0u - bitcast<u32>(x0))"
-
-    def pair_expression(self) -> str:
-        return "neg64(x0)"
-
-
-@register
-class Abs(UnaryOperator):
-    op_type = "Abs"
-    since_version = 1
-    device_dtypes = _FLOATS_AND_INTS
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        return np.abs(x)
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return "abs(x0)"
-
-    def pair_expression(self) -> str:
-        return "abs64(x0)"
-
-
-@register
-class Reciprocal(UnaryOperator):
-    op_type = "Reciprocal"
-    since_version = 1
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        with np.errstate(divide="ignore"):
-            return np.reciprocal(x)
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return "1.0 / x0"
-
-
-@register
-class Relu(UnaryOperator):
-    op_type = "Relu"
-    since_version = 1
-    device_dtypes = _FLOATS_AND_INTS
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        return np.maximum(x, np.zeros((), dtype=x.dtype))
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        if dtype.kind == "f":
-            return "max(x0, 0.0)"
-        return "x0" if dtype.kind == "u" else "max(x0, 0)"
-
-    def pair_expression(self) -> str:
-        return "select(x0, vec2<u32>(0u, 0u), is_negative64(x0))"
-
-
-@register
-class LeakyRelu(UnaryOperator):
-    op_type = "LeakyRelu"
-    since_version = 1
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        alpha = np.asarray(_float(attrs, "alpha", 0.01), dtype=x.dtype)
-        return np.where(x >= 0, x, x * alpha)
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return f"select(x0 * {wgsl_float(_float(attrs, 'alpha', 0.01))}, x0, x0 >= 0.0)"
-
-
-@register
-class Sigmoid(UnaryOperator):
-    op_type = "Sigmoid"
-    since_version = 1
-    helpers = SIGMOID_WGSL
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        e = np.exp(-np.abs(x))
-        return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return "sigmoid_f32(x0)"
-
-
-@register
-class Tanh(UnaryOperator):
-    op_type = "Tanh"
-    since_version = 1
-    helpers = TANH_WGSL
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        return np.tanh(x)
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return "tanh_f32(x0)"
-
-
-@register
-class Erf(UnaryOperator):
-    op_type = "Erf"
-    since_version = 9
-    helpers = ERF_WGSL
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        return erf_numpy(x)
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return "erf_f32(x0)"
-
-
-@register
-class Gelu(UnaryOperator):
-    """Gelu (opset 20): ``approximate="none"`` (erf form) or ``"tanh"``."""
-
-    op_type = "Gelu"
-    since_version = 20
-    helpers = ERF_WGSL + TANH_WGSL
-
-    def check_attrs(self, attrs: Mapping[str, Any]) -> None:
-        approximate = _approximate(attrs)
-        if approximate not in ("none", "tanh"):
-            raise UnsupportedOpError(f"Gelu (opset {self.opset}): approximate={approximate!r} is not supported")
-
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        wide = x.astype(np.float64)
-        if _approximate(attrs) == "tanh":
-            inner = math.sqrt(2.0 / math.pi) * (wide + 0.044715 * wide**3)
-            return 0.5 * wide * (1.0 + np.tanh(inner))
-        return 0.5 * wide * (1.0 + erf_numpy(wide / math.sqrt(2.0)))
-
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        if _approximate(attrs) == "tanh":
-            return "0.5 * x0 * (1.0 + tanh_f32(0.7978845608028654 * (x0 + 0.044715 * x0 * x0 * x0)))"
-        return "0.5 * x0 * (1.0 + erf_f32(x0 * 0.7071067811865476))"
-
-
 def _approximate(attrs: Mapping[str, Any]) -> str:
     value = attrs.get("approximate", "none")
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-@register
-class HardSigmoid(UnaryOperator):
-    op_type = "HardSigmoid"
-    since_version = 1
+#: A numpy reference of a unary row: ``(x, attrs) -> values`` (cast to ``x``'s dtype by the caller).
+UnaryNumpy = Callable[[np.ndarray, Mapping[str, Any]], Any]
+#: A WGSL expression in ``x0`` for the input's dtype and the node's attributes.
+UnaryWgsl = Callable[[np.dtype[Any], Mapping[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class UnaryRow:
+    """One unary operator of :data:`UNARY_OPERATORS`.
+
+    Attributes
+    ----------
+    op_type, since_version
+        The operator and the ai.onnx opset this implementation starts at (the registry picks it for models
+        importing that opset or later, until a row or class with a later ``since_version``).
+    numpy
+        The reference, ``(x, attrs) -> values``.
+    wgsl
+        The WGSL expression in ``x0``: a string, or ``(dtype, attrs) -> str`` where it depends on them.
+    device_dtypes
+        The dtype names the WGSL kernel accepts.
+    helpers
+        WGSL functions the expression calls.
+    int64_wgsl
+        The expression on an int64 ``x0`` read as ``vec2<u32>`` (see ``INT64_WGSL``); empty: no 64-bit kernel.
+    attribute_problem
+        ``attrs -> message`` for attribute values this implementation lacks (``None``: all are supported).
+    """
+
+    op_type: str
+    since_version: int
+    numpy: UnaryNumpy
+    wgsl: str | UnaryWgsl
+    device_dtypes: tuple[str, ...] = _FLOATS
+    helpers: str = ""
+    int64_wgsl: str = ""
+    attribute_problem: Callable[[Mapping[str, Any]], str | None] | None = None
+
+
+class TableUnary(UnaryOperator):
+    """The operator of one :class:`UnaryRow`: each row's registered class is this one with ``row`` set."""
+
+    row: ClassVar[UnaryRow]
 
     def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        alpha = np.asarray(_float(attrs, "alpha", 0.2), dtype=x.dtype)
-        beta = np.asarray(_float(attrs, "beta", 0.5), dtype=x.dtype)
-        return np.clip(x * alpha + beta, 0, 1)
+        return self.row.numpy(x, attrs)
 
     def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        alpha = wgsl_float(_float(attrs, "alpha", 0.2))
-        beta = wgsl_float(_float(attrs, "beta", 0.5))
-        return f"clamp(x0 * {alpha} + {beta}, 0.0, 1.0)"
+        wgsl = self.row.wgsl
+        return wgsl if isinstance(wgsl, str) else wgsl(dtype, attrs)
+
+    def pair_expression(self) -> str:
+        return self.row.int64_wgsl
+
+    def check_attrs(self, attrs: Mapping[str, Any]) -> None:
+        problem = self.row.attribute_problem(attrs) if self.row.attribute_problem else None
+        if problem:
+            raise UnsupportedOpError(f"{self.op_type} (opset {self.opset}): {problem}")
 
 
-@register
-class HardSwish(UnaryOperator):
-    op_type = "HardSwish"
-    since_version = 14
+def _quiet(ufunc: Callable[[np.ndarray], Any], **ignored: str) -> UnaryNumpy:
+    """``ufunc`` as a row's reference, with the floating-point warnings in ``ignored`` silenced (NaN and
+    infinity are the specified results there, not mistakes)."""
 
-    def compute(self, x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-        return x * np.clip(x * np.asarray(1.0 / 6.0, dtype=x.dtype) + np.asarray(0.5, dtype=x.dtype), 0, 1)
+    def compute(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
+        with np.errstate(**ignored):  # type: ignore[arg-type]
+            return ufunc(x)
 
-    def expression(self, dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-        return f"x0 * clamp(x0 * {wgsl_float(1.0 / 6.0)} + 0.5, 0.0, 1.0)"
+    return compute
+
+
+def _neg_wgsl(dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    # 0 - x wraps for i32::MIN as numpy does (unary minus on the literal would not be the point).
+    if dtype.kind == "f":
+        return "-x0"
+    return "0u - x0" if dtype.kind == "u" else "bitcast<i32>(0u - bitcast<u32>(x0))"
+
+
+def _relu_wgsl(dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    if dtype.kind == "f":
+        return "max(x0, 0.0)"
+    return "x0" if dtype.kind == "u" else "max(x0, 0)"
+
+
+def _leaky_relu(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
+    alpha = np.asarray(_float(attrs, "alpha", 0.01), dtype=x.dtype)
+    return np.where(x >= 0, x, x * alpha)
+
+
+def _sigmoid(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def _gelu(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
+    wide = x.astype(np.float64)
+    if _approximate(attrs) == "tanh":
+        inner = math.sqrt(2.0 / math.pi) * (wide + 0.044715 * wide**3)
+        return 0.5 * wide * (1.0 + np.tanh(inner))
+    return 0.5 * wide * (1.0 + erf_numpy(wide / math.sqrt(2.0)))
+
+
+def _gelu_wgsl(dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    if _approximate(attrs) == "tanh":
+        return "0.5 * x0 * (1.0 + tanh_f32(0.7978845608028654 * (x0 + 0.044715 * x0 * x0 * x0)))"
+    return "0.5 * x0 * (1.0 + erf_f32(x0 * 0.7071067811865476))"
+
+
+def _gelu_problem(attrs: Mapping[str, Any]) -> str | None:
+    """Gelu (opset 20) has ``approximate="none"`` (erf form) or ``"tanh"``."""
+    approximate = _approximate(attrs)
+    return None if approximate in ("none", "tanh") else f"approximate={approximate!r} is not supported"
+
+
+def _hard_sigmoid(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
+    alpha = np.asarray(_float(attrs, "alpha", 0.2), dtype=x.dtype)
+    beta = np.asarray(_float(attrs, "beta", 0.5), dtype=x.dtype)
+    return np.clip(x * alpha + beta, 0, 1)
+
+
+def _hard_sigmoid_wgsl(dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    alpha = wgsl_float(_float(attrs, "alpha", 0.2))
+    beta = wgsl_float(_float(attrs, "beta", 0.5))
+    return f"clamp(x0 * {alpha} + {beta}, 0.0, 1.0)"
+
+
+def _hard_swish(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
+    return x * np.clip(x * np.asarray(1.0 / 6.0, dtype=x.dtype) + np.asarray(0.5, dtype=x.dtype), 0, 1)
+
+
+#: The unary operators: one row each (op type, first opset, numpy reference, WGSL expression, and what differs).
+UNARY_OPERATORS: tuple[UnaryRow, ...] = (
+    UnaryRow("Sqrt", 1, _quiet(np.sqrt, invalid="ignore"), "sqrt(x0)"),
+    UnaryRow("Exp", 1, _quiet(np.exp, over="ignore"), "exp(x0)"),
+    UnaryRow("Log", 1, _quiet(np.log, invalid="ignore", divide="ignore"), "log(x0)"),
+    UnaryRow("Neg", 1, lambda x, attrs: np.negative(x), _neg_wgsl, _FLOATS_AND_INTS, int64_wgsl="neg64(x0)"),
+    UnaryRow("Abs", 1, lambda x, attrs: np.abs(x), "abs(x0)", _FLOATS_AND_INTS, int64_wgsl="abs64(x0)"),
+    UnaryRow("Reciprocal", 1, _quiet(np.reciprocal, divide="ignore"), "1.0 / x0"),
+    UnaryRow(
+        "Relu",
+        1,
+        lambda x, attrs: np.maximum(x, np.zeros((), dtype=x.dtype)),
+        _relu_wgsl,
+        _FLOATS_AND_INTS,
+        int64_wgsl="select(x0, vec2<u32>(0u, 0u), is_negative64(x0))",
+    ),
+    UnaryRow(
+        "LeakyRelu",
+        1,
+        _leaky_relu,
+        lambda dtype, attrs: f"select(x0 * {wgsl_float(_float(attrs, 'alpha', 0.01))}, x0, x0 >= 0.0)",
+    ),
+    UnaryRow("Sigmoid", 1, _sigmoid, "sigmoid_f32(x0)", helpers=SIGMOID_WGSL),
+    UnaryRow("Tanh", 1, lambda x, attrs: np.tanh(x), "tanh_f32(x0)", helpers=TANH_WGSL),
+    UnaryRow("Erf", 9, lambda x, attrs: erf_numpy(x), "erf_f32(x0)", helpers=ERF_WGSL),
+    UnaryRow("Gelu", 20, _gelu, _gelu_wgsl, helpers=ERF_WGSL + TANH_WGSL, attribute_problem=_gelu_problem),
+    UnaryRow("HardSigmoid", 1, _hard_sigmoid, _hard_sigmoid_wgsl),
+    UnaryRow(
+        "HardSwish", 14, _hard_swish, lambda dtype, attrs: f"x0 * clamp(x0 * {wgsl_float(1.0 / 6.0)} + 0.5, 0.0, 1.0)"
+    ),
+)
+
+for _row in UNARY_OPERATORS:
+    register_row(
+        TableUnary,
+        __name__,
+        _row.op_type,
+        _row.since_version,
+        row=_row,
+        device_dtypes=_row.device_dtypes,
+        helpers=_row.helpers,
+    )
