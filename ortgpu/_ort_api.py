@@ -85,12 +85,16 @@ class ExecutionOrder(enum.IntEnum):
 
 
 class OrtAllocatorType(enum.IntEnum):
+    """onnxruntime's allocator kinds, accepted where its API takes one (ortgpu's allocators are its own)."""
+
     INVALID = -1
     ORT_DEVICE_ALLOCATOR = 0
     ORT_ARENA_ALLOCATOR = 1
 
 
 class OrtMemType(enum.IntEnum):
+    """onnxruntime's memory kinds, accepted where its API takes one (``DEFAULT``: the device's own memory)."""
+
     CPU_INPUT = -2
     CPU_OUTPUT = -1
     CPU = -1
@@ -114,42 +118,53 @@ class OrtDevice:
 
     @staticmethod
     def cpu() -> int:
+        """The device type of the host."""
         return 0
 
     @staticmethod
     def cuda() -> int:
+        """onnxruntime's CUDA device type (the same number as :meth:`gpu`)."""
         return 1
 
     @staticmethod
     def gpu() -> int:
+        """The device type of a GPU: ortgpu's WebGPU devices have it."""
         return 1
 
     @staticmethod
     def fpga() -> int:
+        """onnxruntime's FPGA device type (no ortgpu device has it)."""
         return 2
 
     @staticmethod
     def npu() -> int:
+        """onnxruntime's NPU device type (no ortgpu device has it)."""
         return 3
 
     @staticmethod
     def dml() -> int:
+        """onnxruntime's DirectML device type (no ortgpu device has it)."""
         return 4
 
     @staticmethod
     def default_memory() -> int:
+        """The memory type of a device's own memory."""
         return 0
 
     def device_type(self) -> int:
+        """The device type (:meth:`cpu`, :meth:`gpu`, ...)."""
         return self._type
 
     def device_id(self) -> int:
+        """The device's index among devices of its type."""
         return self._id
 
     def device_mem_type(self) -> int:
+        """The memory type (:meth:`default_memory` for the device's own memory)."""
         return self._mem
 
     def device_vendor_id(self) -> int:
+        """The PCI vendor id given at construction (0 when none was)."""
         return self._vendor
 
     def __eq__(self, other: object) -> bool:
@@ -238,9 +253,18 @@ class SessionOptions:
 
     # -- config entries -------------------------------------------------------------
     def add_session_config_entry(self, key: str, value: str) -> None:
+        """Set a session config entry, as onnxruntime's.  ortgpu acts on ``session.disable_cpu_ep_fallback``
+        (``"1"``: refuse models with nodes the device cannot run); other keys are kept and have no effect."""
         self._config[str(key)] = str(value)
 
     def get_session_config_entry(self, key: str) -> str:
+        """The value set for ``key`` by :meth:`add_session_config_entry`.
+
+        Raises
+        ------
+        Fail
+            No value was set for ``key`` (onnxruntime's error).
+        """
         try:
             return self._config[key]
         except KeyError:
@@ -257,12 +281,27 @@ class SessionOptions:
     def add_external_initializers(
         self, names: Sequence[str], values: Sequence[OrtValue[Any] | npt.NDArray[Any]]
     ) -> None:
+        """:meth:`add_initializer` for each pair of ``names`` and ``values``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            The two sequences differ in length (nothing is added).
+        """
         if len(names) != len(values):
             raise InvalidArgumentError(f"add_external_initializers: {len(names)} names but {len(values)} values")
         for name, value in zip(names, values):
             self.add_initializer(name, value)
 
     def add_free_dimension_override_by_name(self, dim_name: str, dim_value: int) -> None:
+        """Fix the inputs' symbolic dimension named ``dim_name`` (e.g. "batch") to ``dim_value`` in sessions made
+        with these options.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``dim_value`` is negative.
+        """
         if int(dim_value) < 0:
             raise InvalidArgumentError(f"free dimension {dim_name!r}: size must be >= 0, got {dim_value}")
         self._free_dimensions[str(dim_name)] = int(dim_value)
@@ -274,6 +313,13 @@ class SessionOptions:
         self._free_denotations[str(dim_denotation)] = int(dim_value)
 
     def register_custom_ops_library(self, library_path: str) -> None:
+        """Refused: onnxruntime's custom-op libraries are native kernels for its C API, which ortgpu cannot run.
+
+        Raises
+        ------
+        UnsupportedOpError
+            Always.
+        """
         raise UnsupportedOpError(
             f"register_custom_ops_library({library_path!r}): ortgpu cannot load onnxruntime custom-op libraries "
             "(native kernels for onnxruntime's C API); models with custom-domain ops are refused at load"
@@ -296,16 +342,20 @@ class SessionOptions:
         return out
 
     def free_dimensions(self) -> dict[str, int]:
+        """A copy of the overrides by name (:meth:`add_free_dimension_override_by_name`)."""
         return dict(self._free_dimensions)
 
     def free_denotations(self) -> dict[str, int]:
+        """A copy of the overrides by denotation (:meth:`add_free_dimension_override_by_denotation`)."""
         return dict(self._free_denotations)
 
     def config_entries(self) -> dict[str, str]:
+        """A copy of every session config entry set."""
         return dict(self._config)
 
     @property
     def disables_cpu_fallback(self) -> bool:
+        """True when ``session.disable_cpu_ep_fallback`` is ``"1"``: sessions refuse nodes the device cannot run."""
         return self._config.get(DISABLE_CPU_FALLBACK_KEY, "0") == "1"
 
 
@@ -327,10 +377,12 @@ def get_device() -> str:
 
 
 def get_version_string() -> str:
+    """ortgpu's version, where onnxruntime returns its own."""
     return __version__
 
 
 def get_build_info() -> str:
+    """One line naming ortgpu's version, its device backend, the Python version and the OS."""
     return (
         f"ortgpu Build Info: version={__version__}, backend=wgpu-native (WGSL kernels), "
         f"python={platform.python_version()}, os={os.name}"

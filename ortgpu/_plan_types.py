@@ -111,10 +111,12 @@ class ExecutionPlan:
 
     @property
     def cpu_nodes(self) -> list[str]:
+        """The names of the nodes the plan runs on the host."""
         return [name for step in self.steps if step.placement == "cpu" for name in step.node_names]
 
     @property
     def capturable(self) -> bool:
+        """Whether every step runs on the device, so the plan's work can be recorded as a graph."""
         return not any(step.placement == "cpu" for step in self.steps)
 
     @property

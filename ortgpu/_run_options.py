@@ -48,6 +48,13 @@ class RunOptions:
             raise InvalidArgumentError(f"gpu_graph_id must be an integer string, got {value!r}") from None
 
     def get_run_config_entry(self, key: str) -> str:
+        """The value set for ``key`` (``gpu_graph_id``: the graph id as a string, ``""`` when none).
+
+        Raises
+        ------
+        InvalidArgumentError
+            No value was set for ``key``.
+        """
         if key != "gpu_graph_id":
             if key not in self._other_entries:
                 raise InvalidArgumentError(f"RunOptions does not have configuration with key: {key}")
@@ -84,6 +91,7 @@ class NodePlacement:
 
     @property
     def capturable(self) -> bool:
+        """Whether the node runs on the device: a graph can be captured only when every node can."""
         return self.placement == "webgpu"
 
 

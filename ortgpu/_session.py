@@ -273,10 +273,14 @@ class InferenceSession(NotCopyable):
     # -- settings and metadata -----------------------------------------------------------
     @property
     def graph_capture(self) -> bool:
+        """Whether the session was made with ``graph_capture=True`` (or onnxruntime's ``enableGraphCapture``), so
+        that ``capture()`` and ``run_with_iobinding(..., RunOptions(gpu_graph_id=N))`` record graphs."""
         return self._runner.graph_capture
 
     @property
     def allow_cpu_fallback(self) -> bool:
+        """Whether nodes the device cannot run may run on the host (numpy twins); when False such a model is
+        refused at load with ``UnsupportedOpError``."""
         return self._runner.allow_cpu_fallback
 
     @property
@@ -295,10 +299,12 @@ class InferenceSession(NotCopyable):
 
     @property
     def input_names(self) -> list[str]:
+        """The model's graph inputs (initializers excluded), in the model's order."""
         return self._runner.input_names
 
     @property
     def output_names(self) -> list[str]:
+        """The model's graph outputs, in the model's order (the order ``run(None, ...)`` returns them in)."""
         return self._runner.output_names
 
     @property
@@ -310,9 +316,24 @@ class InferenceSession(NotCopyable):
         return sorted(self._runner.model.value_dependent_inputs)
 
     def get_inputs(self) -> list[NodeArg]:
+        """Describe the model's inputs, as onnxruntime does.
+
+        Returns
+        -------
+        list of NodeArg
+            One per graph input, in the model's order: ``name``, ``type`` (e.g. ``"tensor(float)"``) and ``shape``
+            (ints, and strings for symbolic dimensions).
+        """
         return [_described(info) for info in self._runner.model.inputs]
 
     def get_outputs(self) -> list[NodeArg]:
+        """Describe the model's outputs, as onnxruntime does.
+
+        Returns
+        -------
+        list of NodeArg
+            One per graph output, in the model's order (``name``, ``type``, ``shape``).
+        """
         return [_described(info) for info in self._runner.model.outputs]
 
     def get_providers(self) -> list[str]:
@@ -344,9 +365,24 @@ class InferenceSession(NotCopyable):
         self._build(providers, provider_options, profiling)
 
     def get_session_options(self) -> SessionOptions:
+        """The :class:`SessionOptions` the session was made with (a default one when none was given).
+
+        Returns
+        -------
+        SessionOptions
+            The same object on every call; changing it after the session was made has no effect on the session.
+        """
         return self._sess_options
 
     def get_modelmeta(self) -> ModelMetadata:
+        """The model's metadata, as onnxruntime reports it.
+
+        Returns
+        -------
+        ModelMetadata
+            ``producer_name``, ``graph_name``, ``domain``, ``description``, ``version`` and the model's
+            ``custom_metadata_map``.
+        """
         return ModelMetadata(**self._runner.model.metadata)
 
     def get_overridable_initializers(self) -> list[NodeArg]:
@@ -413,6 +449,7 @@ class InferenceSession(NotCopyable):
     # -- lifetime --------------------------------------------------------------------
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` ran (or the session failed to finish loading); a closed session refuses work."""
         runner = getattr(self, "_runner", None)
         return runner is None or runner.closed
 
@@ -757,6 +794,7 @@ class InferenceSession(NotCopyable):
 
     @property
     def captured_graph_ids(self) -> list[int]:
+        """The ids of the graphs captured and not yet released, in ascending order."""
         return self._runner.graphs.ids()
 
 
