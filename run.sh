@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ortgpu's one entry point for a fresh Debian/Ubuntu machine:
 #   ./run.sh demo    set everything up, then build a small model, run it on the default device, print results and timings
-#   ./run.sh test    set everything up, then ruff (lint and format check) and the test suite (both backends)
+#   ./run.sh test    set everything up, then ruff and cython-lint, then the test suite (both backends, one worker per core)
 #   ./run.sh doctor  only say which system packages are missing (exit 1 if any)
 # Set-up (idempotent): system packages when missing (python3-venv, a C compiler, and mesa-vulkan-drivers when no
 # Vulkan driver is installed; installed when running as root, else the command to run is printed), a virtualenv in
@@ -81,8 +81,11 @@ case "${1:-}" in
     if [ $# -eq 0 ]; then  # the whole suite (CI): lint and format first, as configured in pyproject.toml
       "$VENV/bin/python" -m ruff check . && "$VENV/bin/python" -m ruff format --check . || {
         say "ruff found problems: fix them (ruff check --fix . && ruff format .) before the tests run"; exit 1; }
+      "$VENV/bin/cython-lint" ortgpu_core || { say "cython-lint found problems in the .pyx/.pxd files"; exit 1; }
     fi
-    exec "$VENV/bin/python" -m pytest -q "$@"
+    # One pytest worker per core (pytest-xdist), each worker taking tests from the others' queues when its own runs
+    # dry (tests differ a thousandfold in cost).  ORTGPU_TEST_WORKERS=0 runs everything in this one process.
+    exec "$VENV/bin/python" -m pytest -n "${ORTGPU_TEST_WORKERS:-auto}" --dist worksteal "$@"
     ;;
   *)
     echo "usage: ./run.sh demo [--backend wgpu|fake] | ./run.sh test [pytest args] | ./run.sh doctor" >&2
