@@ -16,7 +16,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from ortgpu_core.backends import _wgpu_encode_ahead, wgpu_native
+from ortgpu_core.backends import _wgpu_unsubmitted, wgpu_native
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BindingEntry
 from ortgpu_core.backends.wgpu_native import WgpuBackend, WgpuDevice
@@ -58,7 +58,7 @@ def test_the_submitted_flag_of_this_wgpu_native_is_known(device: WgpuDevice) -> 
     """The probe recognises the wgpu-native the package pins (29.x): encode-ahead stays on, and releases of
     unsubmitted command buffers set the flag."""
     assert wgpu_native.native_version().startswith("29.")
-    assert device.native_table.submitted_flag_offset == _wgpu_encode_ahead._SUBMITTED_FLAG_OFFSET == 16
+    assert device.native_table.submitted_flag_offset == _wgpu_unsubmitted.SUBMITTED_FLAG_OFFSET == 16
     assert device.encode_ahead
 
 
@@ -103,11 +103,32 @@ def test_encode_ahead_starts_off_where_the_flag_is_unknown(
 ) -> None:
     """A wgpu-native whose command buffers the probe does not recognise would leak one buffer per released
     graph: encode-ahead starts off on its devices (and can still be switched on by hand)."""
-    monkeypatch.setattr(_wgpu_encode_ahead, "_submitted_flag", -1)
+    monkeypatch.setattr(_wgpu_unsubmitted, "_probed", -1)
     device = backend.open_device(backend.default_adapter_index())
     try:
         assert device.native_table.submitted_flag_offset == -1
         assert device.encode_ahead is False
+    finally:
+        device.destroy()
+
+
+@pytest.mark.parametrize("why", ["switched off", "unknown version"])
+def test_the_flag_is_never_written_when_switched_off_or_on_an_unchecked_version(
+    backend: WgpuBackend, monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    """The write into wgpu-native's command buffer has a switch (ENABLED, or ORTGPU_UNSUBMITTED_FLAG_WRITE=0) and a
+    version check: with the switch off, or on a wgpu-native major version whose layout was not checked, the offset
+    is -1 without a probe, and encode-ahead starts off."""
+    if why == "switched off":
+        monkeypatch.setattr(_wgpu_unsubmitted, "ENABLED", False)
+    else:
+        monkeypatch.setattr(_wgpu_unsubmitted, "KNOWN_MAJOR_VERSIONS", frozenset({"0"}))
+    monkeypatch.setattr(_wgpu_unsubmitted, "_probed", None)
+    device = backend.open_device(backend.default_adapter_index())
+    try:
+        assert device.native_table.submitted_flag_offset == -1
+        assert device.encode_ahead is False
+        assert _wgpu_unsubmitted._probed is None  # nothing probed
     finally:
         device.destroy()
 

@@ -76,8 +76,9 @@ cdef inline void _release_unsubmitted(NativeTable table, void* command_buffer) n
     # wgpu-core side (its encoder, the driver's command buffers, its resource trackers: ~90 KB on lavapipe) on
     # release only when the flag its wgpuQueueSubmit sets is set; released unsubmitted, the buffer would stay in
     # wgpu-core's registry for the life of the instance.  Setting the flag first makes the release free it, as
-    # wgpu-core does for any dropped command buffer.  The flag's offset is probed by the wgpu backend
-    # (-1: not known, released as is).
+    # wgpu-core does for any dropped command buffer.  The offset is set only where
+    # backends._wgpu_unsubmitted.submitted_flag_offset allows the write (a switch, a version check, a probe);
+    # -1: never written, released as is.
     if table.submitted_flag >= 0:
         (<uint8_t*>command_buffer)[table.submitted_flag] = 1
     (<handle_fn>table.fn_release_command_buffer)(command_buffer)

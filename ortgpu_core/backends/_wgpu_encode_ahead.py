@@ -11,8 +11,8 @@ tail copies from or into, cancels it under the lock, or waits for it if another 
 (:meth:`_EncodeAhead._cancel_jobs`), so wgpu-native never encodes with a freed object.  Errors wgpu-native reports
 while encoding ahead (none for a validated list on a live device) are dropped with the buffer: the next submit encodes
 the list again, under the lock, and raises them to its caller.  Such a command buffer may be released unsubmitted, which wgpu-native 29 frees only when its
-"submitted" flag is set first: the flag's offset is probed once per process (:meth:`_EncodeAhead._probe_submitted_flag`),
-and where the probe fails ``encode_ahead`` starts off.
+"submitted" flag is set first: :mod:`~ortgpu_core.backends._wgpu_unsubmitted` decides whether that write is allowed
+(a switch, a version check and a probe), and where it is not ``encode_ahead`` starts off.
 
 Ownership: :class:`_EncodeAhead` is a layer of ``WgpuDevice`` (after ``_DeviceBase``, whose docstring describes
 the layers).  It owns ``_validated``, ``_validated_by_handle``, ``_list_staging`` and ``encode_ahead``, read and
@@ -21,7 +21,7 @@ own calls) takes the lock, and defers its work to the end of that call when it f
 encoding ahead (``_jobs``, their ``state`` and ``cancelled``) and what they encoded (``_ahead``,
 ``_ahead_lists``) are guarded by their own condition, ``_jobs_changed``: an encoding ahead keeps its command buffer
 without taking the device's lock (one acquisition less per replay); a submit or a release, which hold the device's
-lock, take it too.  The probed offset is per process: ``_submitted_flag``, guarded by ``_submitted_flag_lock``.
+lock, take it too.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from .._errors import DeviceError, OrtGpuError, ReleasedValueError
 from ._commands import CommandList
 from ._unlocked_calls import DONE, NOT_SUBMITTED, MapWait, UnlockedCalls
 from ._wgpu_device_base import _DeviceBase
+from ._wgpu_unsubmitted import probe_submitted_flag, submitted_flag_offset
 
 # What a submission appends to a command list, as a dictionary key: the records of its tail (submit_and_read's
 # copies into the staging buffer); () for none.
@@ -60,18 +61,6 @@ class _AheadJob:
         self.state = "pending"
         self.cancelled = False
         self.thread = 0
-
-
-# wgpu-native 29's command buffer object (the address a WGPUCommandBuffer holds is Rust's Arc data pointer):
-# {context: Arc<Global>, id: CommandBufferId, open: AtomicBool}, with the Arc's strong and weak counts in the 16
-# bytes before it.  Its wgpuQueueSubmit sets `open` (byte 16) and its release drops the command buffer from
-# wgpu-core's registry only when `open` is set, so a command buffer released unsubmitted is never freed (about
-# 90 KB each on lavapipe, +100 MB per 1000 graphs released with encode-ahead on).  The wgpu backend checks this
-# layout once per process (_probe_submitted_flag) before the command loop writes that byte (see
-# NativeTable.submitted_flag_offset).
-_SUBMITTED_FLAG_OFFSET = 16
-_submitted_flag: int | None = None  # the probed offset (-1: the layout is not the one above); None: not probed
-_submitted_flag_lock = threading.Lock()
 
 
 class _EncodeAhead(_DeviceBase):
@@ -103,55 +92,14 @@ class _EncodeAhead(_DeviceBase):
         self._jobs_changed = threading.Condition(threading.Lock())
 
     def _check_submitted_flag(self) -> None:
-        """Give the native table the offset of the "submitted" flag (probed once per process); where it is
-        unknown, start with ``encode_ahead`` off."""
-        self._native_table.submitted_flag_offset = self._submitted_flag_offset()
-        if self._native_table.submitted_flag_offset < 0:
-            # Each graph released with a command buffer encoded ahead would leak it (see _SUBMITTED_FLAG_OFFSET):
-            # off by default on a wgpu-native whose command buffers do not have the layout checked for.
-            self.encode_ahead = False
-
-    def _submitted_flag_offset(self) -> int:
-        """The offset of wgpu-native's "submitted" flag in its command buffer object, probed on the first device
-        opened in the process; -1 when the object does not have the expected layout."""
-        global _submitted_flag
-        with _submitted_flag_lock:
-            if _submitted_flag is None:
-                _submitted_flag = self._probe_submitted_flag()
-            return _submitted_flag
-
-    def _probe_submitted_flag(self) -> int:
-        """Submit one empty command buffer (kept alive by an extra reference) and check that the submit changed
-        exactly the expected byte, from 0 to 1, and that the object is an Arc's data (its strong count, in the 8
-        bytes 16 before it, goes from 2 to 1 as submit_encoded releases one reference)."""
-        ffi, lib = self._ffi, self._lib
-        address = CommandList().encode_native(self._native_table)
-        self._raise_pending("opening the device (probing wgpu-native's command buffers)")
-        if not address:
-            return -1
-        pointer = ffi.cast("WGPUCommandBuffer", address)
-        data = ffi.cast("uint8_t *", address)
-        strong = ffi.cast("uint64_t *", address - 16)
-        size = _SUBMITTED_FLAG_OFFSET + 8
-        # void wgpuCommandBufferAddRef(WGPUCommandBuffer commandBuffer)
-        lib.wgpuCommandBufferAddRef(pointer)
-        try:
-            counts_before = int(strong[0])
-            before = bytes(ffi.buffer(data, size))
-            self._native_table.submit_encoded(address)  # submits, then releases one reference
-            after = bytes(ffi.buffer(data, size))
-            counts_after = int(strong[0])
-        finally:
-            lib.wgpuCommandBufferRelease(pointer)
-        self._raise_pending("opening the device (probing wgpu-native's command buffers)")
-        changed = [i for i in range(size) if before[i] != after[i]]
-        expected = (
-            changed == [_SUBMITTED_FLAG_OFFSET]
-            and before[_SUBMITTED_FLAG_OFFSET] == 0
-            and after[_SUBMITTED_FLAG_OFFSET] == 1
-            and (counts_before, counts_after) == (2, 1)
+        """Give the native table the offset of wgpu-native's "submitted" flag, where writing it is allowed
+        (:func:`~ortgpu_core.backends._wgpu_unsubmitted.submitted_flag_offset`); where it is not, start with
+        ``encode_ahead`` off: each graph released with a command buffer encoded ahead would leak it."""
+        self._native_table.submitted_flag_offset = submitted_flag_offset(
+            lambda: probe_submitted_flag(self._ffi, self._lib, self._native_table, self._raise_pending)
         )
-        return _SUBMITTED_FLAG_OFFSET if expected else -1
+        if self._native_table.submitted_flag_offset < 0:
+            self.encode_ahead = False
 
     def _forget_validation(self, handle: int) -> None:
         """A handle is being released: forget the lists that use it, and what was encoded ahead (or is being
