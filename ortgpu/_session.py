@@ -1,39 +1,25 @@
 """InferenceSession: load an ONNX model, run it on a WebGPU device, capture and replay it.
 
-Names follow onnxruntime's Python API (``run``, ``run_with_ort_values``,
-``run_with_iobinding``, ``io_binding``, ``get_inputs``...), so porting is a
-change of import.  What is new is the safe capture workflow:
+Names follow onnxruntime's Python API, so porting is a change of import.  What is new is the safe capture
+workflow: ``session.capture(binding, graph_id)`` returns a :class:`CapturedGraph` that owns a frozen snapshot of the
+binding, pins its buffers and locks the binding until ``graph.release()``; ``run_with_iobinding(binding,
+RunOptions(gpu_graph_id=N))`` does the same in onnxruntime's spelling; every value passed in is checked against its
+provenance, and every value returned carries this session's.
 
-* ``session.capture(binding, graph_id)`` returns a :class:`CapturedGraph` that
-  owns a frozen snapshot of the binding, pins its buffers and locks the
-  binding it came from until ``graph.release()``;
-* ``run_with_iobinding(binding, RunOptions(gpu_graph_id=N))`` does the same
-  in onnxruntime's spelling: it captures graph N on its first call and
-  replays it afterwards, refusing any other binding until N is released;
-* every value passed in is checked against its provenance (session, device,
-  Env), and every value returned carries this session's provenance.
-
-Layout: this module holds the public API (construction, metadata, argument checks) and delegates the work
-to the session's :class:`~ortgpu._runner.SessionRunner` (plans, programs, buffers, runs, submission; what
-bindings and graphs call); the captured-graph registry, capture, replay checks and verify mode are in
-:mod:`ortgpu._capture`; the per-device pipeline caches and per-Env serial locks in
-:mod:`ortgpu._device_caches`; ``RunOptions``, ``NodeArg`` and ``NodePlacement`` in :mod:`ortgpu._run_options`;
-feeds and results converted between the user's values and host values in :mod:`ortgpu._host_io`; the Env,
-device and model options read in :mod:`ortgpu._session_setup`.
+Layout: this module holds the public API and delegates the work to the session's
+:class:`~ortgpu._runner.SessionRunner` (plans, programs, buffers, runs, submission).  Arguments are checked and
+converted in :mod:`ortgpu._run_arguments`; the Env and device chosen in :mod:`ortgpu._session_setup`; capture and
+the graph registry live in :mod:`ortgpu._capture`; asynchronous runs in :mod:`ortgpu._async_runs`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import itertools
 import os
-import threading
 import warnings
-from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar, overload
+from typing import Any, Awaitable, Iterator, Mapping, Sequence, overload
 
-import numpy as np
 import numpy.typing as npt
 
 from ortgpu_core import (
@@ -46,20 +32,16 @@ from ortgpu_core import (
     ProvenanceError,
     SessionAllocator,
     WebGPU,
-    get_env,
 )
-from ortgpu_core._binding import FrozenIOBinding, IOBinding
-from ortgpu_core._dlpack import SupportsDLPack, host_array, is_dlpack_producer
+from ortgpu_core._binding import IOBinding
+from ortgpu_core._dlpack import SupportsDLPack
 from ortgpu_core._errors import NotCopyable
 from ortgpu_core._graph import CapturedGraph
 
+from ._async_runs import RunAsyncCallback, _UserData, start_run_async
 from ._capture import check_graph_id
-from ._host_io import as_host_value, as_output, as_string_objects, list_as_array
-from ._host_values import (
-    is_optional_dtype,
-    is_structured_dtype,
-    optional_type_name,
-)
+from ._host_io import as_output
+from ._host_values import is_optional_dtype, is_structured_dtype, optional_type_name
 from ._ort_api import (
     CPU_PROVIDER,
     WEBGPU_PROVIDER,
@@ -71,33 +53,23 @@ from ._ort_api import (
     normalize_providers,
 )
 from ._profiling import DEFAULT_DETAIL_EVERY, ProfilingRecord, SessionProfiler, checked_detail_every
+from ._run_arguments import (
+    check_binding,
+    check_feeds,
+    graph_id_of,
+    host_feeds,
+    node_placement,
+    output_order,
+    refuse_graph_id,
+)
 from ._run_options import NodeArg, NodePlacement, RunOptions, _node_arg
 from ._runner import AnyBinding, AnyValue, SessionRunner
-from ._session_setup import config_from_model, cpu_env, device_from_options, save_loaded_model
+from ._session_setup import config_from_model, place_session, save_loaded_model
 from .loader._model import load_model
 
 __all__ = ["InferenceSession"]
 
 _session_ids = itertools.count(1)
-
-_UserData = TypeVar("_UserData")
-#: onnxruntime's ``run_async`` callback: ``callback(results, user_data, error)``.
-RunAsyncCallback = Callable[[Any, _UserData, Any], None]
-
-# The worker threads of run_async (both spellings): made on first use, shared by all sessions; a session's runs stay
-# serialized by the session, so the pool only bounds how many runs wait at once.
-_async_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_async_pool_guard = threading.Lock()
-
-
-def _run_async_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _async_pool
-    with _async_pool_guard:
-        if _async_pool is None:
-            _async_pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="ortgpu-run-async"
-            )
-        return _async_pool
 
 
 class InferenceSession(NotCopyable):
@@ -206,31 +178,13 @@ class InferenceSession(NotCopyable):
         profile: bool,
     ) -> None:
         """Choose the Env and device from the providers, load the model with the session options, plan."""
-        names, options = normalize_providers(providers, provider_options)
-        env, device = self._user_env, self._user_device
+        placement = place_session(providers, provider_options, self._user_env, self._user_device)
+        names, options = placement.provider_names, placement.provider_options
+        if placement.graph_capture:
+            self._settings["graph_capture"] = True  # onnxruntime's WebGPU provider option enableGraphCapture
         allow_cpu = bool(self._settings["allow_cpu_fallback"])
-        if WEBGPU_PROVIDER not in names:
-            # CPU alone: every node on the CPU, through the numpy twins of the kernels (the fake backend's device
-            # runs them on the host).  Slow; for checks and machines without a GPU.
-            if env is None:
-                env = cpu_env()
-            elif env.backend_name != "fake":
-                raise InvalidArgumentError(
-                    "providers=['CPUExecutionProvider'] runs the model on the host (numpy); the env= given is a "
-                    f"{env.backend_name!r} Env: drop env=, or add 'WebGpuExecutionProvider' to the providers"
-                )
-        # As onnxruntime appends its CPU provider to any list as the fallback, a list without it still lets nodes the
-        # device cannot run go to the CPU; allow_cpu_fallback=False or the config entry
-        # session.disable_cpu_ep_fallback=1 forbid that.
-        self.env: Env = env if env is not None else get_env()
-        webgpu_options = options[names.index(WEBGPU_PROVIDER)] if WEBGPU_PROVIDER in names else {}
-        if webgpu_options:
-            chosen = device_from_options(self.env, webgpu_options)
-            if device is None:
-                device = chosen
-            if webgpu_options.get("enableGraphCapture", "0").lower() in ("1", "true"):
-                self._settings["graph_capture"] = True  # onnxruntime's WebGPU provider option
-        self.device: Device = self.env.check_device(device if device is not None else self.env.default_device)
+        self.env: Env = placement.env
+        self.device: Device = placement.device
         self._providers = names
         self._provider_options = options
         opts = self._sess_options
@@ -419,32 +373,7 @@ class InferenceSession(NotCopyable):
         planned for its element shapes: give its value (a list of arrays) in ``input_values``; an optional input
         for its state: give its value (None for an empty one) there too.
         """
-        shapes = dict(input_shapes) if input_shapes is not None else {}
-        for info in self._runner.model.inputs:
-            if info.name not in shapes:
-                if not all(isinstance(d, int) for d in info.shape):
-                    raise InvalidArgumentError(
-                        f"input {info.name!r} has dynamic shape {list(info.shape)}: pass input_shapes={{...}} to say which shapes to plan for"
-                    )
-                shapes[info.name] = tuple(int(d) for d in info.shape)  # type: ignore[arg-type]
-        dtypes = {i.name: i.dtype for i in self._runner.model.inputs}
-        values: dict[str, np.ndarray] = {}
-        for name, value in (input_values or {}).items():
-            given = self._runner.input_infos.get(name)
-            if given is not None and is_structured_dtype(given.dtype):
-                values[name] = as_host_value(name, value, given.dtype)
-                dtypes[name] = values[name].dtype
-                shapes[name] = ()
-            else:
-                values[name] = np.asarray(value)
-        missing = [n for n, d in dtypes.items() if is_structured_dtype(d) and n not in values]
-        if missing:
-            raise InvalidArgumentError(
-                f"inputs {missing} are sequences or optionals: pass their values (lists of arrays; None for an empty "
-                "optional) in input_values, their element shapes decide the plan"
-            )
-        plan = self._runner.plan_for({k: tuple(v) for k, v in shapes.items()}, dtypes, values)
-        return [NodePlacement(*row) for row in plan.placement]  # type: ignore[arg-type]
+        return node_placement(self._runner, input_shapes, input_values)
 
     # -- lifetime --------------------------------------------------------------------
     @property
@@ -513,49 +442,6 @@ class InferenceSession(NotCopyable):
         return self._runner.allocator.empty(tuple(shape), element_type)
 
     # -- ordinary runs ---------------------------------------------------------------------
-    def _check_feeds(self, feeds: Mapping[str, object]) -> None:
-        if not isinstance(feeds, Mapping):
-            raise ArgumentTypeError(f"feeds must be a dict of input name -> value, got {type(feeds).__name__}")
-        missing = [name for name in self.input_names if name not in feeds]
-        extra = [name for name in feeds if name not in self._runner.input_infos]
-        if missing or extra:
-            parts = []
-            if missing:
-                # onnxruntime's wording first, so code matching its message keeps working.
-                parts.append(
-                    f"Required inputs ({missing}) are missing from input feed ({list(feeds)}): missing inputs {missing}"
-                )
-            if extra:
-                parts.append(f"unknown inputs {extra}")
-            raise InvalidArgumentError(f"{' and '.join(parts)}; the model's inputs are {self.input_names}")
-
-    def _output_order(self, output_names: Sequence[str] | None) -> list[str]:
-        if not output_names:  # None or [] (onnxruntime: every output)
-            return self.output_names
-        unknown = [name for name in output_names if name not in self._runner.output_infos]
-        if unknown:
-            raise InvalidArgumentError(f"unknown outputs {unknown}; the model's outputs are {self.output_names}")
-        return list(output_names)
-
-    @staticmethod
-    def _graph_id_of(run_options: RunOptions | None) -> int | None:
-        if run_options is None:
-            return None
-        if not isinstance(run_options, RunOptions):
-            raise ArgumentTypeError(f"run_options must be ortgpu.RunOptions, got {type(run_options).__name__}")
-        if run_options.terminate:
-            # onnxruntime's behaviour: a run whose options say terminate does not run.
-            raise Fail("Exiting due to terminate flag being set to true.")
-        return run_options.gpu_graph_id
-
-    def _refuse_graph_id(self, run_options: RunOptions | None, method: str) -> None:
-        graph_id = self._graph_id_of(run_options)
-        if graph_id is not None and graph_id != -1:
-            raise CaptureStateError(
-                f"{method} takes transient feeds, so it cannot capture or replay graph {graph_id}: bind fixed device "
-                f"values and call run_with_iobinding(binding, RunOptions(gpu_graph_id={graph_id})), or use gpu_graph_id=-1"
-            )
-
     def run(
         self,
         output_names: Sequence[str] | None,
@@ -568,28 +454,10 @@ class InferenceSession(NotCopyable):
         tensor (``__dlpack__``): a CPU one is read in place, a device one (CUDA...) through a host copy its producer
         makes (see Transfers in the README)."""
         self._runner.check_open("run")
-        self._refuse_graph_id(run_options, "run()")
-        self._check_feeds(input_feed)
-        order = self._output_order(output_names)
-        arrays: dict[str, np.ndarray] = {}
-        for name, array in input_feed.items():
-            if not isinstance(array, np.ndarray) and is_dlpack_producer(array):
-                array = host_array(
-                    array, f"input {name!r}"
-                )  # CPU tensors shared, device tensors copied by their producer
-            if is_structured_dtype(self._runner.input_infos[name].dtype):
-                arrays[name] = as_host_value(name, array, self._runner.input_infos[name].dtype)
-                continue
-            if isinstance(array, (list, tuple)):
-                # onnxruntime accepts nested lists: read as an array of the model input's dtype (what numpy makes of
-                # the list must convert exactly; a float list for an int input is refused, not truncated).
-                array = list_as_array(name, array, self._runner.input_infos[name].dtype)
-            if not isinstance(array, np.ndarray):
-                raise ArgumentTypeError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
-            if self._runner.input_infos[name].dtype == object and array.dtype.kind in "USV":
-                array = as_string_objects(array)  # a string input: numpy str/bytes arrays as object arrays of str
-            self._runner.check_info(name, self._runner.input_infos[name], array.dtype, tuple(array.shape), "input")
-            arrays[name] = array
+        refuse_graph_id(run_options, "run()")
+        check_feeds(self._runner, input_feed)
+        order = output_order(self._runner, output_names)
+        arrays = host_feeds(self._runner, input_feed)
         results = self._runner.run_arrays(arrays, order)
         # Sequence outputs come back as lists of arrays, optional ones as None or their element (copies: the run's
         # values are not shared).
@@ -603,9 +471,9 @@ class InferenceSession(NotCopyable):
     ) -> list[OrtValue[WebGPU]]:
         """Run on OrtValues; returns new session-owned device values (with this session's provenance)."""
         self._runner.check_open("run")
-        self._refuse_graph_id(run_options, "run_with_ort_values()")
-        self._check_feeds(input_dict_ort_values)
-        order = self._output_order(output_names)
+        refuse_graph_id(run_options, "run_with_ort_values()")
+        check_feeds(self._runner, input_dict_ort_values)
+        order = output_order(self._runner, output_names)
         for name, value in input_dict_ort_values.items():
             self._runner.check_value(value, f"input {name!r}")
             self._runner.check_info(name, self._runner.input_infos[name], value.dtype, tuple(value.shape()), "input")
@@ -655,25 +523,11 @@ class InferenceSession(NotCopyable):
         The feeds are read by the worker: do not modify them until the run completes.  Runs of one session are
         serialized (each waits for the previous); runs of different sessions proceed independently.
         """
-        pool = _run_async_pool()
-        if callback is None:
-            loop = asyncio.get_running_loop()
-            return loop.run_in_executor(pool, self.run, output_names, input_feed, run_options)
-        if not callable(callback):
-            raise ArgumentTypeError(
-                f"callback must be callable (results, user_data, error), got {type(callback).__name__}"
-            )
 
-        def work() -> None:
-            try:
-                results = self.run(output_names, input_feed, run_options)
-            except Exception as error:  # delivered to this caller's callback only
-                callback(None, user_data, error)
-                return
-            callback(results, user_data, "")
+        def run() -> list[Any]:
+            return self.run(output_names, input_feed, run_options)
 
-        pool.submit(work)
-        return None
+        return start_run_async(run, callback, user_data)
 
     # -- profiling ------------------------------------------------------------------------------
     @property
@@ -741,24 +595,12 @@ class InferenceSession(NotCopyable):
         return 0 if profiler is None else profiler.start_wall_ns
 
     # -- bindings, capture and replay ----------------------------------------------------------
-    def _check_binding(self, binding: object) -> AnyBinding:
-        if not isinstance(binding, (IOBinding, FrozenIOBinding)):
-            raise ArgumentTypeError(
-                f"expected an IOBinding or FrozenIOBinding from session.io_binding(), got {type(binding).__name__}"
-            )
-        if binding.session is not self:
-            raise ProvenanceError(
-                f"this binding belongs to session {binding.session_id}, not session {self.session_id}; "
-                f"create one with this session's io_binding()"
-            )
-        return binding
-
     def run_with_iobinding(self, iobinding: AnyBinding, run_options: RunOptions | None = None) -> None:
         """Run on a binding: an ordinary run (``gpu_graph_id=-1``), or capture/replay graph N."""
         runner = self._runner
         runner.check_open("run")
-        binding = self._check_binding(iobinding)
-        graph_id = self._graph_id_of(run_options)
+        binding = check_binding(self, self.session_id, iobinding)
+        graph_id = graph_id_of(run_options)
         if graph_id is None:
             graph_id = 0 if self.graph_capture else -1
         if graph_id == -1:
@@ -776,7 +618,7 @@ class InferenceSession(NotCopyable):
         """
         runner = self._runner
         runner.check_open("capture")
-        frozen = self._check_binding(binding)
+        frozen = check_binding(self, self.session_id, binding)
         check_graph_id(runner, graph_id)
         with runner.graphs.capture_lock:
             return runner.graphs.capture_locked(runner, self, frozen, graph_id)

@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
-from ortgpu_core import Device, Env, InvalidArgumentError
+from ortgpu_core import Device, Env, InvalidArgumentError, get_env
 
-from ._ort_api import ExecutionMode, GraphOptimizationLevel, SessionOptions
+from ._ort_api import (
+    WEBGPU_PROVIDER,
+    ExecutionMode,
+    GraphOptimizationLevel,
+    ProviderArg,
+    SessionOptions,
+    normalize_providers,
+)
 
 __all__ = ["cpu_env", "device_from_options", "save_loaded_model", "config_from_model"]
 
@@ -116,3 +124,55 @@ def config_from_model(source: object, options: SessionOptions) -> None:
             setattr(options, key, str(value))
         else:
             raise InvalidArgumentError(f"the model's ort_config sets {key!r}, which ortgpu does not know")
+
+
+@dataclass(frozen=True)
+class SessionPlacement:
+    """Where a session runs, as its provider list and its ``env=``/``device=`` arguments decide."""
+
+    env: Env
+    device: Device
+    provider_names: list[str]
+    provider_options: list[dict[str, str]]
+    #: The WebGPU provider's option ``enableGraphCapture`` was set (onnxruntime's spelling of ``graph_capture=True``).
+    graph_capture: bool
+
+
+def place_session(
+    providers: Sequence[ProviderArg] | None,
+    provider_options: Sequence[Mapping[str, Any]] | None,
+    env: Env | None,
+    device: Device | None,
+) -> SessionPlacement:
+    """Choose a session's Env and device from onnxruntime's provider list and ortgpu's own arguments.
+
+    Raises
+    ------
+    InvalidArgumentError
+        An unknown provider or option, a CPU-only provider list with a non-fake ``env``, or a ``deviceId`` that
+        names no device.
+    """
+    names, options = normalize_providers(providers, provider_options)
+    if WEBGPU_PROVIDER not in names:
+        # CPU alone: every node on the CPU, through the numpy twins of the kernels (the fake backend's device runs
+        # them on the host).  Slow; for checks and machines without a GPU.
+        if env is None:
+            env = cpu_env()
+        elif env.backend_name != "fake":
+            raise InvalidArgumentError(
+                "providers=['CPUExecutionProvider'] runs the model on the host (numpy); the env= given is a "
+                f"{env.backend_name!r} Env: drop env=, or add 'WebGpuExecutionProvider' to the providers"
+            )
+    # As onnxruntime appends its CPU provider to any list as the fallback, a list without it still lets nodes the
+    # device cannot run go to the CPU; allow_cpu_fallback=False or the config entry session.disable_cpu_ep_fallback=1
+    # forbid that.
+    chosen_env = env if env is not None else get_env()
+    webgpu_options = options[names.index(WEBGPU_PROVIDER)] if WEBGPU_PROVIDER in names else {}
+    capture = False
+    if webgpu_options:
+        chosen = device_from_options(chosen_env, webgpu_options)
+        if device is None:
+            device = chosen
+        capture = webgpu_options.get("enableGraphCapture", "0").lower() in ("1", "true")
+    chosen_device = chosen_env.check_device(device if device is not None else chosen_env.default_device)
+    return SessionPlacement(chosen_env, chosen_device, names, options, capture)
