@@ -36,8 +36,9 @@ from ortgpu_core import (
     ShapeError,
     WebGPU,
 )
+from ortgpu_core._layout import padded_size
 from ortgpu_core._replay import GraphSubmitter, PlainSubmitter, SerializedSubmitter
-from ortgpu_core._value import DeviceBuffer, padded_size
+from ortgpu_core._value import DeviceBuffer
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ._env cimport Device, Env
 from ._value cimport DeviceBuffer, Provenance, make_device_value
-from ._value import check_shape, padded_size
+from ._layout import check_shape, padded_size
 from ._dtypes import as_dtype, check_device_dtype
 from ._dlpack import host_array, is_dlpack_producer
 from ._errors import ArgumentTypeError, NotCopyable, ReleasedValueError, ShapeError

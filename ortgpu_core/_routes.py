@@ -52,7 +52,8 @@ from ._errors import (
     ShapeError,
     TransferRoutingError,
 )
-from ._value import OrtValue, padded_size
+from ._layout import padded_size
+from ._value import OrtValue
 from .backends._commands import CommandList
 from .backends.protocol import ForeignKind
 

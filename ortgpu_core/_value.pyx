@@ -17,7 +17,6 @@ no DLPack, no ``__array__``; reading is the explicit, synchronous
 
 import gc
 import itertools
-import os
 import types
 import warnings
 
@@ -40,6 +39,8 @@ from ._errors import (
 from ._dtypes import as_dtype, dtype_from_onnx, onnx_type_name
 from ._dtypes import onnx_element_type as _onnx_element_type_of
 from ._dlpack import host_array, is_dlpack_producer
+from ._layout import check_shape, padded_payload
+from ._layout import host_memory_bytes as _host_memory_bytes
 
 _generations = itertools.count(1)
 
@@ -50,22 +51,6 @@ class CPU:
 
 class WebGPU:
     """Placement marker: a value in a WebGPU device buffer (``OrtValue[WebGPU]``)."""
-
-
-def padded_size(Py_ssize_t nbytes):
-    """Bytes allocated for ``nbytes`` of data: a multiple of 4, at least 4."""
-    return max(4, (nbytes + 3) // 4 * 4)
-
-
-def padded_payload(data):
-    """``data`` (an array in C order, or bytes) as bytes zero-padded to a multiple of 4 (WebGPU writes whole words)."""
-    if isinstance(data, np.ndarray):
-        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    else:
-        raw = np.frombuffer(data, dtype=np.uint8)
-    if raw.nbytes % 4:
-        raw = np.concatenate([raw, np.zeros(padded_size(raw.nbytes) - raw.nbytes, np.uint8)])
-    return memoryview(raw)
 
 
 # no_gc_clear: when a buffer is reached only from a garbage reference cycle (a value kept in an exception's
@@ -304,14 +289,6 @@ cdef OrtValue make_cpu_value(object array):
     value._nbytes = array.nbytes
     value._released = False
     return value
-
-
-def _host_memory_bytes():
-    """Physical memory of this machine in bytes (a very large number where the platform cannot tell)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return 1 << 62
 
 
 def make_cpu_value_from(array):
@@ -629,20 +606,6 @@ cdef class OrtValue:
     def __repr__(self):
         state = " released" if self.released else ""
         return f"<OrtValue shape={list(self._shape)} dtype={self._dtype} {self.provenance!r}{state}>"
-
-
-def check_shape(shape):
-    """A tuple of non-negative ints from ``shape``, or ``ShapeError``."""
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        raise ShapeError(f"shape must be a sequence of ints, got {shape!r}") from None
-    for dim in dims:
-        if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)):
-            raise ShapeError(f"shape {list(dims)!r} has a non-integer dim {dim!r}; shapes are sequences of ints")
-        if dim < 0:
-            raise ShapeError(f"shape {list(dims)!r} has a negative dim; dims must be >= 0")
-    return tuple(int(d) for d in dims)
 
 
 def _default_allocator(device_type, int device_id):

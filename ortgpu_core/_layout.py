@@ -1,0 +1,56 @@
+"""How a value's data is laid out in a device buffer: sizes padded to whole words, payloads padded to match, and
+shapes checked before anything is allocated.
+
+WebGPU copies and writes whole 4-byte words, so every buffer holds its data padded to a multiple of 4 (at least 4:
+a zero-size buffer cannot be bound).  Pure Python; :mod:`ortgpu_core._value` re-exports these.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from ._errors import ShapeError
+
+__all__ = ["padded_size", "padded_payload", "check_shape", "host_memory_bytes"]
+
+
+def padded_size(nbytes: int) -> int:
+    """Bytes allocated for ``nbytes`` of data: a multiple of 4, at least 4."""
+    return max(4, (nbytes + 3) // 4 * 4)
+
+
+def padded_payload(data: npt.NDArray[Any] | bytes | bytearray | memoryview) -> memoryview:
+    """``data`` (an array in C order, or bytes) as bytes zero-padded to a multiple of 4 (WebGPU writes whole words)."""
+    if isinstance(data, np.ndarray):
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    else:
+        raw = np.frombuffer(data, dtype=np.uint8)
+    if raw.nbytes % 4:
+        raw = np.concatenate([raw, np.zeros(padded_size(raw.nbytes) - raw.nbytes, np.uint8)])
+    return memoryview(cast(Any, raw))  # (numpy arrays export the buffer protocol)
+
+
+def check_shape(shape: object) -> tuple[int, ...]:
+    """A tuple of non-negative ints from ``shape``, or ``ShapeError``."""
+    try:
+        dims: tuple[Any, ...] = tuple(cast(Iterable[Any], shape))
+    except TypeError:
+        raise ShapeError(f"shape must be a sequence of ints, got {shape!r}") from None
+    for dim in dims:
+        if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, (int, np.integer)):
+            raise ShapeError(f"shape {list(dims)!r} has a non-integer dim {dim!r}; shapes are sequences of ints")
+        if dim < 0:
+            raise ShapeError(f"shape {list(dims)!r} has a negative dim; dims must be >= 0")
+    return tuple(int(d) for d in dims)
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of this machine in bytes (a very large number where the platform cannot tell)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return 1 << 62
