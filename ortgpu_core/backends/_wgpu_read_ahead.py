@@ -47,7 +47,8 @@ from typing import Any, Sequence
 from .._errors import DeviceError, ValidationError
 from ._commands import CommandList
 from ._unlocked_calls import CLOSING, DONE, MAP_FAILED, NOT_SUBMITTED, WAIT_IDLE, MapWait
-from ._wgpu_readback import _ABANDONED_WAITS, _Readback, _Staging
+from ._wgpu_readback import _ABANDONED_WAITS, _Readback
+from ._wgpu_requests import _Staging
 from .protocol import BUFFER_ALIGNMENT, padded
 
 #: Ranges larger than this are not read ahead (their staging buffer would double the output's memory).

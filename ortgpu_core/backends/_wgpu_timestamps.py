@@ -45,7 +45,7 @@ from ._commands import CommandList
 from ._wgpu_device_base import _Handle, _serialized
 from ._wgpu_ffi import _string_view
 from ._wgpu_read_ahead import _ReadAheads
-from ._wgpu_readback import _Staging
+from ._wgpu_requests import _Staging
 from .protocol import MAX_QUERIES, QUERY_RESOLVE_ALIGNMENT, host_read_target
 
 # At most this many source buffers' staging preferences and cancelled reads' tokens are remembered (then forgotten
