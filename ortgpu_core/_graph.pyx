@@ -113,22 +113,22 @@ cdef class CapturedGraph:
     ``run_with_iobinding`` with ``RunOptions(gpu_graph_id=N)``).
     """
 
-    cdef readonly object graph_id
-    cdef readonly object label
+    cdef object _graph_id
+    cdef object _label
     cdef object _session  # the InferenceSession (the public .session)
     cdef object _owner  # its runner: a GraphOwner (ortgpu_core._owner), for the checks around a replay
     cdef FrozenIOBinding _binding  # None once released
     cdef object _origin_ref  # weak reference to the origin IOBinding, once released
     cdef object _work  # the ReplayWork (ortgpu_core._replay); None once released
     cdef object _submitter  # the GraphSubmitter its work goes through; swapped by the session (_use_submitter)
-    cdef readonly Py_ssize_t dispatch_count  # (kept after release, for repr)
-    cdef readonly Py_ssize_t command_count
+    cdef Py_ssize_t _dispatch_count  # (kept after release, for repr)
+    cdef Py_ssize_t _command_count
     cdef PinSet _pins
     cdef bint _released
     cdef object _lock  # serializes replay with release, so a replay never submits freed bind groups
     cdef object _guard  # None, or a callable raising CaptureStateError when the graph's decided inputs changed
     cdef object _failure  # None, or the DeviceError a replay's submission raised: the graph is failed
-    cdef readonly unsigned long long replays
+    cdef unsigned long long _replays
 
     # A copy would be a second owner of the pins, the lock on the binding and the recorded work: releasing it
     # would unpin and unlock while this graph still replays.
@@ -164,22 +164,22 @@ cdef class CapturedGraph:
         if not isinstance(work, ReplayWork):
             raise ArgumentTypeError(f"work must be a ReplayWork, got {type(work).__name__}")
         cdef CapturedGraph graph = CapturedGraph.__new__(CapturedGraph)
-        graph.graph_id = label.graph_id
-        graph.label = label
+        graph._graph_id = label.graph_id
+        graph._label = label
         graph._session = session
         graph._owner = owner
         graph._binding = binding
         graph._origin_ref = None
         graph._work = work
         graph._submitter = submitter
-        graph.dispatch_count = work.commands.dispatch_count
-        graph.command_count = len(work.commands)
+        graph._dispatch_count = work.commands.dispatch_count
+        graph._command_count = len(work.commands)
         graph._pins = pins
         graph._released = False
         graph._lock = threading.Lock()
         graph._guard = guard
         graph._failure = None
-        graph.replays = 0
+        graph._replays = 0
         return graph
 
     def _use_submitter(self, submitter):
@@ -199,6 +199,31 @@ cdef class CapturedGraph:
         return self._session
 
     @property
+    def graph_id(self):
+        """The graph's id in its session (``session.captured_graph(graph_id)``, ``RunOptions(gpu_graph_id=...)``)."""
+        return self._graph_id
+
+    @property
+    def label(self):
+        """The :class:`GraphLabel` naming this graph in pins, binding locks and messages."""
+        return self._label
+
+    @property
+    def replays(self):
+        """Replays submitted so far (verify-mode replays included; failed ones not)."""
+        return self._replays
+
+    @property
+    def dispatch_count(self):
+        """Compute dispatches recorded in the graph."""
+        return self._dispatch_count
+
+    @property
+    def command_count(self):
+        """Records (dispatches, copies, clears) in the graph."""
+        return self._command_count
+
+    @property
     def binding(self):
         """The :class:`FrozenIOBinding` this graph replays (``CaptureStateError`` once released)."""
         if self._binding is None:
@@ -210,6 +235,7 @@ cdef class CapturedGraph:
 
     @property
     def released(self):
+        """True once :meth:`release` ran (the graph can no longer be replayed)."""
         return self._released
 
     @property
@@ -288,7 +314,7 @@ cdef class CapturedGraph:
             except DeviceError as error:
                 self._fail(error)
                 raise
-            self.replays += 1
+            self._replays += 1
 
     cdef int _check_replayable(self) except -1:
         """The state guard of every replay (under ``_lock``): not released or failed, the session open, and the
@@ -344,7 +370,7 @@ cdef class CapturedGraph:
             except DeviceError as error:
                 self._fail(error)
                 raise
-            self.replays += 1
+            self._replays += 1
             # Synchronous already: a kernel that found invalid data (an index out of range) raises here.
             work.program.raise_data_errors()
         return arrays
@@ -369,7 +395,7 @@ cdef class CapturedGraph:
             except DeviceError as error:
                 self._fail(error)
                 raise
-            self.replays += 1
+            self._replays += 1
 
     def release(self):
         """Unpin the buffers, free the graph's own state and unlock its binding.
