@@ -1,6 +1,6 @@
 """The fused epilogue: elementwise steps a producer (MatMul, Gemm, Conv) applies to each output before storing it.
 
-The planner (:mod:`ortgpu._rewrites`) writes them as the ``_epilogue`` attribute (see :mod:`ortgpu.ops.matmul`
+The planner (:mod:`ortgpu._rewrites`) writes them as the ``_epilogue`` attribute (see :mod:`ortgpu.ops.ai_onnx.matmul`
 for the contract); :func:`parse_epilogue` checks it, :func:`apply_epilogue` is its numpy twin and
 :func:`epilogue_function` its WGSL.  The erf GELU needs an erf: :func:`erf` (numpy) and its WGSL twin.
 """

@@ -29,7 +29,7 @@ Generated WGSL never contains strings from the model (node or tensor names);
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -153,18 +153,32 @@ class OpPlan:
 
 
 class Operator:
-    """Base class of an operator implementation, registered by op type and first opset.
+    """Base class of an operator implementation, registered by domain, op type and the opset it starts at.
 
-    Subclasses set ``op_type`` and ``since_version`` and implement
-    ``reference``; ``plan`` may raise :class:`NotOnDevice`.
+    Subclasses set ``op_type`` and ``since_version`` (``domain`` too, outside ai.onnx) and implement
+    ``reference``; ``plan`` may raise :class:`NotOnDevice`.  As in onnx's reference evaluator, a class implements
+    its operator from ``since_version`` up to the next registered class's ``since_version``: where two versions
+    differ in shape (inputs, outputs, semantics) they are separate classes.  Where they differ by an attribute
+    that became an input, a default or an accepted value, one class covers them, names those versions in
+    ``opset_changes`` and reads ``self.opset``.
+
+    Parameters
+    ----------
+    opset
+        The version of the operator's domain the model imports (``get_operator`` passes it).
     """
 
-    op_type: str = ""
-    since_version: int = 1
-    domain: str = ""
-    #: The opset the model imports for this operator's domain (set by ``get_operator``);
-    #: lets one class handle versions whose differences are small (attribute vs input).
-    opset: int = 0
+    op_type: ClassVar[str] = ""
+    #: The opset of the domain this implementation starts at (required: the registry refuses a class without it).
+    since_version: ClassVar[int]
+    domain: ClassVar[str] = ""
+    #: The later versions of the operator within this class's range whose differences it handles by reading
+    #: ``self.opset`` (each an opset at which onnx changed the operator; a test checks them against onnx's schemas).
+    opset_changes: ClassVar[tuple[int, ...]] = ()
+
+    def __init__(self, opset: int = 0) -> None:
+        #: The opset the model imports for this operator's domain; fixed for the instance's life.
+        self.opset = opset
 
     def reference(
         self,

@@ -4,7 +4,9 @@ Operators live in one subpackage per domain (``ai_onnx``, ``ai_onnx_ml``, ``ai_o
 ``com_microsoft``; :data:`DOMAIN_PACKAGES`).  The registry imports every public module of those packages on first
 use, so adding an operator means adding a decorated class, never editing a list.  As onnx's reference evaluator
 does, each registered class states the domain opset it starts at (``since_version``) and :func:`get_operator`
-picks the highest one not above the model's opset for that domain.
+picks the highest one not above the model's opset for that domain; a class covers its operator up to the next
+class's ``since_version``, and names in ``opset_changes`` the versions in that range it tells apart by reading
+``self.opset`` (see :class:`~ortgpu.ops.Operator`).  :func:`version_ranges` lists what is registered.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._kernel import Operator
 
-__all__ = ["DOMAIN_PACKAGES", "register", "register_row", "get_operator", "registered_op_types"]
+__all__ = ["DOMAIN_PACKAGES", "register", "register_row", "get_operator", "registered_op_types", "version_ranges"]
 
 #: Domain as a model writes it (``""`` for ai.onnx) -> the subpackage of :mod:`ortgpu.ops` holding its operators.
 DOMAIN_PACKAGES = {
@@ -51,9 +53,15 @@ def register(cls: OperatorType) -> OperatorType:
     Raises
     ------
     ValueError
-        The domain has no package, the class lies outside it, or the (domain, op type, since_version) triple is
-        already registered (two classes would compete for the same opsets).
+        The class states no ``since_version``, its ``opset_changes`` do not rise above it, its domain has no
+        package, it lies outside that package, or its (domain, op type, since_version) is already registered (two
+        classes would compete for the same opsets).
     """
+    if "since_version" not in dir(cls):
+        raise ValueError(f"{cls.__qualname__}: a registered operator states the opset it starts at (since_version)")
+    changes = cls.opset_changes
+    if list(changes) != sorted(set(changes)) or (changes and changes[0] <= cls.since_version):
+        raise ValueError(f"{cls.__qualname__}: opset_changes {changes} must rise, above {cls.since_version}")
     package = DOMAIN_PACKAGES.get(cls.domain)
     if package is None:
         raise ValueError(f"{cls.__qualname__}: domain {cls.domain!r} has no package in ortgpu.ops.DOMAIN_PACKAGES")
@@ -116,6 +124,27 @@ def registered_op_types() -> list[str]:
     return sorted(op for (_, op) in _REGISTRY)
 
 
+def version_ranges(op_type: str, domain: str = "") -> list[tuple[type[Operator], int, int | None]]:
+    """The registered implementations of ``op_type``: (class, first opset, first opset of the next class or None).
+
+    Parameters
+    ----------
+    op_type
+        The operator name.
+    domain
+        Its domain; ``""`` and ``"ai.onnx"`` both name the default one.
+
+    Returns
+    -------
+    list
+        One entry per registered class, oldest first; empty when ortgpu does not implement the operator.
+    """
+    _load_all()
+    classes = _REGISTRY.get(("" if domain == "ai.onnx" else domain, op_type), [])
+    ends: list[int | None] = [c.since_version for c in classes[1:]]
+    return [(c, c.since_version, end) for c, end in zip(classes, ends + [None])]
+
+
 def get_operator(op_type: str, opset: int, domain: str = "") -> Operator:
     """The implementation of ``op_type`` for a model importing ``opset`` of its domain.
 
@@ -149,6 +178,4 @@ def get_operator(op_type: str, opset: int, domain: str = "") -> Operator:
             f"operator {op_type!r} at opset {opset} is not implemented (ortgpu implements it from opset "
             f"{candidates[0].since_version})"
         )
-    operator = applicable[-1]()
-    operator.opset = opset
-    return operator
+    return applicable[-1](opset)

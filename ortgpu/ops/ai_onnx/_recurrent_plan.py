@@ -1,4 +1,4 @@
-"""The device plans of RNN, GRU and LSTM: kernels from :mod:`ortgpu.ops._recurrent_wgsl` with their numpy twins.
+"""The device plans of RNN, GRU and LSTM: kernels from :mod:`ortgpu.ops.ai_onnx._recurrent_wgsl` with their numpy twins.
 
 Scratch buffers (float32): 0 ``xp`` ``[directions, seq, batch, gates*hidden]`` (the input projection with its
 biases), 1 the hidden state ``[directions, batch, hidden]``, 2 ``aux`` (LSTM's cell state, the peepholes, GRU's
@@ -67,7 +67,7 @@ Array = np.ndarray
 
 
 class _Recurrence(Protocol):
-    """What the plan's twins need of the operator (:class:`ortgpu.ops.recurrent._Recurrent`): its numpy
+    """What the plan's twins need of the operator (:class:`ortgpu.ops.ai_onnx.recurrent._Recurrent`): its numpy
     recurrence, so the twins compute as the reference does without this module importing the operator's."""
 
     def recur(

@@ -173,6 +173,8 @@ class ArgMax(_ArgReduce):
     """ArgMax-1/11/12/13 (select_last_index from 12)."""
 
     op_type = "ArgMax"
+    since_version = 1
+    opset_changes = (12,)
     largest = True
 
 
@@ -181,4 +183,6 @@ class ArgMin(_ArgReduce):
     """ArgMin-1/11/12/13 (select_last_index from 12)."""
 
     op_type = "ArgMin"
+    since_version = 1
+    opset_changes = (12,)
     largest = False

@@ -71,6 +71,7 @@ class BatchNormalization(_Checks):
 
     op_type = "BatchNormalization"
     since_version = 6
+    opset_changes = (14,)
 
     def reference(
         self,

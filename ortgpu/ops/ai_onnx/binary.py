@@ -126,6 +126,7 @@ class BinaryOperator(Operator):
 class Add(BinaryOperator):
     op_type = "Add"
     since_version = 1
+    opset_changes = (7,)
     pair_function = "add64"
     symbol = "+"
 
@@ -137,6 +138,7 @@ class Add(BinaryOperator):
 class Sub(BinaryOperator):
     op_type = "Sub"
     since_version = 1
+    opset_changes = (7,)
     pair_function = "sub64"
     symbol = "-"
 
@@ -148,6 +150,7 @@ class Sub(BinaryOperator):
 class Mul(BinaryOperator):
     op_type = "Mul"
     since_version = 1
+    opset_changes = (7,)
     pair_function = "mul64"
     symbol = "*"
 
@@ -159,10 +162,11 @@ class Mul(BinaryOperator):
 class Div(BinaryOperator):
     """Div; float32 on the device is correctly rounded, like numpy and onnxruntime's CPU: WGSL's ``/`` may be off by
     2.5 ulp (NVIDIA's Vulkan driver's was), which flipped a later Round (DynamicQuantizeLinear's expansion gave 25 for 26), so the
-    quotient is computed on the bits (:data:`~ortgpu.ops.quantize.EXACT_DIVISION_WGSL`)."""
+    quotient is computed on the bits (:data:`~ortgpu.ops.ai_onnx.quantize.EXACT_DIVISION_WGSL`)."""
 
     op_type = "Div"
     since_version = 1
+    opset_changes = (7,)
     symbol = "/"
 
     def expression(self, dtype: np.dtype[Any]) -> str:
@@ -275,6 +279,7 @@ class Pow(Operator):
 
     op_type = "Pow"
     since_version = 1
+    opset_changes = (7, 12)
 
     def reference(
         self,

@@ -61,6 +61,7 @@ def shift_array(x: np.ndarray, amount: np.ndarray, left: bool) -> np.ndarray:
 class BitShift(Operator):
     op_type = "BitShift"
     since_version = 11
+    opset_changes = (28,)
 
     def _left(self, attrs: Mapping[str, Any]) -> bool:
         direction = attrs.get("direction")

@@ -25,6 +25,7 @@ __all__ = ["Clip"]
 class Clip(Operator):
     op_type = "Clip"
     since_version = 1
+    opset_changes = (11,)
 
     def _bounds(self, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> tuple[Any, Any]:
         """(low, high) as given: attribute floats before opset 11, else the optional inputs (or None)."""

@@ -36,6 +36,7 @@ def _axis(attrs: Mapping[str, Any], rank: int, opset: int) -> int:
 class Concat(Operator):
     op_type = "Concat"
     since_version = 1
+    opset_changes = (4,)
 
     def reference(
         self,

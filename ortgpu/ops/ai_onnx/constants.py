@@ -36,6 +36,7 @@ class Shape(_PlanTimeOperator):
 
     op_type = "Shape"
     since_version = 1
+    opset_changes = (15,)
 
     def reference(
         self,

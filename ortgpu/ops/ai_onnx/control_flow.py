@@ -15,8 +15,8 @@ Limits: a Loop stops with a typed error past :data:`MAX_LOOP_ITERATIONS` iterati
 :data:`MAX_SCAN_OUTPUT_BYTES` of scan outputs (it may run while the model loads, folding constants).
 
 Loop-carried sequences and optionals, and branches returning them, are host values (boxes, see
-:mod:`ortgpu.ops.sequences` and :mod:`ortgpu.ops.optional`): the bodies pass them on as they are.  Map-typed values
-are refused with a typed error when the model loads.
+:mod:`ortgpu.ops.ai_onnx.sequences` and :mod:`ortgpu.ops.ai_onnx.optional`): the bodies pass them on as they are.
+Map-typed values are refused with a typed error when the model loads.
 """
 
 from __future__ import annotations

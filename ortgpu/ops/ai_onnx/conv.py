@@ -1,5 +1,5 @@
 """Conv (N-d reference; 1-D and 2-D on the device) with groups, strides, pads, auto_pad and dilations, and the
-fused epilogue of :mod:`ortgpu.ops.matmul` (extra inputs from index 3; the bias input 2 is added first).
+fused epilogue of :mod:`ortgpu.ops.ai_onnx.matmul` (extra inputs from index 3; the bias input 2 is added first).
 
 Device kernels: an implicit GEMM (``out[n, g, m, p] = sum_k W[g, m, k] * im2col(X)[n, g, k, p]`` on the tiled
 GEMM of :mod:`._tiling`, im2col computed on the fly while filling the shared-memory tile) when a group has

@@ -96,6 +96,7 @@ def _coordinates(shape: Sequence[int]) -> str:
 class DepthToSpace(Operator):
     op_type = "DepthToSpace"
     since_version = 1
+    opset_changes = (11,)
 
     def reference(
         self,
@@ -136,6 +137,7 @@ class DepthToSpace(Operator):
 class SpaceToDepth(Operator):
     op_type = "SpaceToDepth"
     since_version = 1
+    opset_changes = (28,)
 
     def reference(
         self,

@@ -84,6 +84,7 @@ def dft(
 class DFT(Operator):
     op_type = "DFT"
     since_version = 17
+    opset_changes = (20,)
 
     def reference(
         self,

@@ -30,6 +30,7 @@ class Dropout(Operator):
 
     op_type = "Dropout"
     since_version = 1
+    opset_changes = (7, 10, 12)
 
     def _ratio(self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> float:
         if self.opset >= 12:

@@ -1,5 +1,5 @@
 """Gemm: ``alpha * op(A) @ op(B) + beta * C`` with 2-D A and B, C broadcast to ``[M, N]`` (optional from
-opset 11), then the fused epilogue of :mod:`ortgpu.ops.matmul` (extra inputs from index 3)."""
+opset 11), then the fused epilogue of :mod:`ortgpu.ops.ai_onnx.matmul` (extra inputs from index 3)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ class Gemm(Operator):
 
     op_type = "Gemm"
     since_version = 1
+    opset_changes = (11,)
 
     def reference(
         self,

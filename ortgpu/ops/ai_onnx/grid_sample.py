@@ -145,6 +145,7 @@ class GridSample(Operator):
 
     op_type = "GridSample"
     since_version = 16
+    opset_changes = (20,)
 
     def _settings(self, x_rank: int, attrs: Mapping[str, Any]) -> tuple[str, str, bool]:
         names = {"bilinear": "linear", "bicubic": "cubic"} if self.opset < 20 else {}

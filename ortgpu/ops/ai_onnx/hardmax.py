@@ -29,24 +29,26 @@ from .._wgsl import (
 )
 from .arg_reduce import arg_extreme
 
-__all__ = ["Hardmax"]
+__all__ = ["Hardmax_1", "Hardmax"]
 
 
 @register
 class Hardmax(Operator):
-    """Hardmax-1/11 (2-D coercion at ``axis``) and 13 (along ``axis``)."""
+    """Hardmax-13: along ``axis`` (default -1)."""
 
     op_type = "Hardmax"
-    since_version = 1
+    since_version = 13
+    #: Opset 13 takes the maximum along ``axis`` alone; before, over the 2-D coercion at ``axis`` (default 1).
+    along_one_axis = True
 
     def _axes(self, rank: int, attrs: Mapping[str, Any]) -> tuple[int, ...]:
-        axis = int(attrs.get("axis", -1 if self.opset >= 13 else 1))
+        axis = int(attrs.get("axis", -1 if self.along_one_axis else 1))
         if rank == 0:
             raise UnsupportedOpError(f"{self.op_type}: a scalar input has no axis")
         if not -rank <= axis < rank:
             raise UnsupportedOpError(f"{self.op_type}: axis {axis} out of range for rank {rank} (opset {self.opset})")
         axis %= rank
-        return (axis,) if self.opset >= 13 else tuple(range(axis, rank))
+        return (axis,) if self.along_one_axis else tuple(range(axis, rank))
 
     def reference(
         self,
@@ -126,3 +128,11 @@ class Hardmax(Operator):
         twin = whole_op_twin(compute, bindings, inputs[:1], outputs)
         grid = grid_for(layout.rows, workgroup, caps.limits)
         return OpPlan(kernels=(KernelSpec(self.op_type, wgsl, grid, bindings, twin),))
+
+
+@register
+class Hardmax_1(Hardmax):
+    """Hardmax-1/11: over the 2-D coercion at ``axis`` (each row's maximum over ``axis`` and every later axis)."""
+
+    since_version = 1
+    along_one_axis = False

@@ -81,4 +81,5 @@ for _op_type, _since_version, _expression, _function in LOGICAL_OPERATORS:
         _since_version,
         expression=_expression,
         numpy_function=staticmethod(_function),
+        opset_changes=(7,),  # numpy broadcasting replaced the broadcast attribute
     )

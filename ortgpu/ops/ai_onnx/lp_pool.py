@@ -57,6 +57,7 @@ class LpPool(Operator):
 
     op_type = "LpPool"
     since_version = 1
+    opset_changes = (18,)
 
     def output_shapes(
         self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]

@@ -138,6 +138,7 @@ def mod_array(a: np.ndarray, b: np.ndarray, fmod: bool) -> np.ndarray:
 class Mod(Operator):
     op_type = "Mod"
     since_version = 10
+    opset_changes = (28,)
 
     def _fmod(self, attrs: Mapping[str, Any], dtype: np.dtype[Any]) -> bool:
         fmod = int(attrs.get("fmod", 0))

@@ -124,8 +124,7 @@ class OneHot(Operator):
             "}\n"
         )
         bindings = [Binding("input", 2), Binding("input", 0), Binding("output", 0)]
-        operator, attributes, depth_value = OneHot(), dict(attrs), np.asarray(constants[1])
-        operator.opset = self.opset
+        operator, attributes, depth_value = OneHot(self.opset), dict(attrs), np.asarray(constants[1])
 
         def function(value_array: np.ndarray, index_array: np.ndarray) -> np.ndarray:
             return operator.reference([index_array, depth_value, value_array], attributes, outputs)[0]

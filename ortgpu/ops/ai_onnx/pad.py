@@ -158,6 +158,7 @@ class Pad(Operator):
 
     op_type = "Pad"
     since_version = 1
+    opset_changes = (2, 11, 18, 19)
 
     def _settings(
         self, rank: int, attrs: Mapping[str, Any], values: Sequence[np.ndarray | None]

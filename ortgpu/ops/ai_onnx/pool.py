@@ -277,6 +277,7 @@ class AveragePool(Operator):
 
     op_type = "AveragePool"
     since_version = 1
+    opset_changes = (19,)
 
     def output_shapes(
         self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any]

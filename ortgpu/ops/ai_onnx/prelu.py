@@ -29,6 +29,7 @@ _DEVICE_DTYPES = ("float32", "float16", "int32", "uint32", "int64", "uint64")
 class PRelu(Operator):
     op_type = "PRelu"
     since_version = 1
+    opset_changes = (9,)
 
     def _check(self, x: np.ndarray | TensorInfo, slope: np.ndarray | TensorInfo) -> None:
         if x.dtype != slope.dtype:

@@ -220,6 +220,7 @@ def _check_parameters(op_type: str, scale: np.ndarray, zero_point: np.ndarray | 
 class QuantizeLinear(Operator):
     op_type = "QuantizeLinear"
     since_version = 10
+    opset_changes = (13, 23)
 
     def reference(
         self,
@@ -307,8 +308,7 @@ class QuantizeLinear(Operator):
         opset, attributes = self.opset, dict(attrs)
 
         def function(*arrays: np.ndarray) -> np.ndarray:
-            operator = QuantizeLinear()
-            operator.opset = opset
+            operator = QuantizeLinear(opset)
             return operator.reference(list(arrays), attributes, outputs)[0]
 
         return elementwise_plan(
@@ -320,6 +320,7 @@ class QuantizeLinear(Operator):
 class DequantizeLinear(Operator):
     op_type = "DequantizeLinear"
     since_version = 10
+    opset_changes = (13, 23)
 
     def reference(
         self,
@@ -398,8 +399,7 @@ class DequantizeLinear(Operator):
         opset, attributes = self.opset, dict(attrs)
 
         def function(*arrays: np.ndarray) -> np.ndarray:
-            operator = DequantizeLinear()
-            operator.opset = opset
+            operator = DequantizeLinear(opset)
             return operator.reference(list(arrays), attributes, outputs)[0]
 
         return elementwise_plan("DequantizeLinear", operands, outputs, f"{difference} * x1", caps, function, inputs)

@@ -197,8 +197,7 @@ class QLinearMatMul(Operator):
         # Every scaled sum must stay finite (WGSL need not produce infinities): |sum| < 2^31.
         if not np.isfinite(multiplier) or abs(float(multiplier)) * 2.0**31 >= 3.4e38:
             raise NotOnDevice("QLinearMatMul: a non-finite requantization multiplier runs on the CPU")
-        operator = QLinearMatMul()
-        operator.opset = self.opset
+        operator = QLinearMatMul(self.opset)
         names = constants
 
         def function(

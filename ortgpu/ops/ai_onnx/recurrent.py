@@ -17,11 +17,11 @@ last valid step (for the reverse direction, which starts at the sequence's last 
 sequence of length 0 has all-zero outputs, Y_h / Y_c included (as in onnxruntime).
 
 ``reference`` runs the steps in numpy in float64 (inputs widened once, outputs rounded once).  ``plan`` runs float32
-nodes on the device (:mod:`ortgpu.ops._recurrent_plan`, WGSL in :mod:`ortgpu.ops._recurrent_wgsl`): the input
-projection of every step in one kernel, then the recurrence in one persistent dispatch (a workgroup per direction
-and batch row, where the hidden size fits a workgroup) or one dispatch per step; ``sequence_lens`` is read at run
-time (invalid lengths make the run raise ``InvalidArgumentError``).  float16 nodes run there too where the device
-has ``shader-f16`` (computed in float32); float64 nodes, empty dimensions and invalid nodes run on the CPU
+nodes on the device (:mod:`ortgpu.ops.ai_onnx._recurrent_plan`, WGSL in :mod:`ortgpu.ops.ai_onnx._recurrent_wgsl`): the
+input projection of every step in one kernel, then the recurrence in one persistent dispatch (a workgroup per direction
+and batch row, where the hidden size fits a workgroup) or one dispatch per step; ``sequence_lens`` is read at run time
+(invalid lengths make the run raise ``InvalidArgumentError``).  float16 nodes run there too where the device has
+``shader-f16`` (computed in float32); float64 nodes, empty dimensions and invalid nodes run on the CPU
 (:class:`NotOnDevice`, with the reason).
 """
 
@@ -327,6 +327,7 @@ class RNN(_Recurrent):
 
     op_type = "RNN"
     since_version = 7
+    opset_changes = (14,)
     gates = 1
     default_activations = ("Tanh",)
 
@@ -350,6 +351,7 @@ class GRU(_Recurrent):
 
     op_type = "GRU"
     since_version = 7
+    opset_changes = (14,)
     gates = 3
     default_activations = ("Sigmoid", "Tanh")
 
@@ -383,6 +385,7 @@ class LSTM(_Recurrent):
 
     op_type = "LSTM"
     since_version = 7
+    opset_changes = (14,)
     gates = 4
     default_activations = ("Sigmoid", "Tanh", "Tanh")
     state_inputs = (5, 6)

@@ -9,7 +9,8 @@ axes enumerate rows, the reduced axes the elements of a row; a power-of-two team
 workgroup memory.  That kernel is float32; integer and bool inputs (ReduceSum/Max/Min/L1/SumSquare/Prod, int64
 exactly on ``vec2<u32>`` pairs), ReduceProd and max/min over an empty axis (the identity: -inf/+inf, the integer
 type's extremes) use :func:`plan_serial_reduction`, one invocation per output element looping over its row.
-ReduceLogSumExp's row kernel takes the row maximum first and sums ``exp(v - max)`` (no overflow).
+ReduceLogSumExp's row kernel takes the row maximum first and sums ``exp(v - max)`` (no overflow).  The operators
+are rows of :data:`REDUCTIONS` over one class.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from .._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
-from .._registry import register
+from .._registry import register_row
 from .._tiling import (
     BindingTable,
     RowLayout,
@@ -46,16 +47,7 @@ from .._wgsl import (
 )
 
 __all__ = [
-    "ReduceMean",
-    "ReduceSum",
-    "ReduceMax",
-    "ReduceMin",
-    "ReduceL1",
-    "ReduceL2",
-    "ReduceLogSum",
-    "ReduceLogSumExp",
-    "ReduceProd",
-    "ReduceSumSquare",
+    "REDUCTIONS",
     "plan_row_reduction",
     "plan_serial_reduction",
 ]
@@ -298,8 +290,8 @@ _NOOP_IS_IDENTITY = frozenset({"sum", "mean", "max", "min", "prod", "logsumexp"}
 
 
 class _Reduce(Operator):
-    """Shared by the four reductions: ``kind`` picks the combine, ``axes_input_since`` the opset where axes
-    moved from an attribute to input 1."""
+    """The class of every row of :data:`REDUCTIONS`: ``kind`` picks the combine, ``axes_input_since`` the opset
+    where axes moved from an attribute to input 1."""
 
     kind = "sum"
     axes_input_since = 18
@@ -437,82 +429,28 @@ def _extreme(dtype: np.dtype[Any], *, low: bool) -> Any:
     return info.min if low else info.max
 
 
-@register
-class ReduceSum(_Reduce):
-    """ReduceSum-1/11/13 (axes input from 13)."""
+#: The reductions, one row each: (op type, combine ``kind``, the opset where ``axes`` became input 1).  Every one
+#: starts at opset 1; the versions between differ by types and that move, which the one class tells apart.
+REDUCTIONS: tuple[tuple[str, str, int], ...] = (
+    ("ReduceSum", "sum", 13),
+    ("ReduceMean", "mean", 18),
+    ("ReduceMax", "max", 18),
+    ("ReduceMin", "min", 18),
+    ("ReduceL1", "l1", 18),  # sum of absolute values
+    ("ReduceL2", "l2", 18),  # square root of the sum of squares
+    ("ReduceLogSum", "logsum", 18),  # log of the sum
+    ("ReduceLogSumExp", "logsumexp", 18),  # log of the sum of exponentials
+    ("ReduceProd", "prod", 18),  # product (1 over an empty axis)
+    ("ReduceSumSquare", "sumsquare", 18),  # sum of squares
+)
 
-    op_type = "ReduceSum"
-    kind = "sum"
-    axes_input_since = 13
-
-
-@register
-class ReduceMean(_Reduce):
-    """ReduceMean-1/11/13/18 (axes input from 18)."""
-
-    op_type = "ReduceMean"
-    kind = "mean"
-
-
-@register
-class ReduceMax(_Reduce):
-    """ReduceMax-1/11/12/13/18/20 (axes input from 18)."""
-
-    op_type = "ReduceMax"
-    kind = "max"
-
-
-@register
-class ReduceMin(_Reduce):
-    """ReduceMin-1/11/12/13/18/20 (axes input from 18)."""
-
-    op_type = "ReduceMin"
-    kind = "min"
-
-
-@register
-class ReduceL1(_Reduce):
-    """ReduceL1-1/11/13/18 (axes input from 18): sum of absolute values."""
-
-    op_type = "ReduceL1"
-    kind = "l1"
-
-
-@register
-class ReduceL2(_Reduce):
-    """ReduceL2-1/11/13/18 (axes input from 18): square root of the sum of squares."""
-
-    op_type = "ReduceL2"
-    kind = "l2"
-
-
-@register
-class ReduceLogSum(_Reduce):
-    """ReduceLogSum-1/11/13/18 (axes input from 18): log of the sum."""
-
-    op_type = "ReduceLogSum"
-    kind = "logsum"
-
-
-@register
-class ReduceLogSumExp(_Reduce):
-    """ReduceLogSumExp-1/11/13/18 (axes input from 18): log of the sum of exponentials."""
-
-    op_type = "ReduceLogSumExp"
-    kind = "logsumexp"
-
-
-@register
-class ReduceProd(_Reduce):
-    """ReduceProd-1/11/13/18 (axes input from 18): product (1 over an empty axis)."""
-
-    op_type = "ReduceProd"
-    kind = "prod"
-
-
-@register
-class ReduceSumSquare(_Reduce):
-    """ReduceSumSquare-1/11/13/18 (axes input from 18): sum of squares."""
-
-    op_type = "ReduceSumSquare"
-    kind = "sumsquare"
+for _op_type, _kind, _axes_input_since in REDUCTIONS:
+    register_row(
+        _Reduce,
+        __name__,
+        _op_type,
+        1,
+        kind=_kind,
+        axes_input_since=_axes_input_since,
+        opset_changes=(_axes_input_since,),
+    )

@@ -65,6 +65,7 @@ class AliasOperator(Operator):
 class Reshape(AliasOperator):
     op_type = "Reshape"
     since_version = 5
+    opset_changes = (14,)
 
     def reference(
         self,

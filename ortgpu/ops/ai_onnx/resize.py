@@ -25,6 +25,7 @@ class Resize(Operator):
 
     op_type = "Resize"
     since_version = 10
+    opset_changes = (11, 13, 18, 19)
 
     def _config(
         self, x_shape: Sequence[int], attrs: Mapping[str, Any], values: Sequence[np.ndarray | None]

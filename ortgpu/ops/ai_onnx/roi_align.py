@@ -121,6 +121,7 @@ class RoiAlign(Operator):
 
     op_type = "RoiAlign"
     since_version = 10
+    opset_changes = (16,)
 
     def _settings(self, attrs: Mapping[str, Any]) -> tuple[str, int, int, int, float, bool]:
         mode = _text(attrs.get("mode"), "avg")

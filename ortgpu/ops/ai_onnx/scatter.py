@@ -24,7 +24,7 @@ every step), float max/min (NaN) and 64-bit reductions run on the CPU.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -132,6 +132,7 @@ def scatter_elements(
 class ScatterElements(Operator):
     op_type = "ScatterElements"
     since_version = 11
+    opset_changes: ClassVar[tuple[int, ...]] = (16, 18)
 
     def reference(
         self,
@@ -208,6 +209,7 @@ class Scatter(ScatterElements):
 
     op_type = "Scatter"
     since_version = 9
+    opset_changes = ()  # no reduction attribute: Scatter was deprecated (opset 11) before reductions came
 
     def reference(
         self,
@@ -224,6 +226,7 @@ class Scatter(ScatterElements):
 class ScatterND(Operator):
     op_type = "ScatterND"
     since_version = 11
+    opset_changes = (16, 18)
 
     def reference(
         self,

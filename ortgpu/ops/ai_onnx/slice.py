@@ -76,6 +76,7 @@ def _array(value: Any) -> list[int] | None:
 class Slice(Operator):
     op_type = "Slice"
     since_version = 1
+    opset_changes = (10,)
 
     def _arguments(
         self, inputs: Sequence[Any], attrs: Mapping[str, Any]

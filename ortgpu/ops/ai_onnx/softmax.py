@@ -25,23 +25,23 @@ from .._tiling import (
     single_kernel_plan,
 )
 
-__all__ = ["Softmax", "LogSoftmax"]
+__all__ = ["Softmax_1", "Softmax", "LogSoftmax_1", "LogSoftmax"]
 
 
 class _SoftmaxBase(Operator):
     log = False
+    #: From opset 13 the operator normalizes along ``axis`` alone (default -1); before, the input is coerced to 2-D
+    #: at ``axis`` (default 1) and each row normalized over ``axis`` and every later axis.
+    along_one_axis = True
 
     def _axes(self, rank: int, attrs: Mapping[str, Any]) -> tuple[int, ...]:
-        if self.opset >= 13:
-            axis = int(attrs.get("axis", -1))
-        else:
-            axis = int(attrs.get("axis", 1))
+        axis = int(attrs.get("axis", -1 if self.along_one_axis else 1))
         if axis < -rank or axis >= max(rank, 1):
             raise UnsupportedOpError(f"{self.op_type}: axis {axis} out of range for rank {rank} (opset {self.opset})")
         if rank == 0:
             return ()
         axis %= rank
-        return (axis,) if self.opset >= 13 else tuple(range(axis, rank))
+        return (axis,) if self.along_one_axis else tuple(range(axis, rank))
 
     def reference(
         self,
@@ -107,17 +107,36 @@ class _SoftmaxBase(Operator):
 
 
 @register
-class Softmax(_SoftmaxBase):
-    """Softmax-1/11/13."""
+class Softmax_1(_SoftmaxBase):
+    """Softmax-1/11: over the 2-D coercion at ``axis``."""
 
     op_type = "Softmax"
     since_version = 1
+    along_one_axis = False
+
+
+@register
+class Softmax(_SoftmaxBase):
+    """Softmax-13: along ``axis``."""
+
+    op_type = "Softmax"
+    since_version = 13
+
+
+@register
+class LogSoftmax_1(_SoftmaxBase):
+    """LogSoftmax-1/11: over the 2-D coercion at ``axis``."""
+
+    op_type = "LogSoftmax"
+    since_version = 1
+    log = True
+    along_one_axis = False
 
 
 @register
 class LogSoftmax(_SoftmaxBase):
-    """LogSoftmax-1/11/13."""
+    """LogSoftmax-13: along ``axis``."""
 
     op_type = "LogSoftmax"
-    since_version = 1
+    since_version = 13
     log = True

@@ -26,6 +26,7 @@ __all__ = ["Split"]
 class Split(Operator):
     op_type = "Split"
     since_version = 1
+    opset_changes = (13, 18)
 
     def _sizes(self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], dim: int, count: int) -> list[int]:
         if self.opset < 13:

@@ -78,6 +78,7 @@ class TopK(Operator):
 
     op_type = "TopK"
     since_version = 1
+    opset_changes = (10, 11)
 
     def _k(self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> int:
         if self.opset < 10:

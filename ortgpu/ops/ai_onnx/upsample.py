@@ -25,6 +25,7 @@ class Upsample(Operator):
 
     op_type = "Upsample"
     since_version = 7
+    opset_changes = (9,)
 
     def _config(self, x_shape: Sequence[int], attrs: Mapping[str, Any], scales: np.ndarray | None) -> ResizeConfig:
         if self.opset < 9:

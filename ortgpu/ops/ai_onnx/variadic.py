@@ -236,6 +236,7 @@ class _MinMax(VariadicOperator):
 class Max(_MinMax):
     op_type = "Max"
     since_version = 1
+    opset_changes = (8,)
     which = "max"
 
 
@@ -243,6 +244,7 @@ class Max(_MinMax):
 class Min(_MinMax):
     op_type = "Min"
     since_version = 1
+    opset_changes = (8,)
     which = "min"
 
 
@@ -270,12 +272,14 @@ class _Sum(VariadicOperator):
 class Sum(_Sum):
     op_type = "Sum"
     since_version = 1
+    opset_changes = (8,)
 
 
 @register
 class Mean(_Sum):
     op_type = "Mean"
     since_version = 1
+    opset_changes = (8,)
 
     def finish(self, total: np.ndarray, count: int) -> np.ndarray:
         return np.asarray(total / np.asarray(count, dtype=total.dtype))

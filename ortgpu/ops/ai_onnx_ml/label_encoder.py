@@ -46,6 +46,7 @@ class LabelEncoder(Operator):
     op_type = "LabelEncoder"
     domain = _ML_DOMAIN
     since_version = 1
+    opset_changes = (2, 4)
 
     def reference(
         self,
