@@ -441,7 +441,7 @@ def test_loop_nested_in_scan_reads_two_scopes_up(env: ortgpu_core.Env) -> None:
 def test_runaway_constant_loop_is_stopped_while_loading(monkeypatch: pytest.MonkeyPatch) -> None:
     """All inputs constant: the Loop is folded at load; a trip count of 2**63 - 1 with a condition that stays
     true stops at the iteration limit with a typed error instead of hanging the load."""
-    from ortgpu.ops import control_flow
+    from ortgpu.ops.ai_onnx import control_flow
 
     monkeypatch.setattr(control_flow, "MAX_LOOP_ITERATIONS", 50)
     body = oh.make_graph(

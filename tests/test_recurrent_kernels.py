@@ -23,7 +23,8 @@ from test_ops_recurrent import Case as OpCase
 
 import ortgpu
 import ortgpu_core
-from ortgpu.ops import _recurrent_plan, get_operator
+from ortgpu.ops import get_operator
+from ortgpu.ops.ai_onnx import _recurrent_plan
 
 F32 = np.float32
 NON_DEFAULT: dict[str, dict[str, list[Any]]] = {
