@@ -81,7 +81,9 @@ case "${1:-}" in
     if [ $# -eq 0 ]; then  # the whole suite (CI): lint and format first, as configured in pyproject.toml
       "$VENV/bin/python" -m ruff check . && "$VENV/bin/python" -m ruff format --check . || {
         say "ruff found problems: fix them (ruff check --fix . && ruff format .) before the tests run"; exit 1; }
-      "$VENV/bin/cython-lint" ortgpu_core || { say "cython-lint found problems in the .pyx/.pxd files"; exit 1; }
+      # cython-lint runs pycodestyle as a program: the virtualenv's bin must be on PATH.
+      PATH="$(cd "$VENV/bin" && pwd):$PATH" "$VENV/bin/cython-lint" ortgpu_core || {
+        say "cython-lint found problems in the .pyx/.pxd files"; exit 1; }
     fi
     # One pytest worker per core (pytest-xdist), each worker taking tests from the others' queues when its own runs
     # dry (tests differ a thousandfold in cost).  ORTGPU_TEST_WORKERS=0 runs everything in this one process.
