@@ -10,6 +10,7 @@ them (nothing waited for, as an unprofiled replay), else split per step and wait
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Protocol, Sequence, cast
 
 import numpy.typing as npt
@@ -55,7 +56,9 @@ class ProfiledReplay:
     """
 
     def __init__(self, host: ProfilingHost, unprofiled: GraphSubmitter) -> None:
-        self._host = host
+        # A proxy, not a reference: the runner holds this submitter, and a strong reference back would make a cycle
+        # that keeps the runner, its device and its buffers alive after close() until the cyclic collector runs.
+        self._host: ProfilingHost = weakref.proxy(host)
         self._unprofiled = unprofiled
 
     def replay(self, work: ReplayWork) -> None:

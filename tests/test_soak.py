@@ -167,3 +167,33 @@ def test_env_create_capture_close_cycles(backend_name: str) -> None:
 
     per_1000, figures, _, _ = growth_per_1000(cycle, 8, 40)
     _check(backend_name, "Env create/capture/close", per_1000, figures, 50.0)
+
+
+def test_a_closed_env_is_freed_without_the_cyclic_collector(backend_name: str) -> None:
+    """Closing an Env frees its session, runner, device and graph submitters by reference counting alone: a reference
+    cycle among them (the profiled submitter once pointed back at its runner) would keep the native device and its
+    memory alive until the cyclic collector happened to run, and RSS then swung by megabytes between Env cycles."""
+    import weakref
+
+    model = _model()
+    data = np.ones((BATCH, WIDTH), np.float32)
+    env = ortgpu.Env(backend=_backend(backend_name))
+    sess = ortgpu.InferenceSession(model, env=env, graph_capture=True)
+    x = sess.allocator.from_numpy(data)
+    y = sess.allocator.empty((BATCH, WIDTH), "float32")
+    binding = sess.io_binding()
+    binding.bind_input("X", x)
+    binding.bind_output("Y", y)
+    graph = sess.capture(binding, graph_id=0)
+    graph.replay()
+    runner = weakref.ref(sess._runner)
+    device = weakref.ref(env.default_device._native_device())
+    gc.collect()
+    gc.disable()
+    try:
+        env.close()
+        del env, sess, x, y, binding, graph
+        assert runner() is None, "the session's runner outlived its closed Env (a reference cycle)"
+        assert device() is None, "the backend device outlived its closed Env (a reference cycle)"
+    finally:
+        gc.enable()
