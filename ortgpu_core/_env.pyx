@@ -28,6 +28,17 @@ _BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0}
 
 EXECUTION_MODES = ("concurrent", "serialized")
 
+# What an Env needs from the layers above it, wired by the package (ortgpu_core/__init__.py) when it is imported:
+# the shared allocator's factory (ortgpu_core._allocator) and the route table's registration of a backend's own
+# tensor kinds (ortgpu_core._routes).  Both modules build on Env and Device, so this module never imports them.
+_services = {}
+
+
+def _connect(shared_allocator_factory, register_foreign_kind):
+    """Give the Env the allocator factory and the route registration it calls (the package does this once)."""
+    _services["shared_allocator"] = shared_allocator_factory
+    _services["register_foreign_kind"] = register_foreign_kind
+
 
 def _preference(info):
     return (_ADAPTER_RANK.get(info.adapter_type, 3), _BACKEND_RANK.get(info.backend_type, 1), info.index)
@@ -177,7 +188,7 @@ cdef class Env:
         foreign_kinds = getattr(self._backend, "foreign_kinds", None)
         if foreign_kinds is not None:
             # A backend's own tensor kinds (the fake backend's "other GPU") join the transfer route table.
-            from ._routes import register_foreign_kind
+            register_foreign_kind = _services["register_foreign_kind"]
             for kind in foreign_kinds():
                 register_foreign_kind(kind)
         adapters = sorted(self._backend.enumerate_adapters(), key=_preference)
@@ -234,14 +245,13 @@ cdef class Env:
         Its buffers may be bound by every session on the same device, and it
         is usable before any session exists.
         """
-        from ._allocator import SharedAllocator
         if device is None:
             device = self.default_device
         self.check_device(device)
         with self._lock:
             allocator = self._shared_allocators.get(id(device))
             if allocator is None:
-                allocator = SharedAllocator._create(self, device)
+                allocator = _services["shared_allocator"](self, device)
                 self._shared_allocators[id(device)] = allocator
         return allocator
 

@@ -42,6 +42,16 @@ from ._dlpack import host_array, is_dlpack_producer
 from ._layout import check_shape, padded_payload
 from ._layout import host_memory_bytes as _host_memory_bytes
 
+# The transfer route table (ortgpu_core._routes) routes between values, so it sits above this module; the
+# package wires its functions here when it is imported (ortgpu_core/__init__.py), and values never import it.
+_route_table = {}
+
+
+def _connect(run_transfer, endpoint):
+    """Give values the route table's ``run_transfer`` and ``endpoint`` (the package does this once)."""
+    _route_table["run_transfer"] = run_transfer
+    _route_table["endpoint"] = endpoint
+
 _generations = itertools.count(1)
 
 
@@ -546,16 +556,14 @@ cdef class OrtValue:
         self._check_usable("update the value")
         if not isinstance(array, np.ndarray):
             if not is_dlpack_producer(array) and not isinstance(array, OrtValue):
-                from ._routes import endpoint
                 try:
-                    endpoint(array)  # a registered foreign kind routes; anything else is refused here
+                    _route_table["endpoint"](array)  # a registered foreign kind routes; anything else is refused here
                 except ArgumentTypeError:
                     raise ArgumentTypeError(
                         f"update_inplace needs a numpy array (or a DLPack tensor) of dtype {self._dtype} and shape "
                         f"{list(self._shape)}, got {type(array).__name__}"
                     ) from None
-            from ._routes import run_transfer
-            run_transfer(array, self, False, "update_inplace")
+            _route_table["run_transfer"](array, self, False, "update_inplace")
             return
         if array.dtype != self._dtype:
             raise DtypeError(
@@ -587,8 +595,7 @@ cdef class OrtValue:
         DLPack tensor or a tensor of a registered foreign kind.  A copy from another WebGPU device (or another
         Env) is staged through the host, only when asked: ``allow_cross_device=True``; otherwise it raises
         ``TransferRoutingError``."""
-        from ._routes import run_transfer
-        run_transfer(source, self, bool(allow_cross_device), "copy_from")
+        _route_table["run_transfer"](source, self, bool(allow_cross_device), "copy_from")
 
     def release(self):
         """Free a device value's buffer now (CPU values drop their array).

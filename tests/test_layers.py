@@ -171,10 +171,6 @@ def _a_circle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
 #: Circles still in the tree, each with why it is there; the test fails on any other circle, and on an entry here
 #: that is no longer a circle (so the list only shrinks).  Each entry is a strongly connected component.
 KNOWN_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"ortgpu_core._allocator", "ortgpu_core._env", "ortgpu_core._routes", "ortgpu_core._value"}): (
-        "the Env creates its shared allocators and registers transfer routes, which the values and allocators "
-        "it owns call back into (function-level imports); the core's restructuring (issue 35, point 1) owns it"
-    ),
     frozenset(
         {
             "ortgpu_core.backends._fake_device_base",
