@@ -170,19 +170,7 @@ def _a_circle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
 
 #: Circles still in the tree, each with why it is there; the test fails on any other circle, and on an entry here
 #: that is no longer a circle (so the list only shrinks).  Each entry is a strongly connected component.
-KNOWN_CIRCLES: dict[frozenset[str], str] = {
-    frozenset(
-        {
-            "ortgpu_core.backends._fake_device_base",
-            "ortgpu_core.backends._fake_execution",
-            "ortgpu_core.backends._fake_wgsl",
-            "ortgpu_core.backends.fake",
-        }
-    ): (
-        "the fake device's mixin parts name each other's types (TYPE_CHECKING imports); the device by composition "
-        "(issue 35, point 2) removes it"
-    ),
-}
+KNOWN_CIRCLES: dict[frozenset[str], str] = {}
 
 
 def test_the_graph_sees_function_level_relative_and_cython_imports() -> None:

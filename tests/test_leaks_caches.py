@@ -119,7 +119,7 @@ def test_fake_pipelines_and_records_return_to_baseline_after_sessions_close() ->
         _run_tiny(env).close()  # warm-up: the device is open
         gc.collect()
         (device,) = backend.devices
-        baseline = (len(device._pipelines), env.live_handles(), len(backend._records))
+        baseline = (len(device._pipelines), env.live_handles(), backend._handles.live_count)
         for _ in range(30):
             sess = ortgpu.InferenceSession(_model(), env=env, graph_capture=True)
             x = sess.allocator.from_numpy(np.ones((1, WIDTH), np.float32))
@@ -132,13 +132,13 @@ def test_fake_pipelines_and_records_return_to_baseline_after_sessions_close() ->
             sess.close()
             del sess, binding, x, y
         gc.collect()
-        assert (len(device._pipelines), env.live_handles(), len(backend._records)) == baseline
+        assert (len(device._pipelines), env.live_handles(), backend._handles.live_count) == baseline
         # freed handles are remembered up to FREED_RECORDS_KEPT of them (to name stale ones), no more
         assert backend.handle_records <= baseline[2] + FREED_RECORDS_KEPT
         cache = _device_caches._pipeline_caches[device]
         assert len(cache) == len(device._pipelines)
     # devices closed: the backend holds no record of a live handle, and no destroyed device nobody references
-    assert len(backend._records) == 0 and backend.live_handles() == 0
+    assert backend._handles.live_count == 0 and backend.live_handles() == 0
     del device, cache
     gc.collect()
     assert backend.devices == ()

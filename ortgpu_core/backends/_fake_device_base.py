@@ -1,34 +1,41 @@
 """What every part of a :class:`~ortgpu_core.backends.fake.FakeDevice` shares: its state (usable, lost or
-destroyed), its counters, and its objects and handle table, with the checks that name a stale handle.
+destroyed), its counters, and its objects, with the checks that name a stale handle.
 
 The fake device is built in layers: :class:`_FakeDeviceBase` (here), then ``_FakeExecution``
 (:mod:`._fake_execution`: queue writes, reads and submitted commands), and ``FakeDevice`` itself
 (:mod:`.fake`: creating and freeing objects, lifetime).  :class:`_FakeDeviceBase` owns the object tables
 (``_buffers``, ``_pipelines``, ``_bind_groups``, ``_query_sets``), ``_stats``, ``_lost_reason``, ``_destroyed`` and
-``_orphaned``, set in :meth:`_FakeDeviceBase._init_base`; handles themselves are numbered, and their records
-kept, by the backend (``_last_handle``, ``_records``, ``_freed``).  All of it is guarded by the backend's lock
-(``_lock``, one :class:`DeviceLock` for the backend, its devices and its faults), which the public methods take.
+``_orphaned``, set in :meth:`_FakeDeviceBase._init_base`.
+
+The device is made of parts its backend shares with all its devices, passed in explicitly rather than reached
+through the backend: the :class:`~._fake_handles.HandleTable` (handles are numbered across the backend, and their
+records kept there to name stale ones), the :class:`~._fake_oplog.OperationLog`, the
+:class:`~._fake_faults.FakeFaults` and the lock (``_lock``, one :class:`DeviceLock` for the backend, its devices,
+its handle table and its faults), which guards every field here and which the public methods take.  So the device
+modules import only what sits below them, never the backend's module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal, Sequence
-
-import numpy as np
-import numpy.typing as npt
+from typing import Sequence
 
 from .._errors import DeviceLostError, ReleasedValueError, ValidationError
-from ._fake_wgsl import _DeclaredBinding
-from .protocol import BUFFER_ALIGNMENT, DeviceLimits, KernelTwin
-
-if TYPE_CHECKING:
-    from .fake import FakeBackend
-
-#: How many freed handles the backend still describes by kind and label when one is used again (older stale
-#: handles are still rejected, and named as freed, without their kind and label).
-FREED_RECORDS_KEPT: Final = 1024
+from ._device_lock import DeviceLock
+from ._fake_faults import FakeFaults
+from ._fake_handles import (
+    FREED_RECORDS_KEPT,
+    HandleKind,
+    HandleTable,
+    _BindGroup,
+    _Buffer,
+    _describe,
+    _Pipeline,
+    _QuerySet,
+)
+from ._fake_oplog import OperationLog
+from .protocol import BUFFER_ALIGNMENT, DeviceLimits
 
 
 @dataclass
@@ -52,87 +59,34 @@ class FakeDeviceStats:
     peak_buffer_bytes: int = 0
 
 
-# -- device objects -----------------------------------------------------------
-
-HandleKind = Literal["buffer", "pipeline", "bind group", "query set"]
-
-
-@dataclass(eq=False)
-class _Buffer:
-    handle: int
-    label: str
-    size: int
-    uniform: bool
-    data: npt.NDArray[np.uint8]
-    query_resolve: bool = False  # made by create_query_resolve_buffer (QUERY_RESOLVE | COPY_SRC)
-
-
-@dataclass(eq=False)
-class _Pipeline:
-    handle: int
-    label: str
-    twin: KernelTwin
-    declared: dict[int, _DeclaredBinding]  # empty when the WGSL declares nothing the fake can read
-
-
-@dataclass(eq=False)
-class _QuerySet:
-    handle: int
-    label: str
-    values: npt.NDArray[np.uint64]  # one timestamp (nanoseconds of the fake's clock) per query
-
-
-@dataclass(frozen=True)
-class _BoundRange:
-    binding: int
-    buffer: int
-    offset: int
-    size: int
-
-
-@dataclass(eq=False)
-class _BindGroup:
-    handle: int
-    pipeline: int
-    label: str
-    ranges: tuple[_BoundRange, ...]  # in binding order
-    aliasing: str | None  # why a dispatch with this group is invalid (writable aliasing), if it is
-
-
-@dataclass
-class _HandleRecord:
-    """What the backend remembers of a live or recently freed handle, to name stale ones.
-
-    Names its device (not a reference to it), so records of freed handles keep no device alive."""
-
-    kind: HandleKind
-    label: str
-    device: int  # the device's ordinal
-    device_name: str
-    state: Literal["live", "released", "orphaned"]  # orphaned: freed by device.destroy()
-
-
-def _describe(handle: int, record: _HandleRecord) -> str:
-    label = f" ({record.label!r})" if record.label else ""
-    return f"{record.kind} {handle}{label}"
-
-
 def _check_aligned(what: str, value: int) -> None:
     if value < 0 or value % BUFFER_ALIGNMENT:
         raise ValidationError(f"{what} is {value}: it must be a non-negative multiple of {BUFFER_ALIGNMENT}")
 
 
 class _FakeDeviceBase:
-    """The device's state, counters and handle table, and the checks on them (see the module's docstring for the
-    layers and the lock)."""
+    """The device's state, counters and objects, and the checks on them (see the module's docstring for the
+    layers, the shared parts and the lock)."""
 
     limits: DeviceLimits
     _timestamp_queries: bool  # set by FakeDevice from its spec
 
-    def _init_base(self, backend: FakeBackend, ordinal: int, name: str) -> None:
-        """Set this layer's fields: usable, no objects yet, zero counters."""
-        self._backend = backend
-        self._lock = backend._lock
+    def _init_base(
+        self,
+        *,
+        lock: DeviceLock,
+        handles: HandleTable,
+        operations: OperationLog,
+        faults: FakeFaults,
+        ordinal: int,
+        name: str,
+    ) -> None:
+        """Set this layer's fields: the backend's shared parts (``lock`` guards ``handles`` and ``faults``; the
+        operation log has a lock of its own), then usable, no objects yet, zero counters."""
+        self._lock = lock
+        self._handles = handles
+        self._operations = operations
+        self._faults = faults
         self._ordinal = ordinal
         self._name = name
         # Every field below is guarded by the backend's lock.
@@ -197,18 +151,12 @@ class _FakeDeviceBase:
 
     # -- handles ---------------------------------------------------------------
     def _new_handle(self, kind: HandleKind, label: str) -> int:
-        self._backend._last_handle += 1
-        handle = self._backend._last_handle
-        self._backend._records[handle] = _HandleRecord(kind, label, self._ordinal, self._name, "live")
-        return handle
+        return self._handles.new(kind, label, self._ordinal, self._name)
 
     def _stale(self, handle: object, kind: HandleKind, role: str) -> ValidationError:
-        backend = self._backend
-        record = None
-        if isinstance(handle, int):
-            record = backend._records.get(handle) or backend._freed.get(handle)
+        record = self._handles.find(handle) if isinstance(handle, int) else None
         if record is None:
-            if isinstance(handle, int) and not isinstance(handle, bool) and 0 < handle < backend._next_handle():
+            if isinstance(handle, int) and not isinstance(handle, bool) and 0 < handle < self._handles.next_handle():
                 return ValidationError(
                     f"{role}: handle {handle} was already freed (a stale handle; freed more than "
                     f"{FREED_RECORDS_KEPT} frees ago, so its kind and label are no longer known)"
@@ -259,7 +207,7 @@ class _FakeDeviceBase:
     ) -> None:
         if handle in table:
             del table[handle]
-            self._backend._retire(handle, "released")
+            self._handles.retire(handle, "released")
             return
         if handle in self._orphaned:
             return  # freed by destroy(): releasing it afterwards is harmless, as in WebGPU
@@ -279,9 +227,7 @@ class _FakeDeviceBase:
                 ("bind group", list(self._bind_groups)),
                 ("query set", list(self._query_sets)),
             ]
-            return [
-                f"{self._name}: {_describe(h, self._backend._records[h])}" for _, handles in tables for h in handles
-            ]
+            return [f"{self._name}: {_describe(h, self._handles.live(h))}" for _, handles in tables for h in handles]
 
     def _check_range(self, buffer: _Buffer, offset: int, size: int, role: str) -> None:
         _check_aligned(f"{role}: offset", offset)

@@ -7,8 +7,8 @@ Work executes at once (the :mod:`.fake` module's docstring says why that keeps W
 list is validated whole before any of it runs, so an invalid list executes nothing.
 
 Ownership: :class:`_FakeExecution` is a layer of ``FakeDevice`` (after ``_FakeDeviceBase``, whose docstring
-describes the layers); it has no fields of its own, and works on the base's buffers and counters under the
-backend's lock, which every public method here takes (twins run under it).
+describes the layers and the parts a device is made of); it has no fields of its own, and works on the base's
+buffers and counters under the backend's lock, which every public method here takes (twins run under it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import numpy.typing as npt
 
 from .._errors import ValidationError
 from ._commands import CommandList
-from ._fake_device_base import _BindGroup, _Buffer, _FakeDeviceBase, _Pipeline, _QuerySet
+from ._fake_device_base import _FakeDeviceBase
+from ._fake_handles import _BindGroup, _Buffer, _Pipeline, _QuerySet
 from .protocol import QUERY_RESOLVE_ALIGNMENT, check_encode_next, host_read_target
 
 _Step = (
@@ -38,7 +39,7 @@ class _FakeExecution(_FakeDeviceBase):
 
     def write_buffer(self, buffer: int, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Write ``data`` at ``offset`` (a queue write: it applies after all work submitted so far)."""
-        with self._backend.operations.operation("write", self._ordinal), self._lock:
+        with self._operations.operation("write", self._ordinal), self._lock:
             self._check_usable()
             target = self._buffer(buffer, "write_buffer")
             view = memoryview(data)
@@ -54,20 +55,20 @@ class _FakeExecution(_FakeDeviceBase):
 
         The buffer needs COPY_SRC usage: uniform buffers cannot be read back.
         """
-        with self._backend.operations.operation("read", self._ordinal), self._lock:
+        with self._operations.operation("read", self._ordinal), self._lock:
             return self._readable(buffer, offset, size, size, "read_buffer").tobytes()
 
     def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
         """:meth:`read_buffer` of ``len(out)`` bytes (any size, rounded up to 4 for the range check) into ``out``."""
         view, padded = host_read_target(out, "read_buffer_into")
-        with self._backend.operations.operation("read", self._ordinal), self._lock:
+        with self._operations.operation("read", self._ordinal), self._lock:
             source = self._readable(buffer, offset, view.nbytes, padded, "read_buffer_into")
             np.frombuffer(view, np.uint8)[:] = source
 
     def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
         """:meth:`submit`, then :meth:`read_buffer_into` each ``(buffer, offset, out)``; every read is checked
         before anything is submitted."""
-        with self._backend.operations.operation("submit", self._ordinal), self._lock:
+        with self._operations.operation("submit", self._ordinal), self._lock:
             views = []
             for index, (buffer, offset, out) in enumerate(reads):
                 action = f"submit_and_read: read {index}"
@@ -102,7 +103,7 @@ class _FakeExecution(_FakeDeviceBase):
         The same checks ``submit`` makes (handles live, ranges, usages, grid
         limits, layouts, aliasing), without counting a submit for fault injection.
         """
-        with self._backend.operations.operation("validate", self._ordinal), self._lock:
+        with self._operations.operation("validate", self._ordinal), self._lock:
             self._check_usable()
             for index, record in enumerate(commands.records()):
                 self._validate(index, record)
@@ -122,7 +123,7 @@ class _FakeExecution(_FakeDeviceBase):
         are already immediate); ``encode_next`` is checked (a CommandList or None) and otherwise unused: nothing
         is encoded here.
         """
-        with self._backend.operations.operation("submit", self._ordinal), self._lock:
+        with self._operations.operation("submit", self._ordinal), self._lock:
             self._check_usable()
             check_encode_next(encode_next)
             for item in read_ahead:
@@ -133,7 +134,7 @@ class _FakeExecution(_FakeDeviceBase):
                 buffer, offset, size = item
                 padded = -(-size // 4) * 4
                 self._readable(buffer, offset, size, padded, f"submit: read_ahead {item!r}", count=False)
-            fired = self._backend.faults._next_submit()
+            fired = self._faults._next_submit()
             for fault in fired:  # a loss wins over a validation error injected for the same submit
                 if fault.kind == "lose_device_on_submit":
                     self.lose(fault.message)
@@ -266,5 +267,5 @@ class _FakeExecution(_FakeDeviceBase):
 
     def wait_idle(self) -> None:
         """Nothing to wait for (work executes at submit); raises :class:`DeviceLostError` if lost."""
-        with self._backend.operations.operation("wait", self._ordinal), self._lock:
+        with self._operations.operation("wait", self._ordinal), self._lock:
             self._check_usable()

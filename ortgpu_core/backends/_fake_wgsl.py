@@ -9,14 +9,11 @@ Functions over text and plain values: no state, no lock.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from .._errors import ValidationError
+from ._fake_handles import _BoundRange, _DeclaredBinding
 from .protocol import DeviceLimits
-
-if TYPE_CHECKING:
-    from ._fake_device_base import _BoundRange
 
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 _BINDING = re.compile(
@@ -25,12 +22,6 @@ _BINDING = re.compile(
 )
 _ENTRY_POINT = re.compile(r"@compute\b(.*?)\bfn\s+([A-Za-z_]\w*)", re.DOTALL)
 _WORKGROUP_SIZE = re.compile(r"@workgroup_size\s*\(([^)]*)\)")
-
-
-@dataclass(frozen=True)
-class _DeclaredBinding:
-    uniform: bool
-    writable: bool
 
 
 def _declared_bindings(wgsl: str) -> dict[int, _DeclaredBinding]:

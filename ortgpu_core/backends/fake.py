@@ -52,21 +52,23 @@ to execute on the host; the period is 1 ns per tick.  The spec's ``features`` do
 Thread safety: one lock per backend guards every handle table, counter and
 fault schedule; twins run under it.
 
-The backend's parts, by job: :mod:`._fake_device_base` (a device's state, counters, objects and handle table),
+The backend's parts, by job: :mod:`._fake_handles` (the objects' records and the handle table, at the bottom),
+:mod:`._fake_device_base` (a device's state, counters and objects, and the checks that name a stale handle),
 :mod:`._fake_execution` (queue writes, reads, and submitted commands run with numpy), :mod:`._fake_wgsl` (what
-the WGSL declares, and the checks against it) and :mod:`._fake_faults` (fault injection).  This module keeps
+the WGSL declares, and the checks against it), :mod:`._fake_faults` (fault injection) and :mod:`._fake_oplog`
+(the operation log).  A device is given the backend's shared parts (lock, handle table, operation log, faults)
+when it is opened, so none of those modules imports this one.  This module keeps
 the specs, :class:`FakeDevice` (creating and freeing objects, lifetime) and :class:`FakeBackend`.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Final, Literal, Sequence
+from typing import Any, Callable, Final, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -74,19 +76,10 @@ import numpy.typing as npt
 from .._errors import InvalidArgumentError, OutOfMemoryError, ValidationError
 from ._commands import CommandList
 from ._device_lock import DeviceLock
-from ._fake_device_base import (
-    FREED_RECORDS_KEPT,
-    FakeDeviceStats,
-    _BindGroup,
-    _BoundRange,
-    _Buffer,
-    _check_aligned,
-    _HandleRecord,
-    _Pipeline,
-    _QuerySet,
-)
+from ._fake_device_base import FakeDeviceStats, _check_aligned
 from ._fake_execution import _FakeExecution
 from ._fake_faults import FakeFaults, InjectedFault
+from ._fake_handles import FREED_RECORDS_KEPT, HandleTable, _BindGroup, _BoundRange, _Buffer, _Pipeline, _QuerySet
 from ._fake_oplog import FakeOperation, OperationLog
 from ._fake_wgsl import _COMMENTS, _check_entry_point, _declared_bindings, _writable_aliasing
 from .protocol import (
@@ -204,9 +197,12 @@ class FakeDevice(_FakeExecution):
     Made by :meth:`FakeBackend.open_device`.  Owns every buffer, pipeline and
     bind group created on it until they are freed or the device is destroyed.
 
-    Built in layers: ``_FakeDeviceBase`` (state, counters, handle table), ``_FakeExecution`` (writes, reads,
-    submit), and this class (creating and freeing objects, lifetime).  Every field is guarded by the backend's
-    lock, except the destroy callbacks', which have a lock of their own (``_callbacks_lock``).
+    Built in layers: ``_FakeDeviceBase`` (state, counters, objects), ``_FakeExecution`` (writes, reads,
+    submit), and this class (creating and freeing objects, lifetime); and from the parts its backend shares with
+    all its devices, passed in: the lock, the handle table, the operation log and the faults, plus
+    ``on_destroyed``, called under the lock when the device is destroyed (the backend stops counting it as open).
+    Every field is guarded by the backend's lock, except the destroy callbacks', which have a lock of their own
+    (``_callbacks_lock``).
     """
 
     #: No native replay table: the core's replay loop interprets command lists through ``submit``.
@@ -214,11 +210,30 @@ class FakeDevice(_FakeExecution):
     #: Dispatches run the kernels' numpy twins (see ``BackendDevice.runs_numpy_twins``).
     runs_numpy_twins: bool = True
 
-    def __init__(self, backend: FakeBackend, ordinal: int, info: AdapterInfo, spec: FakeDeviceSpec) -> None:
+    def __init__(
+        self,
+        *,
+        lock: DeviceLock,
+        handles: HandleTable,
+        operations: OperationLog,
+        faults: FakeFaults,
+        on_destroyed: Callable[[FakeDevice], None],
+        ordinal: int,
+        info: AdapterInfo,
+        spec: FakeDeviceSpec,
+    ) -> None:
         self.info: AdapterInfo = info
         self.limits: DeviceLimits = spec.limits
         self.features: frozenset[str] = spec.features
-        self._init_base(backend, ordinal, f"fake device #{ordinal} ({info.name})")
+        self._init_base(
+            lock=lock,
+            handles=handles,
+            operations=operations,
+            faults=faults,
+            ordinal=ordinal,
+            name=f"fake device #{ordinal} ({info.name})",
+        )
+        self._on_destroyed = on_destroyed
         self._memory_size = spec.memory_size
         self._timestamp_queries = spec.timestamp_queries
         self._destroy_callbacks: list[Callable[[], None]] = []
@@ -239,7 +254,7 @@ class FakeDevice(_FakeExecution):
         when the device memory (``FakeDeviceSpec.memory_size``) is exhausted or
         a fault was injected.
         """
-        with self._backend.operations.operation("allocate", self._ordinal), self._lock:
+        with self._operations.operation("allocate", self._ordinal), self._lock:
             self._check_usable()
             _check_aligned(f"buffer {label!r}: size", size)
             if size > self.limits.max_buffer_size:
@@ -247,7 +262,7 @@ class FakeDevice(_FakeExecution):
                     f"buffer {label!r}: size {size} exceeds the device's max_buffer_size "
                     f"{self.limits.max_buffer_size}; split the tensor or use a device with larger limits"
                 )
-            fault = self._backend.faults._next_allocation()
+            fault = self._faults._next_allocation()
             if fault is not None:
                 raise OutOfMemoryError(
                     f"{self._name}: cannot allocate {size} bytes for buffer {label!r} ({fault.message}, "
@@ -259,7 +274,7 @@ class FakeDevice(_FakeExecution):
                     f"{self._name}: cannot allocate {size} bytes for buffer {label!r}: {live} of "
                     f"{self._memory_size} bytes are in use; free buffers or cached blocks and retry"
                 )
-            deferred = self._backend.faults._defer_zero_fill
+            deferred = self._faults._defer_zero_fill
             try:
                 data = np.full(size, 0xCD, dtype=np.uint8) if deferred else np.zeros(size, dtype=np.uint8)
             except MemoryError as error:
@@ -282,7 +297,7 @@ class FakeDevice(_FakeExecution):
         cleanup paths need no special case; freeing a handle twice otherwise
         raises :class:`ValidationError`.
         """
-        with self._backend.operations.operation("release", self._ordinal), self._lock:
+        with self._operations.operation("release", self._ordinal), self._lock:
             if self._lock.defer_if_nested(lambda: self.destroy_buffer(buffer)):
                 return  # a finalizer run inside another call of this device: freed when that call returns
             freed = self._buffers.get(buffer)
@@ -306,7 +321,7 @@ class FakeDevice(_FakeExecution):
 
     def create_query_set(self, count: int, *, label: str = "") -> int:
         """A timestamp query set of ``count`` queries (1..4096)."""
-        with self._backend.operations.operation("allocate", self._ordinal), self._lock:
+        with self._operations.operation("allocate", self._ordinal), self._lock:
             self._check_usable()
             action = f"query set {label!r}"
             self._check_timestamps(action)
@@ -318,7 +333,7 @@ class FakeDevice(_FakeExecution):
 
     def release_query_set(self, query_set: int) -> None:
         """Free the query set (as :meth:`destroy_buffer`: allowed when lost, harmless after ``destroy()``)."""
-        with self._backend.operations.operation("release", self._ordinal), self._lock:
+        with self._operations.operation("release", self._ordinal), self._lock:
             if not self._lock.defer_if_nested(lambda: self.release_query_set(query_set)):
                 self._free(query_set, "query set", self._query_sets)
 
@@ -336,7 +351,7 @@ class FakeDevice(_FakeExecution):
         """Submit ``commands`` and read ``size`` bytes of ``buffer`` at ``offset`` after them; the fake executes at
         once and keeps the bytes, but models a read still in flight: :meth:`read_async_done` says False the first
         time it is asked about it (True after, or once the device is lost or destroyed)."""
-        with self._backend.operations.operation("submit", self._ordinal), self._lock:
+        with self._operations.operation("submit", self._ordinal), self._lock:
             action = f"read_async from buffer {buffer}"
             self._readable(buffer, offset, size, size, action, count=False)  # checked before anything is submitted
             if size == 0:
@@ -358,7 +373,7 @@ class FakeDevice(_FakeExecution):
         if view.nbytes > read.data.size:
             raise ValidationError(f"read_async_finish: out holds {view.nbytes} bytes, more than {read.data.size}")
         read.closed = True
-        with self._backend.operations.operation("read", self._ordinal), self._lock:
+        with self._operations.operation("read", self._ordinal), self._lock:
             self._check_usable()
             np.frombuffer(view, np.uint8)[:] = read.data[: view.nbytes]
 
@@ -376,7 +391,7 @@ class FakeDevice(_FakeExecution):
         lacks ``entry_point``, or when its literal ``@workgroup_size`` exceeds
         the device limits.
         """
-        with self._backend.operations.operation("pipeline", self._ordinal), self._lock:
+        with self._operations.operation("pipeline", self._ordinal), self._lock:
             self._check_usable()
             if twin is None:
                 raise ValidationError(
@@ -393,7 +408,7 @@ class FakeDevice(_FakeExecution):
 
     def release_pipeline(self, pipeline: int) -> None:
         """Free the pipeline (its bind groups stay valid objects, but dispatching needs a live pipeline)."""
-        with self._backend.operations.operation("release", self._ordinal), self._lock:
+        with self._operations.operation("release", self._ordinal), self._lock:
             if not self._lock.defer_if_nested(lambda: self.release_pipeline(pipeline)):
                 self._free(pipeline, "pipeline", self._pipelines)
 
@@ -405,7 +420,7 @@ class FakeDevice(_FakeExecution):
         When the pipeline's WGSL declares its group-0 bindings, the entries
         must match them one to one (number and address space).
         """
-        with self._backend.operations.operation("bind_group", self._ordinal), self._lock:
+        with self._operations.operation("bind_group", self._ordinal), self._lock:
             self._check_usable()
             owner = self._pipeline(pipeline, "create_bind_group")
             role = f"bind group for pipeline {pipeline} ({owner.label!r})"
@@ -457,7 +472,7 @@ class FakeDevice(_FakeExecution):
 
     def release_bind_group(self, bind_group: int) -> None:
         """Free the bind group."""
-        with self._backend.operations.operation("release", self._ordinal), self._lock:
+        with self._operations.operation("release", self._ordinal), self._lock:
             if not self._lock.defer_if_nested(lambda: self.release_bind_group(bind_group)):
                 self._free(bind_group, "bind group", self._bind_groups)
 
@@ -475,7 +490,7 @@ class FakeDevice(_FakeExecution):
     def destroy(self) -> None:
         """Free everything the device still owns and make it unusable, then call the destroy callbacks (outside
         the backend's lock).  Idempotent; works when lost."""
-        with self._backend.operations.operation("destroy", self._ordinal), self._lock:
+        with self._operations.operation("destroy", self._ordinal), self._lock:
             if self._destroyed:
                 return
             self._destroyed = True
@@ -485,9 +500,9 @@ class FakeDevice(_FakeExecution):
                 table.clear()
             self._orphaned = frozenset(orphaned)
             for handle in orphaned:
-                self._backend._retire(handle, "orphaned")
+                self._handles.retire(handle, "orphaned")
             self._stats.live_buffer_bytes = 0
-            self._backend._device_destroyed(self)
+            self._on_destroyed(self)
         with self._callbacks_lock:
             callbacks, self._destroy_callbacks = self._destroy_callbacks, []
             self._callbacks_done = True
@@ -514,11 +529,10 @@ class FakeBackend:
             if not isinstance(spec, FakeDeviceSpec):
                 raise InvalidArgumentError(f"devices must be FakeDeviceSpec, got {type(spec).__name__}")
         self._specs = specs
-        self._lock = DeviceLock()  # one for the backend, its devices and its faults
-        self._last_handle = 0  # handles count up from 1 and are never reused (0 stays the null handle)
-        # Guarded by _lock: the record of every live handle, and of the last FREED_RECORDS_KEPT freed ones.
-        self._records: dict[int, _HandleRecord] = {}
-        self._freed: collections.OrderedDict[int, _HandleRecord] = collections.OrderedDict()
+        self._lock = DeviceLock()  # one for the backend, its devices, its handle table and its faults
+        # Guarded by _lock: every handle's number, and the record of every live one and of the last
+        # FREED_RECORDS_KEPT freed ones, shared by the devices (handles are unique across the backend).
+        self._handles = HandleTable()
         # Guarded by _lock: open devices by ordinal, and destroyed ones while something else references them.
         self._ordinals = itertools.count()
         self._devices: dict[int, FakeDevice] = {}
@@ -530,18 +544,6 @@ class FakeBackend:
     def __repr__(self) -> str:
         opened = len(self._devices) + len(self._destroyed_devices)
         return f"<FakeBackend {len(self._specs)} adapter(s), {opened} device(s) opened>"
-
-    def _next_handle(self) -> int:
-        """The handle the next object will get (every smaller positive handle was given out)."""
-        return self._last_handle + 1
-
-    def _retire(self, handle: int, state: Literal["released", "orphaned"]) -> None:
-        """Move a freed handle's record to the bounded list of recently freed ones (under _lock)."""
-        record = self._records.pop(handle)
-        record.state = state
-        self._freed[handle] = record
-        while len(self._freed) > FREED_RECORDS_KEPT:
-            self._freed.popitem(last=False)
 
     def _device_destroyed(self, device: FakeDevice) -> None:
         """Hold a destroyed device only while something else references it (under _lock)."""
@@ -558,7 +560,7 @@ class FakeBackend:
         """How many handle records the backend keeps: one per live handle, plus up to
         :data:`FREED_RECORDS_KEPT` freed ones."""
         with self._lock:
-            return len(self._records) + len(self._freed)
+            return len(self._handles)
 
     def foreign_kinds(self) -> tuple[ForeignKind, ...]:
         """Tensor kinds of other runtimes this backend brings (registered in the core's route table when an Env
@@ -589,7 +591,16 @@ class FakeBackend:
         spec = self._specs[adapter_index]
         with self._lock:
             ordinal = next(self._ordinals)
-            device = FakeDevice(self, ordinal, self._info(adapter_index, spec), spec)
+            device = FakeDevice(
+                lock=self._lock,
+                handles=self._handles,
+                operations=self.operations,
+                faults=self.faults,
+                on_destroyed=self._device_destroyed,
+                ordinal=ordinal,
+                info=self._info(adapter_index, spec),
+                spec=spec,
+            )
             self._devices[ordinal] = device
             return device
 
