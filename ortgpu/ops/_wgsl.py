@@ -441,10 +441,14 @@ def contiguous_strides(shape: Sequence[int]) -> list[int]:
 
 def broadcast_index_function(function: str, in_shape: Sequence[int], out_shape: Sequence[int]) -> str:
     """``fn <function>(j: u32) -> u32``: the element of an input of ``in_shape`` that numpy broadcasting
-    pairs with output element ``j`` of ``out_shape`` (identity and scalar inputs get one-line functions)."""
+    pairs with output element ``j`` of ``out_shape`` (identity and scalar inputs get one-line functions).
+
+    An input with as many elements as the output is the identity whatever size-1 axes either shape adds
+    (``[S, D]`` read as ``[1, S, D]``): broadcasting only repeats along the input's size-1 axes, and with equal
+    counts none of them repeats."""
     in_shape = [int(d) for d in in_shape]
     out_shape = [int(d) for d in out_shape]
-    if in_shape == out_shape:
+    if element_count(in_shape) == element_count(out_shape):
         return f"fn {function}(j: u32) -> u32 {{ return j; }}\n"
     if element_count(in_shape) == 1:
         return f"fn {function}(j: u32) -> u32 {{ return 0u; }}\n"

@@ -36,8 +36,11 @@ The planner may also fold a ``Transpose`` whose only consumer is a MatMul into i
 ``"_input_perms"``: ``(perm_a, perm_b)``, each ``None`` or a permutation of that input's axes (rank >= 2).  Input
 ``i`` then holds the tensor *before* the transpose and the operand is ``numpy.transpose(input_i, perm_i)``; the
 kernel reads it through the permuted strides (attention's head split, ``[B, S, H, D] -> [B, H, S, D]`` and
-``-> [B, H, D, S]``, costs no dispatch and no copy).  The GEMV path (one output row) takes no folded input: such a
-plan raises :class:`NotOnDevice` and the planner keeps the Transpose.
+``-> [B, H, D, S]``, costs no dispatch and no copy).  A size-1 axis is only ever read at index 0, so its stride
+means nothing; the planner sets it to 0 before comparing layouts (:func:`_canonical`), so a transpose that moves only
+size-1 axes (ViT's packed Q/K/V projection, ``[1, S, D] -> [S, 1, D]``) is planned like no transpose: the same rows,
+batch and vec4 loads.  The one-row GEMV reads folded operands too: its A is K contiguous values whatever the
+permutation, its B a ``[K, N]`` or ``[N, K]`` source.
 
 Kernels
 -------
@@ -46,8 +49,11 @@ Kernels
   or subgroup shuffles; the variant is chosen per shape by :func:`._gemv.choose_gemv_config` (today's kernel
   everywhere until the sweep's measurements fill :data:`._gemv.GEMV_SHAPE_CONFIGS`).
 * otherwise: the shared-memory tiled GEMM of :mod:`._tiled_gemm` (tile shape and split-K chosen per problem by
-  :func:`._gemm.choose_gemm_config`; vec4 loads where the layouts allow).  When B has no batch dimensions (a weight matrix) the batch
-  dimensions of A fold into M, so ``[B, S, K] x [K, N]`` is one ``[B*S, K] x [K, N]`` GEMM.
+  :func:`._gemm.choose_gemm_config`; vec4 loads where the layouts allow).  The trailing batch axes along which B
+  is broadcast fold into M (:func:`_merged_rows`), so ``[B, S, K] x [K, N]`` is one ``[B*S, K] x [K, N]`` GEMM and
+  ``[B, H, S, K] x [B, 1, K, N]`` is ``B`` GEMMs of ``H*S`` rows.  A contiguous A's merged rows are evenly strided;
+  a folded transpose's may not be (``[S, B, D]`` read from ``[B, S, D]``), and then A's loads find each row
+  through an index function rather than leaving ``S`` GEMMs of ``B`` rows.
 """
 
 from __future__ import annotations
@@ -102,24 +108,75 @@ def _view(array: np.ndarray, perm: Perm | None) -> np.ndarray:
 
 
 def _operand_strides(logical: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
-    """Element strides of the operand ``numpy.transpose(source, perm)`` of shape ``logical``, per logical axis."""
+    """Element strides of the operand ``numpy.transpose(source, perm)`` of shape ``logical``, per logical axis, in
+    the canonical form of :func:`_canonical`."""
     if perm is None:
-        return c_strides(logical)
+        return _canonical(logical, c_strides(logical))
     source = [0] * len(perm)
     for axis, p in enumerate(perm):
         source[p] = logical[axis]
     source_strides = c_strides(source)
-    return tuple(source_strides[p] for p in perm)
+    return _canonical(logical, tuple(source_strides[p] for p in perm))
 
 
-def _rows_merge(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Do the batch axes and the rows of an operand (all but its last axis) form one evenly strided run?"""
-    expected = strides[-2] * shape[-2]
-    for size, stride in zip(reversed(shape[:-2]), reversed(strides[:-2])):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
+def _canonical(shape: tuple[int, ...], strides: Sequence[int]) -> tuple[int, ...]:
+    """``strides`` with 0 on every size-1 axis.
+
+    Such an axis is only ever indexed at 0, so its stride is meaningless: a Transpose that moves it (``[1, S, D] ->
+    [S, 1, D]``) hands it whatever stride its old place had.  Comparing layouts, merging axes or checking vec4
+    alignment on that value refuses layouts that are in fact contiguous, so every check here sees 0 instead.
+    """
+    return tuple(0 if size == 1 else int(stride) for size, stride in zip(shape, strides))
+
+
+RowRuns = list[tuple[int, int]]
+
+
+def _merged_rows(
+    batch_shape: tuple[int, ...], a_shape: tuple[int, ...], a_strides: tuple[int, ...], b_shape: tuple[int, ...]
+) -> tuple[int, RowRuns]:
+    """``(tail, runs)``: the last ``tail`` batch axes of the product fold into A's rows, and where those rows lie.
+
+    An axis folds when B is broadcast along it: one B matrix serves every index, so the product over it is one GEMM
+    with more rows (the output is C-contiguous, so its rows merge along the same axes).  Without the fold every
+    batch index is its own product: at ``m = 1`` one live row per tile.  ``runs``: A's merged rows, innermost first,
+    as ``(size, stride)`` runs of evenly strided rows; size-1 axes (whatever their stride) are dropped and
+    neighbours that continue one another are joined, so a layout that is one run (any C-contiguous A, a transpose
+    that moved only size-1 axes) puts row ``r`` at ``r * stride``; several runs are read through an index function
+    (a few integer divisions per load, against a batch of GEMMs with a few live rows per tile).  No runs: one row.
+    """
+    lead = len(batch_shape)
+    pad_a, pad_b = lead - (len(a_shape) - 2), lead - (len(b_shape) - 2)
+    tail = 0
+    while tail < lead and (lead - 1 - tail < pad_b or b_shape[lead - 1 - tail - pad_b] == 1):
+        tail += 1
+    axes = [(a_shape[-2], a_strides[-2])]
+    for axis in range(lead - 1, lead - 1 - tail, -1):  # B is broadcast here, so A has the product's size
+        axes.append((batch_shape[axis], a_strides[axis - pad_a] if axis >= pad_a else 0))
+    runs: RowRuns = []
+    for size, stride in axes:
+        if size == 1:
+            continue
+        if runs and stride == runs[-1][0] * runs[-1][1]:
+            runs[-1] = (runs[-1][0] * size, runs[-1][1])
+        else:
+            runs.append((size, stride))
+    return tail, runs
+
+
+def _rows_of(runs: RowRuns) -> int:
+    """How many rows ``runs`` hold."""
+    return int(np.prod([size for size, _ in runs], dtype=np.int64)) if runs else 1
+
+
+def _batched(
+    a: np.ndarray, b: np.ndarray, batch_shape: tuple[int, ...], batch: int, m: int, k: int, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The operands as the kernel sees them (for the split-K twin): A ``[batch, m, k]`` and B ``[batch, k, n]``,
+    the product's batch axes that :func:`_merged_rows` folded into A's rows (B is broadcast along them) merged there."""
+    a_full = np.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(batch, m, k)
+    b_full = np.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(batch, -1, k, n)[:, 0]
+    return a_full, b_full
 
 
 def _scaled(name: str, stride: int) -> str:
@@ -183,10 +240,14 @@ def plan_gemm(
     n = b_shape[-2] if trans_b else b_shape[-1]
     a_batch, b_batch = a_shape[:-2], b_shape[:-2]
     batch_shape = tuple(np.broadcast_shapes(a_batch, b_batch))
-    batch = element_count(batch_shape)
-    if element_count(b_batch) == 1 and not trans_a:
-        m, batch = m * element_count(a_batch), 1  # A's batch folds into its rows
-    if batch == 1 and m == 1 and k > 0:
+    tail = 0
+    if not trans_a:  # A's trailing batch axes fold into its rows wherever B is broadcast along them (one run)
+        tail, runs = _merged_rows(batch_shape, a_shape, _canonical(a_shape, c_strides(a_shape)), b_shape)
+        assert len(runs) <= 1, runs  # C-contiguous rows continue through every axis of A's full size
+        m = _rows_of(runs)
+    head = batch_shape[: len(batch_shape) - tail]
+    batch = element_count(head)
+    if batch == 1 and m == 1:
         return plan_gemv(
             op_type,
             n=n,
@@ -203,8 +264,9 @@ def plan_gemm(
     prelude = ""
     a_base = b_base = ""
     if batch > 1:
-        prelude += index_function("a_batch", batch_shape, broadcast_strides(a_batch, batch_shape))
-        prelude += index_function("b_batch", batch_shape, broadcast_strides(b_batch, batch_shape))
+        a_head, b_head = a_batch[: max(0, len(a_batch) - tail)], b_batch[: max(0, len(b_batch) - tail)]
+        prelude += index_function("a_batch", head, broadcast_strides(a_head, head))
+        prelude += index_function("b_batch", head, broadcast_strides(b_head, head))
         a_base = f"a_batch(b) * {m * k}u + "
         b_base = f"b_batch(b) * {k * n}u + "
     a_index = f"k * {m}u + m" if trans_a else f"m * {k}u + k"
@@ -219,11 +281,7 @@ def plan_gemm(
             a = a.T
         if trans_b:
             b = b.T
-        if batch == 1:
-            return a.reshape(1, m, k), b.reshape(1, k, n)
-        a_full = np.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(batch, m, k)
-        b_full = np.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(batch, k, n)
-        return a_full, b_full
+        return _batched(a, b, batch_shape, batch, m, k, n)
 
     vectors = (not trans_a and k % 4 == 0, trans_a and m % 4 == 0, not trans_b and n % 4 == 0, trans_b and k % 4 == 0)
     return _loaded_gemm(
@@ -317,32 +375,39 @@ def _plan_strided_gemm(
     caps: DeviceCaps,
 ) -> OpPlan:
     """:func:`plan_gemm` with operands read through folded transposes: every load goes through the operand's
-    element strides, vec4 loads only where the strides keep four neighbours together and aligned."""
+    element strides, vec4 loads only where the strides keep four neighbours together and aligned.  Strides are
+    canonical (:func:`_canonical`): a transpose that moves only size-1 axes reads exactly like no transpose."""
     sa, sb = _operand_strides(a_shape, a_perm), _operand_strides(b_shape, b_perm)
     m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
     a_batch, b_batch = a_shape[:-2], b_shape[:-2]
     batch_shape = tuple(np.broadcast_shapes(a_batch, b_batch))
-    batch = element_count(batch_shape)
-    if element_count(b_batch) == 1 and _rows_merge(a_shape, sa):
-        m, batch = m * element_count(a_batch), 1  # A's batch folds into its rows
+    tail, runs = _merged_rows(batch_shape, a_shape, sa, b_shape)
+    m = _rows_of(runs)
+    head = batch_shape[: len(batch_shape) - tail]
+    batch = element_count(head)
     if batch == 1 and m == 1:
-        raise NotOnDevice(f"{op_type}: a one-row product (GEMV) reads its operands contiguously; keep the Transpose")
+        return _strided_gemv(op_type, b_shape, sa, sb, steps, out_shape, compute, inputs, outputs, caps)
 
     def batch_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
+        """Per axis of ``head``: the operand's stride, 0 where it is broadcast (canonical strides: 0 at size 1)."""
         pad = len(batch_shape) - (len(shape) - 2)
-        own = [0 if size == 1 else stride for size, stride in zip(shape[:-2], strides[:-2])]
-        return [0] * pad + [
-            0 if size != out else stride for size, out, stride in zip(shape[:-2], batch_shape[pad:], own)
-        ]
+        sizes = (1,) * pad + shape[:-2]
+        own = (0,) * pad + strides[:-2]
+        return [stride if size == out else 0 for size, out, stride in zip(sizes, head, own)]
 
     prelude = ""
     a_base = b_base = ""
     a_offsets = b_offsets = [0]
     if batch > 1:
         a_offsets, b_offsets = batch_strides(a_shape, sa), batch_strides(b_shape, sb)
-        prelude += index_function("a_batch", batch_shape, a_offsets) + index_function("b_batch", batch_shape, b_offsets)
+        prelude += index_function("a_batch", head, a_offsets) + index_function("b_batch", head, b_offsets)
         a_base, b_base = "a_batch(b) + ", "b_batch(b) + "
-    a_index = f"{_scaled('m', sa[-2])} + {_scaled('k', sa[-1])}"
+    if len(runs) > 1:  # rows that are no single run: their offsets through an index function
+        prelude += index_function("a_row", [size for size, _ in runs[::-1]], [stride for _, stride in runs[::-1]])
+        a_index = f"a_row(m) + {_scaled('k', sa[-1])}"
+    else:
+        a_index = f"{_scaled('m', runs[0][1] if runs else 0)} + {_scaled('k', sa[-1])}"
+    row_strides = [stride for _, stride in runs]
     b_index = f"{_scaled('k', sb[-2])} + {_scaled('n', sb[-1])}"
 
     def aligned(*strides: int) -> bool:
@@ -351,16 +416,12 @@ def _plan_strided_gemm(
     def operands(full: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
         a, b = full[0], full[1]
         assert a is not None and b is not None
-        a, b = _view(a, a_perm), _view(b, b_perm)
-        if batch == 1:  # no batch, or A's batch folded into its rows
-            return a.reshape(1, m, k), b.reshape(1, k, n)
-        a_full = np.broadcast_to(a, batch_shape + a.shape[-2:]).reshape(batch, m, k)
-        b_full = np.broadcast_to(b, batch_shape + b.shape[-2:]).reshape(batch, k, n)
-        return a_full, b_full
+        return _batched(_view(a, a_perm), _view(b, b_perm), batch_shape, batch, m, k, n)
 
     vectors = (
-        sa[-1] == 1 and k % 4 == 0 and aligned(sa[-2], *a_offsets),
-        sa[-2] == 1 and m % 4 == 0 and aligned(sa[-1], *a_offsets),
+        sa[-1] == 1 and k % 4 == 0 and aligned(*row_strides, *a_offsets),
+        # four rows from a multiple of 4 stay within the innermost run when its length is one too
+        bool(runs) and runs[0][1] == 1 and runs[0][0] % 4 == 0 and aligned(sa[-1], *row_strides[1:], *a_offsets),
         sb[-1] == 1 and n % 4 == 0 and aligned(sb[-2], *b_offsets),
         sb[-2] == 1 and k % 4 == 0 and aligned(sb[-1], *b_offsets),
     )
@@ -377,6 +438,43 @@ def _plan_strided_gemm(
         vectors=vectors,
         prelude=prelude,
         operands=operands,
+        steps=steps,
+        out_shape=out_shape,
+        compute=compute,
+        inputs=inputs,
+        outputs=outputs,
+        caps=caps,
+    )
+
+
+def _strided_gemv(
+    op_type: str,
+    b_shape: tuple[int, ...],
+    sa: tuple[int, ...],
+    sb: tuple[int, ...],
+    steps: Sequence[EpilogueStep],
+    out_shape: tuple[int, ...],
+    compute: Any,
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    caps: DeviceCaps,
+) -> OpPlan:
+    """The one-row product (M = 1, every batch axis of size 1) through folded transposes, on the GEMV kernel.
+
+    A's only axis longer than 1 is K, so its source holds the K values contiguously whatever the permutation; B's
+    are K and N, so its source is ``[K, N]`` or ``[N, K]``: the GEMV's two layouts (``"kn"`` preferred when both
+    fit, as for an unfolded MatMul).  Strides are canonical, so size-1 axes do not disturb either comparison."""
+    k, n = b_shape[-2], b_shape[-1]
+    swap = tuple(range(len(b_shape) - 2)) + (len(b_shape) - 1, len(b_shape) - 2)
+    layouts = {_operand_strides(b_shape, swap): "nk", _operand_strides(b_shape, None): "kn"}
+    layout = layouts.get(sb)
+    if sa[-1] not in (0, 1) or layout is None:  # a permuted contiguous source cannot get here; a guard
+        raise NotOnDevice(f"{op_type}: a one-row product whose operands are not contiguous rows; keep the Transpose")
+    return plan_gemv(
+        op_type,
+        n=n,
+        k=k,
+        layout=layout,
         steps=steps,
         out_shape=out_shape,
         compute=compute,
