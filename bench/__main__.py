@@ -11,6 +11,8 @@ Examples::
     python -m bench --model vad --vs onnxruntime                 # Silero-like VAD: If on sr, LSTM 128, state
     python -m bench --model mlp16 --threads 1,2,4,8 --capture both   # K threads, each with its own session
     python -m bench --model mlp16 --profile-overhead   # captured replay with profiling off vs on, interleaved
+    python -m bench --vs torch --model torchvision:resnet50 --batch 8   # ortgpu captured vs torch graph and eager
+    python -m bench --zoo default --json zoo.json      # 14 architectures vs torch: one table, geometric means
 
 Models: ``mlp16``, ``resnet``, ``bert``; ``lstm-ocr`` (a CRNN text recognizer: image ``[batch, 1, 32, 128]``,
 three Conv + Relu + MaxPool stages, two bidirectional LSTM layers of 128, 100 classes per column, see
@@ -38,6 +40,14 @@ compared with the single-thread reference before timing and after. The captured 
 GPU time of one replay from timestamp queries, ``1 / gpu_time``, and each K's throughput as a fraction of it (JSON:
 ``threads.gpu_ceiling``); with ``--gpu-under-load``, also a replay's GPU time while the K threads step, and the
 fraction of the time the GPU is busy with replays (JSON: ``threads.gpu_under_load``).
+
+With ``--vs torch --model SOURCE:NAME`` (``torchvision:``, ``timm:`` or ``transformers:`` names, see
+``bench/architectures.py``) the bench builds the architecture in PyTorch with random seeded weights, exports it to
+ONNX, checks ortgpu's outputs against onnxruntime's CPU provider (1e-4) and torch's, and times ortgpu's captured
+replay against torch's CUDA graph and eager arms at the same boundary, interleaved in ``--rounds``
+(``bench/vs_torch.py``, ``bench/torch_arms.py``); ``--zoo NAMES`` (comma-separated, or ``default``) does so for
+each name in its own child process and prints one table with the geometric means of torch p50 / ortgpu p50
+(``bench/zoo.py``). Without torch importable, ``--vs torch`` exits with code 2 and names what to install.
 
 With ``--profile-overhead`` the bench measures what profiling costs a captured replay instead
 (``bench/profile_overhead.py``): two sessions with a captured graph each, one profiled, timed interleaved for
@@ -68,15 +78,9 @@ from .flops import model_flops
 from .harness import ArmResult, OrtgpuArms, median_ms, summarize, time_loop
 from .models import conv_chain, matmul_chain, mlp, random_feeds, resnet, transformer_encoder
 from .recurrent_models import crnn_recognizer, silero_like_vad, vad_feeds
-from .threads import (
-    gpu_ceiling,
-    parse_thread_counts,
-    print_gpu_ceiling,
-    print_gpu_under_load,
-    print_table,
-    run_threads,
-    scaling,
-)
+from .threads import bench_threads, parse_thread_counts
+from .vs_torch import add_arguments as add_torch_arguments
+from .vs_torch import run as run_vs_torch
 
 #: The captured arm that reads its outputs with graph.replay_and_read() (end_to_end only).
 READ_ARM = "ortgpu capture on, replay_and_read"
@@ -237,9 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--vs",
-        choices=("onnxruntime",),
+        choices=("onnxruntime", "torch"),
         default=None,
-        help="also time onnxruntime in this process (its WebGPU plugin EP if installed, else CPU)",
+        help="onnxruntime: also time onnxruntime in this process (its WebGPU plugin EP if installed, else CPU); "
+        "torch: ortgpu captured vs PyTorch CUDA graph and eager on --model SOURCE:NAME (bench/vs_torch.py)",
     )
     parser.add_argument(
         "--peer-cpu",
@@ -288,7 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         help="measure a captured replay with profiling off vs on, interleaved (p50s, ratio on/off, GPU time per "
         "replay from timestamps); not with --threads, --vs, --overhead, --plot",
     )
+    add_torch_arguments(parser)
     args = parser.parse_args(argv)
+    if args.vs == "torch" or args.zoo is not None:
+        return run_vs_torch(args, parser, argv)
     if args.profile_overhead and (
         args.threads is not None or args.vs or args.overhead or args.overhead_only or args.plot
     ):
@@ -357,7 +365,9 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         model_bytes = model.SerializeToString()
         report["model"] = {"name": args.model, "batch": batch, "inputs": {k: list(v) for k, v in shapes.items()}}
         if args.threads is not None:
-            return _run_threads(args, env, report, model_bytes, feeds, batch)
+            bench_threads(args, env, report, model_bytes, feeds, batch)
+            _write_report(args, report)
+            return 0
         if args.profile_overhead:
             return _run_profile_overhead(args, env, report, model_bytes, feeds, batch)
         arms = OrtgpuArms(model_bytes, feeds, env)
@@ -558,63 +568,6 @@ def _write_report(args: argparse.Namespace, report: dict[str, Any]) -> None:
         with open(args.json_path, "w") as handle:
             json.dump(report, handle, indent=1)
         print(f"wrote {args.json_path}")
-
-
-def _run_threads(
-    args: argparse.Namespace,
-    env: ortgpu.Env,
-    report: dict[str, Any],
-    model_bytes: bytes,
-    feeds: dict[str, npt.NDArray[Any]],
-    batch: int,
-) -> int:
-    """``--threads``: the single-thread reference from one session, then the threaded arms (``bench/threads.py``)."""
-    arms = OrtgpuArms(model_bytes, feeds, env)
-    try:
-        reference = arms.uncaptured_end_to_end()
-    finally:
-        arms.close()
-    wanted = {"off": ["capture off"], "on": ["capture on"], "both": ["capture off", "capture on"]}[args.capture]
-    results, info = run_threads(
-        model_bytes,
-        feeds,
-        env,
-        reference,
-        args.thread_counts,
-        wanted,
-        args.warmup,
-        args.iterations,
-        args.seconds,
-        under_load=args.gpu_under_load and "capture on" in wanted,
-    )
-    if "capture_refused" in info:
-        report["capture_refused"] = info["capture_refused"]
-        print(f"ortgpu capture on: refused ({info['capture_refused']}); its arms are not timed")
-    length = f"{args.seconds} s" if args.seconds is not None else f"{args.iterations} iterations per thread"
-    print(f"\nmodel {args.model}, batch {batch}, threads {args.threads}: {length} after {args.warmup} warm-up")
-    print_table(results)
-    ceiling: dict[str, Any] = gpu_ceiling(results, None)
-    if "capture on" in wanted and "capture_refused" not in info:
-        from .profile_overhead import gpu_time_per_replay
-
-        ceiling = gpu_ceiling(results, gpu_time_per_replay(model_bytes, feeds, env))
-    print_gpu_ceiling(ceiling)
-    loaded: dict[str, Any] = info.pop("gpu_under_load", {})
-    if args.gpu_under_load and "capture on" in wanted and "capture_refused" not in info:
-        print_gpu_under_load(results, loaded)
-    report["threads"] = {
-        "thread_counts": args.thread_counts,
-        "iterations_per_thread": None if args.seconds is not None else args.iterations,
-        "seconds": args.seconds,
-        "warmup": args.warmup,
-        "outputs_checked": info,
-        "results": [result.summary() for result in results],
-        "scaling": scaling(results),
-        "gpu_ceiling": ceiling,
-        "gpu_under_load": loaded,
-    }
-    _write_report(args, report)
-    return 0
 
 
 def _run_profile_overhead(

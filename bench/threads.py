@@ -35,6 +35,7 @@ pass's own throughput is lower (profiling costs the host); only its GPU times ar
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import tempfile
@@ -53,6 +54,7 @@ from .profile_overhead import _end_profiling, _profiled
 
 __all__ = [
     "ThreadResult",
+    "bench_threads",
     "gpu_ceiling",
     "gpu_under_load",
     "print_gpu_under_load",
@@ -393,3 +395,59 @@ def print_gpu_under_load(results: list[ThreadResult], loaded: dict[str, dict[str
             f"  K={k}: GPU time per replay under load {gpu * 1e3:.4f} ms (p90 {row['p90_s'] * 1e3:.4f}, "
             f"{row['replays_timed']} replays); end_to_end throughput x that = busy {row['busy']:.2f}"
         )
+
+
+def bench_threads(
+    args: argparse.Namespace,
+    env: ortgpu.Env,
+    report: dict[str, Any],
+    model_bytes: bytes,
+    feeds: dict[str, npt.NDArray[Any]],
+    batch: int,
+) -> None:
+    """``python -m bench --threads``: the single-thread reference from one session, then the threaded arms; prints
+    the results and puts them in ``report`` (``threads``, and ``capture_refused`` where capture was refused)."""
+    arms = OrtgpuArms(model_bytes, feeds, env)
+    try:
+        reference = arms.uncaptured_end_to_end()
+    finally:
+        arms.close()
+    wanted = {"off": ["capture off"], "on": ["capture on"], "both": ["capture off", "capture on"]}[args.capture]
+    results, info = run_threads(
+        model_bytes,
+        feeds,
+        env,
+        reference,
+        args.thread_counts,
+        wanted,
+        args.warmup,
+        args.iterations,
+        args.seconds,
+        under_load=args.gpu_under_load and "capture on" in wanted,
+    )
+    if "capture_refused" in info:
+        report["capture_refused"] = info["capture_refused"]
+        print(f"ortgpu capture on: refused ({info['capture_refused']}); its arms are not timed")
+    length = f"{args.seconds} s" if args.seconds is not None else f"{args.iterations} iterations per thread"
+    print(f"\nmodel {args.model}, batch {batch}, threads {args.threads}: {length} after {args.warmup} warm-up")
+    print_table(results)
+    ceiling: dict[str, Any] = gpu_ceiling(results, None)
+    if "capture on" in wanted and "capture_refused" not in info:
+        from .profile_overhead import gpu_time_per_replay
+
+        ceiling = gpu_ceiling(results, gpu_time_per_replay(model_bytes, feeds, env))
+    print_gpu_ceiling(ceiling)
+    loaded: dict[str, Any] = info.pop("gpu_under_load", {})
+    if args.gpu_under_load and "capture on" in wanted and "capture_refused" not in info:
+        print_gpu_under_load(results, loaded)
+    report["threads"] = {
+        "thread_counts": args.thread_counts,
+        "iterations_per_thread": None if args.seconds is not None else args.iterations,
+        "seconds": args.seconds,
+        "warmup": args.warmup,
+        "outputs_checked": info,
+        "results": [result.summary() for result in results],
+        "scaling": scaling(results),
+        "gpu_ceiling": ceiling,
+        "gpu_under_load": loaded,
+    }
