@@ -52,6 +52,7 @@ def _connect(run_transfer, endpoint):
     _route_table["run_transfer"] = run_transfer
     _route_table["endpoint"] = endpoint
 
+
 _generations = itertools.count(1)
 
 
