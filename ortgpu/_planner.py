@@ -9,7 +9,7 @@ This module orchestrates; the jobs live in their own modules:
 
 * :mod:`ortgpu._plan_types`: the plan's records (:class:`ExecutionPlan`, :class:`PlannedStep`, :class:`PlannedTensor`);
 * :mod:`ortgpu._rewrites`: the graph rewrites applied when fusing (BatchNormalization folded into Conv, fused
-  epilogues, GELU, folded Transposes);
+  epilogues, GELU, folded Transposes); :mod:`ortgpu._attention_fusion`: attention as one flash kernel;
 * :mod:`ortgpu._memory_plan`: where each tensor lives, and buffer slots shared by liveness.
 
 The plan is device-independent apart from the :class:`DeviceCaps` it was made
@@ -26,6 +26,7 @@ import numpy as np
 
 from ortgpu_core._errors import DtypeError, ModelError, ShapeError, UnsupportedOpError
 
+from ._attention_fusion import fuse_attentions
 from ._host_values import (
     OPTIONAL_REASON,
     SEQUENCE_REASON,
@@ -317,6 +318,10 @@ def _plan_steps(ctx: RewriteContext, nodes: Sequence[GraphNode], allow_cpu: bool
     # planned after all, at the MatMul, if the MatMul cannot take it.
     folds = foldable_transposes(ctx, nodes) if fuse else {}
     folded = {t.name for pending in folds.values() for t, _ in pending.values()}
+    # Attention groups (Q.K^T, scale, mask, Softmax, .V) become one step at their last node's place.
+    for last, attention in (fuse_attentions(ctx, nodes, folds) if fuse else {}).items():
+        absorbed.update(attention.node_names)
+        delayed[last] = attention
     for node in nodes:
         if node.name in absorbed:
             if node.name in delayed:

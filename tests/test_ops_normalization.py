@@ -45,6 +45,18 @@ def cache(*shape: int) -> Generator:
     return lambda rng: rng.uniform(-1.0, 1.0, shape).astype(np.float32)
 
 
+def _mask_with_dead_row(sq: int, sk: int) -> Generator:
+    """A float mask dropping every other key and every key of row 3 (a zero row in Attention's output)."""
+
+    def make(rng: np.random.Generator) -> np.ndarray:
+        mask = rng.standard_normal((sq, sk)).astype(np.float32)
+        mask[:, ::2] = -np.inf
+        mask[3] = -np.inf
+        return mask
+
+    return make
+
+
 CASES: list[Case] = [
     # RMSNormalization
     Case("RMSNormalization", [floats(2, 3, 8), floats(8)], opset=23),
@@ -229,6 +241,19 @@ CASES: list[Case] = [
         [floats(1, 1, 3, 4), floats(1, 1, 5, 4), floats(1, 1, 5, 4), bools(3, 5)],
         opset=23,
         label="odd-bool-mask",
+    ),
+    Case(
+        "Attention",
+        [floats(1, 2, 19, 80), floats(1, 2, 33, 80), floats(1, 2, 33, 80), _mask_with_dead_row(19, 33)],
+        opset=23,
+        label="head80-dead-row",
+    ),
+    Case(
+        "Attention",
+        [floats(2, 1, 128), floats(2, 9, 64), floats(2, 9, 64)],
+        {"q_num_heads": 4, "kv_num_heads": 2},
+        opset=23,
+        label="3d-gqa-one-query",
     ),
     # size-0 edges
     Case("InstanceNormalization", [floats(0, 3, 4), floats(3), floats(3)], opset=22, label="empty-batch"),

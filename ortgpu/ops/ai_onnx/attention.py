@@ -12,8 +12,11 @@ keys at or past ``nonpad_kv_seqlen`` are dropped (opset 24), and opset 25's wind
 ``offset + i - left <= j <= offset + i + right``.  A query row with no key left is a zero row (also in
 ``qk_matmul_output`` mode 3), never NaN.
 
-On the device (float32) one kernel computes Y, one invocation per output element: it walks the keys once with an
-online softmax (running maximum, rescaled sums), skipping the keys the bias drops; the present key/value are copy
+On the device (float32) one kernel computes Y: the flash kernel of :mod:`ortgpu.ops._flash_attention` (query blocks
+and key tiles in workgroup memory, an online softmax) when there is no key/value cache, no sequence lengths, no
+window or soft cap and the mask (if any) is float and covers every key; otherwise one invocation per output
+element walks the keys once with an online softmax (running maximum, rescaled sums), skipping the keys the bias
+drops; the present key/value are copy
 kernels; ``qk_matmul_output`` is one kernel per score.  Float16 (computed in float16 stages by the definition)
 and softmax precisions other than float run on the CPU (this reference).
 """
@@ -26,6 +29,7 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
+from .._flash_attention import FlashProblem, OperandView, flash_attention_wgsl
 from .._kernel import (
     Binding,
     DeviceCaps,
@@ -41,6 +45,7 @@ from .._registry import register
 from .._tiling import (
     THREADS,
     BindingTable,
+    broadcast_strides,
     check_device_fits,
     grid_for_groups,
     single_kernel_plan,
@@ -373,7 +378,14 @@ fn bias(b: u32, h: u32, i: u32, j: u32) -> f32 {{
 
     kernels = []
     count = outputs[0].size
-    if count:
+    flash = _flash_problem(
+        q, k, v, mask, attrs, batch, hq, hkv, sq, sk, head, dv, scale, past_key is not None or nonpad is not None
+    )
+    if count and flash is not None:
+        wgsl, grid, table = flash_attention_wgsl(flash, caps)
+        compute = lambda full: operator.reference(full, attrs, outputs[:1])  # noqa: E731
+        kernels += list(single_kernel_plan("Attention", wgsl, grid, table, compute, inputs, outputs[:1], caps).kernels)
+    elif count:
         table = BindingTable()
         helpers = functions(table)
         v_name = table.add(Binding("input", 2))
@@ -480,6 +492,64 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
         kernels += list(single_kernel_plan("Attention", wgsl, grid, table, qk_only, inputs, outputs, caps).kernels)
     return OpPlan(kernels=tuple(kernels))
+
+
+def _flash_problem(
+    q: TensorInfo,
+    k: TensorInfo,
+    v: TensorInfo,
+    mask: TensorInfo | None,
+    attrs: Mapping[str, Any],
+    batch: int,
+    hq: int,
+    hkv: int,
+    sq: int,
+    sk: int,
+    head: int,
+    dv: int,
+    scale: float,
+    cached: bool,
+) -> FlashProblem | None:
+    """Y as the flash kernel's problem, where it computes it: no key/value cache or sequence lengths, no windows or
+    soft cap, a float mask covering every key (or none).  The batch is ``[B, Hkv, group]``: a query head ``h`` is
+    ``(h // group, h % group)``, and K/V broadcast along the group axis."""
+    windows = int(attrs.get("left_window_size", -1)) >= 0 or int(attrs.get("right_window_size", -1)) >= 0
+    if cached or windows or float(attrs.get("softcap", 0.0)) > 0 or min(sq, sk, head, dv) <= 0:
+        return None
+    if mask is not None and (mask.dtype != np.float32 or int(mask.shape[-1]) != sk):
+        return None
+    group = hq // hkv
+
+    def view(index: int, heads: int, rows: int, width: int, three_d: bool) -> OperandView:
+        if three_d:  # [B, S, H * W]
+            b_stride, h_stride, row = rows * heads * width, width, heads * width
+        else:  # [B, H, S, W]
+            b_stride, h_stride, row = heads * rows * width, rows * width, width
+        per_group = h_stride if heads == hq else 0
+        return OperandView(index, (b_stride, h_stride * (group if heads == hq else 1), per_group), row, 1)
+
+    three_d = len(q.shape) == 3
+    mask_view = None
+    if mask is not None:
+        full = (1,) * (4 - len(mask.shape)) + tuple(int(d) for d in mask.shape)
+        strides = broadcast_strides(full, (batch, hq, sq, sk))
+        mask_view = OperandView(3, (strides[0], strides[1] * group, strides[1]), strides[2], strides[3])
+    return FlashProblem(
+        batch=(batch, hkv, group),
+        sq=sq,
+        sk=sk,
+        head=head,
+        value_head=dv,
+        q=view(0, hq, sq, head, three_d),
+        k=view(1, hkv, sk, head, three_d),
+        v=view(2, hkv, sk, dv, three_d),
+        mask=mask_view,
+        logit_scale=scale,
+        bias_scale=1.0,
+        out=view(0, hq, sq, dv, three_d),
+        causal_offset=0 if int(attrs.get("is_causal", 0)) else None,
+        empty_rows_zero=True,
+    )
 
 
 def _present_kernel(

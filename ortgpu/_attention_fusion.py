@@ -1,0 +1,221 @@
+"""The attention rewrite: scaled dot-product attention as exported, planned as one flash-attention kernel.
+
+Exporters write attention as a handful of nodes; the ones recognised here (torch's
+``F.scaled_dot_product_attention``, HF eager attention, ``nn.MultiheadAttention``, and what any graph writes the
+same way) all reduce to::
+
+    S = MatMul(Q', K')                 Q' = Q read through Transposes and scalar Muls, K' likewise (K^T)
+    S = S * c | S / c | Cast(S, float) any number of them
+    S = Add(S, mask)                   at most one, the mask broadcast to S (not S broadcast to it)
+    S = S * c | S / c                  c > 0 (they scale the mask too)
+    P = Softmax(S, last axis)
+    Y = MatMul(P, V')                  V' = V read through Transposes
+
+where every intermediate has that one consumer and is no graph output.  The group becomes one step of
+:class:`~ortgpu.ops._fused_attention.FusedAttention` at the place of the final MatMul (every input it reads is
+produced before that), reading the sources of the absorbed Transposes through their permutations and folding the
+scalar factors into the logit and mask scales.  Grouped K/V heads work where they arrive as a broadcast batch
+axis; when the graph repeats them with Expand/Reshape, those nodes stay and the kernel reads their output.  Where the
+kernel cannot be planned (dtype, workgroup storage, the driver's loop budget) the nodes are planned one by one.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ortgpu_core._errors import UnsupportedOpError
+
+from ._plan_types import PlannedStep
+from ._rewrites import RewriteContext, TransposeFolds
+from .loader._model import GraphNode
+from .ops import NotOnDevice
+from .ops._fused_attention import FusedAttention
+from .ops.ai_onnx.transpose import permutation
+
+__all__ = ["fuse_attentions"]
+
+_FLOAT = 1  # TensorProto.FLOAT
+
+
+class _Matcher:
+    """Reads the graph around one candidate; every query checks the one-consumer, no-graph-output rule."""
+
+    def __init__(self, ctx: RewriteContext, producers: Mapping[str, GraphNode]) -> None:
+        self.ctx = ctx
+        self.producers = producers
+
+    def only_user(self, name: str) -> GraphNode | None:
+        users = self.ctx.consumers.get(name, [])
+        if name in self.ctx.graph_outputs or len(users) != 1 or users[0].domain != "":
+            return None
+        user = users[0]
+        if sum(1 for inp in user.inputs if inp == name) != 1 or user.name in self.ctx.absorbed:
+            return None
+        return user
+
+    def scalar(self, name: str) -> float | None:
+        value = self.ctx.constants.get(name)
+        if value is None or value.size != 1 or value.dtype != np.float32:
+            return None
+        number = float(value.reshape(()))
+        return number if np.isfinite(number) else None
+
+    def factor(self, node: GraphNode, operand: str) -> float | None:
+        """The factor ``node`` multiplies ``operand`` by (a scalar float32 constant Mul, or Div of it), else None."""
+        if node.op_type not in ("Mul", "Div") or len(node.inputs) != 2 or node.inputs[0] == node.inputs[1]:
+            return None
+        if node.op_type == "Div":
+            if node.inputs[0] != operand:
+                return None
+            divisor = self.scalar(node.inputs[1])
+            return None if not divisor else float(np.float32(1.0) / np.float32(divisor))
+        return self.scalar(node.inputs[1] if node.inputs[0] == operand else node.inputs[0])
+
+    def is_float_cast(self, node: GraphNode, operand: str) -> bool:
+        info = self.ctx.infos.get(operand)
+        return (
+            node.op_type == "Cast"
+            and int(node.attrs.get("to", 0)) == _FLOAT
+            and info is not None
+            and info.dtype == np.float32
+        )
+
+    def view(self, name: str, consumer: GraphNode) -> tuple[str, tuple[int, ...], float, list[GraphNode]] | None:
+        """``name`` as read by ``consumer``: (source tensor, permutation, factor, the nodes in between), walking
+        back through one-consumer Transposes and scalar Muls/Divs."""
+        info = self.ctx.infos.get(name)
+        if info is None:
+            return None
+        perm = tuple(range(len(info.shape)))
+        factor = 1.0
+        nodes: list[GraphNode] = []
+        while True:
+            producer = self.producers.get(name)
+            if producer is None or producer.domain != "" or self.only_user(name) is not consumer:
+                break
+            if producer.op_type == "Transpose" and producer.inputs:
+                source = self.ctx.infos.get(producer.inputs[0])
+                if source is None or len(source.shape) != len(perm):
+                    break
+                try:
+                    moved = tuple(permutation(producer.attrs, len(source.shape)))
+                except UnsupportedOpError:
+                    break
+                perm = tuple(moved[axis] for axis in perm)
+                name = producer.inputs[0]
+            elif producer.op_type in ("Mul", "Div") and len(producer.inputs) == 2:
+                operand = producer.inputs[0] if self.scalar(producer.inputs[1]) is not None else producer.inputs[1]
+                operand_info = self.ctx.infos.get(operand)
+                scale = self.factor(producer, operand)
+                if scale is None or operand_info is None or operand_info.shape != info.shape:
+                    break
+                factor *= scale
+                name = operand
+            else:
+                break
+            nodes.append(producer)
+            consumer = producer
+            info = self.ctx.infos[name]
+        return name, perm, factor, nodes
+
+
+def _match(ctx: RewriteContext, matcher: _Matcher, first: GraphNode) -> PlannedStep | None:
+    """The fused step of the attention that starts at MatMul ``first`` (Q.K^T), or None."""
+    if len(first.inputs) != 2 or not first.outputs or first.inputs[0] == first.inputs[1]:
+        return None
+    current = first.outputs[0]
+    scores = ctx.infos.get(current)
+    if scores is None or scores.dtype != np.float32 or len(scores.shape) < 2:
+        return None
+    logit_scale, bias_scale, mask = 1.0, 1.0, ""
+    chain: list[GraphNode] = []
+    while True:
+        user = matcher.only_user(current)
+        if user is None:
+            return None
+        out = ctx.infos.get(user.outputs[0]) if user.outputs else None
+        if out is None or out.shape != scores.shape or out.dtype != np.float32:
+            return None
+        factor = matcher.factor(user, current)
+        if user.op_type == "Softmax":
+            axis = int(user.attrs.get("axis", -1 if user.opset >= 13 else 1))
+            if axis % len(scores.shape) != len(scores.shape) - 1:
+                return None
+            chain.append(user)
+            current = user.outputs[0]
+            break
+        if factor is not None:
+            if mask and factor <= 0:
+                return None
+            logit_scale *= factor
+            bias_scale *= factor if mask else 1.0
+        elif user.op_type == "Add" and not mask and len(user.inputs) == 2:
+            mask = user.inputs[1] if user.inputs[0] == current else user.inputs[0]
+            info = ctx.infos.get(mask)
+            if info is None or info.dtype != np.float32:
+                return None
+        elif not matcher.is_float_cast(user, current):
+            return None
+        chain.append(user)
+        current = user.outputs[0]
+    last = matcher.only_user(current)
+    if last is None or last.op_type != "MatMul" or len(last.inputs) != 2 or last.inputs[0] != current:
+        return None
+    q = matcher.view(first.inputs[0], first)
+    kt = matcher.view(first.inputs[1], first)
+    v = matcher.view(last.inputs[1], last)
+    if q is None or kt is None or v is None:
+        return None
+    inputs = (q[0], kt[0], v[0], mask)
+    input_infos = ctx.infos_of(inputs)
+    output_infos = (ctx.infos[last.outputs[0]],)
+    attrs = {"_perms": (q[1], kt[1], v[1]), "_logit_scale": logit_scale * q[2] * kt[2], "_bias_scale": bias_scale}
+    if v[2] != 1.0:
+        return None  # a scaled V is not an attention the kernel computes
+    operator = FusedAttention()
+    try:
+        op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(inputs))
+    except NotOnDevice:
+        return None
+    group = q[3][::-1] + kt[3][::-1] + [first] + chain + v[3][::-1] + [last]
+    return PlannedStep(
+        tuple(node.name for node in group),
+        tuple(node.op_type for node in group),
+        "webgpu",
+        "WGSL kernel, fused attention (flash: online softmax, tiles in workgroup memory)",
+        operator,
+        attrs,
+        inputs,
+        (last.outputs[0],),
+        input_infos,
+        output_infos,
+        op_plan,
+    )
+
+
+def fuse_attentions(ctx: RewriteContext, nodes: Sequence[GraphNode], folds: TransposeFolds) -> dict[str, PlannedStep]:
+    """The fused attention steps of ``nodes``, keyed by the name of each group's last node (where the step runs).
+
+    ``folds`` are the Transposes the planner would fold into MatMuls: a group takes those of its two MatMuls
+    (or is not formed), so no Transpose is left both folded and unplanned.
+    """
+    producers = {out: node for node in nodes for out in node.outputs if out}
+    matcher = _Matcher(ctx, producers)
+    steps: dict[str, PlannedStep] = {}
+    taken: set[str] = set()
+    for node in nodes:
+        if node.op_type != "MatMul" or node.domain != "" or node.name in taken:
+            continue
+        step = _match(ctx, matcher, node)
+        if step is None:
+            continue
+        members = set(step.node_names)
+        last = step.node_names[-1]
+        folded = {t.name for index in (node.name, last) for t, _ in folds.get(index, {}).values()}
+        if not folded <= members or members & taken:
+            continue
+        taken |= members
+        steps[last] = step
+    return steps

@@ -1,0 +1,132 @@
+"""The operator behind a fused attention step: ``MatMul -> [scale] -> [Add mask] -> Softmax -> MatMul`` as one kernel.
+
+Not an ONNX operator and not in the registry: the planner's attention rewrite (:mod:`ortgpu._attention_fusion`)
+builds it for a matched group.  Its inputs are the sources the group read: Q, K^T and V, each through a
+permutation of its axes (``attrs["_perms"]``: logical axis -> source axis, the Transposes the group absorbed), and
+the additive mask or nothing.  ``_logit_scale`` multiplies Q.K^T (the scalar Muls/Divs before the mask, on either
+operand or on the scores); ``_bias_scale`` the mask (those after it).  The reference computes exactly the unfused
+graph's function (in float64), which the fake backend's twin runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ._flash_attention import FlashProblem, OperandView, flash_attention_wgsl
+from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from ._tiling import broadcast_strides, c_strides, require_float32, single_kernel_plan
+
+__all__ = ["FusedAttention"]
+
+
+def _view(info: TensorInfo, perm: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The logical shape and strides of ``info``'s tensor read through ``perm``."""
+    if sorted(perm) != list(range(len(info.shape))):
+        raise NotOnDevice(f"fused attention: {tuple(perm)} is not a permutation of {len(info.shape)} axes")
+    strides = c_strides(info.shape)
+    return tuple(info.shape[a] for a in perm), tuple(strides[a] for a in perm)
+
+
+def _batch_strides(shape: Sequence[int], strides: Sequence[int], batch: Sequence[int]) -> tuple[int, ...]:
+    """Per-axis strides of an operand's batch axes (``shape[:-2]``) right-aligned in ``batch``, 0 where broadcast."""
+    own = list(zip(shape[:-2], strides[:-2]))
+    if len(own) > len(batch):
+        raise NotOnDevice(f"fused attention: batch axes {tuple(shape[:-2])} do not broadcast to {tuple(batch)}")
+    padded = [(1, 0)] * (len(batch) - len(own)) + own
+    result = []
+    for (size, stride), want in zip(padded, batch):
+        if size not in (1, want):
+            raise NotOnDevice(f"fused attention: batch axes {tuple(shape[:-2])} do not broadcast to {tuple(batch)}")
+        result.append(0 if size == 1 else stride)
+    return tuple(result)
+
+
+class FusedAttention(Operator):
+    """Scaled dot-product attention matched in a graph (see the module docstring)."""
+
+    op_type = "FusedAttention"
+    since_version = 1
+    domain = "ortgpu.fused"
+
+    def reference(
+        self,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any],
+        outputs: Sequence[TensorInfo],
+    ) -> list[np.ndarray]:
+        q_src, k_src, v_src = inputs[0], inputs[1], inputs[2]
+        mask = inputs[3] if len(inputs) > 3 else None
+        assert q_src is not None and k_src is not None and v_src is not None
+        pq, pk, pv = attrs["_perms"]
+        q = np.transpose(q_src, pq).astype(np.float64)
+        kt = np.transpose(k_src, pk).astype(np.float64)
+        v = np.transpose(v_src, pv).astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            scores = np.matmul(q, kt) * float(attrs["_logit_scale"])
+            if mask is not None:
+                scores = scores + mask.astype(np.float64) * float(attrs["_bias_scale"])
+            top = scores.max(axis=-1, keepdims=True)
+            weights = np.exp(scores - top)
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+            result = np.matmul(weights, v)
+        return [result.astype(outputs[0].dtype).reshape(outputs[0].shape)]
+
+    def plan(
+        self,
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+        constants: Mapping[int, np.ndarray],
+    ) -> OpPlan:
+        q_info, k_info, v_info = inputs[0], inputs[1], inputs[2]
+        mask_info = inputs[3] if len(inputs) > 3 else None
+        assert q_info is not None and k_info is not None and v_info is not None
+        require_float32("fused attention", [q_info, k_info, v_info, mask_info, *outputs])
+        pq, pk, pv = attrs["_perms"]
+        q_shape, q_strides = _view(q_info, pq)
+        kt_shape, kt_strides = _view(k_info, pk)
+        v_shape, v_strides = _view(v_info, pv)
+        out_shape = tuple(outputs[0].shape)
+        if min(len(q_shape), len(kt_shape), len(v_shape), len(out_shape)) < 2:
+            raise NotOnDevice("fused attention: Q, K^T and V must have rank >= 2")
+        sq, head = q_shape[-2:]
+        sk, value_head = kt_shape[-1], v_shape[-1]
+        if kt_shape[-2] != head or v_shape[-2] != sk or out_shape[-2:] != (sq, value_head):
+            raise NotOnDevice(f"fused attention: Q {q_shape}, K^T {kt_shape}, V {v_shape} do not chain")
+        batch = out_shape[:-2]
+        problem = FlashProblem(
+            batch=batch,
+            sq=sq,
+            sk=sk,
+            head=head,
+            value_head=value_head,
+            q=OperandView(0, _batch_strides(q_shape, q_strides, batch), q_strides[-2], q_strides[-1]),
+            k=OperandView(1, _batch_strides(kt_shape, kt_strides, batch), kt_strides[-1], kt_strides[-2]),
+            v=OperandView(2, _batch_strides(v_shape, v_strides, batch), v_strides[-2], v_strides[-1]),
+            mask=None if mask_info is None else _mask_view(mask_info, batch, sq, sk),
+            logit_scale=float(attrs["_logit_scale"]),
+            bias_scale=float(attrs["_bias_scale"]),
+            out=OperandView(0, c_strides(out_shape)[:-2], value_head, 1),
+        )
+        wgsl, grid, table = flash_attention_wgsl(problem, caps)
+        return single_kernel_plan(
+            "FusedAttention",
+            wgsl,
+            grid,
+            table,
+            lambda full: self.reference(full, attrs, outputs),
+            inputs,
+            outputs,
+            caps,
+        )
+
+
+def _mask_view(info: TensorInfo, batch: tuple[int, ...], sq: int, sk: int) -> OperandView:
+    try:
+        strides = broadcast_strides(info.shape, batch + (sq, sk))
+    except ValueError:
+        raise NotOnDevice(f"fused attention: the mask {info.shape} does not broadcast to the scores") from None
+    return OperandView(3, strides[:-2], strides[-2], strides[-1])

@@ -1,0 +1,300 @@
+"""Attention as exporters write it runs as one flash-attention kernel, with the unfused graph's numerics.
+
+Each case builds the node pattern of one exporter (HF eager attention, torch's ``scaled_dot_product_attention``,
+BERT-style Reshape/Transpose heads, ``nn.MultiheadAttention``'s 3-D batched heads, grouped K/V heads broadcast along
+a batch axis), checks the planner makes one ``FusedAttention`` step of it only when fusing, and compares the run on
+each backend with onnxruntime CPU at the shape edges: one query, odd lengths, head sizes 32/64/80/128, masks all
+zero, all dropped (NaN rows, as Softmax gives), finite minimum masks, causal masks.  Patterns the kernel does not
+compute (the scores also a graph output, a Softmax over another axis, a scaled V) stay unfused and still match.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ortgpu
+from ortgpu._planner import plan_model
+from ortgpu.loader._model import load_model
+from ortgpu.ops import DeviceCaps
+from ortgpu.ops._fused_attention import FusedAttention
+from ortgpu_core.backends.fake import DEFAULT_FAKE_LIMITS
+
+CAPS = DeviceCaps(frozenset(), DEFAULT_FAKE_LIMITS)
+F32 = TensorProto.FLOAT
+
+
+def _const(name: str, value: Any) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value, dtype=np.float32), name)
+
+
+def _model(
+    nodes: list[onnx.NodeProto],
+    inputs: Mapping[str, tuple[int, ...]],
+    output: str,
+    inits: list[onnx.TensorProto],
+    extra_outputs: tuple[str, ...] = (),
+    bool_inputs: tuple[str, ...] = (),
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [helper.make_tensor_value_info(n, TensorProto.BOOL if n in bool_inputs else F32, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(output, F32, None)]
+        + [helper.make_tensor_value_info(name, F32, None) for name in extra_outputs],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for index, node in enumerate(model.graph.node):
+        node.name = node.name or f"{node.op_type}_{index}"
+    return model
+
+
+def hf_eager(b: int, h: int, sq: int, sk: int, d: int, dv: int, mask: tuple[int, ...] | None) -> onnx.ModelProto:
+    """matmul(q, k.transpose(2, 3)) * scale + mask, softmax, matmul(., v)."""
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+    ]
+    inputs: dict[str, tuple[int, ...]] = {"q": (b, h, sq, d), "k": (b, h, sk, d), "v": (b, h, sk, dv)}
+    last = "s1"
+    if mask is not None:
+        nodes.append(helper.make_node("Add", ["s1", "mask"], ["s2"]))
+        inputs["mask"] = mask
+        last = "s2"
+    nodes += [helper.make_node("Softmax", [last], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    return _model(nodes, inputs, "y", [_const("scale", 1.0 / np.sqrt(d))])
+
+
+def sdpa(b: int, h: int, sq: int, sk: int, d: int, causal: bool) -> onnx.ModelProto:
+    """torch's export of F.scaled_dot_product_attention: both operands scaled by sqrt(scale); is_causal as a
+    constant mask of 0 and -inf."""
+    root = np.float32(np.sqrt(1.0 / np.sqrt(d)))
+    nodes = [
+        helper.make_node("Mul", ["q", "root"], ["qs"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["kt", "root"], ["kts"]),
+        helper.make_node("MatMul", ["qs", "kts"], ["s0"]),
+    ]
+    inits = [_const("root", root)]
+    last = "s0"
+    if causal:
+        inits.append(_const("causal", np.triu(np.full((sq, sk), -np.inf, np.float32), k=1 + sk - sq)))
+        nodes.append(helper.make_node("Add", ["s0", "causal"], ["s1"]))
+        last = "s1"
+    nodes += [helper.make_node("Softmax", [last], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    return _model(nodes, {"q": (b, h, sq, d), "k": (b, h, sk, d), "v": (b, h, sk, d)}, "y", inits)
+
+
+def bert(b: int, h: int, s: int, d: int) -> onnx.ModelProto:
+    """Heads split by Reshape + Transpose from [B, S, H*D] projections, K transposed straight to [B, H, D, S],
+    the scores divided by sqrt(D), a [B, 1, 1, S] mask, the output transposed back and reshaped."""
+    nodes = [
+        helper.make_node("Reshape", ["xq", "heads"], ["q4"]),
+        helper.make_node("Transpose", ["q4"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["xk", "heads"], ["k4"]),
+        helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["xv", "heads"], ["v4"]),
+        helper.make_node("Transpose", ["v4"], ["v"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        helper.make_node("Div", ["s0", "root_d"], ["s1"]),
+        helper.make_node("Add", ["s1", "mask"], ["s2"]),
+        helper.make_node("Softmax", ["s2"], ["p"], axis=3),
+        helper.make_node("MatMul", ["p", "v"], ["ctx"]),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", "merged"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([b, s, h, d], np.int64), "heads"),
+        numpy_helper.from_array(np.array([b, s, h * d], np.int64), "merged"),
+        _const("root_d", np.sqrt(d)),
+    ]
+    inputs = {"xq": (b, s, h * d), "xk": (b, s, h * d), "xv": (b, s, h * d), "mask": (b, 1, 1, s)}
+    return _model(nodes, inputs, "y", inits)
+
+
+def mha_3d(bh: int, sq: int, sk: int, d: int) -> onnx.ModelProto:
+    """nn.MultiheadAttention's batched heads: [B*H, S, D], q scaled first, bmm with K transposed."""
+    nodes = [
+        helper.make_node("Mul", ["q", "scale"], ["qs"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["qs", "kt"], ["s0"]),
+        helper.make_node("Softmax", ["s0"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    inputs = {"q": (bh, sq, d), "k": (bh, sk, d), "v": (bh, sk, d)}
+    return _model(nodes, inputs, "y", [_const("scale", 1.0 / np.sqrt(d))])
+
+
+def grouped(b: int, hkv: int, rep: int, s: int, d: int) -> onnx.ModelProto:
+    """Grouped K/V heads as a broadcast axis: Q [B, Hkv, rep, S, D] against K/V [B, Hkv, 1, S, D]; a bool mask
+    turned additive by Where(mask, 0, -inf)."""
+    nodes = [
+        helper.make_node("Where", ["keep", "zero", "minus_inf"], ["bias"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 2, 4, 3]),
+        helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+        helper.make_node("Add", ["s1", "bias"], ["s2"]),
+        helper.make_node("Softmax", ["s2"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    inputs = {"q": (b, hkv, rep, s, d), "k": (b, hkv, 1, s, d), "v": (b, hkv, 1, s, d), "keep": (b, 1, 1, 1, s)}
+    inits = [_const("scale", 1.0 / np.sqrt(d)), _const("zero", 0.0), _const("minus_inf", -np.inf)]
+    return _model(nodes, inputs, "y", inits, bool_inputs=("keep",))
+
+
+def _feeds(model: onnx.ModelProto, seed: int, **masks: np.ndarray) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        shape = tuple(dim.dim_value for dim in value.type.tensor_type.shape.dim)
+        if value.name in masks:
+            feeds[value.name] = masks[value.name]
+        elif value.type.tensor_type.elem_type == TensorProto.BOOL:
+            feeds[value.name] = rng.random(shape) < 0.7
+        else:
+            feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def _fused_steps(model: onnx.ModelProto, feeds: dict[str, np.ndarray], fuse: bool = True) -> list[Any]:
+    plan = plan_model(
+        load_model(model),
+        {n: v.shape for n, v in feeds.items()},
+        CAPS,
+        input_dtypes={n: v.dtype for n, v in feeds.items()},
+        fuse=fuse,
+    )
+    return [step for step in plan.steps if isinstance(step.operator, FusedAttention)]
+
+
+def _check(env: ortgpu.Env, model: onnx.ModelProto, feeds: dict[str, np.ndarray], fused: bool = True) -> None:
+    """The session's outputs match onnxruntime CPU's; on this backend's device the attention ran fused or not."""
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, feeds)
+    with ortgpu.InferenceSession(model.SerializeToString(), env=env) as sess:
+        placement = sess.get_node_placement({name: value.shape for name, value in feeds.items()})
+        assert any("fused attention" in p.reason for p in placement) == fused
+        assert all(p.placement == "webgpu" for p in placement)
+        got = sess.run(None, feeds)
+    for actual, want in zip(got, expected):
+        assert actual.shape == want.shape and actual.dtype == want.dtype
+        assert np.array_equal(np.isnan(actual), np.isnan(want))
+        finite = ~np.isnan(want)
+        scale = max(float(np.abs(want[finite]).max(initial=0.0)), 1e-30)
+        assert float(np.abs(actual[finite].astype(np.float64) - want[finite]).max(initial=0.0)) / scale <= 1e-4
+
+
+# -- the plan ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: hf_eager(1, 2, 5, 5, 8, 8, (1, 1, 5, 5)),
+        lambda: sdpa(1, 2, 4, 6, 8, causal=True),
+        lambda: bert(2, 2, 5, 8),
+        lambda: mha_3d(4, 3, 5, 8),
+        lambda: grouped(1, 2, 2, 5, 8),
+    ],
+    ids=["hf-eager", "sdpa-causal", "bert", "mha-3d", "grouped"],
+)
+def test_the_pattern_becomes_one_fused_step_only_when_fusing(build: Any) -> None:
+    model = build()
+    feeds = _feeds(model, 0)
+    steps = _fused_steps(model, feeds)
+    assert len(steps) == 1
+    step = steps[0]
+    absorbed = {"MatMul", "Softmax"} <= set(step.op_types) and step.op_types.count("MatMul") == 2
+    assert absorbed and step.placement == "webgpu"
+    # every Transpose and scalar Mul/Div feeding the products is read through, not run
+    for node in model.graph.node:
+        if node.op_type in ("Transpose", "Mul", "Div") and node.output[0] not in ("ctx_t",):
+            assert node.name in step.node_names
+    assert _fused_steps(model, feeds, fuse=False) == []
+
+
+def test_scores_read_elsewhere_stay_unfused(env: ortgpu.Env) -> None:
+    model = hf_eager(1, 2, 5, 5, 8, 8, None)
+    model.graph.output.append(helper.make_tensor_value_info("s1", F32, None))
+    feeds = _feeds(model, 1)
+    assert _fused_steps(model, feeds) == []
+    _check(env, model, feeds, fused=False)
+
+
+def test_softmax_over_another_axis_stays_unfused(env: ortgpu.Env) -> None:
+    model = hf_eager(1, 2, 5, 5, 8, 8, None)
+    next(n for n in model.graph.node if n.op_type == "Softmax").attribute[0].i = 2
+    feeds = _feeds(model, 2)
+    assert _fused_steps(model, feeds) == []
+    _check(env, model, feeds, fused=False)
+
+
+def test_scaled_values_stay_unfused(env: ortgpu.Env) -> None:
+    model = hf_eager(1, 2, 5, 5, 8, 8, None)
+    node = next(n for n in model.graph.node if n.op_type == "MatMul" and n.input[0] == "p")
+    node.input[1] = "v2"
+    model.graph.node.insert(0, helper.make_node("Mul", ["v", "scale"], ["v2"], name="scale_v"))
+    feeds = _feeds(model, 3)
+    assert _fused_steps(model, feeds) == []
+    _check(env, model, feeds, fused=False)
+
+
+# -- numerics at the edges --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head", [32, 64, 80, 128])
+@pytest.mark.parametrize("sq,sk", [(1, 7), (7, 7), (19, 33)])
+def test_hf_eager_head_sizes_and_lengths(env: ortgpu.Env, head: int, sq: int, sk: int) -> None:
+    model = hf_eager(1, 2, sq, sk, head, head, (1, 1, sq, sk))
+    feeds = _feeds(model, head + sq)
+    assert len(_fused_steps(model, feeds)) == 1
+    _check(env, model, feeds)
+
+
+@pytest.mark.parametrize("kind", ["zero", "finite-min", "rows-dropped", "keys-dropped"])
+def test_masks(env: ortgpu.Env, kind: str) -> None:
+    sq, sk = 6, 9
+    mask = np.zeros((2, 1, sq, sk), np.float32)
+    if kind == "finite-min":
+        mask[:, :, :, 4:] = np.finfo(np.float32).min
+    elif kind == "rows-dropped":
+        mask[0, :, 2, :] = -np.inf  # every key of a row dropped: NaN, as Softmax gives
+    elif kind == "keys-dropped":
+        mask[:, :, :, ::2] = -np.inf
+    model = hf_eager(2, 3, sq, sk, 16, 24, (2, 1, sq, sk))
+    feeds = _feeds(model, 4, mask=mask)
+    assert len(_fused_steps(model, feeds)) == 1
+    _check(env, model, feeds)
+
+
+@pytest.mark.parametrize("sq,sk", [(1, 1), (5, 5), (3, 40)])
+def test_sdpa_causal(env: ortgpu.Env, sq: int, sk: int) -> None:
+    model = sdpa(1, 3, sq, sk, 32, causal=True)
+    feeds = _feeds(model, sq * sk)
+    assert len(_fused_steps(model, feeds)) == 1
+    _check(env, model, feeds)
+
+
+def test_bert_heads_through_reshape_and_transposes(env: ortgpu.Env) -> None:
+    model = bert(2, 4, 13, 16)
+    mask = np.zeros((2, 1, 1, 13), np.float32)
+    mask[1, ..., 9:] = -10000.0
+    _check(env, model, _feeds(model, 5, mask=mask))
+
+
+def test_multihead_3d(env: ortgpu.Env) -> None:
+    model = mha_3d(6, 1, 17, 64)
+    _check(env, model, _feeds(model, 6))
+
+
+def test_grouped_heads_with_a_bool_mask(env: ortgpu.Env) -> None:
+    model = grouped(2, 2, 3, 11, 32)
+    _check(env, model, _feeds(model, 7))
