@@ -9,6 +9,7 @@ same way) all reduce to::
     S = Add(S, mask)                   at most one, the mask broadcast to S (not S broadcast to it)
     S = S * c | S / c                  c > 0 (they scale the mask too)
     P = Softmax(S, last axis)
+    P = Cast(P, float)                 any number of them
     Y = MatMul(P, V')                  V' = V read through Transposes
 
 where every intermediate has that one consumer and is no graph output.  The group becomes one step of
@@ -161,6 +162,10 @@ def _match(ctx: RewriteContext, matcher: _Matcher, first: GraphNode) -> PlannedS
         chain.append(user)
         current = user.outputs[0]
     last = matcher.only_user(current)
+    while last is not None and matcher.is_float_cast(last, current):  # softmax(..., dtype=float32) exports a Cast
+        chain.append(last)
+        current = last.outputs[0]
+        last = matcher.only_user(current)
     if last is None or last.op_type != "MatMul" or len(last.inputs) != 2 or last.inputs[0] != current:
         return None
     q = matcher.view(first.inputs[0], first)

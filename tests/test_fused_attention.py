@@ -57,7 +57,7 @@ def _model(
 
 
 def hf_eager(b: int, h: int, sq: int, sk: int, d: int, dv: int, mask: tuple[int, ...] | None) -> onnx.ModelProto:
-    """matmul(q, k.transpose(2, 3)) * scale + mask, softmax, matmul(., v)."""
+    """matmul(q, k.transpose(2, 3)) * scale + mask, softmax in float32 (a Cast after it), matmul(., v)."""
     nodes = [
         helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
         helper.make_node("MatMul", ["q", "kt"], ["s0"]),
@@ -69,7 +69,11 @@ def hf_eager(b: int, h: int, sq: int, sk: int, d: int, dv: int, mask: tuple[int,
         nodes.append(helper.make_node("Add", ["s1", "mask"], ["s2"]))
         inputs["mask"] = mask
         last = "s2"
-    nodes += [helper.make_node("Softmax", [last], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    nodes += [
+        helper.make_node("Softmax", [last], ["p32"], axis=-1),
+        helper.make_node("Cast", ["p32"], ["p"], to=F32),  # softmax(..., dtype=torch.float32)
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
     return _model(nodes, inputs, "y", [_const("scale", 1.0 / np.sqrt(d))])
 
 
