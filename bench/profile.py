@@ -45,12 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu")
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument(
+        "--no-fuse", action="store_true", help="profile the plan without the graph rewrites (each node its own step)"
+    )
     args = parser.parse_args(argv)
 
     env = ortgpu.Env(backend=args.backend)
     model, shapes = build_model(args.model, args.batch)
     feeds = random_feeds(model, shapes, high=100)
-    with ortgpu.InferenceSession(model.SerializeToString(), env=env) as sess:
+    with ortgpu.InferenceSession(model.SerializeToString(), env=env, fuse=not args.no_fuse) as sess:
         reference = sess.run(None, feeds)
         shared = env.shared_allocator(sess.device)
         inputs = {name: shared.from_numpy(array) for name, array in feeds.items()}

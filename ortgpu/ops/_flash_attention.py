@@ -68,19 +68,26 @@ class FlashProblem:
 
 @dataclass(frozen=True)
 class FlashTiles:
-    """``rows`` queries per workgroup (``threads_per_row`` invocations each), ``keys`` per tile; V in
-    workgroup memory when ``shared_v``."""
+    """``rows`` queries per workgroup (``threads_per_row`` invocations each), ``keys`` per tile, vectors of
+    ``width`` floats along the head dimensions (4 where both head sizes allow); V in workgroup memory when
+    ``shared_v``."""
 
     rows: int
     keys: int
+    width: int
     shared_v: bool
 
     @property
     def threads_per_row(self) -> int:
         return FLASH_THREADS // self.rows
 
+    def pitch(self, head: int) -> int:
+        """Vectors per row of the Q and K tiles: one spare, so rows start in different banks."""
+        return head // self.width + 1
+
     def shared_bytes(self, head: int, value_head: int) -> int:
-        floats = self.rows * (head + 1) + self.keys * (head + 1) + self.rows * self.keys
+        floats = (self.rows + self.keys) * self.pitch(head) * self.width + self.rows * self.keys
+        floats += 2 * self.rows * min(self.threads_per_row, self.keys)  # the rows' partial maxima and sums
         if self.shared_v:
             floats += self.keys * value_head
         return 4 * floats
@@ -88,17 +95,18 @@ class FlashTiles:
 
 def flash_tiles(problem: FlashProblem, caps: DeviceCaps) -> FlashTiles:
     """The largest tiles that fit the device's workgroup storage: a query block of up to 16 rows (fewer for a short
-    query, down to one for decoding), key tiles of 32 (or one per invocation of a row, when rows are few), halved
-    until they fit (down to 8: invocations of a row beyond the tile's keys then sit out the scores); V read from device memory when even the smallest tile with V does not fit."""
+    query, down to one for decoding), key tiles of 32 (64 for a single row), halved until they fit (down to 8:
+    invocations of a row beyond the tile's keys then sit out the scores); V read from device memory when even the
+    smallest tile with V does not fit."""
     rows = 1
     while rows < 16 and rows < problem.sq:
         rows *= 2
+    width = 4 if problem.head % 4 == 0 and problem.value_head % 4 == 0 else 1
     limit = caps.limits.max_compute_workgroup_storage_size
-    per_row = FLASH_THREADS // rows
     for shared_v in (True, False):
-        keys = max(32, per_row)
+        keys = 64 if rows == 1 else 32
         while keys >= 8:
-            tiles = FlashTiles(rows, keys, shared_v)
+            tiles = FlashTiles(rows, keys, width, shared_v)
             if tiles.shared_bytes(problem.head, problem.value_head) <= limit:
                 return tiles
             keys //= 2
@@ -128,47 +136,77 @@ def _product(values: Sequence[int]) -> int:
     return result
 
 
+def _vector(width: int) -> str:
+    return "vec4<f32>" if width == 4 else "f32"
+
+
 def _tile_load(
-    target: str, pitch: int, source: str, view: OperandView, base: str, first: str, rows: int, cols: int, limit: int
+    target: str,
+    pitch: int,
+    width: int,
+    source: str,
+    view: OperandView,
+    base: str,
+    first: str,
+    rows: int,
+    cols: int,
+    limit: int,
 ) -> str:
-    """WGSL loop filling ``target[row * pitch + col]`` for a ``rows x cols`` tile starting at row ``first``, zero
-    past row ``limit``; consecutive invocations take consecutive elements of whichever axis is contiguous."""
+    """WGSL loop filling ``target[row * pitch + v]`` (vectors of ``width`` floats along the columns) for a
+    ``rows x cols`` tile starting at row ``first``, zero past row ``limit``; consecutive invocations take
+    consecutive elements of whichever axis is contiguous."""
+    vectors = cols // width
     if view.row_stride < view.col_stride:
-        row, col = f"t % {rows}u", f"t / {rows}u"
+        row, vec = f"t % {rows}u", f"t / {rows}u"
     else:
-        row, col = f"t / {cols}u", f"t % {cols}u"
-    return f"""    for (var t = li; t < {rows * cols}u; t = t + {FLASH_THREADS}u) {{
+        row, vec = f"t / {vectors}u", f"t % {vectors}u"
+    at = f"{base} + ({first} + row) * {view.row_stride}u + (vec * {width}u + LANEu) * {view.col_stride}u"
+    if width == 4:
+        value = "vec4<f32>(" + ", ".join(f"{source}[{at.replace('LANE', str(lane))}]" for lane in range(4)) + ")"
+    else:
+        value = f"{source}[{at.replace('LANE', '0')}]"
+    return f"""    for (var t = li; t < {rows * vectors}u; t = t + {FLASH_THREADS}u) {{
         let row = {row};
-        let col = {col};
-        var x = 0.0;
-        if ({first} + row < {limit}u) {{
-            x = {source}[{base} + ({first} + row) * {view.row_stride}u + col * {view.col_stride}u];
-        }}
-        {target}[row * {pitch}u + col] = x;
+        let vec = {vec};
+        var x = {_vector(width)}();
+        if ({first} + row < {limit}u) {{ x = {value}; }}
+        {target}[row * {pitch}u + vec] = x;
     }}
 """
 
 
 def flash_attention_wgsl(problem: FlashProblem, caps: DeviceCaps) -> tuple[str, tuple[int, int, int], BindingTable]:
-    """The kernel's WGSL, grid and bindings (raises :class:`NotOnDevice` when it cannot run on ``caps``)."""
+    """The kernel's WGSL, grid and bindings (raises :class:`NotOnDevice` when it cannot run on ``caps``).
+
+    Per key tile, invocation ``c`` of row ``r`` computes the scores of keys ``c, c + TPR, ...`` (its Q row and those
+    K rows read as vectors), publishes its maximum; after a barrier each reads its row's maxima, turns its own
+    scores into weights ``exp(score - row max)``, publishes them and their sum; after another it rescales its
+    accumulators (its ``Dv / TPR`` columns, as vectors) and adds the tile's weighted V rows.
+    """
     p = problem
     if min(p.sq, p.sk, p.head, p.value_head) <= 0:
         raise NotOnDevice("fused attention: an empty query, key or head dimension is left to the unfused operators")
     tiles = flash_tiles(p, caps)
-    rows, keys, tpr = tiles.rows, tiles.keys, tiles.threads_per_row
-    per_thread_scores = -(-keys // tpr)
-    columns = -(-p.value_head // tpr)
+    rows, keys, tpr, width = tiles.rows, tiles.keys, tiles.threads_per_row, tiles.width
+    vec = _vector(width)
+    pitch = tiles.pitch(p.head)
+    scores = -(-keys // tpr)
+    partials = min(tpr, keys)
+    columns = -(-(p.value_head // width) // tpr)
     key_tiles = -(-p.sk // keys)
+    head_vectors = p.head // width
     check_loop_budget(
         "fused attention",
-        -(-rows * p.head // FLASH_THREADS)
+        -(-rows * head_vectors // FLASH_THREADS)
         + key_tiles
         * (
-            -(-keys * p.head // FLASH_THREADS) * (2 if tiles.shared_v else 1)
-            + per_thread_scores * (p.head + 1)
-            + keys * (2 + columns)
+            -(-keys * head_vectors // FLASH_THREADS) * (2 if tiles.shared_v else 1)
+            + head_vectors * (scores + 1)
+            + 3 * scores
+            + 2 * partials
+            + keys * (1 + columns)
         )
-        + columns,
+        + 2 * columns,
         caps,
     )
     blocks = -(-p.sq // rows)
@@ -181,7 +219,6 @@ def flash_attention_wgsl(problem: FlashProblem, caps: DeviceCaps) -> tuple[str, 
     v_name = table.add(Binding("input", p.v.index))
     mask_name = table.add(Binding("input", p.mask.index)) if p.mask is not None else ""
     out_name = table.add(Binding("output", p.out.index), writable=True)
-    pitch = p.head + 1
 
     bias = ""
     if p.mask is not None:
@@ -189,22 +226,36 @@ def flash_attention_wgsl(problem: FlashProblem, caps: DeviceCaps) -> tuple[str, 
                 let b = {mask_name}[mb + i * {p.mask.row_stride}u + j * {p.mask.col_stride}u];
                 if (bitcast<u32>(b) == 0xff800000u) {{ x = neg_inf(); }} else {{ x = x + b * {wgsl_f32(p.bias_scale)}; }}"""
     key_end = f"{p.sk}u"
-    keep = f"j < {p.sk}u && i < {p.sq}u"
+    keep = f"jj < {keys}u && j < {p.sk}u && i < {p.sq}u"
     if p.causal_offset is not None:
         # keys past the block's last row's frontier are dropped for every row of the block: stop the walk there
         key_end = f"min({p.sk}u, u32(max(0, i32(i0) + {rows + p.causal_offset})))"
         keep += f" && i32(j) <= i32(i) + {p.causal_offset}"
-    v_read = (
-        f"vs[jj * {p.value_head}u + col]"
-        if tiles.shared_v
-        else (f"{v_name}[vb + (j0 + jj) * {p.v.row_stride}u + col * {p.v.col_stride}u]")
+    value_vectors = p.value_head // width
+    if tiles.shared_v:
+        v_read = f"vs[jj * {value_vectors}u + col]"
+        v_load = _tile_load("vs", value_vectors, width, v_name, p.v, "vb", "j0", keys, p.value_head, p.sk)
+    else:
+        at = f"vb + min(j0 + jj, {p.sk - 1}u) * {p.v.row_stride}u + (col * {width}u + LANEu) * {p.v.col_stride}u"
+        lanes = [f"{v_name}[{at.replace('LANE', str(lane))}]" for lane in range(width)]
+        v_read = f"vec4<f32>({', '.join(lanes)})" if width == 4 else lanes[0]
+        v_load = ""
+    dot = "dot(q, ks[jj * PITCHu + d])" if width == 4 else "q * ks[jj * PITCHu + d]"
+    dot = dot.replace("PITCH", str(pitch))
+    empty = "0.0" if p.empty_rows_zero else "nan()"
+    stores = "\n".join(
+        f"            if (col * {width}u + {lane}u < {p.value_head}u) "
+        f"{{ {out_name}[ob + (col * {width}u + {lane}u) * {p.out.col_stride}u] = "
+        f"select({empty}, acc[e]{'.' + 'xyzw'[lane] if width == 4 else ''} / l, seen); }}"
+        for lane in range(width)
     )
-    v_load = _tile_load("vs", p.value_head, v_name, p.v, "vb", "j0", keys, p.value_head, p.sk) if tiles.shared_v else ""
     wgsl = f"""{table.declarations()}
-var<workgroup> qs: array<f32, {rows * pitch}>;
-var<workgroup> ks: array<f32, {keys * pitch}>;
-{f"var<workgroup> vs: array<f32, {keys * p.value_head}>;" if tiles.shared_v else ""}
+var<workgroup> qs: array<{vec}, {rows * pitch}>;
+var<workgroup> ks: array<{vec}, {keys * pitch}>;
+{f"var<workgroup> vs: array<{vec}, {keys * value_vectors}>;" if tiles.shared_v else ""}
 var<workgroup> ps: array<f32, {rows * keys}>;
+var<workgroup> row_max: array<f32, {rows * partials}>;
+var<workgroup> row_sum: array<f32, {rows * partials}>;
 
 // -inf and NaN made at run time (WGSL makes non-finite constant expressions an error)
 fn neg_inf() -> f32 {{
@@ -214,6 +265,9 @@ fn neg_inf() -> f32 {{
 fn nan() -> f32 {{
     var bits = 0x7fc00000u;
     return bitcast<f32>(bits);
+}}
+fn dropped(x: f32) -> bool {{
+    return bitcast<u32>(x) == 0xff800000u;
 }}
 
 @compute @workgroup_size({FLASH_THREADS})
@@ -229,56 +283,75 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let r = li / {tpr}u;
     let c = li % {tpr}u;
     let i = i0 + r;
-{_tile_load("qs", pitch, q_name, p.q, "qb", "i0", rows, p.head, p.sq)}
+{_tile_load("qs", pitch, width, q_name, p.q, "qb", "i0", rows, p.head, p.sq)}
     var m = 0.0;
     var l = 0.0;
     var seen = false;
-    var acc: array<f32, {columns}>;
+    var acc: array<{vec}, {columns}>;
+    var xs: array<f32, {scores}>;
     let key_end = {key_end};
     for (var j0 = 0u; j0 < key_end; j0 = j0 + {keys}u) {{
         workgroupBarrier();
-{_tile_load("ks", pitch, k_name, p.k, "kb", "j0", keys, p.head, p.sk)}{v_load}
+{_tile_load("ks", pitch, width, k_name, p.k, "kb", "j0", keys, p.head, p.sk)}{v_load}
         workgroupBarrier();
-        for (var s = 0u; s < {per_thread_scores}u; s = s + 1u) {{
-            let jj = c + s * {tpr}u;
-            {f"if (jj >= {keys}u) {{ break; }}" if keys < tpr else ""}
-            let j = j0 + jj;
-            var x = neg_inf();
-            if ({keep}) {{
-                var dot = 0.0;
-                for (var d = 0u; d < {p.head}u; d = d + 1u) {{
-                    dot = fma(qs[r * {pitch}u + d], ks[jj * {pitch}u + d], dot);
-                }}
-                x = dot * {wgsl_f32(p.logit_scale)};{bias}
+        // this invocation's scores: keys c, c + TPR, ... of the tile
+        // an explicit initializer: a declaration without one is zeroed once, not at every tile (naga)
+        var dots = array<f32, {scores}>();
+        for (var d = 0u; d < {head_vectors}u; d = d + 1u) {{
+            let q = qs[r * {pitch}u + d];
+            for (var s = 0u; s < {scores}u; s = s + 1u) {{
+                let jj = min(c + s * {tpr}u, {keys - 1}u);
+                dots[s] = dots[s] + {dot};
             }}
-            ps[r * {keys}u + jj] = x;
         }}
-        workgroupBarrier();
         var top = 0.0;
         var hit = false;
-        for (var jj = 0u; jj < {keys}u; jj = jj + 1u) {{
-            let x = ps[r * {keys}u + jj];
-            if (bitcast<u32>(x) != 0xff800000u) {{
-                top = select(x, max(top, x), hit);
+        for (var s = 0u; s < {scores}u; s = s + 1u) {{
+            let jj = c + s * {tpr}u;
+            let j = j0 + jj;
+            var x_s = neg_inf();
+            if ({keep}) {{
+                var x = dots[s] * {wgsl_f32(p.logit_scale)};{bias}
+                x_s = x;
+            }}
+            xs[s] = x_s;
+            if (!dropped(x_s)) {{
+                top = select(x_s, max(top, x_s), hit);
                 hit = true;
             }}
         }}
-        if (hit) {{
-            let next = select(top, max(m, top), seen);
-            let alpha = select(0.0, exp(m - next), seen);
-            l = l * alpha;
-            for (var e = 0u; e < {columns}u; e = e + 1u) {{ acc[e] = acc[e] * alpha; }}
-            m = next;
-            seen = true;
-            for (var jj = 0u; jj < {keys}u; jj = jj + 1u) {{
-                let x = ps[r * {keys}u + jj];
-                if (bitcast<u32>(x) == 0xff800000u) {{ continue; }}
-                let w = exp(x - m);
-                l = l + w;
-                for (var e = 0u; e < {columns}u; e = e + 1u) {{
-                    let col = min(c + e * {tpr}u, {p.value_head - 1}u);
-                    acc[e] = fma(w, {v_read}, acc[e]);
-                }}
+        if (c < {partials}u) {{ row_max[r * {partials}u + c] = select(neg_inf(), top, hit); }}
+        workgroupBarrier();
+        var tile_hit = false;
+        for (var t = 0u; t < {partials}u; t = t + 1u) {{
+            let y = row_max[r * {partials}u + t];
+            if (!dropped(y)) {{
+                top = select(y, max(top, y), tile_hit);
+                tile_hit = true;
+            }}
+        }}
+        let next = select(m, select(top, max(m, top), seen), tile_hit);
+        let alpha = select(1.0, exp(m - next), seen);
+        seen = seen || tile_hit;
+        m = next;
+        var part = 0.0;
+        for (var s = 0u; s < {scores}u; s = s + 1u) {{
+            let jj = c + s * {tpr}u;
+            let w = select(exp(xs[s] - m), 0.0, dropped(xs[s]));
+            if (jj < {keys}u) {{ ps[r * {keys}u + jj] = w; }}
+            part = part + w;
+        }}
+        if (c < {partials}u) {{ row_sum[r * {partials}u + c] = part; }}
+        workgroupBarrier();
+        var tile_sum = 0.0;
+        for (var t = 0u; t < {partials}u; t = t + 1u) {{ tile_sum = tile_sum + row_sum[r * {partials}u + t]; }}
+        l = l * alpha + tile_sum;
+        for (var e = 0u; e < {columns}u; e = e + 1u) {{ acc[e] = acc[e] * alpha; }}
+        for (var jj = 0u; jj < {keys}u; jj = jj + 1u) {{
+            let w = ps[r * {keys}u + jj];
+            for (var e = 0u; e < {columns}u; e = e + 1u) {{
+                let col = min(c + e * {tpr}u, {value_vectors - 1}u);
+                acc[e] = acc[e] + w * {v_read};
             }}
         }}
     }}
@@ -286,7 +359,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let ob = {_batch_offset(p.out, p.batch)} + i * {p.out.row_stride}u;
         for (var e = 0u; e < {columns}u; e = e + 1u) {{
             let col = c + e * {tpr}u;
-            if (col < {p.value_head}u) {{ {out_name}[ob + col * {p.out.col_stride}u] = select({"0.0" if p.empty_rows_zero else "nan()"}, acc[e] / l, seen); }}
+            if (col >= {value_vectors}u) {{ break; }}
+{stores}
         }}
     }}
 }}
