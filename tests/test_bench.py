@@ -499,6 +499,16 @@ def test_profile_top_limits_rows(backend_name: str, model_path: str, capsys: pyt
     assert len(lines) == 4  # header, columns, one row, by op
 
 
+def test_profile_no_fuse_profiles_each_node(
+    backend_name: str, model_path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    json_path = tmp_path / "profile.json"
+    argv = ["--model", model_path, "--backend", backend_name, "--repeats", "2", "--no-fuse", "--json", str(json_path)]
+    assert bench_profile.main(argv) == 0
+    ops = sorted(step["op"] for step in json.loads(json_path.read_text())["steps"])
+    assert ops == ["Add", "Add", "MatMul", "MatMul", "Relu"]  # the epilogues are steps of their own
+
+
 # -- the recurrent models (issue 13): lstm-ocr and vad, with onnxruntime's CPU provider as a peer -----------------
 
 CPU_PEER = "onnxruntime CPUExecutionProvider capture off"
