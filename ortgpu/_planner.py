@@ -10,6 +10,7 @@ This module orchestrates; the jobs live in their own modules:
 * :mod:`ortgpu._plan_types`: the plan's records (:class:`ExecutionPlan`, :class:`PlannedStep`, :class:`PlannedTensor`);
 * :mod:`ortgpu._rewrites`: the graph rewrites applied when fusing (BatchNormalization folded into Conv, fused
   epilogues, GELU, folded Transposes); :mod:`ortgpu._attention_fusion`: attention as one flash kernel;
+  :mod:`ortgpu._elementwise_fusion`: connected elementwise steps as one kernel;
 * :mod:`ortgpu._memory_plan`: where each tensor lives, and buffer slots shared by liveness.
 
 The plan is device-independent apart from the :class:`DeviceCaps` it was made
@@ -27,6 +28,7 @@ import numpy as np
 from ortgpu_core._errors import DtypeError, ModelError, ShapeError, UnsupportedOpError
 
 from ._attention_fusion import fuse_attentions
+from ._elementwise_fusion import fuse_elementwise
 from ._host_values import (
     OPTIONAL_REASON,
     SEQUENCE_REASON,
@@ -218,6 +220,8 @@ def _plan(
     infos = _checked_infos(nodes, input_infos, output_names, types, constants, caps)
     ctx = RewriteContext(caps, types, constants, infos, consumers, set(output_names))
     steps = _plan_steps(ctx, nodes, allow_cpu, fuse)
+    if fuse:
+        steps = fuse_elementwise(steps, ctx.graph_outputs, caps)
     memory = plan_memory(steps, input_infos, output_names, infos, constants, caps)
     used_constants, uploaded = uploaded_constants(memory, constants)
     uploaded = {name for name in uploaded if used_constants[name].dtype != object}  # strings stay on the host

@@ -42,6 +42,7 @@ __all__ = [
     "DeviceCaps",
     "Binding",
     "KernelSpec",
+    "ElementwiseExpression",
     "OpPlan",
     "Operator",
     "NotOnDevice",
@@ -135,6 +136,20 @@ class KernelSpec:
     bindings: tuple[Binding, ...]
     twin: KernelTwin
     params: bytes = b""
+    #: For a plain elementwise kernel: what it computes per output element, so the planner can fuse a chain of
+    #: them into one kernel (:mod:`ortgpu._elementwise_fusion`); None for every other kernel.
+    elementwise: ElementwiseExpression | None = None
+
+
+@dataclass(frozen=True)
+class ElementwiseExpression:
+    """An elementwise kernel's per-element function: ``expression`` (WGSL of the output's compute type) over
+    ``j`` (the output index) and ``x0, x1, ...``, the values of the node's inputs ``input_indices`` (their compute
+    types, read with numpy broadcasting), calling the functions in ``helpers``."""
+
+    input_indices: tuple[int, ...]
+    expression: str
+    helpers: str
 
 
 @dataclass(frozen=True)

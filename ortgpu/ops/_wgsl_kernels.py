@@ -14,6 +14,7 @@ numpy's C layout (the storage model of :mod:`ortgpu.ops._wgsl`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -21,7 +22,16 @@ import numpy as np
 
 from ortgpu_core.backends.protocol import DeviceLimits, KernelTwin
 
-from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, reference_twin
+from ._kernel import (
+    Binding,
+    DeviceCaps,
+    ElementwiseExpression,
+    KernelSpec,
+    NotOnDevice,
+    OpPlan,
+    TensorInfo,
+    reference_twin,
+)
 from ._wgsl import (
     LINEAR_INVOCATION,
     broadcast_index_function,
@@ -109,7 +119,11 @@ def elementwise_kernel(
     invocations = -(-count // per)
     body = store_statements(output.dtype, count, "value", pair_output)
     bindings = tuple(Binding("input", op.input_index) for op in operands) + (Binding("output", 0),)
-    return _linear_kernel(name, parts, body, invocations, bindings, twin, limits)
+    kernel = _linear_kernel(name, parts, body, invocations, bindings, twin, limits)
+    if pair_output or any(op.int64_pair for op in operands):
+        return kernel
+    meta = ElementwiseExpression(tuple(op.input_index for op in operands), expression, helpers)
+    return dataclasses.replace(kernel, elementwise=meta)
 
 
 def _linear_kernel(
