@@ -10,7 +10,8 @@ This module orchestrates; the jobs live in their own modules:
 * :mod:`ortgpu._plan_types`: the plan's records (:class:`ExecutionPlan`, :class:`PlannedStep`, :class:`PlannedTensor`);
 * :mod:`ortgpu._rewrites`: the graph rewrites applied when fusing (BatchNormalization folded into Conv, fused
   epilogues, GELU, folded Transposes); :mod:`ortgpu._attention_fusion`: attention as one flash kernel;
-  :mod:`ortgpu._elementwise_fusion`: connected elementwise steps as one kernel;
+  :mod:`ortgpu._norm_fusion`: RMSNorm as one row kernel; :mod:`ortgpu._elementwise_fusion`: connected
+  elementwise steps as one kernel;
 * :mod:`ortgpu._memory_plan`: where each tensor lives, and buffer slots shared by liveness.
 
 The plan is device-independent apart from the :class:`DeviceCaps` it was made
@@ -43,6 +44,7 @@ from ._host_values import (
     value_dtype_matches,
 )
 from ._memory_plan import plan_memory, uploaded_constants
+from ._norm_fusion import fuse_rms_norms
 from ._plan_types import ExecutionPlan, Placement, PlacementRow, PlannedStep, PlannedTensor
 from ._rewrites import (
     FUSABLE_PRODUCERS,
@@ -322,10 +324,11 @@ def _plan_steps(ctx: RewriteContext, nodes: Sequence[GraphNode], allow_cpu: bool
     # planned after all, at the MatMul, if the MatMul cannot take it.
     folds = foldable_transposes(ctx, nodes) if fuse else {}
     folded = {t.name for pending in folds.values() for t, _ in pending.values()}
-    # Attention groups (Q.K^T, scale, mask, Softmax, .V) become one step at their last node's place.
-    for last, attention in (fuse_attentions(ctx, nodes, folds) if fuse else {}).items():
-        absorbed.update(attention.node_names)
-        delayed[last] = attention
+    # Attention groups (Q.K^T, scale, mask, Softmax, .V) and RMSNorm groups become one step at their last node's place.
+    patterns = {**fuse_attentions(ctx, nodes, folds), **fuse_rms_norms(ctx, nodes)} if fuse else {}
+    for last, group in patterns.items():
+        absorbed.update(group.node_names)
+        delayed[last] = group
     for node in nodes:
         if node.name in absorbed:
             if node.name in delayed:
