@@ -240,15 +240,60 @@ def flash_attention_wgsl(problem: FlashProblem, caps: DeviceCaps) -> tuple[str, 
         lanes = [f"{v_name}[{at.replace('LANE', str(lane))}]" for lane in range(width)]
         v_read = f"vec4<f32>({', '.join(lanes)})" if width == 4 else lanes[0]
         v_load = ""
-    dot = "dot(q, ks[jj * PITCHu + d])" if width == 4 else "q * ks[jj * PITCHu + d]"
-    dot = dot.replace("PITCH", str(pitch))
-    empty = "0.0" if p.empty_rows_zero else "nan()"
-    stores = "\n".join(
-        f"            if (col * {width}u + {lane}u < {p.value_head}u) "
-        f"{{ {out_name}[ob + (col * {width}u + {lane}u) * {p.out.col_stride}u] = "
-        f"select({empty}, acc[e]{'.' + 'xyzw'[lane] if width == 4 else ''} / l, seen); }}"
-        for lane in range(width)
+    # Per-invocation values live in scalars and vectors named by index (unrolled here), never in arrays a loop
+    # indexes: drivers may put those in slow local memory.
+    product = "dot(q, ks[jjS * PITCHu + d])" if width == 4 else "q * ks[jjS * PITCHu + d]"
+    product = product.replace("PITCH", str(pitch))
+    acc_declarations = "\n".join(
+        [f"    var acc{e} = {vec}();" for e in range(columns)]
+        + [f"    let col{e} = min(c + {e * tpr}u, {value_vectors - 1}u);" for e in range(columns)]
+        + [f"    let jj{s} = min(c + {s * tpr}u, {keys - 1}u);" for s in range(scores)]
     )
+    score_lines = [f"        var dot{s} = 0.0;" for s in range(scores)]
+    score_lines.append(f"        for (var d = 0u; d < {head_vectors}u; d = d + 1u) {{")
+    score_lines.append(f"            let q = qs[r * {pitch}u + d];")
+    score_lines += [f"            dot{s} = dot{s} + {product.replace('jjS', f'jj{s}')};" for s in range(scores)]
+    score_lines.append("        }")
+    score_lines += ["        var top = 0.0;", "        var hit = false;"]
+    for s in range(scores):
+        score_lines.append(f"""        var x{s} = neg_inf();
+        {{
+            let jj = c + {s * tpr}u;
+            let j = j0 + jj;
+            if ({keep}) {{
+                var x = dot{s} * {wgsl_f32(p.logit_scale)};{bias}
+                x{s} = x;
+            }}
+            if (!dropped(x{s})) {{
+                top = select(x{s}, max(top, x{s}), hit);
+                hit = true;
+            }}
+        }}""")
+    score_block = "\n".join(score_lines) + "\n"
+    weight_lines = ["        var part = 0.0;"]
+    for s in range(scores):
+        weight_lines.append(f"        let w{s} = select(exp(x{s} - m), 0.0, dropped(x{s}));")
+        guard = f"if (c + {s * tpr}u < {keys}u) " if keys < tpr * (s + 1) else ""
+        weight_lines.append(f"        {guard}{{ ps[r * {keys}u + c + {s * tpr}u] = w{s}; }}")
+        weight_lines.append(f"        part = part + w{s};")
+    weight_block = "\n".join(weight_lines) + "\n"
+    value_lines = [f"        acc{e} = acc{e} * alpha;" for e in range(columns)]
+    value_lines.append(f"        for (var jj = 0u; jj < {keys}u; jj = jj + 1u) {{")
+    value_lines.append(f"            let w = ps[r * {keys}u + jj];")
+    value_lines += [f"            acc{e} = acc{e} + w * {v_read.replace('col', f'col{e}')};" for e in range(columns)]
+    value_lines.append("        }")
+    value_block = "\n".join(value_lines) + "\n"
+    empty = "0.0" if p.empty_rows_zero else "nan()"
+    store_lines = [f"        let ob = {_batch_offset(p.out, p.batch)} + i * {p.out.row_stride}u;"]
+    for e in range(columns):
+        for lane in range(width):
+            component = f"acc{e}" + (f".{'xyzw'[lane]}" if width == 4 else "")
+            column = f"(c + {e * tpr}u) * {width}u + {lane}u"
+            store_lines.append(
+                f"        if ({column} < {p.value_head}u) "
+                f"{{ {out_name}[ob + ({column}) * {p.out.col_stride}u] = select({empty}, {component} / l, seen); }}"
+            )
+    store_block = "\n".join(store_lines) + "\n"
     wgsl = f"""{table.declarations()}
 var<workgroup> qs: array<{vec}, {rows * pitch}>;
 var<workgroup> ks: array<{vec}, {keys * pitch}>;
@@ -287,40 +332,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var m = 0.0;
     var l = 0.0;
     var seen = false;
-    var acc: array<{vec}, {columns}>;
-    var xs: array<f32, {scores}>;
+{acc_declarations}
     let key_end = {key_end};
     for (var j0 = 0u; j0 < key_end; j0 = j0 + {keys}u) {{
         workgroupBarrier();
 {_tile_load("ks", pitch, width, k_name, p.k, "kb", "j0", keys, p.head, p.sk)}{v_load}
         workgroupBarrier();
-        // this invocation's scores: keys c, c + TPR, ... of the tile
-        // an explicit initializer: a declaration without one is zeroed once, not at every tile (naga)
-        var dots = array<f32, {scores}>();
-        for (var d = 0u; d < {head_vectors}u; d = d + 1u) {{
-            let q = qs[r * {pitch}u + d];
-            for (var s = 0u; s < {scores}u; s = s + 1u) {{
-                let jj = min(c + s * {tpr}u, {keys - 1}u);
-                dots[s] = dots[s] + {dot};
-            }}
-        }}
-        var top = 0.0;
-        var hit = false;
-        for (var s = 0u; s < {scores}u; s = s + 1u) {{
-            let jj = c + s * {tpr}u;
-            let j = j0 + jj;
-            var x_s = neg_inf();
-            if ({keep}) {{
-                var x = dots[s] * {wgsl_f32(p.logit_scale)};{bias}
-                x_s = x;
-            }}
-            xs[s] = x_s;
-            if (!dropped(x_s)) {{
-                top = select(x_s, max(top, x_s), hit);
-                hit = true;
-            }}
-        }}
-        if (c < {partials}u) {{ row_max[r * {partials}u + c] = select(neg_inf(), top, hit); }}
+{score_block}        if (c < {partials}u) {{ row_max[r * {partials}u + c] = select(neg_inf(), top, hit); }}
         workgroupBarrier();
         var tile_hit = false;
         for (var t = 0u; t < {partials}u; t = t + 1u) {{
@@ -334,35 +352,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let alpha = select(1.0, exp(m - next), seen);
         seen = seen || tile_hit;
         m = next;
-        var part = 0.0;
-        for (var s = 0u; s < {scores}u; s = s + 1u) {{
-            let jj = c + s * {tpr}u;
-            let w = select(exp(xs[s] - m), 0.0, dropped(xs[s]));
-            if (jj < {keys}u) {{ ps[r * {keys}u + jj] = w; }}
-            part = part + w;
-        }}
-        if (c < {partials}u) {{ row_sum[r * {partials}u + c] = part; }}
+{weight_block}        if (c < {partials}u) {{ row_sum[r * {partials}u + c] = part; }}
         workgroupBarrier();
         var tile_sum = 0.0;
         for (var t = 0u; t < {partials}u; t = t + 1u) {{ tile_sum = tile_sum + row_sum[r * {partials}u + t]; }}
         l = l * alpha + tile_sum;
-        for (var e = 0u; e < {columns}u; e = e + 1u) {{ acc[e] = acc[e] * alpha; }}
-        for (var jj = 0u; jj < {keys}u; jj = jj + 1u) {{
-            let w = ps[r * {keys}u + jj];
-            for (var e = 0u; e < {columns}u; e = e + 1u) {{
-                let col = min(c + e * {tpr}u, {value_vectors - 1}u);
-                acc[e] = acc[e] + w * {v_read};
-            }}
-        }}
-    }}
+{value_block}    }}
     if (i < {p.sq}u) {{
-        let ob = {_batch_offset(p.out, p.batch)} + i * {p.out.row_stride}u;
-        for (var e = 0u; e < {columns}u; e = e + 1u) {{
-            let col = c + e * {tpr}u;
-            if (col >= {value_vectors}u) {{ break; }}
-{stores}
-        }}
-    }}
+{store_block}    }}
 }}
 """
     return wgsl, grid, table
