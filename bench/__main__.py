@@ -66,7 +66,7 @@ import re
 import shlex
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -372,7 +372,8 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
             return _run_profile_overhead(args, env, report, model_bytes, feeds, batch)
         arms = OrtgpuArms(model_bytes, feeds, env)
         try:
-            reference = arms.uncaptured_end_to_end()
+            reference = arms.uncaptured_end_to_end(keep=True)
+            step: Callable[[], object]
             if args.capture in ("off", "both"):
                 for boundary, step in (
                     ("end_to_end", arms.uncaptured_end_to_end),
@@ -400,7 +401,7 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
                     print(f"ortgpu capture on: refused ({error}); its arms are not timed")
             if graph is not None:
                 report["dispatches"] = graph.dispatch_count
-                replayed = arms.captured_end_to_end()
+                replayed = arms.captured_end_to_end(keep=True)
                 report["capture_vs_uncaptured_rel_error"] = _check_equal("capture on vs off", replayed, reference, 1e-6)
                 for boundary, step in (("end_to_end", arms.captured_end_to_end), ("run_only", arms.captured_run_only)):
                     seconds = time_loop(

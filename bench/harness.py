@@ -2,7 +2,8 @@
 
 Boundaries (printed with every result):
 
-* ``end_to_end``: ``update_inplace`` of the inputs + run (or replay) + readback of every output.
+* ``end_to_end``: ``update_inplace`` of the inputs + run (or replay) + readback of every output (into fixed host
+  arrays, ``to_numpy(out=...)``, as the torch arms copy into fixed pinned tensors).
 * ``run_only``: run (or replay) until the device is idle (inputs already on the device).
 
 Both ortgpu arms use the same fixed device I/O (one shared input value per model
@@ -102,6 +103,7 @@ class OrtgpuArms:
             self.binding.bind_cpu_input(name, array)
         for name, value in self.outputs.items():
             self.binding.bind_output(name, value)
+        self.host_outputs = {name: np.empty(array.shape, array.dtype) for name, array in zip(self.outputs, reference)}
         self._ordinary = ortgpu.RunOptions(gpu_graph_id=-1)
         self._backend_device = self.device._native_device()
         self.graph: ortgpu.CapturedGraph | None = None
@@ -111,13 +113,19 @@ class OrtgpuArms:
         for name, value in self.inputs.items():
             value.update_inplace(self.feeds[name])
 
-    def _read(self) -> list[npt.NDArray[Any]]:
-        return [value.to_numpy() for value in self.outputs.values()]
+    def _read(self, keep: bool) -> list[npt.NDArray[Any]]:
+        """The outputs on the host: read into the fixed host arrays (as the torch arms copy into fixed pinned
+        tensors), so a timed step allocates nothing; ``keep``: new arrays, for results compared later."""
+        if keep:
+            return [value.to_numpy() for value in self.outputs.values()]
+        return [value.to_numpy(out=self.host_outputs[name]) for name, value in self.outputs.items()]
 
-    def uncaptured_end_to_end(self) -> list[npt.NDArray[Any]]:
+    def uncaptured_end_to_end(self, keep: bool = False) -> list[npt.NDArray[Any]]:
+        """One uncaptured step; its outputs are the fixed host arrays (overwritten by the next step) unless
+        ``keep``."""
         self._upload()
         self.session.run_with_iobinding(self.binding, self._ordinary)
-        return self._read()
+        return self._read(keep)
 
     def uncaptured_run_only(self) -> None:
         self.session.run_with_iobinding(self.binding, self._ordinary)
@@ -128,11 +136,12 @@ class OrtgpuArms:
             self.graph = self.session.capture(self.binding, graph_id=0)
         return self.graph
 
-    def captured_end_to_end(self) -> list[npt.NDArray[Any]]:
+    def captured_end_to_end(self, keep: bool = False) -> list[npt.NDArray[Any]]:
+        """One captured step (see :meth:`uncaptured_end_to_end` for ``keep``)."""
         assert self.graph is not None
         self._upload()
         self.graph.replay()
-        return self._read()
+        return self._read(keep)
 
     def captured_read_end_to_end(self) -> list[npt.NDArray[Any]]:
         """The captured step through ``graph.replay_and_read()``: the output copies ride in the replay's submission."""
@@ -158,7 +167,7 @@ class OrtgpuArms:
             else:
                 self.session.run_with_iobinding(self.binding, self._ordinary)
             t2 = time.perf_counter()
-            self._read()
+            self._read(keep=False)
             t3 = time.perf_counter()
             for name, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2)):
                 parts[name].append(value)

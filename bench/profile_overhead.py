@@ -123,7 +123,11 @@ def measure_profile_overhead(
             # steady state below
             startup = STARTUP_LAPS * RING_SLOTS
             spent = {"off": 0.0, "on": 0.0}
-            _check("replay + to_numpy, profiling on (start)", on.captured_end_to_end(), off.captured_end_to_end())
+            _check(
+                "replay + to_numpy, profiling on (start)",
+                on.captured_end_to_end(keep=True),
+                off.captured_end_to_end(keep=True),
+            )
             for _ in range(startup):
                 for label, arms in (("off", off), ("on", on)):
                     start = time.perf_counter()

@@ -409,7 +409,7 @@ def bench_threads(
     the results and puts them in ``report`` (``threads``, and ``capture_refused`` where capture was refused)."""
     arms = OrtgpuArms(model_bytes, feeds, env)
     try:
-        reference = arms.uncaptured_end_to_end()
+        reference = arms.uncaptured_end_to_end(keep=True)
     finally:
         arms.close()
     wanted = {"off": ["capture off"], "on": ["capture on"], "both": ["capture off", "capture on"]}[args.capture]

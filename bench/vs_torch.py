@@ -286,11 +286,11 @@ def _measure(args: argparse.Namespace, env: Any, side: Any, path: str, detail: d
         return
     try:
         detail["placement"] = _placement(arms.session, feeds)
-        uncaptured = arms.uncaptured_end_to_end()
+        uncaptured = arms.uncaptured_end_to_end(keep=True)
         captured = None
         try:
             arms.capture()
-            captured = arms.captured_end_to_end()
+            captured = arms.captured_end_to_end(keep=True)
         except ortgpu.CaptureStateError as error:  # a documented refusal: time the uncaptured run, say so
             detail["capture_refused"] = str(error)
             problems.append(f"ortgpu capture refused: {error}")

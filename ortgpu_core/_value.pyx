@@ -30,6 +30,7 @@ from ._errors import (
     CaptureStateError,
     DeviceLostError,
     DtypeError,
+    InvalidArgumentError,
     NotCopyable,
     ReleasedValueError,
     ShapeError,
@@ -583,12 +584,40 @@ cdef class OrtValue:
             return
         self._buffer.write(array)
 
-    def to_numpy(self):
-        """A host copy of the value (synchronous: waits for submitted work that writes it)."""
+    def to_numpy(self, out=None):
+        """A host copy of the value (synchronous: waits for submitted work that writes it).
+
+        ``out``: a writable, C-contiguous numpy array of exactly this value's dtype and shape to copy into (and
+        return) instead of a new array: a loop reading the same output every step then allocates nothing and
+        touches no fresh pages.  A wrong ``out`` is refused before anything is read.
+        """
         self._check_usable("read the value")
+        if out is None:
+            if self._buffer is None:
+                return self._array.copy()
+            return self._buffer.read(self._shape, self._dtype)
+        if not isinstance(out, np.ndarray):
+            raise ArgumentTypeError(f"to_numpy(out=...) needs a numpy array, got {type(out).__name__}")
+        if out.dtype != self._dtype:
+            raise DtypeError(
+                f"to_numpy(out=...) got dtype {out.dtype} for {self.provenance.describe()} of dtype {self._dtype}; "
+                f"pass np.empty({list(self._shape)}, {str(self._dtype)!r})"
+            )
+        if out.shape != self._shape:
+            raise ShapeError(
+                f"to_numpy(out=...) got shape {list(out.shape)} for {self.provenance.describe()} of shape "
+                f"{list(self._shape)}; pass an array of that shape"
+            )
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise InvalidArgumentError(
+                "to_numpy(out=...) needs a writable C-contiguous array (np.empty(shape, dtype) is one; "
+                "np.ascontiguousarray makes one)"
+            )
         if self._buffer is None:
-            return self._array.copy()
-        return self._buffer.read(self._shape, self._dtype)
+            np.copyto(out, self._array)
+        elif out.nbytes:
+            self._buffer.read_into(out.reshape(-1).view(np.uint8))
+        return out
 
     def copy_from(self, source, allow_cross_device=False):
         """Copy ``source`` (same dtype and shape) into this value, routed by the route table of

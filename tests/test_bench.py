@@ -247,8 +247,8 @@ def test_bench_one_capture_mode(
 
 def _perturbed(original: Any, change: Any) -> Any:
     @functools.wraps(original)
-    def step(self: Any) -> list[np.ndarray]:
-        return [change(array) for array in original(self)]
+    def step(self: Any, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+        return [change(array) for array in original(self, *args, **kwargs)]
 
     return step
 
@@ -304,17 +304,22 @@ def test_arms_share_fixed_device_io(env: ortgpu.Env) -> None:
     try:
         inputs = {name: id(value) for name, value in arms.inputs.items()}
         outputs = {name: id(value) for name, value in arms.outputs.items()}
-        reference = arms.uncaptured_end_to_end()
+        reference = arms.uncaptured_end_to_end(keep=True)
         graph = arms.capture()
         assert arms.capture() is graph  # captured once
         for value in arms.outputs.values():  # the replay must refill the very values the uncaptured run wrote
             value.update_inplace(np.zeros(value.shape(), np.float32))
-        replayed = arms.captured_end_to_end()
+        replayed = arms.captured_end_to_end(keep=True)
         assert all(np.array_equal(r, e) for r, e in zip(replayed, reference))
+        # A timed step reads into the fixed host arrays (nothing allocated per step); keep=True gives new ones.
+        fixed = arms.captured_end_to_end()
+        assert all(a is b for a, b in zip(fixed, arms.host_outputs.values()))
+        assert all(a is b for a, b in zip(arms.uncaptured_end_to_end(), fixed))
+        assert not any(a is b for a, b in zip(replayed, fixed))
         # New input data through the same values: both arms see it and agree.
         arms.feeds = random_feeds(model, {"X": (1, 64)}, seed=2, high=100)
-        fresh_uncaptured = arms.uncaptured_end_to_end()
-        fresh_captured = arms.captured_end_to_end()
+        fresh_uncaptured = arms.uncaptured_end_to_end(keep=True)
+        fresh_captured = arms.captured_end_to_end(keep=True)
         assert not np.array_equal(fresh_uncaptured[0], reference[0])
         assert np.array_equal(fresh_captured[0], fresh_uncaptured[0])
         assert {name: id(value) for name, value in arms.inputs.items()} == inputs
@@ -803,8 +808,8 @@ def test_bench_threads_refuses_timings_when_a_thread_differs(
         original_init(self, *args)
         made.append(self)
 
-    def step(self: OrtgpuArms) -> list[np.ndarray]:
-        outputs = original_step(self)
+    def step(self: OrtgpuArms, keep: bool = False) -> list[np.ndarray]:
+        outputs = original_step(self, keep)
         return [a + 1.0 for a in outputs] if made.index(self) == 2 else outputs
 
     monkeypatch.setattr(OrtgpuArms, "__init__", init)

@@ -42,6 +42,46 @@ def test_round_trip_cpu_gpu_cpu(env: core.Env, dtype: str, shape: tuple[int, ...
     np.testing.assert_array_equal(value.to_numpy(), second)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int8", "float16"])
+def test_to_numpy_into_a_given_array(env: core.Env, dtype: str) -> None:
+    if dtype == "float16" and "shader-f16" not in env.default_device.features:
+        return  # float16 device values are refused there (test_round_trip_cpu_gpu_cpu checks how)
+    array = random_array(dtype, (5, 7), seed=3)
+    value = env.shared_allocator().from_numpy(array)
+    out = np.full((5, 7), 1, dtype)
+    assert value.to_numpy(out=out) is out
+    np.testing.assert_array_equal(out, array)
+    value.update_inplace(random_array(dtype, (5, 7), seed=4))
+    value.to_numpy(out=out)  # the same array again: it now holds the new contents
+    np.testing.assert_array_equal(out, value.to_numpy())
+    host = core.OrtValue.ortvalue_from_numpy(array)
+    other = np.zeros((5, 7), dtype)
+    assert host.to_numpy(out=other) is other
+    np.testing.assert_array_equal(other, array)
+
+
+def test_to_numpy_refuses_a_wrong_out_and_leaves_it_alone(env: core.Env) -> None:
+    value = env.shared_allocator().from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4))
+    wide = np.full((3, 8), 7.0, np.float32)
+    bad: list[tuple[np.ndarray, type[Exception], str]] = [
+        (np.full((4, 3), 7.0, np.float32), core.ShapeError, "shape"),
+        (np.full((3, 4), 7.0, np.float64), core.DtypeError, "dtype"),
+        (wide[:, ::2], core.InvalidArgumentError, "C-contiguous"),
+        (np.full((3, 4), 7.0, np.float32).T.copy().T, core.InvalidArgumentError, "C-contiguous"),
+    ]
+    for out, error, words in bad:
+        with pytest.raises(error, match=words):
+            value.to_numpy(out=out)
+        assert np.all(out == 7.0)
+    frozen = np.full((3, 4), 7.0, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(core.InvalidArgumentError, match="writable"):
+        value.to_numpy(out=frozen)
+    with pytest.raises(core.ArgumentTypeError, match="numpy array"):
+        value.to_numpy(out=[[0.0] * 4] * 3)  # type: ignore[arg-type]
+    assert np.all(frozen == 7.0) and np.all(wide == 7.0)
+
+
 def test_empty_values_are_zero_filled(env: core.Env) -> None:
     value = env.shared_allocator().empty((4, 3), np.int32)
     np.testing.assert_array_equal(value.to_numpy(), np.zeros((4, 3), np.int32))
