@@ -13,7 +13,7 @@ from typing import Any, Iterable, cast
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import ShapeError
+from ._errors import ArgumentTypeError, DtypeError, InvalidArgumentError, ShapeError
 
 __all__ = ["padded_size", "padded_payload", "check_shape", "host_memory_bytes"]
 
@@ -54,3 +54,25 @@ def host_memory_bytes() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, OSError, ValueError):
         return 1 << 62
+
+
+def check_out_array(out: object, shape: tuple[int, ...], dtype: np.dtype[Any], describe: str) -> None:
+    """Refuse an ``out`` array a value of ``shape`` and ``dtype`` (``describe``: which value) cannot be read into:
+    not a numpy array, another dtype or shape, not writable and C-contiguous."""
+    if not isinstance(out, np.ndarray):
+        raise ArgumentTypeError(f"to_numpy(out=...) needs a numpy array, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise DtypeError(
+            f"to_numpy(out=...) got dtype {out.dtype} for {describe} of dtype {dtype}; "
+            f"pass np.empty({list(shape)}, {str(dtype)!r})"
+        )
+    if out.shape != shape:
+        raise ShapeError(
+            f"to_numpy(out=...) got shape {list(out.shape)} for {describe} of shape {list(shape)}; "
+            "pass an array of that shape"
+        )
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise InvalidArgumentError(
+            "to_numpy(out=...) needs a writable C-contiguous array (np.empty(shape, dtype) is one; "
+            "np.ascontiguousarray makes one)"
+        )

@@ -30,7 +30,6 @@ from ._errors import (
     CaptureStateError,
     DeviceLostError,
     DtypeError,
-    InvalidArgumentError,
     NotCopyable,
     ReleasedValueError,
     ShapeError,
@@ -40,7 +39,7 @@ from ._errors import (
 from ._dtypes import as_dtype, dtype_from_onnx, onnx_type_name
 from ._dtypes import onnx_element_type as _onnx_element_type_of
 from ._dlpack import host_array, is_dlpack_producer
-from ._layout import check_shape, padded_payload
+from ._layout import check_out_array, check_shape, padded_payload
 from ._layout import host_memory_bytes as _host_memory_bytes
 
 # The transfer route table (ortgpu_core._routes) routes between values, so it sits above this module; the
@@ -596,23 +595,7 @@ cdef class OrtValue:
             if self._buffer is None:
                 return self._array.copy()
             return self._buffer.read(self._shape, self._dtype)
-        if not isinstance(out, np.ndarray):
-            raise ArgumentTypeError(f"to_numpy(out=...) needs a numpy array, got {type(out).__name__}")
-        if out.dtype != self._dtype:
-            raise DtypeError(
-                f"to_numpy(out=...) got dtype {out.dtype} for {self.provenance.describe()} of dtype {self._dtype}; "
-                f"pass np.empty({list(self._shape)}, {str(self._dtype)!r})"
-            )
-        if out.shape != self._shape:
-            raise ShapeError(
-                f"to_numpy(out=...) got shape {list(out.shape)} for {self.provenance.describe()} of shape "
-                f"{list(self._shape)}; pass an array of that shape"
-            )
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise InvalidArgumentError(
-                "to_numpy(out=...) needs a writable C-contiguous array (np.empty(shape, dtype) is one; "
-                "np.ascontiguousarray makes one)"
-            )
+        check_out_array(out, self._shape, self._dtype, self.provenance.describe())
         if self._buffer is None:
             np.copyto(out, self._array)
         elif out.nbytes:
