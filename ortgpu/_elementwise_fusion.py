@@ -1,18 +1,23 @@
-"""The elementwise-fusion rewrite: a connected group of elementwise steps runs as one kernel.
+"""The elementwise-fusion rewrite: a connected group of elementwise and data-movement steps runs as one kernel.
 
 It runs on the planned steps, after the other rewrites (so a MatMul's epilogue and a fused attention keep their
-nodes).  A step is fusable when it is one node whose plan is a single plain elementwise kernel (one that states
-its per-element function: :attr:`~ortgpu.ops.KernelSpec.elementwise`; the unary, binary, comparison and Cast
-families and the other operators built on :func:`~ortgpu.ops._wgsl_kernels.elementwise_kernel` do).  Walking the
-steps from the last, a fusable step joins the group of its consumers when every consumer of its output is in
-that one group, its output is float32 (held in a register in the fused kernel, bit for bit what the buffer would
-hold) with the group's output shape, and it is no graph output.  So chains (``Add -> Sqrt -> Reciprocal``),
-diamonds (``x * Sigmoid(x)``) and trees (rotary embedding's ``q * cos + rot * sin``) fuse, and a value read by
-anything outside the group stays a step of its own.
+nodes).  A step is fusable when it is one node whose plan is a single kernel that states its per-element rule:
+an elementwise kernel's function of its inputs (:attr:`~ortgpu.ops.KernelSpec.elementwise`: the unary, binary,
+comparison and Cast families and the others built on :func:`~ortgpu.ops._wgsl_kernels.elementwise_kernel`) or a
+data-movement kernel's source of each element (:attr:`~ortgpu.ops.KernelSpec.gather`: Transpose, Slice, Concat,
+Expand and the others built on :func:`~ortgpu.ops._wgsl_kernels.gather_kernel` without auxiliary inputs).
+Walking the steps from the last, a fusable step joins the group of its consumers when every consumer of its output
+is in that one group, its output is float32 (a register value in the fused kernel, bit for bit what the buffer
+would hold) and no graph output.  So chains (``Add -> Sqrt -> Reciprocal``), broadcasts into a larger shape,
+diamonds (``x * Sigmoid(x)``) and rotary embedding (``Transpose``, ``Slice``, ``Neg``, ``Concat``, then
+``q * cos + r * sin``) fuse, and a value read by anything outside the group stays a step of its own.
 
-The fused kernel evaluates each member's function in order per output element, reading each outside input (a
-*leaf*) once with numpy broadcasting into the group's output shape; the members' helper functions are included
-once each (a group whose members' helpers would define one name twice is not formed).
+In the fused kernel each member is a WGSL function of its own output index: an elementwise member reads each
+input at the index broadcasting gives, a data-movement member at the index its rule gives; an outside input (a
+*leaf*) is read from its buffer, a member's output by calling that member.  A member used from several places is
+evaluated at each (the compiler merges evaluations at one index); a group whose members would be evaluated more
+than :data:`MAX_EVALUATIONS` times per element of the result is not formed.  The members' helper functions are
+included once each (a group whose helpers would define one name twice is not formed).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 
 from ._plan_types import PlannedStep
 from .ops import DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo
-from .ops._kernel import Binding, ElementwiseExpression
+from .ops._kernel import Binding, ElementwiseExpression, GatherExpression
 from .ops._tiling import whole_op_twin
 from .ops._wgsl import (
     LINEAR_INVOCATION,
@@ -52,10 +57,12 @@ class FusedElementwise(Operator):
     since_version = 1
     domain = "ortgpu.fused"
 
-    def __init__(self, members: Sequence[PlannedStep], leaves: Sequence[str]) -> None:
+    def __init__(self, members: Sequence[PlannedStep], leaves: Sequence[str], fixed: Mapping[str, np.ndarray]) -> None:
         super().__init__(1)
         self.members = tuple(members)
         self.leaves = tuple(leaves)
+        #: the members' inputs their kernels do not read (a Slice's starts and ends: constants baked into its rule)
+        self.fixed = dict(fixed)
 
     def reference(
         self,
@@ -63,7 +70,7 @@ class FusedElementwise(Operator):
         attrs: Mapping[str, Any],
         outputs: Sequence[TensorInfo],
     ) -> list[np.ndarray]:
-        values: dict[str, np.ndarray | None] = dict(zip(self.leaves, inputs))
+        values: dict[str, np.ndarray | None] = {**self.fixed, **dict(zip(self.leaves, inputs))}
         for step in self.members:
             arrays = [values[name] if name else None for name in step.inputs]
             values[step.outputs[0]] = step.operator.reference(arrays, step.attrs, step.output_infos)[0]
@@ -72,8 +79,15 @@ class FusedElementwise(Operator):
         return [result]
 
 
-def _expression(step: PlannedStep) -> ElementwiseExpression | None:
-    """The step's per-element function, when it is one node planned as one plain elementwise kernel."""
+#: The most evaluations of members per element of a group's result (members used from several places count once per
+#: use): a bound on the work recomputation can add.
+MAX_EVALUATIONS = 24
+
+Rule = ElementwiseExpression | GatherExpression
+
+
+def _rule(step: PlannedStep) -> Rule | None:
+    """The step's per-element rule, when it is one node planned as one kernel that states one."""
     plan = step.op_plan
     if (
         step.placement != "webgpu"
@@ -85,16 +99,27 @@ def _expression(step: PlannedStep) -> ElementwiseExpression | None:
         or plan.alias
     ):
         return None
-    return plan.kernels[0].elementwise
+    kernel = plan.kernels[0]
+    return kernel.elementwise if kernel.elementwise is not None else kernel.gather
+
+
+def _reads(rule: Rule) -> tuple[int, ...]:
+    return rule.input_indices
 
 
 def _helper_names(helpers: str) -> set[str]:
     return set(_FUNCTION_NAME.findall(helpers))
 
 
-def fuse_elementwise(steps: Sequence[PlannedStep], graph_outputs: set[str], caps: DeviceCaps) -> list[PlannedStep]:
-    """``steps`` with each group of two or more fusable steps replaced by one step at its last member's place."""
-    expressions = [_expression(step) for step in steps]
+def fuse_elementwise(
+    steps: Sequence[PlannedStep], graph_outputs: set[str], caps: DeviceCaps, constants: Mapping[str, np.ndarray]
+) -> list[PlannedStep]:
+    """``steps`` with each group of two or more fusable steps replaced by one step at its last member's place.
+    ``constants``: the plan's constant values (the inputs a member's kernel does not read must be among them)."""
+    rules = [_rule(step) for step in steps]
+    for index, rule in enumerate(rules):
+        if rule is not None and any(name not in constants for name in _unread(steps[index], rule)):
+            rules[index] = None
     consumers: dict[str, set[int]] = {}
     for index, step in enumerate(steps):
         for name in step.inputs:
@@ -104,8 +129,7 @@ def fuse_elementwise(steps: Sequence[PlannedStep], graph_outputs: set[str], caps
     members: dict[int, list[int]] = {}
     limit = caps.limits.max_storage_buffers_per_shader_stage
     for index in range(len(steps) - 1, -1, -1):
-        expression = expressions[index]
-        if expression is None:
+        if rules[index] is None:
             continue
         step = steps[index]
         out = step.outputs[0]
@@ -117,10 +141,14 @@ def fuse_elementwise(steps: Sequence[PlannedStep], graph_outputs: set[str], caps
             root is not None
             and out not in graph_outputs
             and step.output_infos[0].dtype == np.float32
-            and step.output_infos[0].shape == steps[root].output_infos[0].shape
+            and all(_read_only_by_rule(steps[user], rules[user], out) for user in users)
         ):
             candidate = [index] + members[root]
-            if _bindings(steps, candidate) <= limit and _helpers(expressions, candidate) is not None:
+            if (
+                _bindings(steps, rules, candidate) <= limit
+                and _helpers(rules, candidate) is not None
+                and _evaluations(steps, rules, candidate) <= MAX_EVALUATIONS
+            ):
                 members[root] = candidate
                 group_of[index] = root
                 joined = True
@@ -133,52 +161,92 @@ def fuse_elementwise(steps: Sequence[PlannedStep], graph_outputs: set[str], caps
         if len(group) < 2:
             continue
         try:
-            fused[root] = _fused_step([steps[i] for i in group], [expressions[i] for i in group], caps)
+            fused[root] = _fused_step([steps[i] for i in group], [rules[i] for i in group], caps, constants)
         except NotOnDevice:
             continue
         dropped.update(group)
     return [fused.get(index, step) for index, step in enumerate(steps) if index not in dropped or index in fused]
 
 
-def _leaves(steps: Sequence[PlannedStep]) -> list[str]:
-    """The group's outside inputs, in order of first use."""
+def _read_only_by_rule(user: PlannedStep, rule: Rule | None, name: str) -> bool:
+    """Whether ``user`` reads ``name`` only through its rule (every input position holding it is one the rule
+    reads)."""
+    if rule is None:
+        return False
+    return all(position in rule.input_indices for position, used in enumerate(user.inputs) if used == name)
+
+
+def _unread(step: PlannedStep, rule: Rule) -> set[str]:
+    """The step's inputs its kernel does not read."""
+    read = {step.inputs[position] for position in rule.input_indices}
+    return {name for name in step.inputs if name and name not in read}
+
+
+def _leaves(steps: Sequence[PlannedStep], rules: Sequence[Rule | None]) -> list[str]:
+    """The group's outside inputs its kernels read, in order of first use."""
     produced = {step.outputs[0] for step in steps}
     leaves: list[str] = []
-    for step in steps:
-        for name in step.inputs:
+    for step, rule in zip(steps, rules):
+        assert rule is not None
+        for position in rule.input_indices:
+            name = step.inputs[position]
             if name and name not in produced and name not in leaves:
                 leaves.append(name)
     return leaves
 
 
-def _bindings(steps: Sequence[PlannedStep], group: Sequence[int]) -> int:
-    return len(_leaves([steps[i] for i in group])) + 1
+def _bindings(steps: Sequence[PlannedStep], rules: Sequence[Rule | None], group: Sequence[int]) -> int:
+    return len(_leaves([steps[i] for i in group], [rules[i] for i in group])) + 1
 
 
-def _helpers(expressions: Sequence[ElementwiseExpression | None], group: Sequence[int]) -> str | None:
-    """The group's helper functions, each text once; None when two different texts define one name."""
+def _evaluations(steps: Sequence[PlannedStep], rules: Sequence[Rule | None], group: Sequence[int]) -> int:
+    """How many member evaluations one element of the group's result costs (group in plan order, root last)."""
+    count = {group[-1]: 1}
+    producer = {steps[i].outputs[0]: i for i in group}
+    for index in reversed(group):
+        rule = rules[index]
+        assert rule is not None
+        for position in rule.input_indices:
+            source = producer.get(steps[index].inputs[position])
+            if source is not None:
+                count[source] = count.get(source, 0) + count.get(index, 0)
+    return sum(count.values())
+
+
+def _helpers(rules: Sequence[Rule | None], group: Sequence[int]) -> str | None:
+    """The group's elementwise helper functions, each text once; None when two texts define one name."""
     texts: list[str] = []
     names: set[str] = set()
     for index in group:
-        expression = expressions[index]
-        assert expression is not None
-        if not expression.helpers.strip() or expression.helpers in texts:
+        rule = rules[index]
+        if not isinstance(rule, ElementwiseExpression) or not rule.helpers.strip() or rule.helpers in texts:
             continue
-        declared = _helper_names(expression.helpers)
+        declared = _helper_names(rule.helpers)
         if declared & names:
             return None
         names |= declared
-        texts.append(expression.helpers)
+        texts.append(rule.helpers)
     return "".join(texts)
 
 
+def _renamed(source_function: str, suffix: str) -> str:
+    """A gather rule's WGSL with every function it defines renamed ``<name>_<suffix>`` (its calls too)."""
+    for name in sorted(_helper_names(source_function), key=len, reverse=True):
+        source_function = re.sub(rf"\b{name}\s*\(", f"{name}_{suffix}(", source_function)
+    return source_function
+
+
 def _fused_step(
-    members: Sequence[PlannedStep], expressions: Sequence[ElementwiseExpression | None], caps: DeviceCaps
+    members: Sequence[PlannedStep],
+    rules: Sequence[Rule | None],
+    caps: DeviceCaps,
+    constants: Mapping[str, np.ndarray],
 ) -> PlannedStep:
     """One step computing the group ``members`` (in plan order; the last is the root) with one kernel."""
     root = members[-1]
     output = root.output_infos[0]
-    leaves = _leaves(members)
+    leaves = _leaves(members, rules)
+    fixed = {name: constants[name] for step, rule in zip(members, rules) if rule for name in _unread(step, rule)}
     infos: dict[str, TensorInfo] = {}
     for step in members:
         for name, info in zip(step.inputs, step.input_infos):
@@ -186,36 +254,50 @@ def _fused_step(
                 infos[name] = info
     leaf_infos = tuple(infos[name] for name in leaves)
     check_binding_sizes("fused elementwise", list(leaf_infos) + [output], caps)
-    helpers = _helpers(expressions, range(len(members)))
+    helpers = _helpers(rules, range(len(members)))
     assert helpers is not None
     parts = [storage_declaration(slot, f"in{slot}", writable=False) for slot in range(len(leaves))]
     parts.append(storage_declaration(len(leaves), "dst", writable=True))
-    lines = []
     for slot, info in enumerate(leaf_infos):
         parts.append(load_function(f"load{slot}", f"in{slot}", info.dtype))
-        parts.append(broadcast_index_function(f"index{slot}", info.shape, output.shape))
-        lines.append(f"  let l{slot} = load{slot}(index{slot}(j));\n")
     parts.append(helpers)
-    values = {name: f"l{slot}" for slot, name in enumerate(leaves)}
-    for number, (step, expression) in enumerate(zip(members, expressions)):
-        assert expression is not None
-        operand_infos = [step.input_infos[i] for i in expression.input_indices]
-        params = "".join(
-            f", x{k}: {wgsl_compute_type(info.dtype)}" for k, info in enumerate(operand_infos) if info is not None
-        )
-        out_type = wgsl_compute_type(step.output_infos[0].dtype)
-        parts.append(f"fn member{number}(j: u32{params}) -> {out_type} {{\n  return {expression.expression};\n}}\n")
-        arguments = "".join(f", {values[step.inputs[i]]}" for i in expression.input_indices)
-        lines.append(f"  let t{number} = member{number}(j{arguments});\n")
-        values[step.outputs[0]] = f"t{number}"
+    reader = {name: f"load{slot}" for slot, name in enumerate(leaves)}  # name -> WGSL fn(index) -> value
+    for number, (step, rule) in enumerate(zip(members, rules)):
+        out_info = step.output_infos[0]
+        out_type = wgsl_compute_type(out_info.dtype)
+        if isinstance(rule, ElementwiseExpression):
+            lets = []
+            params = []
+            for k, position in enumerate(rule.input_indices):
+                info = step.input_infos[position]
+                assert info is not None
+                index_fn = f"at{number}_{k}"
+                parts.append(broadcast_index_function(index_fn, info.shape, out_info.shape))
+                lets.append(f"  let x{k} = {reader[step.inputs[position]]}({index_fn}(j));\n")
+                params.append(k)
+            parts.append(
+                f"fn member{number}(j: u32) -> {out_type} {{\n{''.join(lets)}  return {rule.expression};\n}}\n"
+            )
+        else:
+            assert rule is not None
+            parts.append(_renamed(rule.source_function, f"m{number}"))
+            lines = [f"fn member{number}(j: u32) -> {out_type} {{\n  let sk = source_m{number}(j);\n"]
+            for s, position in enumerate(rule.input_indices):
+                value = f"{reader[step.inputs[position]]}(sk.y)"
+                if s + 1 < len(rule.input_indices):
+                    lines.append(f"  if (sk.x == {s}u) {{ return {value}; }}\n")
+                else:
+                    lines.append(f"  return {value};\n")
+            parts.append("".join(lines) + "}\n")
+        reader[step.outputs[0]] = f"member{number}"
     parts.append(
-        f"fn value(j: u32) -> {wgsl_compute_type(output.dtype)} {{\n{''.join(lines)}  return t{len(members) - 1};\n}}\n"
+        f"fn value(j: u32) -> {wgsl_compute_type(output.dtype)} {{\n  return member{len(members) - 1}(j);\n}}\n"
     )
     per = elements_per_invocation(output.dtype.itemsize)
     invocations = -(-output.size // per)
     workgroup = workgroup_size_for(caps.limits)
     guard = f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"
-    operator = FusedElementwise(members, leaves)
+    operator = FusedElementwise(members, leaves, fixed)
     bindings = tuple(Binding("input", slot) for slot in range(len(leaves))) + (Binding("output", 0),)
     twin = whole_op_twin(lambda full: operator.reference(full, {}, (output,)), bindings, leaf_infos, (output,))
     kernel = KernelSpec(

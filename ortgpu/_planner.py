@@ -223,7 +223,7 @@ def _plan(
     ctx = RewriteContext(caps, types, constants, infos, consumers, set(output_names))
     steps = _plan_steps(ctx, nodes, allow_cpu, fuse)
     if fuse:
-        steps = fuse_elementwise(steps, ctx.graph_outputs, caps)
+        steps = fuse_elementwise(steps, ctx.graph_outputs, caps, constants)
     memory = plan_memory(steps, input_infos, output_names, infos, constants, caps)
     used_constants, uploaded = uploaded_constants(memory, constants)
     uploaded = {name for name in uploaded if used_constants[name].dtype != object}  # strings stay on the host

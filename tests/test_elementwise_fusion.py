@@ -1,9 +1,10 @@
-"""Connected elementwise steps run as one kernel, with the unfused graph's results.
+"""Connected elementwise and data-movement steps run as one kernel, with the unfused graph's results.
 
-Chains, diamonds (``x * Sigmoid(x)``) and trees with broadcast leaves (rotary embedding's ``q * cos + r * sin``)
-fuse; a value also read outside the group, a graph output, a non-float32 intermediate and a value of another shape
-stay steps of their own; a group never needs more storage bindings than the device has.  Each case runs on both
-backends against onnxruntime CPU.
+Chains, broadcasts into a larger shape, diamonds (``x * Sigmoid(x)``), trees with broadcast leaves and the whole
+rotary embedding (Transpose, Slice, Neg, Concat, Mul, Add) fuse; a value also read outside the group, a graph
+output and a non-float32 intermediate stay steps of their own; a group never needs more storage bindings than the
+device has, nor more member evaluations per element than the bound.  Each case runs on both backends against
+onnxruntime CPU.
 """
 
 from __future__ import annotations
@@ -126,14 +127,38 @@ def rotary() -> onnx.ModelProto:
     return _model(nodes, inputs, ["y"])
 
 
+def rotate_half() -> onnx.ModelProto:
+    """HF rotary embedding on heads split by a Transpose: q * cos + cat(-q[..., D/2:], q[..., :D/2]) * sin."""
+    nodes = [
+        helper.make_node("Transpose", ["q4"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("Slice", ["q", "half", "end", "last"], ["upper"]),
+        helper.make_node("Slice", ["q", "zero", "half", "last"], ["lower"]),
+        helper.make_node("Neg", ["upper"], ["negated"]),
+        helper.make_node("Concat", ["negated", "lower"], ["rotated"], axis=-1),
+        helper.make_node("Mul", ["q", "cos"], ["a"]),
+        helper.make_node("Mul", ["rotated", "sin"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["y"]),
+    ]
+    ints = [
+        numpy_helper.from_array(np.array([value], np.int64), name)
+        for name, value in (("half", 4), ("end", 8), ("zero", 0), ("last", -1))
+    ]
+    inputs = {"q4": ((2, 5, 3, 8), F32), "cos": ((5, 8), F32), "sin": ((5, 8), F32)}
+    return _model(nodes, inputs, ["y"], tuple(ints))
+
+
 def test_chains_diamonds_and_trees_fuse() -> None:
-    # [2, 5, 1] then [2, 5, 8]: the reciprocal is broadcast into the products, so it ends its own group
-    assert _groups(chain()) == [("Abs", "Add", "Sqrt", "Reciprocal"), ("Mul", "Mul")]
+    # [2, 5, 1] then [2, 5, 8]: the products read the reciprocal through broadcasting, inside the kernel
+    assert _groups(chain()) == [("Abs", "Add", "Sqrt", "Reciprocal", "Mul", "Mul")]
     assert _groups(silu()) == [("Sigmoid", "Mul")]
     assert sorted(_groups(rotary())[0]) == ["Add", "Mul", "Mul", "Neg"]
+    # data movement joins too: the whole rotary embedding, its heads' Transpose included, is one kernel
+    assert [sorted(group) for group in _groups(rotate_half())] == [
+        ["Add", "Concat", "Mul", "Mul", "Neg", "Slice", "Slice", "Transpose"]
+    ]
 
 
-@pytest.mark.parametrize("build", [chain, silu, rotary], ids=["chain", "silu", "rotary"])
+@pytest.mark.parametrize("build", [chain, silu, rotary, rotate_half], ids=["chain", "silu", "rotary", "rotate-half"])
 def test_fused_groups_match_onnxruntime(env: ortgpu.Env, build: Any) -> None:
     _check(env, build())
 
@@ -156,17 +181,17 @@ def test_values_read_outside_the_group_stay_steps(env: ortgpu.Env) -> None:
     _check(env, model)
 
 
-def test_non_float_intermediates_and_other_shapes_stay_steps(env: ortgpu.Env) -> None:
+def test_non_float_intermediates_stay_steps(env: ortgpu.Env) -> None:
     nodes = [
         helper.make_node("Add", ["i", "i"], ["twice"]),  # int32 intermediate: not held in a register
         helper.make_node("Cast", ["twice"], ["f"], to=F32),
-        helper.make_node("Abs", ["col"], ["c"]),  # [4, 1], broadcast into [4, 6]: another shape
+        helper.make_node("Abs", ["col"], ["c"]),  # [4, 1], broadcast into [4, 6]
         helper.make_node("Mul", ["f", "c"], ["m"]),
         helper.make_node("Greater", ["m", "x"], ["y"]),  # a bool root
     ]
     inputs = {"i": ((4, 6), TensorProto.INT32), "col": ((4, 1), F32), "x": ((4, 6), F32)}
     model = _model(nodes, inputs, ["y"], output_types=(TensorProto.BOOL,))
-    assert _groups(model) == [("Cast", "Mul", "Greater")]
+    assert _groups(model) == [("Cast", "Abs", "Mul", "Greater")]
     _check(env, model)
 
 
@@ -178,4 +203,14 @@ def test_groups_stay_within_the_storage_binding_limit(env: ortgpu.Env) -> None:
     limit = CAPS.limits.max_storage_buffers_per_shader_stage
     groups = _groups(model)
     assert groups and all(len(group) + 2 <= limit for group in groups)  # n chained Adds read n + 1 inputs
+    _check(env, model)
+
+
+def test_recomputation_is_bounded(env: ortgpu.Env) -> None:
+    """Each Add reads the one before twice: fusing them all would evaluate the first 2^5 times per element."""
+    nodes = [helper.make_node("Abs", ["x"], ["a0"])]
+    nodes += [helper.make_node("Add", [f"a{k}", f"a{k}"], [f"a{k + 1}"]) for k in range(6)]
+    model = _model(nodes, {"x": ((3, 4), F32)}, ["a6"])
+    groups = _groups(model)
+    assert len(groups) >= 2 and sum(len(group) for group in groups) == 7
     _check(env, model)

@@ -43,6 +43,7 @@ __all__ = [
     "Binding",
     "KernelSpec",
     "ElementwiseExpression",
+    "GatherExpression",
     "OpPlan",
     "Operator",
     "NotOnDevice",
@@ -139,6 +140,9 @@ class KernelSpec:
     #: For a plain elementwise kernel: what it computes per output element, so the planner can fuse a chain of
     #: them into one kernel (:mod:`ortgpu._elementwise_fusion`); None for every other kernel.
     elementwise: ElementwiseExpression | None = None
+    #: For a data-movement kernel of 4-byte elements reading no auxiliary input: where each output element comes
+    #: from, for the same fusion; None for every other kernel.
+    gather: GatherExpression | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,16 @@ class ElementwiseExpression:
     input_indices: tuple[int, ...]
     expression: str
     helpers: str
+
+
+@dataclass(frozen=True)
+class GatherExpression:
+    """A data-movement kernel's per-element rule: ``source_function`` defines WGSL ``fn source(j: u32) ->
+    vec2<u32>`` (and the helpers it calls), giving for output element ``j`` the pair (``s``, ``k``): element ``k`` of
+    the node's input ``input_indices[s]``."""
+
+    input_indices: tuple[int, ...]
+    source_function: str
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from ._kernel import (
     Binding,
     DeviceCaps,
     ElementwiseExpression,
+    GatherExpression,
     KernelSpec,
     NotOnDevice,
     OpPlan,
@@ -214,7 +215,11 @@ def gather_kernel(
     bindings = tuple(b for b, _ in sources) + tuple(b for b, _ in auxiliaries) + (Binding("output", output_index),)
     if status:
         bindings += (Binding("status"),)
-    return _linear_kernel(name, parts, "".join(lines), invocations, bindings, twin, limits)
+    kernel = _linear_kernel(name, parts, "".join(lines), invocations, bindings, twin, limits)
+    if status or auxiliaries or itemsize != 4 or output_index != 0 or any(b.kind != "input" for b, _ in sources):
+        return kernel
+    rule = GatherExpression(tuple(b.index for b, _ in sources), source_function)
+    return dataclasses.replace(kernel, gather=rule)
 
 
 def elementwise_plan(
