@@ -17,7 +17,8 @@ where every intermediate has that one consumer and is no graph output.  The grou
 produced before that), reading the sources of the absorbed Transposes through their permutations and folding the
 scalar factors into the logit and mask scales.  Grouped K/V heads work where they arrive as a broadcast batch
 axis; when the graph repeats them with Expand/Reshape, those nodes stay and the kernel reads their output.  Where the
-kernel cannot be planned (dtype, workgroup storage, the driver's loop budget) the nodes are planned one by one.
+kernel cannot be planned (dtype, workgroup storage, the driver's loop budget) or would be slower (more scores per
+head than :data:`~ortgpu.ops._fused_attention.FUSE_MAX_SCORES`) the nodes are planned one by one.
 """
 
 from __future__ import annotations

@@ -302,3 +302,23 @@ def test_multihead_3d(env: ortgpu.Env) -> None:
 def test_grouped_heads_with_a_bool_mask(env: ortgpu.Env) -> None:
     model = grouped(2, 2, 3, 11, 32)
     _check(env, model, _feeds(model, 7))
+
+
+def test_long_attention_stays_on_the_tiled_gemms(env: ortgpu.Env) -> None:
+    """Past FUSE_MAX_SCORES scores per head the unfused path (tiled GEMMs, row Softmax) is the faster one."""
+    from ortgpu.ops._fused_attention import FUSE_MAX_SCORES
+
+    keys = FUSE_MAX_SCORES // 16 + 1
+    model = hf_eager(1, 1, 16, keys, 8, 8, None)
+    feeds = _feeds(model, 9)
+    assert _fused_steps(model, feeds) == []
+    assert (
+        len(
+            _fused_steps(
+                hf_eager(1, 1, 16, keys - 1, 8, 8, None),
+                feeds | {"k": feeds["k"][:, :, :-1], "v": feeds["v"][:, :, :-1]},
+            )
+        )
+        == 1
+    )
+    _check(env, model, feeds, fused=False)

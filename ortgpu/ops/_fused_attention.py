@@ -18,7 +18,13 @@ from ._flash_attention import FlashProblem, OperandView, flash_attention_wgsl
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._tiling import broadcast_strides, c_strides, require_float32, single_kernel_plan
 
-__all__ = ["FusedAttention"]
+__all__ = ["FUSE_MAX_SCORES", "FusedAttention"]
+
+#: The most scores per head (query rows x keys) an attention group is fused at.  The flash kernel has no register
+#: tiling yet: it computes several times below the tiled GEMM's rate (lavapipe: ~1.7 against ~8 GFLOP/s on Whisper's
+#: 1500 x 1500; H200: the Whisper-tiny encoder took 25 ms fused against ~4 unfused), so it pays only where attention
+#: is small and the unfused path's extra dispatches and score traffic dominate (sequences up to ~256).
+FUSE_MAX_SCORES = 256 * 256
 
 
 def _view(info: TensorInfo, perm: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -96,6 +102,10 @@ class FusedAttention(Operator):
         sk, value_head = kt_shape[-1], v_shape[-1]
         if kt_shape[-2] != head or v_shape[-2] != sk or out_shape[-2:] != (sq, value_head):
             raise NotOnDevice(f"fused attention: Q {q_shape}, K^T {kt_shape}, V {v_shape} do not chain")
+        if sq * sk > FUSE_MAX_SCORES:
+            raise NotOnDevice(
+                f"fused attention: {sq} x {sk} scores per head; past {FUSE_MAX_SCORES} the unfused tiled GEMMs are faster"
+            )
         batch = out_shape[:-2]
         problem = FlashProblem(
             batch=batch,
