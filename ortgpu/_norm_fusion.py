@@ -1,4 +1,4 @@
-"""The RMSNorm rewrite: root-mean-square normalisation as exporters write it, planned as one row kernel.
+"""The normalisation rewrites: RMSNorm and LayerNorm as exporters write them out, each planned as one row kernel.
 
 HF's ``LlamaRMSNorm`` (and T5's, Qwen2's, Mistral's...) exports as::
 
@@ -10,8 +10,9 @@ HF's ``LlamaRMSNorm`` (and T5's, Qwen2's, Mistral's...) exports as::
     y = Mul(y, weight)                 the weight broadcast along the last axis
 
 with every intermediate read only by the next node.  The group becomes one step of ONNX ``RMSNormalization``
-(axis -1, that epsilon) at the final Mul's place; where that operator cannot be planned the nodes are planned one
-by one.
+(axis -1, that epsilon) at the final Mul's place.  LayerNorm exported before opset 17 (``x - mean``, its squared mean
+``+ eps``, ``Sqrt``, the division, ``* gamma`` and ``+ beta``) becomes one ``LayerNormalization`` step likewise.
+Where the operator cannot be planned the nodes are planned one by one.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from ._graph_match import GraphMatcher
 from ._plan_types import PlannedStep
 from ._rewrites import RewriteContext
 from .loader._model import GraphNode
-from .ops import NotOnDevice, get_operator
+from .ops import NotOnDevice, TensorInfo, get_operator
 
-__all__ = ["fuse_rms_norms"]
+__all__ = ["fuse_norms"]
 
 
 def _last_axis_mean(matcher: GraphMatcher, node: GraphNode, rank: int) -> bool:
@@ -89,9 +90,94 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, power: GraphNode) -> Plan
     if weight_info.dtype != np.float32 or tuple(weight_info.shape) not in ((info.shape[-1],), (1,)):
         return None
     group.append(last)
-    operator = get_operator("RMSNormalization", 23, "")
+    return _norm_step(ctx, "RMSNormalization", 23, group, (x, weight), last, out_info, epsilon, "RMS")
+
+
+def _is_square(matcher: GraphMatcher, node: GraphNode, operand: str) -> bool:
+    """``node`` is ``operand ** 2`` (Pow by the constant 2, or Mul of it by itself)."""
+    if node.op_type == "Pow":
+        return len(node.inputs) == 2 and node.inputs[0] == operand and matcher.scalar(node.inputs[1]) == 2.0
+    return node.op_type == "Mul" and tuple(node.inputs) == (operand, operand)
+
+
+def _match_layer_norm(ctx: RewriteContext, matcher: GraphMatcher, mean: GraphNode) -> PlannedStep | None:
+    """LayerNorm written out (exports before opset 17): ``d = x - ReduceMean(x)``, ``ReduceMean(d ** 2)``, ``+ eps``,
+    ``Sqrt``, ``d / that``, ``* gamma``, ``[+ beta]``, every reduction over the last axis only."""
+    x = mean.inputs[0] if mean.inputs else ""
+    info = ctx.infos.get(x)
+    if (
+        info is None
+        or info.dtype != np.float32
+        or not info.shape
+        or not _last_axis_mean(matcher, mean, len(info.shape))
+    ):
+        return None
+    sub = matcher.only_user(mean.outputs[0])
+    if sub is None or sub.op_type != "Sub" or tuple(sub.inputs) != (x, mean.outputs[0]):
+        return None
+    centred = sub.outputs[0]
+    users = list({user.name: user for user in matcher.ctx.consumers.get(centred, [])}.values())  # Mul(d, d) once
+    if centred in ctx.graph_outputs or len(users) != 2 or any(user.name in ctx.absorbed for user in users):
+        return None
+    square = next((user for user in users if _is_square(matcher, user, centred)), None)
+    divide = next((user for user in users if user is not square), None)
+    if square is None or divide is None or divide.op_type != "Div" or divide.inputs[0] != centred:
+        return None
+    variance = matcher.only_user(square.outputs[0])
+    if variance is None or not _last_axis_mean(matcher, variance, len(info.shape)):
+        return None
+    add = matcher.only_user(variance.outputs[0])
+    if add is None or add.op_type != "Add" or len(add.inputs) != 2:
+        return None
+    epsilon = matcher.scalar(add.inputs[1] if add.inputs[0] == variance.outputs[0] else add.inputs[0])
+    root = matcher.only_user(add.outputs[0])
+    if epsilon is None or epsilon < 0 or root is None or root.op_type != "Sqrt" or divide.inputs[1] != root.outputs[0]:
+        return None
+    if matcher.only_user(root.outputs[0]) is not divide:
+        return None
+    group = [mean, sub, square, variance, add, root, divide]
+    scale = matcher.only_user(divide.outputs[0])
+    gamma = _vector_operand(ctx, scale, divide.outputs[0], "Mul", info.shape[-1])
+    if scale is None or gamma is None:
+        return None
+    group.append(scale)
+    last, inputs = scale, [x, gamma]
+    shift = matcher.only_user(scale.outputs[0])
+    beta = _vector_operand(ctx, shift, scale.outputs[0], "Add", info.shape[-1])
+    if shift is not None and beta is not None:
+        group.append(shift)
+        last = shift
+        inputs.append(beta)
+    out_info = ctx.infos.get(last.outputs[0])
+    if out_info is None or out_info.shape != info.shape:
+        return None
+    return _norm_step(ctx, "LayerNormalization", 17, group, tuple(inputs), last, out_info, epsilon, "layer")
+
+
+def _vector_operand(ctx: RewriteContext, node: GraphNode | None, operand: str, op_type: str, width: int) -> str | None:
+    """The other input of ``node`` (an ``op_type`` with ``operand``) when it is a float32 vector of ``width``."""
+    if node is None or node.op_type != op_type or len(node.inputs) != 2 or node.inputs[0] == node.inputs[1]:
+        return None
+    other = node.inputs[1] if node.inputs[0] == operand else node.inputs[0]
+    info = ctx.infos.get(other)
+    if info is None or info.dtype != np.float32 or tuple(info.shape) != (width,):
+        return None
+    return other
+
+
+def _norm_step(
+    ctx: RewriteContext,
+    op_type: str,
+    opset: int,
+    group: Sequence[GraphNode],
+    inputs: tuple[str, ...],
+    last: GraphNode,
+    out_info: TensorInfo,
+    epsilon: float,
+    kind: str,
+) -> PlannedStep | None:
+    operator = get_operator(op_type, opset, "")
     attrs = {"axis": -1, "epsilon": epsilon}
-    inputs = (x, weight)
     input_infos = ctx.infos_of(inputs)
     try:
         op_plan = operator.plan(input_infos, (out_info,), attrs, ctx.caps, ctx.constants_of(inputs))
@@ -101,7 +187,7 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, power: GraphNode) -> Plan
         tuple(node.name for node in group),
         tuple(node.op_type for node in group),
         "webgpu",
-        "WGSL kernel, fused RMS normalization (one row kernel)",
+        f"WGSL kernel, fused {kind} normalization (one row kernel)",
         operator,
         attrs,
         inputs,
@@ -112,14 +198,22 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, power: GraphNode) -> Plan
     )
 
 
-def fuse_rms_norms(ctx: RewriteContext, nodes: Sequence[GraphNode]) -> dict[str, PlannedStep]:
-    """The fused RMSNorm steps of ``nodes``, keyed by the name of each group's last node (where the step runs)."""
+def fuse_norms(ctx: RewriteContext, nodes: Sequence[GraphNode]) -> dict[str, PlannedStep]:
+    """The fused RMSNorm and LayerNorm steps of ``nodes``, keyed by the name of each group's last node (where the
+    step runs)."""
     producers = {out: node for node in nodes for out in node.outputs if out}
     matcher = GraphMatcher(ctx, producers)
     steps: dict[str, PlannedStep] = {}
+    taken: set[str] = set()
     for node in nodes:
-        if node.op_type == "Pow" and node.domain == "" and node.name not in ctx.absorbed:
+        if node.domain != "" or node.name in ctx.absorbed or node.name in taken:
+            continue
+        step = None
+        if node.op_type == "Pow":
             step = _match(ctx, matcher, node)
-            if step is not None:
-                steps[step.node_names[-1]] = step
+        elif node.op_type == "ReduceMean":
+            step = _match_layer_norm(ctx, matcher, node)
+        if step is not None and not set(step.node_names) & taken:
+            taken.update(step.node_names)
+            steps[step.node_names[-1]] = step
     return steps

@@ -10,7 +10,7 @@ This module orchestrates; the jobs live in their own modules:
 * :mod:`ortgpu._plan_types`: the plan's records (:class:`ExecutionPlan`, :class:`PlannedStep`, :class:`PlannedTensor`);
 * :mod:`ortgpu._rewrites`: the graph rewrites applied when fusing (BatchNormalization folded into Conv, fused
   epilogues, GELU, folded Transposes); :mod:`ortgpu._attention_fusion`: attention as one flash kernel;
-  :mod:`ortgpu._norm_fusion`: RMSNorm as one row kernel; :mod:`ortgpu._elementwise_fusion`: connected
+  :mod:`ortgpu._norm_fusion`: RMSNorm and LayerNorm as one row kernel; :mod:`ortgpu._elementwise_fusion`: connected
   elementwise steps as one kernel;
 * :mod:`ortgpu._memory_plan`: where each tensor lives, and buffer slots shared by liveness.
 
@@ -44,7 +44,7 @@ from ._host_values import (
     value_dtype_matches,
 )
 from ._memory_plan import plan_memory, uploaded_constants
-from ._norm_fusion import fuse_rms_norms
+from ._norm_fusion import fuse_norms
 from ._plan_types import ExecutionPlan, Placement, PlacementRow, PlannedStep, PlannedTensor
 from ._rewrites import (
     FUSABLE_PRODUCERS,
@@ -324,8 +324,9 @@ def _plan_steps(ctx: RewriteContext, nodes: Sequence[GraphNode], allow_cpu: bool
     # planned after all, at the MatMul, if the MatMul cannot take it.
     folds = foldable_transposes(ctx, nodes) if fuse else {}
     folded = {t.name for pending in folds.values() for t, _ in pending.values()}
-    # Attention groups (Q.K^T, scale, mask, Softmax, .V) and RMSNorm groups become one step at their last node's place.
-    patterns = {**fuse_attentions(ctx, nodes, folds), **fuse_rms_norms(ctx, nodes)} if fuse else {}
+    # Attention groups (Q.K^T, scale, mask, Softmax, .V) and RMSNorm/LayerNorm groups become one step at their last
+    # node's place.
+    patterns = {**fuse_attentions(ctx, nodes, folds), **fuse_norms(ctx, nodes)} if fuse else {}
     for last, group in patterns.items():
         absorbed.update(group.node_names)
         delayed[last] = group
