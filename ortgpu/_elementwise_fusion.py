@@ -5,7 +5,8 @@ nodes).  A step is fusable when it is one node whose plan is a single kernel tha
 an elementwise kernel's function of its inputs (:attr:`~ortgpu.ops.KernelSpec.elementwise`: the unary, binary,
 comparison and Cast families and the others built on :func:`~ortgpu.ops._wgsl_kernels.elementwise_kernel`) or a
 data-movement kernel's source of each element (:attr:`~ortgpu.ops.KernelSpec.gather`: Transpose, Slice, Concat,
-Expand and the others built on :func:`~ortgpu.ops._wgsl_kernels.gather_kernel` without auxiliary inputs).
+Expand and the others built on :func:`~ortgpu.ops._wgsl_kernels.gather_kernel` without auxiliary inputs); a view
+(Reshape, Unsqueeze...: no kernel, its input's buffer) joins as the identity.
 Walking the steps from the last, a fusable step joins the group of its consumers when every consumer of its output
 is in that one group, its output is float32 (a register value in the fused kernel, bit for bit what the buffer
 would hold) and no graph output.  So chains (``Add -> Sqrt -> Reciprocal``), broadcasts into a larger shape,
@@ -86,18 +87,22 @@ MAX_EVALUATIONS = 24
 Rule = ElementwiseExpression | GatherExpression
 
 
+#: The rule of a step whose output is its first input's buffer under another shape (Reshape, Squeeze, Unsqueeze,
+#: Flatten, Identity): element ``j`` is element ``j`` of that input.
+_ALIAS_RULE = GatherExpression((0,), "fn source(j: u32) -> vec2<u32> {\n  return vec2<u32>(0u, j);\n}\n")
+
+
 def _rule(step: PlannedStep) -> Rule | None:
-    """The step's per-element rule, when it is one node planned as one kernel that states one."""
+    """The step's per-element rule, when it is one node planned as one kernel that states one, or as a view of its
+    first input (float32: a fused group then reads through it)."""
     plan = step.op_plan
-    if (
-        step.placement != "webgpu"
-        or plan is None
-        or len(step.node_names) != 1
-        or len(step.outputs) != 1
-        or len(plan.kernels) != 1
-        or plan.scratch_sizes
-        or plan.alias
-    ):
+    if step.placement != "webgpu" or plan is None or len(step.node_names) != 1 or len(step.outputs) != 1:
+        return None
+    if not plan.kernels and dict(plan.alias) == {0: 0} and not plan.scratch_sizes:
+        source = step.input_infos[0]
+        same = source is not None and source.size == step.output_infos[0].size
+        return _ALIAS_RULE if same and step.output_infos[0].dtype == np.float32 else None
+    if len(plan.kernels) != 1 or plan.scratch_sizes or plan.alias:
         return None
     kernel = plan.kernels[0]
     return kernel.elementwise if kernel.elementwise is not None else kernel.gather

@@ -214,3 +214,22 @@ def test_recomputation_is_bounded(env: ortgpu.Env) -> None:
     groups = _groups(model)
     assert len(groups) >= 2 and sum(len(group) for group in groups) == 7
     _check(env, model)
+
+
+def test_views_join_the_data_movement_around_them(env: ortgpu.Env) -> None:
+    """Grouped K/V heads repeated as HF writes it (Transpose, Unsqueeze, Expand, Reshape) before a MatMul: one
+    kernel, the views read through as the identity."""
+    nodes = [
+        helper.make_node("Transpose", ["v4"], ["v"], perm=[0, 2, 1, 3]),
+        helper.make_node("Unsqueeze", ["v", "two"], ["u"]),
+        helper.make_node("Expand", ["u", "wide"], ["e"]),
+        helper.make_node("Reshape", ["e", "heads"], ["r"]),
+        helper.make_node("MatMul", ["p", "r"], ["y"]),
+    ]
+    ints = [
+        numpy_helper.from_array(np.array(value, np.int64), name)
+        for name, value in (("two", [2]), ("wide", [1, 2, 3, 5, 4]), ("heads", [1, 6, 5, 4]))
+    ]
+    model = _model(nodes, {"v4": ((1, 5, 2, 4), F32), "p": ((1, 6, 5, 5), F32)}, ["y"], tuple(ints))
+    assert _groups(model) == [("Transpose", "Unsqueeze", "Expand", "Reshape")]
+    _check(env, model)

@@ -328,7 +328,8 @@ def test_transformer_fuses_attention_scale_and_gelu(device: Any) -> None:
     attention = ("Transpose", "Transpose", "MatMul", "Mul", "Softmax", "Transpose", "MatMul")
     assert kinds.count(attention) == 2, plan.describe()
     assert not any("Softmax" in kind for kind in kinds if kind != attention)
-    assert kinds.count(("Transpose",)) == 2  # the heads' merge after probs V writes a new layout: still a step
+    # the heads' merge after probs V writes a new layout: still a step (its Reshape, a view, read through)
+    assert kinds.count(("Transpose", "Reshape")) == 2, plan.describe()
     gelu = ("MatMul", "Add", "Div", "Erf", "Add", "Mul", "Mul")
     assert kinds.count(gelu) == 2, plan.describe()
     assert not any(op in ("Erf", "Div") for kind in kinds for op in kind[:1])
