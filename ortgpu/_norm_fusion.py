@@ -43,6 +43,18 @@ def _last_axis_mean(matcher: GraphMatcher, node: GraphNode, rank: int) -> bool:
     return axes is not None and len(axes) == 1 and axes[0] % rank == rank - 1
 
 
+def _plus_epsilon_root(matcher: GraphMatcher, mean: GraphNode) -> tuple[GraphNode, GraphNode, float] | None:
+    """``Sqrt(Add(mean, eps))`` after ``mean`` (eps a non-negative scalar constant): the Add, the Sqrt and eps."""
+    add = matcher.only_user(mean.outputs[0])
+    if add is None or add.op_type != "Add" or len(add.inputs) != 2:
+        return None
+    epsilon = matcher.scalar(add.inputs[1] if add.inputs[0] == mean.outputs[0] else add.inputs[0])
+    root = matcher.only_user(add.outputs[0])
+    if epsilon is None or epsilon < 0 or root is None or root.op_type != "Sqrt":
+        return None
+    return add, root, epsilon
+
+
 def _match(ctx: RewriteContext, matcher: GraphMatcher, power: GraphNode) -> PlannedStep | None:
     if len(power.inputs) != 2 or matcher.scalar(power.inputs[1]) != 2.0:
         return None
@@ -54,13 +66,10 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, power: GraphNode) -> Plan
     mean = matcher.only_user(power.outputs[0])
     if mean is None or not _last_axis_mean(matcher, mean, len(info.shape)):
         return None
-    add = matcher.only_user(mean.outputs[0])
-    if add is None or add.op_type != "Add" or len(add.inputs) != 2:
+    found = _plus_epsilon_root(matcher, mean)
+    if found is None:
         return None
-    epsilon = matcher.scalar(add.inputs[1] if add.inputs[0] == mean.outputs[0] else add.inputs[0])
-    root = matcher.only_user(add.outputs[0])
-    if epsilon is None or epsilon < 0 or root is None or root.op_type != "Sqrt":
-        return None
+    add, root, epsilon = found
     inverse = matcher.only_user(root.outputs[0])
     if inverse is None or not (
         inverse.op_type == "Reciprocal"
@@ -126,13 +135,10 @@ def _match_layer_norm(ctx: RewriteContext, matcher: GraphMatcher, mean: GraphNod
     variance = matcher.only_user(square.outputs[0])
     if variance is None or not _last_axis_mean(matcher, variance, len(info.shape)):
         return None
-    add = matcher.only_user(variance.outputs[0])
-    if add is None or add.op_type != "Add" or len(add.inputs) != 2:
+    found = _plus_epsilon_root(matcher, variance)
+    if found is None or divide.inputs[1] != found[1].outputs[0]:
         return None
-    epsilon = matcher.scalar(add.inputs[1] if add.inputs[0] == variance.outputs[0] else add.inputs[0])
-    root = matcher.only_user(add.outputs[0])
-    if epsilon is None or epsilon < 0 or root is None or root.op_type != "Sqrt" or divide.inputs[1] != root.outputs[0]:
-        return None
+    add, root, epsilon = found
     if matcher.only_user(root.outputs[0]) is not divide:
         return None
     group = [mean, sub, square, variance, add, root, divide]
