@@ -32,6 +32,7 @@ from libc.string cimport memcpy
 
 from posix.time cimport clock_gettime, nanosleep, timespec, CLOCK_MONOTONIC
 
+from ._host_copy cimport host_copy
 from ._webgpu_types cimport (
     Future, MapCallbackInfo, StringView, device_poll_fn, map_async_fn, mapped_range_fn, unmap_fn,
 )
@@ -316,7 +317,8 @@ def request_work_done(uintptr_t on_submitted_work_done, uintptr_t queue, uint32_
 
 def copy_out(uintptr_t mapped_range, uintptr_t unmap, uintptr_t buffer, size_t size, list regions):
     """Get the first ``size`` bytes of the mapped ``buffer``, copy each ``(destination address, bytes, offset in
-    the mapping)`` of ``regions`` out, and unmap, keeping the GIL.  Returns False (after unmapping) when the mapped
+    the mapping)`` of ``regions`` out (a large one split across threads: :mod:`._host_copy`), and unmap, keeping
+    the GIL.  Returns False (after unmapping) when the mapped
     range is NULL.  The caller checked that every region lies inside ``size`` and its destination."""
     cdef const char* mapped
     cdef uintptr_t destination
@@ -329,7 +331,7 @@ def copy_out(uintptr_t mapped_range, uintptr_t unmap, uintptr_t buffer, size_t s
             return False
         for destination, count, offset in regions:
             if count:
-                memcpy(<void*>destination, mapped + offset, count)
+                host_copy(<void*>destination, mapped + offset, count)
         return True
     finally:
         (<unmap_fn>unmap)(<void*>buffer)

@@ -40,6 +40,7 @@ from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, nanosleep, timespec
 
 from ._commands cimport COMMAND_COPY, CommandList, CommandRecord, NativeTable
+from ._host_copy cimport host_copy
 from ._webgpu_types cimport MapCallbackInfo, StringView, device_poll_fn, map_async_fn
 
 cdef extern from *:
@@ -76,6 +77,8 @@ ctypedef void (*queue_write_fn)(void*, void*, uint64_t, const void*, size_t) noe
 ctypedef const void* (*const_range_fn)(void*, size_t, size_t) noexcept nogil
 # void wgpuBufferUnmap(WGPUBuffer buffer)
 ctypedef void (*buffer_unmap_fn)(void*) noexcept nogil
+# void * wgpuBufferGetMappedRange(WGPUBuffer buffer, size_t offset, size_t size)
+ctypedef void* (*range_fn)(void*, size_t, size_t) noexcept nogil
 
 cdef enum:
     _DONE = 0
@@ -360,6 +363,50 @@ cdef class UnlockedCalls:
                     self._leave_submit()
                 else:
                     code = _NOT_SUBMITTED
+                    self._leave_submit()
+                self._leave()
+        return code
+
+    def staged_write(self, uintptr_t staging, uintptr_t mapped_range, uintptr_t unmap, uintptr_t data, uint64_t size,
+                     uintptr_t target, uint64_t offset, uint32_t write_mode, uint64_t map_size, MapWait wait):
+        """Without the GIL: copy ``size`` bytes at ``data`` into the staging buffer ``staging`` (mapped for writing;
+        ``mapped_range``/``unmap``: wgpuBufferGetMappedRange / wgpuBufferUnmap) split across threads
+        (:mod:`._host_copy`), unmap it, encode and submit a copy of them into the buffer ``target`` at ``offset``, then
+        request the staging buffer's first ``map_size`` bytes mapped for writing again (``write_mode``:
+        WGPUMapMode_Write), reported to ``wait``: it completes once that copy has run.  Returns DONE, NOT_SUBMITTED
+        (no mapped range, or wgpu-native could not encode the copy: the staging buffer is unmapped and nothing was
+        requested) or CLOSING (nothing done)."""
+        cdef CommandRecord copy
+        cdef int code = _CLOSING
+        cdef MapCallbackInfo info
+        cdef void* mapped
+        if staging == 0 or mapped_range == 0 or unmap == 0 or target == 0 or (size and data == 0):
+            raise ValueError("staged_write: a null address")
+        if size > map_size:
+            raise ValueError("staged_write: the write is larger than the staging buffer")
+        copy.kind = COMMAND_COPY
+        copy.a = staging
+        copy.b = target
+        copy.offset_a = 0
+        copy.offset_b = offset
+        copy.size = size
+        copy.x = copy.y = copy.z = 0
+        info = wait.callback_info(self.callback_mode)
+        with nogil:
+            if self._enter():
+                if self._enter_submit():
+                    mapped = (<range_fn>mapped_range)(<void*>staging, 0, size)
+                    if mapped == NULL:
+                        code = _NOT_SUBMITTED
+                    else:
+                        host_copy(mapped, <const void*>data, size)
+                    (<buffer_unmap_fn>unmap)(<void*>staging)
+                    if mapped != NULL:
+                        if self.empty.encode_submit(self.table, NULL, &copy, 1):
+                            self.fn_map(<void*>staging, write_mode, 0, map_size, info)
+                            code = _DONE
+                        else:
+                            code = _NOT_SUBMITTED
                     self._leave_submit()
                 self._leave()
         return code

@@ -16,7 +16,7 @@ from ._wgpu_adapters import device_features, device_limits, request_device
 from ._wgpu_device_base import _Handle, _serialized, _storage_bindings
 from ._wgpu_encode_ahead import _AheadJob
 from ._wgpu_ffi import _address, _string_view
-from ._wgpu_timestamps import _Timestamps
+from ._wgpu_staged_writes import STAGED_WRITE_MIN, _StagedWrites
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin, check_encode_next
 
 __all__ = ["WgpuDevice", "DeviceOpener"]
@@ -40,7 +40,7 @@ class DeviceOpener(Protocol):
     def _process_events(self) -> None: ...
 
 
-class WgpuDevice(_Timestamps):
+class WgpuDevice(_StagedWrites):
     """An open wgpu-native device and its queue (implements ``BackendDevice``).
 
     Made only by :meth:`WgpuBackend.open_device`.
@@ -57,8 +57,9 @@ class WgpuDevice(_Timestamps):
 
     Built in layers, each owning some of the fields (their modules' docstrings say which, and that the device's
     lock guards them): ``_DeviceBase`` (lock, error sink, handle table, checks), ``_EncodeAhead`` (frozen lists'
-    validation and command buffers encoded ahead), ``_Readback`` (staging buffer, reads, waits), ``_Timestamps``
-    (query sets, query-resolve buffers, checks on timestamp records), and this class:
+    validation and command buffers encoded ahead), ``_Readback`` (staging buffer, reads, waits), ``_ReadAheads``,
+    ``_Timestamps`` (query sets, query-resolve buffers, checks on timestamp records), ``_StagedWrites`` (large uploads through
+    staging buffers kept mapped), and this class:
     set-up, buffers, kernels, submit and lifetime.  The destroy callbacks have a lock of their own
     (``_callbacks_lock``), never held while calling out.
     """
@@ -91,6 +92,7 @@ class WgpuDevice(_Timestamps):
         self._init_readback(info, backend.spin_wait_us)
         self._init_read_ahead()
         self._init_timestamps()
+        self._init_staged_writes()
 
         ffi, lib = self._ffi, self._lib
         self._device = request_device(
@@ -179,11 +181,15 @@ class WgpuDevice(_Timestamps):
         Made outside the device's lock, and without the GIL for the native call, when nobody holds the lock (an
         upload then waits neither for the lock nor for the submissions other threads make outside it: at K=8
         threads that wait was about half a step); else, and for every write the
-        checks refuse, under the lock."""
+        checks refuse, under the lock.  A write of at least ``STAGED_WRITE_MIN`` bytes goes through the device's
+        upload staging buffers, under the lock (:mod:`._wgpu_staged_writes`)."""
         view = memoryview(data)
         if not view.c_contiguous:
             view = memoryview(view.tobytes())
         size = view.nbytes
+        if size >= STAGED_WRITE_MIN:
+            self._write_buffer_locked(buffer, offset, view)
+            return
         record = self._handles.get(buffer)
         if (
             record is not None
@@ -248,15 +254,19 @@ class WgpuDevice(_Timestamps):
             return
         if self._aheads:
             self._note_written(buffer)  # a read ahead of it is stale from here on
-        # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size),
-        # keeping the GIL (see UnlockedCalls.queue_write)
         ffi = self._ffi
         data = ffi.from_buffer(view)
+        action = f"write_buffer({buffer:#x}, offset={offset}, {size} bytes)"
+        if size >= STAGED_WRITE_MIN:
+            self._write_staged(record.pointer, offset, int(ffi.cast("uintptr_t", data)), size, action)
+            return
+        # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size),
+        # keeping the GIL (see UnlockedCalls.queue_write)
         self._unlocked.queue_write(
             int(ffi.cast("uintptr_t", record.pointer)), offset, int(ffi.cast("uintptr_t", data)), size
         )
         if self._reported():
-            self._raise_pending(f"write_buffer({buffer:#x}, offset={offset}, {size} bytes)")
+            self._raise_pending(action)
 
     def _refuse_write(self, buffer: int, offset: int, size: int) -> NoReturn:
         """The typed error of a write that the checks of :meth:`write_buffer` refuse."""
@@ -554,6 +564,7 @@ class WgpuDevice(_Timestamps):
                 self._free_query_set(record.pointer)
             else:
                 self._free_buffer(record.pointer)
+        self._destroy_staged_writes()
         self._destroy_readback()  # waits for a wait that is polling outside the lock, frees the staging buffers
         queue, self._queue = self._queue, None
         if queue is not None:

@@ -264,14 +264,15 @@ class _DeviceBase:
                     f"{action}: {name} {value} must be a non-negative multiple of {BUFFER_ALIGNMENT} bytes"
                 )
 
-    def _native_buffer(self, size: int, usage: int, label: str, action: str) -> Any:
+    def _native_buffer(self, size: int, usage: int, label: str, action: str, mapped: bool = False) -> Any:
+        """A new buffer (``mapped``: mapped at creation, for writing) that is none of the handles."""
         ffi, lib = self._ffi, self._lib
         keep: list[Any] = []
         descriptor = ffi.new("WGPUBufferDescriptor *")
         descriptor.label = _string_view(label, keep)
         descriptor.usage = usage
         descriptor.size = size
-        descriptor.mappedAtCreation = 0
+        descriptor.mappedAtCreation = 1 if mapped else 0
         # WGPUBuffer wgpuDeviceCreateBuffer(WGPUDevice device, WGPUBufferDescriptor const * descriptor)
         pointer = self._created(lib.wgpuDeviceCreateBuffer(self._device, descriptor), lib.wgpuBufferRelease, action)
         if pointer == ffi.NULL:

@@ -132,6 +132,7 @@ class _Readback(_EncodeAhead):
             for name in (
                 "wgpuBufferMapAsync",
                 "wgpuBufferGetConstMappedRange",
+                "wgpuBufferGetMappedRange",
                 "wgpuBufferUnmap",
                 "wgpuQueueOnSubmittedWorkDone",
             )

@@ -42,6 +42,19 @@ class UnlockedCalls:
     @property
     def inflight(self) -> int: ...
     def copy_and_map(self, source: int, offset: int, staging: int, size: int, wait: MapWait) -> int: ...
+    def staged_write(
+        self,
+        staging: int,
+        mapped_range: int,
+        unmap: int,
+        data: int,
+        size: int,
+        target: int,
+        offset: int,
+        write_mode: int,
+        map_size: int,
+        wait: MapWait,
+    ) -> int: ...
     def submit_encoded(self, command_buffer: int, sentinel: int) -> int: ...
     def submit_and_map(self, command_buffer: int, staging: int, size: int, wait: MapWait, sentinel: int) -> int: ...
     def lock_taken(self) -> None: ...

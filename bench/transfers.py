@@ -1,0 +1,126 @@
+"""``python -m bench.transfers``: host <-> device copy rates of an OrtValue, the way an application moves its tensors.
+
+Upload: ``value.update_inplace(host)`` and a wait for the device to be idle (the data is on the device when the
+time is taken).  Download: ``value.to_numpy(out=host_out)`` (synchronous; a fixed output array, as a loop reading
+the same output every step would use).  Both on one value of each size, interleaved iteration by iteration, with the
+bytes checked at the end; p50 and p90 per direction, in ms and GB/s (1e9 bytes per second).
+
+Examples::
+
+    python -m bench.transfers                       # 16 MB each way, 40 iterations
+    python -m bench.transfers --mb 1,16,64 --json transfers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+import ortgpu
+from ortgpu_core.backends import _host_copy
+
+
+def parse_sizes(text: str) -> list[float]:
+    """``"1,16,64"`` -> [1.0, 16.0, 64.0] (megabytes, 2**20 bytes; each positive)."""
+    sizes = []
+    for part in text.split(","):
+        try:
+            size = float(part)
+        except ValueError:
+            raise ValueError(f"--mb takes comma-separated sizes in MB, not {text!r}") from None
+        if not size > 0 or size > 4096:
+            raise ValueError(f"--mb sizes must be above 0 and at most 4096 MB, not {part}")
+        sizes.append(size)
+    return sizes
+
+
+def _stats(seconds: list[float], nbytes: int) -> dict[str, float]:
+    p50, p90 = (float(np.percentile(seconds, q)) for q in (50, 90))
+    return {"p50_ms": p50 * 1e3, "p90_ms": p90 * 1e3, "p50_GBps": nbytes / p50 / 1e9}
+
+
+def measure(env: ortgpu.Env, megabytes: float, iterations: int, warmup: int) -> dict[str, Any]:
+    """Time ``iterations`` uploads and downloads of one float32 value of ``megabytes`` MB (after ``warmup`` of each),
+    interleaved, and check that the last of each moved the right bytes."""
+    count = max(1, int(megabytes * (1 << 20)) // 4)
+    rng = np.random.default_rng(0)
+    hosts = [rng.standard_normal(count).astype(np.float32) for _ in range(2)]
+    out = np.empty(count, np.float32)
+    value = env.shared_allocator().from_numpy(hosts[1])
+    device = env.default_device._native_device()
+    up: list[float] = []
+    down: list[float] = []
+    try:
+        for index in range(warmup + iterations):
+            host = hosts[index % 2]
+            start = time.perf_counter()
+            value.update_inplace(host)
+            device.wait_idle()
+            middle = time.perf_counter()
+            value.to_numpy(out=out)
+            end = time.perf_counter()
+            if index >= warmup:
+                up.append(middle - start)
+                down.append(end - middle)
+        if not np.array_equal(out, hosts[(warmup + iterations - 1) % 2]):
+            raise SystemExit(f"{megabytes} MB: the bytes read back differ from those written; no rates reported")
+    finally:
+        value.release()
+    nbytes = count * 4
+    return {"megabytes": megabytes, "bytes": nbytes, "upload": _stats(up, nbytes), "download": _stats(down, nbytes)}
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    lines = ["| size | upload p50 ms | upload GB/s | download p50 ms | download GB/s |", "|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        up, down = row["upload"], row["download"]
+        lines.append(
+            f"| {row['megabytes']:g} MB | {up['p50_ms']:.3f} | {up['p50_GBps']:.1f} | {down['p50_ms']:.3f} | "
+            f"{down['p50_GBps']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.transfers", description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", default="16", help="comma-separated sizes in MB (2**20 bytes; default 16)")
+    parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu")
+    parser.add_argument(
+        "--copy-threads", type=int, default=None, help="threads per large host copy (default: the library's)"
+    )
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args(argv)
+    try:
+        sizes = parse_sizes(args.mb)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.iterations < 1 or args.warmup < 0:
+        parser.error("--iterations must be at least 1 and --warmup at least 0")
+    if args.copy_threads is not None:
+        try:
+            _host_copy.set_copy_threads(args.copy_threads)
+        except ValueError as error:
+            parser.error(str(error))
+    env = ortgpu.Env(backend=args.backend)
+    try:
+        device = env.default_device
+        print(f"adapter: {device.name} ({device.backend_type}); host copy threads: {_host_copy.copy_threads()}")
+        rows = [measure(env, size, args.iterations, args.warmup) for size in sizes]
+    finally:
+        env.close()
+    print(format_rows(rows))
+    if args.json_path:
+        report = {"adapter": device.name, "copy_threads": _host_copy.copy_threads(), "rows": rows}
+        with open(args.json_path, "w") as handle:
+            json.dump(report, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
