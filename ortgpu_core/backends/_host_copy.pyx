@@ -29,7 +29,7 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_join(pthread_t thread, void** result)
 
 # No copy is split below this many bytes per slice (each extra thread must have at least this much to copy).
-cdef size_t _MIN_SLICE = 1 << 21
+cdef size_t _MIN_SLICE = 1 << 20
 MIN_SLICE = _MIN_SLICE
 # Slices start on this boundary (a cache line) so no two threads write the same line.
 cdef size_t _ALIGN = 64
