@@ -14,7 +14,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._flash_attention import FlashProblem, OperandView, flash_attention_wgsl
+from ._flash_attention import FlashProblem, OperandView
+from ._flash_rows import attention_kernel
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from ._tiling import broadcast_strides, c_strides, require_float32, single_kernel_plan
 
@@ -122,7 +123,7 @@ class FusedAttention(Operator):
             bias_scale=float(attrs["_bias_scale"]),
             out=OperandView(0, c_strides(out_shape)[:-2], value_head, 1),
         )
-        wgsl, grid, table = flash_attention_wgsl(problem, caps)
+        wgsl, grid, table = attention_kernel(problem, caps)
         return single_kernel_plan(
             "FusedAttention",
             wgsl,

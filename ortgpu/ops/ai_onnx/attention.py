@@ -29,7 +29,8 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from .._flash_attention import FlashProblem, OperandView, flash_attention_wgsl
+from .._flash_attention import FlashProblem, OperandView
+from .._flash_rows import attention_kernel
 from .._kernel import (
     Binding,
     DeviceCaps,
@@ -382,7 +383,7 @@ fn bias(b: u32, h: u32, i: u32, j: u32) -> f32 {{
         q, k, v, mask, attrs, batch, hq, hkv, sq, sk, head, dv, scale, past_key is not None or nonpad is not None
     )
     if count and flash is not None:
-        wgsl, grid, table = flash_attention_wgsl(flash, caps)
+        wgsl, grid, table = attention_kernel(flash, caps)
         compute = lambda full: operator.reference(full, attrs, outputs[:1])  # noqa: E731
         kernels += list(single_kernel_plan("Attention", wgsl, grid, table, compute, inputs, outputs[:1], caps).kernels)
     elif count:
