@@ -21,7 +21,6 @@ from ortgpu.ops import _flash_rows
 from ortgpu.ops._flash_attention import FlashProblem, OperandView
 from ortgpu.ops._flash_rows import RowsTiles, attention_kernel, key_splits, rows_tiles
 
-
 #: lavapipe's workgroup storage (32 KB), where these tests run the WGSL.
 LAVAPIPE_CAPS = replace(CAPS, limits=replace(CAPS.limits, max_compute_workgroup_storage_size=32768))
 
