@@ -1,57 +1,57 @@
 """Reading wgpu buffers back to the host, and waiting for the device: staging buffers, mapping, polling.
 
 A read copies its range into a staging buffer (MAP_READ | COPY_DST, a power of two in size), maps it, and copies
-out of the mapping; ``submit_and_read`` appends those copies to the submission itself (a tail, which the
-encode-ahead cache keeps with the list), so a run and its reads cost one submission and one wait.
+out of the mapping (a large read in chunks, :mod:`._wgpu_chunked_reads`); ``submit_and_read`` appends those copies
+to the submission itself (a tail the encode-ahead cache keeps with the list): a run and its reads cost one
+submission and one wait.
 
-**Waiting never holds the device's lock.**  A read (``read_buffer``, ``read_buffer_into``: ``to_numpy``'s) is four
-steps: under the lock, keeping the GIL, the checks and the staging buffer; then, *without* the lock, one C call
-(the GIL released once) that encodes and submits the copy and requests the mapping, and another that waits for it
+**Waiting never holds the device's lock.** A read (``read_buffer``, ``read_buffer_into``: ``to_numpy``'s) is four
+steps: under the lock, keeping the GIL, the checks and the staging buffer; then, *without* the lock, one C call (the
+GIL released once) that encodes and submits the copy and requests the mapping, and another that waits for it
 (:mod:`._unlocked_calls`); then, under the lock again, the copy out of the mapping and the unmap.
 ``submit_and_read``'s copies ride in its submission: it submits and requests the map (a captured graph's command
-buffer encoded ahead in one C call after the lock, anything else under it), then waits the same way.  Other threads submit, upload and read meanwhile: K threads each driving a session overlap their host work
-with the GPU's instead of queueing behind one another's waits, and no thread gives the GIL away while it holds
-the device's lock for a native call of any length.
+buffer encoded ahead in one C call after the lock, anything else under it), then waits the same way. Other threads
+submit, upload and read meanwhile: K threads each driving a session overlap their host work with the GPU's instead of
+queueing behind one another's waits, and no thread gives the GIL away while it holds the device's lock for a native
+call of any length.
 
 The waits: one thread at a time polls wgpu-native (the *poll lock*, a :class:`._unlocked_calls.NativeLock`), without
 blocking for up to ``spin_wait_us``, then still without blocking but sleeping between polls for ``nap_poll_s``
-(:data:`NAP_POLL_S`), then blocking; the callbacks fire inside its polls (or inside another thread's
-submit) whoever's requests they complete.  A read's wait (:meth:`_Readback._wait_map`) is a C loop without the GIL:
-its map callback sets the read's own :class:`._unlocked_calls.MapWait`; while another thread polls it spins
-(yielding its core), then naps.  ``wait_idle`` and the profiling ring's reads wait in Python
-(:meth:`_Readback._wait_until`): their work-done and map callbacks are C functions
-(:class:`._device_calls.Completions`) that queue ``(token, status, message)`` and set the flag the spinning poller
-watches; waiters apply the queue (:meth:`_Requests.drain`: each request's status recorded by token, and that
-request's waiter woken, an event per thread), while the other waiters sleep (releasing the GIL) until their own
-request is complete or the polling thread leaves and hands the polling to one of them (a C wait that ends drains
-the queue and hands over too).  No callback takes the GIL, so a thread inside wgpu-native, holding its locks, never
-waits for Python.  One poller at a time also keeps wgpu-native 29 from racing itself (two threads polling one
-device can trip an assertion in its ``Device::maintain``).  A blocking poll in wgpu-native 29 holds its fence lock
-until the GPU is done, so a submission from another thread waits for it: that is why a wait polls without blocking
-first, spinning on GPU adapters (their waits for small work end within the spin; CPU adapters, lavapipe, do not spin:
-it would take a core from the driver), then sleeping between polls, and blocks only after ``nap_poll_s``.
+(:data:`NAP_POLL_S`), then blocking; the callbacks fire inside its polls (or inside another thread's submit) whoever's
+requests they complete. A read's wait (:meth:`_Readback._wait_map`) is a C loop without the GIL: its map callback sets
+the read's own :class:`._unlocked_calls.MapWait`; while another thread polls it spins (yielding its core), then naps.
+``wait_idle`` and the profiling ring's reads wait in Python (:meth:`_Readback._wait_until`): their work-done and map
+callbacks are C functions (:class:`._device_calls.Completions`) that queue ``(token, status, message)`` and set the
+flag the spinning poller watches; waiters apply the queue (:meth:`_Requests.drain`: each request's status recorded by
+token, and that request's waiter woken, an event per thread), while the other waiters sleep (releasing the GIL) until
+their own request is complete or the polling thread leaves and hands the polling to one of them (a C wait that ends
+drains the queue and hands over too; one poller at a time: see :mod:`._unlocked_calls`). A blocking poll in
+wgpu-native 29 holds its fence lock until the GPU is done, so a submission from another thread waits for it: that is
+why a wait polls without blocking first, spinning on GPU adapters (their waits for small work end within the spin; CPU
+adapters, lavapipe, do not spin: it would take a core from the driver), then sleeping between polls, and blocks only
+after ``nap_poll_s``.
 
 Errors: what a submission, a map request or a copy-out reports is raised to the thread that made it (wgpu-native
-reports it inside that thread's call: the device's error sink).  A wait raises only ``DeviceLostError`` (the device
-was lost: every caller should see it), ``ReleasedValueError`` (the device was destroyed while it waited) and
-``DeviceError`` when its request failed or never completed.  The buffer a read copies from is kept until the read
-ends, whoever releases it meanwhile (``_Handle.busy``); the device's destroy closes the gate of the unlocked calls
-and waits for those inside before it frees anything.
+reports it inside that thread's call: the device's error sink). A wait raises only ``DeviceLostError`` (the device was
+lost: every caller should see it), ``ReleasedValueError`` (the device was destroyed while it waited) and
+``DeviceError`` when its request failed or never completed. The buffer a read copies from is kept until the read ends,
+whoever releases it meanwhile (``_Handle.busy``); the device's destroy closes the gate of the unlocked calls and waits
+for those inside before it frees anything.
 
-Staging buffers: a pool; ``submit_and_read`` of a frozen list takes the buffer that list's last read used when it
-is free (its command buffer encoded ahead names that buffer, whichever thread reads), any read the free buffer its
-thread used last (so a captured graph replayed and read by one thread keeps naming the same buffer), else any free one
-large enough, else a new one that replaces a free one (so there are never more buffers than threads reading at
-once); it returns it after the copy-out.  A buffer whose request did not complete is freed,
-not returned.  Replacing a buffer releases the command buffers encoded ahead that copy into it.
+Staging buffers: a pool; ``submit_and_read`` of a frozen list takes the buffer that list's last read used when it is
+free (its command buffer encoded ahead names that buffer, whichever thread reads), any read the free buffer its thread
+used last (so a captured graph replayed and read by one thread keeps naming the same buffer), else any free one large
+enough, else a new one that replaces a free one (never more buffers than chunks being read at once); it returns it
+after the copy-out. A buffer whose request did not complete is freed, not returned. Replacing a buffer releases the
+command buffers encoded ahead that copy into it.
 
 Ownership: :class:`_Readback` is a layer of ``WgpuDevice`` (after ``_EncodeAhead``, through which it submits;
-``_DeviceBase``'s docstring describes the layers).  It owns the staging pool (``_staging_free``,
-``_staging_all``), ``spin_wait_us``, the callbacks and their descriptors and tokens (read and changed under the
-device's lock), and :class:`_Requests`, the callbacks' record of completed requests, the poll lock and the
-waiters' events (:mod:`._wgpu_requests`; written by callbacks in whichever thread completes a request, and by
-waiters; plain dict and set operations, atomic under the GIL).  ``_destroy_readback`` (called by the
-device's destroy, under the device's lock) waits for a poll in progress before the device pointer is released.
+``_DeviceBase``'s docstring describes the layers). It owns the staging pool (``_staging_free``, ``_staging_all``),
+``spin_wait_us``, the callbacks and their descriptors and tokens (read and changed under the device's lock), and
+:class:`_Requests`, the callbacks' record of completed requests, the poll lock and the waiters' events
+(:mod:`._wgpu_requests`; written by callbacks in whichever thread completes a request, and by waiters; plain dict and
+set operations, atomic under the GIL). ``_destroy_readback`` (called by the device's destroy, under the device's lock)
+waits for a poll in progress before the device pointer is released.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ from ._unlocked_calls import (
     MapWait,
     UnlockedCalls,
 )
+from ._wgpu_chunked_reads import CHUNKED_READ_MIN, chunk_sizes, read_in_chunks
 from ._wgpu_device_base import _Handle
 from ._wgpu_encode_ahead import _EncodeAhead
 from ._wgpu_ffi import _address, _enum_suffix
@@ -89,20 +90,18 @@ _STAGING_MINIMUM = 1 << 16
 _MAP_POLL_ATTEMPTS = 10_000
 # A waiter that is not polling re-checks at least this often (seconds), whatever it was woken for.
 _WAITER_RECHECK_S = 0.002
-# Default spin before a blocking wait, on GPU adapters (0 on CPU adapters: there the spinning thread would take
-# a core from the driver's own threads).  On a discrete GPU spinning makes submit + wait_idle of a few small dispatches
-# faster (`python -m bench --overhead` measures both; bench/RESULTS.md has the figures).
+# Default spin before a blocking wait, on GPU adapters (0 on CPU adapters: there it would take a core from the
+# driver's threads); it makes a few small dispatches' submit + wait_idle faster (`python -m bench --overhead`).
 DEFAULT_SPIN_WAIT_US = 2000.0
 # After the spin, a wait's poller keeps polling without blocking, sleeping 20 us to 200 us between polls, for this
 # long (seconds) before it blocks in the driver: a blocking poll holds wgpu-native 29's fence lock until the GPU has
 # finished everything submitted before it, so every other thread's submission waits behind it and the GPU runs dry.
-# A request that never completes (a device lost without its callback) is still found
-# by the blocking polls after this.
+# A request that never completes (a device lost without its callback) is found by the blocking polls after this.
 NAP_POLL_S = 1.0
 
 
-# Map requests given up on (their read raised before the callback fired): the callback may still fire, and it
-# writes into the MapWait, so these are kept for the life of the process (a few bytes each, only after errors).
+# Map requests given up on (their read raised before the callback fired): their callback may still write into them,
+# so they are kept for the life of the process (a few bytes each, only after errors).
 _ABANDONED_WAITS: list[MapWait] = []
 
 
@@ -251,14 +250,11 @@ class _Readback(_EncodeAhead):
 
     def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
         """Like :meth:`read_buffer`, into ``out`` (a writable C-contiguous buffer of any size; the device-side copy
-        covers it rounded up to 4 bytes): one host copy, straight from the mapped staging buffer."""
+        covers it rounded up to 4 bytes), straight from the mapped staging buffers."""
         self._read_into(buffer, offset, out, f"read_buffer_into({buffer:#x}, offset={offset})")
 
     def _read_into(self, buffer: int, offset: int, out: Any, action: str) -> None:
-        """The read (``to_numpy``'s): under the lock, only checks and bookkeeping, keeping the GIL; the copy's
-        submission and map request in one C call and the wait in another, each releasing the GIL once and taking
-        no lock but the poll lock (:mod:`._unlocked_calls`); then the copy out under the lock.  ``action`` names the
-        call in errors."""
+        """The read (``to_numpy``'s; see the module's docstring for its steps).  ``action`` names it in errors."""
         with self._lock:
             self._check_open()
             view = memoryview(out)
@@ -279,8 +275,12 @@ class _Readback(_EncodeAhead):
             if padded == 0:
                 return
             view = view.cast("B")
-            staging = self._take_staging(padded)
+            # a large read goes in chunks: the host copies one out while the next is on the bus
+            chunks = [self._take_staging(n) for n in chunk_sizes(padded)] if padded >= CHUNKED_READ_MIN else []
+            staging = chunks[0] if chunks else self._take_staging(padded)
             source.busy += 1  # a release of the buffer meanwhile is done when this read ends (see destroy_buffer)
+        if chunks:
+            return read_in_chunks(self, buffer, offset, view, padded, chunks, source, action)
         wait = MapWait()
         code = CLOSING
         try:

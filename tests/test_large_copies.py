@@ -1,9 +1,11 @@
-"""Large uploads through the device's mapped staging buffers, and host copies split across threads (wgpu-native).
+"""Large copies on wgpu-native: uploads through mapped staging buffers, reads in chunks, host copies on threads.
 
 A write of at least ``STAGED_WRITE_MIN`` bytes is copied chunk by chunk into staging buffers the device keeps
-mapped, each chunk's copy submitted on its own (:mod:`ortgpu_core.backends._wgpu_staged_writes`).  The hazards:
-a chunk landing at the wrong place or with a stale staging buffer's bytes, writes reordered against the queue
-writes around them, a pool that grows without bound, and a destroy with map requests in flight.
+mapped, each chunk's copy submitted on its own (:mod:`ortgpu_core.backends._wgpu_staged_writes`); a read of at
+least ``CHUNKED_READ_MIN`` bytes is copied out chunk by chunk (:mod:`ortgpu_core.backends._wgpu_chunked_reads`).
+The hazards: a chunk landing at the wrong place or with a stale staging buffer's bytes, writes reordered against
+the queue writes around them, pools that grow without bound, a failure half-way that leaks or reuses a staging
+buffer whose map may still complete, and a destroy with map requests in flight.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from ortgpu_core._errors import ValidationError
+from ortgpu_core._errors import DeviceError, ValidationError
 from ortgpu_core.backends import _host_copy
 from ortgpu_core.backends import _wgpu_staged_writes as staged_writes
+from ortgpu_core.backends._unlocked_calls import NOT_SUBMITTED
+from ortgpu_core.backends._wgpu_chunked_reads import CHUNKED_READ_MIN, READ_CHUNK
 from ortgpu_core.backends._wgpu_staged_writes import CHUNK, POOL_CHUNKS, STAGED_WRITE_MIN
 from ortgpu_core.backends.wgpu_native import WgpuBackend, WgpuDevice
 
@@ -195,7 +199,6 @@ def test_default_copy_threads(cores: int | None, expected: int | None) -> None:
 @pytest.mark.wgpu_only
 @pytest.mark.parametrize("warm", [False, True])
 def test_a_large_write_to_a_lost_device_raises_a_typed_error(wgpu_backend: WgpuBackend, warm: bool) -> None:
-    from ortgpu_core._errors import DeviceError
     from ortgpu_core.backends._wgpu_ffi import load_native
 
     device = wgpu_backend.open_device(wgpu_backend.default_adapter_index())
@@ -212,3 +215,100 @@ def test_a_large_write_to_a_lost_device_raises_a_typed_error(wgpu_backend: WgpuB
             _read(device, buffer, 2 * CHUNK)
     finally:
         device.destroy()
+
+
+# -- reads in chunks ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.wgpu_only
+@pytest.mark.parametrize("tail", [0, 4, 6])  # whole words, and a read ending inside the last word
+def test_a_large_read_in_chunks_returns_every_byte(device: WgpuDevice, tail: int) -> None:
+    size = 2 * READ_CHUNK + READ_CHUNK // 2 + 8
+    data = _words(size // 4, 40)
+    buffer = device.create_buffer(size)
+    device.write_buffer(buffer, 0, data)
+    assert CHUNKED_READ_MIN <= size - 8 + tail
+    out = bytearray(size - 8 + tail)
+    device.read_buffer_into(buffer, 0, out)
+    assert bytes(out) == data.tobytes()[: len(out)]
+    at = np.empty((size - 256) // 4, np.uint32)  # at an offset
+    device.read_buffer_into(buffer, 256, at)
+    np.testing.assert_array_equal(at, data[64:])
+    device.destroy_buffer(buffer)
+
+
+@pytest.mark.wgpu_only
+def test_chunked_reads_reuse_their_staging_buffers(device: WgpuDevice) -> None:
+    size = 3 * READ_CHUNK
+    buffer = device.create_buffer(size)
+    data = _words(size // 4, 41)
+    device.write_buffer(buffer, 0, data)
+    for _ in range(4):
+        np.testing.assert_array_equal(_read(device, buffer, size), data)
+        assert len(device._staging_all) == len(device._staging_free) <= 3
+    device.destroy_buffer(buffer)
+
+
+class FailingGate:
+    """Stands in for the device's unlocked calls: the ``fail_at``-th copy_and_map reports NOT_SUBMITTED."""
+
+    def __init__(self, inner: object, fail_at: int) -> None:
+        self.inner = inner
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def copy_and_map(self, *args: object) -> int:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            return NOT_SUBMITTED
+        return int(self.inner.copy_and_map(*args))  # type: ignore[attr-defined]
+
+
+@pytest.mark.wgpu_only
+@pytest.mark.parametrize("fail_at", [1, 2, 3])
+def test_a_chunk_that_fails_ends_the_read_with_a_typed_error_and_no_leak(device: WgpuDevice, fail_at: int) -> None:
+    size = 3 * READ_CHUNK
+    buffer = device.create_buffer(size)
+    data = _words(size // 4, 42)
+    device.write_buffer(buffer, 0, data)
+    gate = FailingGate(device._unlocked, fail_at)
+    device._unlocked = gate  # type: ignore[assignment]
+    try:
+        with pytest.raises(DeviceError, match="could not encode"):
+            _read(device, buffer, size)
+    finally:
+        device._unlocked = gate.inner  # type: ignore[assignment]
+    # every staging buffer is back in the pool or freed; the source is not held busy; the next read is right
+    assert len(device._staging_all) == len(device._staging_free)
+    np.testing.assert_array_equal(_read(device, buffer, size), data)
+    device.destroy_buffer(buffer)
+    assert device.live_handles() == 0
+
+
+@pytest.mark.wgpu_only
+def test_large_reads_from_several_threads_each_land(device: WgpuDevice) -> None:
+    size = 2 * READ_CHUNK + 4096
+    buffers = [device.create_buffer(size) for _ in range(3)]
+    datas = [_words(size // 4, 50 + i) for i in range(3)]
+    for buffer, data in zip(buffers, datas):
+        device.write_buffer(buffer, 0, data)
+    errors: list[BaseException] = []
+
+    def read(index: int) -> None:
+        try:
+            for _ in range(3):
+                np.testing.assert_array_equal(_read(device, buffers[index], size), datas[index])
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for buffer in buffers:
+        device.destroy_buffer(buffer)
