@@ -297,7 +297,7 @@ def fuse_epilogue(
     no node follows that can ride on it (or the operator does not take the epilogue)."""
     current = node.outputs[0]
     output_info = ctx.infos[current]
-    if output_info.dtype != np.float32:
+    if output_info.dtype not in (np.float32, np.float16):  # the epilogue computes in f32 and stores either
         return None
     inputs = list(node.inputs) + [""] * max(0, _ARITY.get(node.op_type, 0) - len(node.inputs))
     epilogue: list[tuple[Any, ...]] = []
@@ -460,7 +460,7 @@ def foldable_transposes(ctx: RewriteContext, nodes: Sequence[GraphNode]) -> Tran
         if user.op_type != "MatMul" or user.domain != "" or list(user.inputs[:2]).count(out) != 1:
             continue
         info = ctx.infos.get(source)
-        if info is None or info.dtype != np.float32 or len(info.shape) < 2:
+        if info is None or info.dtype not in (np.float32, np.float16) or len(info.shape) < 2:
             continue
         try:
             perm = tuple(permutation(node.attrs, len(info.shape)))

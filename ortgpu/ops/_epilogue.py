@@ -193,9 +193,12 @@ def apply_epilogue(y: np.ndarray, steps: Sequence[EpilogueStep], inputs: Sequenc
     return np.asarray(y, dtype=out_dtype)
 
 
-def epilogue_function(steps: Sequence[EpilogueStep], out_shape: tuple[int, ...], table: BindingTable) -> str:
-    """WGSL ``fn epilogue(v: f32, o: u32) -> f32`` (``o``: the linear output index) and its helpers;
-    binds the inputs that ``add`` steps read."""
+def epilogue_function(
+    steps: Sequence[EpilogueStep], out_shape: tuple[int, ...], table: BindingTable, element: str = "f32"
+) -> str:
+    """WGSL ``fn epilogue(v: f32, o: u32) -> element`` (``o``: the linear output index; ``element``: the output's
+    storage type, f32 or f16, which the inputs ``add`` steps read share) and its helpers; binds those inputs.
+    The steps compute in f32; the result is converted once, at the end."""
     helpers: list[str] = []
     body = ["    var x = v;"]
     need_gelu = False
@@ -203,10 +206,10 @@ def epilogue_function(steps: Sequence[EpilogueStep], out_shape: tuple[int, ...],
         if step.kind == "scale":
             body.append(f"    x = x * {wgsl_f32(step.value)};")
         elif step.kind == "add":
-            name = table.add(Binding("input", step.input_index))
+            name = table.add(Binding("input", step.input_index), element)
             index_name = f"epilogue_index_{number}"
             helpers.append(index_function(index_name, out_shape, broadcast_strides(step.view_shape, out_shape)))
-            term = f"{name}[{index_name}(o)]"
+            term = f"{name}[{index_name}(o)]" if element == "f32" else f"f32({name}[{index_name}(o)])"
             if step.value != 1.0:
                 term = f"{wgsl_f32(step.value)} * {term}"
             body.append(f"    x = x + {term};")
@@ -224,5 +227,5 @@ def epilogue_function(steps: Sequence[EpilogueStep], out_shape: tuple[int, ...],
             body.append("    x = 1.0 / (1.0 + exp(-x));")
     if need_gelu:
         helpers.append(_erfc_wgsl())
-    body.append("    return x;")
-    return "".join(helpers) + "fn epilogue(v: f32, o: u32) -> f32 {\n" + "\n".join(body) + "\n}\n"
+    body.append("    return x;" if element == "f32" else f"    return {element}(x);")
+    return "".join(helpers) + f"fn epilogue(v: f32, o: u32) -> {element} {{\n" + "\n".join(body) + "\n}\n"

@@ -49,7 +49,7 @@ import numpy as np
 from ._epilogue import EpilogueStep, epilogue_function
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, ceil_div, check_loop_budget
 from ._tiled_gemm import _bound_inputs, split_k_plan  # shared with the tiled GEMM's split-K (same semantics)
-from ._tiling import BindingTable, check_device_fits, grid_for_groups, whole_op_twin, workgroup_index
+from ._tiling import BindingTable, check_device_fits, float_element, grid_for_groups, whole_op_twin, workgroup_index
 
 __all__ = [
     "GemvConfig",
@@ -256,6 +256,16 @@ def gemv_kernel(
     return _nk_kernel(n, k, config, a_name, b_name, declarations, epilogue, store, caps)
 
 
+def _at(name: str, index: str) -> str:
+    """WGSL reading element ``index`` of the binding ``name`` as f32 (or vec4<f32>): f16 storage (bound as
+    ``array<f16>``/``array<vec4<f16>>``, named so by ``BindingTable``) is widened."""
+    if name.endswith("_vec4f16"):
+        return f"vec4<f32>({name}[{index}])"
+    if name.endswith("_f16"):
+        return f"f32({name}[{index}])"
+    return f"{name}[{index}]"
+
+
 def _split_prologue(config: GemvConfig, layout: str, k: int, groups: int, units: str) -> tuple[str, str, str, int]:
     """(WGSL after the group check, start expression offset, loop limit, slices) of the K range."""
     if config.split_k == 1:
@@ -305,11 +315,11 @@ def _kn_kernel(
             if vector:
                 # vectors > 0 clamp their column: loads stay in bounds, the store drops the surplus
                 at = "c4" if v == 0 else f"min(c4 + {v * threads_x}u, N4 - 1u)"
-                lines += f"            {acc(v, u)} = fma(vec4<f32>({a_name}[{k_expr}]), {b_name}[({k_expr}) * N4 + {at}], {acc(v, u)});\n"
+                lines += f"            {acc(v, u)} = fma(vec4<f32>({_at(a_name, k_expr)}), {_at(b_name, f'({k_expr}) * N4 + {at}')}, {acc(v, u)});\n"
             else:
                 lines += (
                     f"            for (var j = 0u; j < 4u; j = j + 1u) {{\n"
-                    f"                if ({column(v)} * 4u + j < N) {{ {acc(v, u)}[j] = fma({a_name}[{k_expr}], {b_name}[({k_expr}) * N + {column(v)} * 4u + j], {acc(v, u)}[j]); }}\n"
+                    f"                if ({column(v)} * 4u + j < N) {{ {acc(v, u)}[j] = fma({_at(a_name, k_expr)}, {_at(b_name, f'({k_expr}) * N + {column(v)} * 4u + j')}, {acc(v, u)}[j]); }}\n"
                     f"            }}\n"
                 )
         return lines
@@ -435,8 +445,8 @@ def _nk_kernel(
     def term(offset: int, acc: str) -> str:
         at = f"{index} + {offset}u" if offset else index
         if vector:
-            return f"            {acc} = {acc} + dot({a_name}[{at}], {b_name}[row * K4 + {at}]);\n"
-        return f"            {acc} = fma({a_name}[{at}], {b_name}[row * K + {at}], {acc});\n"
+            return f"            {acc} = {acc} + dot({_at(a_name, at)}, {_at(b_name, f'row * K4 + {at}')});\n"
+        return f"            {acc} = fma({_at(a_name, at)}, {_at(b_name, f'row * K + {at}')}, {acc});\n"
 
     accumulators = ["acc"] + [f"acc{u}" for u in range(1, unroll)]
     if unroll == 1 and not start and not subgroups:
@@ -569,11 +579,12 @@ def plan_gemv(
     k_steps = -(-(_slicing(config, layout, k)[1] if config.split_k > 1 else _units(layout, k)[0]) // config.threads_k)
     check_loop_budget(name, k_steps * (1 if vector_b else 5) + 64, caps)
     table = BindingTable()
-    a_name = table.add(Binding("input", 0), "vec4<f32>" if vector_a else "f32")
-    b_name = table.add(Binding("input", 1), "vec4<f32>" if vector_b else "f32")
+    element = float_element(outputs[0])  # f16 storage is loaded into f32 (_at): the sums stay f32
+    a_name = table.add(Binding("input", 0), f"vec4<{element}>" if vector_a else element)
+    b_name = table.add(Binding("input", 1), f"vec4<{element}>" if vector_b else element)
     if config.split_k == 1:
-        output = table.add(Binding("output", 0), writable=True)
-        epilogue = epilogue_function(steps, out_shape, table)
+        output = table.add(Binding("output", 0), element, writable=True)
+        epilogue = epilogue_function(steps, out_shape, table, element)
         wgsl, grid = gemv_kernel(
             n=n,
             k=k,
@@ -581,7 +592,7 @@ def plan_gemv(
             config=config,
             a_name=a_name,
             b_name=b_name,
-            declarations=table.declarations(),
+            declarations=table.enables() + table.declarations(),
             epilogue=epilogue,
             store=lambda o, value: f"{output}[{o}] = epilogue({value}, {o});",
             caps=caps,
@@ -598,7 +609,7 @@ def plan_gemv(
         config=config,
         a_name=a_name,
         b_name=b_name,
-        declarations=table.declarations(),
+        declarations=table.enables() + table.declarations(),
         epilogue="",
         store=lambda o, value: f"{scratch}[slice * N + {o}] = {value};",
         caps=caps,

@@ -28,7 +28,7 @@ from ._gemm_wgsl import (
     tiled_gemm_kernel,
 )
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget
-from ._tiling import BindingTable, check_device_fits, whole_op_twin
+from ._tiling import BindingTable, check_device_fits, float_element, whole_op_twin
 
 __all__ = [
     "GemmLoad",
@@ -54,11 +54,12 @@ def split_k_plan(
     """A split-K plan (tiled GEMM and GEMV): ``partial`` writes ``slices`` partial results of ``total`` outputs
     into the scratch buffer (``vec4`` elements with ``vector``); a second kernel sums them and applies the epilogue."""
     reduce_table = BindingTable()
+    element = float_element(outputs[0])
     scratch_in = reduce_table.add(Binding("scratch", 0), "vec4<f32>" if vector else "f32")
-    output = reduce_table.add(Binding("output", 0), writable=True)
-    epilogue = epilogue_function(steps, out_shape, reduce_table)
+    output = reduce_table.add(Binding("output", 0), element, writable=True)
+    epilogue = epilogue_function(steps, out_shape, reduce_table, element)
     reduce_wgsl, reduce_grid = split_k_reduce_kernel(
-        total, slices, reduce_table.declarations(), epilogue, scratch_in, output, vector, caps
+        total, slices, reduce_table.enables() + reduce_table.declarations(), epilogue, scratch_in, output, vector, caps
     )
     reduce_twin = _reduce_twin(steps, reduce_table.bindings, inputs, outputs, slices, total)
     check_device_fits(name, list(inputs) + list(outputs), max(len(partial.bindings), len(reduce_table.bindings)), caps)
@@ -104,18 +105,19 @@ def plan_tiled_gemm(
     check_loop_budget(name, tiles * (config.tile_k + 5), caps)
     mode_a, mode_b = operand_modes(problem)
     total_out = problem.batch * problem.m * problem.n
+    element = float_element(outputs[0])  # f32 or f16 storage; tiles and sums in f32
     if config.legacy:
         table = BindingTable()
         loaders = loader_functions(problem, "scalar", "scalar", table)
-        output = table.add(Binding("output", 0), writable=True)
-        epilogue = epilogue_function(steps, out_shape, table)
+        output = table.add(Binding("output", 0), element, writable=True)
+        epilogue = epilogue_function(steps, out_shape, table, element)
         wgsl, grid = legacy_gemm_wgsl(
             problem.batch,
             problem.m,
             problem.n,
             problem.k,
             problem.prelude + loaders + epilogue,
-            table.declarations(),
+            table.enables() + table.declarations(),
             output,
             caps,
         )
@@ -137,7 +139,7 @@ def plan_tiled_gemm(
                 for j in range(4)
             )
         wgsl, grid, slices = tiled_gemm_kernel(
-            problem, config, table.declarations(), loaders, body, caps, mode_a, mode_b
+            problem, config, table.enables() + table.declarations(), loaders, body, caps, mode_a, mode_b
         )
         operands = problem.operands
         assert operands is not None
@@ -147,14 +149,14 @@ def plan_tiled_gemm(
     config = dataclasses.replace(config, split_k=1)
     table = BindingTable()
     loaders = loader_functions(problem, mode_a, mode_b, table)
-    output = table.add(Binding("output", 0), writable=True)
-    epilogue = epilogue_function(steps, out_shape, table)
+    output = table.add(Binding("output", 0), element, writable=True)
+    epilogue = epilogue_function(steps, out_shape, table, element)
     body = "".join(
         f"        if (m < M && n + {j}u < N) {{ let o = (b * M + m) * N + n + {j}u; {output}[o] = epilogue(acc[{j}], o); }}\n"
         for j in range(4)
     )
     wgsl, grid, _ = tiled_gemm_kernel(
-        problem, config, table.declarations(), loaders + epilogue, body, caps, mode_a, mode_b
+        problem, config, table.enables() + table.declarations(), loaders + epilogue, body, caps, mode_a, mode_b
     )
     check_device_fits(name, list(inputs) + list(outputs), len(table.bindings), caps)
     twin = whole_op_twin(compute, table.bindings, inputs, outputs)
@@ -218,7 +220,7 @@ def _reduce_twin(
         for s in range(1, slices):
             y += partial[s]
         result = apply_epilogue(y.reshape(out.shape), steps, _bound_inputs(arrays, bindings, inputs))
-        raw = np.ascontiguousarray(result, dtype=np.float32).reshape(-1).view(np.uint8)
+        raw = np.ascontiguousarray(result, dtype=out.dtype).reshape(-1).view(np.uint8)
         arrays[output_slot][: raw.size] = raw
 
     return twin

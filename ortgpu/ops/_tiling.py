@@ -176,6 +176,29 @@ class BindingTable:
     def declarations(self) -> str:
         return "\n".join(self._declarations) + "\n"
 
+    def enables(self) -> str:
+        """``enable f16;`` when a binding holds f16 elements (WGSL wants it before every declaration), else ""."""
+        return "enable f16;\n" if any("f16" in element for _, _, element in self._names) else ""
+
+
+def float_element(info: TensorInfo) -> str:
+    """The WGSL storage element of a float16 or float32 tensor (kernels load it into f32 and compute there)."""
+    return "f16" if info.dtype == np.float16 else "f32"
+
+
+def require_float(op_type: str, infos: Sequence[TensorInfo | None], caps: DeviceCaps) -> str:
+    """The storage element every present tensor shares: ``f32`` (float32), or ``f16`` (float16, on a device with
+    ``shader-f16``); ``NotOnDevice`` otherwise (the kernels load into f32 and accumulate there)."""
+    dtypes = {info.dtype for info in infos if info is not None}
+    if dtypes <= {np.dtype(np.float32)}:
+        return "f32"
+    if dtypes == {np.dtype(np.float16)}:
+        if not caps.has_f16:
+            raise NotOnDevice(f"{op_type}: float16 on the device needs the adapter's shader-f16 feature")
+        return "f16"
+    names = ", ".join(sorted(str(d) for d in dtypes))
+    raise NotOnDevice(f"{op_type}: the WebGPU kernel takes float32 or float16 tensors of one type, not {names}")
+
 
 def require_float32(op_type: str, infos: Sequence[TensorInfo | None]) -> None:
     """``NotOnDevice`` unless every present tensor is float32 (the kernels compute in float32)."""

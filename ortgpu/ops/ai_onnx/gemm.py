@@ -12,7 +12,7 @@ from ortgpu_core._errors import UnsupportedOpError
 from .._epilogue import EpilogueStep, apply_epilogue, parse_epilogue
 from .._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from .._registry import register
-from .._tiling import require_float32
+from .._tiling import require_float
 from .matmul import plan_gemm
 
 __all__ = ["Gemm"]
@@ -70,9 +70,12 @@ class Gemm(Operator):
         if attrs.get("transB", 0):
             b = b.T
         out_shape = _gemm_out_shape(inputs[0].shape, inputs[1].shape, attrs)  # type: ignore[union-attr]
+        dtype = a.dtype
+        if dtype == np.float16:  # as the kernels do: products and sums in float32, one rounding at the end
+            a, b = a.astype(np.float32), b.astype(np.float32)
         y = np.asarray(np.matmul(a, b), dtype=a.dtype)
         shapes = [None if x is None else tuple(x.shape) for x in inputs]
-        return [apply_epilogue(y, _gemm_steps(attrs, shapes, out_shape), inputs)]
+        return [apply_epilogue(y, _gemm_steps(attrs, shapes, out_shape), inputs).astype(dtype, copy=False)]
 
     def plan(
         self,
@@ -84,7 +87,7 @@ class Gemm(Operator):
     ) -> OpPlan:
         a, b = inputs[0], inputs[1]
         assert a is not None and b is not None
-        require_float32("Gemm", list(inputs) + list(outputs))
+        require_float("Gemm", list(inputs) + list(outputs), caps)
         out_shape = _gemm_out_shape(a.shape, b.shape, attrs)
         steps = _gemm_steps(attrs, [None if x is None else x.shape for x in inputs], out_shape)
         return plan_gemm(

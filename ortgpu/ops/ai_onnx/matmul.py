@@ -70,7 +70,7 @@ from .._gemv import plan_gemv
 from .._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from .._registry import register
 from .._tiled_gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
-from .._tiling import broadcast_strides, c_strides, index_function, require_float32
+from .._tiling import broadcast_strides, c_strides, float_element, index_function, require_float
 
 __all__ = ["MatMul", "plan_gemm", "matmul_output_shape", "input_perms"]
 
@@ -330,18 +330,27 @@ def _loaded_gemm(
     """The tiled GEMM over inputs 0 (A) and 1 (B) read at ``base + index`` (WGSL expressions in ``b``, ``m``,
     ``k``, ``n``); ``vectors`` says which vec4 loaders are valid: (A along k, A along m, B along n, B along k)."""
     a_in, b_in = Binding("input", 0), Binding("input", 1)
-    a_s, b_s = binding_name(a_in), binding_name(b_in)
-    a_v, b_v = binding_name(a_in, "vec4<f32>"), binding_name(b_in, "vec4<f32>")
-    a_vector = GemmLoad(f"    return {a_v}[({a_base}{a_index}) / 4u];", ((a_in, "vec4<f32>"),))
-    b_vector = GemmLoad(f"    return {b_v}[({b_base}{b_index}) / 4u];", ((b_in, "vec4<f32>"),))
+    info = inputs[0]
+    assert info is not None
+    element = float_element(info)  # f16 storage is loaded into f32: the tiles and sums stay f32
+    vec = f"vec4<{element}>"
+    a_s, b_s = binding_name(a_in, element), binding_name(b_in, element)
+    a_v, b_v = binding_name(a_in, vec), binding_name(b_in, vec)
+
+    def loaded(value: str, vector: bool) -> str:
+        wide = "vec4<f32>" if vector else "f32"
+        return f"    return {value};" if element == "f32" else f"    return {wide}({value});"
+
+    a_vector = GemmLoad(loaded(f"{a_v}[({a_base}{a_index}) / 4u]", True), ((a_in, vec),))
+    b_vector = GemmLoad(loaded(f"{b_v}[({b_base}{b_index}) / 4u]", True), ((b_in, vec),))
     a4k, a4m, b4n, b4k = vectors
     problem = GemmProblem(
         batch=batch,
         m=m,
         n=n,
         k=k,
-        load_a=GemmLoad(f"    return {a_s}[{a_base}{a_index}];", ((a_in, "f32"),)),
-        load_b=GemmLoad(f"    return {b_s}[{b_base}{b_index}];", ((b_in, "f32"),)),
+        load_a=GemmLoad(loaded(f"{a_s}[{a_base}{a_index}]", False), ((a_in, element),)),
+        load_b=GemmLoad(loaded(f"{b_s}[{b_base}{b_index}]", False), ((b_in, element),)),
         load_a4k=a_vector if a4k else None,
         load_a4m=a_vector if a4m else None,
         load_b4n=b_vector if b4n else None,
@@ -502,10 +511,13 @@ class MatMul(Operator):
         if a.dtype != b.dtype:
             raise UnsupportedOpError(f"MatMul: operand dtypes differ ({a.dtype}, {b.dtype}) at opset {self.opset}")
         a_perm, b_perm = input_perms(attrs, [tuple(a.shape), tuple(b.shape)])
-        y = np.matmul(_view(a, a_perm), _view(b, b_perm))
+        if a.dtype == np.float16:  # as the kernels do: products and sums in float32, one rounding at the end
+            y = np.matmul(_view(a, a_perm).astype(np.float32), _view(b, b_perm).astype(np.float32))
+        else:
+            y = np.matmul(_view(a, a_perm), _view(b, b_perm))
         shapes = [None if x is None else tuple(x.shape) for x in inputs]
         steps = parse_epilogue("MatMul", attrs, 2, shapes, tuple(y.shape))
-        return [apply_epilogue(np.asarray(y, dtype=a.dtype), steps, inputs)]
+        return [apply_epilogue(np.asarray(y), steps, inputs).astype(a.dtype, copy=False)]
 
     def plan(
         self,
@@ -517,7 +529,7 @@ class MatMul(Operator):
     ) -> OpPlan:
         a, b = inputs[0], inputs[1]
         assert a is not None and b is not None
-        require_float32("MatMul", list(inputs) + list(outputs))
+        require_float("MatMul", list(inputs) + list(outputs), caps)
         a_perm, b_perm = input_perms(attrs, [a.shape, b.shape])
         a_logical, b_logical = _permuted(a.shape, a_perm), _permuted(b.shape, b_perm)
         out_shape = matmul_output_shape(a_logical, b_logical)
