@@ -24,6 +24,7 @@ from ortgpu_core._errors import (
 from ortgpu_core.backends import _cdef
 from ortgpu_core.backends._commands import HANDLE_ADDRESS_MASK, CommandList
 from ortgpu_core.backends._device_calls import UNCAPTURED_ERROR_CALLBACK
+from ortgpu_core.backends._wgpu_chunked_reads import CHUNKED_READ_MIN
 from ortgpu_core.backends.protocol import AdapterInfo, Backend, BackendDevice, BindingEntry
 from ortgpu_core.backends.wgpu_native import (
     WgpuBackend,
@@ -712,13 +713,24 @@ def test_encoded_ahead_buffer_is_released_with_what_it_uses(clean: WgpuDevice, r
         kernel.close()
 
 
-def test_encoded_ahead_reads_survive_a_new_staging_buffer(clean: WgpuDevice) -> None:
+def test_encoded_ahead_reads_survive_a_new_staging_buffer(backend: WgpuBackend) -> None:
     """submit_and_read's copies into the staging buffer are encoded ahead too; when a larger read replaces that
     buffer, the encoded copies (which name the old one) are released, and the next read copies into the new one."""
-    device = clean
+    # A device of its own: its staging buffer is at its first size, which a read below CHUNKED_READ_MIN (reads
+    # from there on go in chunks, each in a staging buffer of its own) can outgrow.
+    device = backend.open_device(backend.default_adapter_index())
+    try:
+        _reads_survive_a_new_staging_buffer(device)
+        assert device.live_handles() == 0
+    finally:
+        device.destroy()
+
+
+def _reads_survive_a_new_staging_buffer(device: WgpuDevice) -> None:
     count = 256
     kernel = AddKernel(device, count, row=count)
-    big_size = max(1 << 20, 2 * device._staging_size)  # larger than the staging buffer that earlier tests grew
+    big_size = max(1 << 20, 2 * device._staging_size)
+    assert big_size < CHUNKED_READ_MIN
     big = device.create_buffer(big_size, label="big")
     try:
         commands = _doubling_list(kernel)

@@ -455,13 +455,17 @@ cdef class UnlockedCalls:
 
     def read_mapped(self, uintptr_t staging, uint64_t size, MapWait wait, double spin_seconds, double nap_seconds,
                     uintptr_t mapped_range, uintptr_t unmap, uint32_t success, uintptr_t destination, size_t count,
-                    size_t offset):
+                    size_t offset, uintptr_t sentinel):
         """Without the GIL or the device's lock, in one call: request the mapping of the first ``size`` bytes of
         the staging buffer ``staging`` (a copy an earlier submission made into it: a read ahead), wait for it as
         :meth:`wait` does, and once it succeeded copy ``count`` bytes at ``offset`` of the mapping to
         ``destination`` and unmap (``mapped_range``/``unmap``: wgpuBufferGetConstMappedRange / wgpuBufferUnmap;
-        ``success``: WGPUMapAsyncStatus_Success).  Returns DONE (copied and unmapped), CLOSING (nothing
-        requested, or the device is being destroyed), LOST, WAIT_IDLE (still pending: the caller waits on),
+        ``success``: WGPUMapAsyncStatus_Success).  The mapping is read inside a submitting section, once the empty
+        write to ``sentinel`` found the device alive: wgpu-native 29 completes a map on a destroyed device as a
+        success and then aborts the process in wgpuBufferGetConstMappedRange, and a loss made under the device's
+        lock cannot land inside the section.  Returns DONE (copied and unmapped), CLOSING (nothing requested, or
+        the device is being destroyed), LOST (the callback or the probe saw a loss, or the probe counted another
+        thread's error: the mapping was not read, nor unmapped), WAIT_IDLE (still pending: the caller waits on),
         MAP_FAILED (the request failed: nothing is mapped) or NOT_SUBMITTED (mapped but no range: unmapped)."""
         cdef MapCallbackInfo info = wait.callback_info(self.callback_mode)
         cdef int code = _CLOSING
@@ -479,13 +483,19 @@ cdef class UnlockedCalls:
                     if code == _DONE:
                         if <uint32_t>ortgpu_read_int(&wait._status) != success:
                             code = _MAP_FAILED
+                        elif not self._enter_submit():
+                            code = _CLOSING
                         else:
-                            mapped = <const char*>(<const_range_fn>mapped_range)(<void*>staging, 0, size)
-                            if mapped == NULL:
-                                code = _NOT_SUBMITTED
-                            elif count:
-                                memcpy(<void*>destination, mapped + offset, count)
-                            (<buffer_unmap_fn>unmap)(<void*>staging)
+                            if not self._alive(sentinel):
+                                code = _LOST
+                            else:
+                                mapped = <const char*>(<const_range_fn>mapped_range)(<void*>staging, 0, size)
+                                if mapped == NULL:
+                                    code = _NOT_SUBMITTED
+                                elif count:
+                                    memcpy(<void*>destination, mapped + offset, count)
+                                (<buffer_unmap_fn>unmap)(<void*>staging)
+                            self._leave_submit()
                 self._leave()
         return code
 

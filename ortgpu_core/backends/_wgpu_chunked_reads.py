@@ -15,19 +15,45 @@ the life of the process); the first failure is raised as the read's typed error.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ._unlocked_calls import DONE, NOT_SUBMITTED, MapWait
+from ._device_lock import DeviceLock
+from ._unlocked_calls import DONE, NOT_SUBMITTED, MapWait, UnlockedCalls
 from ._wgpu_requests import _Staging
 
 if TYPE_CHECKING:
     from ._wgpu_device_base import _Handle
-    from ._wgpu_readback import _Readback
 
 #: Reads of at least this many bytes go in chunks.
 CHUNKED_READ_MIN = 8 << 20
 #: Bytes per chunk (a multiple of 4, as copies need).
 READ_CHUNK = 4 << 20
+
+
+class ChunkReader(Protocol):
+    """What :func:`read_in_chunks` uses of the device (``_Readback`` provides it; named here rather than imported,
+    since ``_Readback`` imports this module)."""
+
+    _ffi: Any
+    _unlocked: UnlockedCalls
+    _lock: DeviceLock
+
+    def _address_of(self, cdata: Any) -> int: ...
+    def _wait_map(self, wait: MapWait, action: str, blocked: bool = False) -> int: ...
+    def _after_wait(self) -> None: ...
+    def _copy_out_locked(
+        self,
+        staging: _Staging,
+        status: int,
+        message: str | None,
+        size: int,
+        action: str,
+        copies: list[tuple[int, int, int]],
+        give_back: bool = True,
+    ) -> None: ...
+    def _abandon_read(self, staging: _Staging, wait: MapWait, code: int, source: _Handle | None) -> None: ...
+    def _unbusy(self, record: _Handle) -> None: ...
+    def _raise_failed_read(self, code: int, action: str) -> None: ...
 
 
 def chunk_sizes(padded: int) -> list[int]:
@@ -36,7 +62,7 @@ def chunk_sizes(padded: int) -> list[int]:
 
 
 def read_in_chunks(
-    device: _Readback,
+    device: ChunkReader,
     buffer: int,
     offset: int,
     view: memoryview,

@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 from .._errors import DeviceError, ValidationError
 from ._commands import CommandList
-from ._unlocked_calls import CLOSING, DONE, MAP_FAILED, NOT_SUBMITTED, WAIT_IDLE, MapWait
+from ._unlocked_calls import CLOSING, DONE, LOST, MAP_FAILED, NOT_SUBMITTED, WAIT_IDLE, MapWait
 from ._wgpu_readback import _ABANDONED_WAITS, _Readback
 from ._wgpu_requests import _Staging
 from .protocol import BUFFER_ALIGNMENT, padded
@@ -255,6 +255,13 @@ class _ReadAheads(_Readback):
             return
         view = view.cast("B")
         target = self._ffi.from_buffer(view, require_writable=True)
+        if not self._sentinel_address:
+            try:
+                with self._lock:  # the probe read_mapped makes before reading the mapping needs its buffer
+                    self._check_not_lost(action)
+            except BaseException:
+                self._end_read_ahead(ahead)
+                raise
         wait = MapWait()
         code = CLOSING
         calls = self._native_calls
@@ -271,6 +278,7 @@ class _ReadAheads(_Readback):
                 self._address_of(target),
                 view.nbytes,
                 offset - ahead.start,
+                self._sentinel_address,
             )
             if code == WAIT_IDLE:  # (a blocking poll that did not complete it: wait on, then copy out the usual way)
                 code = self._wait_map(wait, action, blocked=True)
@@ -291,6 +299,12 @@ class _ReadAheads(_Readback):
                 self._abandon_read_ahead(ahead, wait, code)
             else:
                 self._end_read_ahead(ahead)
+        if code == LOST:  # a loss, or another thread's error that the probe counted: the ordinary read tells which
+            with self._lock:
+                self._check_open()
+                self._check_not_lost(action)
+            super()._read_into(buffer, offset, out, action)
+            return
         if code == MAP_FAILED:
             with self._lock:  # a lost or destroyed device fails the request: that is the error to raise
                 self._check_open()

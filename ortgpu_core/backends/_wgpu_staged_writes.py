@@ -94,6 +94,7 @@ class _StagedWrites(_Timestamps):
     def _write_staged(self, target: Any, offset: int, data: int, size: int, action: str) -> None:
         """(Under the lock; the write was checked.)  Write ``size`` bytes at address ``data`` into the buffer
         ``target`` (a native pointer) at ``offset``, chunk by chunk (see the module's docstring)."""
+        self._check_not_lost(action)  # a staging buffer of a lost device aborts the process when its range is taken
         unlocked, calls = self._unlocked, self._native_calls
         target_address = _address(target)
         write_mode = int(self._lib.WGPUMapMode_Write)

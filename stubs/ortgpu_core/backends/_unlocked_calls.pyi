@@ -77,5 +77,6 @@ class UnlockedCalls:
         destination: int,
         count: int,
         offset: int,
+        sentinel: int,
     ) -> int: ...
     def wait(self, wait: MapWait, spin_seconds: float, nap_seconds: float) -> int: ...
