@@ -75,6 +75,7 @@ import onnx
 import ortgpu
 
 from .flops import model_flops
+from .half import float16_accuracy, half_feeds, to_float16
 from .harness import ArmResult, OrtgpuArms, median_ms, summarize, time_loop
 from .models import conv_chain, matmul_chain, mlp, random_feeds, resnet, transformer_encoder
 from .recurrent_models import crnn_recognizer, silero_like_vad, vad_feeds
@@ -103,6 +104,9 @@ MODEL_FORMS = (
 RECURRENT_MODELS = ("lstm-ocr", "vad")
 RECURRENT_TOLERANCE = 1e-4
 PEER_TOLERANCE = 1e-3
+#: With --dtype float16 the peers run the float16 model too, and each rounds its sums differently: 1e-2 (issue 37's
+#: bound on the float16 models' error against float32).
+HALF_TOLERANCE = 1e-2
 #: The VAD's input sizes (Silero VAD: 512 samples at 16 kHz, state [1, 1, 128] for h and c).
 VAD_CHUNK, VAD_HIDDEN, VAD_RATE = 512, 128, 16000
 OCR_HEIGHT, OCR_WIDTH = 32, 128
@@ -253,6 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         help="with --vs onnxruntime, also time onnxruntime's CPU provider next to its WebGPU EP (auto: for the "
         "recurrent models lstm-ocr and vad; without the WebGPU EP the peer is the CPU provider anyway)",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "float16"),
+        default="float32",
+        help="float16: run the model converted to half precision (bench/half.py) and report its relative error "
+        "against the float32 model on onnxruntime CPU and against onnxruntime CPU running the float16 model",
+    )
     parser.add_argument("--iterations", type=int, default=200, help="timed iterations per arm and boundary")
     parser.add_argument("--warmup", type=int, default=20, help="untimed iterations before each timed loop")
     parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu", help="device backend (default wgpu)")
@@ -362,6 +373,10 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         )
         feeds = model_feeds(args.model, model, shapes)
         tolerance = RECURRENT_TOLERANCE if args.model in RECURRENT_MODELS else PEER_TOLERANCE
+        float32_model = model
+        if args.dtype == "float16":
+            model, feeds, tolerance = to_float16(model), half_feeds(feeds), HALF_TOLERANCE
+            report["dtype"] = "float16"
         model_bytes = model.SerializeToString()
         report["model"] = {"name": args.model, "batch": batch, "inputs": {k: list(v) for k, v in shapes.items()}}
         if args.threads is not None:
@@ -373,6 +388,13 @@ def _run(args: argparse.Namespace, env: ortgpu.Env, argv: list[str] | None) -> i
         arms = OrtgpuArms(model_bytes, feeds, env)
         try:
             reference = arms.uncaptured_end_to_end(keep=True)
+            if args.dtype == "float16":
+                accuracy = float16_accuracy(float32_model, model, feeds, reference)
+                report["float16_accuracy"] = accuracy
+                print(
+                    "float16 relative error: "
+                    + ", ".join(f"{name.replace('_', ' ')} {value:.2e}" for name, value in accuracy.items())
+                )
             step: Callable[[], object]
             if args.capture in ("off", "both"):
                 for boundary, step in (
