@@ -31,6 +31,7 @@ from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 from ._host_values import element_dtype_of, element_shapes_of, is_sequence_dtype, items
 from ._pipeline_cache import PipelineCache
 from ._planner import ExecutionPlan, PlannedStep
+from ._types import computable
 from .ops import DeviceCaps, TensorInfo
 from .ops._kernel import STATUS_BYTES, loop_budget_for
 from .ops._runner import padded_size
@@ -552,7 +553,7 @@ class DeviceProgram(Generic[_Buffer]):
         if all(info.size == 0 for name, info in zip(step.outputs, step.output_infos) if name):
             return
         values: list[np.ndarray | None] = [
-            self._read(name, info, host, inputs, outputs) if name and info is not None else None
+            computable(self._read(name, info, host, inputs, outputs)) if name and info is not None else None
             for name, info in zip(step.inputs, step.input_infos)
         ]
         results = step.operator.reference(values, step.attrs, step.output_infos)

@@ -271,6 +271,7 @@ class SessionRunner:
             raise DtypeError(
                 f"{kind} {name!r} has dtype {info.dtype} in the model, got {dtype}; ortgpu never casts silently: "
                 f"provide {info.dtype} data"
+                + (" (numpy has none: x.astype(ml_dtypes.bfloat16))" if info.dtype.name == "bfloat16" else "")
             )
         if not info.ranked:
             return  # the model gives this value no rank: the plan checks the shape it gets

@@ -21,10 +21,12 @@ import numpy as np
 import onnx
 import onnx.helper
 
-from ortgpu_core._dtypes import ONNX_DTYPES
+from ortgpu_core._dtypes import BFLOAT16, ONNX_DTYPES
 from ortgpu_core._errors import UnsupportedOpError
 
 __all__ = [
+    "computable",
+    "is_float_dtype",
     "SUPPORTED_DTYPES",
     "numpy_dtype_of",
     "onnx_dtype_to_numpy",
@@ -60,7 +62,7 @@ def onnx_dtype_to_numpy(elem_type: int, what: str) -> np.dtype[Any]:
         )
         raise UnsupportedOpError(
             f"{what} has element type {name}, which ortgpu does not support "
-            "(supported: float16/32/64, int8..int64, uint8..uint64, bool, string)"
+            "(supported: float16/32/64, bfloat16, int8..int64, uint8..uint64, bool, string)"
         )
     return dtype
 
@@ -114,3 +116,16 @@ class SubgraphRunner(abc.ABC):
     @abc.abstractmethod
     def run(self, inputs: Sequence[np.ndarray], outer: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The graph's outputs for values of its inputs (in order) and of the outer-scope names it reads."""
+
+
+def computable(value: Any) -> Any:
+    """``value`` as the numpy references compute it: bfloat16 (a storage type, whose ml_dtypes arrays numpy's
+    functions do not all take) widened to float32, exactly; anything else unchanged.  Whoever stores the result
+    narrows it to the output's dtype, rounding once, as the device kernels do."""
+    return value.astype(np.float32) if isinstance(value, np.ndarray) and value.dtype == BFLOAT16 else value
+
+
+def is_float_dtype(dtype: np.dtype[Any]) -> bool:
+    """Whether ``dtype`` holds floating-point numbers: numpy's floats, and bfloat16 (an ml_dtypes type numpy
+    files under kind ``'V'``)."""
+    return dtype.kind == "f" or dtype == BFLOAT16

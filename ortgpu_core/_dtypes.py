@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ._errors import DtypeError
 
-__all__ = ["ONNX_DTYPES", "as_dtype", "onnx_element_type", "onnx_type_name", "dtype_from_onnx", "check_device_dtype"]
+__all__ = [
+    "BFLOAT16",
+    "ONNX_DTYPES",
+    "as_dtype",
+    "onnx_element_type",
+    "onnx_type_name",
+    "dtype_from_onnx",
+    "check_device_dtype",
+]
 
 # ONNX TensorProto.DataType numbers (stable across onnx versions).
 _ONNX_ELEMENT_TYPES: dict[np.dtype[Any], tuple[int, str]] = {
@@ -24,7 +33,11 @@ _ONNX_ELEMENT_TYPES: dict[np.dtype[Any], tuple[int, str]] = {
     np.dtype(np.float64): (11, "double"),
     np.dtype(np.uint32): (12, "uint32"),
     np.dtype(np.uint64): (13, "uint64"),
+    # numpy has no bfloat16: ml_dtypes' (onnx's own numpy type for it) holds bfloat16 arrays on the host
+    np.dtype(ml_dtypes.bfloat16): (16, "bfloat16"),
 }
+#: bfloat16's numpy dtype (ml_dtypes').
+BFLOAT16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
 #: The dtypes with an ONNX element type ortgpu supports (``ortgpu`` adds host-only strings to these for models).
 ONNX_DTYPES: frozenset[np.dtype[Any]] = frozenset(_ONNX_ELEMENT_TYPES)
 _FROM_ONNX: dict[int, np.dtype[Any]] = {number: dtype for dtype, (number, _) in _ONNX_ELEMENT_TYPES.items()}
@@ -33,10 +46,23 @@ _FROM_ONNX_NAME: dict[str, np.dtype[Any]] = {
 }
 
 #: What a WebGPU buffer may hold (bit-exact numpy layout).  float64 and 64-bit
-#: unsigned integers have no use on a device without f64/u64 arithmetic.
+#: unsigned integers have no use on a device without f64/u64 arithmetic.  bfloat16 is storage only: kernels read
+#: its 16 bits as the high half of an f32 and compute in f32, so it needs no adapter feature.
 DEVICE_DTYPES = frozenset(
     np.dtype(d)
-    for d in (np.float32, np.float16, np.int32, np.uint32, np.int64, np.int16, np.uint16, np.int8, np.uint8, np.bool_)
+    for d in (
+        np.float32,
+        np.float16,
+        ml_dtypes.bfloat16,
+        np.int32,
+        np.uint32,
+        np.int64,
+        np.int16,
+        np.uint16,
+        np.int8,
+        np.uint8,
+        np.bool_,
+    )
 )
 
 

@@ -387,7 +387,8 @@ cdef class OrtValue:
     def ortvalue_from_numpy_with_onnx_type(array, int onnx_element_type):
         """A CPU value holding ``array``'s bytes as ONNX element type ``onnx_element_type`` (onnxruntime's
         spelling; e.g. 1 = float).  The array is viewed as that type's numpy dtype, which must have the array's
-        item size; types numpy cannot hold (bfloat16, float8, int4, strings) are a ``DtypeError``."""
+        item size (raw uint16 as 16, bfloat16, gives an ml_dtypes bfloat16 array); types ortgpu cannot
+        hold (float8, int4, strings) are a ``DtypeError``."""
         if not isinstance(array, np.ndarray):
             raise ArgumentTypeError(
                 f"ortvalue_from_numpy_with_onnx_type needs a numpy array, got {type(array).__name__}"

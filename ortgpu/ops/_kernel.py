@@ -35,7 +35,7 @@ import numpy as np
 
 from ortgpu_core.backends.protocol import DeviceLimits, KernelTwin
 
-from .._types import TensorInfo
+from .._types import TensorInfo, computable
 
 __all__ = [
     "TensorInfo",
@@ -255,7 +255,7 @@ def reference_twin(
         for slot, index in input_slots:
             info = inputs[index]
             assert info is not None
-            args.append(arrays[slot][: info.nbytes].view(info.dtype).reshape(info.shape))
+            args.append(computable(arrays[slot][: info.nbytes].view(info.dtype).reshape(info.shape)))
         results = function(*args)
         if isinstance(results, np.ndarray):
             results = [results]

@@ -24,7 +24,7 @@ import numpy as np
 
 from ortgpu_core.backends.protocol import KernelTwin
 
-from .._types import element_count
+from .._types import computable, element_count
 from ._kernel import (
     Binding,
     DeviceCaps,
@@ -241,7 +241,7 @@ def whole_op_twin(
             if binding.kind == "input":
                 info = inputs[binding.index]
                 assert info is not None
-                full[binding.index] = arrays[slot][: info.nbytes].view(info.dtype).reshape(info.shape)
+                full[binding.index] = computable(arrays[slot][: info.nbytes].view(info.dtype).reshape(info.shape))
         results = compute(full)
         for slot, binding in enumerate(bindings):
             if binding.kind == "output":

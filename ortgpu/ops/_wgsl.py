@@ -15,6 +15,7 @@ dtype                       compute type     how an element is read
 float32                     ``f32``          ``bitcast<f32>(word[k])``
 int32 / uint32              ``i32``/``u32``  ``bitcast`` of ``word[k]``
 float16                     ``f32``          ``unpack2x16float(word[k / 2])``, one half
+bfloat16                    ``f32``          half ``k % 2`` of ``word[k / 2]``, as an f32's high 16 bits
 bool                        ``bool``         byte ``k % 4`` of ``word[k / 4]``, ``!= 0``
 uint8 / int8                ``u32``/``i32``  byte ``k % 4`` of ``word[k / 4]`` (int8 sign-extended)
 uint16 / int16              ``u32``/``i32``  half ``k % 2`` of ``word[k / 2]``
@@ -23,7 +24,9 @@ int64                       ``i32``          the low word ``word[2k]`` (valid in
 
 float16 goes through ``unpack2x16float``/``pack2x16float``, which core WGSL has
 on every device, so float16 tensors need no ``shader-f16`` feature; arithmetic
-is done in f32 and rounded once on store.
+is done in f32 and rounded once on store.  bfloat16 is an f32 with its low 16 bits
+dropped: it is read by a shift, and stored rounded to nearest even (NaN kept quiet), on
+every device.
 
 Write rule: no two invocations write the same ``u32`` word (WGSL has no byte
 stores, and a read-modify-write of a shared word would race).  Kernels whose
@@ -228,6 +231,7 @@ fn f64_to_f32_odd(v: vec2<u32>) -> f32 {
 _COMPUTE_TYPES: dict[str, str] = {
     "float32": "f32",
     "float16": "f32",
+    "bfloat16": "f32",
     "int32": "i32",
     "uint32": "u32",
     "int64": "i32",
@@ -366,6 +370,8 @@ def load_function(function: str, buffer: str, dtype: np.dtype[Any], *, int64_pai
             f"  let pair = unpack2x16float({buffer}[k >> 1u]);\n"
             "  return select(pair.x, pair.y, (k & 1u) == 1u);\n}\n"
         )
+    if name == "bfloat16":
+        return f"fn {function}(k: u32) -> f32 {{ return bitcast<f32>({half} << 16u); }}\n"
     if name in ("int64", "uint64", "float64") and int64_pair:
         return f"fn {function}(k: u32) -> vec2<u32> {{ return vec2<u32>({buffer}[2u * k], {buffer}[2u * k + 1u]); }}\n"
     if name == "int64":
@@ -499,6 +505,15 @@ def _store_statements(out_dtype: np.dtype[Any], count: int, value_fn: str, pair:
         j = f"(w * {per}u + {e}u)"
         if name == "float16":
             lines.append(f"  let v{e} = select(0.0, {value_fn}(min({j}, {count - 1}u)), {j} < {count}u);\n")
+        elif name == "bfloat16":
+            # f32 bits rounded to their high half, to nearest even; a NaN stays a (quiet) NaN
+            lines.append(
+                f"  let f{e} = bitcast<u32>(select(0.0, {value_fn}(min({j}, {count - 1}u)), {j} < {count}u));\n"
+            )
+            lines.append(
+                f"  let v{e} = select((f{e} + 0x7fffu + ((f{e} >> 16u) & 1u)) >> 16u, (f{e} >> 16u) | 0x40u, "
+                f"(f{e} & 0x7fffffffu) > 0x7f800000u);\n"
+            )
         elif name == "bool":
             lines.append(f"  let v{e} = select(0u, 1u, {j} < {count}u && {value_fn}(min({j}, {count - 1}u)));\n")
         else:

@@ -24,7 +24,7 @@ from .._wgsl_kernels import Operand, elementwise_plan
 __all__ = ["BinaryOperator", "Add", "Sub", "Mul", "Div", "Pow", "integer_divide", "POW_WGSL", "IPOW_WGSL"]
 
 #: dtypes every binary kernel computes (integers narrower than 32 bits are computed in i32/u32).
-_DEVICE_DTYPES = ("float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8")
+_DEVICE_DTYPES = ("float32", "float16", "bfloat16", "int32", "uint32", "int16", "uint16", "int8", "uint8")
 _PAIR_DTYPES = ("int64", "uint64")
 
 

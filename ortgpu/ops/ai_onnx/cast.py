@@ -27,7 +27,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ..._types import numpy_dtype_of
+from ..._types import computable, is_float_dtype, numpy_dtype_of
 from .._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from .._registry import register
 from .._wgsl import INT64_WGSL, require_device_dtype, wgsl_compute_type
@@ -38,6 +38,7 @@ __all__ = ["Cast", "CastLike", "onnx_dtype", "cast_array"]
 _DEVICE_DTYPES = (
     "float32",
     "float16",
+    "bfloat16",
     "int32",
     "uint32",
     "int16",
@@ -59,7 +60,7 @@ def onnx_dtype(code: int, op_type: str, opset: int) -> np.dtype[Any]:
         dtype = None
     if dtype is None:
         raise UnsupportedOpError(f"{op_type} (opset {opset}): data type {code} is not supported")
-    if dtype.kind not in "fiubO":
+    if dtype.kind not in "fiubO" and not is_float_dtype(dtype):
         raise UnsupportedOpError(f"{op_type} (opset {opset}): data type {dtype} is not supported")
     return dtype
 
@@ -117,6 +118,7 @@ def _convert(source: np.dtype[Any], target: np.dtype[Any], op_type: str = "Cast"
 def cast_array(x: np.ndarray, target: np.dtype[Any], op_type: str, opset: int) -> np.ndarray:
     """``x`` converted to ``target`` as onnxruntime's Cast does (C truncation and wrap-around).  Strings (object
     arrays of ``str``): see :func:`_to_strings` and :func:`_from_strings`."""
+    x = computable(x)  # bfloat16 widened exactly: converting the float32 converts the bfloat16
     if target.kind == "O":
         return x.copy() if x.dtype == object else _to_strings(x)
     if x.dtype == object:
@@ -166,14 +168,14 @@ def _from_strings(x: np.ndarray, target: np.dtype[Any], op_type: str, opset: int
     for index, text in np.ndenumerate(x):
         if not isinstance(text, str):
             raise UnsupportedOpError(f"{op_type} (opset {opset}): a string tensor holds a {type(text).__name__}")
-        if target.kind == "f":
+        if is_float_dtype(target):
             if not _DECIMAL.fullmatch(text):
                 raise UnsupportedOpError(
                     f"{op_type} (opset {opset}): cannot convert the string {text[:40]!r} to {target.name} (the spec "
                     "defines plain and scientific decimals, INF and NaN only)"
                 )
             number = np.float64(float(text))
-            out[index] = number.astype(np.float32).astype(target) if target == np.float16 else number
+            out[index] = number.astype(np.float32).astype(target) if target.itemsize == 2 else number
             continue
         if not _INTEGER.fullmatch(text):
             raise UnsupportedOpError(
@@ -261,6 +263,6 @@ class CastLike(Cast):
     def target(self, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> np.dtype[Any]:
         like = inputs[1]
         assert like is not None
-        if like.dtype.kind not in "fiubO":
+        if like.dtype.kind not in "fiubO" and not is_float_dtype(like.dtype):
             raise UnsupportedOpError(f"CastLike (opset {self.opset}): target dtype {like.dtype} is not supported")
         return like.dtype

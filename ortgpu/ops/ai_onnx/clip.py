@@ -13,6 +13,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from ..._types import is_float_dtype
 from .._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from .._registry import register
 from .._wgsl import require_device_dtype, wgsl_float, wgsl_int, wgsl_uint
@@ -70,9 +71,9 @@ class Clip(Operator):
         x = inputs[0]
         assert x is not None
         require_device_dtype(
-            "Clip", x.dtype, ("float32", "float16", "int32", "uint32", "int16", "uint16", "int8", "uint8")
+            "Clip", x.dtype, ("float32", "float16", "bfloat16", "int32", "uint32", "int16", "uint16", "int8", "uint8")
         )
-        is_float = x.dtype.kind == "f"
+        is_float = is_float_dtype(x.dtype)
         literal_of = wgsl_uint if x.dtype.kind == "u" else wgsl_int
         operands = [Operand(0, x)]
         expression = "x0"

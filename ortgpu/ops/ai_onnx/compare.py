@@ -25,6 +25,7 @@ __all__ = ["ComparisonOperator", "COMPARISONS", "Not"]
 _DEVICE_DTYPES = (
     "float32",
     "float16",
+    "bfloat16",
     "int32",
     "uint32",
     "int16",

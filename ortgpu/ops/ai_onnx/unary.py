@@ -22,6 +22,7 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
+from ..._types import is_float_dtype
 from .._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
 from .._registry import register_row
 from .._wgsl import INT64_WGSL, require_device_dtype, wgsl_float
@@ -38,8 +39,8 @@ __all__ = [
     "erf_numpy",
 ]
 
-_FLOATS = ("float32", "float16")
-_FLOATS_AND_INTS = ("float32", "float16", "int32", "int16", "int8", "uint32", "uint16", "uint8", "int64")
+_FLOATS = ("float32", "float16", "bfloat16")
+_FLOATS_AND_INTS = ("float32", "float16", "bfloat16", "int32", "int16", "int8", "uint32", "uint16", "uint8", "int64")
 
 #: WGSL ``fn erf_f32(x: f32) -> f32`` (WGSL has no erf).  For |x| < 0.5 the
 #: Maclaurin series to x^13 (truncation below 2e-8 relative); beyond,
@@ -247,13 +248,13 @@ def _quiet(ufunc: Callable[[np.ndarray], Any], **ignored: str) -> UnaryNumpy:
 
 def _neg_wgsl(dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
     # 0 - x wraps for i32::MIN as numpy does (unary minus on the literal would not be the point).
-    if dtype.kind == "f":
+    if is_float_dtype(dtype):
         return "-x0"
     return "0u - x0" if dtype.kind == "u" else "bitcast<i32>(0u - bitcast<u32>(x0))"
 
 
 def _relu_wgsl(dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
-    if dtype.kind == "f":
+    if is_float_dtype(dtype):
         return "max(x0, 0.0)"
     return "x0" if dtype.kind == "u" else "max(x0, 0)"
 
