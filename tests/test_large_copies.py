@@ -1,7 +1,7 @@
 """Large copies on wgpu-native: uploads through mapped staging buffers, reads in chunks, host copies on threads.
 
-A write of at least ``STAGED_WRITE_MIN`` bytes is copied chunk by chunk into staging buffers the device keeps
-mapped, each chunk's copy submitted on its own (:mod:`ortgpu_core.backends._wgpu_staged_writes`); a read of at
+A write of at least ``STAGED_WRITE_MIN`` bytes (with host copies on 2 threads or more) is copied chunk by chunk into
+staging buffers the device keeps mapped, each chunk's copy submitted on its own (:mod:`ortgpu_core.backends._wgpu_staged_writes`); a read of at
 least ``CHUNKED_READ_MIN`` bytes is copied out chunk by chunk (:mod:`ortgpu_core.backends._wgpu_chunked_reads`).
 The hazards: a chunk landing at the wrong place or with a stale staging buffer's bytes, writes reordered against
 the queue writes around them, pools that grow without bound, a failure half-way that leaks or reuses a staging
@@ -27,9 +27,31 @@ from ortgpu_core.backends.wgpu_native import WgpuBackend, WgpuDevice
 
 @pytest.fixture
 def device(wgpu_backend: WgpuBackend) -> Iterator[WgpuDevice]:
+    """A device of its own, with host copies on two threads (large writes are staged only then)."""
+    previous = _host_copy.set_copy_threads(2)
     opened = wgpu_backend.open_device(wgpu_backend.default_adapter_index())
-    yield opened
-    opened.destroy()
+    try:
+        yield opened
+    finally:
+        opened.destroy()
+        _host_copy.set_copy_threads(previous)
+
+
+@pytest.mark.wgpu_only
+def test_writes_are_staged_from_the_minimum_size_and_with_threads_only(device: WgpuDevice) -> None:
+    buffer = device.create_buffer(STAGED_WRITE_MIN)
+    data = _words(STAGED_WRITE_MIN // 4, 9)
+    before = device.staged_writes
+    device.write_buffer(buffer, 4, data[:-1])  # one word short of the minimum: written by the queue
+    assert device.staged_writes == before
+    _host_copy.set_copy_threads(1)  # one thread: staging would only add copies
+    device.write_buffer(buffer, 0, data)
+    assert device.staged_writes == before
+    _host_copy.set_copy_threads(2)
+    device.write_buffer(buffer, 0, data[::-1].copy())
+    assert device.staged_writes == before + 1
+    np.testing.assert_array_equal(_read(device, buffer, data.nbytes), data[::-1])
+    device.destroy_buffer(buffer)
 
 
 def _words(count: int, seed: int) -> np.ndarray:
@@ -128,7 +150,11 @@ def test_a_bad_large_write_is_refused_and_writes_nothing(device: WgpuDevice) -> 
 def test_a_destroy_with_map_requests_in_flight_is_clean(wgpu_backend: WgpuBackend) -> None:
     device = wgpu_backend.open_device(wgpu_backend.default_adapter_index())
     buffer = device.create_buffer(2 * CHUNK)
-    device.write_buffer(buffer, 0, _words(2 * CHUNK // 4, 6))
+    previous = _host_copy.set_copy_threads(2)
+    try:
+        device.write_buffer(buffer, 0, _words(2 * CHUNK // 4, 6))
+    finally:
+        _host_copy.set_copy_threads(previous)
     assert device._upload_pending  # nothing polled since: the requests are in flight
     device.destroy()
     assert device.destroyed

@@ -16,7 +16,7 @@ from ._wgpu_adapters import device_features, device_limits, request_device
 from ._wgpu_device_base import _Handle, _serialized, _storage_bindings
 from ._wgpu_encode_ahead import _AheadJob
 from ._wgpu_ffi import _address, _string_view
-from ._wgpu_staged_writes import STAGED_WRITE_MIN, _StagedWrites
+from ._wgpu_staged_writes import _StagedWrites, stages
 from .protocol import BUFFER_ALIGNMENT, AdapterInfo, BindingEntry, DeviceLimits, KernelTwin, check_encode_next
 
 __all__ = ["WgpuDevice", "DeviceOpener"]
@@ -181,13 +181,13 @@ class WgpuDevice(_StagedWrites):
         Made outside the device's lock, and without the GIL for the native call, when nobody holds the lock (an
         upload then waits neither for the lock nor for the submissions other threads make outside it: at K=8
         threads that wait was about half a step); else, and for every write the
-        checks refuse, under the lock.  A write of at least ``STAGED_WRITE_MIN`` bytes goes through the device's
+        checks refuse, under the lock.  A large write (:func:`._wgpu_staged_writes.stages`) goes through the device's
         upload staging buffers, under the lock (:mod:`._wgpu_staged_writes`)."""
         view = memoryview(data)
         if not view.c_contiguous:
             view = memoryview(view.tobytes())
         size = view.nbytes
-        if size >= STAGED_WRITE_MIN:
+        if stages(size):
             self._write_buffer_locked(buffer, offset, view)
             return
         record = self._handles.get(buffer)
@@ -257,7 +257,7 @@ class WgpuDevice(_StagedWrites):
         ffi = self._ffi
         data = ffi.from_buffer(view)
         action = f"write_buffer({buffer:#x}, offset={offset}, {size} bytes)"
-        if size >= STAGED_WRITE_MIN:
+        if stages(size):
             self._write_staged(record.pointer, offset, int(ffi.cast("uintptr_t", data)), size, action)
             return
         # void wgpuQueueWriteBuffer(WGPUQueue, WGPUBuffer, uint64_t bufferOffset, void const * data, size_t size),
