@@ -7,7 +7,7 @@ same way) all reduce to::
     S = MatMul(Q', K')                 Q' = Q read through Transposes and scalar Muls, K' likewise (K^T)
     S = S * c | S / c | Cast(S, float) any number of them
     S = Add(S, mask)                   at most one, the mask broadcast to S (not S broadcast to it)
-    S = S * c | S / c                  c > 0 (they scale the mask too)
+    S = S * c | S / c | Cast(S, float) c > 0 (they scale the mask too)
     P = Softmax(S, last axis)
     P = Cast(P, float)                 any number of them
     Y = MatMul(P, V')                  V' = V read through Transposes
@@ -19,6 +19,10 @@ scalar factors into the logit and mask scales.  Grouped K/V heads work where the
 axis; when the graph repeats them with Expand/Reshape, those nodes stay and the kernel reads their output.  Where the
 kernel cannot be planned (dtype, workgroup storage, the driver's loop budget) or would be slower (more scores per
 head than :data:`~ortgpu.ops._fused_attention.FUSE_MAX_SCORES`) the nodes are planned one by one.
+
+"float" is float32 or float16: a float16 export (``model.half()``) has the same nodes with float16 tensors and
+scalars, and often Casts to float32 and back around the Softmax (``softmax(..., dtype=torch.float32)``); the kernel
+computes in f32 whichever the graph stores, so those Casts fold away like the others (a float16 rounding fewer).
 """
 
 from __future__ import annotations
@@ -36,6 +40,29 @@ from .ops._fused_attention import FusedAttention
 
 __all__ = ["fuse_attentions"]
 
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
+_FLOAT_TYPES = (1, 10)  # TensorProto.FLOAT, TensorProto.FLOAT16
+
+
+class _Matcher(GraphMatcher):
+    """:class:`GraphMatcher` reading float16 graphs too: float16 scalar factors, Casts between the float types."""
+
+    def scalar(self, name: str) -> float | None:
+        value = self.ctx.constants.get(name)
+        if value is None or value.size != 1 or value.dtype != np.float16:
+            return super().scalar(name)
+        number = float(value.reshape(()))
+        return number if np.isfinite(number) else None
+
+    def is_float_cast(self, node: GraphNode, operand: str) -> bool:
+        info = self.ctx.infos.get(operand)
+        return (
+            node.op_type == "Cast"
+            and int(node.attrs.get("to", 0)) in _FLOAT_TYPES
+            and info is not None
+            and info.dtype in _FLOATS
+        )
+
 
 def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode) -> PlannedStep | None:
     """The fused step of the attention that starts at MatMul ``first`` (Q.K^T), or None."""
@@ -43,7 +70,7 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode) -> Plan
         return None
     current = first.outputs[0]
     scores = ctx.infos.get(current)
-    if scores is None or scores.dtype != np.float32 or len(scores.shape) < 2:
+    if scores is None or scores.dtype not in _FLOATS or len(scores.shape) < 2:
         return None
     logit_scale, bias_scale, mask = 1.0, 1.0, ""
     chain: list[GraphNode] = []
@@ -52,7 +79,7 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode) -> Plan
         if user is None:
             return None
         out = ctx.infos.get(user.outputs[0]) if user.outputs else None
-        if out is None or out.shape != scores.shape or out.dtype != np.float32:
+        if out is None or out.shape != scores.shape or out.dtype not in _FLOATS:
             return None
         factor = matcher.factor(user, current)
         if user.op_type == "Softmax":
@@ -70,7 +97,7 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode) -> Plan
         elif user.op_type == "Add" and not mask and len(user.inputs) == 2:
             mask = user.inputs[1] if user.inputs[0] == current else user.inputs[0]
             info = ctx.infos.get(mask)
-            if info is None or info.dtype != np.float32:
+            if info is None or info.dtype not in _FLOATS:
                 return None
         elif not matcher.is_float_cast(user, current):
             return None
@@ -122,7 +149,7 @@ def fuse_attentions(ctx: RewriteContext, nodes: Sequence[GraphNode], folds: Tran
     (or is not formed), so no Transpose is left both folded and unplanned.
     """
     producers = {out: node for node in nodes for out in node.outputs if out}
-    matcher = GraphMatcher(ctx, producers)
+    matcher = _Matcher(ctx, producers)
     steps: dict[str, PlannedStep] = {}
     taken: set[str] = set()
     for node in nodes:

@@ -338,7 +338,6 @@ FLOAT16_CASES = [
         "Attention",
         [halves(1, 2, 3, 4), halves(1, 2, 3, 4), halves(1, 2, 3, 4)],
         opset=23,
-        on_device=False,
         label="float16",
     ),
 ]

@@ -14,6 +14,9 @@ accumulators (the online softmax: earlier sums are rescaled by ``exp(old max - n
 value of ``-inf``, past the causal frontier) contributes nothing; a row whose every key is dropped is NaN, as the
 unfused Softmax gives.  Tiles are sized to the device's workgroup storage: rows padded by one float so the
 score loop's reads of different rows fall in different banks.
+
+Each operand is stored as f32 or f16 (``OperandView.element``; f16 needs the device's ``shader-f16``): every load
+widens into f32, the online softmax, the accumulators and the workgroup tiles stay f32, and the store converts once.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Sequence
 from ._kernel import Binding, DeviceCaps, NotOnDevice, check_loop_budget
 from ._tiling import BindingTable, grid_for_groups, wgsl_f32, workgroup_index
 
-__all__ = ["FlashProblem", "FlashTiles", "OperandView", "flash_attention_wgsl", "flash_tiles"]
+__all__ = ["FlashProblem", "FlashTiles", "OperandView", "flash_attention_wgsl", "flash_tiles", "read_f32", "stored"]
 
 #: Invocations per workgroup.
 FLASH_THREADS = 128
@@ -35,12 +38,23 @@ class OperandView:
     """How the kernel reads one operand: input ``index`` of the node, at ``sum(batch index * batch_strides) +
     row * row_stride + col * col_stride`` (elements).  Q: rows are queries, columns the head dimension; K: rows
     are keys, columns the head dimension; V: rows are keys, columns the value dimension; the mask: rows are
-    queries, columns keys."""
+    queries, columns keys.  ``element``: the tensor's storage, ``f32`` or ``f16`` (read into f32, stored from it)."""
 
     index: int
     batch_strides: tuple[int, ...]
     row_stride: int
     col_stride: int
+    element: str = "f32"
+
+
+def read_f32(name: str, index: str, element: str) -> str:
+    """WGSL reading ``name[index]`` as f32 (f16 storage is widened; f32 is read as it is)."""
+    return f"{name}[{index}]" if element == "f32" else f"f32({name}[{index}])"
+
+
+def stored(value: str, element: str) -> str:
+    """WGSL converting the f32 ``value`` to the storage ``element`` (unchanged for f32)."""
+    return value if element == "f32" else f"{element}({value})"
 
 
 @dataclass(frozen=True)
@@ -162,9 +176,10 @@ def _tile_load(
         row, vec = f"t / {vectors}u", f"t % {vectors}u"
     at = f"{base} + ({first} + row) * {view.row_stride}u + (vec * {width}u + LANEu) * {view.col_stride}u"
     if width == 4:
-        value = "vec4<f32>(" + ", ".join(f"{source}[{at.replace('LANE', str(lane))}]" for lane in range(4)) + ")"
+        lanes = (read_f32(source, at.replace("LANE", str(lane)), view.element) for lane in range(4))
+        value = "vec4<f32>(" + ", ".join(lanes) + ")"
     else:
-        value = f"{source}[{at.replace('LANE', '0')}]"
+        value = read_f32(source, at.replace("LANE", "0"), view.element)
     return f"""    for (var t = li; t < {rows * vectors}u; t = t + {FLASH_THREADS}u) {{
         let row = {row};
         let vec = {vec};
@@ -173,6 +188,22 @@ def _tile_load(
         {target}[row * {pitch}u + vec] = x;
     }}
 """
+
+
+def bind_operands(problem: FlashProblem) -> tuple[BindingTable, tuple[str, str, str, str, str]]:
+    """The kernel's bindings (Q, K, V, the mask if any, the output, each as its storage element) and their WGSL names
+    (the mask's "" without one)."""
+    p = problem
+    for view in (p.q, p.k, p.v, p.out) + ((p.mask,) if p.mask is not None else ()):
+        if view.element not in ("f32", "f16"):
+            raise NotOnDevice(f"fused attention: the kernel reads f32 or f16 storage, not {view.element}")
+    table = BindingTable()
+    q_name = table.add(Binding("input", p.q.index), p.q.element)
+    k_name = table.add(Binding("input", p.k.index), p.k.element)
+    v_name = table.add(Binding("input", p.v.index), p.v.element)
+    mask_name = table.add(Binding("input", p.mask.index), p.mask.element) if p.mask is not None else ""
+    out_name = table.add(Binding("output", p.out.index), p.out.element, writable=True)
+    return table, (q_name, k_name, v_name, mask_name, out_name)
 
 
 def flash_attention_wgsl(problem: FlashProblem, caps: DeviceCaps) -> tuple[str, tuple[int, int, int], BindingTable]:
@@ -213,17 +244,13 @@ def flash_attention_wgsl(problem: FlashProblem, caps: DeviceCaps) -> tuple[str, 
     groups = blocks * _product(p.batch)
     grid = grid_for_groups(groups, caps)
 
-    table = BindingTable()
-    q_name = table.add(Binding("input", p.q.index))
-    k_name = table.add(Binding("input", p.k.index))
-    v_name = table.add(Binding("input", p.v.index))
-    mask_name = table.add(Binding("input", p.mask.index)) if p.mask is not None else ""
-    out_name = table.add(Binding("output", p.out.index), writable=True)
+    table, (q_name, k_name, v_name, mask_name, out_name) = bind_operands(p)
 
     bias = ""
     if p.mask is not None:
+        mask_at = f"mb + i * {p.mask.row_stride}u + j * {p.mask.col_stride}u"
         bias = f"""
-                let b = {mask_name}[mb + i * {p.mask.row_stride}u + j * {p.mask.col_stride}u];
+                let b = {read_f32(mask_name, mask_at, p.mask.element)};
                 if (bitcast<u32>(b) == 0xff800000u) {{ x = neg_inf(); }} else {{ x = x + b * {wgsl_f32(p.bias_scale)}; }}"""
     key_end = f"{p.sk}u"
     keep = f"jj < {keys}u && j < {p.sk}u && i < {p.sq}u"
@@ -237,7 +264,7 @@ def flash_attention_wgsl(problem: FlashProblem, caps: DeviceCaps) -> tuple[str, 
         v_load = _tile_load("vs", value_vectors, width, v_name, p.v, "vb", "j0", keys, p.value_head, p.sk)
     else:
         at = f"vb + min(j0 + jj, {p.sk - 1}u) * {p.v.row_stride}u + (col * {width}u + LANEu) * {p.v.col_stride}u"
-        lanes = [f"{v_name}[{at.replace('LANE', str(lane))}]" for lane in range(width)]
+        lanes = [read_f32(v_name, at.replace("LANE", str(lane)), p.v.element) for lane in range(width)]
         v_read = f"vec4<f32>({', '.join(lanes)})" if width == 4 else lanes[0]
         v_load = ""
     # Per-invocation values live in scalars and vectors named by index (unrolled here), never in arrays a loop
@@ -291,10 +318,11 @@ def flash_attention_wgsl(problem: FlashProblem, caps: DeviceCaps) -> tuple[str, 
             column = f"(c + {e * tpr}u) * {width}u + {lane}u"
             store_lines.append(
                 f"        if ({column} < {p.value_head}u) "
-                f"{{ {out_name}[ob + ({column}) * {p.out.col_stride}u] = select({empty}, {component} / l, seen); }}"
+                f"{{ {out_name}[ob + ({column}) * {p.out.col_stride}u] = "
+                f"{stored(f'select({empty}, {component} / l, seen)', p.out.element)}; }}"
             )
     store_block = "\n".join(store_lines) + "\n"
-    wgsl = f"""{table.declarations()}
+    wgsl = f"""{table.enables()}{table.declarations()}
 var<workgroup> qs: array<{vec}, {rows * pitch}>;
 var<workgroup> ks: array<{vec}, {keys * pitch}>;
 {f"var<workgroup> vs: array<{vec}, {keys * value_vectors}>;" if tiles.shared_v else ""}

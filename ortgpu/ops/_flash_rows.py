@@ -18,14 +18,25 @@ rescales them to the largest maximum and adds them up (the online softmax's merg
 Scores are folded in groups of up to 8 keys: the group's maximum first, then the accumulators are rescaled once by
 ``exp(old max - new max)`` and the group's weighted V rows added.  A dropped key (a mask value of ``-inf``, past
 the causal frontier) contributes nothing, and a row whose every key is dropped is NaN (zero for ``Attention``).
+
+f16 operands (``OperandView.element``) are widened as the tiles are loaded: the tiles, the query row, the online
+softmax and the accumulators are f32, and the store converts once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._flash_attention import FlashProblem, _batch_offset, _product, flash_attention_wgsl
-from ._kernel import Binding, DeviceCaps, check_loop_budget
+from ._flash_attention import (
+    FlashProblem,
+    _batch_offset,
+    _product,
+    bind_operands,
+    flash_attention_wgsl,
+    read_f32,
+    stored,
+)
+from ._kernel import DeviceCaps, check_loop_budget
 from ._tiling import BindingTable, grid_for_groups, wgsl_f32, workgroup_index
 
 __all__ = ["RowsTiles", "attention_kernel", "flash_rows_wgsl", "key_splits", "rows_tiles"]
@@ -123,15 +134,12 @@ def flash_rows_wgsl(
     groups = blocks * _product(p.batch)
     grid = grid_for_groups(groups, caps)
 
-    table = BindingTable()
-    q_name = table.add(Binding("input", p.q.index))
-    k_name = table.add(Binding("input", p.k.index))
-    v_name = table.add(Binding("input", p.v.index))
-    mask_name = table.add(Binding("input", p.mask.index)) if p.mask is not None else ""
-    out_name = table.add(Binding("output", p.out.index), writable=True)
+    table, (q_name, k_name, v_name, mask_name, out_name) = bind_operands(p)
+    elements = {q_name: p.q.element, k_name: p.k.element, v_name: p.v.element}
 
     def vector(name: str, view_base: str, row: str, first: str, view_col: int) -> str:
-        lanes = [f"{name}[{view_base} + {row} + ({first} + {lane}u) * {view_col}u]" for lane in range(4)]
+        at = f"{view_base} + {row} + ({first} + LANEu) * {view_col}u"
+        lanes = [read_f32(name, at.replace("LANE", str(lane)), elements[name]) for lane in range(4)]
         return f"vec4<f32>({', '.join(lanes)})"
 
     # The Q row: registers q0.. (or the Q tile), loaded once
@@ -166,8 +174,12 @@ def flash_rows_wgsl(
     if p.mask is not None:
         m = p.mask
         lanes = [
-            f"{mask_name}[mb + min(i0 + row, {p.sq - 1}u) * {m.row_stride}u + min(j0 + jq * 4u + {lane}u, {p.sk - 1}u)"
-            f" * {m.col_stride}u]"
+            read_f32(
+                mask_name,
+                f"mb + min(i0 + row, {p.sq - 1}u) * {m.row_stride}u + min(j0 + jq * 4u + {lane}u, {p.sk - 1}u)"
+                f" * {m.col_stride}u",
+                m.element,
+            )
             for lane in range(4)
         ]
         loads += f"""    for (var t = li; t < {rows * keys // 4}u; t = t + {ROWS_THREADS}u) {{
@@ -270,11 +282,10 @@ def flash_rows_wgsl(
     for e in range(vv):
         for lane in range(4):
             column = 4 * e + lane
-            stores.append(
-                f"        {out_name}[ob + {column * p.out.col_stride}u] = select({empty}, acc{e}.{'xyzw'[lane]} / l, seen);"
-            )
+            value = stored(f"select({empty}, acc{e}.{'xyzw'[lane]} / l, seen)", p.out.element)
+            stores.append(f"        {out_name}[ob + {column * p.out.col_stride}u] = {value};")
     store_block = "\n".join(stores)
-    wgsl = f"""{table.declarations()}
+    wgsl = f"""{table.enables()}{table.declarations()}
 var<workgroup> sm: array<vec4<f32>, {region}>;
 {f"var<workgroup> qs: array<vec4<f32>, {q_vectors}>;" if shared_q else ""}
 

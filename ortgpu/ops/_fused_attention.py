@@ -5,7 +5,11 @@ builds it for a matched group.  Its inputs are the sources the group read: Q, K^
 permutation of its axes (``attrs["_perms"]``: logical axis -> source axis, the Transposes the group absorbed), and
 the additive mask or nothing.  ``_logit_scale`` multiplies Q.K^T (the scalar Muls/Divs before the mask, on either
 operand or on the scores); ``_bias_scale`` the mask (those after it).  The reference computes exactly the unfused
-graph's function (in float64), which the fake backend's twin runs.
+graph's function (in float64, rounded once to the output's type), which the fake backend's twin runs.
+
+Each tensor may be float32 or float16 (float16 needs the device's ``shader-f16``): the kernel reads float16 into f32
+and computes the scores, the softmax and the sums in f32, as the reference computes without the intermediate
+roundings a float16 graph's Mul/Softmax/MatMul would make.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import numpy as np
 from ._flash_attention import FlashProblem, OperandView
 from ._flash_rows import attention_kernel
 from ._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
-from ._tiling import broadcast_strides, c_strides, require_float32, single_kernel_plan
+from ._tiling import broadcast_strides, c_strides, float_element, single_kernel_plan
 
 __all__ = ["FUSE_MAX_SCORES", "FusedAttention"]
 
@@ -92,7 +96,7 @@ class FusedAttention(Operator):
         q_info, k_info, v_info = inputs[0], inputs[1], inputs[2]
         mask_info = inputs[3] if len(inputs) > 3 else None
         assert q_info is not None and k_info is not None and v_info is not None
-        require_float32("fused attention", [q_info, k_info, v_info, mask_info, *outputs])
+        elements = _elements([q_info, k_info, v_info, mask_info, outputs[0]], caps)
         pq, pk, pv = attrs["_perms"]
         q_shape, q_strides = _view(q_info, pq)
         kt_shape, kt_strides = _view(k_info, pk)
@@ -115,13 +119,13 @@ class FusedAttention(Operator):
             sk=sk,
             head=head,
             value_head=value_head,
-            q=OperandView(0, _batch_strides(q_shape, q_strides, batch), q_strides[-2], q_strides[-1]),
-            k=OperandView(1, _batch_strides(kt_shape, kt_strides, batch), kt_strides[-1], kt_strides[-2]),
-            v=OperandView(2, _batch_strides(v_shape, v_strides, batch), v_strides[-2], v_strides[-1]),
-            mask=None if mask_info is None else _mask_view(mask_info, batch, sq, sk),
+            q=OperandView(0, _batch_strides(q_shape, q_strides, batch), q_strides[-2], q_strides[-1], elements[0]),
+            k=OperandView(1, _batch_strides(kt_shape, kt_strides, batch), kt_strides[-1], kt_strides[-2], elements[1]),
+            v=OperandView(2, _batch_strides(v_shape, v_strides, batch), v_strides[-2], v_strides[-1], elements[2]),
+            mask=None if mask_info is None else _mask_view(mask_info, batch, sq, sk, elements[3]),
             logit_scale=float(attrs["_logit_scale"]),
             bias_scale=float(attrs["_bias_scale"]),
-            out=OperandView(0, c_strides(out_shape)[:-2], value_head, 1),
+            out=OperandView(0, c_strides(out_shape)[:-2], value_head, 1, elements[4]),
         )
         wgsl, grid, table = attention_kernel(problem, caps)
         return single_kernel_plan(
@@ -136,9 +140,21 @@ class FusedAttention(Operator):
         )
 
 
-def _mask_view(info: TensorInfo, batch: tuple[int, ...], sq: int, sk: int) -> OperandView:
+def _elements(infos: Sequence[TensorInfo | None], caps: DeviceCaps) -> list[str]:
+    """The storage element of each tensor ("f32", "f16"; "" where absent); ``NotOnDevice`` for other types, and for
+    float16 on a device without ``shader-f16``.  The types may differ (a graph may cast around its Softmax)."""
+    for info in infos:
+        if info is not None and info.dtype not in (np.float32, np.float16):
+            raise NotOnDevice(f"fused attention: the kernel takes float32 or float16 tensors, not {info.dtype}")
+    elements = ["" if info is None else float_element(info) for info in infos]
+    if "f16" in elements and not caps.has_f16:
+        raise NotOnDevice("fused attention: float16 on the device needs the adapter's shader-f16 feature")
+    return elements
+
+
+def _mask_view(info: TensorInfo, batch: tuple[int, ...], sq: int, sk: int, element: str) -> OperandView:
     try:
         strides = broadcast_strides(info.shape, batch + (sq, sk))
     except ValueError:
         raise NotOnDevice(f"fused attention: the mask {info.shape} does not broadcast to the scores") from None
-    return OperandView(3, strides[:-2], strides[-2], strides[-1])
+    return OperandView(3, strides[:-2], strides[-2], strides[-1], element)

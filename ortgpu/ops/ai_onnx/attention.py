@@ -12,13 +12,14 @@ keys at or past ``nonpad_kv_seqlen`` are dropped (opset 24), and opset 25's wind
 ``offset + i - left <= j <= offset + i + right``.  A query row with no key left is a zero row (also in
 ``qk_matmul_output`` mode 3), never NaN.
 
-On the device (float32) one kernel computes Y: the flash kernel of :mod:`ortgpu.ops._flash_attention` (query blocks
-and key tiles in workgroup memory, an online softmax) when there is no key/value cache, no sequence lengths, no
-window or soft cap and the mask (if any) is float and covers every key; otherwise one invocation per output
-element walks the keys once with an online softmax (running maximum, rescaled sums), skipping the keys the bias
-drops; the present key/value are copy
-kernels; ``qk_matmul_output`` is one kernel per score.  Float16 (computed in float16 stages by the definition)
-and softmax precisions other than float run on the CPU (this reference).
+On the device (float32, or float16 with ``shader-f16``) one kernel computes Y: the flash kernel of
+:mod:`ortgpu.ops._flash_attention` (query blocks and key tiles in workgroup memory, an online softmax) when there is
+no key/value cache, no sequence lengths, no window or soft cap and the mask (if any) is float and covers every key;
+otherwise one invocation per output element walks the keys once with an online softmax (running maximum, rescaled
+sums), skipping the keys the bias drops; the present key/value are copy kernels; ``qk_matmul_output`` is one kernel
+per score.  Float16 tensors are read into f32 and every kernel computes in f32, storing once; the reference computes
+them so too (wide, one rounding at the end), except with ``softmax_precision`` float16, which computes in float16
+stages as the definition does and runs on the CPU, as do the other softmax precisions than float.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from .._flash_attention import FlashProblem, OperandView
+from .._flash_attention import FlashProblem, OperandView, read_f32, stored
 from .._flash_rows import attention_kernel
 from .._kernel import (
     Binding,
@@ -48,6 +49,7 @@ from .._tiling import (
     BindingTable,
     broadcast_strides,
     check_device_fits,
+    float_element,
     grid_for_groups,
     single_kernel_plan,
     wgsl_f32,
@@ -122,9 +124,9 @@ class Attention(Operator):
         if mode not in (0, 1, 2, 3):
             raise UnsupportedOpError(f"Attention: qk_matmul_output_mode {mode} is not defined (0..3)")
 
-        # float16 computes in float16 stages (each step rounded, products accumulated in float32), as the ONNX
-        # definition does in the input's precision; wider types compute in float64
-        work: Any = np.float16 if dtype == np.float16 else np.float64
+        # float16 with a float16 softmax computes in float16 stages (each step rounded, products accumulated in
+        # float32), as the ONNX definition does; otherwise in float64, rounded once at the end, as the kernels do
+        work: Any = np.float16 if dtype == np.float16 and precision_code == 10 else np.float64
 
         def rounded(x: np.ndarray | float) -> np.ndarray:
             return np.asarray(x).astype(work).astype(np.float64)
@@ -245,16 +247,19 @@ def _attention_plan(
     attrs: Mapping[str, Any],
     caps: DeviceCaps,
 ) -> OpPlan:
-    """Y by one float32 kernel (one invocation per output element, an online softmax over the keys), the present
-    key/value by one copy kernel each, qk_matmul_output by one kernel per score (mode 3 walks its row twice)."""
+    """Y by one kernel (one invocation per output element, an online softmax over the keys), the present
+    key/value by one copy kernel each, qk_matmul_output by one kernel per score (mode 3 walks its row twice); every
+    kernel computes in f32, float16 tensors read into it and stored from it."""
     infos = list(inputs) + [None] * (7 - len(inputs))
     q, k, v, mask, past_key, past_value, nonpad = infos[:7]
     assert q is not None and k is not None and v is not None
-    for info in (q, k, v, past_key, past_value) + tuple(outputs):
-        if info is not None and info.dtype != np.float32:
-            raise NotOnDevice(f"Attention: the WebGPU kernel computes float32 only, not {info.dtype}")
-    if mask is not None and mask.dtype not in (np.float32, np.bool_):
-        raise NotOnDevice(f"Attention: the WebGPU kernel takes a float32 or bool attn_mask, not {mask.dtype}")
+    floats = [q, k, v, past_key, past_value, *outputs] + ([mask] if mask is not None and mask.dtype != np.bool_ else [])
+    for info in floats:
+        if info is not None and info.dtype not in (np.float32, np.float16):
+            raise NotOnDevice(f"Attention: the WebGPU kernels take float32 or float16 tensors, not {info.dtype}")
+    if any(info is not None and info.dtype == np.float16 for info in floats) and not caps.has_f16:
+        raise NotOnDevice("Attention: float16 on the device needs the adapter's shader-f16 feature")
+    el = [float_element(info) if info is not None and info.dtype != np.bool_ else "" for info in infos]
     if int(attrs.get("softmax_precision", 1)) != 1:
         raise NotOnDevice("Attention: softmax_precision other than float runs on the CPU")
     if (past_key is None) != (past_value is None) or (nonpad is not None and past_key is not None):
@@ -336,24 +341,25 @@ def _attention_plan(
     def functions(table: BindingTable) -> str:
         """WGSL ``logit(b, h, i, j) -> vec2<f32>`` (scaled Q.K, soft-capped) and ``bias(b, h, i, j) -> f32`` (the
         mask's value, -inf where the key is dropped), reading the inputs bound in ``table``."""
-        q_name, k_name = table.add(Binding("input", 0)), table.add(Binding("input", 1))
+        q_name, k_name = table.add(Binding("input", 0), el[0]), table.add(Binding("input", 1), el[1])
         if three_d:
             q_at = f"(b * {sq}u + i) * {hq * head}u + h * {head}u + d"
             k_at = f"(b * {sk}u + jn) * {hkv * head}u + hk * {head}u + d"
         else:
             q_at = f"((b * {hq}u + h) * {sq}u + i) * {head}u + d"
             k_at = f"((b * {hkv}u + hk) * {sk}u + jn) * {head}u + d"
-        key = f"{k_name}[{k_at}]"
+        key = read_f32(k_name, k_at, el[1])
         if past_key is not None:
-            pk = table.add(Binding("input", 4))
-            key = f"select({key}, {pk}[((b * {hkv}u + hk) * {past}u + j) * {head}u + d], j < {past}u)"
+            pk = table.add(Binding("input", 4), el[4])
+            cached_key = read_f32(pk, f"((b * {hkv}u + hk) * {past}u + j) * {head}u + d", el[4])
+            key = f"select({key}, {cached_key}, j < {past}u)"
         lengths = table.add(Binding("input", 6), "u32") if nonpad is not None else "LENGTHS"
         mask_value = "0.0"
         if mask is not None and mask.dtype == np.bool_:
             bits = table.add(Binding("input", 3), "u32")
             mask_value = f"select(neg_inf(), 0.0, (({bits}[mi / 4u] >> (8u * (mi % 4u))) & 0xffu) != 0u)"
         elif mask is not None:
-            mask_value = f"{table.add(Binding('input', 3))}[mi]"
+            mask_value = read_f32(table.add(Binding("input", 3), el[3]), "mi", el[3])
         capped = f"{wgsl_f32(softcap)} * tanh(x / {wgsl_f32(softcap)})" if softcap > 0 else "x"
         return f"""// -inf, made at run time (WGSL makes an infinite constant expression an error)
 fn neg_inf() -> f32 {{
@@ -364,7 +370,7 @@ fn logit(b: u32, h: u32, i: u32, j: u32) -> vec2<f32> {{
     let hk = h / {hq // hkv}u;
     let jn = j - min(j, {past}u);
     var x = 0.0;
-    for (var d = 0u; d < {head}u; d = d + 1u) {{ x = fma({q_name}[{q_at}], {key}, x); }}
+    for (var d = 0u; d < {head}u; d = d + 1u) {{ x = fma({read_f32(q_name, q_at, el[0])}, {key}, x); }}
     x = x * {wgsl_f32(scale)};
     return vec2<f32>(x, {capped});
 }}
@@ -379,9 +385,9 @@ fn bias(b: u32, h: u32, i: u32, j: u32) -> f32 {{
 
     kernels = []
     count = outputs[0].size
-    flash = _flash_problem(
-        q, k, v, mask, attrs, batch, hq, hkv, sq, sk, head, dv, scale, past_key is not None or nonpad is not None
-    )
+    out_el = float_element(outputs[0])
+    with_cache = past_key is not None or nonpad is not None
+    flash = _flash_problem(q, k, v, mask, attrs, batch, hq, hkv, sq, sk, head, dv, scale, with_cache, el[:4] + [out_el])
     if count and flash is not None:
         wgsl, grid, table = attention_kernel(flash, caps)
         compute = lambda full: operator.reference(full, attrs, outputs[:1])  # noqa: E731
@@ -389,8 +395,8 @@ fn bias(b: u32, h: u32, i: u32, j: u32) -> f32 {{
     elif count:
         table = BindingTable()
         helpers = functions(table)
-        v_name = table.add(Binding("input", 2))
-        y_name = table.add(Binding("output", 0), writable=True)
+        v_name = table.add(Binding("input", 2), el[2])
+        y_name = table.add(Binding("output", 0), out_el, writable=True)
         if three_d:
             v_at = f"(b * {sk}u + jn) * {hkv * dv}u + hk * {dv}u + e"
             decode = f"let e = n % {dv}u; let h = (n / {dv}u) % {hq}u; let i = (n / {dv * hq}u) % {sq}u; "
@@ -399,12 +405,13 @@ fn bias(b: u32, h: u32, i: u32, j: u32) -> f32 {{
             v_at = f"((b * {hkv}u + hk) * {sk}u + jn) * {dv}u + e"
             decode = f"let e = n % {dv}u; let i = (n / {dv}u) % {sq}u; let h = (n / {dv * sq}u) % {hq}u; "
             decode += f"let b = n / {dv * sq * hq}u;"
-        value = f"{v_name}[{v_at}]"
+        value = read_f32(v_name, v_at, el[2])
         if past_value is not None:
-            pv = table.add(Binding("input", 5))
-            value = f"select({value}, {pv}[((b * {hkv}u + hk) * {past}u + j) * {dv}u + e], j < {past}u)"
+            pv = table.add(Binding("input", 5), el[5])
+            cached_value = read_f32(pv, f"((b * {hkv}u + hk) * {past}u + j) * {dv}u + e", el[5])
+            value = f"select({value}, {cached_value}, j < {past}u)"
         grid = grid_for_groups(-(-count // THREADS), caps)
-        wgsl = f"""{table.declarations()}
+        wgsl = f"""{table.enables()}{table.declarations()}
 {helpers}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
@@ -430,7 +437,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         acc = acc * a + w * vj;
         m = top;
     }}
-    {y_name}[n] = select(0.0, acc / l, seen);
+    {y_name}[n] = {stored("select(0.0, acc / l, seen)", out_el)};
 }}
 """
         compute = lambda full: operator.reference(full, attrs, outputs[:1])  # noqa: E731
@@ -442,7 +449,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         mode = int(attrs.get("qk_matmul_output_mode", 0))
         table = BindingTable()
         helpers = functions(table)
-        qk_name = table.add(Binding("output", 3), writable=True)
+        qk_el = float_element(outputs[3])
+        qk_name = table.add(Binding("output", 3), qk_el, writable=True)
         qk_count = outputs[3].size
         grid = grid_for_groups(-(-qk_count // THREADS), caps)
         if mode == 3:
@@ -463,12 +471,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }}
     let own = bias(b, h, i, j);
     let dropped = bitcast<u32>(own) == 0xff800000u;
-    {qk_name}[n] = select(exp(logit(b, h, i, j).y + own - m) / l, 0.0, dropped || !seen);"""
+    {qk_name}[n] = {stored("select(exp(logit(b, h, i, j).y + own - m) / l, 0.0, dropped || !seen)", qk_el)};"""
         else:
             value = ("logit(b, h, i, j).x", "logit(b, h, i, j).y", "logit(b, h, i, j).y + bias(b, h, i, j)")[mode]
             # the phony call keeps every bound input statically used (unused bindings leave the pipeline layout)
-            body = f"    _ = bias(b, h, i, j);\n    {qk_name}[n] = {value};"
-        wgsl = f"""{table.declarations()}
+            body = f"    _ = bias(b, h, i, j);\n    {qk_name}[n] = {stored(value, qk_el)};"
+        wgsl = f"""{table.enables()}{table.declarations()}
 {helpers}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
@@ -510,31 +518,34 @@ def _flash_problem(
     dv: int,
     scale: float,
     cached: bool,
+    elements: Sequence[str],
 ) -> FlashProblem | None:
     """Y as the flash kernel's problem, where it computes it: no key/value cache or sequence lengths, no windows or
     soft cap, a float mask covering every key (or none).  The batch is ``[B, Hkv, group]``: a query head ``h`` is
-    ``(h // group, h % group)``, and K/V broadcast along the group axis."""
+    ``(h // group, h % group)``, and K/V broadcast along the group axis.  ``elements``: the storage of Q, K, V, the
+    mask and Y."""
     windows = int(attrs.get("left_window_size", -1)) >= 0 or int(attrs.get("right_window_size", -1)) >= 0
     if cached or windows or float(attrs.get("softcap", 0.0)) > 0 or min(sq, sk, head, dv) <= 0:
         return None
-    if mask is not None and (mask.dtype != np.float32 or int(mask.shape[-1]) != sk):
+    if mask is not None and (mask.dtype not in (np.float32, np.float16) or int(mask.shape[-1]) != sk):
         return None
     group = hq // hkv
 
-    def view(index: int, heads: int, rows: int, width: int, three_d: bool) -> OperandView:
+    def view(index: int, heads: int, rows: int, width: int, three_d: bool, output: bool = False) -> OperandView:
         if three_d:  # [B, S, H * W]
             b_stride, h_stride, row = rows * heads * width, width, heads * width
         else:  # [B, H, S, W]
             b_stride, h_stride, row = heads * rows * width, rows * width, width
         per_group = h_stride if heads == hq else 0
-        return OperandView(index, (b_stride, h_stride * (group if heads == hq else 1), per_group), row, 1)
+        strides = (b_stride, h_stride * (group if heads == hq else 1), per_group)
+        return OperandView(index, strides, row, 1, elements[4 if output else index])
 
     three_d = len(q.shape) == 3
     mask_view = None
     if mask is not None:
         full = (1,) * (4 - len(mask.shape)) + tuple(int(d) for d in mask.shape)
         strides = broadcast_strides(full, (batch, hq, sq, sk))
-        mask_view = OperandView(3, (strides[0], strides[1] * group, strides[1]), strides[2], strides[3])
+        mask_view = OperandView(3, (strides[0], strides[1] * group, strides[1]), strides[2], strides[3], elements[3])
     return FlashProblem(
         batch=(batch, hkv, group),
         sq=sq,
@@ -547,7 +558,7 @@ def _flash_problem(
         mask=mask_view,
         logit_scale=scale,
         bias_scale=1.0,
-        out=view(0, hq, sq, dv, three_d),
+        out=view(0, hq, sq, dv, three_d, output=True),
         causal_offset=0 if int(attrs.get("is_causal", 0)) else None,
         empty_rows_zero=True,
     )
@@ -566,29 +577,35 @@ def _present_kernel(
     caps: DeviceCaps,
 ) -> KernelSpec:
     """present = concat(past, new) along the sequence (the new keys/values alone without a past), the new ones
-    ``[B, S, H * W]`` or ``[B, H, S, W]``."""
+    ``[B, S, H * W]`` or ``[B, H, S, W]``; a copy, converted only where the types differ."""
     new, out = inputs[source], outputs[slot]
     old = inputs[cached] if cached < len(inputs) else None
     assert new is not None
     table = BindingTable()
-    new_name = table.add(Binding("input", source))
-    out_name = table.add(Binding("output", slot), writable=True)
-    count = out.size
-    total = past + steps
+    out_el = float_element(out)
+
+    def moved(index: int, info: TensorInfo, at: str) -> str:
+        name = table.add(Binding("input", index), float_element(info))
+        same = float_element(info) == out_el
+        return f"{name}[{at}]" if same else stored(read_f32(name, at, float_element(info)), out_el)
+
     if len(new.shape) == 3:
         new_at = f"(b * {steps}u + (j - {past}u)) * {heads * width}u + hk * {width}u + d"
     else:
         new_at = f"((b * {heads}u + hk) * {steps}u + (j - {past}u)) * {width}u + d"
-    copy = f"{out_name}[n] = {new_name}[{new_at}];"
+    value = moved(source, new, new_at)  # bound before the output: the slots stay as they were
+    out_name = table.add(Binding("output", slot), out_el, writable=True)
+    count = out.size
+    total = past + steps
+    copy = f"{out_name}[n] = {value};"
     if old is not None:
-        old_name = table.add(Binding("input", cached))
         copy = f"""if (j < {past}u) {{
-        {out_name}[n] = {old_name}[((b * {heads}u + hk) * {past}u + j) * {width}u + d];
+        {out_name}[n] = {moved(cached, old, f"((b * {heads}u + hk) * {past}u + j) * {width}u + d")};
     }} else {{
         {copy}
     }}"""
     grid = grid_for_groups(-(-count // THREADS), caps)
-    wgsl = f"""{table.declarations()}
+    wgsl = f"""{table.enables()}{table.declarations()}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
     let n = {workgroup_index(grid)} * {THREADS}u + li;

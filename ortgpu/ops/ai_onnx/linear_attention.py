@@ -12,9 +12,10 @@ state of kv head ``h // (Hq / Hkv)``).  Per token, with ``g`` the log-space ``de
 and ``o = scale * S^T q`` (default scale ``1 / sqrt(d_k)``).  ``past_state [B, Hkv, d_k, d_v]`` starts the
 recurrence (zeros when absent); ``present_state`` is the final state.  ``chunk_size`` is a tuning hint only.
 
-The reference runs token by token in float64.  On the device (float32) one invocation per (batch, kv head,
-value feature) keeps its column of the state in private memory and walks the tokens, writing the outputs of
-the query heads that share it and, at the end, its column of ``present_state``.
+The reference runs token by token in float64 (rounded once to the tensors' type).  On the device (float32, or
+float16 with ``shader-f16``: read into f32, stored from it) one invocation per (batch, kv head, value feature) keeps
+its column of the state in private memory, in f32, and walks the tokens, writing the outputs of the query heads
+that share it and, at the end, its column of ``present_state``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .._tiling import (
     THREADS,
     BindingTable,
     grid_for_groups,
-    require_float32,
+    require_float,
     single_kernel_plan,
     wgsl_f32,
     workgroup_index,
@@ -139,7 +140,7 @@ class LinearAttention(Operator):
         infos = list(inputs) + [None] * (6 - len(inputs))
         query, key, value, past, decay, beta = infos[:6]
         assert query is not None and key is not None and value is not None
-        require_float32("LinearAttention", list(inputs) + list(outputs))
+        element = require_float("LinearAttention", list(inputs) + list(outputs), caps)
         rule = attrs.get("update_rule", "gated_delta")
         rule = rule.decode() if isinstance(rule, bytes) else str(rule)
         if rule not in _RULES or "q_num_heads" not in attrs or "kv_num_heads" not in attrs:
@@ -186,36 +187,45 @@ class LinearAttention(Operator):
             raise ShapeError(f"LinearAttention: {name} of shape {info.shape} is neither per head nor per key feature")
 
         table = BindingTable()
-        q_name, k_name, v_name = (table.add(Binding("input", i)) for i in range(3))
-        out_name = table.add(Binding("output", 0), writable=True)
+
+        def read(index: int, at: str) -> str:  # f16 storage is widened: the state and the sums stay f32
+            name = table.add(Binding("input", index), element)
+            return f"{name}[{at}]" if element == "f32" else f"f32({name}[{at}])"
+
+        def store(value: str) -> str:
+            return value if element == "f32" else f"{element}({value})"
+
+        for index in range(3):  # Q, K, V take the first slots
+            table.add(Binding("input", index), element)
+        out_name = table.add(Binding("output", 0), element, writable=True)
         start = "0.0"
         if past is not None:
-            start = f"{table.add(Binding('input', 3))}[((b * {hkv}u + hk) * {dk}u + kk) * {dv}u + e]"
-        k_at = f"{k_name}[(b * {steps}u + t) * {hkv * dk}u + hk * {dk}u + kk]"
+            start = read(3, f"((b * {hkv}u + hk) * {dk}u + kk) * {dv}u + e")
+        k_at = read(1, f"(b * {steps}u + t) * {hkv * dk}u + hk * {dk}u + kk")
         step = ""
         if gated and decay is not None:
-            g_name = table.add(Binding("input", 4))
+            g_at = read(4, per_head(decay, dk, "decay"))
             step += f"""        for (var kk = 0u; kk < {dk}u; kk = kk + 1u) {{
-            s[kk] = s[kk] * exp({g_name}[{per_head(decay, dk, "decay")}]);
+            s[kk] = s[kk] * exp({g_at});
         }}
 """
-        update = f"{v_name}[(b * {steps}u + t) * {hkv * dv}u + hk * {dv}u + e]"
+        update = read(2, f"(b * {steps}u + t) * {hkv * dv}u + hk * {dv}u + e")
         if delta and beta is not None:
-            beta_name = table.add(Binding("input", 5))
+            beta_at = read(5, per_head(beta, 1, "beta"))
             step += f"""        var predicted = 0.0;
         for (var kk = 0u; kk < {dk}u; kk = kk + 1u) {{ predicted = fma(s[kk], {k_at}, predicted); }}
         let kk = 0u;
 """
-            update = f"{beta_name}[{per_head(beta, 1, 'beta')}] * ({update} - predicted)"
+            update = f"{beta_at} * ({update} - predicted)"
         state = ""
         if len(outputs) > 1 and outputs[1].size:
-            state_name = table.add(Binding("output", 1), writable=True)
+            state_name = table.add(Binding("output", 1), element, writable=True)
             state = f"""    for (var kk = 0u; kk < {dk}u; kk = kk + 1u) {{
-        {state_name}[((b * {hkv}u + hk) * {dk}u + kk) * {dv}u + e] = s[kk];
+        {state_name}[((b * {hkv}u + hk) * {dk}u + kk) * {dv}u + e] = {store("s[kk]")};
     }}
 """
         grid = grid_for_groups(-(-count // THREADS), caps)
-        wgsl = f"""{table.declarations()}
+        wgsl = f"""{table.enables()}{table.declarations()}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
     let n = {workgroup_index(grid)} * {THREADS}u + li;
@@ -232,9 +242,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let h = hk * {group}u + g;
             var o = 0.0;
             for (var kk = 0u; kk < {dk}u; kk = kk + 1u) {{
-                o = fma(s[kk], {q_name}[(b * {steps}u + t) * {hq * dk}u + h * {dk}u + kk], o);
+                o = fma(s[kk], {read(0, f"(b * {steps}u + t) * {hq * dk}u + h * {dk}u + kk")}, o);
             }}
-            {out_name}[(b * {steps}u + t) * {hq * dv}u + h * {dv}u + e] = o * {wgsl_f32(scale)};
+            {out_name}[(b * {steps}u + t) * {hq * dv}u + h * {dv}u + e] = {store(f"o * {wgsl_f32(scale)}")};
         }}
     }}
 {state}}}
