@@ -233,6 +233,7 @@ def gemv_candidates(shape: Shape, caps: DeviceCaps, quick: bool) -> list[tuple[s
 
 #: Tile variants tried on every shape (split-K variants are added for the small ones).
 BASE_CONFIGS: tuple[GemmConfig, ...] = (
+    GemmConfig(128, 128, 16, 8, 8, stages=1),
     GemmConfig(128, 128, 16, 8, 8, stages=2),
     GemmConfig(128, 64, 16, 8, 4, stages=2),
     GemmConfig(128, 64, 16, 8, 4, stages=1),

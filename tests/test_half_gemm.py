@@ -128,7 +128,14 @@ def test_folded_transpose(env: ortgpu.Env) -> None:
 
 @pytest.mark.parametrize(
     "config",
-    [LEGACY, GemmConfig(tile_m=32, tile_n=64, tile_k=16, rows=4, cols=4, stages=2, split_k=3)],
+    [
+        LEGACY,
+        GemmConfig(tile_m=32, tile_n=64, tile_k=16, rows=4, cols=4, stages=2, split_k=3),
+        # f16 arithmetic (off by default): tiles of vec4<f16>, each K tile's products summed in f16, then in f32
+        GemmConfig(tile_m=64, tile_n=64, tile_k=16, rows=4, cols=4, stages=2, split_k=1, half=True),
+        GemmConfig(tile_m=128, tile_n=128, tile_k=16, rows=8, cols=8, stages=1, split_k=2, half=True),
+        _gemm.GEMM_BIG_TILE,
+    ],
     ids=lambda c: c.label,
 )
 def test_every_tiled_variant(env: ortgpu.Env, config: GemmConfig, monkeypatch: pytest.MonkeyPatch) -> None:

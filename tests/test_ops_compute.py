@@ -583,6 +583,10 @@ def test_choose_gemm_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert big.split_k == 1 and big.tile_m * big.tile_n >= 64 * 64
     short = choose_gemm_config(12, 128, 128, 32, caps)  # attention scores: K too short to split
     assert short.split_k == 1
+    # the big tile: whole tiles and about two workgroups per SM, else the ordinary rule
+    assert choose_gemm_config(1, 1024, 4096, 4096, caps) == _gemm.GEMM_BIG_TILE
+    assert choose_gemm_config(1, 1024, 4000, 4096, caps) != _gemm.GEMM_BIG_TILE  # N not whole tiles
+    assert choose_gemm_config(1, 256, 512, 4096, caps) != _gemm.GEMM_BIG_TILE  # 8 workgroups
     monkeypatch.setattr(_gemm, "GEMM_SHAPE_CONFIGS", measured)
     for (batch, m, n, k), config in measured.items():
         if _gemm.config_fits(config, caps):

@@ -52,6 +52,10 @@ class GemmConfig:
     stages: int = 2
     split_k: int = 1
     legacy: bool = False
+    #: f16 arithmetic (float16 storage only): tiles of vec4<f16> in workgroup memory and the products of each K tile
+    #: summed in f16 (two f16 lanes per f32 lane on the GPU), then added into the f32 accumulators; see
+    #: :func:`~ortgpu.ops._gemm_wgsl.tiled_gemm_kernel`.
+    half: bool = False
 
     @property
     def threads(self) -> int:
@@ -63,7 +67,7 @@ class GemmConfig:
     def shared_bytes(self) -> int:
         if self.legacy:
             return (64 + 64) * 16 * 4
-        return self.stages * (self.tile_m + self.tile_n) * self.tile_k * 4
+        return self.stages * (self.tile_m + self.tile_n) * self.tile_k * (2 if self.half else 4)
 
     @property
     def label(self) -> str:
@@ -71,12 +75,12 @@ class GemmConfig:
         if self.legacy:
             return "legacy64x64"
         text = f"{self.tile_m}x{self.tile_n}k{self.tile_k}/{self.rows}x{self.cols}/s{self.stages}"
-        return text + (f"/split{self.split_k}" if self.split_k > 1 else "")
+        return text + (f"/split{self.split_k}" if self.split_k > 1 else "") + ("/h16" if self.half else "")
 
     def validate(self) -> None:
         if self.legacy:
-            if self.split_k != 1:
-                raise ValueError("the legacy GEMM kernel has no split-K")
+            if self.split_k != 1 or self.half:
+                raise ValueError("the legacy GEMM kernel has no split-K and no f16 arithmetic")
             return
         if self.rows % 4 or self.cols % 4 or self.tile_k % 4 or self.tile_m % self.rows or self.tile_n % self.cols:
             raise ValueError(f"bad GEMM config {self}")
@@ -101,10 +105,21 @@ GEMM_TILES: tuple[GemmConfig, ...] = (
 )
 #: Workgroups a GEMM should launch to fill the GPU (4 per SM on a 132-SM GPU, the largest this was tuned on).
 GEMM_TARGET_WORKGROUPS = 528
+#: The large-problem tile, tried before :data:`GEMM_TILES`: 8 x 8 outputs per invocation make 64 FMAs per 16 values
+#: read from workgroup memory (8 x 4: 32 per 12), which pays off once the grid still gives every SM about two
+#: workgroups (:data:`GEMM_BIG_TILE_WORKGROUPS`) and M and N fill whole tiles.  On an H200 the fp32 matmul-1024-4096
+#: chain (256 such workgroups) ran at 31.0 TFLOP/s with it against 20.0 with 128 x 64 / 8 x 4.
+GEMM_BIG_TILE = GemmConfig(tile_m=128, tile_n=128, tile_k=16, rows=8, cols=8, stages=1, split_k=1, legacy=False)
+GEMM_BIG_TILE_WORKGROUPS = 256
 #: Split-K keeps at least this many K per slice (so the partial sums stay cheap next to the products).
 GEMM_SPLIT_MIN_K = 64
 #: At most this many K slices.
 GEMM_MAX_SPLIT_K = 16
+#: Whether float16 GEMMs multiply in f16 (:attr:`GemmConfig.half`) rather than in f32.  Off: on an H200 the
+#: f16-arithmetic kernel ran the fp16 matmul-1024-4096 chain at 16.7-25.6 TFLOP/s against 19.6-30.6 for the same
+#: tiles multiplying in f32 (the driver does not pair the splatted vec4<f16> FMAs), at twice the error.  Kept for
+#: sweeps, and for a packed or cooperative-matrix kernel to build on.
+GEMM_HALF_MATH = False
 #: When set, every tiled GEMM uses this configuration (if the device fits it): for sweeps and tests.
 GEMM_OVERRIDE: GemmConfig | None = None
 #: Exact problems ``(batch, M, N, K)`` -> configuration, consulted before the rule (``python -m
@@ -206,9 +221,11 @@ def choose_gemm_config(
 
     1. :data:`GEMM_OVERRIDE` if set, else :data:`GEMM_SHAPE_CONFIGS` ``[(batch, M, N, K)]`` if present (and the
        device fits it).
-    2. The first tile of :data:`GEMM_TILES` (that the device fits, and that is less than twice the problem in
+    2. :data:`GEMM_BIG_TILE` where M and N are multiples of its tile and it launches at least
+       :data:`GEMM_BIG_TILE_WORKGROUPS` workgroups (with the module's own tiles only).
+    3. The first tile of :data:`GEMM_TILES` (that the device fits, and that is less than twice the problem in
        M and N) launching at least :data:`GEMM_TARGET_WORKGROUPS` workgroups.
-    3. Otherwise the last such tile, with ``split_k = ceil(target / tiles)`` capped by
+    4. Otherwise the last such tile, with ``split_k = ceil(target / tiles)`` capped by
        :data:`GEMM_MAX_SPLIT_K` and by ``K // GEMM_SPLIT_MIN_K``.
 
     The keyword arguments replace the module's tunables (the sweep scores alternative rules with them).
@@ -220,6 +237,15 @@ def choose_gemm_config(
     for fixed in (GEMM_OVERRIDE, GEMM_SHAPE_CONFIGS.get((batch, m, n, k))):
         if fixed is not None and config_fits(fixed, caps):
             return fixed
+    big = GEMM_BIG_TILE
+    if (
+        tiles is GEMM_TILES
+        and m % big.tile_m == 0
+        and n % big.tile_n == 0
+        and config_fits(big, caps)
+        and gemm_workgroups(big, batch, m, n) >= GEMM_BIG_TILE_WORKGROUPS
+    ):
+        return big
     fitting = [c for c in tiles if config_fits(c, caps)]
     if not fitting:
         fitting = [GemmConfig(32, 32, 16, 4, 4, stages=1)]

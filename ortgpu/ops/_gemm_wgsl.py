@@ -26,6 +26,7 @@ describes how to read A and B (:class:`GemmProblem`); :mod:`ortgpu.ops._tiled_ge
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -295,17 +296,27 @@ def tiled_gemm_kernel(
     decls, fetch, store = _fetch_store(config, mode_a, mode_b)
     p_count, q_count = config.rows // 4, config.cols // 4
     acc_decls = "".join(f"    var acc{r}_{q} = vec4<f32>(0.0);\n" for r in range(config.rows) for q in range(q_count))
+    tile_type = "vec4<f16>" if config.half else "vec4<f32>"
+    if config.half:  # the tiles hold f16: each store into them converts once
+        store = re.sub(r"(tile_[ab]\[[^\]]*\]) = ([^;]+);", r"\1 = vec4<f16>(\2);", store)
     inner = []
     for p in range(p_count):
         inner.append(f"            let a{p} = tile_a[ca + kk * {tm4}u + lid.y + {ty * p}u];")
     for q in range(q_count):
         inner.append(f"            let b{q} = tile_b[cb + kk * {tn4}u + lid.x + {tx * q}u];")
-    for p in range(p_count):
-        for i in range(4):
-            for q in range(q_count):
-                r = 4 * p + i
-                inner.append(f"            acc{r}_{q} = fma(vec4<f32>(a{p}[{i}]), b{q}, acc{r}_{q});")
+    sums = [(4 * p + i, q) for p in range(p_count) for i in range(4) for q in range(q_count)]
+    # f32 arithmetic: each product into the f32 accumulator; f16: into an f16 sum of this K tile's products
+    # (tile_k terms), added into the f32 accumulator after the tile, so rounding grows with tile_k, not with K
+    target = "h" if config.half else "acc"
+    for r, q in sums:
+        inner.append(f"            {target}{r}_{q} = fma({tile_type}(a{r // 4}[{r % 4}]), b{q}, {target}{r}_{q});")
     compute = f"        for (var kk = 0u; kk < {tk}u; kk = kk + 1u) {{\n" + "\n".join(inner) + "\n        }\n"
+    if config.half:
+        compute = (
+            "".join(f"        var h{r}_{q} = vec4<f16>(0.0h);\n" for r, q in sums)
+            + compute
+            + "".join(f"        acc{r}_{q} = acc{r}_{q} + vec4<f32>(h{r}_{q});\n" for r, q in sums)
+        )
     stores = []
     for p in range(p_count):
         for i in range(4):
@@ -356,8 +367,8 @@ const TILES_M: u32 = {tiles_m}u;
 const TILES_N: u32 = {tiles_n}u;
 const TOTAL: u32 = {total}u;
 const SLICE_K: u32 = {per_slice}u;
-var<workgroup> tile_a: array<vec4<f32>, {config.stages * size_a}>;
-var<workgroup> tile_b: array<vec4<f32>, {config.stages * size_b}>;
+var<workgroup> tile_a: array<{tile_type}, {config.stages * size_a}>;
+var<workgroup> tile_b: array<{tile_type}, {config.stages * size_b}>;
 {problem.prelude}
 {loaders}
 @compute @workgroup_size({tx}, {ty})

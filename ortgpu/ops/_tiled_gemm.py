@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import _gemm
 from ._epilogue import EpilogueStep, apply_epilogue, epilogue_function
 from ._gemm import GemmConfig, choose_gemm_config, config_fits
 from ._gemm_wgsl import (
@@ -105,7 +106,11 @@ def plan_tiled_gemm(
     check_loop_budget(name, tiles * (config.tile_k + 5), caps)
     mode_a, mode_b = operand_modes(problem)
     total_out = problem.batch * problem.m * problem.n
-    element = float_element(outputs[0])  # f32 or f16 storage; tiles and sums in f32
+    element = float_element(outputs[0])  # f32 or f16 storage
+    if element == "f16" and not config.legacy and _gemm.GEMM_HALF_MATH:
+        config = dataclasses.replace(config, half=True)
+    elif element != "f16" and config.half:  # f16 arithmetic needs f16 operands (and shader-f16)
+        config = dataclasses.replace(config, half=False)
     if config.legacy:
         table = BindingTable()
         loaders = loader_functions(problem, "scalar", "scalar", table)
