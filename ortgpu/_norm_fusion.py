@@ -13,11 +13,16 @@ with every intermediate read only by the next node.  The group becomes one step 
 (axis -1, that epsilon) at the final Mul's place.  LayerNorm exported before opset 17 (``x - mean``, its squared mean
 ``+ eps``, ``Sqrt``, the division, ``* gamma`` and ``+ beta``) becomes one ``LayerNormalization`` step likewise.
 Where the operator cannot be planned the nodes are planned one by one.
+
+Graphs in float16 (``model.half()``) take the same rewrites: tensors float16 or float32, scalars either too.  A
+float16 model's RMSNorm computes in float32 between a Cast of float16 x to float32 (absorbed into the group when
+only the group reads that copy) and a Cast back to float16 before the weight: the kernel rounds the normalised value
+to float16 before the scale where X or Y is float16, so a chain that rounds otherwise stays unfused.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -28,6 +33,46 @@ from .loader._model import GraphNode
 from .ops import NotOnDevice, TensorInfo, get_operator
 
 __all__ = ["fuse_norms"]
+
+#: the element types of the tensors the rewrites take (each kernel loads into f32 and computes there)
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
+#: ONNX element types of a Cast between them: TensorProto.FLOAT, TensorProto.FLOAT16
+_CAST_TO: dict[int, np.dtype[Any]] = {1: np.dtype(np.float32), 10: np.dtype(np.float16)}
+
+
+def _scalar(matcher: GraphMatcher, name: str) -> float | None:
+    """A finite scalar constant of float32 or float16 (a float16 graph's exponents and epsilons are float16)."""
+    value = matcher.ctx.constants.get(name)
+    if value is None or value.size != 1 or value.dtype not in _FLOATS:
+        return None
+    number = float(value.reshape(()))
+    return number if np.isfinite(number) else None
+
+
+def _float_cast(matcher: GraphMatcher, node: GraphNode, operand: str) -> np.dtype[Any] | None:
+    """The type a Cast from float32 or float16 ``operand`` to float32 or float16 makes, else None."""
+    info = matcher.ctx.infos.get(operand)
+    if node.op_type != "Cast" or info is None or info.dtype not in _FLOATS:
+        return None
+    return _CAST_TO.get(int(node.attrs.get("to", 0)))
+
+
+def _widening_cast(matcher: GraphMatcher, name: str, readers: Sequence[GraphNode]) -> GraphNode | None:
+    """The Cast making ``name`` from float16 when ``readers`` are all that read it (each once), else None."""
+    cast = matcher.producers.get(name)
+    if cast is None or cast.domain != "" or cast.name in matcher.ctx.absorbed or len(cast.inputs) != 1:
+        return None
+    source = matcher.ctx.infos.get(cast.inputs[0])
+    users = matcher.ctx.consumers.get(name, [])
+    if (
+        source is None
+        or source.dtype != np.float16
+        or _float_cast(matcher, cast, cast.inputs[0]) != np.float32
+        or name in matcher.ctx.graph_outputs
+        or sorted(user.name for user in users) != sorted(reader.name for reader in readers)
+    ):
+        return None
+    return cast
 
 
 def _last_axis_mean(matcher: GraphMatcher, node: GraphNode, rank: int) -> bool:
@@ -48,7 +93,7 @@ def _plus_epsilon_root(matcher: GraphMatcher, mean: GraphNode) -> tuple[GraphNod
     add = matcher.only_user(mean.outputs[0])
     if add is None or add.op_type != "Add" or len(add.inputs) != 2:
         return None
-    epsilon = matcher.scalar(add.inputs[1] if add.inputs[0] == mean.outputs[0] else add.inputs[0])
+    epsilon = _scalar(matcher, add.inputs[1] if add.inputs[0] == mean.outputs[0] else add.inputs[0])
     root = matcher.only_user(add.outputs[0])
     if epsilon is None or epsilon < 0 or root is None or root.op_type != "Sqrt":
         return None
@@ -56,11 +101,11 @@ def _plus_epsilon_root(matcher: GraphMatcher, mean: GraphNode) -> tuple[GraphNod
 
 
 def _match(ctx: RewriteContext, matcher: GraphMatcher, power: GraphNode) -> PlannedStep | None:
-    if len(power.inputs) != 2 or matcher.scalar(power.inputs[1]) != 2.0:
+    if len(power.inputs) != 2 or _scalar(matcher, power.inputs[1]) != 2.0:
         return None
     x = power.inputs[0]
     info = ctx.infos.get(x)
-    if info is None or info.dtype != np.float32 or not info.shape:
+    if info is None or info.dtype not in _FLOATS or not info.shape:
         return None
     group = [power]
     mean = matcher.only_user(power.outputs[0])
@@ -76,7 +121,7 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, power: GraphNode) -> Plan
         or (
             inverse.op_type == "Div"
             and inverse.inputs[1] == root.outputs[0]
-            and matcher.scalar(inverse.inputs[0]) == 1.0
+            and _scalar(matcher, inverse.inputs[0]) == 1.0
         )
     ):
         return None
@@ -85,9 +130,11 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, power: GraphNode) -> Plan
         return None
     group += [mean, add, root, inverse, scaled]
     current = scaled.outputs[0]
+    rounded = [info.dtype]  # the types the normalised value passes through: the narrowest rounds it
     last = matcher.only_user(current)
-    while last is not None and matcher.is_float_cast(last, current):
+    while last is not None and (to := _float_cast(matcher, last, current)) is not None:
         group.append(last)
+        rounded.append(to)
         current = last.outputs[0]
         last = matcher.only_user(current)
     if last is None or last.op_type != "Mul" or len(last.inputs) != 2 or last.inputs[0] == last.inputs[1]:
@@ -96,16 +143,23 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, power: GraphNode) -> Plan
     weight_info, out_info = ctx.infos.get(weight), ctx.infos.get(last.outputs[0])
     if weight_info is None or out_info is None or out_info.shape != info.shape:
         return None
-    if weight_info.dtype != np.float32 or tuple(weight_info.shape) not in ((info.shape[-1],), (1,)):
+    if weight_info.dtype not in _FLOATS or tuple(weight_info.shape) not in ((info.shape[-1],), (1,)):
+        return None
+    # the kernel rounds the normalised value to float16 where X or Y is float16 (rounded starts with X's type)
+    if any(dtype == np.float16 for dtype in rounded) != (np.float16 in (info.dtype, out_info.dtype)):
         return None
     group.append(last)
+    cast = _widening_cast(matcher, x, (power, scaled)) if out_info.dtype == np.float16 else None
+    if cast is not None:  # x's float32 copy only feeds the group: the kernel reads the float16 x itself
+        group.insert(0, cast)
+        x = cast.inputs[0]
     return _norm_step(ctx, "RMSNormalization", 23, group, (x, weight), last, out_info, epsilon, "RMS")
 
 
 def _is_square(matcher: GraphMatcher, node: GraphNode, operand: str) -> bool:
     """``node`` is ``operand ** 2`` (Pow by the constant 2, or Mul of it by itself)."""
     if node.op_type == "Pow":
-        return len(node.inputs) == 2 and node.inputs[0] == operand and matcher.scalar(node.inputs[1]) == 2.0
+        return len(node.inputs) == 2 and node.inputs[0] == operand and _scalar(matcher, node.inputs[1]) == 2.0
     return node.op_type == "Mul" and tuple(node.inputs) == (operand, operand)
 
 
@@ -116,7 +170,7 @@ def _match_layer_norm(ctx: RewriteContext, matcher: GraphMatcher, mean: GraphNod
     info = ctx.infos.get(x)
     if (
         info is None
-        or info.dtype != np.float32
+        or info.dtype not in _FLOATS
         or not info.shape
         or not _last_axis_mean(matcher, mean, len(info.shape))
     ):
@@ -143,13 +197,13 @@ def _match_layer_norm(ctx: RewriteContext, matcher: GraphMatcher, mean: GraphNod
         return None
     group = [mean, sub, square, variance, add, root, divide]
     scale = matcher.only_user(divide.outputs[0])
-    gamma = _vector_operand(ctx, scale, divide.outputs[0], "Mul", info.shape[-1])
+    gamma = _vector_operand(ctx, scale, divide.outputs[0], "Mul", info)
     if scale is None or gamma is None:
         return None
     group.append(scale)
     last, inputs = scale, [x, gamma]
     shift = matcher.only_user(scale.outputs[0])
-    beta = _vector_operand(ctx, shift, scale.outputs[0], "Add", info.shape[-1])
+    beta = _vector_operand(ctx, shift, scale.outputs[0], "Add", info)
     if shift is not None and beta is not None:
         group.append(shift)
         last = shift
@@ -160,13 +214,15 @@ def _match_layer_norm(ctx: RewriteContext, matcher: GraphMatcher, mean: GraphNod
     return _norm_step(ctx, "LayerNormalization", 17, group, tuple(inputs), last, out_info, epsilon, "layer")
 
 
-def _vector_operand(ctx: RewriteContext, node: GraphNode | None, operand: str, op_type: str, width: int) -> str | None:
-    """The other input of ``node`` (an ``op_type`` with ``operand``) when it is a float32 vector of ``width``."""
+def _vector_operand(
+    ctx: RewriteContext, node: GraphNode | None, operand: str, op_type: str, x: TensorInfo
+) -> str | None:
+    """The other input of ``node`` (an ``op_type`` with ``operand``) when it is a vector of x's type and width."""
     if node is None or node.op_type != op_type or len(node.inputs) != 2 or node.inputs[0] == node.inputs[1]:
         return None
     other = node.inputs[1] if node.inputs[0] == operand else node.inputs[0]
     info = ctx.infos.get(other)
-    if info is None or info.dtype != np.float32 or tuple(info.shape) != (width,):
+    if info is None or info.dtype != x.dtype or tuple(info.shape) != (x.shape[-1],):
         return None
     return other
 

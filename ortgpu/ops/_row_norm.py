@@ -18,7 +18,7 @@ import numpy as np
 from ._kernel import Binding, DeviceCaps, NotOnDevice, OpPlan, TensorInfo
 from ._tiling import BindingTable, row_kernel_header, row_kernel_prologue, row_layout, single_kernel_plan, wgsl_f32
 
-__all__ = ["RowNorm", "row_norm_plan", "require_row_norm_dtypes"]
+__all__ = ["RowNorm", "row_norm_plan", "require_row_norm_dtypes", "widened", "narrowed"]
 
 Statistic = Literal["variance", "std", "mean_square", "l1", "l2"]
 
@@ -42,8 +42,19 @@ class RowNorm:
     bias_index: str | None = None
     #: extra WGSL functions the index bodies call
     helpers: str = ""
-    #: round the normalised value to the output type before the scale (RMSNormalization's definition casts it)
+    #: round the normalised value to the narrower of the input's and the output's type before the scale
+    #: (RMSNormalization's definition casts it to the input's type)
     round_normalized: bool = False
+
+
+def widened(element: str, load: str) -> str:
+    """WGSL of ``load`` (an element of ``element`` storage) as an f32: the row kernels compute in f32 only."""
+    return load if element == "f32" else f"f32({load})"
+
+
+def narrowed(element: str, value: str) -> str:
+    """WGSL of the f32 ``value`` as an ``element`` to store (the one rounding of a float16 result)."""
+    return value if element == "f32" else f"{element}({value})"
 
 
 def _element(info: TensorInfo, caps: DeviceCaps) -> str:
@@ -126,8 +137,11 @@ def row_norm_plan(
         "l2": "select(0.0, inverseSqrt(total), total > 0.0)",
     }[spec.statistic]
     normalized = f"(f32({x_name}[at]) - mean) * factor"
-    if spec.round_normalized and out_element != "f32":
-        normalized = f"f32({out_element}({normalized}))"
+    # the narrower of X's and Y's types (they may differ): X's by the definition, Y's where a fused graph casts the
+    # normalised value to Y's type before its scale
+    narrow = "f16" if "f16" in (_element(x, caps), out_element) else "f32"
+    if spec.round_normalized and narrow != "f32":
+        normalized = f"f32({narrow}({normalized}))"
     wgsl = f"""{enable}{table.declarations()}
 {helpers}
 {row_kernel_prologue(grid, rows_per_group)}

@@ -8,7 +8,9 @@ variance over every axis but the channel) and outputs the updated running statis
 outputs (before opset 14: running and saved statistics) are not supported.
 
 The device kernel is elementwise: one invocation per element, parameters read through broadcast index
-functions (the channel for the usual ``[C]`` parameters).
+functions (the channel for the usual ``[C]`` parameters).  In inference mode X and Y may be float16 (on a device
+with ``shader-f16``), each parameter float16 or float32 (BatchNormalization-15's T1, T2): every value is loaded
+into f32, computed there, and Y rounded once on store.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from ortgpu_core._errors import UnsupportedOpError
 from ..._types import element_count
 from .._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from .._registry import register
-from .._row_norm import RowNorm, row_norm_plan
+from .._row_norm import RowNorm, narrowed, row_norm_plan, widened
 from .._tiling import (
     THREADS,
     BindingTable,
     broadcast_strides,
     grid_for_groups,
     index_function,
+    require_float,
     require_float32,
     single_kernel_plan,
     wgsl_f32,
@@ -202,33 +205,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             return self._plan_training(inputs, outputs, attrs, caps)
         x = inputs[0]
         assert x is not None
-        require_float32("BatchNormalization", list(inputs) + list(outputs))
+        element = require_float("BatchNormalization", [x, outputs[0]], caps)
+        # each parameter its own float type (f16 only with shader-f16, which X's check covers)
+        elements = [require_float("BatchNormalization", [p], caps) for p in inputs[1:5]]
         total = x.size
         if total == 0:
             return OpPlan()
         table = BindingTable()
-        x_name = table.add(Binding("input", 0))
+        x_name = table.add(Binding("input", 0), element)
         names, helpers = [], ""
         for position, p in enumerate(inputs[1:5], start=1):
             if p is None:
                 raise UnsupportedOpError(f"BatchNormalization: input {_PARAMETERS[position - 1]} is required")
-            names.append(table.add(Binding("input", position)))
+            kind = elements[position - 1]
+            names.append(widened(kind, f"{table.add(Binding('input', position), kind)}[param_index_{position}(i)]"))
             helpers += index_function(
                 f"param_index_{position}", x.shape, broadcast_strides(_view_shape(p.shape, x.shape), x.shape)
             )
-        output = table.add(Binding("output", 0), writable=True)
+        output = table.add(Binding("output", 0), element, writable=True)
         scale, bias, mean, var = names
         grid = grid_for_groups(-(-total // THREADS), caps)
         epsilon = wgsl_f32(float(attrs.get("epsilon", 1e-5)))
-        wgsl = f"""{table.declarations()}
+        y = narrowed(element, f"({widened(element, f'{x_name}[i]')} - {mean}) * factor + {bias}")
+        wgsl = f"""{table.enables()}{table.declarations()}
 const TOTAL: u32 = {total}u;
 {helpers}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
     let i = {workgroup_index(grid)} * {THREADS}u + li;
     if (i >= TOTAL) {{ return; }}
-    let factor = {scale}[param_index_1(i)] * inverseSqrt({var}[param_index_4(i)] + {epsilon});
-    {output}[i] = ({x_name}[i] - {mean}[param_index_3(i)]) * factor + {bias}[param_index_2(i)];
+    let factor = {scale} * inverseSqrt({var} + {epsilon});
+    {output}[i] = {y};
 }}
 """
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731

@@ -3,7 +3,9 @@ the optional B broadcast to the normalised shape; optional outputs Mean and InvS
 normalised axes set to 1).
 
 The device kernel is a row kernel (:func:`._tiling.row_layout`): row mean, then the mean of squared
-deviations (two passes, no cancellation), then the outputs.  It computes in float32 (``stash_type`` 1).
+deviations (two passes, no cancellation), then the outputs, all in float32 whatever the ``stash_type``.  float16
+X, Scale, B and Y (on a device with ``shader-f16``) are loaded into f32 and Y is rounded once on store; Mean and
+InvStdDev are stored in their own type (float32 for ``stash_type`` 1, the default; X's for 0).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from .._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo
 from .._registry import register
+from .._row_norm import narrowed, widened
 from .._tiling import (
     BindingTable,
     broadcast_strides,
     index_function,
-    require_float32,
+    require_float,
     row_kernel_header,
     row_kernel_prologue,
     row_layout,
@@ -83,7 +86,9 @@ class LayerNormalization(Operator):
         x, scale = inputs[0], inputs[1]
         assert x is not None and scale is not None
         bias = inputs[2] if len(inputs) > 2 else None
-        require_float32("LayerNormalization", list(inputs) + list(outputs))
+        element = require_float("LayerNormalization", [x, scale, bias, outputs[0]], caps)
+        # Mean and InvStdDev: the stash type (float32 by default, even for float16 X) or X's
+        stash = [require_float("LayerNormalization", [info], caps) for info in outputs[1:3]]
         axis = _axis(x.shape, attrs)
         layout = row_layout(x.shape, range(axis, len(x.shape)))
         if layout.rows == 0 or layout.length == 0:
@@ -91,40 +96,44 @@ class LayerNormalization(Operator):
         norm_shape = x.shape[axis:]
         threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, "LayerNormalization", loops=3)
         table = BindingTable()
-        x_name = table.add(Binding("input", 0))
-        scale_name = table.add(Binding("input", 1))
-        bias_name = table.add(Binding("input", 2)) if bias is not None else ""
-        output = table.add(Binding("output", 0), writable=True)
+        x_name = table.add(Binding("input", 0), element)
+        scale_name = table.add(Binding("input", 1), element)
+        bias_name = table.add(Binding("input", 2), element) if bias is not None else ""
+        output = table.add(Binding("output", 0), element, writable=True)
+        x_at = widened(element, f"{x_name}[base + r]")
         helpers += index_function("scale_index", norm_shape, broadcast_strides(scale.shape, norm_shape))
         shift = ""
         if bias is not None:
             helpers += index_function("bias_index", norm_shape, broadcast_strides(bias.shape, norm_shape))
-            shift = f" + {bias_name}[bias_index(r)]"
+            shift = f" + {widened(element, f'{bias_name}[bias_index(r)]')}"
         stats = ""
         if len(outputs) > 1:
-            stats += f"        {table.add(Binding('output', 1), writable=True)}[row] = mean;\n"
+            name = table.add(Binding("output", 1), stash[0], writable=True)
+            stats += f"        {name}[row] = {narrowed(stash[0], 'mean')};\n"
         if len(outputs) > 2:
-            stats += f"        {table.add(Binding('output', 2), writable=True)}[row] = inv_std;\n"
+            name = table.add(Binding("output", 2), stash[1], writable=True)
+            stats += f"        {name}[row] = {narrowed(stash[1], 'inv_std')};\n"
         epsilon = wgsl_f32(float(attrs.get("epsilon", 1e-5)))
-        wgsl = f"""{table.declarations()}
+        normalized = f"({x_at} - mean) * inv_std * {widened(element, f'{scale_name}[scale_index(r)]')}{shift}"
+        wgsl = f"""{table.enables()}{table.declarations()}
 {helpers}
 {row_kernel_prologue(grid, rows_per_group)}
     var s = 0.0;
     if (valid) {{
-        for (var r = t; r < LENGTH; r = r + T) {{ s = s + {x_name}[base + r]; }}
+        for (var r = t; r < LENGTH; r = r + T) {{ s = s + {x_at}; }}
     }}
     let mean = wg_sum(s, t, slot) / f32(LENGTH);
     var q = 0.0;
     if (valid) {{
         for (var r = t; r < LENGTH; r = r + T) {{
-            let d = {x_name}[base + r] - mean;
+            let d = {x_at} - mean;
             q = fma(d, d, q);
         }}
     }}
     let inv_std = inverseSqrt(wg_sum(q, t, slot) / f32(LENGTH) + {epsilon});
     if (valid) {{
         for (var r = t; r < LENGTH; r = r + T) {{
-            {output}[base + r] = ({x_name}[base + r] - mean) * inv_std * {scale_name}[scale_index(r)]{shift};
+            {output}[base + r] = {narrowed(element, normalized)};
         }}
     }}
     if (valid && t == 0u) {{

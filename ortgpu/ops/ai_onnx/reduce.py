@@ -6,9 +6,12 @@ SumSquare too), 1 for the product, -inf for LogSum and LogSumExp, -inf/+inf (the
 The device kernel is a row reduction (:func:`plan_row_reduction`, also used by GlobalAveragePool): the kept
 axes enumerate rows, the reduced axes the elements of a row; a power-of-two team of invocations shares a row
 (one invocation for short rows, up to a whole workgroup for long ones) and combines its partial results in
-workgroup memory.  That kernel is float32; integer and bool inputs (ReduceSum/Max/Min/L1/SumSquare/Prod, int64
-exactly on ``vec2<u32>`` pairs), ReduceProd and max/min over an empty axis (the identity: -inf/+inf, the integer
-type's extremes) use :func:`plan_serial_reduction`, one invocation per output element looping over its row.
+workgroup memory.  That kernel computes in float32: float16 tensors (on a device with ``shader-f16``) are loaded
+into f32, the accumulators and the team's workgroup memory stay f32, and the result is rounded once on store.
+Integer and bool inputs (ReduceSum/Max/Min/L1/SumSquare/Prod, int64 exactly on ``vec2<u32>`` pairs), ReduceProd and
+max/min over an empty axis (the identity: -inf/+inf, the integer type's extremes) use :func:`plan_serial_reduction`,
+one invocation per output element looping over its row (float16 there is unpacked from 32-bit words into f32, which
+core WGSL does on every device).
 ReduceLogSumExp's row kernel takes the row maximum first and sums ``exp(v - max)`` (no overflow).  The operators
 are rows of :data:`REDUCTIONS` over one class.
 """
@@ -23,10 +26,12 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from .._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from .._registry import register_row
+from .._row_norm import narrowed, widened
 from .._tiling import (
     BindingTable,
     RowLayout,
-    require_float32,
+    float_element,
+    require_float,
     row_kernel_header,
     row_kernel_prologue,
     row_layout,
@@ -96,6 +101,7 @@ _SERIAL: dict[str, dict[str, tuple[str, str]]] = {
 }
 _COMPUTE = {
     "float32": "f32",
+    "float16": "f32",  # unpacked into f32 (the product accumulates there), packed again once on store
     "int32": "i32",
     "int16": "i32",
     "int8": "i32",
@@ -120,8 +126,8 @@ def plan_serial_reduction(
 ) -> OpPlan:
     """One kernel, one invocation per output element, reducing its row serially (any length, 0 included).
 
-    For integer and bool inputs (and float32 max/min of empty rows), whose rows are short in practice.
-    Raises :class:`NotOnDevice` for dtypes or kinds it does not cover (mean, float16, float64).
+    For integer and bool inputs, float products and float max/min of empty rows, whose rows are short in practice.
+    Raises :class:`NotOnDevice` for dtypes or kinds it does not cover (float sums and means, float64).
     """
     compute_type = _COMPUTE.get(x.dtype.name)
     table = _SERIAL.get(compute_type or "", {})
@@ -195,7 +201,8 @@ def plan_row_reduction(
     caps: DeviceCaps,
     compute: Callable[[list[np.ndarray | None]], Sequence[np.ndarray]],
 ) -> OpPlan:
-    """One kernel reducing input 0 over ``axes`` into output 0 (whose C order is the kept axes' order)."""
+    """One kernel reducing input 0 over ``axes`` into output 0 (whose C order is the kept axes' order): float32, or
+    float16 (the caller checked the device has ``shader-f16``) loaded into f32 and rounded once on store."""
     layout = row_layout(x.shape, axes)
     if layout.rows == 0:
         return OpPlan()
@@ -206,8 +213,9 @@ def plan_row_reduction(
     threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, op_type, loops=1)
     initial, combine, team_combine = _KERNELS[kind]
     table = BindingTable()
-    x_name = table.add(Binding("input", 0))
-    output = table.add(Binding("output", 0), writable=True)
+    x_name = table.add(Binding("input", 0), float_element(x))
+    output_element = float_element(outputs[0])
+    output = table.add(Binding("output", 0), output_element, writable=True)
     finish = "total"
     if kind == "mean":
         # The mean over an empty axis is 0 in onnxruntime (its sum, with no division), not NaN.
@@ -224,20 +232,20 @@ def plan_row_reduction(
         nan_count = f"\n            nans = nans + select(0.0, 1.0, {_IS_NAN.format('v')});"
         nan_total = "\n    let row_nans = wg_sum(nans, t, slot);"
         finish = f"select(total, {_NAN}, row_nans > 0.0)"
-    wgsl = f"""{table.declarations()}
+    wgsl = f"""{table.enables()}{table.declarations()}
 {helpers}
 {row_kernel_prologue(grid, rows_per_group)}
     var acc = {initial};
     var nans = 0.0;
     if (valid) {{
         for (var r = t; r < LENGTH; r = r + T) {{
-            let v = {x_name}[base + row_offset(r)];
+            let v = {widened(float_element(x), f"{x_name}[base + row_offset(r)]")};
             acc = {combine};{nan_count}
         }}
     }}
     let total = {team_combine}(acc, t, slot);{nan_total}
     if (valid && t == 0u) {{
-        {output}[row] = {finish};
+        {output}[row] = {narrowed(output_element, finish)};
     }}
 }}
 """
@@ -255,15 +263,19 @@ def _plan_log_sum_exp(
     """log(sum(exp(v))) per row as ``m + log(sum(exp(v - m)))`` with ``m`` the row maximum; an infinite maximum
     (or a NaN) is the result itself, an empty row gives -inf."""
     threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, op_type, loops=2)
+    x, output_info = inputs[0], outputs[0]
+    assert x is not None
     table = BindingTable()
-    x_name = table.add(Binding("input", 0))
-    output = table.add(Binding("output", 0), writable=True)
-    wgsl = f"""{table.declarations()}
+    x_name = table.add(Binding("input", 0), float_element(x))
+    output = table.add(Binding("output", 0), float_element(output_info), writable=True)
+    x_at = widened(float_element(x), f"{x_name}[base + row_offset(r)]")
+    result = narrowed(float_element(output_info), f"select(result, total, {_IS_NAN.format('total')})")
+    wgsl = f"""{table.enables()}{table.declarations()}
 {helpers}
 {row_kernel_prologue(grid, rows_per_group)}
     var m = {_NEG_INF};
     if (valid) {{
-        for (var r = t; r < LENGTH; r = r + T) {{ m = max(m, {x_name}[base + row_offset(r)]); }}
+        for (var r = t; r < LENGTH; r = r + T) {{ m = max(m, {x_at}); }}
     }}
     let row_max = wg_max(m, t, slot);
     // not finite (+-inf, NaN): exp(v - row_max) would be NaN; the maximum is the answer
@@ -271,13 +283,13 @@ def _plan_log_sum_exp(
     let shift = select(0.0, row_max, finite);
     var s = 0.0;
     if (valid) {{
-        for (var r = t; r < LENGTH; r = r + T) {{ s = s + exp({x_name}[base + row_offset(r)] - shift); }}
+        for (var r = t; r < LENGTH; r = r + T) {{ s = s + exp({x_at} - shift); }}
     }}
     let total = wg_sum(s, t, slot);
     if (valid && t == 0u) {{
         // a NaN in the row makes the sum NaN (even where max() dropped it): the result is NaN
         let result = select(row_max, row_max + log(total), finite);
-        {output}[row] = select(result, total, {_IS_NAN.format("total")});
+        {output}[row] = {result};
     }}
 }}
 """
@@ -330,7 +342,8 @@ class _Reduce(Operator):
             axes = ()  # each element reduced alone: |x|, sqrt(x*x), log(x), x*x (as onnxruntime and onnx do)
         keepdims = bool(attrs.get("keepdims", 1))
         if self.kind == "sum":
-            y = np.sum(x, axis=axes, keepdims=keepdims, dtype=x.dtype)
+            # float16 sums in float32 (as the kernel does), rounded once below
+            y = np.sum(x, axis=axes, keepdims=keepdims, dtype=np.float32 if x.dtype == np.float16 else x.dtype)
         elif self.kind == "mean" and x.size == 0:
             y = np.sum(x, axis=axes, keepdims=keepdims, dtype=x.dtype)  # onnxruntime: 0 over an empty axis, not NaN
         elif self.kind == "mean":
@@ -372,7 +385,7 @@ class _Reduce(Operator):
         empty = row_layout(x.shape, axes).length == 0
         if x.dtype.kind in "iub" or (empty and self.kind in ("max", "min")) or self.kind == "prod":
             return plan_serial_reduction(self.op_type, self.kind, x, axes, outputs, inputs[:1], caps, compute)
-        require_float32(self.op_type, [x] + list(outputs))
+        require_float(self.op_type, [x] + list(outputs), caps)
         return plan_row_reduction(self.op_type, self.kind, x, axes, outputs, inputs[:1], caps, compute)
 
 

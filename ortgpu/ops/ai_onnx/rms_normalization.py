@@ -63,8 +63,12 @@ class RMSNormalization(Operator):
             mean_square = np.mean(wide * wide, axis=axes, keepdims=True)
         else:
             mean_square = np.zeros([1 if a in axes else d for a, d in enumerate(x.shape)])
-        normalized = (wide / np.sqrt(mean_square + epsilon)).astype(x.dtype)
-        return [(normalized * scale).astype(x.dtype)]
+        # rounded to X's type (the definition's cast), or to the scale's (Y's) where that is the narrower: a fused
+        # graph that casts the normalised value to Y's type before its scale (as the kernel does)
+        narrow = np.float16 if np.float16 in (x.dtype, scale.dtype) else x.dtype
+        normalized = (wide / np.sqrt(mean_square + epsilon)).astype(narrow)
+        wide_enough = np.promote_types(normalized.dtype, np.float32)  # a float16 product is exact in float32
+        return [(normalized.astype(wide_enough) * scale).astype(scale.dtype)]
 
     def plan(
         self,

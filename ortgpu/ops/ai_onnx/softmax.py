@@ -3,7 +3,8 @@
 Before opset 13 the input is coerced to 2-D at ``axis`` (default 1): the normalisation runs over all axes
 from ``axis`` on.  From opset 13 it runs over the single ``axis`` (default -1).  Either way the device kernel
 is a row kernel (:func:`._tiling.row_layout`) over those axes: row maximum, sum of exponentials, then the
-outputs, each pass combining through workgroup memory when several invocations share a row.
+outputs, each pass combining through workgroup memory when several invocations share a row.  float16 tensors
+(on a device with ``shader-f16``) are loaded into f32, the maximum and sums stay f32, each output is rounded once.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from .._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo
 from .._registry import register
+from .._row_norm import narrowed, widened
 from .._tiling import (
     BindingTable,
-    require_float32,
+    require_float,
     row_kernel_header,
     row_kernel_prologue,
     row_layout,
@@ -71,32 +73,33 @@ class _SoftmaxBase(Operator):
     ) -> OpPlan:
         x = inputs[0]
         assert x is not None
-        require_float32(self.op_type, [x] + list(outputs))
+        element = require_float(self.op_type, [x] + list(outputs), caps)  # float16: loaded into f32, stored once
         layout = row_layout(x.shape, self._axes(len(x.shape), attrs))
         if layout.rows == 0 or layout.length == 0:
             return OpPlan()
         threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, self.op_type, loops=3)
         table = BindingTable()
-        x_name = table.add(Binding("input", 0))
-        output = table.add(Binding("output", 0), writable=True)
-        value = "v - row_max - log(row_sum)" if self.log else "exp(v - row_max) / row_sum"
-        wgsl = f"""{table.declarations()}
+        x_name = table.add(Binding("input", 0), element)
+        output = table.add(Binding("output", 0), element, writable=True)
+        value = narrowed(element, "v - row_max - log(row_sum)" if self.log else "exp(v - row_max) / row_sum")
+        x_at = widened(element, f"{x_name}[base + row_offset(r)]")
+        wgsl = f"""{table.enables()}{table.declarations()}
 {helpers}
 {row_kernel_prologue(grid, rows_per_group)}
     var m = -3.402823466e+38f;
     if (valid) {{
-        for (var r = t; r < LENGTH; r = r + T) {{ m = max(m, {x_name}[base + row_offset(r)]); }}
+        for (var r = t; r < LENGTH; r = r + T) {{ m = max(m, {x_at}); }}
     }}
     let row_max = wg_max(m, t, slot);
     var s = 0.0;
     if (valid) {{
-        for (var r = t; r < LENGTH; r = r + T) {{ s = s + exp({x_name}[base + row_offset(r)] - row_max); }}
+        for (var r = t; r < LENGTH; r = r + T) {{ s = s + exp({x_at} - row_max); }}
     }}
     let row_sum = wg_sum(s, t, slot);
     if (valid) {{
         for (var r = t; r < LENGTH; r = r + T) {{
             let i = base + row_offset(r);
-            let v = {x_name}[i];
+            let v = {widened(element, f"{x_name}[i]")};
             {output}[i] = {value};
         }}
     }}
