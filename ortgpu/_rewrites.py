@@ -128,8 +128,9 @@ def fold_batch_norms(nodes: Sequence[GraphNode], ctx: FoldContext) -> tuple[list
     """Fold inference BatchNormalization into the Conv that feeds it (weights scaled per channel).
 
     Applies when the Conv's weight (and bias) and the BatchNormalization's
-    parameters are float32 constants and the Conv's output feeds only the
-    BatchNormalization.  Returns the new node list and the names of the removed nodes.
+    parameters are float32 constants (or a float16 weight and bias, whose Conv computes in float16, with float16 or
+    float32 parameters) and the Conv's output feeds only the BatchNormalization.  Returns the new node list and the
+    names of the removed nodes.
     """
     constants, types = ctx.constants, ctx.types
     consumers: dict[str, int] = {}
@@ -157,7 +158,11 @@ def fold_batch_norms(nodes: Sequence[GraphNode], ctx: FoldContext) -> tuple[list
         bias = constants.get(bias_name) if bias_name else None
         if weight is None or any(p is None for p in params) or (bias_name and bias is None):
             continue
-        if weight.dtype != np.float32 or any(p is not None and p.dtype != np.float32 for p in params):
+        half = weight.dtype == np.float16 and (bias is None or bias.dtype == np.float16)
+        # float32 folds float32 parameters only; a float16 Conv may have float32 ones too (BatchNormalization-15's
+        # T1/T2): the fold computes in float64 and stores the Conv's own float16 either way
+        accepted = (np.float16, np.float32) if half else (np.float32,)
+        if (weight.dtype != np.float32 and not half) or any(p is not None and p.dtype not in accepted for p in params):
             continue
         folded = _folded_conv_bn(node, weight, bias, params, ctx.cache)
         if folded is None:
@@ -185,7 +190,9 @@ def _folded_conv_bn(
     cache: dict[Hashable, Any],
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The Conv weight and bias with BatchNormalization ``node`` (parameters ``params``) folded in, or None when
-    the parameters are not one value per output channel.  Kept in ``cache`` while its sources are the same arrays."""
+    the parameters are not one value per output channel, or when a float16 fold would overflow (the unfolded nodes
+    may not).  Computed in float64 and stored in the weight's dtype (float32, or float16 for a float16 Conv).  Kept
+    in ``cache`` while its sources are the same arrays."""
     sources = (weight, bias, *params)
     key = ("batch_norm_fold", node.name)
     cached = cache.get(key)
@@ -197,8 +204,11 @@ def _folded_conv_bn(
         return None
     factor = scale / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
     conv_bias = np.zeros(channels) if bias is None else np.asarray(bias, dtype=np.float64).reshape(-1)
-    new_weight = (weight.astype(np.float64) * factor.reshape((-1,) + (1,) * (weight.ndim - 1))).astype(np.float32)
-    new_bias = ((conv_bias - mean) * factor + beta).astype(np.float32)
+    wide_weight = weight.astype(np.float64) * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
+    wide_bias = (conv_bias - mean) * factor + beta
+    if weight.dtype == np.float16 and not all(np.abs(a).max(initial=0.0) <= 65504.0 for a in (wide_weight, wide_bias)):
+        return None
+    new_weight, new_bias = wide_weight.astype(weight.dtype), wide_bias.astype(weight.dtype)
     cache[key] = (sources, (new_weight, new_bias))
     return new_weight, new_bias
 

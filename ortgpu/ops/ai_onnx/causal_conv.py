@@ -6,8 +6,8 @@ absent).  Over ``padded = concat(past_state, input)`` along the length,
 (``activation`` ``"silu"`` or its alias ``"swish"``); ``present_state`` is the last ``K - 1`` positions of
 ``padded``.
 
-On the device (float32) one kernel computes both outputs, one invocation per output element (a loop of K taps)
-and per present-state element.
+On the device (float32, or float16 loaded into f32 and rounded once at the store) one kernel computes both
+outputs, one invocation per output element (a loop of K taps) and per present-state element.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from .._tiling import (
     THREADS,
     BindingTable,
     grid_for_groups,
-    require_float32,
+    require_float,
     single_kernel_plan,
     workgroup_index,
 )
+from .conv import load_f32
 
 __all__ = ["CausalConvWithState"]
 
@@ -92,7 +93,7 @@ class CausalConvWithState(Operator):
         assert x is not None and weight is not None
         bias = inputs[2] if len(inputs) > 2 else None
         past = inputs[3] if len(inputs) > 3 else None
-        require_float32("CausalConvWithState", list(inputs) + list(outputs))
+        element = require_float("CausalConvWithState", list(inputs) + list(outputs), caps)
         activation = attrs.get("activation", "none")
         activation = activation.decode() if isinstance(activation, bytes) else str(activation)
         if activation not in ("none", "silu", "swish"):
@@ -114,28 +115,38 @@ class CausalConvWithState(Operator):
         if count + state_count == 0:
             return OpPlan()
         table = BindingTable()
-        x_name = table.add(Binding("input", 0))
-        w_name = table.add(Binding("input", 1))
-        # padded[b, c, p]: the past state for p < K - 1, else the input
-        past_read = f"{table.add(Binding('input', 3))}[row * {carry}u + p]" if past is not None else "0.0"
+        x_name = table.add(Binding("input", 0), element)
+        w_name = table.add(Binding("input", 1), element)
+        # padded[b, c, p]: the past state for p < K - 1, else the input (as f32)
+        past_read = (
+            load_f32(table.add(Binding("input", 3), element), element, f"row * {carry}u + p")
+            if past is not None
+            else "0.0"
+        )
+        input_read = load_f32(x_name, element, f"row * {length}u + p - {carry}u")
         padded = f"""fn padded(row: u32, p: u32) -> f32 {{
     if (p < {carry}u) {{ return {past_read}; }}
-    return {x_name}[row * {length}u + p - {carry}u];
+    return {input_read};
 }}
 """
-        start = f"{table.add(Binding('input', 2))}[c]" if bias is not None else "0.0"
+        start = load_f32(table.add(Binding("input", 2), element), element, "c") if bias is not None else "0.0"
         finish = "y = y / (1.0 + exp(-y));" if activation != "none" else ""
-        y_name = table.add(Binding("output", 0), writable=True)
+        y_name = table.add(Binding("output", 0), element, writable=True)
+        # f16 outputs round once at the store (the state's values are float16 already: its round trip is exact)
+        store = "{}" if element == "f32" else element + "({})"
         state = ""
         if state_count:
-            state_name = table.add(Binding("output", 1), writable=True)
+            state_name = table.add(Binding("output", 1), element, writable=True)
+            carried = store.format(f"padded(row, {length}u + n % {carry}u)")
             state = f"""    if (n < {state_count}u) {{
         let row = n / {carry}u;
-        {state_name}[n] = padded(row, {length}u + n % {carry}u);
+        {state_name}[n] = {carried};
     }}
 """
         grid = grid_for_groups(-(-max(count, state_count) // THREADS), caps)
-        wgsl = f"""{table.declarations()}
+        weight_read = load_f32(w_name, element, f"c * {kernel}u + k")
+        stored = store.format("y")
+        wgsl = f"""{table.enables()}{table.declarations()}
 {padded}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
@@ -146,10 +157,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let c = row % {channels}u;
     var y = {start};
     for (var k = 0u; k < {kernel}u; k = k + 1u) {{
-        y = fma({w_name}[c * {kernel}u + k], padded(row, t + k), y);
+        y = fma({weight_read}, padded(row, t + k), y);
     }}
     {finish}
-    {y_name}[n] = y;
+    {y_name}[n] = {stored};
 }}
 """
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731

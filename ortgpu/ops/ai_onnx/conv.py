@@ -1,5 +1,7 @@
 """Conv (N-d reference; 1-D and 2-D on the device) with groups, strides, pads, auto_pad and dilations, and the
 fused epilogue of :mod:`ortgpu.ops.ai_onnx.matmul` (extra inputs from index 3; the bias input 2 is added first).
+float32 or float16 (on a device with ``shader-f16``): float16 tensors are loaded into f32, the sums and the
+epilogue run in f32 and the store rounds once.
 
 Device kernels: an implicit GEMM (``out[n, g, m, p] = sum_k W[g, m, k] * im2col(X)[n, g, k, p]`` on the tiled
 GEMM of :mod:`._tiling`, im2col computed on the fly while filling the shared-memory tile) when a group has
@@ -24,9 +26,20 @@ from .._epilogue import EpilogueStep, apply_epilogue, epilogue_function, parse_e
 from .._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from .._registry import register
 from .._tiled_gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
-from .._tiling import THREADS, BindingTable, grid_for_groups, require_float32, single_kernel_plan, workgroup_index
+from .._tiling import THREADS, BindingTable, grid_for_groups, require_float, single_kernel_plan, workgroup_index
 
 __all__ = ["Conv", "SpatialGeometry", "spatial_geometry", "ints"]
+
+
+def widened(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype a reference computes ``dtype`` in before its epilogue: float16 in float32, as the kernels do (one
+    rounding, at the store); anything else itself."""
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def load_f32(name: str, element: str, index: str) -> str:
+    """WGSL reading element ``index`` of the binding ``name`` (``array<element>``) as f32."""
+    return f"{name}[{index}]" if element == "f32" else f"f32({name}[{index}])"
 
 
 def ints(value: Any, default: Sequence[int]) -> tuple[int, ...]:
@@ -251,9 +264,12 @@ class Conv(Operator):
         x, w = inputs[0], inputs[1]
         assert x is not None and w is not None
         geometry, group = _conv_setup(x.shape, w.shape, attrs)
+        dtype = x.dtype
+        if dtype == np.float16:  # as the kernels do: sums and the epilogue in float32, one rounding at the end
+            x, w = x.astype(np.float32), w.astype(np.float32)
         y = conv_reference(x, w, geometry, group)
         shapes = [None if a is None else tuple(a.shape) for a in inputs]
-        return [apply_epilogue(y, _conv_steps(attrs, shapes, tuple(y.shape)), inputs)]
+        return [apply_epilogue(y, _conv_steps(attrs, shapes, tuple(y.shape)), inputs).astype(dtype, copy=False)]
 
     def plan(
         self,
@@ -265,7 +281,7 @@ class Conv(Operator):
     ) -> OpPlan:
         x, w = inputs[0], inputs[1]
         assert x is not None and w is not None
-        require_float32("Conv", list(inputs) + list(outputs))
+        element = require_float("Conv", list(inputs) + list(outputs), caps)
         if len(x.shape) not in (3, 4):
             raise NotOnDevice(f"Conv: the WebGPU kernels cover 1-D and 2-D convolutions, not {len(x.shape) - 2}-D")
         geometry, group = _conv_setup(x.shape, w.shape, attrs)
@@ -297,10 +313,10 @@ class Conv(Operator):
         ph, pw = geometry.pads_begin
         oh, ow = geometry.out
         table = BindingTable()
-        x_name = table.add(Binding("input", 0))
-        w_name = table.add(Binding("input", 1))
-        output = table.add(Binding("output", 0), writable=True)
-        epilogue = epilogue_function(steps, out_shape, table)
+        x_name = table.add(Binding("input", 0), element)
+        w_name = table.add(Binding("input", 1), element)
+        output = table.add(Binding("output", 0), element, writable=True)
+        epilogue = epilogue_function(steps, out_shape, table, element)
         constants_wgsl = f"""const CIN: u32 = {channels}u;
 const CIN_G: u32 = {cin_g}u;
 const COUT: u32 = {out_channels}u;
@@ -322,7 +338,17 @@ const OW: u32 = {ow}u;
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
         if cout_g >= 8:
             x_in, w_in = Binding("input", 0), Binding("input", 1)
-            xs, ws = binding_name(x_in), binding_name(w_in)
+            vec = f"vec4<{element}>"
+            xs, ws = binding_name(x_in, element), binding_name(w_in, element)
+            x4, w4 = binding_name(x_in, vec), binding_name(w_in, vec)
+
+            def loaded(value: str, vector: bool) -> str:  # f16 storage widened to f32: the tiles and sums stay f32
+                return value if element == "f32" else f"{'vec4<f32>' if vector else 'f32'}({value})"
+
+            w_at = "((b % GROUPS) * COUT_G + m) * (CIN_G * KH * KW) + k"
+            x_at = "((image * CIN + g * CIN_G + ci) * u32(H) + u32(ih)) * u32(W) + u32(iw)"
+            x4_at = "(((b / GROUPS) * CIN + (b % GROUPS) * CIN_G + k) * OH * OW + n) / 4u"
+
             k_total = cin_g * kh * kw
             pointwise = kh == kw == 1 and sh == sw == 1 and ph == pw == 0 and oh == in_h and ow == in_w
             geometry2 = geometry
@@ -346,15 +372,10 @@ const OW: u32 = {ow}u;
                 m=cout_g,
                 n=oh * ow,
                 k=k_total,
-                load_a=GemmLoad(
-                    f"    return {ws}[((b % GROUPS) * COUT_G + m) * (CIN_G * KH * KW) + k];", ((w_in, "f32"),)
-                ),
+                load_a=GemmLoad(f"    return {loaded(f'{ws}[{w_at}]', False)};", ((w_in, element),)),
                 load_a4k=None
                 if k_total % 4
-                else GemmLoad(
-                    f"    return {binding_name(w_in, 'vec4<f32>')}[(((b % GROUPS) * COUT_G + m) * (CIN_G * KH * KW) + k) / 4u];",
-                    ((w_in, "vec4<f32>"),),
-                ),
+                else GemmLoad(f"    return {loaded(f'{w4}[({w_at}) / 4u]', True)};", ((w_in, vec),)),
                 load_b=GemmLoad(
                     f"""    let image = b / GROUPS;
     let g = b % GROUPS;
@@ -363,13 +384,10 @@ const OW: u32 = {ow}u;
     let ih = i32((n / OW) * SH + (tap / KW) * DH) - PH;
     let iw = i32((n % OW) * SW + (tap % KW) * DW) - PW;
     if (ih < 0 || ih >= H || iw < 0 || iw >= W) {{ return 0.0; }}
-    return {xs}[((image * CIN + g * CIN_G + ci) * u32(H) + u32(ih)) * u32(W) + u32(iw)];""",
-                    ((x_in, "f32"),),
+    return {loaded(xs + "[" + x_at + "]", False)};""",
+                    ((x_in, element),),
                 ),
-                load_b4n=GemmLoad(
-                    f"    return {binding_name(x_in, 'vec4<f32>')}[(((b / GROUPS) * CIN + (b % GROUPS) * CIN_G + k) * OH * OW + n) / 4u];",
-                    ((x_in, "vec4<f32>"),),
-                )
+                load_b4n=GemmLoad(f"    return {loaded(f'{x4}[{x4_at}]', True)};", ((x_in, vec),))
                 if pointwise and (oh * ow) % 4 == 0
                 else None,
                 prelude=constants_wgsl,
@@ -388,7 +406,7 @@ const OW: u32 = {ow}u;
         check_loop_budget("Conv", cin_g * (kh + 1) * (kw + 1), caps)  # the direct kernel's ci / ky / kx loops
         total = element_count(out_shape)
         grid = grid_for_groups(-(-total // THREADS), caps)
-        wgsl = f"""{table.declarations()}
+        wgsl = f"""{table.enables()}{table.declarations()}
 {constants_wgsl}
 const TOTAL: u32 = {total}u;
 {epilogue}
@@ -411,7 +429,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var kx = 0u; kx < KW; kx = kx + 1u) {{
                 let ix = i32(ox * SW + kx * DW) - PW;
                 if (ix < 0 || ix >= W) {{ continue; }}
-                acc = fma({x_name}[x_base + u32(iy * W + ix)], {w_name}[w_base + ky * KW + kx], acc);
+                acc = fma({load_f32(x_name, element, "x_base + u32(iy * W + ix)")}, {load_f32(w_name, element, "w_base + ky * KW + kx")}, acc);
             }}
         }}
     }}

@@ -3,7 +3,8 @@ output_shape, dilations, optional bias.
 
 The device kernel gathers: one invocation per output element sums the input positions whose scattered taps
 land on it (``oy + pad - ky * dilation`` divisible by the stride).  Like Conv it honours ``_epilogue`` (extra
-inputs from index 3) after the bias.
+inputs from index 3) after the bias, and takes float32 or float16 (loaded into f32, summed in f32, rounded once at
+the store).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from ..._types import element_count
 from .._epilogue import apply_epilogue, epilogue_function
 from .._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, check_loop_budget
 from .._registry import register
-from .._tiling import THREADS, BindingTable, grid_for_groups, require_float32, single_kernel_plan, workgroup_index
-from .conv import _auto_pad, _conv_steps, ints, same_padding
+from .._tiling import THREADS, BindingTable, grid_for_groups, require_float, single_kernel_plan, workgroup_index
+from .conv import _auto_pad, _conv_steps, ints, load_f32, same_padding, widened
 
 __all__ = ["ConvTranspose", "conv_transpose_geometry"]
 
@@ -112,9 +113,10 @@ class ConvTranspose(Operator):
             )
             buffer[(slice(None),) * 3 + target] += np.einsum("ngc...,gcm->ngm...", xs, tap)
         crop = tuple(slice(sh + b, sh + b + o) for sh, b, o in zip(shift, begin, out))
-        y = buffer[(slice(None),) * 3 + crop].reshape((batch, group * cout_g) + tuple(out)).astype(x.dtype)
+        y = buffer[(slice(None),) * 3 + crop].reshape((batch, group * cout_g) + tuple(out)).astype(widened(x.dtype))
         shapes = [None if a is None else tuple(a.shape) for a in inputs]
-        return [apply_epilogue(y, _conv_steps(attrs, shapes, tuple(y.shape), "ConvTranspose"), inputs)]
+        steps = _conv_steps(attrs, shapes, tuple(y.shape), "ConvTranspose")
+        return [apply_epilogue(y, steps, inputs).astype(x.dtype, copy=False)]
 
     def plan(
         self,
@@ -126,7 +128,7 @@ class ConvTranspose(Operator):
     ) -> OpPlan:
         x, w = inputs[0], inputs[1]
         assert x is not None and w is not None
-        require_float32("ConvTranspose", list(inputs) + list(outputs))
+        element = require_float("ConvTranspose", list(inputs) + list(outputs), caps)
         if len(x.shape) not in (3, 4):
             raise NotOnDevice(f"ConvTranspose: the WebGPU kernel covers 1-D and 2-D, not {len(x.shape) - 2}-D")
         kernel, strides, dilations, begin, _, out = conv_transpose_geometry(x.shape, w.shape, attrs)
@@ -152,15 +154,17 @@ class ConvTranspose(Operator):
         else:
             in_h, in_w = x.shape[2], x.shape[3]
         table = BindingTable()
-        x_name = table.add(Binding("input", 0))
-        w_name = table.add(Binding("input", 1))
-        output = table.add(Binding("output", 0), writable=True)
-        epilogue = epilogue_function(steps, out_shape, table)
+        x_name = table.add(Binding("input", 0), element)
+        w_name = table.add(Binding("input", 1), element)
+        output = table.add(Binding("output", 0), element, writable=True)
+        epilogue = epilogue_function(steps, out_shape, table, element)
         grid = grid_for_groups(-(-total // THREADS), caps)
         channels, cout_g = x.shape[1], w.shape[1]
         # the ky / kx / ci loops of each output element
         check_loop_budget("ConvTranspose", (kernel[0] + 1) * (kernel[1] + 1) * (channels // group + 1), caps)
-        wgsl = f"""{table.declarations()}
+        x_at = load_f32(x_name, element, "(image * CIN + c) * u32(H * W) + x_offset")
+        w_at = load_f32(w_name, element, "((c * COUT_G + m) * KH + ky) * KW + kx")
+        wgsl = f"""{table.enables()}{table.declarations()}
 const CIN: u32 = {channels}u;
 const CIN_G: u32 = {channels // group}u;
 const COUT: u32 = {cout_g * group}u;
@@ -201,8 +205,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let x_offset = u32(iy * W + ix);
             for (var ci = 0u; ci < CIN_G; ci = ci + 1u) {{
                 let c = g * CIN_G + ci;
-                acc = fma({x_name}[(image * CIN + c) * u32(H * W) + x_offset],
-                          {w_name}[((c * COUT_G + m) * KH + ky) * KW + kx], acc);
+                acc = fma({x_at},
+                          {w_at}, acc);
             }}
         }}
     }}

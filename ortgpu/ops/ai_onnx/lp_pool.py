@@ -2,8 +2,9 @@
 
 Windows follow :func:`.conv.spatial_geometry` (kernel_shape, strides, pads, auto_pad; dilations and ceil_mode
 from opset 18); padding contributes zeros.  ``p`` is a float attribute in opset 1 and an integer from opset 2
-(default 2).  LpPool runs on the device with MaxPool/AveragePool's window kernel (float32); GlobalLpPool with
-p = 1 or 2 as a row reduction (L1 / L2 norm), other p on the CPU.
+(default 2).  LpPool runs on the device with MaxPool/AveragePool's window kernel; GlobalLpPool with p = 1 or 2 as
+a row reduction (L1 / L2 norm), other p on the CPU.  Both take float32 or float16 (loaded into f32, summed in f32,
+rounded once at the store).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from .._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from .._registry import register
-from .._tiling import require_float32, single_kernel_plan
+from .._tiling import require_float, single_kernel_plan
 from .conv import SpatialGeometry, ints, pad_spatial, spatial_geometry, window_slices
 from .pool import _pool_kernel
 from .reduce import plan_row_reduction
@@ -89,7 +90,7 @@ class LpPool(Operator):
     ) -> OpPlan:
         x = inputs[0]
         assert x is not None
-        require_float32("LpPool", [x, outputs[0]])
+        require_float("LpPool", [x, outputs[0]], caps)
         geometry = self._geometry(x.shape, attrs)
         p = _p(attrs, "LpPool")
         if tuple(outputs[0].shape) != tuple(x.shape[:2]) + geometry.out:
@@ -155,7 +156,7 @@ class GlobalLpPool(Operator):
         p = _p(attrs, "GlobalLpPool")
         if p not in (1.0, 2.0):
             raise NotOnDevice(f"GlobalLpPool: p = {p} runs on the CPU (the device reduces p = 1 and 2)")
-        require_float32("GlobalLpPool", [x] + list(outputs))
+        require_float("GlobalLpPool", [x] + list(outputs), caps)  # the row reduction loads f16 into f32
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
         kind = "l1" if p == 1 else "l2"
         return plan_row_reduction(

@@ -2,7 +2,8 @@
 ``Y = X / (bias + alpha / size * sum(X[n, i, ...]^2))^beta`` over the channels
 ``c - floor((size - 1) / 2) <= i <= c + ceil((size - 1) / 2)`` that exist.
 
-The device kernel computes one output element per invocation (a loop over at most ``size`` channels), in float32.
+The device kernel computes one output element per invocation (a loop over at most ``size`` channels), in float32;
+float16 tensors (on a device with ``shader-f16``) are loaded into f32 and the store rounds once.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from .._tiling import (
     THREADS,
     BindingTable,
     grid_for_groups,
-    require_float32,
+    require_float,
     single_kernel_plan,
     wgsl_f32,
     workgroup_index,
 )
+from .conv import load_f32
 
 __all__ = ["LRN"]
 
@@ -77,7 +79,7 @@ class LRN(Operator):
     ) -> OpPlan:
         x = inputs[0]
         assert x is not None
-        require_float32("LRN", list(inputs) + list(outputs))
+        element = require_float("LRN", list(inputs) + list(outputs), caps)
         size, alpha, beta, bias = _settings(x.shape, attrs)
         check_loop_budget("LRN", size, caps)
         total = x.size
@@ -87,10 +89,15 @@ class LRN(Operator):
         spatial = element_count(x.shape[2:])
         before, after = (size - 1) // 2, -(-(size - 1) // 2)
         table = BindingTable()
-        x_name = table.add(Binding("input", 0))
-        output = table.add(Binding("output", 0), writable=True)
+        x_name = table.add(Binding("input", 0), element)
+        output = table.add(Binding("output", 0), element, writable=True)
         grid = grid_for_groups(-(-total // THREADS), caps)
-        wgsl = f"""{table.declarations()}
+        neighbour = load_f32(x_name, element, f"start + u32(k) * {spatial}u")
+        result = (
+            f"{load_f32(x_name, element, 'i')} / pow({wgsl_f32(bias)} + {wgsl_f32(alpha / size)} * s, {wgsl_f32(beta)})"
+        )
+        stored = result if element == "f32" else f"{element}({result})"  # f16: one rounding, at the store
+        wgsl = f"""{table.enables()}{table.declarations()}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
     let i = {workgroup_index(grid)} * {THREADS}u + li;
@@ -101,10 +108,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let high = min({channels - 1}, c + {after});
     var s = 0.0;
     for (var k = low; k <= high; k = k + 1) {{
-        let v = {x_name}[start + u32(k) * {spatial}u];
+        let v = {neighbour};
         s = fma(v, v, s);
     }}
-    {output}[i] = {x_name}[i] / pow({wgsl_f32(bias)} + {wgsl_f32(alpha / size)} * s, {wgsl_f32(beta)});
+    {output}[i] = {stored};
 }}
 """
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731

@@ -14,6 +14,7 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
+from ..._types import is_float_dtype
 from .._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
 from .._registry import register
 from .._wgsl import (
@@ -232,7 +233,11 @@ def pad_plan(
     if out.size == 0:
         return OpPlan()
     itemsize = x.dtype.itemsize
-    if itemsize not in (1, 2, 4, 8) or out.dtype != x.dtype or x.dtype.kind not in "biuf":
+    if (
+        itemsize not in (1, 2, 4, 8)
+        or out.dtype != x.dtype
+        or (x.dtype.kind not in "biuf" and not is_float_dtype(x.dtype))
+    ):
         raise NotOnDevice(f"{op_type}: {x.dtype} elements cannot be moved by a WebGPU kernel")
     if out.size >= 2**31 or x.size >= 2**31:
         raise NotOnDevice(f"{op_type}: tensors beyond 2^31 elements run on the CPU")

@@ -5,6 +5,9 @@ a ceil-mode window never starts in the end padding).  AveragePool divides by the
 (``count_include_pad=0``) or inside the padded input (``count_include_pad=1``; taps that only exist because
 of ceil_mode never count), as onnxruntime does.  MaxPool's optional Indices output (flat index into X, row-
 or column-major per ``storage_order``) is computed by the same device kernel.
+
+The kernels take float32 or float16 (on a device with ``shader-f16``): float16 is loaded into f32, windows are
+summed and compared in f32 and the store rounds once.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from .._registry import register
 from .._tiling import (
     THREADS,
     BindingTable,
+    float_element,
     grid_for_groups,
-    require_float32,
+    require_float,
     single_kernel_plan,
     wgsl_f32,
     workgroup_index,
@@ -119,7 +123,7 @@ def _pool_kernel(
     MaxPool keeps the first maximum (strictly greater replaces, as the reference does) and, with
     ``indices``, writes its flat index (int64, as a low word and a zero high word: indices are below 2^31)
     into output 1.  With ``power`` p (LpPool) it sums ``|v|^p`` over the taps inside the input and writes
-    the sum's p-th root.
+    the sum's p-th root.  ``x`` and the output share its storage type (f32 or f16); the work is in f32.
     """
     spatial = x.shape[2:]
     rank = len(spatial)
@@ -132,8 +136,10 @@ def _pool_kernel(
     check_loop_budget(op_type, window, caps)
     grid = grid_for_groups(-(-total // THREADS), caps)
     table = BindingTable()
-    x_name = table.add(Binding("input", 0))
-    output = table.add(Binding("output", 0), writable=True)
+    element = float_element(x)
+    x_name = table.add(Binding("input", 0), element)
+    output = table.add(Binding("output", 0), element, writable=True)
+    store = "{}" if element == "f32" else element + "({})"  # f16: one rounding, at the store
     index_output = table.add(Binding("output", 1), "u32", writable=True) if indices else ""
     is_max = op_type == "MaxPool"
     image = element_count(spatial)
@@ -165,7 +171,8 @@ def _pool_kernel(
         lines.append(f"{indent}if ({inside_padded}) {{ count = count + 1u; }}")
     lines.append(f"{indent}if ({outside}) {{ continue; }}")
     flat = " + ".join(f"u32(i{a}) * {element_count(spatial[a + 1 :])}u" for a in range(rank))
-    lines.append(f"{indent}let v = {x_name}[plane + {flat}];")
+    loaded = f"{x_name}[plane + {flat}]"
+    lines.append(f"{indent}let v = {loaded if element == 'f32' else f'f32({loaded})'};")
     if is_max:
         if indices:
             order = range(rank) if storage_order == 0 else reversed(range(rank))
@@ -199,14 +206,14 @@ def _pool_kernel(
             if power == 2
             else f"select(0.0, pow(acc, {wgsl_f32(1.0 / power)}), acc > 0.0)"
         )
-        lines.append(f"    {output}[index] = {root};")
+        lines.append(f"    {output}[index] = {store.format(root)};")
     else:
-        lines.append(f"    {output}[index] = {'acc' if is_max else 'acc / f32(count)'};")
+        lines.append(f"    {output}[index] = {store.format('acc' if is_max else 'acc / f32(count)')};")
     if indices:
         lines.append(f"    {index_output}[2u * index] = best;")
         lines.append(f"    {index_output}[2u * index + 1u] = 0u;")
     body = "\n".join(lines)
-    wgsl = f"""{table.declarations()}
+    wgsl = f"""{table.enables()}{table.declarations()}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
 {body}
@@ -254,7 +261,7 @@ class MaxPool(Operator):
     ) -> OpPlan:
         x = inputs[0]
         assert x is not None
-        require_float32("MaxPool", [x, outputs[0]])
+        require_float("MaxPool", [x, outputs[0]], caps)
         geometry = _geometry("MaxPool", x.shape, attrs, self.opset)
         if outputs[0].size == 0:
             return OpPlan()
@@ -311,7 +318,7 @@ class AveragePool(Operator):
     ) -> OpPlan:
         x = inputs[0]
         assert x is not None
-        require_float32("AveragePool", [x] + list(outputs))
+        require_float("AveragePool", [x] + list(outputs), caps)
         geometry = _geometry("AveragePool", x.shape, attrs, self.opset)
         if outputs[0].size == 0:
             return OpPlan()
@@ -356,7 +363,7 @@ class GlobalAveragePool(Operator):
         x = inputs[0]
         assert x is not None
         _check_spatial(x.shape)
-        require_float32("GlobalAveragePool", [x] + list(outputs))
+        require_float("GlobalAveragePool", [x] + list(outputs), caps)  # the row reduction loads f16 into f32
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
         return plan_row_reduction(
             "GlobalAveragePool", "mean", x, tuple(range(2, len(x.shape))), outputs, inputs, caps, compute
@@ -406,7 +413,7 @@ class GlobalMaxPool(Operator):
         if len(x.shape) < 3:
             raise ShapeError(f"GlobalMaxPool: X must have rank >= 3, got {x.shape}")
         _check_spatial(x.shape, "GlobalMaxPool")
-        require_float32("GlobalMaxPool", [x, outputs[0]])
+        require_float("GlobalMaxPool", [x, outputs[0]], caps)
         if outputs[0].size == 0:
             return OpPlan()
         spatial = tuple(x.shape[2:])
