@@ -179,11 +179,11 @@ def test_unsupported_dtype_is_clear() -> None:
     graph = helper.make_graph(
         [helper.make_node("Identity", ["X"], ["Y"])],
         "g",
-        [helper.make_tensor_value_info("X", TensorProto.BFLOAT16, [2])],
-        [helper.make_tensor_value_info("Y", TensorProto.BFLOAT16, [2])],
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT8E4M3FN, [2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT8E4M3FN, [2])],
     )
-    with pytest.raises(UnsupportedOpError, match="BFLOAT16"):
-        load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    with pytest.raises(UnsupportedOpError, match="FLOAT8E4M3FN"):
+        load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]).SerializeToString())
 
 
 # -- external data --------------------------------------------------------------------------------
