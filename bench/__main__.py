@@ -13,6 +13,7 @@ Examples::
     python -m bench --model mlp16 --profile-overhead   # captured replay with profiling off vs on, interleaved
     python -m bench --vs torch --model torchvision:resnet50 --batch 8   # ortgpu captured vs torch graph and eager
     python -m bench --zoo default --json zoo.json      # 14 architectures vs torch: one table, geometric means
+    python -m bench --zoo default --dtype float16      # the same in half precision (module.half() in both)
 
 Models: ``mlp16``, ``resnet``, ``bert``; ``lstm-ocr`` (a CRNN text recognizer: image ``[batch, 1, 32, 128]``,
 three Conv + Relu + MaxPool stages, two bidirectional LSTM layers of 128, 100 classes per column, see
@@ -233,7 +234,8 @@ def _check_equal(name: str, a: list[npt.NDArray[Any]], b: list[npt.NDArray[Any]]
     return worst
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The bench's command line (every option; :func:`main` checks how they combine)."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", default="mlp16", help=MODEL_FORMS)
     parser.add_argument("--batch", type=int, default=1, help="batch size (matmul-M-K: M is the batch; leave this at 1)")
@@ -305,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         "replay from timestamps); not with --threads, --vs, --overhead, --plot",
     )
     add_torch_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.vs == "torch" or args.zoo is not None:
         return run_vs_torch(args, parser, argv)

@@ -58,6 +58,7 @@ __all__ = [
     "packages_for",
     "build_architecture",
     "export_onnx",
+    "to_half",
 ]
 
 SOURCES = ("torchvision", "timm", "transformers")
@@ -318,6 +319,17 @@ def build_architecture(name: str, batch: int, seed: int = 0) -> Built:
     if len(specs) > 2:
         raise ValueError(f"{name}: {len(specs)} inputs; the wrapper takes at most 2")
     return Built(name, _wrap(torch, model, keywords), _make_inputs(torch, specs, batch, seed), output, notes)
+
+
+def to_half(built: Built, device: str) -> Built:
+    """``built`` in half precision on ``device``: ``module.half()`` (every floating-point parameter and buffer
+    float16, as a deployment does before export) and every floating-point input rounded to float16; integer inputs
+    (token ids, masks) unchanged. The module is converted in place: ``built`` is not to be used after this."""
+    module = built.module.to(device).half()
+    inputs = {
+        key: (value.half() if value.is_floating_point() else value).to(device) for key, value in built.inputs.items()
+    }
+    return Built(built.name, module, inputs, built.output_name, {**built.notes, "dtype": "float16 (module.half())"})
 
 
 def _torchscript_exporter_present(torch: Any) -> bool:

@@ -69,6 +69,8 @@ class Probe:
     owned: Owned
     #: the buffers its kernel binds, in binding order (to check what a probe computed)
     bound: tuple[int, ...] = ()
+    #: FLOPs one unit of work performs (arithmetic probes, :mod:`bench.arithmetic`)
+    flops_per_repeat: int = 0
 
     def release(self) -> None:
         self.owned.release()

@@ -96,6 +96,15 @@ def _error_text(error: BaseException) -> str:
     return " (from ".join(texts) + ")" * (len(texts) - 1)
 
 
+def _eager_output(torch: Any, module: Any, inputs: list[Any], device: str) -> npt.NDArray[Any]:
+    """``module(*inputs)`` once on ``device`` (the module is moved there and stays), as a host array."""
+    module.to(device)
+    with torch.inference_mode():
+        output = module(*[t.to(device) for t in inputs])
+    result: npt.NDArray[Any] = output.cpu().numpy().copy()
+    return result
+
+
 class _Arms:
     """Static device tensors, pinned host tensors, the eager step and (once captured) the graph step."""
 
@@ -165,34 +174,52 @@ class TorchSide:
         self._arms: _Arms | None = None
 
     def prepare(
-        self, name: str, batch: int, seed: int, exporter: str, opset: int, onnx_path: str, device: str = "cuda"
+        self,
+        name: str,
+        batch: int,
+        seed: int,
+        exporter: str,
+        opset: int,
+        onnx_path: str,
+        device: str = "cuda",
+        dtype: str = "float32",
     ) -> dict[str, Any]:
         """Build ``name``, export it to ``onnx_path``, set up its arms on ``device``. Returns what happened:
         ``build_error`` or ``export_error`` (a model that could not be had; nothing else then), else ``exporter``,
         ``inputs`` (name -> array: what ortgpu is fed), ``graph_mode`` (``"plain module"``, ``"torch.export
-        module"``, or None with ``graph_errors``), plus ``settings``, ``versions`` and ``notes``."""
-        from .architectures import build_architecture, export_onnx
+        module"``, or None with ``graph_errors``), plus ``settings``, ``versions`` and ``notes``.
+
+        ``dtype="float16"``: the float32 module's eager output on ``device`` is kept first (``fp32_outputs``, the
+        reference half precision is judged against), then the module and its floating-point inputs become float16
+        (``module.half()``), and that module is what is exported and timed."""
+        from .architectures import build_architecture, export_onnx, to_half
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from configuration classes: nothing to fetch
         torch = importlib.import_module("torch")
+        if dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype must be float32 or float16, not {dtype!r}")
         info: dict[str, Any] = {"settings": configure(torch), "versions": torch_versions(torch)}
+        info["settings"]["dtype"] = dtype
         if device == "cuda" and not torch.cuda.is_available():
             raise TorchSideError("torch sees no CUDA device (use --torch-device cpu only to check the pipeline)")
         try:
             built = build_architecture(name, batch, seed)
+            if dtype == "float16":
+                info["fp32_outputs"] = [_eager_output(torch, built.module, list(built.inputs.values()), device)]
+                built = to_half(built, device)
         except Exception as error:
             info["build_error"] = _error_text(error)
             info["build_traceback"] = traceback.format_exc()
             return info
         info["notes"] = built.notes
-        info["inputs"] = {key: value.numpy().copy() for key, value in built.inputs.items()}
+        info["inputs"] = {key: value.cpu().numpy().copy() for key, value in built.inputs.items()}
         try:
             info["exporter"] = export_onnx(built, onnx_path, exporter, opset)
         except Exception as error:
             info["export_error"] = _error_text(error)
             info["export_traceback"] = traceback.format_exc()
             return info
-        self._arms = arms = _Arms(torch, built.module, list(built.inputs.values()), device)
+        self._arms = arms = _Arms(torch, built.module, [t.cpu() for t in built.inputs.values()], device)
         info["graph_mode"] = None
         info["graph_errors"] = {}
         if device != "cuda":
@@ -262,7 +289,15 @@ class ChildTorch:
         return value
 
     def prepare(
-        self, name: str, batch: int, seed: int, exporter: str, opset: int, onnx_path: str, device: str = "cuda"
+        self,
+        name: str,
+        batch: int,
+        seed: int,
+        exporter: str,
+        opset: int,
+        onnx_path: str,
+        device: str = "cuda",
+        dtype: str = "float32",
     ) -> dict[str, Any]:
         return dict(
             self._call(
@@ -274,6 +309,7 @@ class ChildTorch:
                 opset=opset,
                 onnx_path=onnx_path,
                 device=device,
+                dtype=dtype,
             )
         )
 

@@ -21,6 +21,13 @@ one); a model that fails either is not timed. The JSON also records onnxruntime 
 disagree with ortgpu, suspect the export), the captured replay against the uncaptured run (1e-6), and the
 placement (every node on the GPU, or which ones are not).
 
+With ``--dtype float16`` the module is converted by ``module.half()`` (floating-point inputs rounded to float16,
+token ids unchanged) after its float32 output is kept as the reference, and that half module is what is exported,
+loaded by ortgpu and timed by torch (which may use its tensor cores; ortgpu has none through WebGPU). The
+tolerances against onnxruntime CPU (same float16 file; where onnxruntime lacks a float16 kernel it is skipped and
+said) and torch default to 1e-2, and ortgpu's outputs are compared with the float32 module's: beyond
+:data:`FP32_REFERENCE_TOLERANCE` (1e-2) the model is timed, reported, and left out of the geometric means.
+
 Timing: ``--warmup`` untimed steps per arm, then ``--rounds`` rounds; in each round every arm runs two untimed
 steps and then its share of ``--iterations`` timed steps, the order of the arms rotating from round to round; p50
 (and p90/p99) over all of an arm's timed steps. Ratios: torch CUDA graph p50 / ortgpu p50 and torch eager p50 /
@@ -80,6 +87,12 @@ BOUNDARY = "inputs host -> fixed device memory, the model, outputs device -> hos
 ROUND_WARMUP = 2
 #: ortgpu's captured replay against its uncaptured run (the bench's own check).
 CAPTURE_TOLERANCE = 1e-6
+#: The tolerances' defaults per --dtype: (ortgpu vs onnxruntime CPU, ortgpu vs torch). In float16 every engine
+#: rounds its sums and intermediates differently, so they are compared at half precision's scale.
+DEFAULT_TOLERANCES = {"float32": (1e-4, 1e-3), "float16": (1e-2, 1e-2)}
+#: --dtype float16: the largest relative error of ortgpu's float16 outputs against the float32 module's (issue
+#: 37's bound); a model beyond it is timed and reported but left out of the geometric means.
+FP32_REFERENCE_TOLERANCE = 1e-2
 _TINY = float(np.finfo(np.float32).tiny)
 
 
@@ -115,8 +128,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cpu only checks the pipeline on a machine without CUDA (no CUDA graph arm; not a comparison)",
     )
     group.add_argument("--save-onnx", default=None, metavar="DIR", help="keep the exported .onnx files in DIR")
-    group.add_argument("--ort-tolerance", type=float, default=1e-4, help="ortgpu vs onnxruntime CPU, relative")
-    group.add_argument("--torch-tolerance", type=float, default=1e-3, help="ortgpu vs torch's outputs, relative")
+    group.add_argument(
+        "--ort-tolerance",
+        type=float,
+        default=None,
+        help="ortgpu vs onnxruntime CPU, relative (default 1e-4; with --dtype float16 1e-2)",
+    )
+    group.add_argument(
+        "--torch-tolerance",
+        type=float,
+        default=None,
+        help="ortgpu vs torch's outputs, relative (default 1e-3; with --dtype float16 1e-2)",
+    )
     group.add_argument("--zoo-timeout", type=float, default=1800.0, help="seconds one --zoo model may take")
 
 
@@ -254,6 +277,7 @@ def _measure(args: argparse.Namespace, env: Any, side: Any, path: str, detail: d
         opset=args.opset,
         onnx_path=path,
         device=args.torch_device,
+        dtype=args.dtype,
     )
     detail["torch"] = {k: info.get(k) for k in ("settings", "versions", "notes", "exporter", "graph_mode")}
     for stage in ("build", "export"):
@@ -307,12 +331,18 @@ def _measure(args: argparse.Namespace, env: Any, side: Any, path: str, detail: d
         try:
             reference = _onnxruntime_cpu(model_bytes, feeds)
         except Exception as error:
-            problems.append(f"onnxruntime CPU failed: {type(error).__name__}: {error}")
-            return
-        value = worst_relative_error(ours, reference)
-        correct &= _check(detail, problems, "ortgpu vs onnxruntime CPU", value, args.ort_tolerance)
-        detail["rel_err"]["onnxruntime CPU vs torch eager"] = worst_relative_error(reference, torch_eager)
-        del reference
+            if args.dtype == "float32":
+                problems.append(f"onnxruntime CPU failed: {type(error).__name__}: {error}")
+                return
+            # onnxruntime CPU lacks float16 kernels of some operators: torch's float16 and float32 outputs still
+            # check ortgpu's, so the model is timed and the gap is said
+            detail["onnxruntime_cpu_error"] = f"{type(error).__name__}: {str(error)[:300]}"
+            reference = None
+        if reference is not None:
+            value = worst_relative_error(ours, reference)
+            correct &= _check(detail, problems, "ortgpu vs onnxruntime CPU", value, args.ort_tolerance)
+            detail["rel_err"]["onnxruntime CPU vs torch eager"] = worst_relative_error(reference, torch_eager)
+            del reference
         value = worst_relative_error(ours, torch_eager)
         correct &= _check(detail, problems, "ortgpu vs torch eager", value, args.torch_tolerance)
         if torch_graph is not None:
@@ -336,6 +366,11 @@ def _measure(args: argparse.Namespace, env: Any, side: Any, path: str, detail: d
         seconds = interleave(timers, args.warmup, args.iterations, args.rounds, report)
         detail["timed"] = True
         detail["results"] = {arm: _summary(values) for arm, values in seconds.items()}
+        if "fp32_outputs" in info:  # judged after timing: half precision's cost is reported, not a reason to skip
+            fp32 = [np.asarray(output) for output in info["fp32_outputs"]]
+            detail["rel_err"]["torch float16 vs the float32 module"] = worst_relative_error(torch_eager, fp32)
+            value = worst_relative_error(ours, fp32)
+            _check(detail, problems, "ortgpu vs the float32 module", value, FP32_REFERENCE_TOLERANCE)
     finally:
         arms.close()
 
@@ -364,6 +399,8 @@ def summary_row(detail: dict[str, Any]) -> dict[str, Any]:
         "eager_over_ortgpu": eager / ours if eager and ours else None,
         "rel_err_vs_ort_cpu": errors.get("ortgpu vs onnxruntime CPU"),
         "rel_err_vs_torch": max(versus_torch) if versus_torch else None,
+        "rel_err_vs_fp32": errors.get("ortgpu vs the float32 module"),
+        "dtype": detail.get("dtype", "float32"),
         "placement": placement_text(detail["placement"]) if "placement" in detail else None,
         "graph_mode": detail.get("torch", {}).get("graph_mode"),
     }
@@ -373,7 +410,7 @@ def measure_model(args: argparse.Namespace, env: Any) -> dict[str, Any]:
     """Everything about ``args.model``: torch side, export, ortgpu, correctness, timings; ``summary`` its row."""
     from .torch_arms import ChildTorch, TorchSide, TorchSideError
 
-    detail: dict[str, Any] = {"model": args.model, "batch": args.batch, "problems": []}
+    detail: dict[str, Any] = {"model": args.model, "batch": args.batch, "dtype": args.dtype, "problems": []}
     side: Any = TorchSide() if args.torch_process == "same" else ChildTorch()
     directory = args.save_onnx or tempfile.mkdtemp(prefix="ortgpu-vs-torch-")
     os.makedirs(directory, exist_ok=True)
@@ -415,6 +452,9 @@ def check_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error(f"--vs torch times ortgpu's captured replay against torch: leave out {', '.join(given)}")
     if args.iterations < 1 or args.warmup < 0 or args.rounds < 1 or args.batch < 1:
         parser.error("--iterations, --rounds and --batch must be at least 1, --warmup at least 0")
+    ort_default, torch_default = DEFAULT_TOLERANCES[args.dtype]
+    args.ort_tolerance = ort_default if args.ort_tolerance is None else args.ort_tolerance
+    args.torch_tolerance = torch_default if args.torch_tolerance is None else args.torch_tolerance
     try:
         if args.zoo is not None:
             return zoo_names(args.zoo)

@@ -86,6 +86,7 @@ COLUMNS: tuple[tuple[str, int, Callable[[dict[str, Any]], str]], ...] = (
     ("eager/ortgpu", 12, lambda r: _number(r.get("eager_over_ortgpu"), ".2f")),
     ("err vs ORT", 10, lambda r: _number(r.get("rel_err_vs_ort_cpu"), ".1e")),
     ("err vs torch", 12, lambda r: _number(r.get("rel_err_vs_torch"), ".1e")),
+    ("err vs fp32", 11, lambda r: _number(r.get("rel_err_vs_fp32"), ".1e")),
 )
 #: Characters of a failed row's reason shown in the table (the full text follows it).
 STATUS_WIDTH = 60
@@ -128,7 +129,7 @@ def format_means(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-_PASSED = ("batch", "iterations", "warmup", "rounds", "torch_process", "exporter", "opset", "seed", "backend")
+_PASSED = ("batch", "iterations", "warmup", "rounds", "torch_process", "exporter", "opset", "seed", "backend", "dtype")
 _PASSED_FLOATS = ("ort_tolerance", "torch_tolerance")
 
 
@@ -208,6 +209,11 @@ def run_zoo(args: argparse.Namespace, names: list[str], argv: list[str] | None) 
     print(f"\nadapter: {first.get('adapter', {}).get('name', 'unknown')}; versions: {first.get('versions', {})}")
     print(f"boundary: {_boundary()}; relative error: {_metric()}")
     print(f"{args.iterations} timed iterations per arm in {args.rounds} interleaved rounds after {args.warmup} warm-up")
+    if args.dtype == "float16":
+        print(
+            "float16: torch runs module.half() (tensor cores allowed), ortgpu its ONNX export; err vs fp32: ortgpu's "
+            "outputs against the float32 module's"
+        )
     print(format_table(rows))
     print(format_means(rows))
     if args.json_path:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ortgpu_core
-from bench import sweep_kernels
+from bench import arithmetic, sweep_kernels
 from bench.probes import bandwidth_probes, dispatch_floor_probe
 from ortgpu.ops import DeviceCaps
 
@@ -147,3 +147,60 @@ def test_overhead_arguments_are_checked(device: ortgpu_core.Device) -> None:
     for dispatches, iterations in ((1, 5), (0, 5), (10, 0)):
         with pytest.raises(ValueError, match="measure_overhead needs dispatches >= 2"):
             measure_overhead(device._native_device(), dispatches=dispatches, iterations=iterations)
+
+
+# -- the arithmetic-rate probes (bench/arithmetic.py) ----------------------------------------------------------------
+def test_arithmetic_probes_compute_their_recurrences(device: ortgpu_core.Device) -> None:
+    backend_device = device._native_device()
+    caps = _caps(device)
+    probes, absent = arithmetic.arithmetic_probes(backend_device, caps, iterations=5, workgroups=2, repeats=3)
+    try:
+        assert [p.name for p in probes] + absent == [form.name for form in arithmetic.FORMS]
+        assert absent == ([] if caps.has_f16 else [f.name for f in arithmetic.FORMS if f.element == "f16"])
+        src, dst = probes[0].bound
+        seeds = np.random.default_rng(5).uniform(-1, 1, (512, 4)).astype(np.float32)
+        backend_device.write_buffer(src, 0, seeds.tobytes())
+        for probe in probes:
+            form = next(f for f in arithmetic.FORMS if f.name == probe.name)
+            assert probe.repeats == 3 and probe.flops_per_repeat == 512 * 5 * form.flops_per_step
+            backend_device.write_buffer(dst, 0, bytes(seeds.nbytes))
+            backend_device.submit(probe.commands)
+            got = np.frombuffer(backend_device.read_buffer(dst, 0, seeds.nbytes), np.float32).reshape(-1, 4)
+            want = arithmetic.expected(form, seeds, 5)
+            tolerance = 1e-5 if form.element == "f32" else 1e-2
+            np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance, err_msg=form.name)
+            assert not np.any(got[:, form.width :])  # lanes beyond the form's width are written as zero
+            # the chains moved towards their fixed point 2 (8 chains): the kernel ran the steps, not a copy
+            assert np.all(np.abs(got[:, : form.width] - seeds[:, : form.width]) > 0.5)
+    finally:
+        for probe in probes:
+            probe.release()
+
+
+def test_arithmetic_probes_without_shader_f16_run_f32_only() -> None:
+    from ortgpu_core.backends.fake import FakeBackend, FakeDeviceSpec
+
+    backend_device = FakeBackend([FakeDeviceSpec(features=frozenset())]).open_device(0)
+    caps = DeviceCaps(frozenset(backend_device.features), backend_device.limits)
+    probes, absent = arithmetic.arithmetic_probes(backend_device, caps, iterations=2, workgroups=1, repeats=1)
+    try:
+        assert [p.name for p in probes] == ["f32 vec4"]
+        assert absent == [f.name for f in arithmetic.FORMS if f.element == "f16"]
+    finally:
+        for probe in probes:
+            probe.release()
+
+
+def test_arithmetic_main_reports_a_rate_per_form(backend_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = arithmetic.main(["--backend", backend_name, "--iterations", "4", "--workgroups", "2", "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for form in arithmetic.FORMS:
+        assert any(line.split("  ")[1:2] and form.name in line and "TFLOP/s" in line for line in out.splitlines())
+    assert "WRONG" not in out
+
+
+def test_arithmetic_main_refuses_nonsense(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        arithmetic.main(["--backend", "fake", "--iterations", "0"])
+    assert raised.value.code == 2 and "at least 1" in capsys.readouterr().err

@@ -29,6 +29,7 @@ import ortgpu
 from bench import __main__ as bench_main
 from bench import architectures, torch_arms, vs_torch, zoo
 from bench.architectures import DEFAULT_ZOO, PRESETS, TEXT_SEQ, is_architecture, packages_for, parse_architecture
+from bench.half import half_feeds, to_float16
 from bench.models import mlp, random_feeds
 from bench.vs_torch import (
     EAGER_ARM,
@@ -349,7 +350,17 @@ def zoo_args(tmp_path: Path, **overrides: Any) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     vs_torch.add_arguments(parser)
     args = parser.parse_args([])
-    values = {"batch": 2, "iterations": 30, "warmup": 3, "backend": "fake", "json_path": None, **overrides}
+    values = {
+        "batch": 2,
+        "iterations": 30,
+        "warmup": 3,
+        "backend": "fake",
+        "json_path": None,
+        "dtype": "float32",
+        "ort_tolerance": 1e-4,
+        "torch_tolerance": 1e-3,
+        **overrides,
+    }
     for key, value in values.items():
         setattr(args, key, value)
     return args
@@ -447,19 +458,38 @@ class StandInTorch:
     """Writes a small MLP where the export would go; its "torch outputs" are onnxruntime's (times ``scale``)."""
 
     scale = 1.0
+    fp32_scale = 1.0
     zero = False
+    prepared_dtype = ""
     graph_mode: str | None = "plain module"
     timed: list[tuple[str, int, int]] = []
 
     def prepare(
-        self, name: str, batch: int, seed: int, exporter: str, opset: int, onnx_path: str, device: str
+        self,
+        name: str,
+        batch: int,
+        seed: int,
+        exporter: str,
+        opset: int,
+        onnx_path: str,
+        device: str,
+        dtype: str = "float32",
     ) -> dict[str, Any]:
+        """float16: the MLP converted by bench/half.py; its float32 outputs are the "float32 module's" (times
+        ``fp32_scale``)."""
         model = zero_model(batch) if self.zero else mlp(layers=2, width=32, batch=batch)
+        feeds = random_feeds(model, {"X": (batch, 32)})
+        extra: dict[str, Any] = {}
+        if dtype == "float16":
+            fp32 = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            extra["fp32_outputs"] = [o * self.fp32_scale for o in fp32.run(None, feeds)]
+            model, feeds = to_float16(model), half_feeds(feeds)
         onnx.save(model, onnx_path)
-        self.feeds = random_feeds(model, {"X": (batch, 32)})
+        self.feeds = feeds
         self.outputs_ = onnxruntime.InferenceSession(onnx_path, providers=["CPUExecutionProvider"]).run(
             None, self.feeds
         )
+        StandInTorch.prepared_dtype = dtype
         return {
             "inputs": self.feeds,
             "exporter": exporter,
@@ -468,6 +498,7 @@ class StandInTorch:
             "settings": {},
             "versions": {"torch": "stand-in"},
             "notes": {},
+            **extra,
         }
 
     def outputs(self, arm: str) -> list[Any]:
@@ -481,13 +512,25 @@ class StandInTorch:
         pass
 
 
-def measure(env: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **stand_in: Any) -> dict[str, Any]:
+def measure(
+    env: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dtype: str = "float32", **stand_in: Any
+) -> dict[str, Any]:
     for key, value in stand_in.items():
         monkeypatch.setattr(StandInTorch, key, value)
     monkeypatch.setattr(StandInTorch, "timed", [])
     monkeypatch.setattr(torch_arms, "TorchSide", StandInTorch)
+    ort_tolerance, torch_tolerance = vs_torch.DEFAULT_TOLERANCES[dtype]
     args = zoo_args(
-        tmp_path, model="timm:standin", iterations=6, warmup=1, rounds=3, torch_process="same", save_onnx=str(tmp_path)
+        tmp_path,
+        model="timm:standin",
+        iterations=6,
+        warmup=1,
+        rounds=3,
+        torch_process="same",
+        save_onnx=str(tmp_path),
+        dtype=dtype,
+        ort_tolerance=ort_tolerance,
+        torch_tolerance=torch_tolerance,
     )
     return vs_torch.measure_model(args, env)
 
@@ -556,3 +599,42 @@ def test_an_all_zero_output_proves_nothing_and_is_not_timed(
     assert detail["problems"] == ["torch's output is all zeros: comparing with it would prove nothing"]
     assert detail["rel_err"]["ortgpu vs onnxruntime CPU"] == 0.0  # agreeing on zeros: the check alone would pass
     assert detail["timed"] is False and StandInTorch.timed == [] and not detail["summary"]["in_mean"]
+
+
+def test_float16_is_checked_against_the_float32_module_and_timed(
+    env: ortgpu.Env, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    detail = measure(env, monkeypatch, tmp_path, dtype="float16")
+    assert StandInTorch.prepared_dtype == "float16"
+    assert detail["problems"] == [], detail["problems"]
+    assert onnx.load(detail["onnx_path"]).graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    errors = detail["rel_err"]
+    assert 0 < errors["ortgpu vs the float32 module"] <= 1e-2  # half precision costs something, within the bound
+    assert errors["ortgpu vs onnxruntime CPU"] <= 1e-2 and errors["ortgpu vs torch eager"] <= 1e-2
+    row = detail["summary"]
+    assert row["in_mean"] and row["dtype"] == "float16"
+    assert row["rel_err_vs_fp32"] == errors["ortgpu vs the float32 module"]
+
+
+def test_float16_beyond_the_float32_bound_is_timed_but_left_out_of_the_means(
+    env: ortgpu.Env, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    detail = measure(env, monkeypatch, tmp_path, dtype="float16", fp32_scale=1.05)
+    assert detail["timed"] is True and set(detail["results"]) == {ORTGPU_ARM, GRAPH_ARM, EAGER_ARM}
+    assert len(detail["problems"]) == 1 and detail["problems"][0].startswith("ortgpu vs the float32 module")
+    assert not detail["summary"]["in_mean"]
+
+
+def test_float16_tolerances_default_to_half_precisions_scale_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = bench_main.build_parser()
+    for argv, expected in (
+        (["--vs", "torch", "--model", "timm:resnet18"], (1e-4, 1e-3)),
+        (["--vs", "torch", "--model", "timm:resnet18", "--dtype", "float16"], (1e-2, 1e-2)),
+        (["--vs", "torch", "--model", "timm:resnet18", "--dtype", "float16", "--ort-tolerance", "3e-3"], (3e-3, 1e-2)),
+    ):
+        args = parser.parse_args(argv)
+        vs_torch.check_arguments(args, parser)
+        assert (args.ort_tolerance, args.torch_tolerance) == expected
+    argv = zoo.child_argv(args, "timm:resnet18", "x.json")
+    pairs = dict(zip(argv[1:], argv[2:]))
+    assert pairs["--dtype"] == "float16" and pairs["--ort-tolerance"] == "0.003"
