@@ -131,7 +131,7 @@ def test_folded_transpose(env: ortgpu.Env) -> None:
     [
         LEGACY,
         GemmConfig(tile_m=32, tile_n=64, tile_k=16, rows=4, cols=4, stages=2, split_k=3),
-        # f16 arithmetic (off by default): tiles of vec4<f16>, each K tile's products summed in f16, then in f32
+        # f16 arithmetic on k-pairs: each K tile's products summed in f16 pairs, then in f32
         GemmConfig(tile_m=64, tile_n=64, tile_k=16, rows=4, cols=4, stages=2, split_k=1, half=True),
         GemmConfig(tile_m=128, tile_n=128, tile_k=16, rows=8, cols=8, stages=1, split_k=2, half=True),
         _gemm.GEMM_BIG_TILE,
@@ -157,3 +157,34 @@ def test_a_device_without_shader_f16_runs_them_on_the_cpu() -> None:
         np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3)
     finally:
         env.close()
+
+
+HALF_CONFIGS = [
+    GemmConfig(tile_m=64, tile_n=64, tile_k=16, rows=4, cols=4, stages=2, split_k=1, half=True),
+    GemmConfig(tile_m=32, tile_n=64, tile_k=32, rows=4, cols=8, stages=1, split_k=3, half=True),
+]
+
+
+def gemm_transposed(m: int, k: int, n: int, trans_a: bool, trans_b: bool) -> onnx.ModelProto:
+    node = helper.make_node("Gemm", ["a", "b"], ["y"], transA=int(trans_a), transB=int(trans_b))
+    return _model([node], {"a": (k, m) if trans_a else (m, k), "b": (n, k) if trans_b else (k, n)})
+
+
+@pytest.mark.parametrize("config", HALF_CONFIGS, ids=lambda c: c.label)
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: matmul_relu((70, 200), (200, 36)),  # A along k, B along n: vec4 loads both
+        lambda: matmul_relu((33, 37), (37, 19)),  # odd K and N: scalar loads both, a lone last k of the pairs
+        lambda: gemm_transposed(40, 24, 36, trans_a=True, trans_b=True),  # A along m, B along k
+        lambda: gemm_transposed(20, 13, 11, trans_a=True, trans_b=False),  # A along m, odd K
+        lambda: transposed((2, 24, 32), (2, 40, 32)),  # a folded Transpose: B's strided loads
+    ],
+    ids=["k4-n4", "scalar-scalar", "m4-k4", "m4-odd", "folded"],
+)
+def test_f16_arithmetic_in_every_operand_layout(
+    env: ortgpu.Env, config: GemmConfig, build: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_gemm, "GEMM_OVERRIDE", config)
+    monkeypatch.setattr(_gemm, "GEMM_HALF_MATH", True)
+    _check(env, build())

@@ -52,9 +52,8 @@ class GemmConfig:
     stages: int = 2
     split_k: int = 1
     legacy: bool = False
-    #: f16 arithmetic (float16 storage only): tiles of vec4<f16> in workgroup memory and the products of each K tile
-    #: summed in f16 (two f16 lanes per f32 lane on the GPU), then added into the f32 accumulators; see
-    #: :func:`~ortgpu.ops._gemm_wgsl.tiled_gemm_kernel`.
+    #: f16 arithmetic (float16 storage only): products of k-pairs, two lanes per multiply-add, each K tile's sums
+    #: added into f32 accumulators (:mod:`ortgpu.ops._gemm_pairs`).
     half: bool = False
 
     @property
@@ -67,7 +66,10 @@ class GemmConfig:
     def shared_bytes(self) -> int:
         if self.legacy:
             return (64 + 64) * 16 * 4
-        return self.stages * (self.tile_m + self.tile_n) * self.tile_k * (2 if self.half else 4)
+        if self.half:  # vec4<f16> elements of two k-pairs, rows padded (ortgpu.ops._gemm_pairs)
+            rows = self.tile_m // 2 + self.tile_n // 2 + 2 * HALF_PAIR_PAD
+            return self.stages * (self.tile_k // 2) * rows * 8
+        return self.stages * (self.tile_m + self.tile_n) * self.tile_k * 4
 
     @property
     def label(self) -> str:
@@ -87,6 +89,10 @@ class GemmConfig:
         if self.stages not in (1, 2) or self.split_k < 1:
             raise ValueError(f"bad GEMM config {self}")
 
+
+#: Elements of padding after each k-pair row of the f16-arithmetic kernel's workgroup tiles, so that the stores of
+#: one fetch round spread over the memory banks.
+HALF_PAIR_PAD = 2
 
 #: The original kernel (64 x 64 tile, 16 x 16 invocations, scalar loads): a sweep candidate, and the measured
 #: best of one shape in :data:`GEMM_SHAPE_CONFIGS`.

@@ -26,13 +26,13 @@ describes how to read A and B (:class:`GemmProblem`); :mod:`ortgpu.ops._tiled_ge
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from ._gemm import GemmConfig
+from ._gemm_pairs import pair_compute, pair_fetch_store, pair_tile_sizes
 from ._kernel import Binding, DeviceCaps, ceil_div
 from ._tiling import THREADS, BindingTable, grid_for_groups, workgroup_index
 
@@ -293,30 +293,26 @@ def tiled_gemm_kernel(
     slices, per_slice = k_slices(config, problem.k)
     total = slices * problem.batch * tiles_m * tiles_n
     grid = grid_for_groups(total, caps)
-    decls, fetch, store = _fetch_store(config, mode_a, mode_b)
     p_count, q_count = config.rows // 4, config.cols // 4
     acc_decls = "".join(f"    var acc{r}_{q} = vec4<f32>(0.0);\n" for r in range(config.rows) for q in range(q_count))
-    tile_type = "vec4<f16>" if config.half else "vec4<f32>"
-    if config.half:  # the tiles hold f16: each store into them converts once
-        store = re.sub(r"(tile_[ab]\[[^\]]*\]) = ([^;]+);", r"\1 = vec4<f16>(\2);", store)
-    inner = []
-    for p in range(p_count):
-        inner.append(f"            let a{p} = tile_a[ca + kk * {tm4}u + lid.y + {ty * p}u];")
-    for q in range(q_count):
-        inner.append(f"            let b{q} = tile_b[cb + kk * {tn4}u + lid.x + {tx * q}u];")
-    sums = [(4 * p + i, q) for p in range(p_count) for i in range(4) for q in range(q_count)]
-    # f32 arithmetic: each product into the f32 accumulator; f16: into an f16 sum of this K tile's products
-    # (tile_k terms), added into the f32 accumulator after the tile, so rounding grows with tile_k, not with K
-    target = "h" if config.half else "acc"
-    for r, q in sums:
-        inner.append(f"            {target}{r}_{q} = fma({tile_type}(a{r // 4}[{r % 4}]), b{q}, {target}{r}_{q});")
-    compute = f"        for (var kk = 0u; kk < {tk}u; kk = kk + 1u) {{\n" + "\n".join(inner) + "\n        }\n"
-    if config.half:
-        compute = (
-            "".join(f"        var h{r}_{q} = vec4<f16>(0.0h);\n" for r, q in sums)
-            + compute
-            + "".join(f"        acc{r}_{q} = acc{r}_{q} + vec4<f32>(h{r}_{q});\n" for r, q in sums)
-        )
+    if config.half:  # f16 arithmetic on k-pairs: its own tiles, fetch and inner loop (ortgpu.ops._gemm_pairs)
+        decls, fetch, store = pair_fetch_store(config, mode_a, mode_b)
+        tile_type = "vec4<f16>"
+        _, _, size_a, size_b = pair_tile_sizes(config)
+        compute = pair_compute(config, tx, ty)
+    else:
+        decls, fetch, store = _fetch_store(config, mode_a, mode_b)
+        tile_type = "vec4<f32>"
+        size_a, size_b = tk * tm4, tk * tn4
+        inner = []
+        for p in range(p_count):
+            inner.append(f"            let a{p} = tile_a[ca + kk * {tm4}u + lid.y + {ty * p}u];")
+        for q in range(q_count):
+            inner.append(f"            let b{q} = tile_b[cb + kk * {tn4}u + lid.x + {tx * q}u];")
+        for r in range(config.rows):
+            for q in range(q_count):
+                inner.append(f"            acc{r}_{q} = fma(vec4<f32>(a{r // 4}[{r % 4}]), b{q}, acc{r}_{q});")
+        compute = f"        for (var kk = 0u; kk < {tk}u; kk = kk + 1u) {{\n" + "\n".join(inner) + "\n        }\n"
     stores = []
     for p in range(p_count):
         for i in range(4):
@@ -326,7 +322,6 @@ def tiled_gemm_kernel(
                     f"        let n = n0 + 4u * (lid.x + {tx * q}u);\n"
                     f"        let acc = acc{4 * p + i}_{q};\n{store_body}    }}\n"
                 )
-    size_a, size_b = tk * tm4, tk * tn4
     if config.stages == 2:
         loop = f"""    var kt = k_begin;
     let oa = 0u;
