@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What one GPU-machine session runs (see ../shared/GPU.md): set-up, then benchmarks, then the wgpu test suite.
 # Usage on the device machine, from the repository root, with .gl and .whl carried:
-#   [OUT=dir] [SWEEP=shapes] [PROFILE="model:batch ..."] [TESTS=seconds TEST_ARGS=...] bash bench/gpu_session.sh [model:batch ...]
+#   [OUT=dir] [ARITH=1] [SWEEP=shapes] [PROFILE="model:batch ..."] [ZOO=names [ZOO_DTYPE=float16]]
+#   [TESTS=seconds TEST_ARGS=...] bash bench/gpu_session.sh [model:batch ...]
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -10,6 +11,9 @@ FINAL=${OUT:-out}; OUT=$(mktemp -d); mkdir -p "$FINAL"
 trap 'tar -czf "$FINAL/results.tgz" -C "$OUT" . ; cat "$OUT"/*.txt > "$FINAL/summary.txt" 2>/dev/null' EXIT
 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.txt"
+if [ -n "${ARITH:-}" ]; then  # the multiply-add rates the kernels' TFLOP/s are read against
+  timeout 120 python3 -m bench.arithmetic 2>"$OUT/arithmetic.err" | tee "$OUT/arithmetic.txt"
+fi
 if [ -n "${SWEEP:-}" ]; then  # e.g. SWEEP=gemv: the kernel variants of those shapes, before the models
   timeout 300 python3 -m bench.sweep_kernels --shapes "$SWEEP" --json "$OUT/sweep.json" 2>"$OUT/sweep.err" | tee "$OUT/sweep.txt"
 fi
@@ -25,6 +29,10 @@ for spec in ${PROFILE:-}; do
   timeout 120 python3 -m bench.profile --model "$model" --batch "$batch" --json "$OUT/profile_${model}_b${batch}.json" \
     2>"$OUT/profile_${model}_b${batch}.err" | tee "$OUT/profile_${model}_b${batch}.txt"
 done
+if [ -n "${ZOO:-}" ]; then  # architectures against torch (the machine's python3 has it), e.g. ZOO=default
+  timeout 1800 python3 -m bench --zoo "$ZOO" --dtype "${ZOO_DTYPE:-float32}" --iterations 50 --warmup 10 --rounds 5 \
+    --json "$OUT/zoo_${ZOO_DTYPE:-float32}.json" 2>"$OUT/zoo.err" | grep -v "round [0-9]*/" | tee "$OUT/zoo.txt"
+fi
 if [ -n "${TESTS:-}" ]; then
   timeout "${TESTS}" python3 -m pytest -q --backend=wgpu -p no:cacheprovider --deselect tests/test_typing.py $TEST_ARGS > "$OUT/tests.log" 2>&1
   tail -60 "$OUT/tests.log" > "$OUT/tests.txt"
