@@ -9,7 +9,8 @@ the one before), over enough workgroups to fill the GPU, and reports FLOPs (2 pe
 * ``f16 vec4`` / ``f16 vec2``: packed half precision, two f16 lanes per 32-bit register (the GPU's paired f16
   rate, twice the f32 rate on NVIDIA Hopper, is reached only if the driver pairs them);
 * ``f16 scalar``: half precision one lane at a time (if this equals ``f16 vec2``, nothing is paired);
-* ``f16 vec4 splat``: the tiled GEMM's inner step, a scalar broadcast into a vec4 and multiplied by a vec4.
+* ``f16 vec4 splat``: the tiled GEMM's inner step, a scalar broadcast into a vec4 and multiplied by a vec4;
+* ``... mul+add``: the same with ``h * a + b`` instead of ``fma`` (two roundings, which a driver may contract).
 
 The f16 forms need the ``shader-f16`` feature and are reported as absent without it. Every form's results are
 checked against numpy (the same recurrence) before timing, so a rate is never reported for a kernel that computed
@@ -54,6 +55,8 @@ class Form:
     element: str  # "f32" or "f16"
     width: int  # 1, 2 or 4
     splat: bool = False
+    #: ``fma(x, y, z)`` (one rounding, as WGSL defines it) or ``x * y + z`` (which the driver may contract)
+    fused: bool = True
 
     @property
     def value_type(self) -> str:
@@ -71,6 +74,10 @@ FORMS: tuple[Form, ...] = (
     Form("f16 vec2", "f16", 2),
     Form("f16 scalar", "f16", 1),
     Form("f16 vec4 splat", "f16", 4, splat=True),
+    Form("f32 vec4 mul+add", "f32", 4, fused=False),
+    Form("f16 vec4 mul+add", "f16", 4, fused=False),
+    Form("f16 vec2 mul+add", "f16", 2, fused=False),
+    Form("f16 vec4 splat mul+add", "f16", 4, splat=True, fused=False),
 )
 
 
@@ -80,13 +87,17 @@ def _kernel(form: Form, iterations: int, invocations: int, grid: tuple[int, int,
     convert = seed if form.element == "f32" else f"{t}({seed})"
     chains = "".join(f"    var h{c} = {convert} + {t}({c}.0 / {4 * CHAINS}.0);\n" for c in range(CHAINS))
     a, b = f"{t}({_A})", f"{t}({_B})"
+
+    def madd(x: str, y: str, z: str) -> str:
+        return f"fma({x}, {y}, {z})" if form.fused else f"{x} * {y} + {z}"
+
     if form.splat:
-        steps = "        s = fma(s, a, q);\n" + "".join(
-            f"        h{c} = fma({t}(s[{c % 4}]), h{c}, b);\n" for c in range(CHAINS)
+        steps = f"        s = {madd('s', 'a', 'q')};\n" + "".join(
+            f"        h{c} = {madd(f'{t}(s[{c % 4}])', f'h{c}', 'b')};\n" for c in range(CHAINS)
         )
         setup = f"    var s = {convert};\n    let a = {a};\n    let b = {b};\n    let q = {t}({_Q});\n"
     else:
-        steps = "".join(f"        h{c} = fma(h{c}, a, b);\n" for c in range(CHAINS))
+        steps = "".join(f"        h{c} = {madd(f'h{c}', 'a', 'b')};\n" for c in range(CHAINS))
         setup = f"    let a = {a};\n    let b = {b};\n"
     total = " + ".join(f"h{c}" for c in range(CHAINS)) + (" + s" if form.splat else "")
     widen = {

@@ -121,10 +121,10 @@ GEMM_BIG_TILE_WORKGROUPS = 256
 GEMM_SPLIT_MIN_K = 64
 #: At most this many K slices.
 GEMM_MAX_SPLIT_K = 16
-#: Whether float16 GEMMs multiply in f16 (:attr:`GemmConfig.half`) rather than in f32.  Off: on an H200 the
-#: f16-arithmetic kernel ran the fp16 matmul-1024-4096 chain at 16.7-25.6 TFLOP/s against 19.6-30.6 for the same
-#: tiles multiplying in f32 (the driver does not pair the splatted vec4<f16> FMAs), at twice the error.  Kept for
-#: sweeps, and for a packed or cooperative-matrix kernel to build on.
+#: Whether float16 GEMMs multiply in f16 (:attr:`GemmConfig.half`, k-pairs) rather than in f32.  Off: through WGSL
+#: the NVIDIA Vulkan driver runs f16 multiply-adds at only about 1.2x its f32 rate (``python -m bench.arithmetic`` on
+#: an H100: f16 vec4 55 TFLOP/s, f32 vec4 45), and on an H100 the fp16 matmul-1024-4096 chain ran at 28.1 TFLOP/s
+#: (128 x 128 tile, k-pairs) against 30.4 multiplying in f32, at twice the error (1.5e-3 against 8.3e-4 vs fp32).
 GEMM_HALF_MATH = False
 #: When set, every tiled GEMM uses this configuration (if the device fits it): for sweeps and tests.
 GEMM_OVERRIDE: GemmConfig | None = None
