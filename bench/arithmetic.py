@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,7 +32,7 @@ from ortgpu.ops._tiling import grid_for_groups, workgroup_index
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry, KernelTwin
 
-from .probes import Owned, Probe
+from .probes import Owned, Probe, interleaved, median_submit, open_backend_device
 
 __all__ = ["CHAINS", "FORMS", "Form", "arithmetic_probes", "expected", "main"]
 
@@ -212,16 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.iterations, args.workgroups, args.repeats, args.rounds) < 1:
         parser.error("--iterations, --workgroups, --repeats and --rounds must be at least 1")
-    device: BackendDevice
-    if args.backend == "fake":
-        from ortgpu_core.backends.fake import FakeBackend
-
-        device = FakeBackend().open_device(0)
-    else:
-        from ortgpu_core.backends.wgpu_native import WgpuBackend
-
-        backend = WgpuBackend()
-        device = backend.open_device(backend.default_adapter_index())
+    device = open_backend_device(args.backend)
     caps = DeviceCaps(frozenset(device.features), device.limits)
     print(f"device: {device.info.name} ({device.info.driver}, {device.info.backend_type})")
     probes, absent = arithmetic_probes(device, caps, args.iterations, args.workgroups, args.repeats)
@@ -240,24 +230,14 @@ def main(argv: list[str] | None = None) -> int:
                 wrong.add(probe.name)
                 print(f"{probe.name}: WRONG results (max error {float(np.max(np.abs(got[:256] - want))):.3g})")
         checked = [probe for probe in probes if probe.name not in wrong]
-        start = time.perf_counter()
-        device.submit(CommandList())
-        device.wait_idle()
-        baseline = time.perf_counter() - start
-        samples: dict[str, list[float]] = {probe.name: [] for probe in checked}
-        rng = np.random.default_rng(1)
-        for _ in range(args.rounds):
-            for index in rng.permutation(len(checked)):
-                probe = checked[int(index)]
-                start = time.perf_counter()
-                device.submit(probe.commands)
-                device.wait_idle()
-                samples[probe.name].append(max(time.perf_counter() - start - baseline, 1e-9) / probe.repeats)
+        baseline = median_submit(device, CommandList(), 3)
+        timed = [(probe.name, probe.commands, probe.repeats) for probe in checked]
+        samples = interleaved(device, timed, baseline, args.rounds, np.random.default_rng(1))
         print(
             f"{args.workgroups} x {_THREADS} invocations, {CHAINS} chains x {args.iterations} steps, median of {args.rounds}"
         )
         for probe in checked:
-            seconds = statistics.median(samples[probe.name])
+            seconds = max(statistics.median(samples[probe.name]), 1e-9)
             print(
                 f"  {probe.name:16s} {probe.flops_per_repeat / seconds / 1e12:9.3f} TFLOP/s  ({seconds * 1e3:.3f} ms)"
             )

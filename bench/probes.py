@@ -14,6 +14,8 @@ during the run shifts both alike.
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -24,7 +26,15 @@ from ortgpu.ops._tiling import grid_for_groups, workgroup_index
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry, KernelTwin
 
-__all__ = ["Owned", "Probe", "bandwidth_probes", "dispatch_floor_probe"]
+__all__ = [
+    "Owned",
+    "Probe",
+    "bandwidth_probes",
+    "dispatch_floor_probe",
+    "interleaved",
+    "median_submit",
+    "open_backend_device",
+]
 
 _THREADS = 256
 #: vec4s each invocation of the read probe sums (grid-strided), so the launch is a few waves, not millions.
@@ -184,3 +194,46 @@ def dispatch_floor_probe(device: BackendDevice, repeats: int) -> Probe:
     for _ in range(repeats):
         commands.add_dispatch(pipeline, group, 1, 1, 1)
     return Probe("dispatch floor", commands, repeats, 0, Owned(device, [pipeline], [group], [buffer]), bound=(buffer,))
+
+
+def open_backend_device(backend: str) -> BackendDevice:
+    """A device of ``backend`` (``"wgpu"``: the default adapter; ``"fake"``: the fake backend's first device)."""
+    if backend == "fake":
+        from ortgpu_core.backends.fake import FakeBackend
+
+        return FakeBackend().open_device(0)
+    from ortgpu_core.backends.wgpu_native import WgpuBackend
+
+    wgpu = WgpuBackend()
+    return wgpu.open_device(wgpu.default_adapter_index())
+
+
+def median_submit(device: BackendDevice, commands: CommandList, repeats: int) -> float:
+    """Median seconds of ``repeats`` submits of ``commands``, each waited for."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        device.submit(commands)
+        device.wait_idle()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def interleaved(
+    device: BackendDevice,
+    timed: list[tuple[str, CommandList, int]],
+    baseline: float,
+    rounds: int,
+    rng: np.random.Generator,
+) -> dict[str, list[float]]:
+    """Seconds per unit of each ``(name, commands, units)``: ``rounds`` rounds, each submitting every list once (in
+    a fresh random order) and waiting; a device whose speed drifts during the run shifts every entry alike."""
+    samples: dict[str, list[float]] = {name: [] for name, _, _ in timed}
+    for _ in range(rounds):
+        for index in rng.permutation(len(timed)):
+            name, commands, units = timed[int(index)]
+            start = time.perf_counter()
+            device.submit(commands)
+            device.wait_idle()
+            samples[name].append(max(time.perf_counter() - start - baseline, 0.0) / units)
+    return samples

@@ -51,7 +51,14 @@ from ortgpu.ops._runner import padded_size
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice, BindingEntry
 
-from .probes import Owned, bandwidth_probes, dispatch_floor_probe
+from .probes import (
+    Owned,
+    bandwidth_probes,
+    dispatch_floor_probe,
+    interleaved,
+    median_submit,
+    open_backend_device,
+)
 
 
 @dataclass(frozen=True)
@@ -334,16 +341,6 @@ def candidates(shape: Shape, caps: DeviceCaps, quick: bool) -> list[tuple[str, G
     return chosen
 
 
-def _median_submit(device: BackendDevice, commands: CommandList, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        device.submit(commands)
-        device.wait_idle()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 @dataclass
 class Prepared:
     """A plan's pipelines, bind groups and scratch (``owned``), recorded ``count`` times into ``commands``."""
@@ -480,7 +477,7 @@ class Runner:
             result = (
                 np.frombuffer(raw[: self.outputs[0].nbytes], dtype=np.float32).reshape(self.outputs[0].shape).copy()
             )
-            single = max(_median_submit(device, once, 3) - baseline, 1e-6)
+            single = max(median_submit(device, once, 3) - baseline, 1e-6)
             prepared.count = int(min(200, max(len(rotations), budget_s / single)))
             prepared.commands = record(prepared.count)
             device.submit(prepared.commands)
@@ -494,7 +491,7 @@ class Runner:
         """Seconds per run of ``plan`` (median of ``repeats`` submits of ``count`` runs) and its output."""
         prepared, result = self.prepare(plan, baseline, budget_s)
         try:
-            return max(_median_submit(self.device, prepared.commands, repeats) - baseline, 0.0) / prepared.count, result
+            return max(median_submit(self.device, prepared.commands, repeats) - baseline, 0.0) / prepared.count, result
         finally:
             prepared.release()
 
@@ -541,26 +538,6 @@ def score_rules(
                 )
     scores.sort(key=lambda entry: float(entry["score"]))
     return scores
-
-
-def _interleaved(
-    device: BackendDevice,
-    timed: list[tuple[str, CommandList, int]],
-    baseline: float,
-    rounds: int,
-    rng: np.random.Generator,
-) -> dict[str, list[float]]:
-    """Seconds per unit of each ``(name, commands, units)``: ``rounds`` rounds, each submitting every list once (in
-    a fresh random order) and waiting; a device whose speed drifts during the sweep shifts every entry alike."""
-    samples: dict[str, list[float]] = {name: [] for name, _, _ in timed}
-    for _ in range(rounds):
-        for index in rng.permutation(len(timed)):
-            name, commands, units = timed[int(index)]
-            start = time.perf_counter()
-            device.submit(commands)
-            device.wait_idle()
-            samples[name].append(max(time.perf_counter() - start - baseline, 0.0) / units)
-    return samples
 
 
 def sweep_gemv(
@@ -641,7 +618,7 @@ def sweep_gemv(
                     shape_rows.append(row)
                 timed = [(label, ready.commands, ready.count) for label, ready in prepared.items()]
                 timed += [(probe.name, probe.commands, probe.repeats) for probe in probes]
-                samples = _interleaved(device, timed, baseline, args.rounds, rng)
+                samples = interleaved(device, timed, baseline, args.rounds, rng)
                 for probe in probes:
                     probe_samples[probe.name] += samples[probe.name]
                 shape_probes = {probe.name: statistics.median(samples[probe.name]) for probe in probes}
@@ -797,16 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    device: BackendDevice
-    if args.backend == "fake":
-        from ortgpu_core.backends.fake import FakeBackend
-
-        device = FakeBackend().open_device(0)
-    else:
-        from ortgpu_core.backends.wgpu_native import WgpuBackend
-
-        backend = WgpuBackend()
-        device = backend.open_device(backend.default_adapter_index())
+    device = open_backend_device(args.backend)
     caps = DeviceCaps(frozenset(device.features), device.limits)
     info = device.info
     print(
@@ -814,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{device.limits.max_compute_invocations_per_workgroup} invocations"
     )
     started = time.perf_counter()
-    baseline = _median_submit(device, CommandList(), 21)
+    baseline = median_submit(device, CommandList(), 21)
     print(f"empty submit+wait: {baseline * 1e6:.1f} us (subtracted)")
     rng = np.random.default_rng(0)
     rows: list[dict[str, Any]] = []
