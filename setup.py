@@ -10,7 +10,7 @@ from pathlib import Path
 
 import Cython
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 # Cython 3.3.0 builds the subclassed cdef class DeviceAllocator with an undefined symbol
 # (__pyx_tp_new_vectorcall_...), so _allocator fails to import; pyproject.toml excludes it for isolated builds, and
@@ -33,17 +33,14 @@ def extensions() -> list[Extension]:
 
 
 setup(
+    # Every package under ortgpu/ and ortgpu_core/, found rather than listed (a listed set once missed new
+    # subpackages, which then imported only from the checkout), plus the stubs. bench/ is not installed (a
+    # top-level package named "bench" would shadow users' own): run it from a checkout with `python -m bench`.
     packages=[
-        "ortgpu",
-        "ortgpu.ops",
-        "ortgpu.capi",
-        "ortgpu_core",
-        "ortgpu_core.backends",
+        *find_packages(include=["ortgpu", "ortgpu.*", "ortgpu_core", "ortgpu_core.*"]),
         "ortgpu_core.backends.resources",
         "ortgpu_core-stubs",
         "ortgpu_core-stubs.backends",
-        # bench/ is not installed (a top-level package named "bench" would shadow users' own): run it from a
-        # checkout with `python -m bench`.
     ],
     package_dir={
         "ortgpu_core-stubs": "stubs/ortgpu_core",

@@ -3,6 +3,7 @@ of 40 runs, because ``ldconfig -p | grep -q`` fails under ``pipefail`` when grep
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,11 +53,32 @@ def test_user_scripts_outside_the_checkout_see_ortgpus_types(tmp_path: Path) -> 
     assert 'Invalid self argument "OrtValue[WebGPU]"' in output, output  # numpy() on a device value is a type error
 
 
+def test_every_module_imports_from_outside_the_checkout(tmp_path: Path) -> None:
+    """The install carries every subpackage: one left out of setup.py's list imported from the checkout (pytest's
+    own folder) but not from a user's, where ``import ortgpu`` failed on ``ortgpu.loader``."""
+    code = (
+        "import importlib, pkgutil, ortgpu, ortgpu_core\n"
+        "names = [m.name for p in (ortgpu, ortgpu_core) for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.')]\n"
+        "for name in names: importlib.import_module(name)\n"
+        "print(ortgpu.__file__, *names)\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=environment)
+    assert result.returncode == 0, result.stderr[-2000:]
+    location, *imported = result.stdout.split()
+    in_checkout = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for package in ("ortgpu", "ortgpu_core")
+        for path in (ROOT / package).rglob("*.py*")
+        if path.suffix in (".py", ".pyx") and path.name != "__init__.py"
+    } | {".".join(p.parent.relative_to(ROOT).parts) for p in ROOT.glob("ortgpu*/**/__init__.py")}
+    assert in_checkout - {"ortgpu", "ortgpu_core"} <= set(imported), sorted(in_checkout - set(imported))
+    assert not Path(location).resolve().is_relative_to(tmp_path)
+
+
 @pytest.mark.wgpu_only
 def test_opening_a_wgpu_device_prints_no_runtime_dir_warning(tmp_path: Path) -> None:
     """Mesa printed "XDG_RUNTIME_DIR is invalid or not set" four times per process when it was unset."""
-    import os
-
     environment = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
     code = "import ortgpu; env = ortgpu.Env(backend='wgpu'); env.default_device.features; env.close(); print('opened')"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=environment)
