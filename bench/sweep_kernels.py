@@ -131,6 +131,29 @@ def shapes() -> list[Shape]:
             _conv(f"resnet b{batch} shortcut Conv [{batch},512,28,28] 1x1 s2", batch, 256, 512, 56, 1, 2, False),
         ]
     result.append(_conv("resnet b1 stem Conv+Relu [1,64,224,224] 3x3 K=27", 1, 3, 64, 224, 3, 1, False))
+    return result + transformer_shapes()
+
+
+#: The projections of the ``--vs torch`` zoo's transformers at batch 1 (their rows M: ViT-B/16's 197 tokens,
+#: Whisper-tiny's 1500 frames, 128-token text; K/N of 256..32000): the shapes that leave an H100/H200 with too few
+#: workgroups per SM unless the tile or a K split is chosen for them.  (family, rows, [(K, N, epilogue adds)]).
+TRANSFORMER_PROJECTIONS: tuple[tuple[str, int, tuple[tuple[int, int, int], ...]], ...] = (
+    ("vit-b", 197, ((768, 2304, 1), (768, 768, 2), (768, 3072, 1), (3072, 768, 2))),
+    ("whisper-tiny", 1500, ((384, 384, 1), (384, 1536, 1), (1536, 384, 2))),
+    ("bert-base", 128, ((768, 768, 1), (768, 3072, 1), (3072, 768, 2))),
+    ("llama-small", 128, ((512, 256, 0), (512, 1376, 0), (1376, 512, 1), (512, 32000, 0))),
+)
+
+
+def transformer_shapes() -> list[Shape]:
+    """One MatMul (with its bias / residual Adds) per projection of :data:`TRANSFORMER_PROJECTIONS`; labels start
+    with ``xf`` (``--shapes xf`` sweeps them alone)."""
+    result = []
+    for family, rows, projections in TRANSFORMER_PROJECTIONS:
+        for k, n, adds in projections:
+            extras = ((n,), (1, rows, n))[:adds]
+            name = "MatMul" + "+Add" * adds
+            result.append(_matmul(f"xf {family} {name} M={rows} N={n} K={k}", (1, rows, k), (k, n), extras))
     return result
 
 

@@ -204,3 +204,30 @@ def test_arithmetic_main_refuses_nonsense(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit) as raised:
         arithmetic.main(["--backend", "fake", "--iterations", "0"])
     assert raised.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
+def test_transformer_projection_shapes_are_swept_and_checked(
+    backend_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--shapes xf``: the zoo's transformer projections, each timed against its own first variant (a wrong
+    variant is a failure, not a row), with the default's rank printed."""
+    labels = [shape.label for shape in sweep_kernels.transformer_shapes()]
+    assert len(labels) == len(set(labels)) and all(label.startswith("xf ") for label in labels)
+    for shape in sweep_kernels.transformer_shapes():
+        batch, m, n, k = shape.gemm
+        assert shape.inputs[0] == (1, m, k) and shape.inputs[1] == (k, n) and batch == 1
+    assert set(labels) <= {shape.label for shape in sweep_kernels.shapes()}
+    out = tmp_path / "sweep.json"
+    label = "xf llama-small MatMul M=128 N=256 K=512"
+    assert label in labels and not any("," in label for label in labels)  # --shapes splits on commas
+    arguments = ["--backend", backend_name, "--shapes", label, "--quick", "--repeats", "1", "--budget-ms", "1"]
+    code = sweep_kernels.main([*arguments, "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads(out.read_text())
+    (best,) = report["best"]
+    assert best["shape"] == label and best["gemm"] == [1, 128, 256, 512]
+    timed = [row for row in report["rows"] if row.get("us")]
+    assert len(timed) >= 3 and sum(row["is_default"] for row in timed) == 1
+    assert all(row["err_vs_first"] < 1e-4 for row in timed)
+    assert best["best_us"] == min(row["us"] for row in timed)
