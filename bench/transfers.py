@@ -3,7 +3,10 @@
 Upload: ``value.update_inplace(host)`` and a wait for the device to be idle (the data is on the device when the
 time is taken).  Download: ``value.to_numpy(out=host_out)`` (synchronous; a fixed output array, as a loop reading
 the same output every step would use).  Both on one value of each size, interleaved iteration by iteration, with the
-bytes checked at the end; p50 and p90 per direction, in ms and GB/s (1e9 bytes per second).
+bytes checked at the end; p50 and p90 per direction, in ms and GB/s (1e9 bytes per second).  In the same rounds, the
+host copy alone: the same bytes from one host array into another through the library's threaded copy
+(:mod:`ortgpu_core.backends._host_copy`), the ceiling a staged upload or a chunked read cannot pass, since each makes
+one such copy into or out of a mapped staging buffer.
 
 Examples::
 
@@ -50,10 +53,12 @@ def measure(env: ortgpu.Env, megabytes: float, iterations: int, warmup: int) -> 
     rng = np.random.default_rng(0)
     hosts = [rng.standard_normal(count).astype(np.float32) for _ in range(2)]
     out = np.empty(count, np.float32)
+    copied = np.empty(count, np.float32)
     value = env.shared_allocator().from_numpy(hosts[1])
     device = env.default_device._native_device()
     up: list[float] = []
     down: list[float] = []
+    host_only: list[float] = []
     try:
         for index in range(warmup + iterations):
             host = hosts[index % 2]
@@ -63,24 +68,36 @@ def measure(env: ortgpu.Env, megabytes: float, iterations: int, warmup: int) -> 
             middle = time.perf_counter()
             value.to_numpy(out=out)
             end = time.perf_counter()
+            _host_copy.copy_bytes(copied, host)
+            host_end = time.perf_counter()
             if index >= warmup:
                 up.append(middle - start)
                 down.append(end - middle)
-        if not np.array_equal(out, hosts[(warmup + iterations - 1) % 2]):
+                host_only.append(host_end - end)
+        if not np.array_equal(out, hosts[(warmup + iterations - 1) % 2]) or not np.array_equal(copied, out):
             raise SystemExit(f"{megabytes} MB: the bytes read back differ from those written; no rates reported")
     finally:
         value.release()
     nbytes = count * 4
-    return {"megabytes": megabytes, "bytes": nbytes, "upload": _stats(up, nbytes), "download": _stats(down, nbytes)}
+    return {
+        "megabytes": megabytes,
+        "bytes": nbytes,
+        "upload": _stats(up, nbytes),
+        "download": _stats(down, nbytes),
+        "host_copy": _stats(host_only, nbytes),
+    }
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
-    lines = ["| size | upload p50 ms | upload GB/s | download p50 ms | download GB/s |", "|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| size | upload p50 ms | upload GB/s | download p50 ms | download GB/s | host copy alone GB/s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
         up, down = row["upload"], row["download"]
         lines.append(
             f"| {row['megabytes']:g} MB | {up['p50_ms']:.3f} | {up['p50_GBps']:.1f} | {down['p50_ms']:.3f} | "
-            f"{down['p50_GBps']:.1f} |"
+            f"{down['p50_GBps']:.1f} | {row['host_copy']['p50_GBps']:.1f} |"
         )
     return "\n".join(lines)
 

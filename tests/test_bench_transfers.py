@@ -20,12 +20,12 @@ def test_transfers_rows_and_json(backend_name: str, tmp_path: Path, capsys: pyte
     assert [row["bytes"] for row in report["rows"]] == [1 << 18, 2 << 20]
     assert report["copy_threads"] == _host_copy.copy_threads()
     for row in report["rows"]:
-        for direction in ("upload", "download"):
+        for direction in ("upload", "download", "host_copy"):
             stats = row[direction]
             assert 0 < stats["p50_ms"] <= stats["p90_ms"]
             assert stats["p50_GBps"] == pytest.approx(row["bytes"] / (stats["p50_ms"] * 1e-3) / 1e9)
     out = capsys.readouterr().out
-    assert "| 0.25 MB |" in out and "| 2 MB |" in out
+    assert "| 0.25 MB |" in out and "| 2 MB |" in out and "host copy alone GB/s" in out
 
 
 def test_transfers_copy_threads_option_sets_the_library_setting(backend_name: str) -> None:
