@@ -1,7 +1,8 @@
 """The plan for a binding's values, and every check a bound run or a capture makes on the binding first.
 
 A bound run (``run_with_iobinding``), a capture and verify mode all start here: every input bound, every output
-bound to a device value of the planned dtype and shape, provenance checked, and for a capture no host values and no
+bound to a value of the planned dtype and shape (or by name, for the session to allocate:
+:func:`ortgpu._capture.allocate_session_outputs`), provenance checked, and for a capture no host values and no
 aliasing between outputs or between an input and an output.  Inputs whose values decide the plan (a trip count, a
 target shape) are read to the host: a captured graph re-checks them before each replay (at most
 :data:`MAX_GUARDED_BYTES`).
@@ -62,9 +63,14 @@ def plan_for_binding(
             if for_capture
             else InvalidArgumentError(f"inputs {missing} are not bound; bind every input before running")
         )
-    unbound = [n for n in runner.output_names if n not in outputs]
+    by_name = binding.session_outputs()
+    unbound = [n for n in runner.output_names if n not in outputs and n not in by_name]
     if unbound:
-        message = f"outputs {unbound} are not bound; bind each to a device value (binding.bind_output(name, session.allocator.empty(shape, dtype)))"
+        message = (
+            f"outputs {unbound} are not bound; bind each to a device value (binding.bind_output(name, "
+            f"session.allocator.empty(shape, dtype))), or by name for the session to allocate (binding.bind_output(name, "
+            f"'webgpu'))"
+        )
         raise CaptureStateError(message) if for_capture else InvalidArgumentError(message)
     for name, value in list(inputs.items()) + list(outputs.items()):
         runner.check_value(value, f"bound value {name!r}")
@@ -102,6 +108,8 @@ def plan_for_binding(
         deciding.update(values)
     plan = runner.plan_for(shapes, dtypes, values)
     for name, info in plan.output_infos.items():
+        if name in by_name:
+            continue  # the session allocates it, of this shape
         value = outputs[name]
         if tuple(value.shape()) != info.shape or value.dtype != info.dtype:
             raise ShapeError(
@@ -120,3 +128,4 @@ def plan_for_binding(
             f"why), and a captured graph can only replay device work; run this model with gpu_graph_id=-1"
         )
     return plan
+

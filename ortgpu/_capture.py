@@ -142,10 +142,15 @@ class GraphRegistry:
         self._graphs[graph_id] = None  # reserved: a second capture of this id fails from here on
         pins: PinSet | None = None
         program: DeviceProgram[DeviceBuffer] | None = None
+        allocated: dict[str, AnyValue] = {}
         try:
             with host.lock:
                 deciding: dict[str, np.ndarray] = {}
                 plan = host.bound_plan(frozen, for_capture=True, deciding=deciding)
+                if frozen.session_outputs():
+                    # Outputs bound by name: device values made once, which the graph writes on every replay.
+                    allocated = allocate_session_outputs(host.allocator, plan, frozen.session_outputs(), on_device=True)
+                    frozen = frozen._with_outputs(allocated)
                 pins = PinSet._create(label, frozen._pinned_buffers())
                 program = host.new_program(plan)
                 inputs = frozen.inputs()
@@ -171,6 +176,8 @@ class GraphRegistry:
                 # Registered under the run lock, as its submitter was chosen: profiling starting or ending (which
                 # swaps the live graphs' submitters under that lock) either sees this graph or chose its submitter.
                 self._graphs[graph_id] = graph
+                if origin is not None and allocated:
+                    origin._adopt_session_outputs(label, allocated)  # bound for good: get_outputs() returns them
         except BaseException:
             # A failed capture registers no graph and leaves the binding unlocked, whatever failed (on a lost
             # device too, where freeing the program's native objects may raise: the device freed them already).
@@ -184,10 +191,28 @@ class GraphRegistry:
                         program.release()
                     except (DeviceLostError, ReleasedValueError):
                         pass
+                for value in allocated.values():
+                    value.release()
             finally:
                 del self._graphs[graph_id]
             raise
         return graph
+
+
+def allocate_session_outputs(
+    allocator: SessionAllocator, plan: ExecutionPlan, by_name: dict[str, str], *, on_device: bool
+) -> dict[str, AnyValue]:
+    """Values for the outputs a binding binds by name (``{name: device type}``), of the plan's shapes: on the
+    session's device for ``"webgpu"`` (or for every one, ``on_device``: a capture writes device buffers only), a
+    host value for ``"cpu"``."""
+    values: dict[str, AnyValue] = {}
+    for name, device in by_name.items():
+        info = plan.output_infos[name]
+        if device == "webgpu" or on_device:
+            values[name] = allocator.empty(info.shape, info.dtype)
+        else:
+            values[name] = OrtValue.ortvalue_from_numpy(np.empty(info.shape, info.dtype))
+    return values
 
 
 def _value_guard(

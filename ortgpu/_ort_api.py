@@ -12,13 +12,15 @@ from __future__ import annotations
 import enum
 import os
 import platform
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from ortgpu_core import InvalidArgumentError, OrtGpuError, OrtValue, UnsupportedOpError
+from ortgpu_core import InvalidArgumentError, OrtValue, UnsupportedOpError
+from ortgpu_core._errors import Fail
 
 from ._version import __version__
 
@@ -51,11 +53,6 @@ __all__ = [
 WEBGPU_PROVIDER = "WebGpuExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
 _PROVIDERS = (WEBGPU_PROVIDER, CPU_PROVIDER)
-
-
-class Fail(OrtGpuError, RuntimeError):
-    """onnxruntime's generic failure (``onnxruntime.capi.onnxruntime_pybind11_state.Fail``): raised where
-    onnxruntime raises it for a session option it cannot honour (an unknown config entry...)."""
 
 
 class GraphOptimizationLevel(enum.IntEnum):
@@ -415,10 +412,15 @@ ProviderArg = str | tuple[str, Mapping[str, Any]]
 
 
 def normalize_providers(
-    providers: Sequence[ProviderArg] | None, provider_options: Sequence[Mapping[str, Any]] | None
+    providers: Sequence[ProviderArg] | None, provider_options: Sequence[Mapping[str, Any]] | None, *, strict: bool = False
 ) -> tuple[list[str], list[dict[str, str]]]:
     """onnxruntime's provider arguments (names, or ``(name, options)`` pairs; or names with a parallel
-    ``provider_options`` list) as names and options; unknown names refused with the available ones."""
+    ``provider_options`` list) as names and options.
+
+    As onnxruntime's constructor does, a provider ortgpu does not have (``CUDAExecutionProvider`` in the common
+    ``["CUDAExecutionProvider", "CPUExecutionProvider"]``) and a repeated one are skipped with a warning
+    (``RuntimeWarning``, saying what runs instead), and a list left empty falls back to the CPU provider; ``strict``
+    (``set_providers``) refuses an unknown name instead."""
     if providers is None:
         return [WEBGPU_PROVIDER, CPU_PROVIDER], [{}, {}]
     if isinstance(providers, str):
@@ -442,13 +444,31 @@ def normalize_providers(
         else:
             raise InvalidArgumentError(f"provider {item!r}: expected a name or a (name, options dict) pair")
         if name not in _PROVIDERS:
-            raise InvalidArgumentError(
-                f"{name} is not in available provider names. Available providers: '{', '.join(_PROVIDERS)}'"
+            message = f"{name} is not in available provider names. Available providers: '{', '.join(_PROVIDERS)}'"
+            if strict:
+                raise InvalidArgumentError(message)
+            warnings.warn(
+                f"Specified provider '{name}' is not in available provider names (available: {', '.join(_PROVIDERS)});"
+                f" skipped. ortgpu's GPU provider is '{WEBGPU_PROVIDER}': list it to run on the GPU",
+                RuntimeWarning,
+                stacklevel=5,
             )
+            continue
         if name in names:
-            raise InvalidArgumentError(f"provider {name!r} is listed twice")
+            if strict:
+                raise InvalidArgumentError(f"provider {name!r} is listed twice")
+            warnings.warn(f"Duplicate provider '{name}' encountered, ignoring.", RuntimeWarning, stacklevel=5)
+            continue
         names.append(name)
         options.append({str(k): str(v) for k, v in opts.items()})
     if not names:
-        raise InvalidArgumentError(f"providers is empty; available providers: {list(_PROVIDERS)}")
+        if strict or not providers:
+            raise InvalidArgumentError(f"providers is empty; available providers: {list(_PROVIDERS)}")
+        warnings.warn(
+            f"no provider of the list is available; falling back to ['{CPU_PROVIDER}'] (the model runs on the host). "
+            f"List '{WEBGPU_PROVIDER}' to run on the GPU",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+        return [CPU_PROVIDER], [{}]
     return names, options

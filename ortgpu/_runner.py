@@ -265,6 +265,14 @@ class SessionRunner:
             dtype, shape = value.dtype, tuple(value.shape())
         self.check_info(name, info, dtype, shape, kind)
 
+    def check_output_name(self, name: str) -> None:
+        """Called by :class:`IOBinding` before ``bind_output(name)`` (the session allocates the value)."""
+        self.check_open("bind an output")
+        if name not in self.output_infos:
+            raise InvalidArgumentError(f"the model has no output {name!r}; its outputs are {sorted(self.output_infos)}")
+        if self.output_infos[name].dtype == object:
+            raise DtypeError(_STRINGS_UNBOUND.format(names=[name]))
+
     @staticmethod
     def check_info(name: str, info: ValueInfo, dtype: np.dtype[Any], shape: tuple[int, ...], kind: str) -> None:
         if dtype != info.dtype:

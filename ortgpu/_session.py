@@ -39,7 +39,7 @@ from ortgpu_core._errors import NotCopyable
 from ortgpu_core._graph import CapturedGraph
 
 from ._async_runs import RunAsyncCallback, _UserData, start_run_async
-from ._capture import check_graph_id
+from ._capture import allocate_session_outputs, check_graph_id
 from ._host_io import as_output
 from ._host_values import is_optional_dtype, is_structured_dtype, optional_type_name
 from ._ort_api import (
@@ -311,7 +311,7 @@ class InferenceSession(NotCopyable):
         """Re-create the session on other providers (onnxruntime's semantics): captured graphs, bindings and
         session-owned values of the previous session are released."""
         try:  # refuse bad names before closing anything
-            normalize_providers(providers, provider_options)
+            normalize_providers(providers, provider_options, strict=True)
         except InvalidArgumentError as error:
             raise Fail(f"Unknown Provider Type: {error}") from None
         profiling = self.profiling_active
@@ -605,8 +605,12 @@ class InferenceSession(NotCopyable):
             graph_id = 0 if self.graph_capture else -1
         if graph_id == -1:
             plan = runner.bound_plan(binding, for_capture=False)
+            by_name = binding.session_outputs()
+            allocated = allocate_session_outputs(runner.allocator, plan, by_name, on_device=False) if by_name else {}
             with runner.lock:
-                runner.run_bound(plan, binding.inputs(), binding.cpu_inputs(), binding.outputs())
+                runner.run_bound(plan, binding.inputs(), binding.cpu_inputs(), {**binding.outputs(), **allocated})
+            if by_name:
+                binding._set_session_results(allocated)
             return
         runner.graphs.capture_or_replay(runner, self, binding, graph_id)
 

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ortgpu_core import Device, Env, InvalidArgumentError, get_env
+from ortgpu_core import Device, Env, InvalidArgumentError, UnsafeAccessError, get_env
 
 from ._ort_api import (
     WEBGPU_PROVIDER,
@@ -39,15 +39,59 @@ def cpu_env() -> Env:
         return _cpu_env_instance
 
 
+#: onnxruntime WebGPU provider options that mean nothing here (its Dawn device, buffer caches, layout and
+#: debugging): accepted so an onnxruntime program runs unchanged, kept, reported by ``get_provider_options()``, and
+#: without effect (ortgpu plans its own layouts and buffers).  Where onnxruntime takes a fixed set of values, a value
+#: outside it is refused as onnxruntime refuses it.
+WEBGPU_OPTIONS_WITHOUT_EFFECT: dict[str, frozenset[str] | None] = {
+    "preferredLayout": frozenset({"NCHW", "NHWC"}),
+    "storageBufferCacheMode": frozenset({"disabled", "lazyRelease", "simple", "bucket", "graph"}),
+    "uniformBufferCacheMode": frozenset({"disabled", "lazyRelease", "simple", "bucket", "graph"}),
+    "queryResolveBufferCacheMode": frozenset({"disabled", "lazyRelease", "simple", "bucket", "graph"}),
+    "defaultBufferCacheMode": frozenset({"disabled", "lazyRelease", "simple", "bucket", "graph"}),
+    "validationMode": frozenset({"disabled", "wgpuOnly", "basic", "full"}),
+    "dawnBackendType": frozenset({"D3D12", "Vulkan"}),
+    "forceCpuNodeNames": None,
+    "enablePIXCapture": frozenset({"0", "1"}),
+    "preserveDevice": frozenset({"0", "1"}),
+    "powerPreference": frozenset({"high-performance", "low-power"}),
+}
+#: Options that hand onnxruntime a native WebGPU object by address, which ortgpu never takes (a pointer carries no
+#: provenance); ``env=`` / ``device=`` choose the device instead.
+WEBGPU_POINTER_OPTIONS = frozenset({"webgpuInstance", "webgpuAdapter", "webgpuDevice", "dawnProcTable"})
+#: What the options are called in onnxruntime's session-config spelling (``ep.webgpuexecutionprovider.deviceId``).
+_OPTION_PREFIXES = ("ep.webgpuexecutionprovider.", "ep.WebGpuExecutionProvider.", "WebGPU:")
+
+
+def _bare_option(key: str) -> str:
+    for prefix in _OPTION_PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix) :]
+    return key
+
+
 def device_from_options(env: Env, options: Mapping[str, str]) -> Device:
-    """The WebGPU provider's ``deviceId`` (or ``device_id``) option: an index into ``env.devices``."""
-    known = {"deviceId", "device_id", "enableGraphCapture"}
+    """The WebGPU provider's ``deviceId`` (or ``device_id``) option: an index into ``env.devices``; the other
+    options onnxruntime's WebGPU provider takes are checked (:data:`WEBGPU_OPTIONS_WITHOUT_EFFECT`)."""
+    options = {_bare_option(key): value for key, value in options.items()}
+    known = {"deviceId", "device_id", "enableGraphCapture"} | set(WEBGPU_OPTIONS_WITHOUT_EFFECT)
+    pointers = sorted(set(options) & WEBGPU_POINTER_OPTIONS)
+    if pointers:
+        raise UnsafeAccessError(
+            f"WebGpuExecutionProvider options {pointers} hand over a native WebGPU object by address, which ortgpu "
+            "never takes; choose the device with InferenceSession(..., env=..., device=...) or the deviceId option"
+        )
     unknown = sorted(set(options) - known)
     if unknown:
         raise InvalidArgumentError(
             f"WebGpuExecutionProvider options {unknown} are not supported by ortgpu; it knows {sorted(known)} "
             "(pass env=/device= for more control)"
         )
+    for key, allowed in WEBGPU_OPTIONS_WITHOUT_EFFECT.items():
+        if allowed is not None and key in options and options[key] not in allowed:
+            raise InvalidArgumentError(
+                f"WebGpuExecutionProvider option {key}={options[key]!r}: expected one of {sorted(allowed)}"
+            )
     raw = options.get("deviceId", options.get("device_id", "0"))
     try:
         index = int(raw)
@@ -173,6 +217,7 @@ def place_session(
         chosen = device_from_options(chosen_env, webgpu_options)
         if device is None:
             device = chosen
-        capture = webgpu_options.get("enableGraphCapture", "0").lower() in ("1", "true")
+        bare = {_bare_option(key): value for key, value in webgpu_options.items()}
+        capture = bare.get("enableGraphCapture", "0").lower() in ("1", "true")
     chosen_device = chosen_env.check_device(device if device is not None else chosen_env.default_device)
     return SessionPlacement(chosen_env, chosen_device, names, options, capture)

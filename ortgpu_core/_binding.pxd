@@ -4,6 +4,8 @@ cdef class _BindingView:
     cdef dict _inputs
     cdef dict _outputs
     cdef dict _cpu_inputs
+    cdef dict _session_outputs  # name -> device type: outputs the session allocates (bind_output(name[, device]))
+    cdef dict _session_results  # name -> the value the session allocated for it in the last run
     cdef object __weakref__
 
 cdef class IOBinding(_BindingView):

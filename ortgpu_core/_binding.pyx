@@ -15,6 +15,14 @@ protocol (``check_bind``); this module never imports :mod:`ortgpu`.
 
 A binding's *signature* is what a captured graph compares: for each bound
 name, the native buffer's ``(handle, generation)``, never Python objects.
+
+An output may also be bound by name alone (onnxruntime's ``bind_output(name)``
+and ``bind_output(name, device_type, device_id)``): the session allocates it,
+since its shape need not be known before the run.  An ordinary run allocates
+a fresh value each time (on the host for ``"cpu"``, onnxruntime's default, on
+the session's device for ``"webgpu"``); a capture allocates device values
+once, binds them for good (``get_outputs()`` returns them after every replay),
+since a captured graph writes fixed buffers.
 """
 
 import threading
@@ -23,7 +31,10 @@ import numpy as np
 
 from ._value cimport OrtValue
 from ._dlpack import host_array, is_dlpack_producer
-from ._errors import ArgumentTypeError, CaptureStateError, NotCopyable, UnsafeAccessError
+from ._errors import ArgumentTypeError, CaptureStateError, InvalidArgumentError, NotCopyable, UnsafeAccessError
+
+#: The device types an output bound by name may name: the host, or the session's WebGPU device.
+SESSION_OUTPUT_DEVICES = ("cpu", "webgpu")
 
 
 def _raw_pointer_refused(str kind, str name):
@@ -35,7 +46,26 @@ def _raw_pointer_refused(str kind, str name):
     )
 
 
-cdef tuple _signature_of(dict inputs, dict outputs, dict cpu_inputs):
+cdef str _session_output_device(str name, object device_type, tuple rest):
+    """The device type of ``bind_output(name, device_type[, device_id])`` (checked), or the refusal of the raw
+    pointer form."""
+    if len(rest) > 1 and any(part is not None for part in rest[1:]):
+        raise _raw_pointer_refused("output", name)
+    device_id = rest[0] if rest else 0
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+        raise ArgumentTypeError(f"bind_output({name!r}, {device_type!r}, device_id): device_id must be an int >= 0, "
+                                f"not {device_id!r}")
+    if device_type is None:
+        return "cpu"
+    if device_type not in SESSION_OUTPUT_DEVICES:
+        raise InvalidArgumentError(
+            f"bind_output({name!r}, {device_type!r}): an output bound by name is allocated on 'cpu' (the host, "
+            f"onnxruntime's default) or on 'webgpu' (the session's device); ortgpu has no {device_type!r} device"
+        )
+    return device_type
+
+
+cdef tuple _signature_of(dict inputs, dict outputs, dict cpu_inputs, dict session_outputs):
     # A device buffer is named by its generation (unique in the process, never a native address); a host value
     # by the identity of the Python object bound.
     cdef list parts = []
@@ -53,6 +83,8 @@ cdef tuple _signature_of(dict inputs, dict outputs, dict cpu_inputs):
             ("output", name, "webgpu", buffer.generation) if buffer is not None
             else ("output", name, "cpu", id(outputs[name]))
         )
+    for name in sorted(session_outputs):
+        parts.append(("output", name, "session", session_outputs[name]))
     return tuple(parts)
 
 
@@ -86,19 +118,34 @@ cdef class _BindingView:
         """``{name: OrtValue}`` of the bound outputs (a copy)."""
         return dict(self._outputs)
 
+    def session_outputs(self):
+        """``{name: device type}`` of the outputs bound by name alone, which the session allocates (a copy)."""
+        return dict(self._session_outputs)
+
     def get_outputs(self):
-        """The bound output values, in the model's output order."""
-        return [self._outputs[name] for name in self._owner.output_names if name in self._outputs]
+        """The output values, in the model's output order: those bound, and those the session allocated for the
+        outputs bound by name (after a run; before it there are none to return)."""
+        result = []
+        for name in self._owner.output_names:
+            if name in self._outputs:
+                result.append(self._outputs[name])
+            elif name in self._session_results:
+                result.append(self._session_results[name])
+        return result
 
     def copy_outputs_to_cpu(self):
-        """Host copies of every bound output, in the model's output order (synchronous)."""
+        """Host copies of :meth:`get_outputs`, in the model's output order (synchronous)."""
         return [value.to_numpy() for value in self.get_outputs()]
+
+    def _set_session_results(self, dict values):
+        """Internal: the values a run allocated for the outputs bound by name (what get_outputs() returns)."""
+        self._session_results = dict(values)
 
     @property
     def signature(self):
         """What the binding names, as a captured graph compares it: ``(role, name, placement, identity)`` tuples,
         where a device value's identity is its buffer's generation (opaque, never reused)."""
-        return _signature_of(self._inputs, self._outputs, self._cpu_inputs)
+        return _signature_of(self._inputs, self._outputs, self._cpu_inputs, self._session_outputs)
 
     def _pinned_buffers(self):
         """The device buffers this binding refers to (what a captured graph pins).  Internal."""
@@ -137,6 +184,8 @@ cdef class IOBinding(_BindingView):
         binding._inputs = {}
         binding._outputs = {}
         binding._cpu_inputs = {}
+        binding._session_outputs = {}
+        binding._session_results = {}
         binding._captured_by = []
         binding._lock = threading.Lock()
         return binding
@@ -167,18 +216,26 @@ cdef class IOBinding(_BindingView):
             self._cpu_inputs.pop(name, None)
             self._inputs[name] = value
 
-    def bind_output(self, name, value, *raw_pointer_form):
-        """Bind output ``name`` to ``value`` (a device ``OrtValue`` the run writes into)."""
-        if raw_pointer_form or isinstance(value, str):
+    def bind_output(self, name, value=None, *device_or_raw_pointer):
+        """Bind output ``name`` to ``value`` (an ``OrtValue`` the run writes into), or, as onnxruntime's
+        ``bind_output(name)`` / ``bind_output(name, device_type, device_id)``, to a value the session allocates at
+        each run (``device_type`` ``"cpu"``, the default, or ``"webgpu"``; see the module)."""
+        if value is None or isinstance(value, str):
+            device = _session_output_device(name, value, device_or_raw_pointer)
+            with self._lock:
+                self._check_mutable(f"bind output {name!r}")
+                self._owner.check_output_name(name)
+                self._outputs.pop(name, None)
+                self._session_results.pop(name, None)
+                self._session_outputs[name] = device
+            return
+        if device_or_raw_pointer:
             raise _raw_pointer_refused("output", name)
-        if value is None:
-            raise ArgumentTypeError(
-                f"bind_output({name!r}, None): give a value to write into, e.g. "
-                f"bind_output({name!r}, session.allocator.empty(shape, dtype))"
-            )
         with self._lock:
             self._check_mutable(f"bind output {name!r}")
             self._owner.check_bind(name, value, "output")
+            self._session_outputs.pop(name, None)
+            self._session_results.pop(name, None)
             self._outputs[name] = value
 
     def bind_ortvalue_input(self, name, value):
@@ -213,12 +270,15 @@ cdef class IOBinding(_BindingView):
         with self._lock:
             self._check_mutable("clear the bound outputs")
             self._outputs.clear()
+            self._session_outputs.clear()
+            self._session_results.clear()
 
     def freeze(self):
         """An immutable snapshot of this binding (it remembers this binding as its origin)."""
         with self._lock:
             return FrozenIOBinding._create(
-                self._session, self._owner, self._inputs, self._outputs, self._cpu_inputs, self
+                self._session, self._owner, self._inputs, self._outputs, self._cpu_inputs, self,
+                self._session_outputs
             )
 
     def _freeze_and_lock(self, label):
@@ -227,7 +287,8 @@ cdef class IOBinding(_BindingView):
         with self._lock:
             self._captured_by.append(label)
             return FrozenIOBinding._create(
-                self._session, self._owner, self._inputs, self._outputs, self._cpu_inputs, self
+                self._session, self._owner, self._inputs, self._outputs, self._cpu_inputs, self,
+                self._session_outputs
             )
 
     def _lock_matching(self, label, FrozenIOBinding snapshot):
@@ -235,7 +296,7 @@ cdef class IOBinding(_BindingView):
         still names what the snapshot names; else ``CaptureStateError`` and nothing locked: a locked binding
         must name exactly the buffers its graph replays."""
         with self._lock:
-            now = _signature_of(self._inputs, self._outputs, self._cpu_inputs)
+            now = _signature_of(self._inputs, self._outputs, self._cpu_inputs, self._session_outputs)
             if now != snapshot.signature:
                 raise CaptureStateError(
                     f"cannot capture this FrozenIOBinding as graph {label.graph_id}: the IOBinding it was frozen "
@@ -243,6 +304,17 @@ cdef class IOBinding(_BindingView):
                     f"Capture the IOBinding itself, or freeze it again"
                 )
             self._captured_by.append(label)
+
+    def _adopt_session_outputs(self, label, dict values):
+        """Internal, for capture: the device values graph ``label`` allocated for the outputs bound by name become
+        this binding's bound outputs (it is locked for that graph: only the capture may change it)."""
+        with self._lock:
+            if label not in self._captured_by:
+                raise CaptureStateError("internal: outputs adopted for a graph that does not lock this binding")
+            for name, value in values.items():
+                self._session_outputs.pop(name, None)
+                self._session_results.pop(name, None)
+                self._outputs[name] = value
 
     def _unlock_for(self, label):
         with self._lock:
@@ -253,7 +325,9 @@ cdef class IOBinding(_BindingView):
         state = f" captured by graph {self._captured_by[0].graph_id}" if self._captured_by else ""
         return (
             f"<IOBinding session={self._owner.session_id} inputs={sorted(self._inputs) + sorted(self._cpu_inputs)} "
-            f"outputs={sorted(self._outputs)}{state}>"
+            f"outputs={sorted(self._outputs)}"
+            + (f" session_outputs={sorted(self._session_outputs)}" if self._session_outputs else "")
+            + f"{state}>"
         )
 
 
@@ -264,15 +338,26 @@ cdef class FrozenIOBinding(_BindingView):
         raise ArgumentTypeError("FrozenIOBinding objects are made by IOBinding.freeze()")
 
     @staticmethod
-    def _create(session, owner, dict inputs, dict outputs, dict cpu_inputs, origin):
+    def _create(session, owner, dict inputs, dict outputs, dict cpu_inputs, origin, dict session_outputs=None):
         cdef FrozenIOBinding frozen = FrozenIOBinding.__new__(FrozenIOBinding)
         frozen._session = session
         frozen._owner = owner
         frozen._inputs = dict(inputs)
         frozen._outputs = dict(outputs)
         frozen._cpu_inputs = dict(cpu_inputs)
+        frozen._session_outputs = dict(session_outputs or {})
+        frozen._session_results = {}
         frozen._origin = origin
         return frozen
+
+    def _with_outputs(self, dict values):
+        """Internal, for capture: this snapshot with ``values`` bound for the outputs it binds by name."""
+        outputs = dict(self._outputs)
+        outputs.update(values)
+        rest = {name: device for name, device in self._session_outputs.items() if name not in values}
+        return FrozenIOBinding._create(
+            self._session, self._owner, self._inputs, outputs, self._cpu_inputs, self._origin, rest
+        )
 
     @property
     def origin(self):

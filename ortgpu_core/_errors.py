@@ -31,6 +31,7 @@ __all__ = [
     "ArgumentTypeError",
     "ShapeError",
     "DtypeError",
+    "Fail",
 ]
 
 
@@ -51,8 +52,9 @@ class ShapeError(InvalidArgumentError):
     """A shape is negative, too large for the device, or does not match."""
 
 
-class DtypeError(OrtGpuError, TypeError):
-    """A dtype is unsupported, or differs from the one required (never cast silently)."""
+class DtypeError(InvalidArgumentError, TypeError):
+    """A dtype is unsupported, or differs from the one required (never cast silently).  An invalid argument too, as
+    onnxruntime reports a wrong input dtype (``except InvalidArgument`` catches it there and here)."""
 
 
 class ProvenanceError(OrtGpuError, ValueError):
@@ -95,7 +97,13 @@ class ModelError(OrtGpuError, ValueError):
     """The model cannot be loaded or run."""
 
 
-class UnsupportedOpError(ModelError):
+class Fail(OrtGpuError, RuntimeError):
+    """onnxruntime's generic failure (``onnxruntime.capi.onnxruntime_pybind11_state.Fail``): raised where
+    onnxruntime raises it for a session option it cannot honour (an unknown config entry...), and the base of
+    :class:`UnsupportedOpError`, as onnxruntime fails a model whose operator it has no kernel for."""
+
+
+class UnsupportedOpError(ModelError, Fail):
     """The model uses an operator, attribute or dtype ortgpu does not implement."""
 
 

@@ -30,6 +30,11 @@ class BindingOwner(Protocol):
         ``name``: the name exists, the session is open, provenance, dtype and static shape match."""
         ...
 
+    def check_output_name(self, name: str) -> None:
+        """Raise a typed error unless the session is open and has an output ``name`` whose values it can allocate
+        (for ``bind_output(name)``: the session allocates the value)."""
+        ...
+
 
 class GraphOwner(Protocol):
     """What a :class:`~ortgpu_core._graph.CapturedGraph` asks of its session: the checks around a replay, verify

@@ -135,11 +135,7 @@ def test_constructor_positional_options_and_providers(env: Env) -> None:
         s.close()
 
 
-def test_unknown_provider_is_refused_with_the_list(env: Env) -> None:
-    with pytest.raises(ortgpu.InvalidArgumentError, match="CUDAExecutionProvider is not in available provider names"):
-        InferenceSession(MODEL, providers=["CUDAExecutionProvider"], env=env)
-    with pytest.raises(ValueError, match="WebGpuExecutionProvider, CPUExecutionProvider"):
-        InferenceSession(MODEL, providers=["Nope"], env=env)
+def test_set_providers_refuses_an_unknown_provider_with_the_list(env: Env) -> None:
     sess = InferenceSession(MODEL, providers=["WebGpuExecutionProvider"], env=env)
     with pytest.raises(RuntimeError, match="Unknown Provider Type"):
         sess.set_providers(["InvalidProvider"])
@@ -339,3 +335,96 @@ def test_graph_capture_through_the_webgpu_provider_option(env: Env) -> None:
     np.testing.assert_array_equal(y.to_numpy(), X * W)
     assert sess.captured_graph_ids == [0]
     sess.close()
+
+
+def test_the_common_cuda_provider_list_warns_and_falls_back_as_onnxruntime(env: Env) -> None:
+    """``["CUDAExecutionProvider", "CPUExecutionProvider"]``: onnxruntime (without CUDA) warns, skips CUDA and runs
+    on its CPU provider; ortgpu does the same, and its warning names the provider that runs on the GPU."""
+    with pytest.warns(UserWarning, match="CUDAExecutionProvider"):
+        ort = onnxruntime.InferenceSession(MODEL, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert ort.get_providers() == ["CPUExecutionProvider"]
+    with pytest.warns(RuntimeWarning, match="CUDAExecutionProvider.*skipped.*WebGpuExecutionProvider"):
+        sess = InferenceSession(MODEL, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert sess.get_providers() == ["CPUExecutionProvider"]
+    np.testing.assert_array_equal(sess.run(None, {"X": X})[0], ort.run(None, {"X": X})[0])
+    sess.close()
+    with pytest.warns(RuntimeWarning, match="CUDAExecutionProvider") as caught:
+        gpu = InferenceSession(
+            MODEL, providers=["CUDAExecutionProvider", "WebGpuExecutionProvider", "CPUExecutionProvider"], env=env
+        )
+    assert len(caught) == 1 and gpu.get_providers() == ["WebGpuExecutionProvider", "CPUExecutionProvider"]
+    np.testing.assert_allclose(gpu.run(None, {"X": X})[0], ort.run(None, {"X": X})[0], rtol=1e-6)
+    gpu.close()
+    with pytest.warns(RuntimeWarning) as caught:
+        alone = InferenceSession(MODEL, providers=["CUDAExecutionProvider"])
+    assert ["skipped" in str(w.message) for w in caught] == [True, False] and "falling back" in str(caught[1].message)
+    assert all(w.filename == __file__ for w in caught)  # the warning points at the caller's line
+    assert alone.get_providers() == ["CPUExecutionProvider"]
+    alone.close()
+    with pytest.warns(RuntimeWarning, match="Duplicate provider 'WebGpuExecutionProvider'"):
+        twice = InferenceSession(MODEL, providers=["WebGpuExecutionProvider", "WebGpuExecutionProvider"], env=env)
+    assert twice.get_providers() == ["WebGpuExecutionProvider", "CPUExecutionProvider"]
+    twice.close()
+
+
+def test_webgpu_provider_options_onnxruntime_takes_are_accepted_and_reported(env: Env) -> None:
+    options = {"preferredLayout": "NHWC", "storageBufferCacheMode": "bucket", "validationMode": "disabled"}
+    options["ep.webgpuexecutionprovider.enableGraphCapture"] = "1"
+    sess = InferenceSession(MODEL, providers=[("WebGpuExecutionProvider", options)], env=env)
+    assert sess.graph_capture
+    reported = sess.get_provider_options()["WebGpuExecutionProvider"]
+    assert {key: reported[key] for key in options} == options
+    np.testing.assert_allclose(sess.run(None, {"X": X})[0], X * W, rtol=1e-6)
+    sess.close()
+    with pytest.raises(ortgpu.InvalidArgumentError, match="preferredLayout='NWHC'.*NCHW"):
+        InferenceSession(MODEL, providers=[("WebGpuExecutionProvider", {"preferredLayout": "NWHC"})], env=env)
+    with pytest.raises(ortgpu.UnsafeAccessError, match="webgpuDevice.*device="):
+        InferenceSession(MODEL, providers=[("WebGpuExecutionProvider", {"webgpuDevice": "140000"})], env=env)
+
+
+def _custom_op_model() -> bytes:
+    x = oh.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [2])
+    y = oh.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [2])
+    graph = oh.make_graph([oh.make_node("Foo", ["X"], ["Y"], domain="my.domain")], "custom", [x], [y])
+    opsets = [oh.make_opsetid("", 13), oh.make_opsetid("my.domain", 1)]
+    return bytes(oh.make_model(graph, opset_imports=opsets).SerializeToString())
+
+
+@pytest.mark.parametrize(
+    ("fault", "alias"),
+    [
+        ("wrong dtype", "InvalidArgument"),
+        ("wrong shape", "InvalidArgument"),
+        ("unknown output", "InvalidArgument"),
+        ("unknown input", "InvalidArgument"),
+        ("custom operator", "Fail"),
+        ("not a model", "InvalidProtobuf"),
+        ("no such file", "NoSuchFile"),
+    ],
+)
+def test_capi_exception_aliases_catch_what_onnxruntimes_catch(env: Env, fault: str, alias: str) -> None:
+    """Each fault raised by onnxruntime CPU and by ortgpu, caught by the same ``capi`` name in both."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    from ortgpu.capi import onnxruntime_pybind11_state as ortgpu_state
+
+    def provoke(module: Any, caught: type[BaseException]) -> None:
+        extra: dict[str, Any] = {"providers": ORT_CPU} if module is onnxruntime else {"env": env}
+        with pytest.raises(caught):
+            if fault == "custom operator":
+                module.InferenceSession(_custom_op_model(), **extra)
+            elif fault == "not a model":
+                module.InferenceSession(b"not a model", **extra)
+            elif fault == "no such file":
+                module.InferenceSession("/nonexistent/model.onnx", **extra)
+            else:
+                session = module.InferenceSession(MODEL, **extra)
+                feeds = {
+                    "wrong dtype": {"X": X.astype(np.float64)},
+                    "wrong shape": {"X": np.zeros((3, 5), np.float32)},
+                    "unknown input": {"X": X, "Q": X},
+                }.get(fault, {"X": X})
+                session.run(["nope"] if fault == "unknown output" else None, feeds)
+
+    provoke(onnxruntime, getattr(ort_state, alias))
+    provoke(ortgpu, getattr(ortgpu_state, alias))

@@ -62,6 +62,10 @@ def test_porting_example_runs_unchanged_but_for_the_import(tmp_path: Path, monke
     (fresh,) = sess.run(None, {"X": batch * 2})  # type: ignore[attr-defined, operator]
     np.testing.assert_array_equal(y.to_numpy(), fresh)  # type: ignore[attr-defined]
     assert np.count_nonzero(fresh) > 0
+    by_name = namespace["by_name"]
+    (allocated,) = by_name.get_outputs()  # type: ignore[attr-defined]
+    assert allocated.device_name() == "webgpu" and allocated is not y
+    np.testing.assert_array_equal(by_name.copy_outputs_to_cpu()[0], fresh)  # type: ignore[attr-defined]
 
 
 def test_fake_backend_example_runs() -> None:

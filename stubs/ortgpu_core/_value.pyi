@@ -106,6 +106,11 @@ class OrtValue(Generic[_PlacementT]):
     ) -> OrtValue[WebGPU]: ...
     @overload
     @staticmethod
+    def ortvalue_from_numpy(
+        array: npt.NDArray[Any] | SupportsDLPack, device_type: str, device_id: int = 0
+    ) -> OrtValue[CPU] | OrtValue[WebGPU]: ...
+    @overload
+    @staticmethod
     def from_dlpack(
         tensor: npt.NDArray[Any] | SupportsDLPack, device_type: Literal["cpu"] = "cpu", device_id: int = 0
     ) -> OrtValue[CPU]: ...
@@ -114,6 +119,11 @@ class OrtValue(Generic[_PlacementT]):
     def from_dlpack(
         tensor: npt.NDArray[Any] | SupportsDLPack, device_type: Literal["webgpu"], device_id: int = 0
     ) -> OrtValue[WebGPU]: ...
+    @overload
+    @staticmethod
+    def from_dlpack(
+        tensor: npt.NDArray[Any] | SupportsDLPack, device_type: str, device_id: int = 0
+    ) -> OrtValue[CPU] | OrtValue[WebGPU]: ...
     @overload
     @staticmethod
     def ortvalue_from_shape_and_type(
@@ -130,6 +140,14 @@ class OrtValue(Generic[_PlacementT]):
         device_type: Literal["webgpu"],
         device_id: int = 0,
     ) -> OrtValue[WebGPU]: ...
+    @overload
+    @staticmethod
+    def ortvalue_from_shape_and_type(
+        shape: tuple[int, ...] | list[int],
+        element_type: npt.DTypeLike,
+        device_type: str,
+        device_id: int = 0,
+    ) -> OrtValue[CPU] | OrtValue[WebGPU]: ...
     @property
     def provenance(self) -> Provenance: ...
     @property

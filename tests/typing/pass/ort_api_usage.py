@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -26,3 +28,20 @@ def infer(path: str, x: npt.NDArray[np.float32]) -> list[object]:
     size: int = value.tensor_size_in_bytes()
     del names, options, meta, size
     return sess.run(None, {sess.get_inputs()[0].name: x}, run_options)
+
+
+def bound_run(path: str, x: npt.NDArray[np.float32], gpu: bool) -> list[npt.NDArray[Any]]:
+    """onnxruntime's habits with a device type held in a ``str``, and outputs the session allocates."""
+    device_type = "webgpu" if gpu else "cpu"
+    sess = ort.InferenceSession(path, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    value = ort.OrtValue.ortvalue_from_numpy(x, device_type, 0)
+    empty = ort.OrtValue.ortvalue_from_shape_and_type([1, 3], np.float32, device_type, 0)
+    del empty
+    binding = sess.io_binding()
+    binding.bind_input(sess.get_inputs()[0].name, value)
+    binding.bind_output(sess.get_outputs()[0].name)
+    binding.bind_output(sess.get_outputs()[0].name, device_type, 0)
+    sess.run_with_iobinding(binding)
+    outputs = binding.get_outputs()
+    del outputs
+    return binding.copy_outputs_to_cpu()
