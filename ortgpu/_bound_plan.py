@@ -128,4 +128,3 @@ def plan_for_binding(
             f"why), and a captured graph can only replay device work; run this model with gpu_graph_id=-1"
         )
     return plan
-

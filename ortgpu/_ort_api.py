@@ -412,7 +412,10 @@ ProviderArg = str | tuple[str, Mapping[str, Any]]
 
 
 def normalize_providers(
-    providers: Sequence[ProviderArg] | None, provider_options: Sequence[Mapping[str, Any]] | None, *, strict: bool = False
+    providers: Sequence[ProviderArg] | None,
+    provider_options: Sequence[Mapping[str, Any]] | None,
+    *,
+    strict: bool = False,
 ) -> tuple[list[str], list[dict[str, str]]]:
     """onnxruntime's provider arguments (names, or ``(name, options)`` pairs; or names with a parallel
     ``provider_options`` list) as names and options.

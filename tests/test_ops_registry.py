@@ -26,9 +26,16 @@ def _registered() -> list[tuple[str, str, list[type[Operator]]]]:
 
 
 def _onnx_versions() -> dict[tuple[str, str], set[int]]:
-    """(domain, op type) -> every opset at which onnx defines (or changed) the operator."""
+    """(domain, op type) -> every opset at which onnx defines (or changed) the operator, plus onnxruntime's own
+    schemas: its ``com.microsoft`` operators, and the default-domain ones its tools emit that onnx does not define
+    (``SimplifiedLayerNormalization``, its ``LayerNormalization`` before opset 17)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state
+
     versions: dict[tuple[str, str], set[int]] = {}
     for schema in onnx.defs.get_all_schemas_with_history():
+        versions.setdefault((schema.domain, schema.name), set()).add(schema.since_version)
+    for schema in onnxruntime_pybind11_state.get_all_operator_schema():
+        versions.setdefault((schema.domain or "ai.onnx", schema.name), set()).add(schema.since_version)
         versions.setdefault((schema.domain, schema.name), set()).add(schema.since_version)
     return versions
 
@@ -37,7 +44,7 @@ def test_each_domain_has_its_package() -> None:
     folder = os.path.dirname(ortgpu.ops.__file__)
     for package in DOMAIN_PACKAGES.values():
         assert os.path.isfile(os.path.join(folder, package, "__init__.py")), package
-    assert set(registered_operators()) == {"ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"}
+    assert set(registered_operators()) == {"ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft"}
     for domain, _, classes in _registered():
         for cls in classes:
             assert cls.__module__.startswith(f"ortgpu.ops.{DOMAIN_PACKAGES[domain]}."), cls

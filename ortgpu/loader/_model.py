@@ -359,6 +359,40 @@ class _OutputsFilledForChecker:
             value.ClearField("type")
 
 
+class _ContributedNodesHiddenFromChecker:
+    """Within the block, the top graph's default-domain nodes of operators that onnx does not define at the model's
+    opset but ortgpu implements there sit in a private domain, which onnx's checker leaves alone.  onnxruntime
+    registers some of its contributed operators in the default domain (``SimplifiedLayerNormalization``, and
+    ``LayerNormalization`` before opset 17: its transformer optimizer writes both) and loads such models; onnx's checker
+    refuses them.  The nodes and the opset imports are restored on exit."""
+
+    _DOMAIN = "ortgpu.checker.contributed"
+
+    def __init__(self, model: onnx.ModelProto, opset: int) -> None:
+        self._model = model
+        self._opset = opset
+        self._moved: list[tuple[onnx.NodeProto, str]] = []
+
+    def __enter__(self) -> None:
+        for node in self._model.graph.node:
+            if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type, self._opset, ""):
+                try:
+                    get_operator(node.op_type, self._opset, "")
+                except UnsupportedOpError:
+                    continue  # refused below with the reason
+                self._moved.append((node, node.domain))
+        if self._moved:
+            for node, _ in self._moved:
+                node.domain = self._DOMAIN
+            self._model.opset_import.append(onnx.helper.make_opsetid(self._DOMAIN, 1))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._moved:
+            del self._model.opset_import[-1]
+            for node, domain in self._moved:
+                node.domain = domain
+
+
 def _check_supported(nodes: Sequence[GraphNode]) -> None:
     problems = []
     for node in nodes:
@@ -461,7 +495,7 @@ def load_model(
         # they are constants either way (inputs below leave initializers out).
         _list_initializers_as_inputs(model.graph)
     try:
-        with _OutputsFilledForChecker(model.graph):
+        with _OutputsFilledForChecker(model.graph), _ContributedNodesHiddenFromChecker(model, opsets.get("", 0)):
             onnx.checker.check_model(model)
     except onnx.checker.ValidationError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else "invalid model"

@@ -337,14 +337,26 @@ SHAPE_INPUT_POSITIONS: dict[str, tuple[int, ...]] = {
 }
 
 
+#: The same for operators of other domains, by (domain, op type).
+DOMAIN_SHAPE_INPUT_POSITIONS: dict[tuple[str, str], tuple[int, ...]] = {
+    # present_key/present_value hold max(total_sequence_length, past length) positions
+    ("com.microsoft", "GroupQueryAttention"): (6,),
+}
+
+
+def _shape_positions(node: GraphNode) -> tuple[int, ...]:
+    if node.domain == "":
+        return SHAPE_INPUT_POSITIONS.get(node.op_type, ())
+    return DOMAIN_SHAPE_INPUT_POSITIONS.get((node.domain, node.op_type), ())
+
+
 def value_dependent_inputs(nodes: Sequence[GraphNode], graph_inputs: Sequence[str]) -> frozenset[str]:
     """Graph inputs that flow (through anything but ``Shape``) into a shape-deciding input position."""
     producer = {name: node for node in nodes for name in node.outputs if name}
     pending = [
         node.inputs[position]
         for node in nodes
-        if node.domain == ""
-        for position in SHAPE_INPUT_POSITIONS.get(node.op_type, ())
+        for position in _shape_positions(node)
         if position < len(node.inputs) and node.inputs[position]
     ]
     seen: set[str] = set()

@@ -6,7 +6,7 @@ Layout::
                                     operators (a table of rows over one class: unary, trigonometric, compare...)
     ops/ai_onnx_ml/                 ai.onnx.ml (LabelEncoder, TreeEnsemble, Binarizer, ArrayFeatureExtractor)
     ops/ai_onnx_preview_training/   ai.onnx.preview.training (Adagrad, Adam, Momentum)
-    ops/com_microsoft/              onnxruntime's contributed operators (none yet; its docstring says how to add one)
+    ops/com_microsoft/              onnxruntime's contributed operators (its docstring says how to add one)
     ops/_kernel.py, _registry.py    the operator base class, the registry; the other ``_`` modules are the shared
                                     kernel machinery (WGSL helpers, tiling, GEMM/GEMV, epilogues)
 

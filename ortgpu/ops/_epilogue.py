@@ -24,6 +24,7 @@ __all__ = [
     "apply_epilogue",
     "epilogue_function",
     "erf",
+    "GELU_WGSL",
 ]
 
 
@@ -87,6 +88,11 @@ def _erfc_wgsl() -> str:
     )
 
 
+#: WGSL ``fn gelu(x: f32) -> f32`` (the erf form through ``erfc``, without cancellation for negative x) and its
+#: helper ``erfc_nonnegative``: the epilogue's, and the elementwise kernels' of the contributed Gelu operators.
+GELU_WGSL = _erfc_wgsl()
+
+
 # -- the fused epilogue ------------------------------------------------------------------------------------------
 
 
@@ -94,9 +100,11 @@ def _erfc_wgsl() -> str:
 class EpilogueStep:
     """One step applied to each output element before the store.
 
-    ``kind``: ``"scale"`` (multiply by ``value``), ``"add"`` (add ``value`` times input ``input_index``,
-    read as ``view_shape`` and broadcast to the output), ``"relu"``, ``"gelu"``, ``"clip"`` (``low``,
-    ``high``; infinite bounds are omitted) or ``"sigmoid"``.
+    ``kind``: ``"scale"`` (multiply by ``value``), ``"shift"`` (add ``value``), ``"add"`` (add ``value`` times
+    input ``input_index``, read as ``view_shape`` and broadcast to the output), ``"relu"``, ``"gelu"``, ``"clip"``
+    (``low``, ``high``; infinite bounds are omitted), ``"sigmoid"``, ``"tanh"`` or ``"leaky_relu"`` (negative
+    values times ``value``).  The last two and ``"shift"`` serve the activations of onnxruntime's FusedConv
+    (HardSigmoid is ``scale``, ``shift``, ``clip``).
     """
 
     kind: str
@@ -139,19 +147,19 @@ def parse_epilogue(
                     f"{op_type}: _epilogue input {index} of shape {shape} does not broadcast to the output {out_shape}"
                 ) from None
             steps.append(EpilogueStep("add", index, 1.0, tuple(shape)))
-        elif kind in ("relu", "gelu", "sigmoid"):
+        elif kind in ("relu", "gelu", "sigmoid", "tanh"):
             if len(entry) != 1:
                 raise UnsupportedOpError(f"{op_type}: _epilogue step ({kind!r},) takes no arguments, got {entry!r}")
             steps.append(EpilogueStep(kind))
-        elif kind == "scale":
+        elif kind in ("scale", "shift", "leaky_relu"):
             if len(entry) != 2:
-                raise UnsupportedOpError(f"{op_type}: _epilogue step ('scale', c) takes one factor, got {entry!r}")
+                raise UnsupportedOpError(f"{op_type}: _epilogue step ({kind!r}, c) takes one constant, got {entry!r}")
             factor = float(np.float32(entry[1]))
             if not math.isfinite(factor):
                 raise UnsupportedOpError(
-                    f"{op_type}: _epilogue ('scale', c) needs a finite float32 factor, got {entry[1]!r}"
+                    f"{op_type}: _epilogue ({kind!r}, c) needs a finite float32 constant, got {entry[1]!r}"
                 )
-            steps.append(EpilogueStep("scale", value=factor))
+            steps.append(EpilogueStep(kind, value=factor))
         elif kind == "clip":
             if len(entry) != 3:
                 raise UnsupportedOpError(f"{op_type}: _epilogue step ('clip', lo, hi) takes two bounds, got {entry!r}")
@@ -188,6 +196,12 @@ def apply_epilogue(y: np.ndarray, steps: Sequence[EpilogueStep], inputs: Sequenc
                 y = np.minimum(y, np.asarray(step.high, dtype=out_dtype))
         elif step.kind == "sigmoid":
             y = (1.0 / (1.0 + np.exp(-y.astype(np.float64)))).astype(out_dtype)
+        elif step.kind == "shift":
+            y = y + np.asarray(step.value, dtype=out_dtype)
+        elif step.kind == "tanh":
+            y = np.tanh(y)
+        elif step.kind == "leaky_relu":
+            y = np.where(y >= 0, y, y * np.asarray(step.value, dtype=out_dtype))
         else:  # pragma: no cover - parse_epilogue rejects these
             raise ValueError(step.kind)
     return np.asarray(y, dtype=out_dtype)
@@ -201,7 +215,7 @@ def epilogue_function(
     The steps compute in f32; the result is converted once, at the end."""
     helpers: list[str] = []
     body = ["    var x = v;"]
-    need_gelu = False
+    need_gelu = need_tanh = False
     for number, step in enumerate(steps):
         if step.kind == "scale":
             body.append(f"    x = x * {wgsl_f32(step.value)};")
@@ -225,7 +239,20 @@ def epilogue_function(
                 body.append(f"    x = min(x, {wgsl_f32(step.high)});")
         elif step.kind == "sigmoid":
             body.append("    x = 1.0 / (1.0 + exp(-x));")
+        elif step.kind == "shift":
+            body.append(f"    x = x + {wgsl_f32(step.value)};")
+        elif step.kind == "tanh":
+            need_tanh = True
+            body.append("    x = tanh_f32(x);")
+        elif step.kind == "leaky_relu":
+            body.append(f"    x = select(x * {wgsl_f32(step.value)}, x, x >= 0.0);")
     if need_gelu:
-        helpers.append(_erfc_wgsl())
+        helpers.append(GELU_WGSL)
+    if need_tanh:
+        # The operators' tanh (WGSL's built-in loses relative precision near 0 on some drivers); imported here
+        # because the operator modules import this one.
+        from .ai_onnx.unary import TANH_WGSL  # noqa: PLC0415
+
+        helpers.append(TANH_WGSL)
     body.append("    return x;" if element == "f32" else f"    return {element}(x);")
     return "".join(helpers) + f"fn epilogue(v: f32, o: u32) -> {element} {{\n" + "\n".join(body) + "\n}\n"

@@ -45,6 +45,18 @@ class RowNorm:
     #: round the normalised value to the narrower of the input's and the output's type before the scale
     #: (RMSNormalization's definition casts it to the input's type)
     round_normalized: bool = False
+    #: further inputs added to input 0 before normalising: (node input, WGSL body of ``fn(at: u32) -> u32`` giving
+    #: the element of that input added to input element ``at``)
+    addends: tuple[tuple[int, str], ...] = ()
+    #: the node output receiving the value normalised (input 0 plus the addends, shaped as input 0); None: not stored
+    sum_output: int | None = None
+    #: the node outputs receiving each row's mean (0 where the statistic is not centred) and factor, one element per
+    #: row in the rows' order (input 0's shape with the normalised axes set to 1); None: not stored
+    mean_output: int | None = None
+    factor_output: int | None = None
+    #: store the normalised rows in output 0; False: the kernel computes only what the other outputs ask for (a node
+    #: whose outputs need more bindings than a kernel may have splits them over two kernels)
+    store_normalized: bool = True
 
 
 def widened(element: str, load: str) -> str:
@@ -97,14 +109,35 @@ def row_norm_plan(
     table = BindingTable()
     x_name = table.add(Binding("input", 0), _element(x, caps))
     out_element = _element(outputs[0], caps)
-    output = table.add(Binding("output", 0), out_element, writable=True)
+    output = table.add(Binding("output", 0), out_element, writable=True) if spec.store_normalized else ""
     terms = ""
     helpers += spec.helpers
+    value = f"f32({x_name}[at])"
+    for count, (addend, addend_index) in enumerate(spec.addends):
+        info = inputs[addend]
+        assert info is not None
+        name = table.add(Binding("input", addend), _element(info, caps))
+        helpers += f"fn addend_{count}_index(at: u32) -> u32 {{ {addend_index} }}\n"
+        value += f" + f32({name}[addend_{count}_index(at)])"
+    helpers += f"fn value(at: u32) -> f32 {{ return {value}; }}\n"
+    stores = ""
+    if spec.sum_output is not None:
+        info = outputs[spec.sum_output]
+        name = table.add(Binding("output", spec.sum_output), _element(info, caps), writable=True)
+        stores = f"            {name}[at] = {narrowed(_element(info, caps), 'v')};\n"
+    stats = ""
+    for statistic_output, statistic in ((spec.mean_output, "mean"), (spec.factor_output, "factor")):
+        if statistic_output is not None:
+            info = outputs[statistic_output]
+            name = table.add(Binding("output", statistic_output), _element(info, caps), writable=True)
+            stats += f"        {name}[row] = {narrowed(_element(info, caps), statistic)};\n"
+    if stats:
+        stats = f"    if (valid && t == 0u) {{\n{stats}    }}\n"
     for position, index, operator, function in (
         (spec.scale_input, spec.scale_index, "*", "scale_index"),
         (spec.bias_input, spec.bias_index, "+", "bias_index"),
     ):
-        if position is None or index is None:
+        if position is None or index is None or not spec.store_normalized:
             continue
         info = inputs[position]
         assert info is not None
@@ -114,10 +147,10 @@ def row_norm_plan(
     enable = "enable f16;\n" if any(_element(i, caps) == "f16" for i in list(inputs) + list(outputs) if i) else ""
     epsilon = wgsl_f32(spec.epsilon)
     if centred:
-        mean = f"""    var s = 0.0;
-    if (valid) {{
-        for (var r = t; r < LENGTH; r = r + T) {{ s = s + f32({x_name}[base + row_offset(r)]); }}
-    }}
+        mean = """    var s = 0.0;
+    if (valid) {
+        for (var r = t; r < LENGTH; r = r + T) { s = s + value(base + row_offset(r)); }
+    }
     let mean = wg_sum(s, t, slot) / f32(LENGTH);
 """
     else:
@@ -136,30 +169,35 @@ def row_norm_plan(
         "l1": "select(0.0, 1.0 / total, total > 0.0)",
         "l2": "select(0.0, inverseSqrt(total), total > 0.0)",
     }[spec.statistic]
-    normalized = f"(f32({x_name}[at]) - mean) * factor"
+    normalized = "(v - mean) * factor"
     # the narrower of X's and Y's types (they may differ): X's by the definition, Y's where a fused graph casts the
     # normalised value to Y's type before its scale
     narrow = "f16" if "f16" in (_element(x, caps), out_element) else "f32"
     if spec.round_normalized and narrow != "f32":
         normalized = f"f32({narrow}({normalized}))"
+    if spec.store_normalized:
+        stores += f"            {output}[at] = {out_element}({normalized}{terms});\n"
+    final = ""
+    if stores:
+        final = f"""    if (valid) {{
+        for (var r = t; r < LENGTH; r = r + T) {{
+            let at = base + row_offset(r);
+            let v = value(at);
+{stores}        }}
+    }}
+"""
     wgsl = f"""{enable}{table.declarations()}
 {helpers}
 {row_kernel_prologue(grid, rows_per_group)}
 {mean}    var q = 0.0;
     if (valid) {{
         for (var r = t; r < LENGTH; r = r + T) {{
-            let d = f32({x_name}[base + row_offset(r)]) - mean;
+            let d = value(base + row_offset(r)) - mean;
             {accumulate}
         }}
     }}
     let total = wg_sum(q, t, slot);
     let factor = {factor};
-    if (valid) {{
-        for (var r = t; r < LENGTH; r = r + T) {{
-            let at = base + row_offset(r);
-            {output}[at] = {out_element}({normalized}{terms});
-        }}
-    }}
-}}
+{final}{stats}}}
 """
     return single_kernel_plan(op_type, wgsl, grid, table, compute, inputs, outputs, caps)

@@ -242,10 +242,13 @@ def integer_matmul_kernel(
     caps: DeviceCaps,
     function: Any,
     requantize: tuple[float, int, str] | None = None,
+    to_float: tuple[int, int, int] | None = None,
 ) -> OpPlan:
     """The kernel of ``(a - a_zero) @ (b - b_zero)`` (int32, wrapping) over node inputs ``positions`` = (a, b,
     a_zero or -1, b_zero or -1); with ``requantize = (multiplier, y_zero input, output dtype name)`` the sums are
-    requantized to 8 bits."""
+    requantized to 8 bits; with ``to_float = (a_scale input, b_scale input, bias input or -1)`` (one float32 scale
+    each, a bias per column) they become ``f32(sum) * (a_scale * b_scale) + bias`` (com.microsoft's
+    MatMulIntegerToFloat)."""
     a, b = inputs[positions[0]], inputs[positions[1]]
     assert a is not None and b is not None
     out = outputs[0]
@@ -290,6 +293,17 @@ def integer_matmul_kernel(
         parts.append(load_function("raw_zy", "buf_zy", zero.dtype))
         bindings.append(Binding("input", zero_position))
         infos.append(zero)
+    if to_float is not None:
+        for name, position in zip(("sa", "sb", "bias"), to_float):
+            if position < 0:
+                parts.append(f"fn load_{name}(k: u32) -> f32 {{ return 0.0; }}\n")
+                continue
+            operand = inputs[position]
+            assert operand is not None
+            parts.append(storage_declaration(len(bindings), f"buf_{name}", writable=False))
+            parts.append(load_function(f"load_{name}", f"buf_{name}", operand.dtype))
+            bindings.append(Binding("input", position))
+            infos.append(operand)
     check_binding_count(op_type, len(bindings) + 1, caps)
     check_binding_sizes(op_type, infos + [out], caps)
     parts.append(storage_declaration(len(bindings), "dst", writable=True))
@@ -312,7 +326,16 @@ def integer_matmul_kernel(
         "  return acc;\n"
         "}\n"
     )
-    if requantize is None:
+    if to_float is not None:
+        # the sum converted exactly and rounded once (two exact f32 terms), scaled by the rounded product of scales
+        parts.append(
+            "fn value(j: u32) -> f32 {\n"
+            "  let acc = accumulate(j);\n"
+            "  let exact = f32(acc >> 16u) * 65536.0 + f32(acc & 65535);\n"
+            f"  return exact * (load_sa(0u) * load_sb(0u)) + load_bias(j % {n}u);\n"
+            "}\n"
+        )
+    elif requantize is None:
         parts.append("fn value(j: u32) -> i32 { return accumulate(j); }\n")
     else:
         multiplier, _, dtype_name = requantize

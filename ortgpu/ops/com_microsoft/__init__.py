@@ -1,4 +1,5 @@
-"""The contributed operators of onnxruntime's ``com.microsoft`` domain (none yet).
+"""The contributed operators of onnxruntime's ``com.microsoft`` domain: what its transformer optimizer, quantization
+tools and model builder emit (normalisations, activations, fused MatMul/Conv, attention, quantized weights, QLinear).
 
 This package is their place, beside the standard domains, so that a contributed operator never shadows a standard
 one of the same name (``com.microsoft`` has its own ``Attention``, ``Gelu``, ``LayerNormalization``...): the
