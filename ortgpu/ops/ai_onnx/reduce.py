@@ -50,6 +50,7 @@ from .._wgsl import (
     store_statements,
     workgroup_size_for,
 )
+from .unary import LOG_WGSL
 
 __all__ = [
     "REDUCTIONS",
@@ -224,7 +225,8 @@ def plan_row_reduction(
         finish = "sqrt(total)"
     elif kind == "logsum":
         # log(0) spelled out: -inf (an empty row, or values summing to zero)
-        finish = f"select(log(total), {_NEG_INF}, total == 0.0)"
+        finish = f"select(log_f32(total), {_NEG_INF}, total == 0.0)"
+        helpers += LOG_WGSL
     nan_count = nan_total = ""
     if kind in ("max", "min"):
         # WGSL's max/min may drop a NaN operand (lavapipe does); the spec follows numpy, where a NaN anywhere in

@@ -26,6 +26,7 @@ from .._tiling import (
     row_layout,
     single_kernel_plan,
 )
+from .unary import LOG_WGSL
 
 __all__ = ["Softmax_1", "Softmax", "LogSoftmax_1", "LogSoftmax"]
 
@@ -81,10 +82,10 @@ class _SoftmaxBase(Operator):
         table = BindingTable()
         x_name = table.add(Binding("input", 0), element)
         output = table.add(Binding("output", 0), element, writable=True)
-        value = narrowed(element, "v - row_max - log(row_sum)" if self.log else "exp(v - row_max) / row_sum")
+        value = narrowed(element, "v - row_max - log_f32(row_sum)" if self.log else "exp(v - row_max) / row_sum")
         x_at = widened(element, f"{x_name}[base + row_offset(r)]")
         wgsl = f"""{table.enables()}{table.declarations()}
-{helpers}
+{helpers}{LOG_WGSL if self.log else ""}
 {row_kernel_prologue(grid, rows_per_group)}
     var m = -3.402823466e+38f;
     if (valid) {{

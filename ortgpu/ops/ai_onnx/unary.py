@@ -23,6 +23,7 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from ..._types import is_float_dtype
+from .._epilogue import GELU_WGSL
 from .._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
 from .._registry import register_row
 from .._wgsl import INT64_WGSL, require_device_dtype, wgsl_float
@@ -37,6 +38,7 @@ __all__ = [
     "SIGMOID_WGSL",
     "TANH_WGSL",
     "erf_numpy",
+    "LOG_WGSL",
 ]
 
 _FLOATS = ("float32", "float16", "bfloat16")
@@ -78,6 +80,22 @@ fn tanh_f32(x: f32) -> f32 {
   }
   let t = -e / (2.0 + e);
   return select(t, -t, x < 0.0);
+}
+"""
+
+#: WGSL ``fn log_f32(x: f32) -> f32``: the built-in ``log`` keeps an absolute error (about 1e-7 on lavapipe, worse
+#: where it is a base-2 approximation), which near 1, where the result is tiny, is a large relative one (5% at
+#: 1 - 2e-6); there ``x - 1`` is exact and ``2 atanh(u / (2 + u))`` as its odd series keeps the relative precision.
+#: Elsewhere, and for 0, negatives, infinities and NaN, the built-in.
+LOG_WGSL = """
+fn log_f32(x: f32) -> f32 {
+  let u = x - 1.0;
+  if (abs(u) < 0.0625) {
+    let s = u / (2.0 + u);
+    let s2 = s * s;
+    return 2.0 * s * (1.0 + s2 * (1.0 / 3.0 + s2 * (1.0 / 5.0 + s2 * (1.0 / 7.0 + s2 * (1.0 / 9.0)))));
+  }
+  return log(x);
 }
 """
 
@@ -271,16 +289,18 @@ def _sigmoid(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
 
 def _gelu(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
     wide = x.astype(np.float64)
-    if _approximate(attrs) == "tanh":
-        inner = math.sqrt(2.0 / math.pi) * (wide + 0.044715 * wide**3)
-        return 0.5 * wide * (1.0 + np.tanh(inner))
-    return 0.5 * wide * (1.0 + erf_numpy(wide / math.sqrt(2.0)))
+    if _approximate(attrs) == "tanh":  # 0.5 (1 + tanh z) as sigmoid(2 z), without cancellation for negative x
+        return wide * _sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (wide + 0.044715 * wide**3), attrs)
+    erfc = np.frompyfunc(math.erfc, 1, 1)  # 1 + erf(x / sqrt 2) = erfc(-x / sqrt 2)
+    return 0.5 * wide * np.asarray(erfc(-wide / math.sqrt(2.0)), dtype=np.float64)
 
 
 def _gelu_wgsl(dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
+    # Both forms without the cancellation of 1 + erf / 1 + tanh for negative x (which left no correct digit below
+    # x = -5): the erf form through erfc (the epilogue's gelu), the tanh form as x * sigmoid(2 z).
     if _approximate(attrs) == "tanh":
-        return "0.5 * x0 * (1.0 + tanh_f32(0.7978845608028654 * (x0 + 0.044715 * x0 * x0 * x0)))"
-    return "0.5 * x0 * (1.0 + erf_f32(x0 * 0.7071067811865476))"
+        return "x0 * sigmoid_f32(1.5957691216057308 * (x0 + 0.044715 * x0 * x0 * x0))"
+    return "gelu(x0)"
 
 
 def _gelu_problem(attrs: Mapping[str, Any]) -> str | None:
@@ -302,14 +322,14 @@ def _hard_sigmoid_wgsl(dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:
 
 
 def _hard_swish(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
-    return x * np.clip(x * np.asarray(1.0 / 6.0, dtype=x.dtype) + np.asarray(0.5, dtype=x.dtype), 0, 1)
+    return x * np.clip((x + np.asarray(3.0, dtype=x.dtype)) * np.asarray(1.0 / 6.0, dtype=x.dtype), 0, 1)
 
 
 #: The unary operators: one row each (op type, first opset, numpy reference, WGSL expression, and what differs).
 UNARY_OPERATORS: tuple[UnaryRow, ...] = (
     UnaryRow("Sqrt", 1, _quiet(np.sqrt, invalid="ignore"), "sqrt(x0)"),
     UnaryRow("Exp", 1, _quiet(np.exp, over="ignore"), "exp(x0)"),
-    UnaryRow("Log", 1, _quiet(np.log, invalid="ignore", divide="ignore"), "log(x0)"),
+    UnaryRow("Log", 1, _quiet(np.log, invalid="ignore", divide="ignore"), "log_f32(x0)", helpers=LOG_WGSL),
     UnaryRow("Neg", 1, lambda x, attrs: np.negative(x), _neg_wgsl, _FLOATS_AND_INTS, int64_wgsl="neg64(x0)"),
     UnaryRow("Abs", 1, lambda x, attrs: np.abs(x), "abs(x0)", _FLOATS_AND_INTS, int64_wgsl="abs64(x0)"),
     UnaryRow("Reciprocal", 1, _quiet(np.reciprocal, divide="ignore"), "1.0 / x0"),
@@ -330,10 +350,14 @@ UNARY_OPERATORS: tuple[UnaryRow, ...] = (
     UnaryRow("Sigmoid", 1, _sigmoid, "sigmoid_f32(x0)", helpers=SIGMOID_WGSL),
     UnaryRow("Tanh", 1, lambda x, attrs: np.tanh(x), "tanh_f32(x0)", helpers=TANH_WGSL),
     UnaryRow("Erf", 9, lambda x, attrs: erf_numpy(x), "erf_f32(x0)", helpers=ERF_WGSL),
-    UnaryRow("Gelu", 20, _gelu, _gelu_wgsl, helpers=ERF_WGSL + TANH_WGSL, attribute_problem=_gelu_problem),
+    UnaryRow("Gelu", 20, _gelu, _gelu_wgsl, helpers=GELU_WGSL + SIGMOID_WGSL, attribute_problem=_gelu_problem),
     UnaryRow("HardSigmoid", 1, _hard_sigmoid, _hard_sigmoid_wgsl),
     UnaryRow(
-        "HardSwish", 14, _hard_swish, lambda dtype, attrs: f"x0 * clamp(x0 * {wgsl_float(1.0 / 6.0)} + 0.5, 0.0, 1.0)"
+        # (x + 3) / 6 rather than x / 6 + 0.5: exact near x = -3, where the factor is tiny
+        "HardSwish",
+        14,
+        _hard_swish,
+        lambda dtype, attrs: f"x0 * clamp((x0 + 3.0) * {wgsl_float(1.0 / 6.0)}, 0.0, 1.0)",
     ),
 )
 

@@ -28,7 +28,7 @@ from .._registry import register
 from .._tiling import THREADS, BindingTable, grid_for_groups, require_float, single_kernel_plan, workgroup_index
 from .._wgsl import require_device_dtype, wgsl_float
 from .._wgsl_kernels import Operand, elementwise_plan
-from ..ai_onnx.unary import SIGMOID_WGSL, TANH_WGSL, erf_numpy
+from ..ai_onnx.unary import SIGMOID_WGSL, erf_numpy
 
 __all__ = ["Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd", "BiasSplitGelu", "gelu_numpy"]
 
@@ -47,7 +47,9 @@ def gelu_numpy(x: np.ndarray) -> np.ndarray:
 
 def _fast_gelu_numpy(x: np.ndarray) -> np.ndarray:
     wide = np.asarray(x, dtype=np.float64)
-    result: np.ndarray = 0.5 * wide * (1.0 + np.tanh(wide * (_FAST_A + _FAST_B * wide * wide)))
+    z = 2.0 * wide * (_FAST_A + _FAST_B * wide * wide)
+    e = np.exp(-np.abs(z))
+    result: np.ndarray = wide * np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))  # 0.5 (1 + tanh(z/2))
     return result
 
 
@@ -181,7 +183,7 @@ class FastGelu(ContribElementwise):
 
     op_type = "FastGelu"
     arity = (1, 2)
-    helpers = TANH_WGSL
+    helpers = SIGMOID_WGSL
 
     def check_shapes(self, shapes: Sequence[tuple[int, ...]]) -> None:
         if len(shapes) == 2:
@@ -192,7 +194,8 @@ class FastGelu(ContribElementwise):
 
     def expression(self, count: int, attrs: Mapping[str, Any]) -> str:
         x = "(x0 + x1)" if count == 2 else "x0"
-        return f"0.5 * {x} * (1.0 + tanh_f32({x} * ({wgsl_float(_FAST_A)} + {wgsl_float(_FAST_B)} * {x} * {x})))"
+        # 0.5 (1 + tanh z) = sigmoid(2 z): no cancellation for negative x
+        return f"{x} * sigmoid_f32({x} * ({wgsl_float(2 * _FAST_A)} + {wgsl_float(2 * _FAST_B)} * {x} * {x}))"
 
 
 def _alpha(attrs: Mapping[str, Any]) -> float:
