@@ -32,6 +32,8 @@ __all__ = [
     "ExecutionMode",
     "ExecutionOrder",
     "OrtAllocatorType",
+    "OrtArenaCfg",
+    "create_and_register_allocator",
     "OrtMemType",
     "OrtDevice",
     "OrtMemoryInfo",
@@ -188,6 +190,57 @@ class OrtMemoryInfo:
     alloc_type: int = OrtAllocatorType.ORT_ARENA_ALLOCATOR
     id: int = 0
     mem_type: int = OrtMemType.DEFAULT
+
+
+_ARENA_FIELDS = (
+    "max_mem",
+    "arena_extend_strategy",
+    "initial_chunk_size_bytes",
+    "max_dead_bytes_per_chunk",
+    "initial_growth_chunk_size_bytes",
+    "max_power_of_two_extend_bytes",
+)
+
+
+class OrtArenaCfg:
+    """onnxruntime's arena settings: ``OrtArenaCfg(max_mem, arena_extend_strategy, initial_chunk_size_bytes,
+    max_dead_bytes_per_chunk)`` or ``OrtArenaCfg({name: value})``.  Kept and readable; ortgpu's allocators are not
+    arenas (device memory comes from the session's or a shared allocator), so they change nothing."""
+
+    max_mem: int
+    arena_extend_strategy: int
+    initial_chunk_size_bytes: int
+    max_dead_bytes_per_chunk: int
+    initial_growth_chunk_size_bytes: int
+    max_power_of_two_extend_bytes: int
+
+    def __init__(self, *args: int | Mapping[str, int]) -> None:
+        values = dict.fromkeys(_ARENA_FIELDS, -1)
+        if len(args) == 1 and isinstance(args[0], Mapping):
+            unknown = sorted(set(args[0]) - set(_ARENA_FIELDS))
+            if unknown:
+                raise InvalidArgumentError(f"OrtArenaCfg: unknown keys {unknown}; it takes {list(_ARENA_FIELDS)}")
+            values.update({str(k): int(v) for k, v in args[0].items()})
+        elif len(args) == 4 and all(isinstance(a, int) and not isinstance(a, bool) for a in args):
+            values.update(zip(_ARENA_FIELDS, (int(a) for a in args if isinstance(a, int))))
+        else:
+            raise InvalidArgumentError(
+                "OrtArenaCfg takes (max_mem, arena_extend_strategy, initial_chunk_size_bytes, max_dead_bytes_per_chunk)"
+                " as ints, or one dict of those names"
+            )
+        for name, value in values.items():
+            setattr(self, name, value)
+
+
+def create_and_register_allocator(memory_info: OrtMemoryInfo, arena_cfg: OrtArenaCfg | None = None) -> None:
+    """onnxruntime's process-wide arena allocator for sessions that set ``session.use_env_allocators``: accepted, no
+    effect (checked for type).  ortgpu shares device memory between sessions through ``env.shared_allocator()``."""
+    if not isinstance(memory_info, OrtMemoryInfo):
+        raise InvalidArgumentError(f"create_and_register_allocator needs an OrtMemoryInfo, got {memory_info!r}")
+    if arena_cfg is not None and not isinstance(arena_cfg, OrtArenaCfg):
+        raise InvalidArgumentError(
+            f"create_and_register_allocator: arena_cfg must be an OrtArenaCfg, got {arena_cfg!r}"
+        )
 
 
 @dataclass(frozen=True)

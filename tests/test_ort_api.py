@@ -428,3 +428,24 @@ def test_capi_exception_aliases_catch_what_onnxruntimes_catch(env: Env, fault: s
 
     provoke(onnxruntime, getattr(ort_state, alias))
     provoke(ortgpu, getattr(ortgpu_state, alias))
+
+
+def test_arena_configuration_is_accepted_as_onnxruntime_takes_it(env: Env) -> None:
+    """``OrtArenaCfg`` (positional or a dict) and ``create_and_register_allocator``: kept as onnxruntime keeps them;
+    ortgpu's allocators are not arenas, so a session that asks for the env's allocators runs as any other."""
+    for args in ((8, 0, 4, 2), ({"max_mem": 16, "initial_growth_chunk_size_bytes": 2},)):
+        ours, theirs = ortgpu.OrtArenaCfg(*args), onnxruntime.OrtArenaCfg(*args)
+        for name in ("max_mem", "arena_extend_strategy", "initial_chunk_size_bytes", "max_dead_bytes_per_chunk"):
+            assert getattr(ours, name) == getattr(theirs, name), name
+    with pytest.raises(ortgpu.InvalidArgumentError, match="unknown keys"):
+        ortgpu.OrtArenaCfg({"max_memory": 1})
+    with pytest.raises(ortgpu.InvalidArgumentError, match="OrtArenaCfg takes"):
+        ortgpu.OrtArenaCfg(1, 2)
+    info = ortgpu.OrtMemoryInfo("Cpu", ortgpu.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ortgpu.OrtMemType.DEFAULT)
+    ortgpu.create_and_register_allocator(info, ortgpu.OrtArenaCfg(0, -1, -1, -1))
+    with pytest.raises(ortgpu.InvalidArgumentError, match="OrtMemoryInfo"):
+        ortgpu.create_and_register_allocator("Cpu")  # type: ignore[arg-type]
+    so = ortgpu.SessionOptions()
+    so.add_session_config_entry("session.use_env_allocators", "1")
+    with InferenceSession(MODEL, so, env=env) as sess:
+        np.testing.assert_allclose(sess.run(None, {"X": X})[0], X * W, rtol=1e-6)
