@@ -605,12 +605,10 @@ class InferenceSession(NotCopyable):
             graph_id = 0 if self.graph_capture else -1
         if graph_id == -1:
             plan = runner.bound_plan(binding, for_capture=False)
-            by_name = binding.session_outputs()
-            allocated = allocate_session_outputs(runner.allocator, plan, by_name, on_device=False) if by_name else {}
+            allocated = allocate_session_outputs(runner.allocator, plan, binding.session_outputs(), on_device=False)
             with runner.lock:
                 runner.run_bound(plan, binding.inputs(), binding.cpu_inputs(), {**binding.outputs(), **allocated})
-            if by_name:
-                binding._set_session_results(allocated)
+            binding._set_session_results(allocated)  # what get_outputs() returns for the outputs bound by name
             return
         runner.graphs.capture_or_replay(runner, self, binding, graph_id)
 

@@ -241,14 +241,22 @@ def integer_matmul_kernel(
     positions: Sequence[int],
     caps: DeviceCaps,
     function: Any,
-    requantize: tuple[float, int, str] | None = None,
+    requantize: tuple[float | Sequence[float], int, str] | None = None,
     to_float: tuple[int, int, int] | None = None,
+    *,
+    transposed: tuple[bool, bool] = (False, False),
+    integer_bias: int = -1,
+    scaled: Sequence[float] | None = None,
 ) -> OpPlan:
     """The kernel of ``(a - a_zero) @ (b - b_zero)`` (int32, wrapping) over node inputs ``positions`` = (a, b,
     a_zero or -1, b_zero or -1); with ``requantize = (multiplier, y_zero input, output dtype name)`` the sums are
     requantized to 8 bits; with ``to_float = (a_scale input, b_scale input, bias input or -1)`` (one float32 scale
     each, a bias per column) they become ``f32(sum) * (a_scale * b_scale) + bias`` (com.microsoft's
-    MatMulIntegerToFloat)."""
+    MatMulIntegerToFloat); with ``scaled`` (host float32 multipliers) they become ``f32(sum) * multiplier``.
+
+    For com.microsoft's QGemm: ``transposed`` reads 2-D A as (K, M) and/or B as (N, K); ``integer_bias`` (an int32
+    input broadcasting to (M, N)) starts each sum; a multiplier of ``requantize`` or ``scaled`` may be a sequence of
+    one value per column (per-column B scales), held in a private array of the kernel."""
     a, b = inputs[positions[0]], inputs[positions[1]]
     assert a is not None and b is not None
     out = outputs[0]
@@ -257,8 +265,10 @@ def integer_matmul_kernel(
             raise NotOnDevice(f"{op_type}: {name} of dtype {info.dtype.name} runs on the CPU")
     if len(a.shape) < 2 or len(b.shape) < 2:
         raise NotOnDevice(f"{op_type}: vector operands (rank 1) run on the CPU")
-    m, k = a.shape[-2:]
-    k_b, n = b.shape[-2:]
+    if any(transposed) and (len(a.shape) != 2 or len(b.shape) != 2):
+        raise NotOnDevice(f"{op_type}: transposed operands are planned for matrices (rank 2) only")
+    m, k = a.shape[-2:][::-1] if transposed[0] else a.shape[-2:]
+    k_b, n = b.shape[-2:][::-1] if transposed[1] else b.shape[-2:]
     if k != k_b:
         raise ShapeError(f"{op_type}: shapes {a.shape} and {b.shape} do not multiply")
     batch = _batch_shape(a.shape[:-2], b.shape[:-2], op_type)
@@ -304,24 +314,37 @@ def integer_matmul_kernel(
             parts.append(load_function(f"load_{name}", f"buf_{name}", operand.dtype))
             bindings.append(Binding("input", position))
             infos.append(operand)
+    start = "0"
+    if integer_bias >= 0:
+        bias_info = inputs[integer_bias]
+        assert bias_info is not None
+        rows, columns = _bias_strides(bias_info.shape, m, n, op_type)
+        parts.append(storage_declaration(len(bindings), "buf_c", writable=False))
+        parts.append(load_function("load_c", "buf_c", bias_info.dtype))
+        bindings.append(Binding("input", integer_bias))
+        infos.append(bias_info)
+        start = f"load_c(row * {rows}u + col * {columns}u)"
     check_binding_count(op_type, len(bindings) + 1, caps)
     check_binding_sizes(op_type, infos + [out], caps)
     parts.append(storage_declaration(len(bindings), "dst", writable=True))
     bindings.append(Binding("output", 0))
     parts.append(broadcast_index_function("a_batch", a.shape[:-2], batch))
     parts.append(broadcast_index_function("b_batch", b.shape[:-2], batch))
+    # element (row, i) of A and (i, col) of B, whichever way each is stored
+    a_row, a_step = ("row", f"i * {m}u") if transposed[0] else (f"row * {k}u", "i")
+    b_col, b_step = (f"col * {k}u", "i") if transposed[1] else ("col", f"i * {n}u")
     parts.append(
         "fn accumulate(j: u32) -> i32 {\n"
         f"  let col = j % {n}u;\n"
         f"  let row = (j / {n}u) % {m}u;\n"
         f"  let batch = j / {m * n}u;\n"
-        f"  let a0 = a_batch(batch) * {m * k}u + row * {k}u;\n"
-        f"  let b0 = b_batch(batch) * {k * n}u + col;\n"
+        f"  let a0 = a_batch(batch) * {m * k}u + {a_row};\n"
+        f"  let b0 = b_batch(batch) * {k * n}u + {b_col};\n"
         "  let za = load_za(0u);\n"
         "  let zb = load_zb(0u);\n"
-        "  var acc = 0;\n"
+        f"  var acc = {start};\n"
         f"  for (var i = 0u; i < {k}u; i = i + 1u) {{\n"
-        f"    acc = acc + (load_a(a0 + i) - za) * (load_b(b0 + i * {n}u) - zb);\n"
+        f"    acc = acc + (load_a(a0 + {a_step}) - za) * (load_b(b0 + {b_step}) - zb);\n"
         "  }\n"
         "  return acc;\n"
         "}\n"
@@ -335,16 +358,25 @@ def integer_matmul_kernel(
             f"  return exact * (load_sa(0u) * load_sb(0u)) + load_bias(j % {n}u);\n"
             "}\n"
         )
+    elif scaled is not None:
+        parts.append(_multiplier_function(scaled, n))
+        parts.append(
+            "fn value(j: u32) -> f32 {\n"
+            "  let acc = accumulate(j);\n"
+            "  return (f32(acc >> 16u) * 65536.0 + f32(acc & 65535)) * multiplier(j);\n"
+            "}\n"
+        )
     elif requantize is None:
         parts.append("fn value(j: u32) -> i32 { return accumulate(j); }\n")
     else:
         multiplier, _, dtype_name = requantize
         low, high = (0, 255) if dtype_name == "uint8" else (-128, 127)
+        parts.append(_multiplier_function(multiplier, n))
         parts.append(
             "fn value(j: u32) -> i32 {\n"
             "  let acc = accumulate(j);\n"
             "  let exact = f32(acc >> 16u) * 65536.0 + f32(acc & 65535);\n"
-            f"  let scaled = round(exact * {wgsl_float(multiplier)}) + f32(i32(raw_zy(0u)));\n"
+            "  let scaled = round(exact * multiplier(j)) + f32(i32(raw_zy(0u)));\n"
             f"  return i32(clamp(scaled, {low}.0, {high}.0));\n"
             "}\n"
         )
@@ -362,3 +394,28 @@ def integer_matmul_kernel(
         twin=reference_twin(function, bindings, inputs, outputs),
     )
     return OpPlan(kernels=(kernel,))
+
+
+def _multiplier_function(multiplier: float | Sequence[float], columns: int) -> str:
+    """``fn multiplier(j: u32) -> f32``: one float32 multiplier, or one per column of output element ``j``."""
+    values = [multiplier] if isinstance(multiplier, (int, float)) else list(multiplier)
+    if len(values) == 1:
+        return f"fn multiplier(j: u32) -> f32 {{ return {wgsl_float(values[0])}; }}\n"
+    if len(values) != columns:
+        raise NotOnDevice(f"{len(values)} multipliers for {columns} columns")
+    literals = ", ".join(wgsl_float(value) for value in values)
+    return (
+        f"var<private> multipliers: array<f32, {columns}> = array<f32, {columns}>({literals});\n"
+        f"fn multiplier(j: u32) -> f32 {{ return multipliers[j % {columns}u]; }}\n"
+    )
+
+
+def _bias_strides(shape: tuple[int, ...], m: int, n: int, op_type: str) -> tuple[int, int]:
+    """Element strides (per row, per column) of an int32 bias of ``shape`` broadcast to (M, N) (0 where it
+    repeats); onnxruntime's QGemm takes (), (1,), (N,), (1, N), (M, 1) and (M, N)."""
+    if len(shape) > 2:
+        raise ShapeError(f"{op_type}: bias C of shape {shape} has rank above 2")
+    rows, columns = ((1, 1) + tuple(int(d) for d in shape))[-2:]
+    if rows not in (1, m) or columns not in (1, n):
+        raise ShapeError(f"{op_type}: bias C of shape {shape} does not broadcast to ({m}, {n})")
+    return (columns if rows == m and m > 1 else 0), (1 if columns == n and n > 1 else 0)

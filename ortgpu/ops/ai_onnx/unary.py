@@ -23,7 +23,7 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from ..._types import is_float_dtype
-from .._epilogue import GELU_WGSL
+from .._epilogue import GELU_WGSL, TANH_WGSL
 from .._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
 from .._registry import register_row
 from .._wgsl import INT64_WGSL, require_device_dtype, wgsl_float
@@ -65,23 +65,6 @@ fn erf_f32(x: f32) -> f32 {
 }
 """
 
-#: WGSL ``fn tanh_f32(x: f32) -> f32``: ``-expm1(-2a) / (2 + expm1(-2a))`` for ``a = min(|x|, 10)`` (tanh(10)
-#: rounds to 1 in f32), with expm1 as its series above -0.5, so small |x| keep their relative precision (the
-#: built-in lost it on lavapipe: 19% error at 1e-7) and large |x| never divide overflowed exponentials.
-#: NaN is returned as NaN (tested on the bits).
-TANH_WGSL = """
-fn tanh_f32(x: f32) -> f32 {
-  if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) { return x; }
-  let y = -2.0 * min(abs(x), 10.0);
-  var e = exp(y) - 1.0;
-  if (y > -0.5) {
-    e = y * (1.0 + y * (0.5 + y * (1.0 / 6.0 + y * (1.0 / 24.0 + y * (1.0 / 120.0 + y * (1.0 / 720.0
-        + y * (1.0 / 5040.0 + y * (1.0 / 40320.0 + y * (1.0 / 362880.0)))))))));
-  }
-  let t = -e / (2.0 + e);
-  return select(t, -t, x < 0.0);
-}
-"""
 
 #: WGSL ``fn log_f32(x: f32) -> f32``: the built-in ``log`` keeps an absolute error (about 1e-7 on lavapipe, worse
 #: where it is a base-2 approximation), which near 1, where the result is tiny, is a large relative one (5% at
