@@ -21,13 +21,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ortgpu_core._errors import ShapeError, UnsupportedOpError
-
 from .._kernel import DeviceCaps, Operator, OpPlan, TensorInfo
 from .._registry import register
 from .._row_norm import RowNorm, require_row_norm_dtypes, row_norm_plan
 from .._tiling import broadcast_strides, index_function
 from .layer_normalization import LayerNormalization
+from .rms_normalization import check_norm_scale, norm_axis
 
 __all__ = ["LayerNormalization_1", "SimplifiedLayerNormalization"]
 
@@ -52,25 +51,6 @@ class LayerNormalization_1(LayerNormalization):
         return [results[0].astype(scale.dtype)] + [r.astype(stash) for r in results[1:]]
 
 
-def _axis(op_type: str, shape: Sequence[int], attrs: Mapping[str, Any]) -> int:
-    rank = len(shape)
-    axis = int(attrs.get("axis", -1))
-    if axis < -rank or axis >= rank:
-        raise UnsupportedOpError(f"{op_type}: axis {axis} out of range for rank {rank}")
-    return axis % rank
-
-
-def _check_scale(scale_shape: Sequence[int], x_shape: Sequence[int]) -> None:
-    try:
-        if np.broadcast_shapes(tuple(scale_shape), tuple(x_shape)) != tuple(x_shape):
-            raise ValueError
-    except ValueError:
-        raise ShapeError(
-            f"SimplifiedLayerNormalization: scale of shape {tuple(scale_shape)} does not broadcast to X's "
-            f"{tuple(x_shape)}"
-        ) from None
-
-
 @register
 class SimplifiedLayerNormalization(Operator):
     """SimplifiedLayerNormalization-1 (onnxruntime's, default domain): ``Y = X / sqrt(mean(X^2) + epsilon) *
@@ -87,8 +67,8 @@ class SimplifiedLayerNormalization(Operator):
     ) -> list[np.ndarray]:
         x, scale = inputs[0], inputs[1]
         assert x is not None and scale is not None
-        axis = _axis(self.op_type, x.shape, attrs)
-        _check_scale(scale.shape, x.shape)
+        axis = norm_axis(self.op_type, x.shape, attrs)
+        check_norm_scale(self.op_type, scale.shape, x.shape)
         epsilon = float(attrs.get("epsilon", 1e-5))
         axes = tuple(range(axis, x.ndim))
         wide = x.astype(np.float64)
@@ -113,8 +93,8 @@ class SimplifiedLayerNormalization(Operator):
         assert x is not None and scale is not None
         want_inv_std = len(outputs) > 1 and outputs[1].size > 0  # "" (absent) reaches here as an empty placeholder
         require_row_norm_dtypes(self.op_type, [x, scale, outputs[0]] + ([outputs[1]] if want_inv_std else []), caps)
-        axis = _axis(self.op_type, x.shape, attrs)
-        _check_scale(scale.shape, x.shape)
+        axis = norm_axis(self.op_type, x.shape, attrs)
+        check_norm_scale(self.op_type, scale.shape, x.shape)
         spec = RowNorm(
             "mean_square",
             epsilon=float(attrs.get("epsilon", 1e-5)),

@@ -18,24 +18,26 @@ from .._registry import register
 from .._row_norm import RowNorm, require_row_norm_dtypes, row_norm_plan
 from .._tiling import broadcast_strides, index_function
 
-__all__ = ["RMSNormalization"]
+__all__ = ["RMSNormalization", "check_norm_scale", "norm_axis"]
 
 
-def _axis(shape: Sequence[int], attrs: Mapping[str, Any]) -> int:
+def norm_axis(op_type: str, shape: Sequence[int], attrs: Mapping[str, Any]) -> int:
+    """The first normalised axis (``axis``, default -1) of an RMS-style normalisation, checked."""
     rank = len(shape)
     axis = int(attrs.get("axis", -1))
     if axis < -rank or axis >= rank:
-        raise UnsupportedOpError(f"RMSNormalization: axis {axis} out of range for rank {rank}")
+        raise UnsupportedOpError(f"{op_type}: axis {axis} out of range for rank {rank}")
     return axis % rank
 
 
-def _check_scale(scale_shape: Sequence[int], x_shape: Sequence[int]) -> None:
+def check_norm_scale(op_type: str, scale_shape: Sequence[int], x_shape: Sequence[int]) -> None:
+    """ShapeError unless the scale broadcasts to X's shape."""
     try:
         if np.broadcast_shapes(tuple(scale_shape), tuple(x_shape)) != tuple(x_shape):
             raise ValueError
     except ValueError:
         raise ShapeError(
-            f"RMSNormalization: scale of shape {tuple(scale_shape)} does not broadcast to X's {tuple(x_shape)}"
+            f"{op_type}: scale of shape {tuple(scale_shape)} does not broadcast to X's {tuple(x_shape)}"
         ) from None
 
 
@@ -54,8 +56,8 @@ class RMSNormalization(Operator):
     ) -> list[np.ndarray]:
         x, scale = inputs[0], inputs[1]
         assert x is not None and scale is not None
-        axis = _axis(x.shape, attrs)
-        _check_scale(scale.shape, x.shape)
+        axis = norm_axis(self.op_type, x.shape, attrs)
+        check_norm_scale(self.op_type, scale.shape, x.shape)
         epsilon = float(attrs.get("epsilon", 1e-5))
         axes = tuple(range(axis, x.ndim))
         wide = x.astype(np.float64)
@@ -81,8 +83,8 @@ class RMSNormalization(Operator):
         x, scale = inputs[0], inputs[1]
         assert x is not None and scale is not None
         require_row_norm_dtypes("RMSNormalization", list(inputs) + list(outputs), caps)
-        axis = _axis(x.shape, attrs)
-        _check_scale(scale.shape, x.shape)
+        axis = norm_axis(self.op_type, x.shape, attrs)
+        check_norm_scale(self.op_type, scale.shape, x.shape)
         index = index_function("scale_at", x.shape, broadcast_strides(scale.shape, x.shape))
         spec = RowNorm(
             "mean_square",
