@@ -15,7 +15,8 @@ accumulator.  QLinearMatMul needs its scales as constants there (the multiplier
 is computed on the host, in float32 as the reference does); the sum is
 converted to f32 exactly and rounded once (``f32(acc >> 16) * 65536 + f32(acc &
 0xffff)``), scaled (a correctly rounded f32 product), rounded half to even
-(WGSL's ``round``) and saturated.  Per-row/per-column parameters run on the CPU.
+(WGSL's ``round``) and saturated.  Per-row/per-column parameters run on the CPU
+(the kernel reads per-column B parameters only for com.microsoft's to-float operators).
 """
 
 from __future__ import annotations
@@ -247,6 +248,7 @@ def integer_matmul_kernel(
     transposed: tuple[bool, bool] = (False, False),
     integer_bias: int = -1,
     scaled: Sequence[float] | None = None,
+    column_parameters: bool = False,
 ) -> OpPlan:
     """The kernel of ``(a - a_zero) @ (b - b_zero)`` (int32, wrapping) over node inputs ``positions`` = (a, b,
     a_zero or -1, b_zero or -1); with ``requantize = (multiplier, y_zero input, output dtype name)`` the sums are
@@ -256,7 +258,12 @@ def integer_matmul_kernel(
 
     For com.microsoft's QGemm: ``transposed`` reads 2-D A as (K, M) and/or B as (N, K); ``integer_bias`` (an int32
     input broadcasting to (M, N)) starts each sum; a multiplier of ``requantize`` or ``scaled`` may be a sequence of
-    one value per column (per-column B scales), held in a private array of the kernel."""
+    one value per column (per-column B scales), held in a private array of the kernel.
+
+    With ``column_parameters`` B's zero point, and with ``to_float`` B's scale, may be read from their buffers per
+    column (1-D, one value per column of B: com.microsoft's MatMulIntegerToFloat and DynamicQuantizeMatMul); the A
+    scale of ``to_float`` is always read from its buffer, so it may be one a previous kernel of the plan wrote.
+    Parameters of one value give the same WGSL either way."""
     a, b = inputs[positions[0]], inputs[positions[1]]
     assert a is not None and b is not None
     out = outputs[0]
@@ -279,6 +286,8 @@ def integer_matmul_kernel(
     bindings: list[Binding] = []
     parts: list[str] = []
     infos: list[TensorInfo] = []
+    # where each of B's parameters is read: "0u" (one value), or the output element's column
+    zb_index, sb_index = "0u", "0u"
     for slot, (position, name) in enumerate(zip(positions, ("a", "b", "za", "zb"))):
         if position < 0:
             parts.append(f"fn load_{name}(k: u32) -> i32 {{ return 0; }}\n")
@@ -286,7 +295,9 @@ def integer_matmul_kernel(
         operand = inputs[position]
         assert operand is not None
         info = operand
-        if slot >= 2 and info.size != 1:
+        if slot == 3 and info.size != 1 and _one_per_column(info, n, column_parameters):
+            zb_index = "col"
+        elif slot >= 2 and info.size != 1:
             raise NotOnDevice(f"{op_type}: per-row/per-column zero points run on the CPU")
         if info.dtype not in _INTEGER_INPUTS:
             raise NotOnDevice(f"{op_type}: zero points of dtype {info.dtype.name} run on the CPU")
@@ -310,6 +321,10 @@ def integer_matmul_kernel(
                 continue
             operand = inputs[position]
             assert operand is not None
+            if name == "sb" and operand.size != 1:
+                if not _one_per_column(operand, n, column_parameters):
+                    raise NotOnDevice(f"{op_type}: a B scale of shape {operand.shape} runs on the CPU")
+                sb_index = f"j % {n}u"
             parts.append(storage_declaration(len(bindings), f"buf_{name}", writable=False))
             parts.append(load_function(f"load_{name}", f"buf_{name}", operand.dtype))
             bindings.append(Binding("input", position))
@@ -341,7 +356,7 @@ def integer_matmul_kernel(
         f"  let a0 = a_batch(batch) * {m * k}u + {a_row};\n"
         f"  let b0 = b_batch(batch) * {k * n}u + {b_col};\n"
         "  let za = load_za(0u);\n"
-        "  let zb = load_zb(0u);\n"
+        f"  let zb = load_zb({zb_index});\n"
         f"  var acc = {start};\n"
         f"  for (var i = 0u; i < {k}u; i = i + 1u) {{\n"
         f"    acc = acc + (load_a(a0 + {a_step}) - za) * (load_b(b0 + {b_step}) - zb);\n"
@@ -355,7 +370,7 @@ def integer_matmul_kernel(
             "fn value(j: u32) -> f32 {\n"
             "  let acc = accumulate(j);\n"
             "  let exact = f32(acc >> 16u) * 65536.0 + f32(acc & 65535);\n"
-            f"  return exact * (load_sa(0u) * load_sb(0u)) + load_bias(j % {n}u);\n"
+            f"  return exact * (load_sa(0u) * load_sb({sb_index})) + load_bias(j % {n}u);\n"
             "}\n"
         )
     elif scaled is not None:
@@ -394,6 +409,11 @@ def integer_matmul_kernel(
         twin=reference_twin(function, bindings, inputs, outputs),
     )
     return OpPlan(kernels=(kernel,))
+
+
+def _one_per_column(info: TensorInfo, columns: int, allowed: bool) -> bool:
+    """Whether a parameter of B holds one value per column (1-D) where the caller reads such parameters."""
+    return allowed and info.shape == (columns,)
 
 
 def _multiplier_function(multiplier: float | Sequence[float], columns: int) -> str:

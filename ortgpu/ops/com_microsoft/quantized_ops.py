@@ -15,8 +15,11 @@ or per axis with ``axis``), so they are the standard classes fixed at that opset
 
 On the device: MatMulIntegerToFloat runs the standard integer matmul kernel
 (:func:`~ortgpu.ops.ai_onnx.quantized_matmul.integer_matmul_kernel`) finishing in float32, for uint8/int8 matrices of
-rank >= 2 with per-tensor scales and zero points (per-column ones run on the CPU).  DynamicQuantizeMatMul runs on
-the CPU: its A scale is found at run time, a three-kernel chain (range, quantize, integer matmul) not planned yet.
+rank >= 2 with B's scale and zero point per tensor or per column (1-D); the kernel reads the scales from their
+buffers and multiplies them in float32 per output element, as the reference (and onnxruntime) multiply them first.
+DynamicQuantizeMatMul is three kernels in one plan: DynamicQuantizeLinear's two (A's range, scale and zero point;
+then A quantized) writing into scratch buffers, then the same integer matmul kernel reading A's scale and zero point
+from those buffers (so nothing about A passes through the host).
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from .._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from .._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from .._registry import register
 from ..ai_onnx import quantize as standard_quantize
 from ..ai_onnx.quantized_matmul import integer_matmul, integer_matmul_kernel
+from ._attention_parts import PlanBuilder
 
 __all__ = ["MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QuantizeLinear", "DequantizeLinear"]
 
@@ -87,6 +91,16 @@ def integer_matmul_to_float(
     return np.ascontiguousarray(y.astype(np.float32))
 
 
+def _check_float_parameters(
+    op_type: str, b_scale: TensorInfo, bias: TensorInfo | None, outputs: Sequence[TensorInfo]
+) -> None:
+    """``NotOnDevice`` unless B's scale, the bias and the output are float32 (the kernel's float type)."""
+    if b_scale.dtype != np.float32 or outputs[0].dtype != np.float32:
+        raise NotOnDevice(f"{op_type}: scales and outputs other than float32 run on the CPU")
+    if bias is not None and bias.dtype != np.float32:
+        raise NotOnDevice(f"{op_type}: a bias other than float32 runs on the CPU")
+
+
 @register
 class MatMulIntegerToFloat(Operator):
     op_type = "MatMulIntegerToFloat"
@@ -115,12 +129,9 @@ class MatMulIntegerToFloat(Operator):
     ) -> OpPlan:
         a_scale, b_scale, bias = inputs[2], inputs[3], _optional(inputs, 6)
         assert a_scale is not None and b_scale is not None
-        if a_scale.size != 1 or b_scale.size != 1:
-            raise NotOnDevice(f"{self.op_type}: per-column scales run on the CPU")
-        if a_scale.dtype != np.float32 or b_scale.dtype != np.float32 or outputs[0].dtype != np.float32:
-            raise NotOnDevice(f"{self.op_type}: scales and outputs other than float32 run on the CPU")
-        if bias is not None and bias.dtype != np.float32:
-            raise NotOnDevice(f"{self.op_type}: a bias other than float32 runs on the CPU")
+        if a_scale.size != 1 or a_scale.dtype != np.float32:
+            raise NotOnDevice(f"{self.op_type}: an A scale other than one float32 value runs on the CPU")
+        _check_float_parameters(self.op_type, b_scale, bias, outputs)
         present = [i if i < len(inputs) and inputs[i] is not None else -1 for i in (0, 1, 4, 5)]
         operator, attributes = MatMulIntegerToFloat(self.opset), dict(attrs)
 
@@ -132,7 +143,14 @@ class MatMulIntegerToFloat(Operator):
             return operator.reference(values, attributes, outputs)[0]
 
         return integer_matmul_kernel(
-            self.op_type, inputs, outputs, present, caps, function, to_float=(2, 3, 6 if bias is not None else -1)
+            self.op_type,
+            inputs,
+            outputs,
+            present,
+            caps,
+            function,
+            to_float=(2, 3, 6 if bias is not None else -1),
+            column_parameters=True,
         )
 
 
@@ -168,9 +186,47 @@ class DynamicQuantizeMatMul(Operator):
         caps: DeviceCaps,
         constants: Mapping[int, np.ndarray],
     ) -> OpPlan:
-        raise NotOnDevice(
-            f"{self.op_type}: runs on the CPU (A's scale is found at run time; its device chain is not planned yet)"
+        a, b, b_scale = inputs[:3]
+        assert a is not None and b is not None and b_scale is not None
+        b_zero, bias = _optional(inputs, 3), _optional(inputs, 4)
+        if a.dtype != np.float32:
+            raise NotOnDevice(f"{self.op_type}: A of dtype {a.dtype.name} runs on the CPU")
+        _check_float_parameters(self.op_type, b_scale, bias, outputs)
+        builder = PlanBuilder(self.op_type)
+        # A quantized, its scale and its zero point: DynamicQuantizeLinear's outputs, kept in scratch buffers
+        quantized = [TensorInfo(a.shape, np.dtype(np.uint8)), TensorInfo((), np.dtype(np.float32))]
+        quantized.append(TensorInfo((), np.dtype(np.uint8)))
+        at = [builder.scratch(info) for info in quantized]
+        quantize = standard_quantize.DynamicQuantizeLinear(11).plan([a], quantized, {}, caps, {})
+        builder.include(quantize, [Binding("input", 0)], at)
+        # then MatMulIntegerToFloat over (A quantized, B, A's scale, B's scale, A's zero point, B's zero point, bias)
+        infos = [quantized[0], b, quantized[1], b_scale, quantized[2], b_zero, bias]
+        present = [0, 1, 4, 5 if b_zero is not None else -1]
+        bound = [p for p in present if p >= 0] + [2, 3] + ([6] if bias is not None else [])
+        op_type = self.op_type
+
+        def function(*arrays: np.ndarray) -> np.ndarray:
+            values: list[np.ndarray | None] = [None] * 7
+            for position, array in zip(bound, arrays):
+                values[position] = array
+            a_q, b_q, a_scale, b_scale_value = values[:4]
+            assert a_q is not None and b_q is not None and a_scale is not None and b_scale_value is not None
+            return integer_matmul_to_float(op_type, a_q, b_q, a_scale, b_scale_value, *values[4:])
+
+        gemm = integer_matmul_kernel(
+            self.op_type,
+            infos,
+            outputs,
+            present,
+            caps,
+            function,
+            to_float=(2, 3, 6 if bias is not None else -1),
+            column_parameters=True,
         )
+        node = [Binding("input", index) if info is not None else None for index, info in enumerate(inputs)]
+        node += [None] * (5 - len(node))
+        builder.include(gemm, [at[0], node[1], at[1], node[2], at[2], node[3], node[4]], [Binding("output", 0)])
+        return builder.build()
 
 
 class _StandardAtOpset13(Operator):
