@@ -30,6 +30,7 @@ from ortgpu_core._errors import DtypeError, ModelError, ShapeError, UnsupportedO
 
 from ._attention_fusion import fuse_attentions
 from ._elementwise_fusion import fuse_elementwise
+from ._four_bit import widen_four_bit_constants
 from ._host_values import (
     OPTIONAL_REASON,
     SEQUENCE_REASON,
@@ -211,6 +212,8 @@ def _plan(
         nodes, types, constants, model.opsets, concrete=True, budget=budget, expansions=expansions
     )
     folded += folded_here
+    # 4-bit constants (kept as loaded so folding reads them exactly) in the layouts the kernels read.
+    nodes = widen_four_bit_constants(nodes, types, constants, model.rewrite_cache)
     consumers: dict[str, list[GraphNode]] = {}
     for node in nodes:
         for name in node.inputs:

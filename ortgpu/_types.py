@@ -17,6 +17,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx.helper
@@ -28,6 +29,7 @@ __all__ = [
     "computable",
     "is_float_dtype",
     "SUPPORTED_DTYPES",
+    "FOUR_BIT_DTYPES",
     "numpy_dtype_of",
     "onnx_dtype_to_numpy",
     "element_count",
@@ -39,6 +41,10 @@ __all__ = [
 #: The dtypes a model's tensors may have: those with an ONNX element type in the core's table, and
 #: TensorProto.STRING as object arrays of str, host values only (nodes that touch them run on the CPU).
 SUPPORTED_DTYPES: frozenset[np.dtype[Any]] = ONNX_DTYPES | {np.dtype(object)}
+#: INT4 and UINT4 (ml_dtypes' numpy types, one element a byte on the host): constants only (initializers, Constant
+#: nodes), which the planner widens to int8/uint8 before any kernel reads them (:mod:`ortgpu._four_bit`); a graph
+#: input or output of a 4-bit type is refused, since no device buffer and no numpy feed of ortgpu holds one.
+FOUR_BIT_DTYPES: frozenset[np.dtype[Any]] = frozenset({np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4)})
 
 
 def numpy_dtype_of(element_type: int) -> np.dtype[Any] | None:
@@ -51,18 +57,27 @@ def numpy_dtype_of(element_type: int) -> np.dtype[Any] | None:
         return None
 
 
-def onnx_dtype_to_numpy(elem_type: int, what: str) -> np.dtype[Any]:
-    """The numpy dtype of an ONNX element type ortgpu supports, or ``UnsupportedOpError`` naming ``what``."""
+def onnx_dtype_to_numpy(elem_type: int, what: str, *, constant: bool = False) -> np.dtype[Any]:
+    """The numpy dtype of an ONNX element type ortgpu supports, or ``UnsupportedOpError`` naming ``what``.
+
+    ``constant``: ``what`` is an initializer or a Constant's value, which may also be 4-bit
+    (:data:`FOUR_BIT_DTYPES`); anywhere else a 4-bit type is refused with a message that says so."""
     dtype = numpy_dtype_of(elem_type)
-    if dtype is None or dtype not in SUPPORTED_DTYPES:
-        name = (
-            onnx.TensorProto.DataType.Name(elem_type)
-            if elem_type in onnx.TensorProto.DataType.values()
-            else str(elem_type)
+    name = (
+        onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else str(elem_type)
+    )
+    if dtype is not None and dtype in FOUR_BIT_DTYPES:
+        if constant:
+            return dtype
+        raise UnsupportedOpError(
+            f"{what} has element type {name}: ortgpu reads 4-bit tensors only as constants (initializers, Constant "
+            "nodes) that DequantizeLinear or GatherBlockQuantized dequantize; give the value as int8/uint8 instead"
         )
+    if dtype is None or dtype not in SUPPORTED_DTYPES:
         raise UnsupportedOpError(
             f"{what} has element type {name}, which ortgpu does not support "
-            "(supported: float16/32/64, bfloat16, int8..int64, uint8..uint64, bool, string)"
+            "(supported: float16/32/64, bfloat16, int8..int64, uint8..uint64, bool, string; int4/uint4 "
+            "constants)"
         )
     return dtype
 

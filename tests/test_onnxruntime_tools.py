@@ -37,7 +37,6 @@ from onnxruntime.transformers.fusion_options import AttentionMaskFormat
 from onnxruntime_tool_models import bert, cnn, gpt2, mlp, vit
 
 import ortgpu
-from ortgpu_core._errors import UnsupportedOpError
 
 MS = "com.microsoft"
 
@@ -387,14 +386,23 @@ def test_matmul_nbits_on_the_optimized_gpt2(env: Any, tmp_path: Path) -> None:
     ],
     ids=["gather_block_quantized", "qdq_blockwise"],
 )  # fmt: skip
-def test_matmul_nbits_4bit_tensors_are_refused(env: Any, options: dict[str, Any]) -> None:
+def test_matmul_nbits_4bit_tensors(env: Any, options: dict[str, Any]) -> None:
     """GatherBlockQuantized's data and the QDQ format's blockwise DequantizeLinear weights are 4-bit tensors
-    (UINT4), an element type ortgpu's loader does not read yet: loading names the initializer and the type."""
+    (UINT4): they load as ml_dtypes arrays and run (the planner packs or widens them for the kernels).  The QDQ
+    model is compared with onnxruntime running it as written: its default session fuses DequantizeLinear and MatMul
+    into MatMulNBits at accuracy level 4 (A quantized to int8)."""
     from onnxruntime.quantization import QuantFormat
 
-    if "quant_format" in options:
+    qdq = "quant_format" in options
+    if qdq:
         options = {**options, "quant_format": QuantFormat.from_string(options["quant_format"])}
     quantized = _nbits(mlp(), **options)
     assert any(t.data_type in (onnx.TensorProto.UINT4, onnx.TensorProto.INT4) for t in quantized.graph.initializer)
-    with pytest.raises(UnsupportedOpError, match="UINT4"):
-        ortgpu.InferenceSession(quantized.SerializeToString(), env=env)
+    feeds = {"ids": np.random.default_rng(10).integers(0, 100, (2, 8)).astype(np.int64)}
+    if qdq:  # no com.microsoft node: every node on the device
+        got = _ortgpu_plain(env, quantized, feeds)
+    else:
+        assert _ops(quantized) == Counter({"MatMulNBits": 2, "GatherBlockQuantized": 1}), _ops(quantized)
+        got = _ortgpu(env, quantized, feeds)
+    for value, want in zip(got, _onnxruntime(quantized, feeds, optimize=not qdq), strict=True):
+        _assert_close(value, want)

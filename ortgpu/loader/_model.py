@@ -506,7 +506,7 @@ def load_model(
     graph = model.graph
     initializers: dict[str, np.ndarray] = {}
     for tensor in graph.initializer:
-        onnx_dtype_to_numpy(tensor.data_type, f"initializer {tensor.name!r}")
+        onnx_dtype_to_numpy(tensor.data_type, f"initializer {tensor.name!r}", constant=True)
         initializers[tensor.name] = _to_array(tensor, f"initializer {tensor.name!r}")
     if graph.sparse_initializer:
         raise UnsupportedOpError("the model has sparse initializers, which ortgpu does not support")

@@ -173,7 +173,7 @@ class Subgraph(SubgraphRunner):
         if graph.sparse_initializer:
             raise UnsupportedOpError(f"the {what} has sparse initializers, which ortgpu does not support")
         for tensor in graph.initializer:
-            onnx_dtype_to_numpy(tensor.data_type, f"initializer {tensor.name!r} of the {what}")
+            onnx_dtype_to_numpy(tensor.data_type, f"initializer {tensor.name!r} of the {what}", constant=True)
             subgraph._initializers[tensor.name] = _to_array(tensor, f"initializer {tensor.name!r} of the {what}")
         for value in list(graph.input) + list(graph.output):
             kind = value.type.WhichOneof("value")

@@ -14,7 +14,9 @@ refused (numpy cannot hold them).
 ``DequantizeLinear``: ``y = (x - zero_point) * scale``: the difference is exact,
 the product is computed in float32 and rounded once to the output dtype (the
 scale's, or ``output_dtype``).  Inputs uint8/int8/uint16/int16/int32 (int32 has
-no zero point).  It runs on the device per tensor and per axis (blocked scales
+no zero point), and int4/uint4 (opset 21): the references widen them to int8/uint8,
+and the planner widens 4-bit constants before planning (:mod:`ortgpu._four_bit`),
+so the device reads them as 8-bit inputs.  It runs on the device per tensor and per axis (blocked scales
 run on the CPU): WGSL's f32 product is correctly rounded, and the difference is
 converted to f32 exactly (8/16-bit differences are exact in f32; int32 inputs
 are converted as ``f32(x >> 16) * 65536 + f32(x & 0xffff)``, two exact terms
@@ -37,7 +39,7 @@ import onnx.helper
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from ..._types import element_count
+from ..._types import FOUR_BIT_DTYPES, element_count
 from .._kernel import (
     Binding,
     DeviceCaps,
@@ -129,6 +131,13 @@ _QUANTIZED: dict[int, np.dtype[Any]] = {
     int(onnx.TensorProto.UINT16): np.dtype(np.uint16),
     int(onnx.TensorProto.INT16): np.dtype(np.int16),
 }
+
+
+def _widened_four_bit(value: np.ndarray) -> np.ndarray:
+    """An int4/uint4 array as int8/uint8 of the same values (4-bit constants load as ml_dtypes arrays)."""
+    if value.dtype in FOUR_BIT_DTYPES:
+        return value.astype(np.int8 if value.dtype.name == "int4" else np.uint8)
+    return value
 
 
 def _element_type_name(element_type: int) -> str:
@@ -332,12 +341,16 @@ class DequantizeLinear(Operator):
         assert x is not None and scale is not None
         zero_point = inputs[2] if len(inputs) > 2 else None
         _check_parameters(self.op_type, scale, zero_point)
-        if x.dtype not in (np.uint8, np.int8, np.uint16, np.int16, np.int32):
-            raise UnsupportedOpError(
-                f"DequantizeLinear: inputs of dtype {x.dtype} are not supported (uint8, int8, uint16, int16, int32)"
-            )
         if zero_point is not None and zero_point.dtype != x.dtype:
             raise ShapeError(f"DequantizeLinear: zero point {zero_point.dtype} differs from the input's {x.dtype}")
+        # int4/uint4 (ml_dtypes arrays, opset 21) compute as the same values in int8/uint8
+        x = _widened_four_bit(x)
+        zero_point = None if zero_point is None else _widened_four_bit(zero_point)
+        if x.dtype not in (np.uint8, np.int8, np.uint16, np.int16, np.int32):
+            raise UnsupportedOpError(
+                f"DequantizeLinear: inputs of dtype {x.dtype} are not supported (uint8, int8, uint16, int16, int32, "
+                "int4, uint4)"
+            )
         output_dtype = int(attrs.get("output_dtype", 0))
         dtype = scale.dtype if not output_dtype else _float_dtype(self.op_type, output_dtype, "output_dtype")
         axis, block_size = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))

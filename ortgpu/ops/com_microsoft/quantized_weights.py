@@ -12,7 +12,8 @@ GEMV of :mod:`._quantized_weights_wgsl` (one packed word per lane per step), mor
 loaders that dequantize each tile as it is fetched; a bias rides the GEMM's epilogue.  ``g_idx`` (deprecated: a
 block per K index instead of ``k / block_size``) runs on the CPU, as do empty weights (the output is the bias).
 GatherBlockQuantized (uint8 data, gathered on axis 0, quantized along the last axis, as onnxruntime requires) runs
-as one invocation per output element; int4/uint4 data is not loadable by ortgpu (numpy has no 4-bit type).
+as one invocation per output element; constant int4/uint4 data (one code an element, zero points default 0) is
+packed into that uint8 form by the planner (:mod:`ortgpu._four_bit`) and runs there too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from ..._types import element_count
+from ..._types import FOUR_BIT_DTYPES, element_count
 from .._epilogue import EpilogueStep, epilogue_function
 from .._gemv import default_gemv_config
 from .._kernel import (
@@ -302,9 +303,7 @@ def _gemv_plan(
 def _gather_attributes(data: TensorInfo | np.ndarray, attrs: Mapping[str, Any]) -> tuple[int, int]:
     """(bits, block_size) after checking what onnxruntime requires of uint8 data."""
     if data.dtype != np.uint8:
-        raise UnsupportedOpError(
-            f"GatherBlockQuantized: data of dtype {data.dtype} (uint8 expected; int4/uint4/float8 data is not supported)"
-        )
+        raise UnsupportedOpError(f"GatherBlockQuantized: data of dtype {data.dtype} (uint8, int4 or uint4 expected)")
     rank = len(data.shape)
     if rank < 2:
         raise ShapeError("GatherBlockQuantized: uint8 data must have rank >= 2 (gathered on 0, quantized on the last)")
@@ -345,6 +344,40 @@ def _check_gather_parameters(
             )
 
 
+def _four_bit_codes(
+    data: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, attrs: Mapping[str, Any]
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(codes, zero points, block_size) of int4/uint4 data (one code an element; the zero points default to 0),
+    after the checks of :func:`_gather_attributes` that apply to it.  The planner packs constant 4-bit data into
+    the uint8 form (:mod:`ortgpu._four_bit`), so this path runs only where that form cannot hold it."""
+    rank = data.ndim
+    if rank < 2:
+        raise ShapeError("GatherBlockQuantized: 4-bit data must have rank >= 2 (gathered on 0, quantized on the last)")
+    block_size = int(attrs.get("block_size", 128))
+    _power_of_two_block("GatherBlockQuantized", block_size)
+    gather_axis, quantize_axis = int(attrs.get("gather_axis", 0)), int(attrs.get("quantize_axis", 1))
+    if not -rank <= gather_axis < rank or gather_axis % rank != 0:
+        raise UnsupportedOpError(f"GatherBlockQuantized: ortgpu gathers 4-bit data on axis 0, not {gather_axis}")
+    if not -rank <= quantize_axis < rank or quantize_axis % rank != rank - 1:
+        raise UnsupportedOpError(
+            f"GatherBlockQuantized: ortgpu reads 4-bit data quantized along its last axis ({rank - 1}), not "
+            f"{quantize_axis}"
+        )
+    if scales.dtype not in _FLOATS:
+        raise UnsupportedOpError(f"GatherBlockQuantized: scales of dtype {scales.dtype} (float32 or float16)")
+    want = tuple(data.shape[:-1]) + (-(-data.shape[-1] // block_size),)
+    if tuple(scales.shape) != want:
+        raise ShapeError(f"GatherBlockQuantized: scales of shape {tuple(scales.shape)}, expected {want}")
+    if zero_points is None:
+        return data.astype(np.int32), np.zeros(want, np.int32), block_size
+    if zero_points.dtype != data.dtype or tuple(zero_points.shape) != want:
+        raise ShapeError(
+            f"GatherBlockQuantized: zero points {tuple(zero_points.shape)} {zero_points.dtype}, expected {want} "
+            f"{data.dtype} (the data's type)"
+        )
+    return data.astype(np.int32), zero_points.astype(np.int32), block_size
+
+
 @register
 class GatherBlockQuantized(Operator):
     op_type = "GatherBlockQuantized"
@@ -360,17 +393,21 @@ class GatherBlockQuantized(Operator):
         data, indices, scales = inputs[0], inputs[1], inputs[2]
         assert data is not None and indices is not None and scales is not None
         zero_points = _optional(inputs, 3)
-        bits, block_size = _gather_attributes(data, attrs)
-        _check_gather_parameters(data, scales, zero_points, bits, block_size)
         if indices.dtype not in (np.int32, np.int64):
             raise UnsupportedOpError(f"GatherBlockQuantized: indices of dtype {indices.dtype} (int32 or int64)")
-        last = data.shape[-1] * (8 // bits)
-        codes = unpack_codes(data, bits, last)
-        blocks = scales.shape[-1]
-        if zero_points is None:
-            zeros = np.full(scales.shape, 1 << (bits - 1), np.int32)
+        if data.dtype in FOUR_BIT_DTYPES:
+            codes, zeros, block_size = _four_bit_codes(data, scales, zero_points, attrs)
+            last = data.shape[-1]
         else:
-            zeros = unpack_codes(zero_points, bits, blocks)
+            bits, block_size = _gather_attributes(data, attrs)
+            _check_gather_parameters(data, scales, zero_points, bits, block_size)
+            last = data.shape[-1] * (8 // bits)
+            codes = unpack_codes(data, bits, last)
+            blocks = scales.shape[-1]
+            if zero_points is None:
+                zeros = np.full(scales.shape, 1 << (bits - 1), np.int32)
+            else:
+                zeros = unpack_codes(zero_points, bits, blocks)
         block_of = np.arange(last) // block_size
         values = (codes - zeros[..., block_of]).astype(np.float32) * scales.astype(np.float32)[..., block_of]
         rows = data.shape[0]
@@ -392,6 +429,11 @@ class GatherBlockQuantized(Operator):
         data, indices, scales = inputs[0], inputs[1], inputs[2]
         assert data is not None and indices is not None and scales is not None
         zero_points = _optional(inputs, 3)
+        if data.dtype in FOUR_BIT_DTYPES:
+            raise NotOnDevice(
+                "GatherBlockQuantized: 4-bit data the planner could not pack into the uint8 form (not a constant, "
+                "or an odd last axis) runs on the CPU"
+            )
         bits, block_size = _gather_attributes(data, attrs)
         _check_gather_parameters(data, scales, zero_points, bits, block_size)
         out = outputs[0]
