@@ -24,6 +24,7 @@ __all__ = [
     "apply_epilogue",
     "epilogue_function",
     "erf",
+    "gelu_numpy",
     "TANH_WGSL",
     "GELU_WGSL",
 ]
@@ -63,7 +64,8 @@ def erf(x: np.ndarray) -> np.ndarray:
     return np.where(x64 >= 0, 1.0 - erfc, erfc - 1.0)
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
+def gelu_numpy(x: np.ndarray) -> np.ndarray:
+    """The erf GELU ``0.5 x (1 + erf(x / sqrt 2))`` in float64, through erfc for negative x (no cancellation)."""
     x64 = np.asarray(x, dtype=np.float64)
     u = -x64 / math.sqrt(2.0)
     # 1 + erf(x / sqrt2) = erfc(-x / sqrt2), computed without cancellation for negative x.
@@ -207,7 +209,7 @@ def apply_epilogue(y: np.ndarray, steps: Sequence[EpilogueStep], inputs: Sequenc
         elif step.kind == "relu":
             y = np.maximum(y, np.asarray(0, dtype=out_dtype))
         elif step.kind == "gelu":
-            y = _gelu(y).astype(out_dtype)
+            y = gelu_numpy(y).astype(out_dtype)
         elif step.kind == "clip":
             if step.low > -math.inf:
                 y = np.maximum(y, np.asarray(step.low, dtype=out_dtype))

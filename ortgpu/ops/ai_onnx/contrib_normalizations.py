@@ -26,7 +26,7 @@ from .._registry import register
 from .._row_norm import RowNorm, require_row_norm_dtypes, row_norm_plan
 from .._tiling import broadcast_strides, index_function
 from .layer_normalization import LayerNormalization
-from .rms_normalization import check_norm_scale, norm_axis
+from .rms_normalization import check_norm_scale, norm_axis, wide_mean_square
 
 __all__ = ["LayerNormalization_1", "SimplifiedLayerNormalization"]
 
@@ -70,12 +70,7 @@ class SimplifiedLayerNormalization(Operator):
         axis = norm_axis(self.op_type, x.shape, attrs)
         check_norm_scale(self.op_type, scale.shape, x.shape)
         epsilon = float(attrs.get("epsilon", 1e-5))
-        axes = tuple(range(axis, x.ndim))
-        wide = x.astype(np.float64)
-        if x.size:
-            mean_square = np.mean(wide * wide, axis=axes, keepdims=True)
-        else:
-            mean_square = np.zeros([1 if a in axes else d for a, d in enumerate(x.shape)])
+        wide, mean_square = wide_mean_square(x, axis)
         inv_std = 1.0 / np.sqrt(mean_square + epsilon)
         y = (wide * inv_std * scale.astype(np.float64)).astype(scale.dtype)
         stash = np.float32 if int(attrs.get("stash_type", 1)) == 1 else x.dtype

@@ -18,7 +18,7 @@ from .._registry import register
 from .._row_norm import RowNorm, require_row_norm_dtypes, row_norm_plan
 from .._tiling import broadcast_strides, index_function
 
-__all__ = ["RMSNormalization", "check_norm_scale", "norm_axis"]
+__all__ = ["RMSNormalization", "check_norm_scale", "norm_axis", "wide_mean_square"]
 
 
 def norm_axis(op_type: str, shape: Sequence[int], attrs: Mapping[str, Any]) -> int:
@@ -41,6 +41,16 @@ def check_norm_scale(op_type: str, scale_shape: Sequence[int], x_shape: Sequence
         ) from None
 
 
+def wide_mean_square(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """X in float64 and the mean of its squares over the axes from ``axis`` on (kept as size-1 axes; zeros for an
+    empty X, whose mean is undefined but whose normalisation is empty anyway)."""
+    axes = tuple(range(axis, x.ndim))
+    wide = x.astype(np.float64)
+    if x.size:
+        return wide, np.mean(wide * wide, axis=axes, keepdims=True)
+    return wide, np.zeros([1 if a in axes else d for a, d in enumerate(x.shape)])
+
+
 @register
 class RMSNormalization(Operator):
     """RMSNormalization-23."""
@@ -59,12 +69,7 @@ class RMSNormalization(Operator):
         axis = norm_axis(self.op_type, x.shape, attrs)
         check_norm_scale(self.op_type, scale.shape, x.shape)
         epsilon = float(attrs.get("epsilon", 1e-5))
-        axes = tuple(range(axis, x.ndim))
-        wide = x.astype(np.float64)
-        if x.size:
-            mean_square = np.mean(wide * wide, axis=axes, keepdims=True)
-        else:
-            mean_square = np.zeros([1 if a in axes else d for a, d in enumerate(x.shape)])
+        wide, mean_square = wide_mean_square(x, axis)
         # rounded to X's type (the definition's cast), or to the scale's (Y's) where that is the narrower: a fused
         # graph that casts the normalised value to Y's type before its scale (as the kernel does)
         narrow = np.float16 if np.float16 in (x.dtype, scale.dtype) else x.dtype

@@ -23,7 +23,7 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from ..._types import is_float_dtype
-from .._epilogue import GELU_WGSL, TANH_WGSL
+from .._epilogue import GELU_WGSL, TANH_WGSL, gelu_numpy
 from .._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo, reference_twin
 from .._registry import register_row
 from .._wgsl import INT64_WGSL, require_device_dtype, wgsl_float
@@ -39,6 +39,7 @@ __all__ = [
     "TANH_WGSL",
     "erf_numpy",
     "LOG_WGSL",
+    "sigmoid_numpy",
 ]
 
 _FLOATS = ("float32", "float16", "bfloat16")
@@ -265,17 +266,21 @@ def _leaky_relu(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
     return np.where(x >= 0, x, x * alpha)
 
 
-def _sigmoid(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
+def sigmoid_numpy(x: np.ndarray) -> Any:
+    """``1 / (1 + exp(-x))`` in x's dtype, as ``e / (1 + e)`` for negative x (never an overflowed exp)."""
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def _sigmoid(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
+    return sigmoid_numpy(x)
 
 
 def _gelu(x: np.ndarray, attrs: Mapping[str, Any]) -> Any:
     wide = x.astype(np.float64)
     if _approximate(attrs) == "tanh":  # 0.5 (1 + tanh z) as sigmoid(2 z), without cancellation for negative x
-        return wide * _sigmoid(2.0 * math.sqrt(2.0 / math.pi) * (wide + 0.044715 * wide**3), attrs)
-    erfc = np.frompyfunc(math.erfc, 1, 1)  # 1 + erf(x / sqrt 2) = erfc(-x / sqrt 2)
-    return 0.5 * wide * np.asarray(erfc(-wide / math.sqrt(2.0)), dtype=np.float64)
+        return wide * sigmoid_numpy(2.0 * math.sqrt(2.0 / math.pi) * (wide + 0.044715 * wide**3))
+    return gelu_numpy(wide)
 
 
 def _gelu_wgsl(dtype: np.dtype[Any], attrs: Mapping[str, Any]) -> str:

@@ -22,15 +22,15 @@ import numpy as np
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
 from ..._types import computable, element_count, is_float_dtype
-from .._epilogue import GELU_WGSL
+from .._epilogue import GELU_WGSL, gelu_numpy
 from .._kernel import Binding, DeviceCaps, Operator, OpPlan, TensorInfo
 from .._registry import register
 from .._tiling import THREADS, BindingTable, grid_for_groups, require_float, single_kernel_plan, workgroup_index
 from .._wgsl import require_device_dtype, wgsl_float
 from .._wgsl_kernels import Operand, elementwise_plan
-from ..ai_onnx.unary import SIGMOID_WGSL, erf_numpy
+from ..ai_onnx.unary import SIGMOID_WGSL, sigmoid_numpy
 
-__all__ = ["Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd", "BiasSplitGelu", "gelu_numpy"]
+__all__ = ["Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd", "BiasSplitGelu"]
 
 _DEVICE_DTYPES = ("float32", "float16")
 #: sqrt(2 / pi) and 0.044715 * sqrt(2 / pi): FastGelu's tanh argument is ``x * (A + B * x * x)``.
@@ -38,18 +38,9 @@ _FAST_A = math.sqrt(2.0 / math.pi)
 _FAST_B = 0.044715 * math.sqrt(2.0 / math.pi)
 
 
-def gelu_numpy(x: np.ndarray) -> np.ndarray:
-    """The erf GELU ``0.5 x (1 + erf(x / sqrt 2))`` in float64."""
-    wide = np.asarray(x, dtype=np.float64)
-    result: np.ndarray = 0.5 * wide * (1.0 + erf_numpy(wide / math.sqrt(2.0)))
-    return result
-
-
 def _fast_gelu_numpy(x: np.ndarray) -> np.ndarray:
     wide = np.asarray(x, dtype=np.float64)
-    z = 2.0 * wide * (_FAST_A + _FAST_B * wide * wide)
-    e = np.exp(-np.abs(z))
-    result: np.ndarray = wide * np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))  # 0.5 (1 + tanh(z/2))
+    result: np.ndarray = wide * sigmoid_numpy(2.0 * wide * (_FAST_A + _FAST_B * wide * wide))  # 0.5 (1 + tanh z)
     return result
 
 
@@ -210,10 +201,7 @@ class QuickGelu(ContribElementwise):
     helpers = SIGMOID_WGSL
 
     def compute(self, values: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-        x = values[0]
-        z = _alpha(attrs) * x
-        e = np.exp(-np.abs(z))
-        result: np.ndarray = x * np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        result: np.ndarray = values[0] * sigmoid_numpy(_alpha(attrs) * values[0])
         return result
 
     def expression(self, count: int, attrs: Mapping[str, Any]) -> str:
