@@ -162,3 +162,37 @@ def test_an_unbound_output_names_both_ways_to_bind_it(env: ortgpu.Env) -> None:
         binding.bind_cpu_input("X", X)
         with pytest.raises(InvalidArgumentError, match=r"bind_output\(name, 'webgpu'\)"):
             session.run_with_iobinding(binding)
+
+
+def test_threads_each_with_a_binding_get_their_own_outputs_and_dropped_values_free(env: ortgpu.Env) -> None:
+    """Two threads run one session, each through its own binding with the output bound by name: each reads its own
+    results; the values the session allocated and nobody released are freed when dropped (the env fixture fails the
+    test on a leaked native object); a binding is not copyable."""
+    import copy
+    import gc
+    import threading
+
+    with ortgpu.InferenceSession(MODEL, env=env) as session:
+        failures: list[str] = []
+
+        def worker(sign: float) -> None:
+            binding = session.io_binding()
+            x = session.allocator.from_numpy(sign * X)
+            binding.bind_input("X", x)
+            binding.bind_output("Y", "webgpu")
+            for _ in range(20):
+                session.run_with_iobinding(binding)
+                if not np.array_equal(binding.copy_outputs_to_cpu()[0], _onnxruntime_by_name(sign * X)):
+                    failures.append(f"thread {sign}: wrong output")
+            x.release()
+
+        threads = [threading.Thread(target=worker, args=(sign,)) for sign in (1.0, -1.0)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures
+        binding = session.io_binding()
+        with pytest.raises(ortgpu.UnsafeAccessError):
+            copy.copy(binding)
+        gc.collect()
