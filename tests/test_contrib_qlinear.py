@@ -121,7 +121,7 @@ BINARY_SHAPES = [
 @pytest.mark.parametrize("dtype", BYTES, ids=str)
 @pytest.mark.parametrize("shapes", BINARY_SHAPES, ids=str)
 def test_binary_matches_onnxruntime(op: str, dtype: np.dtype[Any], shapes: Any, device: Any) -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     a_shape, b_shape = shapes
     tie = bool(rng.integers(0, 2))
     constants = {name: _scale(rng, tie) for name in ("sa", "sb", "sc")}
@@ -138,7 +138,7 @@ def test_binary_matches_onnxruntime(op: str, dtype: np.dtype[Any], shapes: Any, 
 @pytest.mark.parametrize("b_shape", [(256, 256), (256, 1)], ids=["pairs", "b-scalar-per-span"])
 def test_binary_every_byte_pair(op: str, dtype: np.dtype[Any], b_shape: tuple[int, ...], device: Any) -> None:
     """All 65536 byte pairs at tie-prone scales (powers of two)."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     bytes_ = np.arange(256, dtype=np.uint8).view(dtype)
     constants = {"sa": np.float32(0.25), "sb": np.float32(0.125), "sc": np.float32(0.5)}
     constants.update({name: _zero(rng, dtype) for name in ("za", "zb", "zc")})
@@ -153,7 +153,7 @@ def test_binary_every_byte_pair(op: str, dtype: np.dtype[Any], b_shape: tuple[in
 def test_binary_absent_zero_points_are_zero(op: str, device: Any) -> None:
     """The schema makes the zero points optional (0); onnxruntime's type inference wants them all, so its result
     with explicit zeros judges."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     dtype = np.dtype(np.int8)
     constants = {name: _scale(rng, True) for name in ("sa", "sb", "sc")}
     bare = helper.make_node(op, ["a", "sa", "", "b", "sb", "", "sc", ""], ["c"], domain=MS)
@@ -189,7 +189,7 @@ def test_broadcast_spans_follow_onnxruntime() -> None:
 def test_lookup_activations(
     op: str, attrs: dict[str, Any], dtype: np.dtype[Any], zero_points: bool, device: Any
 ) -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     constants: dict[str, np.ndarray] = {"sx": _scale(rng, False), "sy": _scale(rng, True)}
     names = ["x", "sx", "", "sy", ""]
     if zero_points:
@@ -209,7 +209,7 @@ def test_lookup_activations(
 @pytest.mark.parametrize("dtype", BYTES, ids=str)
 @pytest.mark.parametrize("axis", [1, -1, 0])
 def test_concat_requantizes_each_input(dtype: np.dtype[Any], axis: int, device: Any) -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     base = [2, 3, 5]
     sizes = [3, 1, 4]
     shapes = [tuple(size if d == axis % 3 else base[d] for d in range(3)) for size in sizes]
@@ -238,7 +238,7 @@ def test_concat_requantizes_each_input(dtype: np.dtype[Any], axis: int, device: 
     ids=["nchw", "nhwc", "1d", "3d-channels-last", "one-channel-last"],
 )
 def test_global_average_pool(dtype: np.dtype[Any], shape: tuple[int, ...], channels_last: int, device: Any) -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     constants = {"sx": _scale(rng, True), "zx": _zero(rng, dtype), "sy": _scale(rng, False), "zy": _zero(rng, dtype)}
     attrs = {"channels_last": channels_last} if channels_last else {}
     node = helper.make_node("QLinearGlobalAveragePool", ["x", "sx", "zx", "sy", "zy"], ["y"], domain=MS, **attrs)
@@ -251,7 +251,7 @@ def test_global_average_pool(dtype: np.dtype[Any], shape: tuple[int, ...], chann
 
 
 def test_run_time_scales_run_on_the_cpu(device: Any) -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     dtype = np.dtype(np.uint8)
     node = helper.make_node("QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["c"], domain=MS)
     constants = {"sb": _scale(rng, False), "sc": _scale(rng, False), "zb": _zero(rng, dtype), "zc": _zero(rng, dtype),
@@ -352,7 +352,7 @@ def test_dynamic_quantize_lstm(dtype: np.dtype[Any], directions: int, per_channe
     from ortgpu.ops import get_operator
     from ortgpu.ops._kernel import TensorInfo
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     model, feeds = _lstm_case(rng, dtype, directions, per_channel, extras)
     got, plan = run_model(model.SerializeToString(), feeds, device, allow_cpu=False)
     assert [step.placement for step in plan.steps] == ["webgpu"]
@@ -374,14 +374,14 @@ def test_dynamic_quantize_lstm_per_step_path(device: Any, monkeypatch: pytest.Mo
     from ortgpu.ops.ai_onnx import _recurrent_plan
 
     monkeypatch.setattr(_recurrent_plan, "PERSISTENT_MAX_HIDDEN", 0)
-    model, feeds = _lstm_case(np.random.default_rng(), np.dtype(np.int8), 2, True, True)
+    model, feeds = _lstm_case(np.random.default_rng(0), np.dtype(np.int8), 2, True, True)
     got, _ = run_model(model.SerializeToString(), feeds, device, allow_cpu=False)
     for g, p in zip(got, _onnxruntime(model, feeds)):
         _close_to_onnxruntime(g, p)
 
 
 def test_dynamic_quantize_lstm_refuses_misshapen_weights(device: Any) -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     model, feeds = _lstm_case(rng, np.dtype(np.uint8), 1, False, False)
     for tensor in model.graph.initializer:
         if tensor.name == "W_scale":
@@ -407,7 +407,7 @@ class _Calibration:
 def test_quantize_static_qoperator_model(device: Any, tmp_path: Any) -> None:
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     shape = (1, 4, 5, 5)
     nodes = [
         helper.make_node("Sigmoid", ["X"], ["s"]),
@@ -439,7 +439,7 @@ def test_quantize_static_qoperator_model(device: Any, tmp_path: Any) -> None:
 def test_quantize_dynamic_lstm_model(device: Any, tmp_path: Any) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     seq, batch, size, hidden = 3, 2, 6, 5
     weights = {
         "W": rng.uniform(-0.5, 0.5, (1, 4 * hidden, size)).astype(np.float32),

@@ -178,14 +178,14 @@ NBITS_CASES: list[tuple[str, dict[str, Any]]] = [
 
 @pytest.mark.parametrize("case", NBITS_CASES, ids=[c[0] for c in NBITS_CASES])
 def test_matmul_nbits_matches_onnxruntime(case: tuple[str, dict[str, Any]], op_device: BackendDevice) -> None:
-    model, feeds = nbits_model(np.random.default_rng(), **case[1])
+    model, feeds = nbits_model(np.random.default_rng(0), **case[1])
     (got,), (want,) = run_both(model, feeds, op_device)
     assert_close(got, want)
 
 
 def test_matmul_nbits_accuracy_level_4_is_computed_in_float(op_device: BackendDevice) -> None:
     """Level 4 lets onnxruntime quantize A to int8; ortgpu computes in float32 (closer to the exact product)."""
-    model, feeds = nbits_model(np.random.default_rng(), a_shape=(2, 256), n=16, accuracy_level=4)
+    model, feeds = nbits_model(np.random.default_rng(0), a_shape=(2, 256), n=16, accuracy_level=4)
     (got,), (want,) = run_both(model, feeds, op_device)
     assert_close(got, want, rtol=3e-2)
     exact = get_operator("MatMulNBits", 1, MS).reference(
@@ -200,7 +200,7 @@ def test_matmul_nbits_accuracy_level_4_is_computed_in_float(op_device: BackendDe
 def test_matmul_nbits_g_idx_runs_on_the_cpu(zero_points: str, op_device: BackendDevice) -> None:
     """g_idx (each K index's block) is computed on the CPU.  Not compared with uint8 zero points: onnxruntime 1.32's
     CPU kernel then ignores them (its g_idx dequantization reads the zero point into a value it never uses)."""
-    model, feeds = nbits_model(np.random.default_rng(), a_shape=(2, 64), n=8, g_idx=True, zero_points=zero_points)
+    model, feeds = nbits_model(np.random.default_rng(0), a_shape=(2, 64), n=8, g_idx=True, zero_points=zero_points)
     (got,), (want,) = run_both(model, feeds, op_device, placement="cpu")
     assert_close(got, want)
 
@@ -311,7 +311,7 @@ GATHER_CASES: list[tuple[str, dict[str, Any]]] = [
 
 @pytest.mark.parametrize("case", GATHER_CASES, ids=[c[0] for c in GATHER_CASES])
 def test_gather_block_quantized_matches_onnxruntime(case: tuple[str, dict[str, Any]], op_device: BackendDevice) -> None:
-    model, feeds = gather_model(np.random.default_rng(), **case[1])
+    model, feeds = gather_model(np.random.default_rng(0), **case[1])
     (got,), (want,) = run_both(model, feeds, op_device)
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_array_equal(got, want)  # one float32 product per element, rounded once: exact
@@ -406,7 +406,7 @@ def to_float_model(
 def test_matmul_integer_to_float_matches_onnxruntime(
     case: tuple[str, dict[str, Any]], op_device: BackendDevice
 ) -> None:
-    model, feeds = to_float_model(np.random.default_rng(), **case[1])
+    model, feeds = to_float_model(np.random.default_rng(0), **case[1])
     (got,), (want,) = run_both(model, feeds, op_device)
     bias = next((numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "bias"), None)
     assert_to_float_close(got, want, bias)
@@ -454,7 +454,7 @@ def test_dynamic_quantize_matmul_matches_onnxruntime(
     shapes = case[1]
     if extras == "per-column" and len(shapes["b"]) > 2:
         extras = "zero-and-bias"  # onnxruntime takes per-column parameters of a batched B only per batch
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     a = rng.standard_normal(shapes["a"]).astype(F32)
     model, feeds, bias = dynamic_model(rng, a, shapes["b"], b_dtype, extras)
     (got,), (want,) = run_both(model, feeds, op_device)
@@ -468,7 +468,7 @@ def test_dynamic_quantize_matmul_matches_onnxruntime(
 def test_dynamic_quantize_matmul_edges_match_onnxruntime(label: str, op_device: BackendDevice) -> None:
     """Ranges that fix the zero point at 0 or 255, a zero range (scale 1), many quotients on rounding ties, a
     runtime B: A quantizes exactly as onnxruntime's (a single code off would move an output by a whole step)."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     shape = (4, 10)
     a = {
         "rounding-ties": (rng.integers(-255, 256, shape) * 0.5).astype(F32),
@@ -486,7 +486,7 @@ def test_dynamic_quantize_matmul_edges_match_onnxruntime(label: str, op_device: 
 
 def test_dynamic_quantize_matmul_plan_is_three_kernels(op_device: BackendDevice) -> None:
     """The range, the quantization of A and the integer matmul, chained through scratch buffers."""
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     model, feeds, _ = dynamic_model(rng, rng.standard_normal((2, 5)).astype(F32), (5, 3), np.uint8, "per-column")
     _, plan = run_model(model, feeds, op_device, allow_cpu=False)
     (step,) = [s for s in plan.steps if s.op_type == "DynamicQuantizeMatMul"]
@@ -534,7 +534,7 @@ def test_integer_to_float_refusals_name_the_operator() -> None:
 def test_quantize_dequantize_linear_match_onnxruntime(
     label: str, x_dtype: Any, q_dtype: Any, per_axis: bool, op_device: BackendDevice
 ) -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     shape = (3, 5, 7)
     scale_shape = (5,) if per_axis else ()
     scale = rng.uniform(0.02, 0.2, scale_shape).astype(x_dtype)
@@ -561,7 +561,7 @@ def test_quantize_dequantize_linear_match_onnxruntime(
 
 
 def test_quantize_linear_float16_matches_onnxruntime(op_device: BackendDevice) -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)
     x = (rng.integers(-200, 200, (4, 6)) * 0.125).astype(F16)
     model = make_model(
         "QuantizeLinear",
