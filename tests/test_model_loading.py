@@ -402,3 +402,41 @@ def test_models_of_other_domains_only_load_node_by_node() -> None:
     del model.opset_import[:]
     with pytest.raises(InvalidModelError, match="imports no opset"):
         load_model(model.SerializeToString())
+
+
+# -- the caller's proto ----------------------------------------------------------------------------
+
+
+def _edited_by_loading() -> onnx.ModelProto:
+    """A proto that every editing step of loading touches: IR 3 (initializers listed as inputs), an untyped output
+    (the checker's placeholder), a contributed default-domain node (moved out of the checker's way), and an
+    initializer that the test overrides."""
+    weight = numpy_helper.from_array(np.ones(3, np.float32), "scale")
+    nodes = [
+        helper.make_node("SimplifiedLayerNormalization", ["X", "scale"], ["Y"], axis=-1, epsilon=1e-5),
+        helper.make_node("Relu", ["X"], ["Z"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3]), onnx.ValueInfoProto(name="Z")], [weight],
+    )  # fmt: skip
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 3
+    return proto
+
+
+def test_a_model_proto_passed_in_is_never_changed() -> None:
+    """Loading works on a private copy: overrides, IR 3's listed inputs and the checker's placeholders never reach
+    the caller's proto (two threads loading one proto would otherwise see each other's temporary edits)."""
+    proto = _edited_by_loading()
+    before = proto.SerializeToString()
+    model = load_model(
+        proto, initializer_overrides={"scale": np.full(3, 2.0, np.float32)}, free_dimension_overrides={"n": 2}
+    )
+    np.testing.assert_array_equal(model.initializers["scale"], np.full(3, 2.0, np.float32))
+    assert proto.SerializeToString() == before
+    proto.graph.node[0].op_type = "NoSuchOperator"  # and a failing load leaves it as it was too
+    before = proto.SerializeToString()
+    with pytest.raises(ModelError):
+        load_model(proto)
+    assert proto.SerializeToString() == before

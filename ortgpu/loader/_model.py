@@ -150,7 +150,12 @@ class LoadedModel:
 
 def _parse(path_or_bytes: str | os.PathLike[str] | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     if isinstance(path_or_bytes, onnx.ModelProto):
-        return path_or_bytes, None
+        # Loading edits the proto (initializer overrides, external data read in, IR 3 inputs listed, and the
+        # checker's temporary placeholders, which another thread loading the same proto would see): work on a
+        # private copy so that the caller's proto is never changed, even for a moment.
+        model = onnx.ModelProto()
+        model.CopyFrom(path_or_bytes)
+        return model, None
     if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
         data = bytes(path_or_bytes)
         source = "the model bytes"
@@ -335,8 +340,8 @@ def _has_type(value: onnx.ValueInfoProto) -> bool:
 class _OutputsFilledForChecker:
     """Within the block, graph outputs without a type or shape carry a placeholder (float, unknown rank) so that
     onnx's checker, which requires both, checks the rest of the model; onnxruntime accepts such outputs and so
-    does ortgpu (their types and shapes come from inference).  The placeholders are removed on exit: a
-    ``ModelProto`` the caller passed in is left as it was."""
+    does ortgpu (their types and shapes come from inference).  The placeholders are removed on exit (the proto is
+    the loader's private copy, see ``_parse``)."""
 
     def __init__(self, graph: onnx.GraphProto) -> None:
         self._graph = graph
@@ -457,12 +462,15 @@ def load_model(
     initializer_overrides: Mapping[str, np.ndarray] | None = None,
     free_dimension_overrides: Mapping[str, int] | None = None,
     free_denotation_overrides: Mapping[str, int] | None = None,
+    overridable_as_inputs: bool = False,
 ) -> LoadedModel:
     """Load, check and pre-process an ONNX model.
 
     ``initializer_overrides`` (name -> array) replace the model's initializers of those names (onnxruntime's
     ``SessionOptions.add_initializer`` / ``add_external_initializers``); ``free_dimension_overrides`` (dim_param ->
     size) fix the graph inputs' symbolic dimensions of those names (``add_free_dimension_override_by_name``).
+    ``overridable_as_inputs``: initializers also listed as graph inputs (IR >= 4, onnxruntime's overridable
+    initializers) are loaded as plain graph inputs, not constants, so that a run can feed them (LoRA adapters).
 
     Raises :class:`InvalidModelError` for malformed files (truncated,
     failing onnx's checker, external data outside the model's folder) and
@@ -510,6 +518,9 @@ def load_model(
         initializers[tensor.name] = _to_array(tensor, f"initializer {tensor.name!r}")
     if graph.sparse_initializer:
         raise UnsupportedOpError("the model has sparse initializers, which ortgpu does not support")
+    if overridable_as_inputs and model.ir_version >= 4:
+        for value in graph.input:
+            initializers.pop(value.name, None)
     nodes = _graph_nodes(graph, opsets)
     _check_supported([n for n in nodes if not (n.op_type == "Constant" and n.domain == "")])
     inputs = [_value_info(v, "graph input") for v in graph.input if v.name not in initializers]
