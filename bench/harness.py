@@ -154,6 +154,10 @@ class OrtgpuArms:
         self.graph.replay()
         self._backend_device.wait_idle()
 
+    def wait_idle(self) -> None:
+        """Wait until the device has finished everything submitted (replays queued by ``graph.replay()``)."""
+        self._backend_device.wait_idle()
+
     def breakdown(self, captured: bool, iterations: int) -> dict[str, float]:
         """Median milliseconds of each part of the end-to-end step: upload, run (host call), readback (incl. wait)."""
         parts: dict[str, list[float]] = {"update_inplace": [], "run_or_replay_call": [], "readback": []}

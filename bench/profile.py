@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu")
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="time the captured replay on the GPU's clock instead (timestamps; see bench/gpu_profile.py)",
+    )
+    parser.add_argument(
         "--no-fuse", action="store_true", help="profile the plan without the graph rewrites (each node its own step)"
     )
     args = parser.parse_args(argv)
@@ -53,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     env = ortgpu.Env(backend=args.backend)
     model, shapes = build_model(args.model, args.batch)
     feeds = random_feeds(model, shapes, high=100)
+    if args.gpu:
+        return _gpu_profile(args, env, model.SerializeToString(), feeds)
     with ortgpu.InferenceSession(model.SerializeToString(), env=env, fuse=not args.no_fuse) as sess:
         reference = sess.run(None, feeds)
         shared = env.shared_allocator(sess.device)
@@ -122,6 +129,20 @@ def main(argv: list[str] | None = None) -> int:
                 indent=1,
             )
     env.close()
+    return 0
+
+
+def _gpu_profile(args: argparse.Namespace, env: ortgpu.Env, model_bytes: bytes, feeds: dict[str, Any]) -> int:
+    from .gpu_profile import measure_gpu_profile, print_gpu_profile
+
+    try:
+        result = measure_gpu_profile(model_bytes, feeds, env, replays=args.repeats)
+    finally:
+        env.close()
+    print_gpu_profile(f"{args.model} batch {args.batch}", result, args.top)
+    if args.json_path:
+        with open(args.json_path, "w") as handle:
+            json.dump({"model": args.model, "batch": args.batch, **result}, handle, indent=1)
     return 0
 
 

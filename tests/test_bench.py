@@ -514,6 +514,33 @@ def test_profile_no_fuse_profiles_each_node(
     assert ops == ["Add", "Add", "MatMul", "MatMul", "Relu"]  # the epilogues are steps of their own
 
 
+def test_profile_gpu_times_the_captured_replay(
+    backend_name: str, model_path: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--gpu``: the replay's GPU time from timestamps, the host's replay + wait, and each step's GPU time (both
+    backends have timestamps: lavapipe's Vulkan queries, the fake backend's own clock)."""
+    json_path = tmp_path / "profile.json"
+    argv = ["--model", model_path, "--backend", backend_name, "--repeats", "3", "--gpu", "--json", str(json_path)]
+    assert bench_profile.main(argv) == 0
+    out = capsys.readouterr().out
+    report = json.loads(json_path.read_text())
+    assert report["timing"] == "gpu-timestamps"
+    assert report["gpu_whole_us"] > 0 and report["host_replay_us"] > 0
+    steps = report["steps"]
+    assert sorted((s["op"], s["dispatches"], s["samples"]) for s in steps) == [
+        ("MatMul+Add", 1, 3),
+        ("MatMul+Add+Relu", 1, 3),
+    ]  # one event per step and replay
+    assert report["step_count"] == 2 and report["dispatch_count"] == 2
+    assert [s["us"] for s in steps] == sorted((s["us"] for s in steps), reverse=True)
+    assert report["steps_sum_us"] == pytest.approx(sum(s["us"] for s in steps))
+    assert report["by_op_us"] == {s["op"]: pytest.approx(s["us"]) for s in steps}
+    header, columns, *rows, by_op = out.strip().splitlines()
+    assert header.startswith(f"{model_path} batch 1: 2 steps, 2 dispatches; GPU time per replay ")
+    assert columns.split() == ["us", "%", "disp", "op"] and len(rows) == 2
+    assert by_op.startswith("by op: ")
+
+
 # -- the recurrent models (issue 13): lstm-ocr and vad, with onnxruntime's CPU provider as a peer -----------------
 
 CPU_PEER = "onnxruntime CPUExecutionProvider capture off"
