@@ -1,10 +1,12 @@
 """com.microsoft's QGemm and QLinearSoftmax, which ``quantize_static`` writes in QOperator format for Gemm and Softmax.
 
-Each model runs on both backends and is judged by onnxruntime's CPU provider, bit for bit: QGemm's integer sums are
-exact and its requantization is MLAS's (float32 multiplier computed in onnxruntime's order, one rounding half to
-even); QLinearSoftmax reproduces onnxruntime's table of exponentials and its float32 row sums.  QGemm with constant
-scales and a per-tensor B zero point runs on the device (``allow_cpu=False``); QLinearSoftmax runs on the CPU (see its
-module for why), as does QGemm where its scales are computed at run time or B's zero point is per column.
+Each model runs on both backends and is judged by onnxruntime's CPU provider.  QGemm bit for bit: its integer sums
+are exact and its requantization is MLAS's (float32 multiplier computed in onnxruntime's order, one rounding half to
+even).  QLinearSoftmax reproduces onnxruntime's table of exponentials and its float32 row sums; the order of the last
+float32 operations of onnxruntime's shipped kernel is inferred (see its module), so its outputs are held within one
+quantization step of onnxruntime's and the elements one step away are counted (none, so far).  QGemm with constant
+scales and a per-tensor B zero point, and QLinearSoftmax with constant scales, run on the device (``allow_cpu=False``);
+QGemm runs on the CPU where its scales are computed at run time or B's zero point is per column.
 
 Operand ranges keep every pair of uint8 x int8 products below 2^15, so that onnxruntime's AVX2 kernels (which add
 such pairs in saturating 16-bit lanes on CPUs without VNNI) compute the exact sums these tests expect on any machine.
@@ -237,10 +239,17 @@ SOFTMAX_CASES = [
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8], ids=["u8", "s8"])
 @pytest.mark.parametrize("case", SOFTMAX_CASES, ids=str)
 def test_qlinear_softmax_matches_onnxruntime(case: Any, dtype: Any, device: Any) -> None:
+    """On the device, within one step of onnxruntime, and one step away in at most 1% of the elements."""
     shape, opset, axis, y_scale = case
     model, feeds = _softmax(np.random.default_rng(len(shape) * 10 + opset), dtype, shape, opset, axis, y_scale)
-    plan = _check_exact(model, feeds, device, on_device=False)
-    assert [step.placement for step in plan.steps if step.op_type == "QLinearSoftmax"] == ["cpu"]
+    [got], plan = run_model(model.SerializeToString(), feeds, device, allow_cpu=False)
+    assert [step.placement for step in plan.steps if step.op_type == "QLinearSoftmax"] == ["webgpu"]
+    want = _onnxruntime(model, feeds)
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype, want.shape)
+    gap = np.abs(got.astype(np.int64) - want.astype(np.int64))
+    assert gap.max() <= 1, f"{int(np.count_nonzero(gap > 1))} values differ from onnxruntime by more than one step"
+    one_step = int(np.count_nonzero(gap))
+    assert one_step <= max(1, want.size // 100), f"{one_step} of {want.size} values are one step from onnxruntime's"
 
 
 def test_qlinear_softmax_bad_attributes(device: Any) -> None:

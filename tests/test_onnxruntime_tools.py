@@ -294,16 +294,16 @@ def test_quantize_static_qoperator(env: Any, tmp_path: Path) -> None:
 
 
 def test_quantize_static_qoperator_gemm_and_softmax(env: Any, tmp_path: Path) -> None:
-    """Quantizing every operator also writes com.microsoft QGemm and QLinearSoftmax.  QGemm runs on the device;
-    QLinearSoftmax runs on the CPU (its module says why), like the uint8 MaxPool; the float output (the softmax's
-    bytes dequantized) matches onnxruntime."""
+    """Quantizing every operator also writes com.microsoft QGemm and QLinearSoftmax; both run on the device (the
+    uint8 MaxPool runs on the CPU), and the float output (the softmax's bytes dequantized) matches onnxruntime."""
     quantized = _quantize_static(tmp_path, cnn(), "QOperator")
     assert {"QGemm", "QLinearSoftmax"} <= set(_ops(quantized)), _ops(quantized)
     for feeds in _images(7, 2):
         with ortgpu.InferenceSession(quantized.SerializeToString(), env=env) as session:
             placements = session.get_node_placement({name: value.shape for name, value in feeds.items()})
             placed = [(p.op_type, p.placement) for p in placements if p.op_type in ("QGemm", "QLinearSoftmax")]
-            assert placed and all(where == ("webgpu" if op == "QGemm" else "cpu") for op, where in placed), placed
+            assert {op for op, _ in placed} == {"QGemm", "QLinearSoftmax"}, placed
+            assert all(where == "webgpu" for _, where in placed), placed
             [got] = [np.asarray(value) for value in session.run(None, feeds)]
         [want] = _onnxruntime(quantized, feeds)
         _assert_close(got, want)
