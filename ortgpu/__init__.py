@@ -33,6 +33,7 @@ from ortgpu_core import (
     SessionAllocator,
     ShapeError,
     SharedAllocator,
+    SparseTensorError,
     TransferRoutingError,
     UnsafeAccessError,
     UnsupportedOpError,
@@ -45,7 +46,10 @@ from ortgpu_core import (
 )
 from ortgpu_core._binding import FrozenIOBinding, IOBinding
 from ortgpu_core._graph import CapturedGraph
+from ortgpu_core._sparse import OrtSparseFormat, SparseTensor
 
+from ._adapter_format import AdapterFileError
+from ._lora_adapter import AdapterFormat, LoraAdapter
 from ._ort_api import (
     ExecutionMode,
     ExecutionOrder,
@@ -113,6 +117,7 @@ __all__ = [
     "ArgumentTypeError",
     "ShapeError",
     "DtypeError",
+    "SparseTensorError",
     # onnxruntime's module surface (ortgpu._ort_api)
     "SessionOptions",
     "GraphOptimizationLevel",
@@ -125,6 +130,8 @@ __all__ = [
     "OrtDevice",
     "OrtMemoryInfo",
     "ModelMetadata",
+    "SparseTensor",
+    "OrtSparseFormat",
     "Fail",
     "get_available_providers",
     "get_all_providers",
@@ -136,4 +143,8 @@ __all__ = [
     "set_default_logger_severity",
     "set_default_logger_verbosity",
     "set_seed",
+    # LoRA adapters (ortgpu._lora_adapter)
+    "AdapterFormat",
+    "LoraAdapter",
+    "AdapterFileError",
 ]

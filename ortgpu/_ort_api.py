@@ -150,6 +150,22 @@ class OrtDevice:
         """The memory type of a device's own memory."""
         return 0
 
+    @staticmethod
+    def make(ort_device_name: str, device_id: int, vendor_id: int = -1) -> OrtDevice:
+        """onnxruntime's factory by name: ``"cpu"``, ``"gpu"`` or ``"webgpu"`` (ortgpu's devices), or one of
+        onnxruntime's other names (``"cuda"``, ``"dml"``, ``"cann"``, ``"npu"``), which describe devices ortgpu has
+        none of but which programs pass on, e.g. to ask for a CUDA copy (which ortgpu then refuses).  Each name
+        gives onnxruntime's device type and vendor id; ``vendor_id`` (a PCI id, when >= 0) replaces the vendor."""
+        known = _DEVICE_NAMES.get(ort_device_name) if isinstance(ort_device_name, str) else None
+        if known is None:
+            raise InvalidArgumentError(
+                f"Unsupported device type: {ort_device_name!r}; OrtDevice.make takes one of {sorted(_DEVICE_NAMES)}"
+            )
+        device_type, name_vendor = known
+        return OrtDevice(
+            device_type, OrtDevice.default_memory(), device_id, name_vendor if vendor_id < 0 else vendor_id
+        )
+
     def device_type(self) -> int:
         """The device type (:meth:`cpu`, :meth:`gpu`, ...)."""
         return self._type
@@ -179,6 +195,18 @@ class OrtDevice:
 
     def __repr__(self) -> str:
         return f"OrtDevice(type={self._type}, mem={self._mem}, id={self._id}, vendor={self._vendor})"
+
+
+#: ``OrtDevice.make``'s names: (device type, PCI vendor id), as onnxruntime gives them.
+_DEVICE_NAMES: dict[str, tuple[int, int]] = {
+    "cpu": (0, 0),
+    "gpu": (1, 0),
+    "webgpu": (1, 0),
+    "cuda": (1, 0x10DE),
+    "dml": (1, 0x1414),
+    "cann": (3, 0x19E5),
+    "npu": (3, 0),
+}
 
 
 @dataclass(frozen=True)

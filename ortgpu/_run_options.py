@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ortgpu_core import InvalidArgumentError
+from ortgpu_core import ArgumentTypeError, InvalidArgumentError
 
+from ._lora_adapter import LoraAdapter
 from .loader._model import ValueInfo
 
 __all__ = ["RunOptions", "NodeArg", "NodePlacement"]
@@ -36,6 +37,29 @@ class RunOptions:
     only_execute_path_to_fetches: bool = False
     terminate: bool = False
     _other_entries: dict[str, str] = field(default_factory=dict, repr=False)
+    _active_adapters: list[LoraAdapter] = field(default_factory=list, repr=False)
+
+    def add_active_adapter(self, adapter: LoraAdapter) -> None:
+        """Make ``adapter`` active for runs with these options: ``run()`` and ``run_with_ort_values()`` feed each of
+        its parameters as the model input of that name (see :mod:`ortgpu._adapter_runs` for the rules).
+
+        Raises
+        ------
+        ArgumentTypeError
+            ``adapter`` is not an :class:`ortgpu.LoraAdapter`.
+        InvalidArgumentError
+            ``adapter`` was never loaded (call ``adapter.Load(path)`` first).
+        """
+        if not isinstance(adapter, LoraAdapter):
+            raise ArgumentTypeError(f"add_active_adapter takes an ortgpu.LoraAdapter, got {type(adapter).__name__}")
+        if not adapter.loaded:
+            raise InvalidArgumentError("this LoraAdapter holds no parameters: call adapter.Load(path) before use")
+        self._active_adapters.append(adapter)
+
+    @property
+    def active_adapters(self) -> tuple[LoraAdapter, ...]:
+        """The adapters made active by :meth:`add_active_adapter`, in the order they were added."""
+        return tuple(self._active_adapters)
 
     def add_run_config_entry(self, key: str, value: str) -> None:
         """onnxruntime's spelling: ``add_run_config_entry("gpu_graph_id", "1")``.  Other keys are kept (no effect)."""

@@ -38,6 +38,7 @@ from ortgpu_core import (
 )
 from ortgpu_core._layout import padded_size
 from ortgpu_core._replay import GraphSubmitter, PlainSubmitter, SerializedSubmitter
+from ortgpu_core._sparse import dense_only_error
 from ortgpu_core._value import DeviceBuffer
 from ortgpu_core.backends._commands import CommandList
 from ortgpu_core.backends.protocol import BackendDevice
@@ -122,6 +123,9 @@ class SessionRunner:
             else PlainSubmitter(self.backend_device)
         )
         self._profiled_replay = ProfiledReplay(self, self._unprofiled_replay)
+        # The runner for runs that feed overridable initializers (LoRA adapters), made on first use and closed with
+        # this one (see ortgpu._adapter_runs); guarded by the lock.
+        self.adapter_runner: SessionRunner | None = None
         self.input_infos = {info.name: info for info in model.inputs}
         self.output_infos = {info.name: info for info in model.outputs}
         self.closed = False
@@ -160,6 +164,8 @@ class SessionRunner:
             if self.closed:
                 return
             self.closed = True
+            if self.adapter_runner is not None:
+                self.adapter_runner.close()
             # Closing always completes: graph release never raises, and native frees on a closed or lost device
             # are skipped (the device freed everything it had).
             self.graphs.release_all()
@@ -225,6 +231,8 @@ class SessionRunner:
             raise ArgumentTypeError(f"{what} needs an OrtValue, got {type(value).__name__}{hint}")
         if value.released:
             raise ReleasedValueError(f"cannot use {value.provenance.describe()} for {what}: it was released")
+        if value.is_sparse_tensor():  # runs take dense tensors (onnxruntime refuses a sparse input as well)
+            raise dense_only_error(value.as_sparse_tensor(), f"use it for {what}")
         provenance = value.provenance
         if provenance.placement == "cpu":
             return

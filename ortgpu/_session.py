@@ -38,6 +38,7 @@ from ortgpu_core._dlpack import SupportsDLPack
 from ortgpu_core._errors import NotCopyable
 from ortgpu_core._graph import CapturedGraph
 
+from ._adapter_runs import bound_run_graph_id, transient_run_inputs
 from ._async_runs import RunAsyncCallback, _UserData, start_run_async
 from ._capture import allocate_session_outputs, check_graph_id
 from ._host_io import as_output
@@ -56,11 +57,9 @@ from ._profiling import DEFAULT_DETAIL_EVERY, ProfilingRecord, SessionProfiler, 
 from ._run_arguments import (
     check_binding,
     check_feeds,
-    graph_id_of,
     host_feeds,
     node_placement,
     output_order,
-    refuse_graph_id,
 )
 from ._run_options import NodeArg, NodePlacement, RunOptions, _node_arg
 from ._runner import AnyBinding, AnyValue, SessionRunner
@@ -454,11 +453,10 @@ class InferenceSession(NotCopyable):
         tensor (``__dlpack__``): a CPU one is read in place, a device one (CUDA...) through a host copy its producer
         makes (see Transfers in the README)."""
         self._runner.check_open("run")
-        refuse_graph_id(run_options, "run()")
-        check_feeds(self._runner, input_feed)
-        order = output_order(self._runner, output_names)
-        arrays = host_feeds(self._runner, input_feed)
-        results = self._runner.run_arrays(arrays, order)
+        runner, input_feed = transient_run_inputs(self, run_options, input_feed, "run()", host=True)
+        check_feeds(runner, input_feed)
+        order = output_order(runner, output_names)
+        results = runner.run_arrays(host_feeds(runner, input_feed), order)
         # Sequence outputs come back as lists of arrays, optional ones as None or their element (copies: the run's
         # values are not shared).
         return [as_output(name, value) for name, value in zip(order, results)]
@@ -471,13 +469,14 @@ class InferenceSession(NotCopyable):
     ) -> list[OrtValue[WebGPU]]:
         """Run on OrtValues; returns new session-owned device values (with this session's provenance)."""
         self._runner.check_open("run")
-        refuse_graph_id(run_options, "run_with_ort_values()")
-        check_feeds(self._runner, input_dict_ort_values)
-        order = output_order(self._runner, output_names)
-        for name, value in input_dict_ort_values.items():
-            self._runner.check_value(value, f"input {name!r}")
-            self._runner.check_info(name, self._runner.input_infos[name], value.dtype, tuple(value.shape()), "input")
-        return self._runner.run_values(input_dict_ort_values, order)
+        method = "run_with_ort_values()"
+        runner, feeds = transient_run_inputs(self, run_options, input_dict_ort_values, method, host=False)
+        check_feeds(runner, feeds)
+        order = output_order(runner, output_names)
+        for name, value in feeds.items():
+            runner.check_value(value, f"input {name!r}")
+            runner.check_info(name, runner.input_infos[name], value.dtype, tuple(value.shape()), "input")
+        return runner.run_values(feeds, order)
 
     # -- asynchronous runs -------------------------------------------------------------------
     @overload
@@ -600,7 +599,7 @@ class InferenceSession(NotCopyable):
         runner = self._runner
         runner.check_open("run")
         binding = check_binding(self, self.session_id, iobinding)
-        graph_id = graph_id_of(run_options)
+        graph_id = bound_run_graph_id(run_options)
         if graph_id is None:
             graph_id = 0 if self.graph_capture else -1
         if graph_id == -1:

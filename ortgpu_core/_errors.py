@@ -32,6 +32,7 @@ __all__ = [
     "ShapeError",
     "DtypeError",
     "Fail",
+    "SparseTensorError",
 ]
 
 
@@ -101,6 +102,13 @@ class Fail(OrtGpuError, RuntimeError):
     """onnxruntime's generic failure (``onnxruntime.capi.onnxruntime_pybind11_state.Fail``): raised where
     onnxruntime raises it for a session option it cannot honour (an unknown config entry...), and the base of
     :class:`UnsupportedOpError`, as onnxruntime fails a model whose operator it has no kernel for."""
+
+
+class SparseTensorError(InvalidArgumentError, RuntimeError):
+    """A sparse tensor was used where a dense one is needed (an OrtValue holding one read as an array, copied to a
+    device or passed as a run input), asked for a format or device it does not have (ortgpu keeps sparse tensors
+    on the CPU and has no CUDA), or a dense value was asked for its sparse tensor.  onnxruntime raises
+    ``RuntimeError`` for these and ``InvalidArgument`` for a sparse run input: both ``except`` clauses catch it."""
 
 
 class UnsupportedOpError(ModelError, Fail):

@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from ._errors import ArgumentTypeError, DtypeError, InvalidArgumentError, ShapeError
 
-__all__ = ["padded_size", "padded_payload", "check_shape", "host_memory_bytes"]
+__all__ = ["padded_size", "padded_payload", "check_shape", "host_memory_bytes", "host_zeros"]
 
 
 def padded_size(nbytes: int) -> int:
@@ -54,6 +54,30 @@ def host_memory_bytes() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, OSError, ValueError):
         return 1 << 62
+
+
+def host_zeros(dims: tuple[int, ...], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    """A zero-filled host array of ``dims`` (a shape :func:`check_shape` returned) and ``dtype``, or ``ShapeError``.
+
+    Zero-filled host memory is mapped lazily, so an absurd shape could "succeed" as a huge virtual array on one
+    machine and fail on another: what cannot fit in this machine's memory is refused on every machine.
+    """
+    count = 1
+    for dim in dims:
+        count *= dim
+    nbytes = count * dtype.itemsize
+    if nbytes > host_memory_bytes():
+        raise ShapeError(
+            f"shape {list(dims)} of {dtype} needs {nbytes} bytes of host memory, more than this machine has "
+            f"({host_memory_bytes()} bytes); use a smaller shape"
+        )
+    try:
+        return np.zeros(dims, dtype=dtype)
+    except (MemoryError, ValueError):
+        raise ShapeError(
+            f"shape {list(dims)} of {dtype} needs {nbytes} bytes of host memory, which could not be "
+            f"allocated; use a smaller shape"
+        ) from None
 
 
 def check_out_array(out: object, shape: tuple[int, ...], dtype: np.dtype[Any], describe: str) -> None:

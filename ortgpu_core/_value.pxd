@@ -43,6 +43,7 @@ cdef class OrtValue:
     cdef object _dtype
     cdef Py_ssize_t _nbytes
     cdef bint _released
+    cdef object _sparse  # the SparseTensor a CPU value holds instead of an array (None for a dense value)
     cdef object __weakref__
     cdef int _check_usable(self, str what) except -1
     cdef DeviceBuffer device_buffer(self)

@@ -8,11 +8,11 @@ same buffer even if the native allocator reuses an address.  Captured graphs
 *pin* the buffers they were recorded with: a pinned buffer cannot be released,
 and the graph's reference keeps it alive after its OrtValue is dropped.
 
-An :class:`OrtValue` is either a CPU value (a numpy array) or a device value
-(a region of a DeviceBuffer, with a shape and dtype).  Every value has a
-:class:`Provenance`.  Device values never expose their memory: no pointer,
-no DLPack, no ``__array__``; reading is the explicit, synchronous
-``to_numpy()``.
+An :class:`OrtValue` is either a CPU value (a numpy array, or a sparse tensor
+of :mod:`ortgpu_core._sparse`) or a device value (a region of a DeviceBuffer,
+with a shape and dtype).  Every value has a :class:`Provenance`.  Device values
+never expose their memory: no pointer, no DLPack, no ``__array__``; reading is
+the explicit, synchronous ``to_numpy()``.
 """
 
 import gc
@@ -39,8 +39,8 @@ from ._errors import (
 from ._dtypes import as_dtype, dtype_from_onnx, onnx_type_name
 from ._dtypes import onnx_element_type as _onnx_element_type_of
 from ._dlpack import host_array, is_dlpack_producer
-from ._layout import check_out_array, check_shape, padded_payload
-from ._layout import host_memory_bytes as _host_memory_bytes
+from ._layout import check_out_array, check_shape, host_zeros, padded_payload
+from ._sparse import checked_sparse_tensor, dense_only_error, not_sparse_error
 
 # The transfer route table (ortgpu_core._routes) routes between values, so it sits above this module; the
 # package wires its functions here when it is imported (ortgpu_core/__init__.py), and values never import it.
@@ -416,27 +416,28 @@ cdef class OrtValue:
         """A zero-filled value of ``shape`` and ``element_type`` (numpy dtype or name)."""
         dtype = as_dtype(element_type)
         if device_type == "cpu":
-            dims = check_shape(shape)
-            count = 1
-            for dim in dims:
-                count *= dim
-            nbytes = count * dtype.itemsize
-            # Zero-filled host memory is mapped lazily, so an absurd shape could "succeed" as a huge virtual array on
-            # one machine and fail on another: refuse what cannot fit in this machine's memory, on every machine.
-            if nbytes > _host_memory_bytes():
-                raise ShapeError(
-                    f"shape {list(dims)} of {dtype} needs {nbytes} bytes of host memory, more than this machine has "
-                    f"({_host_memory_bytes()} bytes); use a smaller shape"
-                )
-            try:
-                array = np.zeros(dims, dtype=dtype)
-            except (MemoryError, ValueError):
-                raise ShapeError(
-                    f"shape {list(dims)} of {dtype} needs {nbytes} bytes of host memory, which could not be "
-                    f"allocated; use a smaller shape"
-                ) from None
-            return make_cpu_value(array)
+            return make_cpu_value(host_zeros(check_shape(shape), dtype))
         return _default_allocator(device_type, device_id).empty(shape, dtype)
+
+    @staticmethod
+    def ort_value_from_sparse_tensor(sparse_tensor):
+        """A CPU value holding a ``SparseTensor``: ``shape()`` is its dense shape, and every call that needs dense
+        data (``numpy()``, copies, a run input) raises ``SparseTensorError``."""
+        cdef OrtValue value = make_cpu_value(checked_sparse_tensor(sparse_tensor).values())
+        value._array, value._sparse, value._shape = None, sparse_tensor, tuple(sparse_tensor.dense_shape())
+        return value
+
+    def as_sparse_tensor(self):
+        """The ``SparseTensor`` this value holds (``SparseTensorError`` for a dense value)."""
+        if self._released:
+            raise ReleasedValueError("cannot read the sparse tensor: this value was released")
+        if self._sparse is None:
+            raise not_sparse_error(self.data_type())
+        return self._sparse
+
+    def is_sparse_tensor(self):
+        """True for a value made by :meth:`ort_value_from_sparse_tensor`."""
+        return self._sparse is not None
 
     # -- common ------------------------------------------------------------
     cdef int _check_usable(self, str what) except -1:
@@ -444,6 +445,8 @@ cdef class OrtValue:
             raise ReleasedValueError(f"cannot {what}: this value ({self.provenance.describe()}) was released")
         if self._buffer is not None:
             self._buffer.check_alive(what)
+        if self._sparse is not None:
+            raise dense_only_error(self._sparse, what)
         return 0
 
     def _require_usable(self, what):
@@ -475,18 +478,18 @@ cdef class OrtValue:
 
     def element_type(self):
         """The ONNX element type number (1 = float, 7 = int64, ...)."""
-        return _onnx_element_type_of(self._dtype)
+        return self._sparse.element_type() if self._sparse is not None else _onnx_element_type_of(self._dtype)
 
     def data_type(self):
-        """onnxruntime's type string, e.g. ``'tensor(float)'``."""
-        return onnx_type_name(self._dtype)
+        """onnxruntime's type string, e.g. ``'tensor(float)'`` (``'sparse_tensor(float)'`` for a sparse value)."""
+        return self._sparse.data_type() if self._sparse is not None else onnx_type_name(self._dtype)
 
     def device_name(self):
         """``'cpu'`` or ``'webgpu'``."""
         return self.provenance.placement
 
     def is_tensor(self):
-        return True
+        return self._sparse is None
 
     def is_tensor_sequence(self):
         """False: an OrtValue holds one tensor (sequences are lists of arrays in ortgpu's API)."""
@@ -495,6 +498,8 @@ cdef class OrtValue:
     def tensor_size_in_bytes(self):
         """The tensor's data size in bytes (elements x item size; device buffers may be padded beyond it)."""
         cdef Py_ssize_t count = 1
+        if self._sparse is not None:
+            raise dense_only_error(self._sparse, "take its tensor_size_in_bytes()")
         for dim in self._shape:
             count *= dim
         return count * self._dtype.itemsize
@@ -535,6 +540,7 @@ cdef class OrtValue:
     def __dlpack_device__(self):
         if self._buffer is not None:
             raise _unsafe("__dlpack_device__", "value.to_numpy() (an explicit copy to the host)")
+        self._check_usable("export the value")
         return self._array.__dlpack_device__
 
     def __array__(self, dtype=None, copy=None):
@@ -626,7 +632,9 @@ cdef class OrtValue:
 
     def __repr__(self):
         state = " released" if self.released else ""
-        return f"<OrtValue shape={list(self._shape)} dtype={self._dtype} {self.provenance!r}{state}>"
+        held = f"shape={list(self._shape)} dtype={self._dtype}"
+        held = f"holding {self._sparse!r}" if self._sparse is not None else held
+        return f"<OrtValue {held} {self.provenance!r}{state}>"
 
 
 def _default_allocator(device_type, int device_id):

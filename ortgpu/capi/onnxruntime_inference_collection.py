@@ -7,12 +7,22 @@ from typing import Any, Mapping, Sequence
 
 from ortgpu_core import OrtValue
 from ortgpu_core._binding import IOBinding
+from ortgpu_core._sparse import SparseTensor
 
+from .._lora_adapter import AdapterFormat
 from .._ort_api import ProviderArg
 from .._run_options import RunOptions
 from .._session import InferenceSession
 
-__all__ = ["InferenceSession", "IOBinding", "RunOptions", "OrtValue", "check_and_normalize_provider_args"]
+__all__ = [
+    "InferenceSession",
+    "IOBinding",
+    "RunOptions",
+    "OrtValue",
+    "SparseTensor",
+    "AdapterFormat",
+    "check_and_normalize_provider_args",
+]
 
 
 def check_and_normalize_provider_args(

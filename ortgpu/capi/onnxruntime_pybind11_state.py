@@ -14,7 +14,9 @@ from ortgpu_core import (
     OrtValue,
     UnsupportedOpError,
 )
+from ortgpu_core._sparse import OrtSparseFormat, SparseCooView, SparseCsrView, SparseTensor
 
+from .._lora_adapter import AdapterFormat, LoraAdapter
 from .._ort_api import (
     ExecutionMode,
     ExecutionOrder,
@@ -57,12 +59,18 @@ __all__ = [
     "ExecutionOrder",
     "OrtDevice",
     "OrtMemoryInfo",
+    "SparseTensor",
+    "SparseCooView",
+    "SparseCsrView",
+    "OrtSparseFormat",
     "get_available_providers",
     "get_all_providers",
     "get_device",
     "get_build_info",
     "get_version_string",
     "get_default_session_options",
+    "AdapterFormat",
+    "LoraAdapter",
 ]
 
 #: onnxruntime's exception names, as ortgpu's typed errors (``except InvalidArgument`` catches what ortgpu raises

@@ -95,3 +95,37 @@ def _as_str_objects(array: np.ndarray) -> np.ndarray:
     for index, item in np.ndenumerate(array):
         out[index] = item.decode("utf-8") if isinstance(item, bytes) else str(item)
     return out
+
+
+def _sparse_to_array(sparse: onnx.SparseTensorProto, what: str) -> np.ndarray:
+    """A sparse initializer or ``sparse_value`` as the dense array it stands for (zeros where no value is given):
+    constants are folded and uploaded dense, so sparsity only saves bytes in the file.  ``indices`` are int64,
+    either ``[NNZ]`` positions in the flattened tensor or ``[NNZ, rank]`` coordinates (ONNX's two forms); anything
+    else, or a position outside the shape, is an ``InvalidModelError``."""
+    shape = tuple(int(d) for d in sparse.dims)
+    values = _to_array(sparse.values, f"{what}'s values")
+    indices = _to_array(sparse.indices, f"{what}'s indices") if sparse.HasField("indices") else np.zeros((0,), np.int64)
+    count = int(np.prod(shape, dtype=np.int64))
+    if values.ndim != 1 or indices.dtype != np.int64 or indices.shape[:1] != values.shape:
+        raise InvalidModelError(
+            f"{what}: a sparse tensor needs 1-D values and int64 indices with one entry per value (got values "
+            f"{list(values.shape)}, indices {list(indices.shape)} of {indices.dtype}); the model is corrupt"
+        )
+    if indices.ndim == 2 and indices.shape[1] == len(shape) and len(shape) > 0:
+        if indices.size and ((indices < 0).any() or (indices >= np.array(shape)).any()):
+            raise InvalidModelError(
+                f"{what}: a sparse index lies outside the shape {list(shape)}; the model is corrupt"
+            )
+        positions = np.ravel_multi_index(tuple(indices.T), shape) if indices.size else indices.reshape(-1)
+    elif indices.ndim == 1:
+        positions = indices
+    else:
+        raise InvalidModelError(
+            f"{what}: sparse indices must be [NNZ] or [NNZ, {len(shape)}], got {list(indices.shape)}; the model is "
+            "corrupt"
+        )
+    if positions.size and (positions.min() < 0 or positions.max() >= count):
+        raise InvalidModelError(f"{what}: a sparse index lies outside the shape {list(shape)}; the model is corrupt")
+    dense = np.zeros(count, dtype=values.dtype) if values.dtype != object else np.full(count, "", dtype=object)
+    dense[positions] = values
+    return dense.reshape(shape)

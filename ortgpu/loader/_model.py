@@ -47,6 +47,7 @@ from ._graph_node import (
     GraphNode,
     Shape,
     _effective_opset,
+    _sparse_to_array,
     _to_array,
 )
 from ._limits import FoldBudget, LoadLimits, check_node_count
@@ -243,6 +244,7 @@ def _topological(nodes: list[GraphNode], graph: onnx.GraphProto) -> list[GraphNo
     """The nodes in an order where each follows the producers of its inputs (the given order when it already is
     one: onnx's checker requires that, but is skipped for models over 2 GB).  Linear time."""
     available = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {""}
+    available.update(s.values.name for s in graph.sparse_initializer)
     produced = {name for node in nodes for name in node.outputs}
     missing: dict[int, int] = {}  # node index -> how many distinct produced inputs it still waits for
     waiting: dict[str, list[int]] = {}
@@ -516,8 +518,10 @@ def load_model(
     for tensor in graph.initializer:
         onnx_dtype_to_numpy(tensor.data_type, f"initializer {tensor.name!r}", constant=True)
         initializers[tensor.name] = _to_array(tensor, f"initializer {tensor.name!r}")
-    if graph.sparse_initializer:
-        raise UnsupportedOpError("the model has sparse initializers, which ortgpu does not support")
+    for sparse in graph.sparse_initializer:
+        name = sparse.values.name
+        onnx_dtype_to_numpy(sparse.values.data_type, f"sparse initializer {name!r}", constant=True)
+        initializers[name] = _sparse_to_array(sparse, f"sparse initializer {name!r}")
     if overridable_as_inputs and model.ir_version >= 4:
         for value in graph.input:
             initializers.pop(value.name, None)

@@ -48,6 +48,8 @@ def _constant_node_value(node: GraphNode) -> np.ndarray:
     attrs = node.attrs
     if "value" in attrs:
         return np.asarray(attrs["value"])
+    if "sparse_value" in attrs:  # densified when the attribute was read (``_sparse_to_array``)
+        return np.asarray(attrs["sparse_value"])
     if "value_float" in attrs:
         return np.array(attrs["value_float"], dtype=np.float32)
     if "value_floats" in attrs:

@@ -38,7 +38,7 @@ from ortgpu_core._errors import InvalidModelError, ModelError, OrtGpuError, Shap
 from .._host_values import element_type_of_proto, is_structured_box
 from .._types import SubgraphRunner, TensorInfo, onnx_dtype_to_numpy
 from ..ops import Operator, get_operator
-from ._graph_node import GraphNode, _effective_opset, _to_array
+from ._graph_node import GraphNode, _effective_opset, _sparse_to_array, _to_array
 from ._node_inference import _apply_operator_shapes, _infer_with_onnx
 
 __all__ = ["CONTROL_FLOW_OPS", "Subgraph", "count_nodes", "outer_names", "free_names", "is_control_flow"]
@@ -71,6 +71,7 @@ def free_names(graph: onnx.GraphProto) -> list[str]:
     """The names ``graph``'s nodes (nested subgraphs included) read that ``graph`` does not define, in first-read
     order: the outer-scope tensors it needs."""
     defined = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer} | {""}
+    defined.update(sparse.values.name for sparse in graph.sparse_initializer)
     defined.update(name for node in graph.node for name in node.output)
     found: dict[str, None] = {}
     for node in graph.node:
@@ -132,7 +133,7 @@ def _attribute_value(
     if kind == onnx.AttributeProto.TENSORS:
         return [_to_array(t, f"tensor attribute {attribute.name!r} of {node_text}") for t in attribute.tensors]
     if kind == onnx.AttributeProto.SPARSE_TENSOR:
-        raise UnsupportedOpError(f"{node_text} has a sparse tensor attribute {attribute.name!r}")
+        return _sparse_to_array(attribute.sparse_tensor, f"sparse tensor attribute {attribute.name!r} of {node_text}")
     value = onnx.helper.get_attribute_value(attribute)
     if isinstance(value, bytes):
         return value.decode("utf-8")
@@ -170,11 +171,13 @@ class Subgraph(SubgraphRunner):
     def build(cls, graph: onnx.GraphProto, opsets: Mapping[str, int], what: str, names: Sequence[str] = ()) -> Subgraph:
         """Check and convert ``graph``'s nodes (nested subgraphs included); typed errors for what ortgpu lacks."""
         subgraph = cls(graph, dict(opsets), what, tuple(names))
-        if graph.sparse_initializer:
-            raise UnsupportedOpError(f"the {what} has sparse initializers, which ortgpu does not support")
         for tensor in graph.initializer:
             onnx_dtype_to_numpy(tensor.data_type, f"initializer {tensor.name!r} of the {what}", constant=True)
             subgraph._initializers[tensor.name] = _to_array(tensor, f"initializer {tensor.name!r} of the {what}")
+        for sparse in graph.sparse_initializer:
+            label = f"sparse initializer {sparse.values.name!r} of the {what}"
+            onnx_dtype_to_numpy(sparse.values.data_type, label, constant=True)
+            subgraph._initializers[sparse.values.name] = _sparse_to_array(sparse, label)
         for value in list(graph.input) + list(graph.output):
             kind = value.type.WhichOneof("value")
             if kind == "sequence_type" and value.type.sequence_type.elem_type.HasField("tensor_type"):

@@ -17,6 +17,7 @@ from ._errors import OutOfMemoryError as OutOfMemoryError
 from ._errors import ProvenanceError as ProvenanceError
 from ._errors import ReleasedValueError as ReleasedValueError
 from ._errors import ShapeError as ShapeError
+from ._errors import SparseTensorError as SparseTensorError
 from ._errors import TransferRoutingError as TransferRoutingError
 from ._errors import UnsafeAccessError as UnsafeAccessError
 from ._errors import UnsupportedOpError as UnsupportedOpError
@@ -55,6 +56,7 @@ __all__ = [
     "ArgumentTypeError",
     "ShapeError",
     "DtypeError",
+    "SparseTensorError",
     "Env",
     "Device",
     "get_env",
