@@ -159,8 +159,10 @@ class OrtgpuArms:
         self._backend_device.wait_idle()
 
     def breakdown(self, captured: bool, iterations: int) -> dict[str, float]:
-        """Median milliseconds of each part of the end-to-end step: upload, run (host call), readback (incl. wait)."""
-        parts: dict[str, list[float]] = {"update_inplace": [], "run_or_replay_call": [], "readback": []}
+        """Median milliseconds of each part of the end-to-end step, one after the other: upload, the run or replay
+        call (host), the wait for the device to finish it (``gpu_wait``), and the readback with the device idle
+        (so a slow read is told apart from a read waiting for the work before it)."""
+        parts: dict[str, list[float]] = {"update_inplace": [], "run_or_replay_call": [], "gpu_wait": [], "readback": []}
         for _ in range(iterations):
             t0 = time.perf_counter()
             self._upload()
@@ -171,9 +173,11 @@ class OrtgpuArms:
             else:
                 self.session.run_with_iobinding(self.binding, self._ordinary)
             t2 = time.perf_counter()
-            self._read(keep=False)
+            self._backend_device.wait_idle()
             t3 = time.perf_counter()
-            for name, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2)):
+            self._read(keep=False)
+            t4 = time.perf_counter()
+            for name, value in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 parts[name].append(value)
         return {name: statistics.median(values) * 1e3 for name, values in parts.items()}
 

@@ -198,7 +198,7 @@ def test_bench_both_arms_vs_onnxruntime_json(
         assert device._native_device().encode_ahead is True  # switched back on after its arm
     assert set(report["breakdown_ms"]) == {"capture off", "capture on"}
     for parts in report["breakdown_ms"].values():
-        assert set(parts) == {"update_inplace", "run_or_replay_call", "readback"}
+        assert set(parts) == {"update_inplace", "run_or_replay_call", "gpu_wait", "readback"}
         assert all(isinstance(v, float) and v > 0 for v in parts.values())
 
     # stdout: adapter, boundaries, the table (same numbers as the JSON), the ratios; stderr: the progress display.
@@ -327,7 +327,7 @@ def test_arms_share_fixed_device_io(env: ortgpu.Env) -> None:
         arms.uncaptured_run_only()
         arms.captured_run_only()
         breakdown = arms.breakdown(True, 2)
-        assert set(breakdown) == {"update_inplace", "run_or_replay_call", "readback"}
+        assert set(breakdown) == {"update_inplace", "run_or_replay_call", "gpu_wait", "readback"}
     finally:
         arms.close()
     del arms, graph
