@@ -234,13 +234,15 @@ def _images(seed: int, count: int) -> list[dict[str, np.ndarray]]:
     return [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(count)]
 
 
-def _quantize_static(tmp_path: Path, model: onnx.ModelProto, quant_format: str, **kwargs: Any) -> onnx.ModelProto:
+def _quantize_static(
+    tmp_path: Path, model: onnx.ModelProto, quant_format: str, weight_type: str = "QInt8", **kwargs: Any
+) -> onnx.ModelProto:
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     quantize_static(
         _save(model, tmp_path / "float.onnx"), str(tmp_path / "quantized.onnx"), _Calibration(_images(5, 4)),
         quant_format=QuantFormat.from_string(quant_format), activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8, **kwargs,
+        weight_type=QuantType.from_string(weight_type), **kwargs,
     )  # fmt: skip
     return onnx.load(tmp_path / "quantized.onnx")
 
@@ -265,6 +267,20 @@ def test_quantize_static_qdq(env: Any, tmp_path: Path, contrib: bool) -> None:
     np.testing.assert_array_equal(got, as_written)
     [fused] = _onnxruntime(quantized, feeds)
     assert np.abs(got - fused).max() <= 2 * _last_step(quantized) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("weight_type", ["QInt4", "QUInt4"])
+def test_quantize_static_qdq_four_bit_weights(env: Any, tmp_path: Path, weight_type: str) -> None:
+    """4-bit weights: onnxruntime writes them as INT4/UINT4 initializers read by com.microsoft DequantizeLinear
+    (the standard one takes 4-bit types only from opset 21); every node runs on the device, and the output equals
+    onnxruntime's running the file as written."""
+    quantized = _quantize_static(tmp_path, cnn(), "QDQ", weight_type)
+    four_bit = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+    assert any(t.data_type in four_bit for t in quantized.graph.initializer)
+    feeds = _images(8, 1)[0]
+    [got] = _ortgpu(env, quantized, feeds)
+    [as_written] = _onnxruntime(quantized, feeds, optimize=False)
+    np.testing.assert_array_equal(got, as_written)
 
 
 def _ortgpu_plain(env: Any, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
