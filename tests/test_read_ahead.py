@@ -23,6 +23,7 @@ from helpers import SCALE_KERNEL, FrozenKernel
 import ortgpu
 from ortgpu_core._errors import ReleasedValueError, ValidationError
 from ortgpu_core.backends._commands import CommandList
+from ortgpu_core.backends._wgpu_chunked_reads import CHUNKED_READ_MIN
 from ortgpu_core.backends.protocol import BindingEntry
 from ortgpu_core.backends.wgpu_native import WgpuBackend, WgpuDevice
 
@@ -111,6 +112,26 @@ def test_a_read_after_a_submit_that_read_ahead_submits_nothing_and_is_right(devi
     np.testing.assert_array_equal(scale.read(), _inputs(3) * 2 + 1)  # read twice: the copy is still current
     assert scale.spy.take() == ["read_mapped"]
     scale.release()
+    assert device.live_handles() == 0
+
+
+@pytest.mark.wgpu_only
+def test_a_range_large_enough_to_read_in_chunks_is_not_read_ahead(device: WgpuDevice) -> None:
+    """A read of CHUNKED_READ_MIN bytes or more goes in chunks (the host copies one while the bus moves the next);
+    read ahead into one staging buffer it could not overlap, so such a range is left out of the replay's submission
+    and its read copies chunk by chunk, and is right."""
+    n = CHUNKED_READ_MIN // 4
+    big = FrozenKernel(device, SCALE_KERNEL, n, "scale-big")
+    spy = Spy(device._unlocked)
+    device._unlocked = spy  # type: ignore[assignment]
+    x = np.arange(n, dtype=np.float32) / 7
+    for _ in range(2):
+        big.submit(x)
+        assert big.y not in device._aheads
+        out = big.read()
+        np.testing.assert_array_equal(out, x * 2 + 1)
+        assert spy.take().count("copy_and_map") >= 2
+    big.release()
     assert device.live_handles() == 0
 
 

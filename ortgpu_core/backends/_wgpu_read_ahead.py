@@ -47,12 +47,17 @@ from typing import Any, Sequence
 from .._errors import DeviceError, ValidationError
 from ._commands import CommandList
 from ._unlocked_calls import CLOSING, DONE, LOST, MAP_FAILED, NOT_SUBMITTED, WAIT_IDLE, MapWait
+from ._wgpu_chunked_reads import CHUNKED_READ_MIN
 from ._wgpu_readback import _ABANDONED_WAITS, _Readback
 from ._wgpu_requests import _Staging
 from .protocol import BUFFER_ALIGNMENT, padded
 
-#: Ranges larger than this are not read ahead (their staging buffer would double the output's memory).
-READ_AHEAD_MAX_BYTES = 1 << 24
+#: Ranges larger than this are not read ahead.  A read that large goes in chunks (:mod:`._wgpu_chunked_reads`), whose
+#: host copy of one chunk overlaps the bus's transfer of the next; read ahead into one staging buffer, the whole range
+#: crosses the bus before the host copies a byte.  On an H100 a decoder's 16 MB logits read back after a replay made
+#: its end-to-end step about 20% faster in chunks than read ahead (bench/RESULTS.md); and a staging buffer that large
+#: kept for the buffer's life would double the output's memory.
+READ_AHEAD_MAX_BYTES = CHUNKED_READ_MIN - 1
 # At most this many frozen lists' watched writes are remembered.
 _LIST_MEMORY = 4096
 
