@@ -36,7 +36,6 @@ from ._flash_attention import (
     read_f32,
     stored,
 )
-from ._flash_blocks import block_tiles, flash_blocks_wgsl
 from ._kernel import DeviceCaps, check_loop_budget
 from ._tiling import BindingTable, grid_for_groups, wgsl_f32, workgroup_index
 
@@ -337,19 +336,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     return wgsl, grid, table
 
 
-def prefers_blocks(problem: FlashProblem) -> bool:
-    """Whether ``problem`` goes to :mod:`._flash_blocks`' register-tiled kernel rather than this module's."""
-    return False
-
-
 def attention_kernel(problem: FlashProblem, caps: DeviceCaps) -> tuple[str, tuple[int, int, int], BindingTable]:
-    """The flash kernel for ``problem``: :mod:`._flash_blocks`' where :func:`prefers_blocks` says so and it takes
-    it, else this module's when :func:`rows_tiles` takes it (16 query rows or more), else :mod:`._flash_attention`'s
-    (decoding, odd heads)."""
-    if prefers_blocks(problem):
-        blocks = block_tiles(problem, caps)
-        if blocks is not None:
-            return flash_blocks_wgsl(problem, blocks, caps)
+    """The flash kernel for ``problem``: this module's when :func:`rows_tiles` takes it (16 query rows or more), else
+    :mod:`._flash_attention`'s (decoding, odd heads)."""
     tiles = rows_tiles(problem, caps)
     if tiles is not None:
         return flash_rows_wgsl(problem, tiles, caps)
