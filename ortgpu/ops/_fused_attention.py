@@ -25,12 +25,12 @@ from ._tiling import broadcast_strides, c_strides, float_element, single_kernel_
 
 __all__ = ["FUSE_MAX_SCORES", "FusedAttention"]
 
-#: The most scores per head (query rows x keys) an attention group is fused at.  The flash kernel has no register
-#: tiling yet: it computes several times below the tiled GEMM's rate (lavapipe: ~1.7 against ~8 GFLOP/s on Whisper's
-#: 1500 x 1500 heads; H200: the Whisper-tiny encoder took 25 ms end to end with its first version, where the day
-#: before, unfused, it took about 3.8 ms), so it pays only where attention is small and the unfused path's extra
-#: dispatches and score traffic dominate (sequences up to ~256).
-FUSE_MAX_SCORES = 256 * 256
+#: The most scores per head (query rows x keys) an attention group is fused at.  The flash kernels compute well
+#: below the tiled GEMMs' rate, so fusing pays only where the unfused path's extra dispatches and score traffic are
+#: most of its time.  One attention alone on an H100 (GPU time per replay, bench/RESULTS.md): 8-12 heads of 128 x
+#: 128, fused and unfused within 6% of each other (fused kept: fewer steps, no score buffer); ViT's 12 heads of 197
+#: x 197, fused 64 us against 37 unfused, and 1.3x slower at batch 8; Whisper's 1500 x 1500, 5.7x slower.
+FUSE_MAX_SCORES = 128 * 128
 
 
 def _view(info: TensorInfo, perm: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
