@@ -317,20 +317,6 @@ def test_runs_with_adapters_match_onnxruntime(env: Env, tmp_path: pathlib.Path) 
     sess.close()
 
 
-def test_the_peer_model_and_adapter(env: Env) -> None:
-    folder = pathlib.Path(__file__).resolve().parents[2] / "shared/peer-tests/onnxruntime/testdata/lora"
-    model, path = folder / "two_params_lora_model.onnx", folder / "two_params_lora_model.onnx_adapter"
-    sess = InferenceSession(str(model), env=env)
-    ort = onnxruntime.InferenceSession(str(model), providers=ORT_CPU)
-    ones = np.ones((4, 4), np.float32)
-    got = sess.run(None, {"input_x": ones}, options_with(ortgpu, loaded(ortgpu, path)))[0]
-    np.testing.assert_allclose(
-        got, ort.run(None, {"input_x": ones}, options_with(onnxruntime, loaded(onnxruntime, path)))[0]
-    )
-    np.testing.assert_allclose(sess.run(None, {"input_x": ones})[0], ort.run(None, {"input_x": ones})[0])
-    sess.close()
-
-
 def test_adapter_names_must_be_model_inputs(env: Env, tmp_path: pathlib.Path) -> None:
     sess = InferenceSession(MODEL, env=env)
     ort = onnxruntime.InferenceSession(MODEL, providers=ORT_CPU)
