@@ -14,13 +14,13 @@ from typing import Sequence
 from .._kernel import Binding
 from ._recurrent_cells import Activation
 from ._recurrent_wgsl import (
+    BindingTable,
     Config,
     _cell_update,
     _finish,
     _gate_math,
     _index_functions,
     _length,
-    _Table,
     _u,
     activation_functions,
 )
@@ -33,9 +33,9 @@ def persistent_workgroup(hidden: int) -> int:
     return -(-hidden // 32) * 32
 
 
-def _persistent_table(cfg: Config) -> _Table:
+def _persistent_table(cfg: Config) -> BindingTable:
     """The bindings of a persistent kernel (split or not): projections, transposed R, states, lengths, outputs."""
-    table = _Table(cfg.element)
+    table = BindingTable(cfg.element)
     table.add(Binding("scratch", 0), "xp")
     table.add(Binding("scratch", 3), "rt")
     table.add(Binding("scratch", 1), "hstate")

@@ -40,6 +40,8 @@ __all__ = [
     "Config",
     "GROUP",
     "activation_functions",
+    "BindingTable",
+    "flat_main",
     "prepare_kernel",
     "project_kernel",
     "step_kernel",
@@ -228,7 +230,7 @@ def _length(cfg: Config) -> str:
     return "lens[b]" if cfg.has_lengths else f"{cfg.seq}i"
 
 
-class _Table:
+class BindingTable:
     """Binding slots of one kernel and their declarations (the node's float tensors as ``tensor_element``)."""
 
     def __init__(self, tensor_element: str) -> None:
@@ -257,7 +259,7 @@ def _finish(cfg: Config, wgsl: str) -> str:
     return ("enable f16;\n" + wgsl) if cfg.element == "f16" else wgsl
 
 
-def _flat_main(total: int, grid: tuple[int, int, int]) -> str:
+def flat_main(total: int, grid: tuple[int, int, int]) -> str:
     """Start of a kernel's ``main`` with one invocation per element ``i < total`` (surplus ones return)."""
     group = "wid.x" if grid[1] == 1 else f"(wid.y * {grid[0]}u + wid.x)"
     return (
@@ -283,7 +285,7 @@ def _dbj(cfg: Config) -> str:
 def prepare_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Binding, ...]]:
     """Initial states, cell state, peepholes and the candidate's recurrent bias into the scratch buffers;
     ``sequence_lens`` checked.  One invocation per (direction, batch, unit).  Scratch 1: hidden state, 2: aux."""
-    table = _Table(cfg.element)
+    table = BindingTable(cfg.element)
     if cfg.has_h0:
         table.add(Binding("input", 5), "init_h")
     if cfg.has_c0:
@@ -316,14 +318,14 @@ def prepare_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[
             f"        if (len < 0i || len > {cfg.seq}i) {{ atomicOr(&status[0], 1u); }}\n"
             "    }\n"
         )
-    wgsl = table.text() + _index_functions(cfg) + _flat_main(cfg.dbh, grid) + "".join(body) + "}\n"
+    wgsl = table.text() + _index_functions(cfg) + flat_main(cfg.dbh, grid) + "".join(body) + "}\n"
     return _finish(cfg, wgsl), tuple(table.bindings)
 
 
 def project_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Binding, ...]]:
     """``xp[d, t, b, row] = sum_k X[t, b, k] W[d, row, k] + Wb[d, row] (+ Rb[d, row])``, one invocation per
     element.  Scratch 0: xp."""
-    table = _Table(cfg.element)
+    table = BindingTable(cfg.element)
     table.add(Binding("input", 0), "x")
     table.add(Binding("input", 1), "w")
     if cfg.has_bias:
@@ -352,14 +354,14 @@ def project_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[
         "    }\n"
         f"    xp[i] = acc + {bias};\n"
     )
-    wgsl = table.text() + _index_functions(cfg) + _flat_main(cfg.xp_floats, grid) + body + "}\n"
+    wgsl = table.text() + _index_functions(cfg) + flat_main(cfg.xp_floats, grid) + body + "}\n"
     return _finish(cfg, wgsl), tuple(table.bindings)
 
 
 def transpose_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Binding, ...]]:
     """R ``[direction, gates*hidden, hidden]`` transposed into scratch 3 ``[direction, hidden, gates*hidden]``:
     the recurrence's invocations (one per unit) then read consecutive words at each ``k`` (coalesced)."""
-    table = _Table(cfg.element)
+    table = BindingTable(cfg.element)
     table.add(Binding("input", 2), "r")
     table.add(Binding("scratch", 3), "rt", writable=True)
     GH, H = cfg.gh, cfg.hidden
@@ -369,7 +371,7 @@ def transpose_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tupl
         f"    let d = i / {_u(GH * H)};\n"
         f"    rt[i] = f32(r[(d * {_u(GH)} + row) * {_u(H)} + k]);\n"
     )
-    wgsl = table.text() + _flat_main(cfg.directions * GH * H, grid) + body + "}\n"
+    wgsl = table.text() + flat_main(cfg.directions * GH * H, grid) + body + "}\n"
     return _finish(cfg, wgsl), tuple(table.bindings)
 
 
@@ -424,7 +426,7 @@ def step_kernel(
     invocation per (direction, batch, unit).  Hidden state from scratch 1 (even steps) or 4 (odd) into the other;
     the cell state updated in place in aux.  GRU without ``linear_before_reset`` runs two phases: 1 writes
     ``r * h`` and ``z`` into scratch 5, 2 the candidate and the new state (``phase`` 0: a single phase)."""
-    table = _Table(cfg.element)
+    table = BindingTable(cfg.element)
     source, target = (1, 4) if step % 2 == 0 else (4, 1)
     H, B, S, GH = cfg.hidden, cfg.batch, cfg.seq, cfg.gh
     table.add(Binding("params"), "params")
@@ -490,7 +492,7 @@ def step_kernel(
         table.text()
         + _index_functions(cfg)
         + activation_functions(functions)
-        + _flat_main(cfg.dbh, grid)
+        + flat_main(cfg.dbh, grid)
         + "".join(lines)
         + "}\n"
     )
@@ -500,7 +502,7 @@ def step_kernel(
 def final_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Binding, ...]]:
     """``Y_h`` / ``Y_c`` from the last step's state (zero for a sequence of length 0), per (direction, batch,
     unit)."""
-    table = _Table(cfg.element)
+    table = BindingTable(cfg.element)
     if cfg.outputs[1]:
         table.add(Binding("scratch", 1 if cfg.seq % 2 == 0 else 4), "hfinal")
     if cfg.outputs[2]:
@@ -515,5 +517,5 @@ def final_kernel(cfg: Config, grid: tuple[int, int, int]) -> tuple[str, tuple[Bi
         lines.append("    y_h[st_at(d, b, j)] = OUT(select(hfinal[i], 0.0, len <= 0i));\n")
     if cfg.outputs[2]:
         lines.append("    y_c[st_at(d, b, j)] = OUT(select(aux[i], 0.0, len <= 0i));\n")
-    wgsl = table.text() + _index_functions(cfg) + _flat_main(cfg.dbh, grid) + "".join(lines) + "}\n"
+    wgsl = table.text() + _index_functions(cfg) + flat_main(cfg.dbh, grid) + "".join(lines) + "}\n"
     return _finish(cfg, wgsl), tuple(table.bindings)

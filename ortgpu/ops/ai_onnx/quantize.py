@@ -70,6 +70,8 @@ __all__ = [
     "saturate_round",
     "expand_parameter",
     "EXACT_DIVISION_WGSL",
+    "QUANTIZE_U8_WGSL",
+    "dynamic_range_wgsl",
 ]
 
 #: ``div_bits(a, b)``: the bits of the correctly rounded f32 quotient of the f32 values with bits ``a`` and ``b``
@@ -123,6 +125,83 @@ fn div_bits(a: u32, b: u32) -> u32 {
   return sign | (u32(e) << 23u) | (mantissa & 0x7fffffu);
 }
 """
+
+#: ``quantize_u8(bits, scale, zero)``: DynamicQuantizeLinear's code of the float with bits ``bits``:
+#: ``saturate(round_half_even(x / scale) + zero)`` with the exact quotient; NaN gives 0, infinities saturate.
+#: Needs :data:`EXACT_DIVISION_WGSL`.
+QUANTIZE_U8_WGSL = """
+fn quantize_u8(bits: u32, scale: u32, zero: u32) -> u32 {
+  let quotient = div_bits(bits, scale);
+  let magnitude = quotient & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) { return 0u; }
+  if (magnitude == 0x7f800000u) { return select(255u, 0u, (quotient >> 31u) == 1u); }
+  let q = round(bitcast<f32>(quotient)) + f32(zero & 0xffu);
+  return u32(clamp(q, 0.0, 255.0));
+}
+"""
+
+
+def dynamic_range_wgsl(workgroup: int) -> str:
+    """WGSL ``fn dynamic_range(lid: u32, first: u32, count: u32) -> vec2<u32>``: DynamicQuantizeLinear's (scale
+    bits, zero point) of the ``count`` floats whose bits ``range_bits(first + i)`` returns (a function the kernel
+    defines), found by one workgroup of ``workgroup`` invocations.  Every invocation calls it in uniform control
+    flow and gets the result.  The range is taken on order-preserving integer keys of the float bits, NaN left out;
+    the divisions are exact; an infinite range gives scale infinity and zero point 0 (255 when the minimum is -inf,
+    as onnxruntime computes it).  Includes :data:`EXACT_DIVISION_WGSL`."""
+    return (
+        EXACT_DIVISION_WGSL
+        + f"var<workgroup> range_lows: array<u32, {workgroup}>;\n"
+        + f"var<workgroup> range_highs: array<u32, {workgroup}>;\n"
+        # Float bits -> unsigned keys in the floats' order (-0 as +0).
+        + "fn range_key(bits: u32) -> u32 {\n"
+        "  if (bits == 0x80000000u) { return 0x80000000u; }\n"
+        "  return select(bits | 0x80000000u, ~bits, (bits & 0x80000000u) != 0u);\n"
+        "}\n"
+        "fn range_unkey(k: u32) -> u32 { return select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u); }\n"
+        "fn dynamic_range(lid: u32, first: u32, count: u32) -> vec2<u32> {\n"
+        "  var low = 0x80000000u;\n"
+        "  var high = 0x80000000u;\n"
+        f"  for (var i = lid; i < count; i = i + {workgroup}u) {{\n"
+        "    let bits = range_bits(first + i);\n"
+        "    if ((bits & 0x7fffffffu) <= 0x7f800000u) {\n"
+        "      low = min(low, range_key(bits));\n"
+        "      high = max(high, range_key(bits));\n"
+        "    }\n"
+        "  }\n"
+        "  workgroupBarrier();\n"
+        "  range_lows[lid] = low;\n"
+        "  range_highs[lid] = high;\n"
+        "  workgroupBarrier();\n"
+        f"  for (var half = {workgroup // 2}u; half > 0u; half = half / 2u) {{\n"
+        "    if (lid < half) {\n"
+        "      range_lows[lid] = min(range_lows[lid], range_lows[lid + half]);\n"
+        "      range_highs[lid] = max(range_highs[lid], range_highs[lid + half]);\n"
+        "    }\n"
+        "    workgroupBarrier();\n"
+        "  }\n"
+        "  let low_bits = range_unkey(range_lows[0]);\n"
+        "  let high_bits = range_unkey(range_highs[0]);\n"
+        "  workgroupBarrier();\n"
+        "  var scale = 0x7f800000u;\n"
+        # -inf / inf is NaN: onnxruntime's clamp makes that zero point 255
+        "  var zero = select(0u, 255u, low_bits == 0xff800000u);\n"
+        "  if ((low_bits & 0x7fffffffu) < 0x7f800000u && high_bits < 0x7f800000u) {\n"
+        # two subnormals (exponent 0) add as integers, exactly: GPUs that flush subnormals (NVIDIA's) gave 0
+        "    var range = bitcast<f32>(high_bits) - bitcast<f32>(low_bits);\n"
+        "    if (((high_bits | low_bits) & 0x7f800000u) == 0u) {\n"
+        "      range = bitcast<f32>(high_bits + (low_bits & 0x7fffffffu));\n"
+        "    }\n"
+        "    if (bitcast<u32>(range) < 0x7f800000u) {\n"
+        "      scale = div_bits(bitcast<u32>(range), bitcast<u32>(255.0));\n"
+        "      if (scale == 0u) { scale = bitcast<u32>(1.0); }\n"
+        "      let shifted = round(-bitcast<f32>(div_bits(low_bits, scale)));\n"
+        "      zero = u32(clamp(shifted, 0.0, 255.0));\n"
+        "    }\n"
+        "  }\n"
+        "  return vec2<u32>(scale, zero);\n"
+        "}\n"
+    )
+
 
 #: Quantized types numpy holds, by ONNX element type.
 _QUANTIZED: dict[int, np.dtype[Any]] = {
@@ -477,57 +556,14 @@ class DynamicQuantizeLinear(Operator):
             storage_declaration(0, "src", writable=False)
             + storage_declaration(1, "scale_out", writable=True)
             + storage_declaration(2, "zero_out", writable=True)
-            + EXACT_DIVISION_WGSL
-            + f"var<workgroup> lows: array<u32, {workgroup}>;\n"
-            + f"var<workgroup> highs: array<u32, {workgroup}>;\n"
-            # Float bits -> unsigned keys in the floats' order (-0 as +0).
-            + "fn key(bits: u32) -> u32 {\n"
-            "  if (bits == 0x80000000u) { return 0x80000000u; }\n"
-            "  return select(bits | 0x80000000u, ~bits, (bits & 0x80000000u) != 0u);\n"
-            "}\n"
-            "fn unkey(k: u32) -> u32 { return select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u); }\n"
-            f"@compute @workgroup_size({workgroup})\n"
+            + dynamic_range_wgsl(workgroup)
+            + "fn range_bits(i: u32) -> u32 { return src[i]; }\n"
+            + f"@compute @workgroup_size({workgroup})\n"
             "fn main(@builtin(local_invocation_index) lid: u32) {\n"
-            "  var low = 0x80000000u;\n"
-            "  var high = 0x80000000u;\n"
-            f"  for (var i = lid; i < {count}u; i = i + {workgroup}u) {{\n"
-            "    let bits = src[i];\n"
-            "    if ((bits & 0x7fffffffu) <= 0x7f800000u) {\n"
-            "      low = min(low, key(bits));\n"
-            "      high = max(high, key(bits));\n"
-            "    }\n"
-            "  }\n"
-            "  lows[lid] = low;\n"
-            "  highs[lid] = high;\n"
-            "  workgroupBarrier();\n"
-            f"  for (var half = {workgroup // 2}u; half > 0u; half = half / 2u) {{\n"
-            "    if (lid < half) {\n"
-            "      lows[lid] = min(lows[lid], lows[lid + half]);\n"
-            "      highs[lid] = max(highs[lid], highs[lid + half]);\n"
-            "    }\n"
-            "    workgroupBarrier();\n"
-            "  }\n"
+            f"  let found = dynamic_range(lid, 0u, {count}u);\n"
             "  if (lid == 0u) {\n"
-            "    let low_bits = unkey(lows[0]);\n"
-            "    let high_bits = unkey(highs[0]);\n"
-            "    var scale = 0x7f800000u;\n"
-            # -inf / inf is NaN: onnxruntime's clamp makes that zero point 255
-            "    var zero = select(0u, 255u, low_bits == 0xff800000u);\n"
-            "    if ((low_bits & 0x7fffffffu) < 0x7f800000u && high_bits < 0x7f800000u) {\n"
-            # two subnormals (exponent 0) add as integers, exactly: GPUs that flush subnormals (NVIDIA's) gave 0
-            "      var range = bitcast<f32>(high_bits) - bitcast<f32>(low_bits);\n"
-            "      if (((high_bits | low_bits) & 0x7f800000u) == 0u) {\n"
-            "        range = bitcast<f32>(high_bits + (low_bits & 0x7fffffffu));\n"
-            "      }\n"
-            "      if (bitcast<u32>(range) < 0x7f800000u) {\n"
-            "        scale = div_bits(bitcast<u32>(range), bitcast<u32>(255.0));\n"
-            "        if (scale == 0u) { scale = bitcast<u32>(1.0); }\n"
-            "        let shifted = round(-bitcast<f32>(div_bits(low_bits, scale)));\n"
-            "        zero = u32(clamp(shifted, 0.0, 255.0));\n"
-            "      }\n"
-            "    }\n"
-            "    scale_out[0] = scale;\n"
-            "    zero_out[0] = zero;\n"
+            "    scale_out[0] = found.x;\n"
+            "    zero_out[0] = found.y;\n"
             "  }\n"
             "}\n"
         )
@@ -560,14 +596,8 @@ class DynamicQuantizeLinear(Operator):
             + storage_declaration(2, "zero_in", writable=False)
             + storage_declaration(3, "dst", writable=True)
             + EXACT_DIVISION_WGSL
-            + "fn value(j: u32) -> u32 {\n"
-            "  let bits = div_bits(src[j], scale_in[0]);\n"
-            "  let magnitude = bits & 0x7fffffffu;\n"
-            "  if (magnitude > 0x7f800000u) { return 0u; }\n"
-            "  if (magnitude == 0x7f800000u) { return select(255u, 0u, (bits >> 31u) == 1u); }\n"
-            "  let q = round(bitcast<f32>(bits)) + f32(zero_in[0] & 0xffu);\n"
-            "  return u32(clamp(q, 0.0, 255.0));\n"
-            "}\n"
+            + QUANTIZE_U8_WGSL
+            + "fn value(j: u32) -> u32 { return quantize_u8(src[j], scale_in[0], zero_in[0]); }\n"
             + kernel_entry(
                 workgroup,
                 f"  let w = {LINEAR_INVOCATION};\n  if (w >= {invocations}u) {{ return; }}\n"

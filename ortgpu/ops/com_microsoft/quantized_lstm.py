@@ -5,14 +5,12 @@ initial_h, initial_c, P (as LSTM's), then W_scale, W_zero_point, R_scale, R_zero
 tensor) or ``[directions, 4*hidden]`` (per output channel).  Attributes as LSTM's (no ``layout``).  W and R are
 stored transposed relative to LSTM's ``[directions, 4*hidden, input]``.
 
-Both paths dequantize the weights, ``(w - zero_point) * scale`` in float32 (an exact difference and one correctly
-rounded product, bit for bit the same on the host and in WGSL), transpose them into LSTM's layout and run the standard
-LSTM (:class:`~ortgpu.ops.ai_onnx.recurrent.LSTM`): its float64 reference, or its device plan, which reads the
-dequantized weights from two scratch buffers that a first kernel fills from the 8-bit inputs on every run.
-
-onnxruntime computes otherwise: it quantizes X and the hidden state to uint8 at every step and multiplies in integers,
-so its outputs differ from the float LSTM over the same dequantized weights by that activation quantization (about
-1e-2 for activations of order 1); this module keeps the float product, the semantics the quantized weights stand for.
+Computed as onnxruntime's CPU kernel computes it, not as a float LSTM over dequantized weights: X (up to the
+longest sequence) and, at every step, the previous hidden state are quantized to uint8 on their own range and
+multiplied in integers (:mod:`._quantized_lstm_math` says exactly how, and where onnxruntime's result depends on its
+thread count: this follows one thread).  The reference is that arithmetic in numpy float32; the device plan
+(:mod:`._quantized_lstm_plan`) runs it in WGSL with the same integer sums and exact quotients, two dispatches per
+step.  Per-channel zero points are taken as given (onnxruntime refuses those that are not one value, 0 for int8).
 """
 
 from __future__ import annotations
@@ -24,26 +22,25 @@ import numpy as np
 
 from ortgpu_core._errors import ShapeError, UnsupportedOpError
 
-from .._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo
+from .._kernel import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from .._registry import register
-from .._wgsl import (
-    LINEAR_INVOCATION,
-    check_binding_sizes,
-    grid_for,
-    kernel_entry,
-    load_function,
-    storage_declaration,
-    store_statements,
-    workgroup_size_for,
-)
-from ..ai_onnx.recurrent import LSTM
+from ..ai_onnx._recurrent_cells import Activation, activations_for, decode_names
 from ._qlinear_math import BYTE_DTYPES
+from ._quantized_lstm_math import expand_parameter, fused_bias, quantized_lstm
+from ._quantized_lstm_plan import Shape, device_plan
 
-__all__ = ["DynamicQuantizeLSTM", "dequantized_weights"]
+__all__ = ["DynamicQuantizeLSTM"]
 
 F32 = np.dtype(np.float32)
-#: The LSTM opset whose semantics the node has (7: no ``layout``).
-_LSTM_OPSET = 7
+_OP = "DynamicQuantizeLSTM"
+
+
+def _direction(attrs: Mapping[str, Any]) -> str:
+    direction = attrs.get("direction", "forward")
+    direction = direction.decode() if isinstance(direction, bytes) else str(direction)
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise UnsupportedOpError(f"{_OP}: direction {direction!r} is not defined (forward, reverse, bidirectional)")
+    return direction
 
 
 def _directions(attrs: Mapping[str, Any]) -> int:
@@ -80,77 +77,11 @@ def _check_parameters(
     return directions, rows, columns
 
 
-def dequantized_weights(weights: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
-    """``(weights - zero) * scale`` in float32, transposed to LSTM's layout ``[directions, 4*hidden, rows]``."""
-    directions = weights.shape[0]
-    # [directions, 1, 1] (per tensor) or [directions, 1, 4*hidden] (per channel): broadcast over the rows
-    difference = weights.astype(np.int32) - zero.reshape(directions, 1, -1).astype(np.int32)
-    product = difference.astype(np.float32) * scale.reshape(directions, 1, -1).astype(np.float32)
-    return np.ascontiguousarray(np.swapaxes(product.astype(np.float32), 1, 2))
-
-
-def _dequantize_kernel(
-    weights: TensorInfo,
-    positions: tuple[int, int, int],
-    per_channel: bool,
-    scratch: int,
-    caps: DeviceCaps,
-) -> KernelSpec:
-    """The kernel writing ``dequantized_weights`` of node inputs ``positions`` (weights, scale, zero point) into
-    scratch buffer ``scratch`` (float32, one invocation per element)."""
-    directions, rows, columns = (int(d) for d in weights.shape)
-    channel = f"d * {columns}u + g" if per_channel else "d"
-    wgsl = (
-        storage_declaration(0, "weights", writable=False)
-        + storage_declaration(1, "scales", writable=False)
-        + storage_declaration(2, "zeros", writable=False)
-        + storage_declaration(3, "dst", writable=True)
-        + load_function("load_weight", "weights", weights.dtype)
-        + load_function("load_zero", "zeros", weights.dtype)
-        + "fn value(j: u32) -> f32 {\n"
-        f"  let k = j % {rows}u;\n"
-        f"  let g = (j / {rows}u) % {columns}u;\n"
-        f"  let d = j / {rows * columns}u;\n"
-        f"  let c = {channel};\n"
-        f"  let difference = i32(load_weight((d * {rows}u + k) * {columns}u + g)) - i32(load_zero(c));\n"
-        "  return f32(difference) * bitcast<f32>(scales[c]);\n"
-        "}\n"
-    )
-    count = directions * rows * columns
-    workgroup = workgroup_size_for(caps.limits)
-    guard = f"  let w = {LINEAR_INVOCATION};\n  if (w >= {count}u) {{ return; }}\n"
-    bindings = (
-        Binding("input", positions[0]),
-        Binding("input", positions[1]),
-        Binding("input", positions[2]),
-        Binding("scratch", scratch),
-    )
-    channels = directions * columns if per_channel else directions
-    nbytes = weights.nbytes
-
-    def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
-        values = arrays[0][:nbytes].view(weights.dtype).reshape(weights.shape)
-        scale = arrays[1][: 4 * channels].view(np.float32).reshape(directions, -1)
-        zero = arrays[2][:channels].view(weights.dtype).reshape(directions, -1)
-        arrays[3][: 4 * count] = dequantized_weights(values, scale, zero).reshape(-1).view(np.uint8)
-
-    return KernelSpec(
-        name="DynamicQuantizeLSTM",
-        wgsl=wgsl + kernel_entry(workgroup, guard + store_statements(F32, count, "value")),
-        grid=grid_for(count, workgroup, caps.limits),
-        bindings=bindings,
-        twin=twin,
-    )
-
-
 @register
 class DynamicQuantizeLSTM(Operator):
     op_type = "DynamicQuantizeLSTM"
     domain = "com.microsoft"
     since_version = 1
-
-    def _lstm(self) -> LSTM:
-        return LSTM(_LSTM_OPSET)
 
     def _check(self, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> None:
         x, w, r = (inputs[i] if len(inputs) > i else None for i in range(3))
@@ -175,6 +106,43 @@ class DynamicQuantizeLSTM(Operator):
                 "4*hidden], R: [directions, hidden, 4*hidden])"
             )
 
+        if x.dtype != F32:
+            raise UnsupportedOpError(f"{_OP}: X of dtype {x.dtype} (float32 expected)")
+        seq, batch = int(x.shape[0]), int(x.shape[1])
+        expected = {
+            3: ("B", (directions, 8 * hidden), F32),
+            4: ("sequence_lens", (batch,), np.dtype(np.int32)),
+            5: ("initial_h", (directions, batch, hidden), F32),
+            6: ("initial_c", (directions, batch, hidden), F32),
+            7: ("P", (directions, 3 * hidden), F32),
+        }
+        for index, (name, shape, dtype) in expected.items():
+            value = inputs[index] if len(inputs) > index else None
+            if value is None:
+                continue
+            if value.dtype != dtype:
+                raise UnsupportedOpError(f"{_OP}: {name} of dtype {value.dtype} ({dtype} expected)")
+            if tuple(value.shape) != shape:
+                raise ShapeError(f"{_OP}: {name} has shape {list(value.shape)}; expected {list(shape)}")
+        _direction(attrs)
+        if seq < 0 or batch < 0:
+            raise ShapeError(f"{_OP}: X has shape {list(x.shape)}")
+
+    @staticmethod
+    def _functions(attrs: Mapping[str, Any], directions: int) -> list[list[Activation]]:
+        """f, g, h of each direction (h without ``clip``: onnxruntime clips the gates' inputs, not the cell's)."""
+        clip = attrs.get("clip")
+        functions = activations_for(
+            _OP,
+            ("Sigmoid", "Tanh", "Tanh"),
+            directions,
+            decode_names(attrs.get("activations")),
+            [float(a) for a in attrs.get("activation_alpha", ()) or ()],
+            [float(b) for b in attrs.get("activation_beta", ()) or ()],
+            None if clip is None else float(clip),
+        )
+        return [[f, g, dataclasses.replace(h, clip=None)] for f, g, h in functions]
+
     def reference(
         self,
         inputs: Sequence[np.ndarray | None],
@@ -182,20 +150,44 @@ class DynamicQuantizeLSTM(Operator):
         outputs: Sequence[TensorInfo],
     ) -> list[np.ndarray]:
         self._check(inputs, attrs)
-        x = inputs[0]
-        assert x is not None
-        if x.dtype != F32:
-            raise UnsupportedOpError(f"DynamicQuantizeLSTM: X of dtype {x.dtype} (float32 expected)")
-        w, r, w_scale, w_zero, r_scale, r_zero = (inputs[i] for i in (1, 2, 8, 9, 10, 11))
-        assert w is not None and r is not None and w_scale is not None and w_zero is not None
-        assert r_scale is not None and r_zero is not None
-        lstm_inputs = [
+        x, w, r = inputs[0], inputs[1], inputs[2]
+        assert x is not None and w is not None and r is not None
+
+        def given(index: int) -> np.ndarray | None:
+            return inputs[index] if len(inputs) > index else None
+
+        seq, batch, _ = x.shape
+        directions, hidden = int(w.shape[0]), int(r.shape[1])
+        columns = 4 * hidden
+        lengths_value = given(4)
+        lengths = np.full(batch, seq, np.int64) if lengths_value is None else lengths_value.astype(np.int64)
+        if np.any(lengths < 0) or np.any(lengths > seq):
+            raise ShapeError(f"{_OP}: sequence_lens {lengths.tolist()} must lie in [0, seq_length={seq}]")
+        parameters = []
+        for weights, scale_at in ((w, 8), (r, 10)):
+            scale, zero = given(scale_at), given(scale_at + 1)
+            assert scale is not None and zero is not None
+            parameters.append(
+                (weights, expand_parameter(zero.astype(np.int64), directions, columns),
+                 expand_parameter(scale, directions, columns))
+            )  # fmt: skip
+        state = np.zeros((directions, batch, hidden), np.float32)
+        h0, c0 = given(5), given(6)
+        direction = _direction(attrs)
+        y, y_h, y_c = quantized_lstm(
             x,
-            dequantized_weights(w, w_scale, w_zero),
-            dequantized_weights(r, r_scale, r_zero),
-            *(inputs[i] if len(inputs) > i else None for i in range(3, 8)),
-        ]
-        return self._lstm().reference(lstm_inputs, attrs, outputs)
+            lengths,
+            parameters[0],
+            parameters[1],
+            fused_bias(given(3), directions, hidden),
+            given(7),
+            (state if h0 is None else h0, state if c0 is None else c0),
+            self._functions(attrs, directions),
+            [direction == "reverse" or d == 1 for d in range(directions)],
+            bool(int(attrs.get("input_forget", 0))),
+            y_present=len(outputs) > 0 and outputs[0].size > 0,
+        )
+        return [y, y_h, y_c]
 
     def plan(
         self,
@@ -207,29 +199,39 @@ class DynamicQuantizeLSTM(Operator):
     ) -> OpPlan:
         try:
             self._check(inputs, attrs)
+            functions = self._functions(attrs, _directions(attrs))
         except (ShapeError, UnsupportedOpError) as error:
             raise NotOnDevice(str(error)) from error
-        w, r = inputs[1], inputs[2]
-        assert w is not None and r is not None
-        # The LSTM sees float32 weights of its own layout; its kernels read them from two scratch buffers.
-        float_w = TensorInfo((w.shape[0], w.shape[2], w.shape[1]), F32)
-        float_r = TensorInfo((r.shape[0], r.shape[2], r.shape[1]), F32)
-        check_binding_sizes(self.op_type, [float_w, float_r], caps)
-        lstm_inputs = [inputs[0], float_w, float_r, *(inputs[i] if len(inputs) > i else None for i in range(3, 8))]
-        lstm_plan = self._lstm().plan(lstm_inputs, outputs, attrs, caps, {})
-        w_slot, r_slot = len(lstm_plan.scratch_sizes), len(lstm_plan.scratch_sizes) + 1
-        moved = {Binding("input", 1): Binding("scratch", w_slot), Binding("input", 2): Binding("scratch", r_slot)}
-        # Same slots, other buffers: the LSTM twins index their arrays by slot, so they read the scratch copies.
-        kernels = [
-            dataclasses.replace(kernel, bindings=tuple(moved.get(b, b) for b in kernel.bindings))
-            for kernel in lstm_plan.kernels
-        ]
-        scales = [inputs[8], inputs[10]]
-        dequantize = [
-            _dequantize_kernel(info, positions, scale is not None and len(scale.shape) == 2, slot, caps)
-            for info, positions, scale, slot in ((w, (1, 8, 9), scales[0], w_slot), (r, (2, 10, 11), scales[1], r_slot))
-        ]
-        return OpPlan(
-            kernels=(*dequantize, *kernels),
-            scratch_sizes=(*lstm_plan.scratch_sizes, float_w.nbytes, float_r.nbytes),
+        x, w, r = inputs[0], inputs[1], inputs[2]
+        assert x is not None and w is not None and r is not None
+        seq, batch, input_size = (int(d) for d in x.shape)
+        directions, hidden = int(w.shape[0]), int(r.shape[1])
+        if min(seq, batch, input_size, hidden) <= 0:
+            raise NotOnDevice(f"{_OP}: an empty dimension (X {list(x.shape)}, hidden {hidden}); runs on the CPU")
+
+        def present(index: int) -> bool:
+            return len(inputs) > index and inputs[index] is not None
+
+        def per_channel(index: int) -> bool:
+            value = inputs[index]
+            return value is not None and len(value.shape) == 2
+
+        direction = _direction(attrs)
+        shape = Shape(
+            seq=seq,
+            batch=batch,
+            input_size=input_size,
+            hidden=hidden,
+            directions=directions,
+            reverse=tuple(direction == "reverse" or d == 1 for d in range(directions)),
+            has_lengths=present(4),
+            has_h0=present(5),
+            has_c0=present(6),
+            has_bias=present(3),
+            has_peepholes=present(7),
+            input_forget=bool(int(attrs.get("input_forget", 0))),
+            per_channel=(per_channel(8), per_channel(9), per_channel(10), per_channel(11)),
+            weight_dtypes=(w.dtype, r.dtype),
+            outputs=tuple(len(outputs) > k and outputs[k].size > 0 for k in range(3)),  # type: ignore[arg-type]
         )
+        return device_plan(shape, functions, [*inputs, *outputs], caps)
