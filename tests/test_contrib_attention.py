@@ -16,7 +16,8 @@ from helpers import run_model
 from onnx import TensorProto, helper
 from test_ops_elementwise import open_device
 
-from ortgpu_core._errors import ModelError, ShapeError, UnsupportedOpError
+import ortgpu
+from ortgpu_core._errors import InvalidArgumentError, ModelError, ShapeError, UnsupportedOpError
 
 #: A shape error found while the loader learns the outputs' shapes (it runs the reference) arrives as a ModelError
 #: carrying the operator's message; found while planning, as the ShapeError itself.
@@ -398,10 +399,16 @@ def _gqa(
     rotary: bool = False,
     dtype: int = F,
     seed: int = 0,
+    queries: int | None = None,
+    total: int | None = None,
+    batch: int = GB,
     **attrs: Any,
 ) -> tuple[bytes, dict[str, np.ndarray]]:
+    """A node with ``queries`` new tokens (default: 1 with a past, else GS) after a past buffer of ``past``
+    positions; ``total``: total_sequence_length (default past + queries; less with a static cache longer than what
+    it holds)."""
     rng = _rng(seed)
-    sq = 1 if past else GS
+    sq = queries if queries is not None else (1 if past else GS)
     numpy_type = np.float16 if dtype == H16 else np.float32
     feeds: dict[str, np.ndarray] = {}
     specs: list[Any] = []
@@ -411,19 +418,19 @@ def _gqa(
         specs.append((name, type_, value.shape))
 
     if packed:
-        add("q", _normal(rng, (GB, sq, (GN + 2 * GKV) * GH)).astype(numpy_type), dtype)
+        add("q", _normal(rng, (batch, sq, (GN + 2 * GKV) * GH)).astype(numpy_type), dtype)
         specs += [None, None]
     else:
-        add("q", _normal(rng, (GB, sq, GN * GH)).astype(numpy_type), dtype)
-        add("k", _normal(rng, (GB, sq, GKV * GH)).astype(numpy_type), dtype)
-        add("v", _normal(rng, (GB, sq, GKV * GH)).astype(numpy_type), dtype)
+        add("q", _normal(rng, (batch, sq, GN * GH)).astype(numpy_type), dtype)
+        add("k", _normal(rng, (batch, sq, GKV * GH)).astype(numpy_type), dtype)
+        add("v", _normal(rng, (batch, sq, GKV * GH)).astype(numpy_type), dtype)
     if past:
-        add("pk", _normal(rng, (GB, GKV, past, GH)).astype(numpy_type), dtype)
-        add("pv", _normal(rng, (GB, GKV, past, GH)).astype(numpy_type), dtype)
+        add("pk", _normal(rng, (batch, GKV, past, GH)).astype(numpy_type), dtype)
+        add("pv", _normal(rng, (batch, GKV, past, GH)).astype(numpy_type), dtype)
     else:
         specs += [None, None]
     add("seqlens", np.array(seqlens, np.int32), I32)
-    add("total", np.array([past + sq], np.int32), I32)
+    add("total", np.array([total if total is not None else past + sq], np.int32), I32)
     if rotary:
         add("cos", rng.uniform(-1, 1, (16, GH // 2)).astype(numpy_type), dtype)
         add("sin", rng.uniform(-1, 1, (16, GH // 2)).astype(numpy_type), dtype)
@@ -465,18 +472,60 @@ def test_group_query_attention_prefill(backend_name: str, name: str) -> None:
     _check(backend_name, model, feeds, expected)
 
 
-def test_group_query_attention_decoding_on_the_cpu(backend_name: str) -> None:
-    """A step with a past: the present grows by one, placed per batch from seqlens_k (on the CPU, said why)."""
-    model, feeds = _gqa([4, 2], past=4, rotary=True, seed=5)
-    expected = _onnxruntime(model, feeds)
-    got = _check(backend_name, model, feeds, expected, device_only=False)
-    assert got[1].shape == (GB, GKV, 5, GH)
-    _, plan = run_model(model, feeds, _device(backend_name))
-    assert [step.placement for step in plan.steps] == ["cpu"]
+GQA_DECODE_CASES = {
+    # batch 0 has 4 cached positions, batch 1 two (its past buffer's last two rows are not its own)
+    "step": dict(seqlens=[4, 2], past=4, rotary=True, seed=5),
+    "window": dict(seqlens=[4, 3], past=4, local_window_size=2, seed=7),
+    "packed_softcap": dict(seqlens=[4, 1], past=4, packed=True, rotary=True, softcap=2.0, seed=8),
+    # two new tokens per step (onnxruntime takes that for one batch only)
+    "two_tokens": dict(seqlens=[5], past=4, queries=2, rotary=True, seed=9, batch=1),
+    # a static cache of 8 positions holding fewer (onnxruntime-genai's shared past/present buffers)
+    "static_cache": dict(seqlens=[5, 2], past=8, total=6, rotary=True, seed=10),
+}
 
 
-def test_group_query_attention_float16(backend_name: str) -> None:
-    model, feeds = _gqa([3, 3], rotary=True, dtype=H16, seed=6, local_window_size=3)
+@pytest.mark.parametrize("name", sorted(GQA_DECODE_CASES))
+def test_group_query_attention_decoding(backend_name: str, name: str) -> None:
+    """A step with a past: each batch's new keys land in the present at run-time positions (seqlens_k), on the
+    device."""
+    case = GQA_DECODE_CASES[name]
+    model, feeds = _gqa(**case)
+    got = _check(backend_name, model, feeds)
+    present = max(int(feeds["total"][0]), int(case["past"]))
+    assert got[1].shape == got[2].shape == (len(case["seqlens"]), GKV, present, GH)
+
+
+def test_group_query_attention_decoding_lengths_change_between_runs(backend_name: str) -> None:
+    """One plan, several steps: the positions come from seqlens_k at run time."""
+    device = _device(backend_name)
+    model, feeds = _gqa([4, 2], past=8, total=5, rotary=True, seed=11)
+    for seqlens in ([4, 2], [1, 4], [4, 4]):
+        feeds["seqlens"] = np.array(seqlens, np.int32)
+        expected = _onnxruntime(model, feeds)
+        got, _ = run_model(model, feeds, device, allow_cpu=False)
+        for mine, theirs in zip(got, expected):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("seqlens", [[9, 2], [4, -1]], ids=["past-the-cache", "negative"])
+def test_group_query_attention_decoding_refuses_lengths_that_do_not_fit(seqlens: list[int], env: Any) -> None:
+    """seqlens_k is read on the device: a length past the present, or below the new tokens, makes that run raise
+    (as onnxruntime refuses it), and the session runs on."""
+    model, feeds = _gqa([4, 2], past=4, rotary=True, seed=12)
+    with ortgpu.InferenceSession(model, env=env) as session:
+        first = session.run(None, feeds)
+        placements = session.get_node_placement({k: v.shape for k, v in feeds.items()}, feeds)
+        assert {p.placement for p in placements} == {"webgpu"}
+        with pytest.raises(InvalidArgumentError):
+            session.run(None, {**feeds, "seqlens": np.array(seqlens, np.int32)})
+        for before, after in zip(first, session.run(None, feeds)):
+            np.testing.assert_array_equal(np.asarray(before), np.asarray(after))
+
+
+@pytest.mark.parametrize("past", [0, 4], ids=["prefill", "decoding"])
+def test_group_query_attention_float16(backend_name: str, past: int) -> None:
+    seqlens = [4, 2] if past else [3, 3]
+    model, feeds = _gqa(seqlens, past=past, rotary=True, dtype=H16, seed=6, local_window_size=3)
     wide = {k: (v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feeds.items()}
     expected = _onnxruntime(_as_float32(model), wide)
     _check(backend_name, model, feeds, expected, tolerance=2e-2)

@@ -241,6 +241,8 @@ def _resolve_unknown_dims(
     if computed is not None:  # a growing op (Range, Tile...): its shape without computing it
         types[node.outputs[0]] = computed
         return
+    if _apply_value_shapes(node, types, constants):
+        return
     inputs: list[np.ndarray | None] = []
     for name in node.inputs:
         if not name:
@@ -267,6 +269,28 @@ def _resolve_unknown_dims(
             structured = is_structured_dtype(array.dtype)
             dtype = array.dtype if structured else types[name][1] if name in types else array.dtype
             types[name] = (tuple(array.shape), dtype)
+
+
+def _apply_value_shapes(
+    node: GraphNode, types: dict[str, tuple[Shape, np.dtype[Any]]], constants: Mapping[str, np.ndarray]
+) -> bool:
+    """Set the outputs' types from the operator's own rule over shapes and known values
+    (:meth:`~ortgpu.ops.Operator.output_infos_from_values`), where it has one; whether it did."""
+    if any(name and is_structured_dtype(types[name][1]) for name in node.inputs):
+        return False
+    try:
+        operator = get_operator(node.op_type, node.opset, node.domain)
+    except UnsupportedOpError:
+        return False
+    infos = [TensorInfo(_concrete(types[name][0]), types[name][1]) if name else None for name in node.inputs]
+    known = {position: constants[name] for position, name in enumerate(node.inputs) if name and name in constants}
+    found = operator.output_infos_from_values(infos, public_attrs(node.attrs), known)
+    if found is None:
+        return False
+    for name, info in zip(node.outputs, found):
+        if name:
+            types[name] = (tuple(int(d) for d in info.shape), np.dtype(info.dtype))
+    return True
 
 
 def _zeros_structured(node: GraphNode, name: str, dtype: np.dtype[Any]) -> np.ndarray:

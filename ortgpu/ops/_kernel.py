@@ -235,6 +235,15 @@ class Operator:
         the end padding, ConvTranspose's SAME padding); None: use onnx's inference."""
         return None
 
+    def output_infos_from_values(
+        self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any], values: Mapping[int, np.ndarray]
+    ) -> list[TensorInfo] | None:
+        """The outputs' shapes and dtypes where onnx cannot infer them and they follow from the input shapes and
+        the ``values`` known when planning (constant inputs, by position), so the loader need not learn them by
+        running the reference on zeros (which a node whose inputs must agree, say sequence lengths with a cache,
+        may refuse); None: run it on zeros."""
+        return None
+
 
 def reference_twin(
     function: Callable[..., Sequence[np.ndarray] | np.ndarray],

@@ -17,16 +17,18 @@ planned for its value (the loader lists it among the value-dependent inputs).  `
 ``position_ids`` and the ``output_qk`` output are refused.  Query rows past a batch's length in a first prompt are
 left to onnxruntime's whim there (it softmaxes scores it never computed); here they see the batch's keys.
 
-On the device (float32, or float16 with ``shader-f16``) runs the first prompt (no past, or an empty one): copy kernels
-splitting a packed query, the standard RotaryEmbedding kernel on Q and K with ``do_rotary``, a kernel turning
-``seqlens_k`` into an additive ``-inf`` mask (and flagging the run, which then raises, where
-``total_sequence_length`` is not ``S``), the standard Attention kernel with its grouped heads, and copies into the
-present outputs.  Decoding steps (a non-empty past) run on the CPU: where each batch's new keys land in the cache
-is run-time data there.
+On the device (float32, or float16 with ``shader-f16``), first prompts and decoding steps alike: copy kernels
+splitting a packed query, a kernel writing the rotary positions (``past_b + i``) and the standard RotaryEmbedding
+kernel on Q and K with ``do_rotary``, a kernel turning ``seqlens_k`` into an additive ``-inf`` mask (and flagging the
+run, which then raises, where ``total_sequence_length`` differs from the planned value or a length does not fit),
+for a step with a past a kernel assembling each cache (the batch's past rows, its new rows at ``past_b``, zeros
+after: positions read at run time, so one plan serves every step of a fixed total length), the standard Attention
+kernel with its grouped heads, and copies into the present outputs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -133,6 +135,20 @@ class GroupQueryAttention(Operator):
     domain = "com.microsoft"
     since_version = 1
 
+    def output_infos_from_values(
+        self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any], values: Mapping[int, np.ndarray]
+    ) -> list[TensorInfo] | None:
+        """``[B, S, N * H]`` and the presents ``[B, Nkv, max(total_sequence_length, P), H]``: from the shapes and the
+        total's value, not from a run on zero ``seqlens_k`` (which a step of several queries after a past refuses)."""
+        total = values.get(6)
+        query = inputs[0]
+        if total is None or query is None:
+            return None
+        batch, sq, heads, kv_heads, head, past = _geometry(inputs, 3, attrs)
+        present = max(int(np.asarray(total).reshape(-1)[0]), past)
+        cache = TensorInfo((batch, kv_heads, present, head), query.dtype)
+        return [TensorInfo((batch, sq, heads * head), query.dtype), cache, cache]
+
     def reference(
         self,
         inputs: Sequence[np.ndarray | None],
@@ -195,15 +211,13 @@ class GroupQueryAttention(Operator):
     ) -> OpPlan:
         batch, sq, heads, kv_heads, head, past = _geometry(inputs, len(outputs), attrs)
         total_value = constants.get(6)
-        if total_value is None or int(np.asarray(total_value).reshape(-1)[0]) != sq:
-            raise NotOnDevice(
-                f"{OP}: only a first prompt (total_sequence_length equal to the {sq} queries) runs on the device"
-            )
-        if past:
-            raise NotOnDevice(
-                f"{OP}: a decoding step (a past of {past} keys) runs on the CPU: where each batch's new keys land "
-                "in the cache is run-time data (seqlens_k)"
-            )
+        if total_value is None:
+            raise NotOnDevice(f"{OP}: total_sequence_length must be known when planning (a constant or a graph input)")
+        total_length = int(np.asarray(total_value).reshape(-1)[0])
+        first = total_length == sq
+        present_length = max(total_length, past)
+        if sq > present_length or total_length < 1:
+            raise NotOnDevice(f"{OP}: total_sequence_length {total_length} does not fit {sq} queries")
         seqlens, total = inputs[5], inputs[6]
         assert seqlens is not None and total is not None
         if seqlens.dtype != np.int32 or total.dtype != np.int32:
@@ -220,19 +234,24 @@ class GroupQueryAttention(Operator):
             else:
                 source = token_major(Binding("input", slot), dtype, 0, sq, count * head, head)
             operands.append(gathered(builder, dtype, (batch, sq, count, head), source, caps))
-        mask_info = TensorInfo((batch, 1, sq, sq), F32)
+        steps = _Steps(batch, sq, total_length, past, present_length, first)
+        mask_info = TensorInfo((batch, 1, sq, present_length), F32)
         attention_bias = _optional(inputs, 10)
         if attention_bias is not None:
-            mask_info = TensorInfo((batch, int(attention_bias.shape[1]), sq, sq), F32)
+            if tuple(attention_bias.shape[2:]) != (sq, present_length):
+                raise NotOnDevice(
+                    f"{OP}: attention_bias {attention_bias.shape} does not end in [{sq}, {present_length}]"
+                )
+            mask_info = TensorInfo((batch, int(attention_bias.shape[1]), sq, present_length), F32)
         mask_at = builder.scratch(mask_info)
         window = int(attrs.get("local_window_size", -1))
-        builder.add(_mask_kernel(mask_info.shape, attention_bias, window, mask_at, caps))
+        builder.add(_mask_kernel(steps, mask_info.shape, attention_bias, window, mask_at, caps))
         if rotary:
             cos = inputs[7]
             assert cos is not None
             ids = TensorInfo((batch, sq), np.dtype(np.int64))
             ids_at = builder.scratch(ids)
-            builder.add(_positions_kernel(batch, sq, ids_at, caps))
+            builder.add(_positions_kernel(steps, ids_at, caps))
             for slot, count in ((0, heads), (1, kv_heads)):
                 binding, info = operands[slot]
                 rotated = builder.scratch(info)
@@ -244,6 +263,15 @@ class GroupQueryAttention(Operator):
         scale = float(attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(np.float32(head)))
         softcap = float(attrs.get("softcap", 0.0))
         mask = (mask_at, mask_info)
+        if not first or past:
+            # the cache: each batch's past, then its new keys and values at run-time positions, zeros after
+            for slot in (1, 2):
+                past_info = _optional(inputs, 2 + slot)
+                full = TensorInfo((batch, present_length, kv_heads * head), dtype)
+                full_at = builder.scratch(full)
+                past_binding = None if past_info is None else (Binding("input", 2 + slot), past_info)
+                builder.add(_cache_kernel(steps, kv_heads, head, operands[slot], past_binding, full_at, caps))
+                operands[slot] = (full_at, full)
         attention_plan(builder, operands, mask, Binding("output", 0), heads, kv_heads, scale, caps, softcap)
         for slot in (1, 2):
             if len(outputs) > slot:
@@ -251,13 +279,59 @@ class GroupQueryAttention(Operator):
         return builder.build()
 
 
+@dataclass(frozen=True)
+class _Steps:
+    """What a plan knows of where the queries stand: ``first`` (a first prompt: the queries are positions 0 .. S - 1)
+    or a decoding step, where batch ``b``'s queries follow ``past_b = seqlens_k[b] + 1 - S`` cached positions, read
+    at run time; ``total`` is the planned total_sequence_length, ``past`` the past buffers' length, ``present``
+    the caches' ``max(total, past)``."""
+
+    batch: int
+    sq: int
+    total: int
+    past: int
+    present: int
+    first: bool
+
+    def wgsl_past(self, lengths: str) -> str:
+        """WGSL (i32) of batch ``b``'s past length from the lengths variable ``lengths`` (seqlens_k + 1)."""
+        return "0" if self.first else f"{lengths} - {self.sq}"
+
+    def pasts(self, lengths: np.ndarray) -> np.ndarray:
+        return np.zeros_like(lengths) if self.first else lengths - self.sq
+
+    def valid(self, lengths: np.ndarray, total: int) -> bool:
+        """Whether run-time ``lengths`` (seqlens_k + 1) and ``total`` fit the plan (as the reference checks)."""
+        pasts = self.pasts(lengths)
+        return bool(
+            total == self.total
+            and lengths.min(initial=1) >= 1
+            and lengths.max(initial=0) <= (self.sq if self.first else self.present)
+            and pasts.min(initial=0) >= 0
+            and (self.first or pasts.max(initial=0) <= self.past)
+        )
+
+    def wgsl_invalid(self, length: str, total: str) -> str:
+        """WGSL condition: the run's values do not fit the plan (see :meth:`valid`)."""
+        limit = self.sq if self.first else self.present
+        past = self.wgsl_past(length)
+        checks = [f"{total} != {self.total}", f"{length} < 1", f"{length} > {limit}", f"{past} < 0"]
+        if not self.first:
+            checks.append(f"{past} > {self.past}")
+        return " || ".join(checks)
+
+
 def _mask_kernel(
-    shape: tuple[int, ...], attention_bias: TensorInfo | None, window: int, target: Binding, caps: DeviceCaps
+    steps: _Steps,
+    shape: tuple[int, ...],
+    attention_bias: TensorInfo | None,
+    window: int,
+    target: Binding,
+    caps: DeviceCaps,
 ) -> KernelSpec:
-    """A first prompt's additive mask ``[B, heads or 1, S, S]`` from ``seqlens_k`` (0 where a key is seen, -inf
-    where not, plus the attention bias); flags the run where ``total_sequence_length`` is not ``S`` or a length does
-    not fit."""
-    batch, heads, sq, _ = shape
+    """The additive mask ``[B, heads or 1, S, T]`` from ``seqlens_k`` (0 where a key is seen, -inf where not, plus
+    the attention bias); flags the run where ``total_sequence_length`` or a length does not fit the plan."""
+    batch, heads, sq, keys = shape
     count = int(np.prod(shape))
     table = BindingTable()
     lengths = table.add(Binding("input", 5), "i32")
@@ -266,28 +340,29 @@ def _mask_kernel(
     if attention_bias is not None:
         element = float_element(attention_bias)
         name = table.add(Binding("input", 10), element)
-        b_stride = int(attention_bias.shape[1]) * sq * sq if int(attention_bias.shape[0]) != 1 else 0
-        h_stride = sq * sq if int(attention_bias.shape[1]) != 1 else 0
-        added = f"m = f32({name}[b * {b_stride}u + h * {h_stride}u + i * {sq}u + j]) + m;"
+        b_stride = int(attention_bias.shape[1]) * sq * keys if int(attention_bias.shape[0]) != 1 else 0
+        h_stride = sq * keys if int(attention_bias.shape[1]) != 1 else 0
+        added = f"m = f32({name}[b * {b_stride}u + h * {h_stride}u + i * {keys}u + j]) + m;"
     status = table.add(Binding("status"), "atomic<u32>", writable=True)
     out = table.add(target, "f32", writable=True)
     grid = grid_for_groups(-(-count // THREADS), caps)
-    windowed = f" || i32(j) <= i32(i) - {window}" if window > 0 else ""
+    windowed = f" || i32(j) <= position - {window}" if window > 0 else ""
     wgsl = f"""{table.enables()}{table.declarations()}
 @compute @workgroup_size({THREADS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
     let n = {workgroup_index(grid)} * {THREADS}u + li;
     if (n >= {count}u) {{ return; }}
-    let j = n % {sq}u;
-    let i = (n / {sq}u) % {sq}u;
-    let h = (n / {sq * sq}u) % {heads}u;
-    let b = n / {sq * sq * heads}u;
+    let j = n % {keys}u;
+    let i = (n / {keys}u) % {sq}u;
+    let h = (n / {sq * keys}u) % {heads}u;
+    let b = n / {sq * keys * heads}u;
     _ = h;
     let length = {lengths}[b] + 1;
-    if ({total}[0] != {sq} || length < 1 || length > {sq}) {{ atomicOr(&{status}[0], 1u); }}
+    if ({steps.wgsl_invalid("length", f"{total}[0]")}) {{ atomicOr(&{status}[0], 1u); }}
+    let position = {steps.wgsl_past("length")} + i32(i);
     var bits = 0xff800000u;
     var m = 0.0;
-    if (i32(j) >= length || j > i{windowed}) {{ m = bitcast<f32>(bits); }}
+    if (i32(j) >= length || i32(j) > position{windowed}) {{ m = bitcast<f32>(bits); }}
     {added}
     {out}[n] = m;
 }}
@@ -295,9 +370,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
         seen = arrays[0][: 4 * batch].view(np.int32).astype(np.int64) + 1
-        if int(arrays[1][:4].view(np.int32)[0]) != sq or seen.min() < 1 or seen.max() > sq:
+        if not steps.valid(seen, int(arrays[1][:4].view(np.int32)[0])):
             arrays[-2][:4] = np.frombuffer(np.uint32(1).tobytes(), dtype=np.uint8)
-        mask = np.where(_allowed(seen, np.zeros(batch, np.int64), sq, sq, window), np.float32(0), -np.inf)
+        allowed = _allowed(seen, steps.pasts(seen), sq, keys, window)
+        mask = np.where(allowed, np.float32(0), -np.inf)
         if attention_bias is not None:
             bias = arrays[2][: attention_bias.nbytes].view(attention_bias.dtype).reshape(attention_bias.shape)
             mask = bias.astype(np.float32) + mask
@@ -307,10 +383,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     return KernelSpec(OP, wgsl, grid, tuple(table.bindings), twin)
 
 
-def _positions_kernel(batch: int, sq: int, target: Binding, caps: DeviceCaps) -> KernelSpec:
-    """A first prompt's rotary positions, int64 ``[B, S]``: ``0 .. S - 1`` in every batch (onnxruntime's CPU kernel
-    rotates a padded row at its index too)."""
+def _positions_kernel(steps: _Steps, target: Binding, caps: DeviceCaps) -> KernelSpec:
+    """The rotary positions, int64 ``[B, S]``: ``past_b + i`` (a first prompt: ``i`` in every batch, onnxruntime's
+    CPU kernel rotating a padded row at its index too)."""
+    batch, sq = steps.batch, steps.sq
     table = BindingTable()
+    lengths = table.add(Binding("input", 5), "i32")
     out = table.add(target, "u32", writable=True)
     count = batch * sq
     grid = grid_for_groups(-(-count // THREADS), caps)
@@ -319,13 +397,82 @@ def _positions_kernel(batch: int, sq: int, target: Binding, caps: DeviceCaps) ->
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
     let n = {workgroup_index(grid)} * {THREADS}u + li;
     if (n >= {count}u) {{ return; }}
-    {out}[2u * n] = n % {sq}u;
+    let b = n / {sq}u;
+    let length = {lengths}[b] + 1;
+    _ = length;
+    let position = max({steps.wgsl_past("length")}, 0) + i32(n % {sq}u);
+    {out}[2u * n] = u32(position);
     {out}[2u * n + 1u] = 0u;
 }}
 """
 
     def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
-        ids = np.broadcast_to(np.arange(sq, dtype=np.int64), (batch, sq))
-        arrays[0][: 8 * count] = np.ascontiguousarray(ids).reshape(-1).view(np.uint8)
+        seen = arrays[0][: 4 * batch].view(np.int32).astype(np.int64) + 1
+        ids = np.maximum(steps.pasts(seen), 0)[:, None] + np.arange(sq, dtype=np.int64)[None, :]
+        arrays[1][: 8 * count] = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1).view(np.uint8)
+
+    return KernelSpec(OP, wgsl, grid, tuple(table.bindings), twin)
+
+
+def _cache_kernel(
+    steps: _Steps,
+    kv_heads: int,
+    head: int,
+    new: tuple[Binding, TensorInfo],
+    past: tuple[Binding, TensorInfo] | None,
+    target: Binding,
+    caps: DeviceCaps,
+) -> KernelSpec:
+    """A cache ``[B, T, Nkv * H]`` (token-major, as the attention reads it): batch ``b``'s first ``past_b``
+    positions from ``past`` ``[B, Nkv, P, H]``, the ``S`` new ones from ``new`` ``[B, S, Nkv * H]`` after them, zeros
+    after those; ``past_b`` read at run time (lengths that do not fit are flagged by the mask kernel)."""
+    batch, sq, keys, kv = steps.batch, steps.sq, steps.present, kv_heads * head
+    count = batch * keys * kv
+    dtype = new[1].dtype
+    element = float_element(new[1])
+    table = BindingTable()
+    lengths = table.add(Binding("input", 5), "i32")
+    fresh = table.add(new[0], element)
+    cached = table.add(past[0], element) if past is not None else ""
+    out = table.add(target, element, writable=True)
+    grid = grid_for_groups(-(-count // THREADS), caps)
+    from_past = (
+        f"if (t < past_b) {{ value = {cached}[((b * {kv_heads}u + n) * {steps.past}u + u32(t)) * {head}u + d]; }}"
+        if past is not None
+        else ""
+    )
+    wgsl = f"""{table.enables()}{table.declarations()}
+@compute @workgroup_size({THREADS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
+    let m = {workgroup_index(grid)} * {THREADS}u + li;
+    if (m >= {count}u) {{ return; }}
+    let d = m % {head}u;
+    let n = (m / {head}u) % {kv_heads}u;
+    let t = i32((m / {kv}u) % {keys}u);
+    let b = m / {kv * keys}u;
+    let length = {lengths}[b] + 1;
+    _ = length;
+    let past_b = clamp({steps.wgsl_past("length")}, 0, {steps.past});
+    var value = {element}(0.0);
+    {from_past}
+    if (t >= past_b && t < past_b + {sq}) {{ value = {fresh}[(b * {sq}u + u32(t - past_b)) * {kv}u + n * {head}u + d]; }}
+    {out}[m] = value;
+}}
+"""
+
+    def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
+        seen = arrays[0][: 4 * batch].view(np.int32).astype(np.int64) + 1
+        pasts = np.clip(steps.pasts(seen), 0, steps.past)
+        new_values = arrays[1][: batch * sq * kv * dtype.itemsize].view(dtype).reshape(batch, sq, kv)
+        if past is not None:
+            past_values = arrays[2][: past[1].nbytes].view(dtype).reshape(batch, kv_heads, steps.past, head)
+        result = np.zeros((batch, keys, kv), dtype)
+        for b in range(batch):
+            p = int(pasts[b])
+            if p and past is not None:
+                result[b, :p] = past_values[b, :, :p].transpose(1, 0, 2).reshape(p, kv)
+            stop = min(p + sq, keys)
+            result[b, p:stop] = new_values[b, : stop - p]
+        arrays[-1][: result.nbytes] = result.reshape(-1).view(np.uint8)
 
     return KernelSpec(OP, wgsl, grid, tuple(table.bindings), twin)
