@@ -84,13 +84,6 @@ def plan_for_binding(
                 f"cannot capture with host values bound ({sorted(host + host_out)}): a captured graph replays device "
                 f"buffers only; bind device values and update them with value.update_inplace(array)"
             )
-        buffers = [v._device_buffer for v in outputs.values()]
-        identities = [b.identity for b in buffers if b is not None]
-        if len(set(identities)) != len(identities):
-            raise CaptureStateError("two outputs are bound to the same value; bind a distinct value to each output")
-        input_ids = {v._device_buffer.identity for v in inputs.values() if v._device_buffer is not None}
-        if input_ids & set(identities):
-            raise CaptureStateError("a value is bound both as an input and as an output; bind distinct values")
     shapes = {n: tuple(v.shape()) for n, v in inputs.items()}
     shapes.update({n: tuple(a.shape) for n, a in cpu_inputs.items()})
     dtypes = {n: v.dtype for n, v in inputs.items()}
@@ -116,6 +109,7 @@ def plan_for_binding(
                 f"output {name!r} is {info.dtype} of shape {list(info.shape)} for these inputs, but the bound value is "
                 f"{value.dtype} of shape {value.shape()}; bind a value of that dtype and shape"
             )
+    _check_shared_buffers(plan, inputs, outputs, for_capture)
     read_on_host = sorted(set(cpu_inputs) - plan.unread_inputs)
     if for_capture and read_on_host:
         raise CaptureStateError(
@@ -128,3 +122,33 @@ def plan_for_binding(
             f"why), and a captured graph can only replay device work; run this model with gpu_graph_id=-1"
         )
     return plan
+
+
+def _check_shared_buffers(
+    plan: ExecutionPlan, inputs: dict[str, Any], outputs: dict[str, Any], for_capture: bool
+) -> None:
+    """Refuse two outputs bound to one device buffer, and an input and an output bound to one buffer unless they are
+    an operator's in-place pair that the plan reads before it writes (:meth:`ExecutionPlan.may_share`: a KV cache
+    updated in place); the error names the pair and what to do."""
+    error = CaptureStateError if for_capture else InvalidArgumentError
+    by_buffer: dict[Any, str] = {}
+    for name, value in outputs.items():
+        buffer = value._device_buffer
+        if buffer is None:
+            continue
+        other = by_buffer.setdefault(buffer.identity, name)
+        if other != name:
+            raise error(
+                f"outputs {other!r} and {name!r} are bound to the same value; bind a distinct value to each output"
+            )
+    for name, value in inputs.items():
+        buffer = value._device_buffer
+        if buffer is None or buffer.identity not in by_buffer:
+            continue
+        output = by_buffer[buffer.identity]
+        if not plan.may_share(name, output):
+            raise error(
+                f"input {name!r} and output {output!r}: one value bound both as an input and as an output; bind "
+                "distinct values (only an operator's cache may be updated in place, where it reads the input before "
+                "writing the output: GroupQueryAttention's past and present keys and values)"
+            )

@@ -131,6 +131,61 @@ class ExecutionPlan:
         """The tensor whose buffer ``name`` lives in (following aliases)."""
         return root_of(self.tensors, name)
 
+    def buffer_events(self) -> list[tuple[frozenset[str], frozenset[str]]]:
+        """What each dispatch, host step and output copy reads and writes, in run order, as the root tensors of the
+        buffers it binds: (read, written)."""
+        events: list[tuple[frozenset[str], frozenset[str]]] = []
+        copies: dict[int, list[tuple[str, str]]] = {}
+        for index, output, source in self.output_copies:
+            copies.setdefault(index, []).append((source, output))
+
+        def add_copies(index: int) -> None:
+            for source, output in copies.get(index, []):
+                events.append((frozenset({self.root(source)}), frozenset({self.root(output)})))
+
+        add_copies(-1)
+        for index, step in enumerate(self.steps):
+            inputs = [self.root(name) if name else "" for name in step.inputs]
+            outputs = [self.root(name) if name else "" for name in step.outputs]
+            if step.op_plan is None:
+                events.append((frozenset(n for n in inputs if n), frozenset(n for n in outputs if n)))
+            else:
+                for kernel in step.op_plan.kernels:
+                    read = {inputs[b.index] for b in kernel.bindings if b.kind == "input" and b.index < len(inputs)}
+                    written = {
+                        outputs[b.index] for b in kernel.bindings if b.kind == "output" and b.index < len(outputs)
+                    }
+                    events.append((frozenset(n for n in read if n), frozenset(n for n in written if n)))
+            add_copies(index)
+        return events
+
+    def may_share(self, read: str, written: str) -> bool:
+        """Whether graph input ``read`` and graph output ``written`` may be bound to one value: a step's operator
+        declares them an in-place pair (:attr:`~ortgpu.ops.Operator.in_place_pairs`, the input and output feeding
+        its positions directly) and the plan reads the input before it writes the output."""
+        for step in self.steps:
+            for position, output in step.operator.in_place_pairs:
+                if position >= len(step.inputs) or output >= len(step.outputs):
+                    continue
+                if step.inputs[position] and step.outputs[output]:
+                    if self.root(step.inputs[position]) == read and self.root(step.outputs[output]) == written:
+                        return self.reads_before_writes(read, written)
+        return False
+
+    def reads_before_writes(self, read: str, written: str) -> bool:
+        """Whether graph input ``read`` and graph output ``written`` may share one buffer: every dispatch, host step
+        or copy that reads the input comes before the first that writes the output, and none does both (a KV cache
+        read as the past and written as the present: GroupQueryAttention assembles the cache from the past before it
+        writes the present)."""
+        first_write = None
+        last_read = -1
+        for index, (reads, writes) in enumerate(self.buffer_events()):
+            if read in reads:
+                last_read = index
+            if written in writes and first_write is None:
+                first_write = index
+        return first_write is None or last_read < first_write
+
     def describe(self) -> str:
         lines = [f"{len(self.steps)} steps, {len(self.slot_sizes)} buffer slots ({sum(self.slot_sizes)} bytes)"]
         for name, op_type, where, reason, _ in self.placement:

@@ -204,6 +204,10 @@ class Operator:
     #: The later versions of the operator within this class's range whose differences it handles by reading
     #: ``self.opset`` (each an opset at which onnx changed the operator; a test checks them against onnx's schemas).
     opset_changes: ClassVar[tuple[int, ...]] = ()
+    #: (input position, output position) pairs one value may be bound to at once (a cache read as its past and
+    #: written as its present): the operator's contract that its plan reads the input before writing the output.
+    #: The run still checks that the model's whole plan does (:meth:`ExecutionPlan.reads_before_writes`).
+    in_place_pairs: ClassVar[tuple[tuple[int, int], ...]] = ()
 
     def __init__(self, opset: int = 0) -> None:
         #: The opset the model imports for this operator's domain; fixed for the instance's life.

@@ -134,6 +134,9 @@ class GroupQueryAttention(Operator):
     op_type = OP
     domain = "com.microsoft"
     since_version = 1
+    #: past_key / present_key and past_value / present_value may be one buffer (onnxruntime-genai's static cache):
+    #: the plan assembles each cache from the past before it writes the present.
+    in_place_pairs = ((3, 1), (4, 2))
 
     def output_infos_from_values(
         self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any], values: Mapping[int, np.ndarray]
