@@ -181,12 +181,14 @@ class DeviceProgram(Generic[_Buffer]):
             self._pipelines: list[list[int]] = []
             self._params: list[list[_ParamsEntry | None]] = []
             self._build_params_and_pipelines(pipeline_cache)
-            self._status_nodes = [
-                step.name
+            checking = [
+                step
                 for step in plan.steps
                 if step.op_plan is not None
                 and any(b.kind == "status" for kernel in step.op_plan.kernels for b in kernel.bindings)
             ]
+            self._status_nodes = [step.name for step in checking]
+            self._status_hints = sorted({step.operator.data_error_hint for step in checking} - {""})
             if self._status_nodes:
                 self._status_buffer = device.create_buffer(STATUS_BYTES, label="status")
                 device.write_buffer(self._status_buffer, 0, bytes(STATUS_BYTES))
@@ -520,9 +522,10 @@ class DeviceProgram(Generic[_Buffer]):
         status = np.frombuffer(self.device.read_buffer(self._status_buffer, 0, STATUS_BYTES), dtype=np.uint32)
         if status[0]:
             nodes = ", ".join(repr(name) for name in self._status_nodes)
+            hints = "".join(f"; {hint}" for hint in self._status_hints)
             raise InvalidArgumentError(
-                f"the run read an index out of range in one of the nodes {nodes} (found on the device; onnxruntime "
-                "refuses such indices too): its outputs are not valid; check the index inputs"
+                f"the run found invalid input data in one of the nodes {nodes} (an index or length out of range, "
+                f"found on the device; onnxruntime refuses such inputs too): its outputs are not valid{hints}"
             )
 
     def _read(

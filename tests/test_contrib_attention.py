@@ -516,7 +516,7 @@ def test_group_query_attention_decoding_refuses_lengths_that_do_not_fit(seqlens:
         first = session.run(None, feeds)
         placements = session.get_node_placement({k: v.shape for k, v in feeds.items()}, feeds)
         assert {p.placement for p in placements} == {"webgpu"}
-        with pytest.raises(InvalidArgumentError):
+        with pytest.raises(InvalidArgumentError, match="must hold the new tokens and fit the present cache"):
             session.run(None, {**feeds, "seqlens": np.array(seqlens, np.int32)})
         for before, after in zip(first, session.run(None, feeds)):
             np.testing.assert_array_equal(np.asarray(before), np.asarray(after))

@@ -472,7 +472,7 @@ def test_dynamic_quantize_lstm_invalid_lengths_raise(lengths: list[int], env: An
     with ortgpu.InferenceSession(model.SerializeToString(), env=env) as session:
         assert {p.placement for p in session.get_node_placement()} == {"webgpu"}
         first = session.run(None, feeds)
-        with pytest.raises(InvalidArgumentError):
+        with pytest.raises(InvalidArgumentError, match=r"sequence_lens must lie in \[0, seq_length\]"):
             session.run(None, {**feeds, "lengths": np.array(lengths, np.int32)})
         for before, after in zip(first, session.run(None, feeds)):
             np.testing.assert_array_equal(np.asarray(before), np.asarray(after))

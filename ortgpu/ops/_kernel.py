@@ -208,6 +208,9 @@ class Operator:
     #: written as its present): the operator's contract that its plan reads the input before writing the output.
     #: The run still checks that the model's whole plan does (:meth:`ExecutionPlan.reads_before_writes`).
     in_place_pairs: ClassVar[tuple[tuple[int, int], ...]] = ()
+    #: What a run's invalid-data error adds where this operator's kernels flag the status word: which input values
+    #: must fit what (the default message says an index or a length was out of range).
+    data_error_hint: ClassVar[str] = ""
 
     def __init__(self, opset: int = 0) -> None:
         #: The opset the model imports for this operator's domain; fixed for the instance's life.

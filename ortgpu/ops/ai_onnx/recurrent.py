@@ -53,6 +53,7 @@ class _Recurrent(Operator):
     default_activations: tuple[str, ...] = ("Tanh",)
     #: hidden-state-like inputs (initial_h, and initial_c for LSTM) by input position
     state_inputs: tuple[int, ...] = (5,)
+    data_error_hint = "RNN, GRU and LSTM: sequence_lens must lie in [0, seq_length]"
 
     def plan(
         self,

@@ -137,6 +137,10 @@ class GroupQueryAttention(Operator):
     #: past_key / present_key and past_value / present_value may be one buffer (onnxruntime-genai's static cache):
     #: the plan assembles each cache from the past before it writes the present.
     in_place_pairs = ((3, 1), (4, 2))
+    data_error_hint = (
+        "GroupQueryAttention: each seqlens_k + 1 must hold the new tokens and fit the present cache (a decode step "
+        "past a full cache), and total_sequence_length must be the value the session planned for"
+    )
 
     def output_infos_from_values(
         self, inputs: Sequence[TensorInfo | None], attrs: Mapping[str, Any], values: Mapping[int, np.ndarray]

@@ -82,6 +82,7 @@ class DynamicQuantizeLSTM(Operator):
     op_type = "DynamicQuantizeLSTM"
     domain = "com.microsoft"
     since_version = 1
+    data_error_hint = "DynamicQuantizeLSTM: sequence_lens must lie in [0, seq_length]"
 
     def _check(self, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> None:
         x, w, r = (inputs[i] if len(inputs) > i else None for i in range(3))
