@@ -454,6 +454,8 @@ GQA_CASES = {
     "rotary_interleaved": dict(seqlens=[3, 3], rotary=True, rotary_interleaved=1),
     "softcap_scale": dict(seqlens=[3, 3], softcap=2.0, scale=0.2),
     "packed": dict(seqlens=[3, 3], packed=True, rotary=True),
+    # a first prompt into a static cache of 8 positions (past buffers given, none of their rows used)
+    "static_cache": dict(seqlens=[3, 2], past=8, queries=GS, total=GS, rotary=True),
 }
 
 
