@@ -9,6 +9,7 @@ importing each other.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Literal, Mapping
 
@@ -119,12 +120,29 @@ class ExecutionPlan:
         """Whether every step runs on the device, so the plan's work can be recorded as a graph."""
         return not any(step.placement == "cpu" for step in self.steps)
 
-    @property
+    @functools.cached_property
     def unread_inputs(self) -> frozenset[str]:
-        """Graph inputs no step reads and no output copies: inputs whose values were folded into the plan (a sample
-        rate that chose an ``If`` branch), or that no output depends on.  They need no device buffer."""
-        read = {name for step in self.steps for name in step.inputs if name}
-        read.update(source for _, _, source in self.output_copies)
+        """Graph inputs nothing reads: no host step, no kernel (through aliases: a Reshape's input is read where its
+        output is), no output copy.  Inputs whose values were folded into the plan (a sample rate that chose an
+        ``If`` branch, a total length that sized a cache), or that no output depends on.  They need no device
+        buffer, and a capture may keep them bound on the host."""
+        read: set[str] = set()
+
+        def mark(name: str) -> None:
+            if name:
+                read.add(self.root(name) if name in self.tensors else name)
+
+        for step in self.steps:
+            if step.op_plan is None:
+                for name in step.inputs:
+                    mark(name)
+                continue
+            for kernel in step.op_plan.kernels:
+                for binding in kernel.bindings:
+                    if binding.kind == "input" and binding.index < len(step.inputs):
+                        mark(step.inputs[binding.index])
+        for _, _, source in self.output_copies:
+            mark(source)
         return frozenset(name for name in self.input_infos if name not in read)
 
     def root(self, name: str) -> str:

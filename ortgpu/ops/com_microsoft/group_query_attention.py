@@ -20,7 +20,8 @@ left to onnxruntime's whim there (it softmaxes scores it never computed); here t
 On the device (float32, or float16 with ``shader-f16``), first prompts and decoding steps alike: copy kernels
 splitting a packed query, a kernel writing the rotary positions (``past_b + i``) and the standard RotaryEmbedding
 kernel on Q and K with ``do_rotary``, a kernel turning ``seqlens_k`` into an additive ``-inf`` mask (and flagging the
-run, which then raises, where ``total_sequence_length`` differs from the planned value or a length does not fit),
+run, which then raises, where a length does not fit; ``total_sequence_length`` is read by no kernel: its value made
+the plan),
 for a step with a past a kernel assembling each cache (the batch's past rows, its new rows at ``past_b``, zeros
 after: positions read at run time, so one plan serves every step of a fixed total length), the standard Attention
 kernel with its grouped heads, and copies into the present outputs.
@@ -139,7 +140,7 @@ class GroupQueryAttention(Operator):
     in_place_pairs = ((3, 1), (4, 2))
     data_error_hint = (
         "GroupQueryAttention: each seqlens_k + 1 must hold the new tokens and fit the present cache (a decode step "
-        "past a full cache), and total_sequence_length must be the value the session planned for"
+        "past a full cache)"
     )
 
     def output_infos_from_values(
@@ -307,22 +308,22 @@ class _Steps:
     def pasts(self, lengths: np.ndarray) -> np.ndarray:
         return np.zeros_like(lengths) if self.first else lengths - self.sq
 
-    def valid(self, lengths: np.ndarray, total: int) -> bool:
-        """Whether run-time ``lengths`` (seqlens_k + 1) and ``total`` fit the plan (as the reference checks)."""
+    def valid(self, lengths: np.ndarray) -> bool:
+        """Whether run-time ``lengths`` (seqlens_k + 1) fit the plan (as the reference checks; the total's value
+        made the plan, so it fits by construction and no kernel reads it)."""
         pasts = self.pasts(lengths)
         return bool(
-            total == self.total
-            and lengths.min(initial=1) >= 1
+            lengths.min(initial=1) >= 1
             and lengths.max(initial=0) <= (self.sq if self.first else self.present)
             and pasts.min(initial=0) >= 0
             and (self.first or pasts.max(initial=0) <= self.past)
         )
 
-    def wgsl_invalid(self, length: str, total: str) -> str:
-        """WGSL condition: the run's values do not fit the plan (see :meth:`valid`)."""
+    def wgsl_invalid(self, length: str) -> str:
+        """WGSL condition: the run's lengths do not fit the plan (see :meth:`valid`)."""
         limit = self.sq if self.first else self.present
         past = self.wgsl_past(length)
-        checks = [f"{total} != {self.total}", f"{length} < 1", f"{length} > {limit}", f"{past} < 0"]
+        checks = [f"{length} < 1", f"{length} > {limit}", f"{past} < 0"]
         if not self.first:
             checks.append(f"{past} > {self.past}")
         return " || ".join(checks)
@@ -337,12 +338,12 @@ def _mask_kernel(
     caps: DeviceCaps,
 ) -> KernelSpec:
     """The additive mask ``[B, heads or 1, S, T]`` from ``seqlens_k`` (0 where a key is seen, -inf where not, plus
-    the attention bias); flags the run where ``total_sequence_length`` or a length does not fit the plan."""
+    the attention bias); flags the run where a length does not fit the plan.  ``total_sequence_length`` is not read:
+    its value made the plan (so a capture may keep it bound on the host)."""
     batch, heads, sq, keys = shape
     count = int(np.prod(shape))
     table = BindingTable()
     lengths = table.add(Binding("input", 5), "i32")
-    total = table.add(Binding("input", 6), "i32")
     added = ""
     if attention_bias is not None:
         element = float_element(attention_bias)
@@ -365,7 +366,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let b = n / {sq * keys * heads}u;
     _ = h;
     let length = {lengths}[b] + 1;
-    if ({steps.wgsl_invalid("length", f"{total}[0]")}) {{ atomicOr(&{status}[0], 1u); }}
+    if ({steps.wgsl_invalid("length")}) {{ atomicOr(&{status}[0], 1u); }}
     let position = {steps.wgsl_past("length")} + i32(i);
     var bits = 0xff800000u;
     var m = 0.0;
@@ -377,12 +378,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
         seen = arrays[0][: 4 * batch].view(np.int32).astype(np.int64) + 1
-        if not steps.valid(seen, int(arrays[1][:4].view(np.int32)[0])):
+        if not steps.valid(seen):
             arrays[-2][:4] = np.frombuffer(np.uint32(1).tobytes(), dtype=np.uint8)
         allowed = _allowed(seen, steps.pasts(seen), sq, keys, window)
         mask = np.where(allowed, np.float32(0), -np.inf)
         if attention_bias is not None:
-            bias = arrays[2][: attention_bias.nbytes].view(attention_bias.dtype).reshape(attention_bias.shape)
+            bias = arrays[1][: attention_bias.nbytes].view(attention_bias.dtype).reshape(attention_bias.shape)
             mask = bias.astype(np.float32) + mask
         result = np.ascontiguousarray(np.broadcast_to(mask, shape), dtype=np.float32)
         arrays[-1][: result.nbytes] = result.reshape(-1).view(np.uint8)
