@@ -77,6 +77,7 @@ from ._ort_api import (
 from ._run_options import NodeArg, NodePlacement, RunOptions
 from ._session import InferenceSession
 from ._version import __version__
+from .generation import Generator
 
 __all__ = [
     "__version__",
@@ -84,6 +85,7 @@ __all__ = [
     "Device",
     "get_env",
     "InferenceSession",
+    "Generator",
     "RunOptions",
     "NodeArg",
     "NodePlacement",

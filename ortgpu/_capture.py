@@ -304,34 +304,42 @@ def check_replay_binding(graph: CapturedGraph, binding: AnyBinding) -> None:
 
 
 def verify_replay(host: CaptureHost, graph: CapturedGraph) -> None:
-    """Compare a replay with an uncaptured run of the same inputs: the uncaptured run first (into scratch values),
-    then the outputs poisoned, the replay, the comparison.  An output bound in place of an input (a KV cache) is not
-    poisoned, since that would change the input; the replay still has to match there."""
+    """Poison the outputs, replay, and compare with an uncaptured run of the same inputs.  An output bound in place
+    of an input (a KV cache) is not poisoned, since that would change the input; the input's contents before the
+    replay are kept, and the uncaptured run reads that copy."""
     host.check_open("replay a captured graph")
     graph._check_inputs()  # a replay that would be refused must not poison the outputs first
     frozen = graph.binding
     outputs = frozen.outputs()
+    inputs = dict(frozen.inputs())
+    shared = {v._device_buffer.identity for v in outputs.values() if v._device_buffer is not None}
+    kept = {
+        name: value.to_numpy()
+        for name, value in inputs.items()
+        if value._device_buffer is not None and value._device_buffer.identity in shared
+    }
+    in_place = {buffer.identity for name in kept if (buffer := inputs[name]._device_buffer) is not None}
+    for value in outputs.values():
+        buffer = value._device_buffer
+        assert buffer is not None
+        if value.nbytes and buffer.identity not in in_place:
+            buffer.write(b"\xff" * buffer.nbytes)
+    graph._replay_unchecked()
+    replayed = {name: value.to_numpy() for name, value in outputs.items()}
     plan = host.bound_plan(frozen, for_capture=True)
     scratch = {name: host.allocator.empty(value.shape(), value.dtype) for name, value in outputs.items()}
+    copies = {name: host.allocator.from_numpy(array) for name, array in kept.items()}
     try:
         with host.lock:
-            host.run_bound(plan, frozen.inputs(), frozen.cpu_inputs(), dict(scratch))
-        expected = {name: value.to_numpy() for name, value in scratch.items()}
-        inputs = {v._device_buffer.identity for v in frozen.inputs().values() if v._device_buffer is not None}
-        for value in outputs.values():
-            buffer = value._device_buffer
-            assert buffer is not None
-            if value.nbytes and buffer.identity not in inputs:
-                buffer.write(b"\xff" * buffer.nbytes)
-        graph._replay_unchecked()
-        for name, value in outputs.items():
-            replayed, wanted = value.to_numpy(), expected[name]
-            same = np.array_equal(replayed, wanted, equal_nan=wanted.dtype.kind == "f")
+            host.run_bound(plan, {**inputs, **copies}, frozen.cpu_inputs(), dict(scratch))
+        for name, value in scratch.items():
+            expected = value.to_numpy()
+            same = np.array_equal(replayed[name], expected, equal_nan=expected.dtype.kind == "f")
             if not same:
                 raise CaptureStateError(
                     f"verify: output {name!r} of graph {graph.label} differs from an uncaptured run on the same inputs: "
                     f"the replay produced stale or unwritten data"
                 )
     finally:
-        for value in scratch.values():
+        for value in [*scratch.values(), *copies.values()]:
             value.release()

@@ -524,8 +524,8 @@ class DeviceProgram(Generic[_Buffer]):
             nodes = ", ".join(repr(name) for name in self._status_nodes)
             hints = "".join(f"; {hint}" for hint in self._status_hints)
             raise InvalidArgumentError(
-                f"the run found invalid input data in one of the nodes {nodes} (an index or length out of range, "
-                f"found on the device; onnxruntime refuses such inputs too): its outputs are not valid{hints}"
+                f"the run read an index out of range (or a length that does not fit) in one of the nodes {nodes} "
+                f"(found on the device; onnxruntime refuses such inputs too): its outputs are not valid{hints}"
             )
 
     def _read(

@@ -468,6 +468,8 @@ class CaptureMachine(RuleBasedStateMachine):
                 self.illegal(InvalidArgumentError, run)
             elif any(self.values[binding.bound[name]].released for name in NAMES):
                 self.illegal(ReleasedValueError, run)
+            elif binding.bound["X"] == binding.bound["Y"]:
+                self.illegal(InvalidArgumentError, run)  # one value as input and output: only a cache may be
             else:
                 run()
                 self.check_outputs(binding.bound, "an ordinary run_with_iobinding")
