@@ -137,6 +137,24 @@ def test_greedy_tokens_equal_onnxruntime(
     np.testing.assert_array_equal(again, expected)
 
 
+@pytest.mark.parametrize("capture", [True, False], ids=["captured", "uncaptured"])
+def test_greedy_tokens_of_a_4bit_model_equal_onnxruntime_on_the_same_file(env: ortgpu.Env, capture: bool) -> None:
+    """The model's projections quantized to 4 bits by onnxruntime's MatMulNBitsQuantizer (MatMulNBits next to
+    GroupQueryAttention in every step's graph): the tokens equal onnxruntime CPU's on the quantized file."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(_genai_model(2, 1, seed=5), bits=4, block_size=16)
+    quantizer.process()
+    model: onnx.ModelProto = quantizer.model.model
+    assert sum(node.op_type == "MatMulNBits" for node in model.graph.node) == 9
+    prompt = np.random.default_rng(8).integers(0, VOCAB, (1, 4)).astype(np.int64)
+    new_tokens = MAX_LENGTH - prompt.shape[1] + 1
+    expected = _onnxruntime_tokens(model, prompt, new_tokens, 2)
+    with ortgpu.Generator(model, env=env, capture=capture) as generator:
+        got = np.stack(list(generator.generate(prompt, new_tokens)), axis=1)
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_generate_refuses_what_does_not_fit(env: ortgpu.Env) -> None:
     model = _genai_model(1, 1)
     with ortgpu.Generator(model, env=env) as generator:
