@@ -306,6 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure a captured replay with profiling off vs on, interleaved (p50s, ratio on/off, GPU time per "
         "replay from timestamps); not with --threads, --vs, --overhead, --plot",
     )
+    parser.add_argument(
+        "--generate",
+        default=None,
+        metavar="MODEL",
+        help="token generation with ortgpu.Generator, captured vs uncaptured: MODEL is an .onnx in onnxruntime-genai's "
+        "static-cache layout or decoder-LAYERS-HIDDEN (built with random weights; bench/generate.py); --rounds "
+        "timed generations per arm",
+    )
+    parser.add_argument("--prompt-len", type=int, default=128, help="with --generate: prompt tokens per row")
+    parser.add_argument("--new-tokens", type=int, default=128, help="with --generate: tokens generated per row")
     add_torch_arguments(parser)
     return parser
 
@@ -313,6 +323,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.generate is not None:
+        from .generate import parse_decoder, run_generate
+
+        try:
+            parse_decoder(args.generate)
+        except ValueError as error:
+            parser.error(str(error))
+        if args.prompt_len < 1 or args.new_tokens < 2 or args.rounds < 1 or args.batch < 1:
+            parser.error("--generate needs --prompt-len >= 1, --new-tokens >= 2, --rounds >= 1 and --batch >= 1")
+        return run_generate(args)
     if args.vs == "torch" or args.zoo is not None:
         return run_vs_torch(args, parser, argv)
     if args.profile_overhead and (

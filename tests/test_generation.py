@@ -1,8 +1,9 @@
 """ortgpu.Generator: greedy decoding of a model in onnxruntime-genai's static-cache layout, the tokens equal to
 onnxruntime CPU's greedy loop over the same model, captured and uncaptured, on both backends.
 
-The models are written with ``onnx.helper`` as the builder writes them: seqlens_k from the attention mask's sum,
-total_sequence_length from its width (the cache's), GroupQueryAttention with rotary embeddings per layer.
+The models come from ``bench.generate.build_decoder`` (``onnx.helper``, as onnxruntime-genai's builder lays them out:
+seqlens_k from the attention mask's sum, total_sequence_length from its width, the cache's; GroupQueryAttention with
+rotary embeddings, an MLP and residuals per layer).
 """
 
 from __future__ import annotations
@@ -13,80 +14,17 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from onnx import TensorProto, helper
 
 import ortgpu
+from bench.generate import build_decoder
 from ortgpu_core import InvalidArgumentError, ModelError
 
-HEADS, KV_HEADS, HEAD, VOCAB, MAX_LENGTH = 4, 2, 16, 41, 12
-HIDDEN = HEADS * HEAD
+HEAD, VOCAB, MAX_LENGTH, HIDDEN = 16, 41, 12, 64
+KV_HEADS = 1  # build_decoder's: a quarter of the HIDDEN / HEAD query heads
 
 
 def _genai_model(layers: int, batch: int, positions: bool = False, seed: int = 0) -> onnx.ModelProto:
-    rng = np.random.default_rng(seed)
-
-    def weight(name: str, shape: tuple[int, ...], scale: float = 0.3) -> onnx.TensorProto:
-        return onnx.numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
-
-    angles = np.arange(MAX_LENGTH)[:, None] * (1.0 / 10000 ** (np.arange(HEAD // 2) / (HEAD // 2)))[None, :]
-    initializers = [
-        weight("embed", (VOCAB, HIDDEN), 1.0),
-        weight("head", (HIDDEN, VOCAB)),
-        onnx.numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos"),
-        onnx.numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin"),
-        onnx.numpy_helper.from_array(np.array([1], np.int64), "axis1"),
-        onnx.numpy_helper.from_array(np.array(1, np.int64), "one"),
-    ]
-    nodes = [
-        helper.make_node("ReduceSum", ["attention_mask", "axis1"], ["mask_sum"], keepdims=0),
-        helper.make_node("Sub", ["mask_sum", "one"], ["seqlens_64"]),
-        helper.make_node("Cast", ["seqlens_64"], ["seqlens_k"], to=TensorProto.INT32),
-        helper.make_node("Shape", ["attention_mask"], ["mask_shape"]),
-        helper.make_node("Gather", ["mask_shape", "one"], ["total_64"]),
-        helper.make_node("Cast", ["total_64"], ["total"], to=TensorProto.INT32),
-        helper.make_node("Gather", ["embed", "input_ids"], ["x0"]),
-    ]
-    cache = [batch, KV_HEADS, MAX_LENGTH, HEAD]
-    inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, [batch, "sequence"]),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, MAX_LENGTH]),
-    ]
-    if positions:  # read by nothing but a residual term, as some exports keep it
-        inputs.append(helper.make_tensor_value_info("position_ids", TensorProto.INT64, [batch, "sequence"]))
-        initializers.append(weight("position_embed", (MAX_LENGTH, HIDDEN), 0.5))
-        nodes += [helper.make_node("Gather", ["position_embed", "position_ids"], ["pe"]),
-                  helper.make_node("Add", ["x0", "pe"], ["x0p"])]  # fmt: skip
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, "sequence", VOCAB])]
-    x = "x0p" if positions else "x0"
-    for layer in range(layers):
-        names = [f"wq{layer}", f"wk{layer}", f"wv{layer}", f"wo{layer}"]
-        shapes = [(HIDDEN, HIDDEN), (HIDDEN, KV_HEADS * HEAD), (HIDDEN, KV_HEADS * HEAD), (HIDDEN, HIDDEN)]
-        initializers += [weight(n, s) for n, s in zip(names, shapes)]
-        past = [f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"]
-        present = [f"present.{layer}.key", f"present.{layer}.value"]
-        nodes += [
-            helper.make_node("MatMul", [x, names[0]], [f"q{layer}"]),
-            helper.make_node("MatMul", [x, names[1]], [f"k{layer}"]),
-            helper.make_node("MatMul", [x, names[2]], [f"v{layer}"]),
-            helper.make_node(
-                "GroupQueryAttention",
-                [f"q{layer}", f"k{layer}", f"v{layer}", *past, "seqlens_k", "total", "cos", "sin"],
-                [f"a{layer}", *present],
-                domain="com.microsoft",
-                num_heads=HEADS,
-                kv_num_heads=KV_HEADS,
-                do_rotary=1,
-            ),  # fmt: skip
-            helper.make_node("MatMul", [f"a{layer}", names[3]], [f"o{layer}"]),
-            helper.make_node("Add", [x, f"o{layer}"], [f"x{layer + 1}"]),
-        ]
-        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, cache) for n in past]
-        outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, cache) for n in present]
-        x = f"x{layer + 1}"
-    nodes.append(helper.make_node("MatMul", [x, "head"], ["logits"]))
-    graph = helper.make_graph(nodes, "genai", inputs, outputs, initializers)
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    return helper.make_model(graph, opset_imports=opsets)
+    return build_decoder(layers, HIDDEN, MAX_LENGTH, batch, vocabulary=VOCAB, head=HEAD, seed=seed, positions=positions)
 
 
 def _onnxruntime_tokens(model: onnx.ModelProto, prompt: np.ndarray, new_tokens: int, layers: int) -> np.ndarray:
@@ -146,7 +84,7 @@ def test_greedy_tokens_of_a_4bit_model_equal_onnxruntime_on_the_same_file(env: o
     quantizer = MatMulNBitsQuantizer(_genai_model(2, 1, seed=5), bits=4, block_size=16)
     quantizer.process()
     model: onnx.ModelProto = quantizer.model.model
-    assert sum(node.op_type == "MatMulNBits" for node in model.graph.node) == 9
+    assert sum(node.op_type == "MatMulNBits" for node in model.graph.node) == 2 * 6 + 1
     prompt = np.random.default_rng(8).integers(0, VOCAB, (1, 4)).astype(np.int64)
     new_tokens = MAX_LENGTH - prompt.shape[1] + 1
     expected = _onnxruntime_tokens(model, prompt, new_tokens, 2)
@@ -176,3 +114,32 @@ def test_a_model_without_a_static_cache_is_refused(env: ortgpu.Env) -> None:
     del plain.graph.input[2:]
     with pytest.raises(ModelError, match="KV cache"):
         ortgpu.Generator(plain, env=env)
+
+
+def test_bench_generate_reports_both_arms(backend_name: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m bench --generate decoder-LAYERS-HIDDEN``: prefill and per-token decode times of both arms, which
+    chose the same tokens, in the table and the JSON."""
+    import json
+
+    from bench.__main__ import main
+
+    path = tmp_path / "generate.json"
+    argv = ["--generate", "decoder-1-64", "--prompt-len", "3", "--new-tokens", "4", "--rounds", "1",
+            "--backend", backend_name, "--json", str(path)]  # fmt: skip
+    assert main(argv) == 0
+    assert "captured decode is" in capsys.readouterr().out
+    report = json.loads(path.read_text())
+    assert set(report["summary"]) == {"captured", "uncaptured"}
+    for arm in report["arms"].values():
+        assert len(arm["prefill_ms"]) == 1 and len(arm["decode_ms"]) == 3
+        assert all(value > 0 for value in arm["decode_ms"])
+    assert report["decode_speedup"] > 0
+
+
+@pytest.mark.parametrize("text", ["decoder-x-64", "decoder-1-60", "decoder-0-64"])
+def test_bench_generate_refuses_a_malformed_decoder(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--generate", text])
+    assert "--generate" in capsys.readouterr().err
