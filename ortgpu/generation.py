@@ -1,4 +1,4 @@
-"""Greedy token generation with a static KV cache and captured decode steps: :class:`Generator`.
+"""Token generation with a static KV cache and captured decode steps: :class:`Generator`.
 
 The model is a causal LM in onnxruntime-genai's static-cache layout:
 
@@ -9,8 +9,9 @@ The model is a causal LM in onnxruntime-genai's static-cache layout:
   the GroupQueryAttention node that reads the past of the same name (so the cache is updated in place: see the
   README's "Lifetimes, copies and threads").
 
-The generator appends the choice of the next token to the graph (the last position's logits, ArgMax), so a step
-reads back only the token ids.  The prompt runs as one ordinary run; each later step is a replay of one of two
+The generator appends the choice of the next token to the graph (:func:`with_next_token`: the last position's
+logits, temperature, top-k, top-p, a seeded Gumbel-max draw; top-k 1 is greedy), so a step reads back only the
+token ids.  The prompt runs as one ordinary run; each later step is a replay of one of two
 captured graphs, which ping-pong the token between two device values (a value is never a graph's input and output
 at once).  The attention mask (and position ids) are written from the host before each step, a few bytes per row.
 """
@@ -30,33 +31,113 @@ from ortgpu_core import Env, InvalidArgumentError, ModelError
 from ._run_options import RunOptions
 from ._session import InferenceSession
 
-__all__ = ["Generator"]
+__all__ = ["Generator", "with_next_token", "TOP_K", "SAMPLING", "RANDOM"]
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _NEXT = "ortgpu_next_token_ids"
 
 
-def _with_next_token(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` with output ``_NEXT`` ``[batch, 1]`` (int64): ArgMax of the last position's logits."""
+#: The inputs the next-token subgraph adds: top-k (int64 [1]; 1 is greedy), temperature and top-p (float32 [2]), the
+#: random stream's seed and step (uint32 [2]).
+TOP_K, SAMPLING, RANDOM = "ortgpu_top_k", "ortgpu_sampling", "ortgpu_random"
+#: Odd 32-bit constants mixing seed, step, row and candidate into one word, and the finalizer's multipliers.
+_MIX = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F)
+_FINAL = (0x7FEB352D, 0x846CA68B)
+
+
+def with_next_token(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose output ``ortgpu_next_token_ids`` ``[batch, 1]`` (int64) is the next token, chosen
+    from the last position's logits by standard ONNX operators, so any runtime computes the same choice:
+
+    the logits divided by the temperature, their ``top_k`` largest (TopK: ties to the lower index), a softmax over
+    those, the candidates whose preceding cumulative probability is below ``top_p`` kept, then the Gumbel-max trick:
+    the kept candidate of the largest ``log p + g``, ``g = -log(-log u)`` with ``u`` in (0, 1) from a hash of (seed,
+    step, row, candidate) in uint32 arithmetic (shift-add-multiply rounds: opset 17 has no bitwise xor).  ``top_k`` 1 is greedy decoding: the first index of the largest
+    logit, as ArgMax chooses it."""
     chosen = onnx.ModelProto()
     chosen.CopyFrom(model)
     graph = chosen.graph
-    names = {"starts": -1, "ends": np.iinfo(np.int64).max, "axes": 1}
-    for name, value in names.items():
-        graph.initializer.append(onnx.numpy_helper.from_array(np.array([value], np.int64), f"ortgpu_last_{name}"))
-    graph.node.append(
-        helper.make_node(
-            "Slice", ["logits", "ortgpu_last_starts", "ortgpu_last_ends", "ortgpu_last_axes"], ["ortgpu_last_logits"]
-        )
-    )
-    graph.node.append(helper.make_node("ArgMax", ["ortgpu_last_logits"], ["ortgpu_argmax"], axis=-1, keepdims=0))
+    constants: dict[str, np.ndarray] = {
+        "last_starts": np.array([-1], np.int64),
+        "last_ends": np.array([np.iinfo(np.int64).max], np.int64),
+        "axis1": np.array([1], np.int64),
+        "axis_last": np.array(-1, np.int64),
+        "axis_first": np.array(0, np.int64),
+        "first": np.array([0], np.int64),
+        "second": np.array([1], np.int64),
+        "unit": np.array(2.0**-24, np.float32),
+        "half_unit": np.array(2.0**-25, np.float32),
+        "minus_inf": np.array(-np.inf, np.float32),
+        "eight": np.array(8, np.uint32),
+        "fifteen": np.array(15, np.uint32),
+        "sixteen": np.array(16, np.uint32),
+    }
+    for index, factor in enumerate(_MIX):
+        constants[f"mix{index}"] = np.array(factor, np.uint32)
+    for index, factor in enumerate(_FINAL):
+        constants[f"final{index}"] = np.array(factor, np.uint32)
+    for name, array in constants.items():
+        graph.initializer.append(onnx.numpy_helper.from_array(array, f"ortgpu_{name}"))
+
+    def c(name: str) -> str:
+        return f"ortgpu_{name}"
+
+    nodes: list[onnx.NodeProto] = []
+
+    def node(op: str, inputs: list[str], output: str, **attrs: Any) -> str:
+        nodes.append(helper.make_node(op, inputs, [c(output)], **attrs))
+        return c(output)
+
+    last = node("Slice", ["logits", c("last_starts"), c("last_ends"), c("axis1")], "last")
+    flat = node("Squeeze", [last, c("axis1")], "flat")
+    temperature = node("Gather", [SAMPLING, c("first")], "temperature")
+    top_p = node("Gather", [SAMPLING, c("second")], "top_p")
+    scaled = node("Div", [flat, temperature], "scaled")
+    nodes.append(helper.make_node("TopK", [scaled, TOP_K], [c("values"), c("indices")], axis=-1, largest=1, sorted=1))
+    probabilities = node("Softmax", [c("values")], "probabilities", axis=-1)
+    cumulative = node("CumSum", [probabilities, c("axis_last")], "cumulative")
+    before = node("Sub", [cumulative, probabilities], "before")
+    keep = node("Less", [before, top_p], "keep")
+    ones = node("ConstantOfShape", [node("Shape", [c("values")], "shape")], "ones",
+                value=onnx.numpy_helper.from_array(np.array([1], np.int32)))  # fmt: skip
+    column = node("Sub", [node("CumSum", [ones, c("axis_last")], "columns"), ones], "column")
+    row = node("Sub", [node("CumSum", [ones, c("axis_first")], "rows"), ones], "row")
+    seed = node("Gather", [RANDOM, c("first")], "seed")
+    step = node("Gather", [RANDOM, c("second")], "step")
+    terms = [
+        node("Mul", [seed, c("mix0")], "seed_mix"),
+        node("Mul", [step, c("mix1")], "step_mix"),
+        node("Mul", [node("Cast", [row], "row_u32", to=TensorProto.UINT32), c("mix2")], "row_mix"),
+        node("Mul", [node("Cast", [column], "column_u32", to=TensorProto.UINT32), c("mix3")], "column_mix"),
+    ]
+    word = node("Add", [node("Add", [terms[0], terms[1]], "sum01"), terms[2]], "sum012")
+    word = node("Add", [word, terms[3]], "word")
+    for index, (shift, multiplier) in enumerate(((c("sixteen"), c("final0")), (c("fifteen"), c("final1")))):
+        shifted = node("BitShift", [word, shift], f"shifted{index}", direction="RIGHT")
+        word = node("Mul", [node("Add", [word, shifted], f"mixed{index}"), multiplier], f"hashed{index}")
+    word = node("Add", [word, node("BitShift", [word, c("sixteen")], "shifted2", direction="RIGHT")], "hash")
+    top_bits = node("Cast", [node("BitShift", [word, c("eight")], "top_bits", direction="RIGHT")], "top_float",
+                    to=TensorProto.FLOAT)  # fmt: skip
+    uniform = node("Add", [node("Mul", [top_bits, c("unit")], "scaled_bits"), c("half_unit")], "uniform")
+    gumbel = node("Neg", [node("Log", [node("Neg", [node("Log", [uniform], "log_u")], "minus_log_u")], "log_log_u")],
+                  "gumbel")  # fmt: skip
+    score = node("Add", [node("Log", [probabilities], "log_p"), gumbel], "score")
+    masked = node("Where", [keep, score, c("minus_inf")], "masked")
+    pick = node("ArgMax", [masked], "pick", axis=-1, keepdims=1)
+    node("GatherElements", [c("indices"), pick], "next", axis=-1)
+    nodes.append(helper.make_node("Identity", [c("next")], [_NEXT]))
+    graph.node.extend(nodes)
+    graph.input.extend([
+        helper.make_tensor_value_info(TOP_K, TensorProto.INT64, [1]),
+        helper.make_tensor_value_info(SAMPLING, TensorProto.FLOAT, [2]),
+        helper.make_tensor_value_info(RANDOM, TensorProto.UINT32, [2]),
+    ])  # fmt: skip
     graph.output.append(helper.make_tensor_value_info(_NEXT, TensorProto.INT64, None))
-    graph.node.append(helper.make_node("Identity", ["ortgpu_argmax"], [_NEXT]))
     return chosen
 
 
 class Generator:
-    """Greedy decoding of a causal LM (onnxruntime-genai's static-cache layout; see the module docstring).
+    """Token generation for a causal LM (onnxruntime-genai's static-cache layout; see the module docstring).
 
     Parameters
     ----------
@@ -115,11 +196,15 @@ class Generator:
                 "cache); export it with a static cache"
             )
         self.max_length = int(shape[1].dim_value)
+        logits = next(value for value in proto.graph.output if value.name == "logits").type.tensor_type.shape.dim
+        #: The vocabulary's size where the model states it (top_k's bound), else unbounded here
+        self.vocabulary = int(logits[-1].dim_value) if len(logits) == 3 and logits[-1].HasField("dim_value") else 2**62
         self.batch_size = batch_size
         self._capture = capture
         self._positions = "position_ids" in inputs
-        self._session = InferenceSession(_with_next_token(proto).SerializeToString(), env=env, graph_capture=capture)
+        self._session = InferenceSession(with_next_token(proto).SerializeToString(), env=env, graph_capture=capture)
         self._closed = False
+        self._top_k = np.array([1], np.int64)
         self._cache_values: list[Any] = []
         self._graphs: list[Any] = []
         try:
@@ -135,6 +220,8 @@ class Generator:
                 dtype = onnx.helper.tensor_dtype_to_np_dtype(info.elem_type)
                 self._cache_values.append(allocator.empty((batch_size, *dims[1:]), dtype))
             self._tokens = [allocator.empty((batch_size, 1), np.int64) for _ in range(2)]
+            self._sampling = allocator.from_numpy(np.ones(2, np.float32))
+            self._random = allocator.from_numpy(np.zeros(2, np.uint32))
             self._mask = allocator.empty((batch_size, self.max_length), np.int64)
             self._step_positions = allocator.empty((batch_size, 1), np.int64) if self._positions else None
         except BaseException:
@@ -158,8 +245,8 @@ class Generator:
             if graph is not None:
                 graph.release()
         self._graphs = []
-        for value in [*self._cache_values, *getattr(self, "_tokens", []), getattr(self, "_mask", None),
-                      getattr(self, "_step_positions", None)]:  # fmt: skip
+        extras = ("_mask", "_step_positions", "_sampling", "_random")
+        for value in [*self._cache_values, *getattr(self, "_tokens", []), *(getattr(self, n, None) for n in extras)]:
             if value is not None:
                 value.release()
         self._session.close()
@@ -168,6 +255,7 @@ class Generator:
 
     def _binding(self, ids: Any, target: Any) -> Any:
         binding = self._session.io_binding()
+        self._bind_choice(binding)
         binding.bind_input("input_ids", ids)
         binding.bind_input("attention_mask", self._mask)
         if self._step_positions is not None:
@@ -179,12 +267,40 @@ class Generator:
         binding.bind_output("logits", "webgpu")
         return binding
 
-    def generate(self, prompt: Sequence[Sequence[int]] | np.ndarray, max_new_tokens: int) -> Iterator[np.ndarray]:
+    def _bind_choice(self, binding: Any) -> None:
+        binding.bind_cpu_input(TOP_K, self._top_k)  # decides the plan (TopK's width); a replay checks it by a look
+        binding.bind_input(SAMPLING, self._sampling)
+        binding.bind_input(RANDOM, self._random)
+
+    def generate(
+        self,
+        prompt: Sequence[Sequence[int]] | np.ndarray,
+        max_new_tokens: int,
+        *,
+        top_k: int = 1,
+        top_p: float = 1.0,
+        temperature: float = 1.0,
+        seed: int = 0,
+    ) -> Iterator[np.ndarray]:
         """Yield the next token ids ``[batch_size]`` (int64) for ``max_new_tokens`` steps after ``prompt``
-        (``[batch_size, length]`` token ids, every row of one length).  Raises InvalidArgumentError where the prompt
-        and the new tokens do not fit the cache (``max_length``)."""
+        (``[batch_size, length]`` token ids, every row of one length).
+
+        ``top_k`` 1 (the default) is greedy decoding; above 1 each token is sampled from the ``top_k`` most likely
+        (after dividing the logits by ``temperature``), within the smallest set whose probability reaches ``top_p``,
+        from a random stream fixed by ``seed`` (see :func:`with_next_token`).  Raises InvalidArgumentError where
+        the prompt and the new tokens do not fit the cache (``max_length``) or a parameter is out of range."""
         if self._closed:
             raise InvalidArgumentError("Generator: closed")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= self.vocabulary:
+            raise InvalidArgumentError(
+                f"top_k must be an int in [1, {self.vocabulary}] (the vocabulary), not {top_k!r}"
+            )
+        if not 0.0 < float(top_p) <= 1.0 or not 0.0 < float(temperature) < float("inf"):
+            raise InvalidArgumentError(
+                f"top_p must lie in (0, 1] and temperature be positive and finite, not {top_p!r} and {temperature!r}"
+            )
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+            raise InvalidArgumentError(f"seed must be an int in [0, 2**32), not {seed!r}")
         ids = np.asarray(prompt, dtype=np.int64)
         if ids.ndim != 2 or ids.shape[0] != self.batch_size or ids.shape[1] < 1:
             raise InvalidArgumentError(
@@ -199,9 +315,11 @@ class Generator:
                 f"Generator: a prompt of {length} tokens and {max_new_tokens} new ones need "
                 f"{length + max_new_tokens - 1} cache positions; the model's cache holds {self.max_length}"
             )
-        return self._steps(ids, max_new_tokens)
+        return self._steps(ids, max_new_tokens, top_k, (float(top_p), float(temperature)), seed)
 
-    def _steps(self, ids: np.ndarray, max_new_tokens: int) -> Iterator[np.ndarray]:
+    def _steps(
+        self, ids: np.ndarray, max_new_tokens: int, top_k: int, sampling: tuple[float, float], seed: int
+    ) -> Iterator[np.ndarray]:
         length = ids.shape[1]
         rows = self.batch_size
         if max_new_tokens == 0:
@@ -210,6 +328,10 @@ class Generator:
             if graph is not None:
                 graph.release()
         self._graphs = [None, None]
+        self._top_k = np.array([top_k], np.int64)
+        top_p, temperature = sampling
+        self._sampling.update_inplace(np.array([temperature, top_p], np.float32))
+        self._random.update_inplace(np.array([seed, 0], np.uint32))
         mask = np.zeros((rows, self.max_length), np.int64)
         mask[:, :length] = 1
         self._mask.update_inplace(mask)
@@ -218,6 +340,7 @@ class Generator:
         prompt_positions = None
         try:
             binding = self._session.io_binding()
+            self._bind_choice(binding)
             binding.bind_input("input_ids", prompt_ids)
             binding.bind_input("attention_mask", self._mask)
             if self._positions:
@@ -242,6 +365,7 @@ class Generator:
             position = length + step - 1
             mask[:, position] = 1
             self._mask.update_inplace(mask)
+            self._random.update_inplace(np.array([seed, step], np.uint32))
             if self._step_positions is not None:
                 self._step_positions.update_inplace(np.full((rows, 1), position, np.int64))
             if not self._capture:

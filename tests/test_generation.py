@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from onnx import TensorProto, helper
 
 import ortgpu
 from bench.generate import build_decoder
@@ -143,3 +144,93 @@ def test_bench_generate_refuses_a_malformed_decoder(text: str, capsys: pytest.Ca
     with pytest.raises(SystemExit):
         main(["--generate", text])
     assert "--generate" in capsys.readouterr().err
+
+
+def _onnxruntime_sampled(model: onnx.ModelProto, prompt: np.ndarray, new_tokens: int, layers: int,
+                         top_k: int, top_p: float, temperature: float, seed: int) -> np.ndarray:  # fmt: skip
+    """onnxruntime CPU running the Generator's own graph (``with_next_token``) with the same random stream."""
+    from ortgpu.generation import RANDOM, SAMPLING, TOP_K, with_next_token
+
+    session = onnxruntime.InferenceSession(
+        with_next_token(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    batch, length = prompt.shape
+    caches = {f"past_key_values.{layer}.{kind}": np.zeros((batch, KV_HEADS, MAX_LENGTH, HEAD), np.float32)
+              for layer in range(layers) for kind in ("key", "value")}  # fmt: skip
+    mask = np.zeros((batch, MAX_LENGTH), np.int64)
+    mask[:, :length] = 1
+    ids, chosen = prompt, []
+    outputs = [o.name for o in session.get_outputs()]
+    for step in range(new_tokens):
+        feeds = {"input_ids": ids, "attention_mask": mask, **caches, TOP_K: np.array([top_k], np.int64),
+                 SAMPLING: np.array([temperature, top_p], np.float32), RANDOM: np.array([seed, step], np.uint32)}  # fmt: skip
+        results = dict(zip(outputs, session.run(None, feeds)))
+        token = results["ortgpu_next_token_ids"]
+        chosen.append(token[:, 0])
+        for name in caches:
+            caches[name] = results[name.replace("past_key_values", "present")]
+        if length + step < MAX_LENGTH:
+            mask = mask.copy()
+            mask[:, length + step] = 1
+        ids = token
+    return np.stack(chosen, axis=1)
+
+
+@pytest.mark.parametrize("capture", [True, False], ids=["captured", "uncaptured"])
+def test_sampled_tokens_equal_onnxruntime_running_the_same_graph(env: ortgpu.Env, capture: bool) -> None:
+    """top-k, top-p and temperature: ortgpu's tokens equal onnxruntime's on the generator's graph and random stream;
+    the same seed gives the same tokens, another seed others."""
+    model = _genai_model(1, 1, seed=9)
+    prompt = np.random.default_rng(9).integers(0, VOCAB, (1, 3)).astype(np.int64)
+    new_tokens = MAX_LENGTH - prompt.shape[1] + 1
+    options = {"top_k": 8, "top_p": 0.9, "temperature": 1.5}
+    expected = _onnxruntime_sampled(model, prompt, new_tokens, 1, seed=3, **options)  # type: ignore[arg-type]
+    with ortgpu.Generator(model, env=env, capture=capture) as generator:
+        got = np.stack(list(generator.generate(prompt, new_tokens, seed=3, **options)), axis=1)  # type: ignore[arg-type]
+        again = np.stack(list(generator.generate(prompt, new_tokens, seed=3, **options)), axis=1)  # type: ignore[arg-type]
+        other = np.stack(list(generator.generate(prompt, new_tokens, seed=4, **options)), axis=1)  # type: ignore[arg-type]
+        greedy = np.stack(list(generator.generate(prompt, new_tokens)), axis=1)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(again, got)
+    assert not np.array_equal(other, got)
+    assert not np.array_equal(greedy, got)
+
+
+def test_sampling_follows_the_filtered_softmax(env: ortgpu.Env) -> None:
+    """The choice alone, on fixed logits, 4000 rows: top-k 4 of 6 tokens at temperature 2 gives each kept token its
+    softmax share (within 5 standard deviations) and the others never; top-p 0.5 keeps only the most likely."""
+    from ortgpu.generation import RANDOM, SAMPLING, TOP_K, with_next_token
+
+    logits = np.array([2.0, 0.5, 1.0, -1.0, 1.5, -3.0], np.float32)
+    rows = 4000
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["row", "shape"], ["logits"])], "choice", [],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [rows, 1, 6])],
+        [onnx.numpy_helper.from_array(logits.reshape(1, 1, 6), "row"),
+         onnx.numpy_helper.from_array(np.array([rows, 1, 6], np.int64), "shape")],
+    )  # fmt: skip
+    model = with_next_token(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with ortgpu.InferenceSession(model.SerializeToString(), env=env) as session:
+
+        def choose(top_k: int, top_p: float) -> np.ndarray:
+            feeds = {TOP_K: np.array([top_k], np.int64), SAMPLING: np.array([2.0, top_p], np.float32),
+                     RANDOM: np.array([11, 5], np.uint32)}  # fmt: skip
+            return np.asarray(session.run(["ortgpu_next_token_ids"], feeds)[0]).reshape(-1)
+
+        counts = np.bincount(choose(4, 1.0), minlength=6)
+        kept = np.argsort(-logits)[:4]
+        weights = np.exp(logits[kept] / 2.0)
+        shares = weights / weights.sum()
+        assert counts[[i for i in range(6) if i not in kept]].sum() == 0
+        spread = np.sqrt(rows * shares * (1 - shares))
+        assert np.all(np.abs(counts[kept] - rows * shares) < 5 * spread), (counts, rows * shares)
+        assert set(np.unique(choose(6, 0.3)).tolist()) == {0}  # the most likely alone holds 30% at temperature 2
+
+
+def test_generate_refuses_bad_sampling_parameters(env: ortgpu.Env) -> None:
+    with ortgpu.Generator(_genai_model(1, 1), env=env) as generator:
+        prompt = np.zeros((1, 2), np.int64)
+        for options in ({"top_k": 0}, {"top_k": VOCAB + 1}, {"top_p": 0.0}, {"top_p": 1.5}, {"temperature": 0.0},
+                        {"seed": -1}):  # fmt: skip
+            with pytest.raises(InvalidArgumentError):
+                generator.generate(prompt, 3, **options)  # type: ignore[arg-type]
