@@ -12,6 +12,11 @@ Examples::
 
     python -m bench.transfers                       # 16 MB each way, 40 iterations
     python -m bench.transfers --mb 1,16,64 --json transfers.json
+    python -m bench.transfers --chunk-mib 1,2,4,8   # the staging chunk size: a fresh Env per size, in rounds
+
+``--chunk-mib`` sets the library's staging chunk (:data:`ortgpu_core.backends._wgpu_staged_writes.CHUNK` for writes,
+:data:`ortgpu_core.backends._wgpu_chunked_reads.READ_CHUNK` for reads of 8 MiB or more) for each row, the sizes
+alternating over ``--rounds``, and restores it after: the knob to tune them by on a given machine.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 import numpy as np
 
 import ortgpu
-from ortgpu_core.backends import _host_copy
+from ortgpu_core.backends import _host_copy, _wgpu_chunked_reads, _wgpu_staged_writes
 
 
 def parse_sizes(text: str) -> list[float]:
@@ -95,11 +100,39 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     ]
     for row in rows:
         up, down = row["upload"], row["download"]
+        size = f"{row['megabytes']:g} MB" + (
+            f", chunk {row['chunk_mib']} MiB, round {row['round']}" if "chunk_mib" in row else ""
+        )
         lines.append(
-            f"| {row['megabytes']:g} MB | {up['p50_ms']:.3f} | {up['p50_GBps']:.1f} | {down['p50_ms']:.3f} | "
+            f"| {size} | {up['p50_ms']:.3f} | {up['p50_GBps']:.1f} | {down['p50_ms']:.3f} | "
             f"{down['p50_GBps']:.1f} | {row['host_copy']['p50_GBps']:.1f} |"
         )
     return "\n".join(lines)
+
+
+def _by_chunk(args: argparse.Namespace, sizes: list[float], chunks: list[int]) -> tuple[list[dict[str, Any]], str]:
+    """Every size with each staging chunk size, a fresh Env (and so fresh staging pools) per chunk size and round;
+    the library's chunk sizes restored after."""
+    saved = (_wgpu_staged_writes.CHUNK, _wgpu_staged_writes.POOL_CHUNKS, _wgpu_chunked_reads.READ_CHUNK)
+    rows: list[dict[str, Any]] = []
+    adapter = ""
+    try:
+        for round_index in range(args.rounds):
+            for chunk in chunks:
+                _wgpu_staged_writes.CHUNK = _wgpu_chunked_reads.READ_CHUNK = chunk << 20
+                _wgpu_staged_writes.POOL_CHUNKS = max(saved[1], 32 // chunk)  # two 16 MB writes in flight
+                env = ortgpu.Env(backend=args.backend)
+                try:
+                    adapter = env.default_device.name
+                    for size in sizes:
+                        row = measure(env, size, args.iterations, args.warmup)
+                        rows.append({**row, "chunk_mib": chunk, "round": round_index})
+                finally:
+                    env.close()
+    finally:
+        _wgpu_staged_writes.CHUNK, _wgpu_staged_writes.POOL_CHUNKS, _wgpu_chunked_reads.READ_CHUNK = saved
+    print(f"adapter: {adapter}; host copy threads: {_host_copy.copy_threads()}")
+    return rows, adapter
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,12 +144,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--copy-threads", type=int, default=None, help="threads per large host copy (default: the library's)"
     )
+    parser.add_argument(
+        "--chunk-mib",
+        default=None,
+        help="comma-separated staging chunk sizes in MiB to compare (default: the library's)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="with --chunk-mib: rounds alternating the chunk sizes")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     try:
         sizes = parse_sizes(args.mb)
+        chunk_sizes = None if args.chunk_mib is None else parse_sizes(args.chunk_mib)
     except ValueError as error:
         parser.error(str(error))
+    chunks = None if chunk_sizes is None else [int(c) for c in chunk_sizes]
+    if chunk_sizes is not None and (
+        any(not c.is_integer() or not 1 <= c <= 256 for c in chunk_sizes) or args.rounds < 1
+    ):
+        parser.error("--chunk-mib takes whole sizes from 1 to 256 MiB, and --rounds at least 1")
     if args.iterations < 1 or args.warmup < 0:
         parser.error("--iterations must be at least 1 and --warmup at least 0")
     if args.copy_threads is not None:
@@ -124,16 +169,20 @@ def main(argv: list[str] | None = None) -> int:
             _host_copy.set_copy_threads(args.copy_threads)
         except ValueError as error:
             parser.error(str(error))
-    env = ortgpu.Env(backend=args.backend)
-    try:
-        device = env.default_device
-        print(f"adapter: {device.name} ({device.backend_type}); host copy threads: {_host_copy.copy_threads()}")
-        rows = [measure(env, size, args.iterations, args.warmup) for size in sizes]
-    finally:
-        env.close()
+    if chunks is not None:
+        rows, adapter = _by_chunk(args, sizes, chunks)
+    else:
+        env = ortgpu.Env(backend=args.backend)
+        try:
+            device = env.default_device
+            adapter = device.name
+            print(f"adapter: {device.name} ({device.backend_type}); host copy threads: {_host_copy.copy_threads()}")
+            rows = [measure(env, size, args.iterations, args.warmup) for size in sizes]
+        finally:
+            env.close()
     print(format_rows(rows))
     if args.json_path:
-        report = {"adapter": device.name, "copy_threads": _host_copy.copy_threads(), "rows": rows}
+        report = {"adapter": adapter, "copy_threads": _host_copy.copy_threads(), "rows": rows}
         with open(args.json_path, "w") as handle:
             json.dump(report, handle, indent=1)
     return 0

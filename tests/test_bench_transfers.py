@@ -50,3 +50,24 @@ def test_transfers_refuses_bad_counts(argv: list[str], capsys: pytest.CaptureFix
     with pytest.raises(SystemExit) as raised:
         transfers.main([*argv, "--backend", "fake"])
     assert raised.value.code == 2
+
+
+def test_transfers_by_chunk_size_restores_the_library_setting(backend_name: str, tmp_path: Path) -> None:
+    """``--chunk-mib``: rows per chunk size and round (writes and reads of 8 MiB or more split that way, the bytes
+    checked by each measurement), and the library's chunk sizes back afterwards."""
+    from ortgpu_core.backends import _wgpu_chunked_reads, _wgpu_staged_writes
+
+    before = (_wgpu_staged_writes.CHUNK, _wgpu_staged_writes.POOL_CHUNKS, _wgpu_chunked_reads.READ_CHUNK)
+    json_path = tmp_path / "chunks.json"
+    argv = ["--mb", "9", "--iterations", "2", "--warmup", "0", "--chunk-mib", "1,4", "--rounds", "2"]
+    assert transfers.main([*argv, "--backend", backend_name, "--json", str(json_path)]) == 0
+    rows = json.loads(json_path.read_text())["rows"]
+    assert [(row["chunk_mib"], row["round"]) for row in rows] == [(1, 0), (4, 0), (1, 1), (4, 1)]
+    assert (_wgpu_staged_writes.CHUNK, _wgpu_staged_writes.POOL_CHUNKS, _wgpu_chunked_reads.READ_CHUNK) == before
+
+
+@pytest.mark.parametrize("argv", [["--chunk-mib", "0"], ["--chunk-mib", "1.5"], ["--chunk-mib", "2", "--rounds", "0"]])
+def test_transfers_refuses_bad_chunk_sizes(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        transfers.main([*argv, "--backend", "fake"])
+    assert raised.value.code == 2
