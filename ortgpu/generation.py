@@ -288,7 +288,10 @@ class Generator:
         ``top_k`` 1 (the default) is greedy decoding; above 1 each token is sampled from the ``top_k`` most likely
         (after dividing the logits by ``temperature``), within the smallest set whose probability reaches ``top_p``,
         from a random stream fixed by ``seed`` (see :func:`with_next_token`).  Raises InvalidArgumentError where
-        the prompt and the new tokens do not fit the cache (``max_length``) or a parameter is out of range."""
+        the prompt and the new tokens do not fit the cache (``max_length``) or a parameter is out of range.
+
+        One generation at a time: the generator has one cache, so the first step of a later ``generate()`` ends an
+        earlier one still being iterated (its graphs are released; iterate it no further)."""
         if self._closed:
             raise InvalidArgumentError("Generator: closed")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= self.vocabulary:
