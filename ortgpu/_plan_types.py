@@ -149,6 +149,7 @@ class ExecutionPlan:
         """The tensor whose buffer ``name`` lives in (following aliases)."""
         return root_of(self.tensors, name)
 
+    @functools.cached_property
     def buffer_events(self) -> list[tuple[frozenset[str], frozenset[str]]]:
         """What each dispatch, host step and output copy reads and writes, in run order, as the root tensors of the
         buffers it binds: (read, written)."""
@@ -197,7 +198,7 @@ class ExecutionPlan:
         writes the present)."""
         first_write = None
         last_read = -1
-        for index, (reads, writes) in enumerate(self.buffer_events()):
+        for index, (reads, writes) in enumerate(self.buffer_events):
             if read in reads:
                 last_read = index
             if written in writes and first_write is None:

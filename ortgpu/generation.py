@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ortgpu_core import Env, InvalidArgumentError, ModelError
+from ortgpu_core import Env, InvalidArgumentError, ModelError, UnsafeAccessError
 
 from ._run_options import RunOptions
 from ._session import InferenceSession
@@ -151,7 +151,9 @@ class Generator:
         Replay the decode step from captured graphs (the default); False runs each step as an ordinary run.
 
     ``generate(prompt, max_new_tokens)`` yields each step's token ids ``[batch_size]`` as they are chosen;
-    ``close()`` (or the ``with`` block) releases the graphs, the cache and the session.
+    ``close()`` (or the ``with`` block) releases the graphs, the cache and the session; a generator dropped without
+    it is cleaned up with its session (which releases its graphs and values).  One thread at a time: the cache is
+    the generator's state, so two threads need two generators.  Copying or pickling raises ``UnsafeAccessError``.
     """
 
     def __init__(
@@ -233,6 +235,17 @@ class Generator:
     def __enter__(self) -> Generator:
         return self
 
+    def __copy__(self) -> Generator:
+        raise UnsafeAccessError(
+            "a Generator cannot be copied: a copy would share its session, cache and graphs; make another Generator"
+        )
+
+    def __deepcopy__(self, memo: object) -> Generator:
+        return self.__copy__()
+
+    def __reduce__(self) -> Any:
+        raise UnsafeAccessError("a Generator cannot be pickled: it holds device memory; make one in each process")
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -253,13 +266,14 @@ class Generator:
 
     # -- generation -----------------------------------------------------------------------------------------------
 
-    def _binding(self, ids: Any, target: Any) -> Any:
+    def _binding(self, ids: Any, target: Any, positions: Any) -> Any:
+        """A binding of one step: token ids ``ids`` in, the next ones into ``target``, the cache in place."""
         binding = self._session.io_binding()
         self._bind_choice(binding)
         binding.bind_input("input_ids", ids)
         binding.bind_input("attention_mask", self._mask)
-        if self._step_positions is not None:
-            binding.bind_input("position_ids", self._step_positions)
+        if positions is not None:
+            binding.bind_input("position_ids", positions)
         for (past, present), value in zip(self._caches, self._cache_values):
             binding.bind_input(past, value)
             binding.bind_output(present, value)
@@ -342,27 +356,19 @@ class Generator:
         prompt_ids = self._session.allocator.from_numpy(ids)
         prompt_positions = None
         try:
-            binding = self._session.io_binding()
-            self._bind_choice(binding)
-            binding.bind_input("input_ids", prompt_ids)
-            binding.bind_input("attention_mask", self._mask)
             if self._positions:
                 prompt_positions = self._session.allocator.from_numpy(
                     np.broadcast_to(np.arange(length, dtype=np.int64), (rows, length)).copy()
                 )
-                binding.bind_input("position_ids", prompt_positions)
-            for (past, present), value in zip(self._caches, self._cache_values):
-                binding.bind_input(past, value)
-                binding.bind_output(present, value)
-            binding.bind_output(_NEXT, self._tokens[0])
-            binding.bind_output("logits", "webgpu")
+            binding = self._binding(prompt_ids, self._tokens[0], prompt_positions)
             self._session.run_with_iobinding(binding, RunOptions(gpu_graph_id=-1))
         finally:
             prompt_ids.release()
             if prompt_positions is not None:
                 prompt_positions.release()
         yield self._tokens[0].to_numpy().reshape(rows)
-        bindings = [self._binding(self._tokens[0], self._tokens[1]), self._binding(self._tokens[1], self._tokens[0])]
+        tokens, positions = self._tokens, self._step_positions
+        bindings = [self._binding(tokens[0], tokens[1], positions), self._binding(tokens[1], tokens[0], positions)]
         source = 0
         for step in range(1, max_new_tokens):
             position = length + step - 1

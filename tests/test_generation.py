@@ -234,3 +234,17 @@ def test_generate_refuses_bad_sampling_parameters(env: ortgpu.Env) -> None:
                         {"seed": -1}):  # fmt: skip
             with pytest.raises(InvalidArgumentError):
                 generator.generate(prompt, 3, **options)  # type: ignore[arg-type]
+
+
+def test_a_generator_refuses_copy_and_pickle_and_is_cleaned_up_when_dropped(env: ortgpu.Env) -> None:
+    import copy
+    import gc
+    import pickle
+
+    generator = ortgpu.Generator(_genai_model(1, 1), env=env)
+    for action in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(ortgpu.UnsafeAccessError):
+            action(generator)
+    assert len(list(generator.generate(np.zeros((1, 2), np.int64), 3))) == 3
+    del generator  # no close(): its session goes with it (the env fixture checks that nothing leaked)
+    gc.collect()

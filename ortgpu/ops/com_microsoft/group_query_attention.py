@@ -242,7 +242,7 @@ class GroupQueryAttention(Operator):
             else:
                 source = token_major(Binding("input", slot), dtype, 0, sq, count * head, head)
             operands.append(gathered(builder, dtype, (batch, sq, count, head), source, caps))
-        steps = _Steps(batch, sq, total_length, past, present_length, first)
+        steps = _Steps(batch, sq, past, present_length, first)
         mask_info = TensorInfo((batch, 1, sq, present_length), F32)
         attention_bias = _optional(inputs, 10)
         if attention_bias is not None:
@@ -291,12 +291,11 @@ class GroupQueryAttention(Operator):
 class _Steps:
     """What a plan knows of where the queries stand: ``first`` (a first prompt: the queries are positions 0 .. S - 1)
     or a decoding step, where batch ``b``'s queries follow ``past_b = seqlens_k[b] + 1 - S`` cached positions, read
-    at run time; ``total`` is the planned total_sequence_length, ``past`` the past buffers' length, ``present``
-    the caches' ``max(total, past)``."""
+    at run time; ``past`` is the past buffers' length, ``present`` the caches' ``max(total_sequence_length,
+    past)``."""
 
     batch: int
     sq: int
-    total: int
     past: int
     present: int
     first: bool
