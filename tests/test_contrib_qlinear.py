@@ -557,3 +557,14 @@ def test_quantize_dynamic_lstm_model(device: Any, tmp_path: Any) -> None:
     assert [n.op_type for n in model.graph.node if n.domain == MS] == ["DynamicQuantizeLSTM"]
     feeds = {"X": rng.standard_normal((seq, batch, size)).astype(np.float32)}
     _check_lstm(model, feeds, device)
+
+
+@pytest.mark.parametrize("sizes", [(0, 2, 5, 6), (3, 0, 5, 6), (3, 2, 0, 6)], ids=["no-steps", "no-rows", "no-inputs"])
+def test_dynamic_quantize_lstm_empty_dimensions(sizes: tuple[int, int, int, int], device: Any) -> None:
+    """Empty dimensions run on the CPU and give zeros without a bias or states, as the LSTM's equations do (no steps:
+    onnxruntime leaves Y_h and Y_c unwritten, their values varied run to run; no rows: it aborts the process)."""
+    model, feeds = _lstm_case(np.random.default_rng(0), np.dtype(np.uint8), sizes=sizes)
+    got, _ = run_model(model.SerializeToString(), feeds, device)
+    seq, batch, _, hidden = sizes
+    assert [g.shape for g in got] == [(seq, 1, batch, hidden), (1, batch, hidden), (1, batch, hidden)]
+    assert all(not np.any(g) for g in got)

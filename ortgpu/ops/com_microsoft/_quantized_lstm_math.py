@@ -128,7 +128,7 @@ def quantized_lstm(
     r, r_zero, r_scale = recurrent
     for d in range(directions):
         multiplier = (x_scale * w_scale[d]).astype(F32)
-        xp = integer_product(codes.reshape(-1, x.shape[2]), x_zero, w[d], w_zero[d], multiplier)
+        xp = integer_product(codes.reshape(longest * batch, x.shape[2]), x_zero, w[d], w_zero[d], multiplier)
         xp = xp.reshape(longest, batch, columns)
         h = initial[0][d].astype(F32).copy()
         c = initial[1][d].astype(F32).copy()
