@@ -1,6 +1,7 @@
 """``python -m bench --generate MODEL``: token generation with :class:`ortgpu.Generator`, captured against uncaptured.
 
-MODEL is a path to a model in onnxruntime-genai's static-cache layout (see :mod:`ortgpu.generation`), or
+MODEL is an onnxruntime-genai model folder or ``.onnx`` file (see :mod:`ortgpu.generation`; a file whose cache
+length is symbolic gets prompt + new tokens), or
 ``decoder-LAYERS-HIDDEN`` for a decoder built here with random seeded weights (:func:`build_decoder`: per layer Q/K/V
 projections, GroupQueryAttention with rotary embeddings, an output projection and a ReLU MLP, residuals; head size
 64, a quarter as many key/value heads, a vocabulary of 32000 unless smaller is asked).
@@ -13,6 +14,7 @@ p99, tokens/s from the p50).  The arms must choose the same tokens, else no timi
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -149,16 +151,22 @@ def _one_pass(
 
 
 def measure_generation(
-    model: onnx.ModelProto, prompt_length: int, new_tokens: int, batch: int, env: ortgpu.Env, rounds: int = 2
+    model: onnx.ModelProto | str,
+    prompt_length: int,
+    new_tokens: int,
+    batch: int,
+    env: ortgpu.Env,
+    rounds: int = 2,
+    max_length: int | None = None,
 ) -> dict[str, Any]:
     """Time both arms over ``rounds`` alternating rounds (the first generation of each arm is a warm-up: it plans
     and captures); their tokens must agree."""
-    vocabulary = int(model.graph.output[0].type.tensor_type.shape.dim[2].dim_value or 2)
-    prompt = np.random.default_rng(0).integers(0, vocabulary, (batch, prompt_length)).astype(np.int64)
     arms = {"captured": True, "uncaptured": False}
-    generators = {
-        name: ortgpu.Generator(model, batch_size=batch, env=env, capture=capture) for name, capture in arms.items()
-    }
+    generators: dict[str, ortgpu.Generator] = {}
+    for name, capture in arms.items():
+        generators[name] = ortgpu.Generator(model, batch_size=batch, env=env, capture=capture, max_length=max_length)
+    vocabulary = min(generators["captured"].vocabulary, 2**31)
+    prompt = np.random.default_rng(0).integers(0, vocabulary, (batch, prompt_length)).astype(np.int64)
     results: dict[str, Any] = {name: {"prefill_ms": [], "decode_ms": []} for name in arms}
     tokens: dict[str, np.ndarray] = {}
     try:
@@ -201,22 +209,36 @@ def format_generation(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _genai_model_file(folder: str) -> str:
+    with open(os.path.join(folder, "genai_config.json"), encoding="utf-8") as handle:
+        return str(json.load(handle)["model"]["decoder"]["filename"])
+
+
 def run_generate(args: Any) -> int:
     """The ``--generate`` command (options checked by ``bench.__main__``)."""
     decoder = parse_decoder(args.generate)
+    length = args.prompt_len + args.new_tokens
+    model: onnx.ModelProto | str
+    max_length: int | None = None
     if decoder is not None:
         layers, hidden = decoder
-        model = build_decoder(layers, hidden, args.prompt_len + args.new_tokens, batch=args.batch)
+        model = build_decoder(layers, hidden, length, batch=args.batch)
+        parameters = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     else:
-        model = onnx.load(args.generate)
+        model = args.generate
+        path = os.path.join(model, _genai_model_file(model)) if os.path.isdir(model) else model
+        header = onnx.load(path, load_external_data=False)
+        parameters = sum(int(np.prod(t.dims)) for t in header.graph.initializer)
+        mask = next((v for v in header.graph.input if v.name == "attention_mask"), None)
+        fixed = mask is not None and mask.type.tensor_type.shape.dim[-1].HasField("dim_value")
+        max_length = None if os.path.isdir(model) or fixed else length
     env = ortgpu.Env(backend=args.backend)
     try:
         device = env.default_device
         print(f"adapter: {device.name} ({device.backend_type}), driver {device.driver}")
-        parameters = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
-        print(f"model: {args.generate}, {parameters / 1e6:.1f} M parameters; prompt {args.prompt_len}, "
-              f"{args.new_tokens} new tokens, batch {args.batch}")  # fmt: skip
-        report = measure_generation(model, args.prompt_len, args.new_tokens, args.batch, env, args.rounds)
+        print(f"model: {args.generate}, {parameters / 1e6:.1f} M parameters (4-bit ones counted as bytes); prompt "
+              f"{args.prompt_len}, {args.new_tokens} new tokens, batch {args.batch}")  # fmt: skip
+        report = measure_generation(model, args.prompt_len, args.new_tokens, args.batch, env, args.rounds, max_length)
     finally:
         env.close()
     print(format_generation(report))

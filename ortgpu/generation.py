@@ -1,6 +1,7 @@
 """Token generation with a static KV cache and captured decode steps: :class:`Generator`.
 
-The model is a causal LM in onnxruntime-genai's static-cache layout:
+The model is a causal LM as onnxruntime-genai's model builder writes it (a model folder with ``genai_config.json``,
+or the ONNX file alone with these names):
 
 * inputs ``input_ids`` ``[batch, sequence]`` (int64), ``attention_mask`` ``[batch, max_length]`` (int64: 1 for the
   positions written so far; its width is the cache's), optionally ``position_ids`` ``[batch, sequence]`` (int64),
@@ -8,6 +9,9 @@ The model is a causal LM in onnxruntime-genai's static-cache layout:
 * outputs ``logits`` ``[batch, sequence, vocabulary]`` and ``present.<layer>.key`` / ``.value``, each written by
   the GroupQueryAttention node that reads the past of the same name (so the cache is updated in place: see the
   README's "Lifetimes, copies and threads").
+
+The builder leaves the sequence sizes symbolic; the generator binds the mask and the cache at ``max_length``
+(onnxruntime-genai's ``past_present_share_buffer`` layout), so every step has the same shapes and one plan.
 
 The generator appends the choice of the next token to the graph (:func:`with_next_token`: the last position's
 logits, temperature, top-k, top-p, a seeded Gumbel-max draw; top-k 1 is greedy), so a step reads back only the
@@ -19,21 +23,20 @@ at once).  The attention mask (and position ids) are written from the host befor
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ortgpu_core import Env, InvalidArgumentError, ModelError, UnsafeAccessError
+from ortgpu_core import Env, InvalidArgumentError, UnsafeAccessError
 
+from ._generation_layout import load_decoder
 from ._run_options import RunOptions
 from ._session import InferenceSession
 
 __all__ = ["Generator", "with_next_token", "TOP_K", "SAMPLING", "RANDOM"]
 
-_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _NEXT = "ortgpu_next_token_ids"
 
 
@@ -45,7 +48,7 @@ _MIX = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F)
 _FINAL = (0x7FEB352D, 0x846CA68B)
 
 
-def with_next_token(model: onnx.ModelProto) -> onnx.ModelProto:
+def with_next_token(model: onnx.ModelProto, logits: str = "logits") -> onnx.ModelProto:
     """A copy of ``model`` whose output ``ortgpu_next_token_ids`` ``[batch, 1]`` (int64) is the next token, chosen
     from the last position's logits by standard ONNX operators, so any runtime computes the same choice:
 
@@ -88,7 +91,7 @@ def with_next_token(model: onnx.ModelProto) -> onnx.ModelProto:
         nodes.append(helper.make_node(op, inputs, [c(output)], **attrs))
         return c(output)
 
-    last = node("Slice", ["logits", c("last_starts"), c("last_ends"), c("axis1")], "last")
+    last = node("Slice", [logits, c("last_starts"), c("last_ends"), c("axis1")], "last")
     flat = node("Squeeze", [last, c("axis1")], "flat")
     temperature = node("Gather", [SAMPLING, c("first")], "temperature")
     top_p = node("Gather", [SAMPLING, c("second")], "top_p")
@@ -142,13 +145,18 @@ class Generator:
     Parameters
     ----------
     model
-        The model: a path, bytes or an ``onnx.ModelProto``.
+        An onnxruntime-genai model folder (``genai_config.json`` names the ONNX file, its inputs and outputs, the
+        key/value heads and ``search.max_length``), or the model as a path, bytes or an ``onnx.ModelProto``.
     batch_size
         Rows generated together (every prompt of one call has this many rows, of one length).
     env
         The Env to run on (default: the process's).
     capture
         Replay the decode step from captured graphs (the default); False runs each step as an ordinary run.
+    max_length
+        The static cache's length (prompt plus new tokens) where the model leaves it symbolic, as onnxruntime-genai's
+        builder does; default: the config's ``search.max_length``.  A model whose attention mask has a fixed width
+        needs none (a different one is refused).
 
     ``generate(prompt, max_new_tokens)`` yields each step's token ids ``[batch_size]`` as they are chosen;
     ``close()`` (or the ``with`` block) releases the graphs, the cache and the session; a generator dropped without
@@ -163,69 +171,37 @@ class Generator:
         batch_size: int = 1,
         env: Env | None = None,
         capture: bool = True,
+        max_length: int | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidArgumentError(f"batch_size must be a positive int, not {batch_size!r}")
-        if isinstance(model, onnx.ModelProto):
-            proto = model
-        elif isinstance(model, bytes):
-            proto = onnx.load_from_string(model)
-        else:
-            proto = onnx.load(os.fspath(model))
-        inputs = {value.name: value for value in proto.graph.input}
-        outputs = {value.name for value in proto.graph.output}
-        missing = [name for name in ("input_ids", "attention_mask") if name not in inputs]
-        if missing or "logits" not in outputs:
-            raise ModelError(
-                f"Generator: the model needs inputs input_ids and attention_mask and output logits "
-                f"(onnxruntime-genai's layout); missing {missing + ([] if 'logits' in outputs else ['logits'])}"
-            )
-        self._caches: list[tuple[str, str]] = []
-        for name in inputs:
-            found = _PAST.match(name)
-            if found is None:
-                continue
-            present = f"present.{found.group(1)}.{found.group(2)}"
-            if present not in outputs:
-                raise ModelError(f"Generator: the model reads {name} but has no output {present}")
-            self._caches.append((name, present))
-        if not self._caches:
-            raise ModelError("Generator: the model has no past_key_values.<layer>.key/value inputs (a KV cache)")
-        shape = inputs["attention_mask"].type.tensor_type.shape.dim
-        if len(shape) != 2 or not shape[1].HasField("dim_value"):
-            raise ModelError(
-                "Generator: attention_mask must be [batch, max_length] with max_length fixed in the model (a static "
-                "cache); export it with a static cache"
-            )
-        self.max_length = int(shape[1].dim_value)
-        logits = next(value for value in proto.graph.output if value.name == "logits").type.tensor_type.shape.dim
+        proto, layout = load_decoder(model, max_length)
+        self._layout = layout
+        #: The static cache's length: a prompt and its new tokens take at most this many positions
+        self.max_length = layout.max_length
         #: The vocabulary's size where the model states it (top_k's bound), else unbounded here
-        self.vocabulary = int(logits[-1].dim_value) if len(logits) == 3 and logits[-1].HasField("dim_value") else 2**62
+        self.vocabulary = layout.vocabulary if layout.vocabulary else 2**62
+        #: End-of-sequence ids from onnxruntime-genai's config (empty without one); generation does not stop at them
+        self.eos_token_ids = layout.eos_token_ids
         self.batch_size = batch_size
         self._capture = capture
-        self._positions = "position_ids" in inputs
-        self._session = InferenceSession(with_next_token(proto).SerializeToString(), env=env, graph_capture=capture)
+        # The proto itself, not its bytes: a model past protobuf's 2 GB (its external data loaded) still loads.
+        self._session = InferenceSession(with_next_token(proto, layout.logits), env=env, graph_capture=capture)
         self._closed = False
         self._top_k = np.array([1], np.int64)
         self._cache_values: list[Any] = []
         self._graphs: list[Any] = []
         try:
             allocator = self._session.allocator
-            for past, _ in self._caches:
-                info = inputs[past].type.tensor_type
-                dims = [d.dim_value if d.HasField("dim_value") else 0 for d in info.shape.dim]
-                if len(dims) != 4 or dims[2] != self.max_length or not all(dims[1:]):
-                    raise ModelError(
-                        f"Generator: {past} must be [batch, kv_heads, {self.max_length}, head] with fixed sizes "
-                        f"(a static cache of the attention mask's width), not {dims}"
-                    )
-                dtype = onnx.helper.tensor_dtype_to_np_dtype(info.elem_type)
-                self._cache_values.append(allocator.empty((batch_size, *dims[1:]), dtype))
+            for shape, elem_type in zip(layout.cache_shapes, layout.cache_elem_types):
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+                self._cache_values.append(allocator.empty((batch_size, *shape), dtype))
             self._tokens = [allocator.empty((batch_size, 1), np.int64) for _ in range(2)]
             self._sampling = allocator.from_numpy(np.ones(2, np.float32))
             self._random = allocator.from_numpy(np.zeros(2, np.uint32))
             self._mask = allocator.empty((batch_size, self.max_length), np.int64)
-            self._step_positions = allocator.empty((batch_size, 1), np.int64) if self._positions else None
+            positions = layout.position_ids is not None
+            self._step_positions = allocator.empty((batch_size, 1), np.int64) if positions else None
         except BaseException:
             self.close()
             raise
@@ -270,15 +246,16 @@ class Generator:
         """A binding of one step: token ids ``ids`` in, the next ones into ``target``, the cache in place."""
         binding = self._session.io_binding()
         self._bind_choice(binding)
-        binding.bind_input("input_ids", ids)
-        binding.bind_input("attention_mask", self._mask)
-        if positions is not None:
-            binding.bind_input("position_ids", positions)
-        for (past, present), value in zip(self._caches, self._cache_values):
+        layout = self._layout
+        binding.bind_input(layout.input_ids, ids)
+        binding.bind_input(layout.attention_mask, self._mask)
+        if positions is not None and layout.position_ids is not None:
+            binding.bind_input(layout.position_ids, positions)
+        for (past, present), value in zip(layout.caches, self._cache_values):
             binding.bind_input(past, value)
             binding.bind_output(present, value)
         binding.bind_output(_NEXT, target)
-        binding.bind_output("logits", "webgpu")
+        binding.bind_output(layout.logits, "webgpu")
         return binding
 
     def _bind_choice(self, binding: Any) -> None:
@@ -356,7 +333,7 @@ class Generator:
         prompt_ids = self._session.allocator.from_numpy(ids)
         prompt_positions = None
         try:
-            if self._positions:
+            if self._layout.position_ids is not None:
                 prompt_positions = self._session.allocator.from_numpy(
                     np.broadcast_to(np.arange(length, dtype=np.int64), (rows, length)).copy()
                 )

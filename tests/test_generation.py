@@ -109,8 +109,12 @@ def test_generate_refuses_what_does_not_fit(env: ortgpu.Env) -> None:
 def test_a_model_without_a_static_cache_is_refused(env: ortgpu.Env) -> None:
     model = _genai_model(1, 1)
     model.graph.input[1].type.tensor_type.shape.dim[1].dim_param = "total"
-    with pytest.raises(ModelError, match="static cache"):
+    with pytest.raises(InvalidArgumentError, match="pass max_length="):
         ortgpu.Generator(model, env=env)
+    with pytest.raises(ModelError, match="static cache"):  # the cache's fixed length is not max_length
+        ortgpu.Generator(model, env=env, max_length=MAX_LENGTH + 1)
+    with pytest.raises(InvalidArgumentError, match="fixed at 12 positions"):
+        ortgpu.Generator(_genai_model(1, 1), env=env, max_length=MAX_LENGTH + 1)
     plain = _genai_model(1, 1)
     del plain.graph.input[2:]
     with pytest.raises(ModelError, match="KV cache"):

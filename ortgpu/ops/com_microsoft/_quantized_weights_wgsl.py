@@ -32,6 +32,8 @@ class NBitsLayout:
     """What the kernels bake in about one MatMulNBits node.
 
     ``element``: the WGSL storage type of A, the scales, float zero points and the output (``f32``/``f16``).
+    ``a_element``: A's own type where it differs (``f32``: A quantized per block first, see
+    :func:`~ortgpu.ops.com_microsoft.quantized_weights.quantize_rows_by_block`).
     ``zero_points``: ``"none"`` (the default ``2^(bits-1)``), ``"packed"`` (uint8, ``bits`` per block, rows of
     ``zero_bytes`` bytes) or ``"float"`` (one per block, in ``element``).
     """
@@ -42,6 +44,11 @@ class NBitsLayout:
     block_size: int
     element: str
     zero_points: str
+    a_element: str = ""
+
+    @property
+    def a_type(self) -> str:
+        return self.a_element or self.element
 
     @property
     def blocks(self) -> int:
@@ -124,7 +131,7 @@ def nbits_gemv_wgsl(
         )
     else:  # the words beyond K read zeros of A (the padding codes of the last block meet 0)
         loads = ", ".join(
-            f"select(0.0, {_widen(layout.element, f'{a}[m * K + min(k + {i}u, K - 1u)]')}, k + {i}u < K)"
+            f"select(0.0, {_widen(layout.a_type, f'{a}[m * K + min(k + {i}u, K - 1u)]')}, k + {i}u < K)"
             for i in range(4)
         )
         a_function = f"fn a4(m: u32, k: u32) -> vec4<f32> {{ return vec4<f32>({loads}); }}\n"
@@ -176,10 +183,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 def nbits_gemm_loaders(layout: NBitsLayout) -> tuple[GemmLoad, GemmLoad, GemmLoad | None, GemmLoad | None, str]:
     """(load_a, load_b, load_a4k, load_b4k, prelude) of the tiled GEMM ``A [M, K] x dequantized B^T``: A is input
     0 (rows of K), B input 1, the scales input 2, the zero points input 3.  The vec4 loaders exist when K % 4 == 0."""
-    element = layout.element
+    element, a_type = layout.element, layout.a_type
     a_in, b_in = Binding("input", 0), Binding("input", 1)
     scales_in, zeros_in = Binding("input", 2), Binding("input", 3)
-    vec = f"vec4<{element}>"
+    vec = f"vec4<{a_type}>"
     block_bindings: tuple[tuple[Binding, str], ...] = ((b_in, "u32"), (scales_in, element))
     zeros = ""
     if layout.zero_points == "packed":
@@ -196,7 +203,7 @@ def nbits_gemm_loaders(layout: NBitsLayout) -> tuple[GemmLoad, GemmLoad, GemmLoa
     )
     mask = (1 << layout.bits) - 1
     load_a = GemmLoad(
-        f"    return {_widen(element, f'{binding_name(a_in, element)}[m * {layout.k}u + k]')};", ((a_in, element),)
+        f"    return {_widen(a_type, f'{binding_name(a_in, a_type)}[m * {layout.k}u + k]')};", ((a_in, a_type),)
     )
     load_b = GemmLoad(
         f"    let code = (nbits_word(k, n) >> ((k % {layout.codes_per_word}u) * {layout.bits}u)) & {mask}u;\n"

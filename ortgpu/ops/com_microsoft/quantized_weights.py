@@ -4,8 +4,11 @@ onnxruntime-genai's model builder emit (4-bit and 8-bit, one scale and zero poin
 Semantics (onnxruntime's CPU kernels): a code ``q`` of block ``b`` dequantizes to ``(q - zero[b]) * scale[b]`` in
 float32 (float16 scales widened); the zero point defaults to ``2^(bits - 1)`` for uint8 codes.  MatMulNBits then
 computes ``A @ W^T (+ bias)`` in float32 and rounds once to A's type, as onnxruntime does for float16 too (it widens
-A and the scales and narrows the result).  ``accuracy_level`` is ignored: onnxruntime may quantize A to int8 at
-level 4, which only loses precision; the result here is the float32 one.
+A and the scales and narrows the result).  ``accuracy_level`` 4 (what onnxruntime-genai's builder writes for int4
+on the CPU) quantizes A first, as onnxruntime's CPU kernels do (:func:`quantize_rows_by_block`: each row's blocks of
+``block_size`` along K to int8 on their own absolute maximum), unless the zero points are floats, where onnxruntime
+keeps float A; other levels compute in float32.  The quantized A is exact in float32 (an int8 code times the block's
+scale), so the product over it is onnxruntime's up to the order of float additions.
 
 On the device, MatMulNBits never materializes the float weight: up to :data:`GEMV_MAX_ROWS` rows of A run the
 GEMV of :mod:`._quantized_weights_wgsl` (one packed word per lane per step), more rows run the tiled GEMM with
@@ -18,6 +21,7 @@ packed into that uint8 form by the planner (:mod:`ortgpu._four_bit`) and runs th
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -52,9 +56,17 @@ from .._wgsl import (
     store_statements,
     workgroup_size_for,
 )
+from ..ai_onnx.quantize import EXACT_DIVISION_WGSL
 from ._quantized_weights_wgsl import NBitsLayout, gather_block_quantized_wgsl, nbits_gemm_loaders, nbits_gemv_wgsl
 
-__all__ = ["MatMulNBits", "GatherBlockQuantized", "unpack_codes", "dequantize_nbits", "GEMV_MAX_ROWS"]
+__all__ = [
+    "MatMulNBits",
+    "GatherBlockQuantized",
+    "unpack_codes",
+    "dequantize_nbits",
+    "quantize_rows_by_block",
+    "GEMV_MAX_ROWS",
+]
 
 #: MatMulNBits runs the GEMV for at most this many rows of A (each row re-reads the packed weight, which a tiled
 #: GEMM reads once per tile of rows); not yet tuned on hardware.
@@ -164,6 +176,38 @@ def dequantize_nbits(
     return ((codes.astype(np.float32) - zeros_float) * scale).astype(np.float32)
 
 
+def _a_block(attrs: Mapping[str, Any], layout: NBitsLayout, has_g_idx: bool = False) -> int | None:
+    """The block length along K in which onnxruntime's CPU kernel quantizes A, or None where it keeps A in float:
+    accuracy_level 4 with integer (or default) zero points and no g_idx; 4- and 8-bit weights in blocks of the
+    weight's block size up to 256 (larger weight blocks: 256), 2-bit weights only for blocks of 32 to 128 (measured
+    against onnxruntime 1.32's CPU provider on x86-64)."""
+    if int(attrs.get("accuracy_level", 0)) != 4 or layout.zero_points == "float" or has_g_idx:
+        return None
+    if layout.bits == 2:
+        return layout.block_size if 32 <= layout.block_size <= 128 else None
+    return min(layout.block_size, 256)
+
+
+def quantize_rows_by_block(a: np.ndarray, block_size: int) -> np.ndarray:
+    """A (float32, last axis K) as onnxruntime's CPU MatMulNBits sees it at accuracy_level 4: each row's blocks of
+    ``block_size`` along K (the last one may be shorter) become int8 codes ``round_half_even(a * (127 / amax))``
+    with ``amax`` the block's largest absolute value, dequantized as ``code * (amax / 127)`` (float32 throughout;
+    an all-zero block stays zero)."""
+    k = a.shape[-1]
+    rows = a.reshape(-1, k).astype(np.float32)
+    blocks = -(-k // block_size)
+    padded = np.zeros((rows.shape[0], blocks * block_size), np.float32)
+    padded[:, :k] = rows
+    grouped = padded.reshape(rows.shape[0], blocks, block_size)
+    amax = np.abs(grouped).max(axis=2, keepdims=True)
+    scale = amax / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inverse = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    codes = np.rint(grouped * inverse)
+    quantized: np.ndarray = (codes * scale).astype(np.float32).reshape(rows.shape[0], -1)[:, :k]
+    return quantized.reshape(a.shape)
+
+
 def _optional(inputs: Sequence[Any], index: int) -> Any:
     return inputs[index] if len(inputs) > index else None
 
@@ -189,7 +233,11 @@ class MatMulNBits(Operator):
             y = np.zeros(out_shape, np.float32)
         else:
             weight = dequantize_nbits(b, scales, zero_points, g_idx, layout)
-            y = np.matmul(a.astype(np.float32), weight.T)
+            a_float = a.astype(np.float32)
+            a_block = _a_block(attrs, layout, g_idx is not None)
+            if a_block is not None:
+                a_float = quantize_rows_by_block(a_float, a_block)
+            y = np.matmul(a_float, weight.T)
         if bias is not None:
             y = y + bias.astype(np.float32)
         return [np.ascontiguousarray(y.astype(a.dtype))]
@@ -216,12 +264,50 @@ class MatMulNBits(Operator):
         if out.size == 0:
             return OpPlan()
         steps = [EpilogueStep("add", 5, 1.0, (layout.n,))] if bias is not None else []
+        check_binding_sizes(self.op_type, [*inputs, out], caps)
+        a_block = _a_block(attrs, layout)
+        if a_block is None:
+            return self._product_plan(layout, steps, inputs, outputs, attrs, caps)
+        # accuracy_level 4: a first kernel writes the quantized A (float32) into a scratch buffer, and the product
+        # reads it there in place of input 0 (its twin sees the scratch as a float32 A and multiplies at level 0).
+        quantized_a = TensorInfo(tuple(a.shape), np.dtype(np.float32))
+        product = self._product_plan(
+            dataclasses.replace(layout, a_element="f32"),
+            steps,
+            [quantized_a, *inputs[1:]],
+            outputs,
+            {**attrs, "accuracy_level": 0},
+            caps,
+        )
+        scratch = Binding("scratch", len(product.scratch_sizes))
+        kernels = tuple(
+            dataclasses.replace(
+                kernel, bindings=tuple(scratch if b == Binding("input", 0) else b for b in kernel.bindings)
+            )
+            for kernel in product.kernels
+        )
+        first = _quantize_a_kernel(a, layout, a_block, scratch, caps)
+        return OpPlan(kernels=(first, *kernels), scratch_sizes=(*product.scratch_sizes, quantized_a.nbytes))
+
+    def _product_plan(
+        self,
+        layout: NBitsLayout,
+        steps: list[EpilogueStep],
+        inputs: Sequence[TensorInfo | None],
+        outputs: Sequence[TensorInfo],
+        attrs: Mapping[str, Any],
+        caps: DeviceCaps,
+    ) -> OpPlan:
+        """The product's kernels: the GEMV for few rows of A, else the tiled GEMM over dequantizing loaders."""
+        a, out = inputs[0], outputs[0]
+        assert a is not None
         operator, attributes = MatMulNBits(self.opset), dict(attrs)
 
         def compute(full: list[np.ndarray | None]) -> list[np.ndarray]:
-            return operator.reference(full, attributes, outputs)
+            # float16 widened (exactly): A may be the float32 quantized A beside float16 scales and bias
+            widened = [x.astype(np.float32) if x is not None and x.dtype == np.float16 else x for x in full]
+            return [operator.reference(widened, attributes, outputs)[0].astype(out.dtype)]
 
-        check_binding_sizes(self.op_type, [*inputs, out], caps)
         rows = element_count(a.shape[:-1])
         if rows <= GEMV_MAX_ROWS:
             return _gemv_plan(layout, rows, steps, out.shape, compute, inputs, outputs, caps)
@@ -257,6 +343,44 @@ class MatMulNBits(Operator):
         )
 
 
+def _quantize_a_kernel(
+    a: TensorInfo, layout: NBitsLayout, block: int, scratch: Binding, caps: DeviceCaps
+) -> KernelSpec:
+    """One invocation per (row, block) of A: the block's absolute maximum, then each element's int8 code times
+    the block's scale into ``scratch`` (float32), the quotients exact as onnxruntime's float32 division is."""
+    k = layout.k
+    blocks = -(-k // block)
+    rows = element_count(a.shape[:-1])
+    count = rows * blocks
+    table = BindingTable()
+    source = table.add(Binding("input", 0), layout.element)
+    target = table.add(scratch, "f32", writable=True)
+    workgroup = workgroup_size_for(caps.limits)
+    body = f"""  let w = {LINEAR_INVOCATION};
+  if (w >= {count}u) {{ return; }}
+  let row = w / {blocks}u;
+  let first = row * {k}u + (w % {blocks}u) * {block}u;
+  let last = min(first + {block}u, (row + 1u) * {k}u);
+  var amax = 0.0;
+  for (var i = first; i < last; i = i + 1u) {{ amax = max(amax, abs(f32({source}[i]))); }}
+  let limit = bitcast<u32>(127.0);
+  let scale = bitcast<f32>(div_bits(bitcast<u32>(amax), limit));
+  let inverse = select(0.0, bitcast<f32>(div_bits(limit, bitcast<u32>(amax))), amax != 0.0);
+  for (var i = first; i < last; i = i + 1u) {{ {target}[i] = round(f32({source}[i]) * inverse) * scale; }}
+"""
+    wgsl = table.enables() + table.declarations() + EXACT_DIVISION_WGSL + kernel_entry(workgroup, body)
+    bindings = tuple(table.bindings)
+    source_slot = next(slot for slot, b in enumerate(bindings) if b == Binding("input", 0))
+    target_slot = next(slot for slot, b in enumerate(bindings) if b == scratch)
+
+    def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
+        values = arrays[source_slot][: a.nbytes].view(a.dtype).reshape(a.shape)
+        raw = quantize_rows_by_block(values.astype(np.float32), block).reshape(-1).view(np.uint8)
+        arrays[target_slot][: raw.size] = raw
+
+    return KernelSpec("MatMulNBits", wgsl, grid_for(count, workgroup, caps.limits), bindings, twin)
+
+
 def _gemv_plan(
     layout: NBitsLayout,
     rows: int,
@@ -274,7 +398,7 @@ def _gemv_plan(
     element = layout.element
     table = BindingTable()
     names = {
-        "a": table.add(Binding("input", 0), f"vec4<{element}>" if layout.k % 4 == 0 else element),
+        "a": table.add(Binding("input", 0), f"vec4<{layout.a_type}>" if layout.k % 4 == 0 else layout.a_type),
         "b": table.add(Binding("input", 1), "u32"),
         "scales": table.add(Binding("input", 2), element),
     }
