@@ -31,6 +31,7 @@ from onnx import TensorProto, helper
 
 from ortgpu_core import Env, InvalidArgumentError, UnsafeAccessError
 
+from ._generation_conditions import host_conditions
 from ._generation_layout import load_decoder
 from ._run_options import RunOptions
 from ._session import InferenceSession
@@ -186,11 +187,13 @@ class Generator:
         self.batch_size = batch_size
         self._capture = capture
         # The proto itself, not its bytes: a model past protobuf's 2 GB (its external data loaded) still loads.
-        self._session = InferenceSession(with_next_token(proto, layout.logits), env=env, graph_capture=capture)
+        augmented = with_next_token(proto, layout.logits)
+        self._conditions = host_conditions(augmented, layout.attention_mask, batch_size)
+        self._session = InferenceSession(augmented, env=env, graph_capture=capture)
         self._closed = False
         self._top_k = np.array([1], np.int64)
         self._cache_values: list[Any] = []
-        self._graphs: list[Any] = []
+        self._graphs: dict[tuple[int, tuple[bool, ...]], Any] = {}
         try:
             allocator = self._session.allocator
             for shape, elem_type in zip(layout.cache_shapes, layout.cache_elem_types):
@@ -230,10 +233,7 @@ class Generator:
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        for graph in self._graphs:
-            if graph is not None:
-                graph.release()
-        self._graphs = []
+        self._release_graphs()
         extras = ("_mask", "_step_positions", "_sampling", "_random")
         for value in [*self._cache_values, *getattr(self, "_tokens", []), *(getattr(self, n, None) for n in extras)]:
             if value is not None:
@@ -242,10 +242,23 @@ class Generator:
 
     # -- generation -----------------------------------------------------------------------------------------------
 
-    def _binding(self, ids: Any, target: Any, positions: Any) -> Any:
-        """A binding of one step: token ids ``ids`` in, the next ones into ``target``, the cache in place."""
+    def _release_graphs(self) -> None:
+        for graph in self._graphs.values():
+            graph.release()
+        self._graphs = {}
+
+    def _decision(self, length: int) -> tuple[bool, ...]:
+        """The host-decided ``If`` conditions for a sequence of ``length`` positions (see
+        :mod:`ortgpu._generation_conditions`)."""
+        return tuple(condition.at(length) for condition in self._conditions)
+
+    def _binding(self, ids: Any, target: Any, positions: Any, decision: tuple[bool, ...] = ()) -> Any:
+        """A binding of one step: token ids ``ids`` in, the next ones into ``target``, the cache in place, each
+        host-decided condition bound as its own host array (a graph captured with it checks it before replaying)."""
         binding = self._session.io_binding()
         self._bind_choice(binding)
+        for condition, value in zip(self._conditions, decision):
+            binding.bind_cpu_input(condition.name, np.array(value))
         layout = self._layout
         binding.bind_input(layout.input_ids, ids)
         binding.bind_input(layout.attention_mask, self._mask)
@@ -318,10 +331,7 @@ class Generator:
         rows = self.batch_size
         if max_new_tokens == 0:
             return
-        for graph in self._graphs:
-            if graph is not None:
-                graph.release()
-        self._graphs = [None, None]
+        self._release_graphs()
         self._top_k = np.array([top_k], np.int64)
         top_p, temperature = sampling
         self._sampling.update_inplace(np.array([temperature, top_p], np.float32))
@@ -337,7 +347,7 @@ class Generator:
                 prompt_positions = self._session.allocator.from_numpy(
                     np.broadcast_to(np.arange(length, dtype=np.int64), (rows, length)).copy()
                 )
-            binding = self._binding(prompt_ids, self._tokens[0], prompt_positions)
+            binding = self._binding(prompt_ids, self._tokens[0], prompt_positions, self._decision(length))
             self._session.run_with_iobinding(binding, RunOptions(gpu_graph_id=-1))
         finally:
             prompt_ids.release()
@@ -345,7 +355,7 @@ class Generator:
                 prompt_positions.release()
         yield self._tokens[0].to_numpy().reshape(rows)
         tokens, positions = self._tokens, self._step_positions
-        bindings = [self._binding(tokens[0], tokens[1], positions), self._binding(tokens[1], tokens[0], positions)]
+        bindings: dict[tuple[int, tuple[bool, ...]], Any] = {}
         source = 0
         for step in range(1, max_new_tokens):
             position = length + step - 1
@@ -354,11 +364,16 @@ class Generator:
             self._random.update_inplace(np.array([seed, step], np.uint32))
             if self._step_positions is not None:
                 self._step_positions.update_inplace(np.full((rows, 1), position, np.int64))
+            key = (source, self._decision(position + 1))
+            binding = bindings.get(key)
+            if binding is None:
+                binding = bindings[key] = self._binding(tokens[source], tokens[1 - source], positions, key[1])
+            graph = self._graphs.get(key)
             if not self._capture:
-                self._session.run_with_iobinding(bindings[source], RunOptions(gpu_graph_id=-1))
-            elif self._graphs[source] is None:
-                self._graphs[source] = self._session.capture(bindings[source], graph_id=source)
+                self._session.run_with_iobinding(binding, RunOptions(gpu_graph_id=-1))
+            elif graph is None:
+                self._graphs[key] = self._session.capture(binding, graph_id=len(self._graphs))
             else:
-                self._graphs[source].replay()
+                graph.replay()
             source = 1 - source
             yield self._tokens[source].to_numpy().reshape(rows)

@@ -23,7 +23,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, CONTEXT = 96, 64, 2, 4, 2, 128, 128
-FAMILIES = ("llama", "qwen2", "phi")
+FAMILIES = ("llama", "qwen2", "phi", "phi3")
+#: Phi-3's LongRoPE switches from short to long rotary factors past this many positions (an ``If`` in the graph)
+ORIGINAL_CONTEXT = 64
 EOS = 2
 
 
@@ -57,13 +59,19 @@ def _build_with_builder(folder: str, family: str, precision: str, seed: int) -> 
 _CHECKPOINT_SCRIPT = f"""
 import sys, torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, PhiConfig, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, PhiConfig, PreTrainedTokenizerFast, Qwen2Config
 family, path, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 common = dict(hidden_size={HIDDEN}, num_hidden_layers={LAYERS}, num_attention_heads={HEADS},
               num_key_value_heads={KV_HEADS}, intermediate_size={INTERMEDIATE}, vocab_size={VOCAB},
               max_position_embeddings={CONTEXT}, bos_token_id=1, eos_token_id={EOS})
 if family == "phi":
     config = PhiConfig(**{{**common, "hidden_size": 2 * {HIDDEN}}}, partial_rotary_factor=0.5)
+elif family == "phi3":
+    half = {HIDDEN // HEADS // 2}
+    scaling = {{"type": "longrope", "long_factor": [1.0 + 0.5 * i for i in range(half)],
+               "short_factor": [1.0 + 0.1 * i for i in range(half)]}}
+    config = Phi3Config(**common, pad_token_id=0, original_max_position_embeddings={ORIGINAL_CONTEXT},
+                        rope_scaling=scaling)
 else:
     config = {{"llama": LlamaConfig, "qwen2": Qwen2Config}}[family](**common)
 torch.manual_seed(seed)
@@ -117,6 +125,10 @@ class _Graph:
     def weight(self, name: str, shape: tuple[int, ...], scale: float) -> str:
         return self.constant(name, (self.rng.standard_normal(shape) * scale).astype(np.float32))
 
+    def gain(self, name: str, size: int) -> str:
+        """A normalization's scale: near 1, as trained models have (near 0 would flatten attention)."""
+        return self.constant(name, (1.0 + self.rng.standard_normal(size) * 0.1).astype(np.float32))
+
     def project(self, x: str, name: str, k: int, n: int, bias: bool = False) -> str:
         weight = (self.rng.standard_normal((k, n)) * k**-0.5).astype(np.float32)
         if self.precision == "int4":
@@ -145,10 +157,28 @@ def _write_with_helper(folder: str, family: str, precision: str, seed: int) -> N
     width = g.node("Gather", [g.node("Shape", ["attention_mask"], "mask/shape"), ints["one"]], "mask/width", axis=0)
     total = g.node("Cast", [width], "mask/total", to=TensorProto.INT32)
     angles = np.arange(CONTEXT)[:, None] * (10000.0 ** (-np.arange(0, rotary, 2) / rotary))[None, :]
-    cos, sin = (
-        g.constant("cos_cache", np.cos(angles).astype(np.float32)),
-        g.constant("sin_cache", np.sin(angles).astype(np.float32)),
-    )
+    if family == "phi3":  # LongRoPE: short factors up to ORIGINAL_CONTEXT positions, long ones past it
+        # (factors, magnitude): the long tables also scale q and k, as LongRoPE's attention factor does
+        factors = {"long": (4.0 + np.arange(rotary // 2), 1.5), "short": (1.0 + 0.1 * np.arange(rotary // 2), 1.0)}
+        branches = {}
+        for kind, rows in (("long", CONTEXT), ("short", ORIGINAL_CONTEXT)):
+            scaled, magnitude = angles[:rows] / factors[kind][0], factors[kind][1]
+            tables = [(f"{t}_{kind}", (f(scaled) * magnitude).astype(np.float32))
+                      for t, f in (("cos", np.cos), ("sin", np.sin))]  # fmt: skip
+            branches[kind] = helper.make_graph(
+                [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(a)) for n, a in tables],
+                kind,
+                [],
+                [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n, _ in tables],
+            )
+        original = g.constant("original", np.array(ORIGINAL_CONTEXT, np.int64))
+        longer = g.node("Greater", [width, original], "rope/longer")
+        g.nodes.append(helper.make_node("If", [longer], ["cos_cache", "sin_cache"], name="rope/if",
+                                        then_branch=branches["long"], else_branch=branches["short"]))  # fmt: skip
+        cos, sin = "cos_cache", "sin_cache"
+    else:
+        cos = g.constant("cos_cache", np.cos(angles).astype(np.float32))
+        sin = g.constant("sin_cache", np.sin(angles).astype(np.float32))
     x = g.node("Gather", [g.weight("embed_tokens", (VOCAB, hidden), 1.0), "input_ids"], "embed")
     residual = x
     for layer in range(LAYERS):
@@ -156,7 +186,7 @@ def _write_with_helper(folder: str, family: str, precision: str, seed: int) -> N
         past = [f"past_key_values.{layer}.key", f"past_key_values.{layer}.value"]
         present = [f"present.{layer}.key", f"present.{layer}.value"]
         if phi:
-            gamma, beta = g.weight(f"{p}.ln.weight", (hidden,), 0.1), g.weight(f"{p}.ln.bias", (hidden,), 0.1)
+            gamma, beta = g.gain(f"{p}.ln.weight", hidden), g.weight(f"{p}.ln.bias", (hidden,), 0.1)
             if layer == 0:
                 normed = g.node("LayerNormalization", [residual, gamma, beta], f"{p}/ln", axis=-1, epsilon=1e-5)
             else:
@@ -165,7 +195,7 @@ def _write_with_helper(folder: str, family: str, precision: str, seed: int) -> N
                                                 domain="com.microsoft", epsilon=1e-5))  # fmt: skip
                 normed, residual = f"{p}/ln", f"{p}/sum"
         else:
-            gamma = g.weight(f"{p}.input_norm", (hidden,), 0.1)
+            gamma = g.gain(f"{p}.input_norm", hidden)
             if layer == 0:
                 normed = g.node(
                     "SimplifiedLayerNormalization", [residual, gamma], f"{p}/in_norm", axis=-1, epsilon=1e-6
@@ -186,7 +216,7 @@ def _write_with_helper(folder: str, family: str, precision: str, seed: int) -> N
             mlp = g.project(g.node("Gelu", [up], f"{p}/gelu", approximate="tanh"), f"{p}.fc2", INTERMEDIATE, hidden)
             x = g.node("Add", [attention, mlp], f"{p}/out")
             continue
-        gamma = g.weight(f"{p}.post_norm", (hidden,), 0.1)
+        gamma = g.gain(f"{p}.post_norm", hidden)
         g.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [residual, attention, gamma],
                                         [f"{p}/post_norm", "", "", f"{p}/post_sum"], name=f"{p}/post_norm",
                                         domain="com.microsoft", epsilon=1e-6))  # fmt: skip
@@ -195,7 +225,7 @@ def _write_with_helper(folder: str, family: str, precision: str, seed: int) -> N
         up = g.project(f"{p}/post_norm", f"{p}.up_proj", hidden, INTERMEDIATE)
         silu = g.node("Mul", [gate, g.node("Sigmoid", [gate], f"{p}/sigmoid")], f"{p}/silu")
         x = g.project(g.node("Mul", [silu, up], f"{p}/gated"), f"{p}.down_proj", INTERMEDIATE, hidden)
-    gamma = g.weight("final_norm", (hidden,), 0.1)
+    gamma = g.gain("final_norm", hidden)
     if phi:
         g.nodes.append(helper.make_node("SkipLayerNormalization", [residual, x, gamma, g.weight("final_bias", (hidden,), 0.1)],
                                         ["final"], name="final", domain="com.microsoft", epsilon=1e-5))  # fmt: skip

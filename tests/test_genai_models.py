@@ -1,6 +1,12 @@
 """ortgpu.Generator on onnxruntime-genai model folders: greedy tokens equal onnxruntime-genai's own (its CPU
 provider) for Llama-, Qwen2- and Phi-style models and a 4-bit Llama (MatMulNBits at accuracy_level 4, which
-onnxruntime computes over an int8-quantized A), 64 new tokens, captured and uncaptured, on both backends.
+onnxruntime computes over an int8-quantized A), 64 new tokens, captured and uncaptured, on both backends; a
+Phi-3-style LongRoPE model whose ``If`` switches rotary tables past 64 positions (decided on the host per step, one
+captured graph per branch).
+
+The prompts are ones for which onnxruntime-genai generates all 64 tokens (it stops at the end-of-sequence token,
+which these random models also choose).  For the 4-bit model, equality holds where no element of the int8 A lies
+within float rounding of a half code (one prompt in 10 to 20 measured otherwise: see the README).
 
 The folders come from :mod:`genai_models`: onnxruntime-genai's model builder where torch and transformers are
 importable, else graphs written in its layout with ``onnx.helper``.  Either way the model's sequence sizes are
@@ -24,7 +30,7 @@ from ortgpu_core import InvalidArgumentError, ModelError
 
 NEW_TOKENS = 64
 MODELS = {"llama": ("llama", "fp32", 0), "qwen2": ("qwen2", "fp32", 0), "phi": ("phi", "fp32", 1),
-          "llama-int4": ("llama", "int4", 0)}  # fmt: skip
+          "phi3-longrope": ("phi3", "fp32", 0), "llama-int4": ("llama", "int4", 0)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +44,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def test_greedy_tokens_equal_onnxruntime_genai(
     env: ortgpu.Env, folders: dict[str, str], name: str, capture: bool
 ) -> None:
-    prompt = np.random.default_rng(6).integers(3, 96, (1, 8)).astype(np.int64)
+    prompt = np.random.default_rng(7).integers(3, 96, (1, 8)).astype(np.int64)
     want = genai_greedy_tokens(folders[name], prompt, NEW_TOKENS)
     assert want.shape == (1, NEW_TOKENS)  # no end-of-sequence token came first: all 64 are compared
     with ortgpu.Generator(folders[name], env=env, capture=capture) as generator:
@@ -48,7 +54,7 @@ def test_greedy_tokens_equal_onnxruntime_genai(
 
 
 def test_a_batch_of_two_prompts_equals_onnxruntime_genai(env: ortgpu.Env, folders: dict[str, str]) -> None:
-    prompt = np.random.default_rng(4).integers(3, 96, (2, 6)).astype(np.int64)
+    prompt = np.concatenate([np.random.default_rng(seed).integers(3, 96, (1, 8)) for seed in (1, 3)]).astype(np.int64)
     want = genai_greedy_tokens(folders["llama"], prompt, 24)
     with ortgpu.Generator(folders["llama"], batch_size=2, env=env) as generator:
         got = np.stack(list(generator.generate(prompt, 24)), axis=1)
@@ -112,3 +118,18 @@ def test_bench_generate_takes_a_genai_folder(
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "| captured |" in out and "| uncaptured |" in out and "captured decode is" in out
+
+
+def test_a_longrope_if_is_decided_on_the_host(folders: dict[str, str]) -> None:
+    """The ``If`` choosing the rotary tables by the sequence's length reads a boolean input of its own, computed
+    per length as onnxruntime-genai's growing mask would decide it."""
+    from ortgpu._generation_conditions import host_conditions
+
+    model = onnx.load(os.path.join(folders["phi3-longrope"], "model.onnx"))
+    conditions = host_conditions(model, "attention_mask", 1)
+    assert len(conditions) == 1
+    (node,) = [n for n in model.graph.node if n.op_type == "If"]
+    assert node.input[0] == conditions[0].name and conditions[0].name in {i.name for i in model.graph.input}
+    assert [conditions[0].at(length) for length in (1, 64, 65, 128)] == [False, False, True, True]
+    plain = onnx.load(os.path.join(folders["llama"], "model.onnx"))
+    assert host_conditions(plain, "attention_mask", 1) == []
