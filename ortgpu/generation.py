@@ -93,7 +93,8 @@ def with_next_token(model: onnx.ModelProto, logits: str = "logits") -> onnx.Mode
         return c(output)
 
     last = node("Slice", [logits, c("last_starts"), c("last_ends"), c("axis1")], "last")
-    flat = node("Squeeze", [last, c("axis1")], "flat")
+    # float32 from here on: a float16 model's logits are compared and sampled in float32, as onnxruntime-genai does
+    flat = node("Cast", [node("Squeeze", [last, c("axis1")], "squeezed")], "flat", to=TensorProto.FLOAT)
     temperature = node("Gather", [SAMPLING, c("first")], "temperature")
     top_p = node("Gather", [SAMPLING, c("second")], "top_p")
     scaled = node("Div", [flat, temperature], "scaled")

@@ -35,7 +35,9 @@ def builder_available() -> bool:
 
 
 def write_genai_folder(folder: str, family: str, precision: str = "fp32", seed: int = 0) -> str:
-    """A model folder for ``family`` (llama, qwen2, phi) at ``precision`` (fp32, int4); returns ``folder``."""
+    """A model folder for ``family`` (llama, qwen2, phi, phi3) at ``precision``: fp32, int4 (float32 activations,
+    as the builder writes int4 for the CPU) or fp16 (float16 weights, activations and cache, as it writes for
+    WebGPU); returns ``folder``."""
     if builder_available():
         _build_with_builder(folder, family, precision, seed)
     else:
@@ -49,9 +51,16 @@ def write_genai_folder(folder: str, family: str, precision: str = "fp32", seed: 
 def _build_with_builder(folder: str, family: str, precision: str, seed: int) -> None:
     checkpoint = os.path.join(folder, "hf")
     subprocess.run([sys.executable, "-c", _CHECKPOINT_SCRIPT, family, checkpoint, str(seed)], check=True)
+    provider = "webgpu" if precision == "fp16" else "cpu"  # the builder's CPU fp16 is another layout (no GQA)
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", checkpoint, "-o", folder,
-               "-p", precision, "-e", "cpu"]  # fmt: skip
+               "-p", precision, "-e", provider]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True)
+    path = os.path.join(folder, "genai_config.json")
+    with open(path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    config["model"]["decoder"]["session_options"]["provider_options"] = []  # the reference runs on the CPU
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(config, handle, indent=1)
 
 
 #: Writes a random Hugging Face checkpoint and a word-level tokenizer (the builder insists on one) in a child
@@ -247,6 +256,8 @@ def _write_with_helper(folder: str, family: str, precision: str, seed: int) -> N
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     )
+    if precision == "fp16":
+        _to_float16(model)
     onnx.save(model, os.path.join(folder, "model.onnx"))
     config = {
         "model": {
@@ -267,6 +278,30 @@ def _write_with_helper(folder: str, family: str, precision: str, seed: int) -> N
     }  # fmt: skip
     with open(os.path.join(folder, "genai_config.json"), "w", encoding="utf-8") as handle:
         json.dump(config, handle, indent=1)
+
+
+def _to_float16(model: onnx.ModelProto) -> None:
+    """Every float32 tensor of the model (initializers, Constant values in any subgraph, graph inputs and outputs)
+    as float16, in place."""
+
+    def convert(tensor: onnx.TensorProto) -> None:
+        if tensor.data_type == TensorProto.FLOAT:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float16), tensor.name))
+
+    def visit(graph: onnx.GraphProto) -> None:
+        for tensor in graph.initializer:
+            convert(tensor)
+        for value in [*graph.input, *graph.output]:
+            if value.type.tensor_type.elem_type == TensorProto.FLOAT:
+                value.type.tensor_type.elem_type = TensorProto.FLOAT16
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.TENSOR:
+                    convert(attribute.t)
+                elif attribute.type == onnx.AttributeProto.GRAPH:
+                    visit(attribute.g)
+
+    visit(model.graph)
 
 
 def genai_greedy_tokens(folder: str, prompt: np.ndarray, new_tokens: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """ortgpu.Generator on onnxruntime-genai model folders: greedy tokens equal onnxruntime-genai's own (its CPU
 provider) for Llama-, Qwen2- and Phi-style models and a 4-bit Llama (MatMulNBits at accuracy_level 4, which
-onnxruntime computes over an int8-quantized A), 64 new tokens, captured and uncaptured, on both backends; a
+onnxruntime computes over an int8-quantized A) and a float16 Llama (the builder's WebGPU layout), 64 new tokens, captured and uncaptured, on both backends; a
 Phi-3-style LongRoPE model whose ``If`` switches rotary tables past 64 positions (decided on the host per step, one
 captured graph per branch).
 
@@ -30,7 +30,8 @@ from ortgpu_core import InvalidArgumentError, ModelError
 
 NEW_TOKENS = 64
 MODELS = {"llama": ("llama", "fp32", 0), "qwen2": ("qwen2", "fp32", 0), "phi": ("phi", "fp32", 1),
-          "phi3-longrope": ("phi3", "fp32", 0), "llama-int4": ("llama", "int4", 0)}  # fmt: skip
+          "phi3-longrope": ("phi3", "fp32", 0), "llama-int4": ("llama", "int4", 0),
+          "llama-fp16": ("llama", "fp16", 0)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
