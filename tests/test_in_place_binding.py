@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 from test_contrib_attention import GH, GKV, _gqa
 
 import ortgpu
-from ortgpu_core import CaptureStateError, InvalidArgumentError
+from ortgpu_core import CaptureStateError, InvalidArgumentError, ShapeError
 
 X = np.arange(4, dtype=np.float32)
 
@@ -129,6 +129,13 @@ def test_a_kv_cache_read_as_the_past_and_written_as_the_present_in_place(env: or
             values["pk"].release()
         with pytest.raises(CaptureStateError):
             binding.bind_output("present_key", allocator.empty(values["pk"].shape(), np.float32))
+        # nor resized: a value keeps its shape, so a longer cache is a new value (refused above)
+        longer = [*values["pk"].shape()[:2], values["pk"].shape()[2] + 4, values["pk"].shape()[3]]
+        with pytest.raises(ShapeError, match="shape"):
+            values["pk"].update_inplace(np.zeros(longer, np.float32))
+        before = values["pk"].to_numpy()
+        graph.replay()  # the same step again: the cache it was captured with, rewritten with the same values
+        np.testing.assert_array_equal(values["pk"].to_numpy(), before)
         graph.release()
         y.release()
         for value in values.values():
