@@ -310,9 +310,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--generate",
         default=None,
         metavar="MODEL",
-        help="token generation with ortgpu.Generator, captured vs uncaptured: MODEL is an .onnx in onnxruntime-genai's "
-        "static-cache layout or decoder-LAYERS-HIDDEN (built with random weights; bench/generate.py); --rounds "
+        help="token generation with ortgpu.Generator, captured vs uncaptured: MODEL is an onnxruntime-genai model "
+        "folder or .onnx, llama-LAYERS-HIDDEN (a random Llama built by onnxruntime-genai's builder: needs it, torch "
+        "and transformers) or decoder-LAYERS-HIDDEN (a toy decoder with random weights; bench/generate.py); --rounds "
         "timed generations per arm",
+    )
+    parser.add_argument(
+        "--generate-vs",
+        default=None,
+        metavar="PEERS",
+        help="with --generate on a model folder: also time onnxruntime-genai (its CPU provider) and/or torch "
+        "(transformers generate, static cache, eager and CUDA graphs, on the folder's hf/ checkpoint), comma-separated",
     )
     parser.add_argument("--prompt-len", type=int, default=128, help="with --generate: prompt tokens per row")
     parser.add_argument("--new-tokens", type=int, default=128, help="with --generate: tokens generated per row")
@@ -324,10 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.generate is not None:
-        from .generate import parse_decoder, run_generate
+        from .generate import parse_decoder, parse_llama, parse_peers, run_generate
 
         try:
             parse_decoder(args.generate)
+            parse_llama(args.generate)
+            parse_peers(args.generate_vs)
         except ValueError as error:
             parser.error(str(error))
         if args.prompt_len < 1 or args.new_tokens < 2 or args.rounds < 1 or args.batch < 1:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -166,6 +168,7 @@ def measure_generation(
     for name, capture in arms.items():
         generators[name] = ortgpu.Generator(model, batch_size=batch, env=env, capture=capture, max_length=max_length)
     vocabulary = min(generators["captured"].vocabulary, 2**31)
+    eos = generators["captured"].eos_token_ids
     prompt = np.random.default_rng(0).integers(0, vocabulary, (batch, prompt_length)).astype(np.int64)
     results: dict[str, Any] = {name: {"prefill_ms": [], "decode_ms": []} for name in arms}
     tokens: dict[str, np.ndarray] = {}
@@ -192,7 +195,14 @@ def measure_generation(
         }
     summary = {name: result["summary"] for name, result in results.items()}
     speedup = summary["uncaptured"]["decode_ms_p50"] / summary["captured"]["decode_ms_p50"]
-    return {"arms": results, "summary": summary, "decode_speedup": speedup, "tokens": tokens["captured"].tolist()}
+    return {
+        "arms": results,
+        "summary": summary,
+        "decode_speedup": speedup,
+        "tokens": tokens["captured"].tolist(),
+        "prompt": prompt.tolist(),
+        "eos_token_ids": list(eos),
+    }
 
 
 def format_generation(report: dict[str, Any]) -> str:
@@ -206,6 +216,10 @@ def format_generation(report: dict[str, Any]) -> str:
             f"{row['tokens_per_s']:.1f} |"
         )
     lines.append(f"captured decode is {report['decode_speedup']:.2f}x the uncaptured one (p50 per token)")
+    for name, agreement in report.get("agreement", {}).items():
+        where = " (there ortgpu chose an end-of-sequence token, which the peer is held past)"
+        lines.append(f"{name}: the first {agreement['equal']} of {agreement['of']} greedy tokens equal ortgpu's"
+                     + (where if agreement["parted_at_eos"] else ""))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -214,24 +228,108 @@ def _genai_model_file(folder: str) -> str:
         return str(json.load(handle)["model"]["decoder"]["filename"])
 
 
+PEERS = ("onnxruntime-genai", "torch")
+
+
+def parse_peers(text: str | None) -> list[str]:
+    """``--generate-vs`` (comma-separated): onnxruntime-genai, torch."""
+    peers = [p for p in (text or "").split(",") if p]
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise ValueError(f"--generate-vs takes {', '.join(PEERS)}, not {', '.join(unknown)}")
+    return peers
+
+
+def parse_llama(text: str) -> tuple[int, int] | None:
+    """``llama-LAYERS-HIDDEN`` -> (layers, hidden); None for anything else."""
+    parts = text.split("-")
+    if len(parts) != 3 or parts[0] != "llama":
+        return None
+    try:
+        layers, hidden = int(parts[1]), int(parts[2])
+    except ValueError:
+        raise ValueError(f"--generate llama-LAYERS-HIDDEN takes two ints, not {text!r}") from None
+    if layers < 1 or hidden < 256 or hidden % 256:
+        raise ValueError(f"--generate {text}: at least one layer, and a hidden size that is a multiple of 256")
+    return layers, hidden
+
+
+def _agreement(ours: list[list[int]], theirs: list[list[int]], eos: list[int]) -> dict[str, Any]:
+    """How many leading tokens every row of ``ours`` and ``theirs`` share, and whether ortgpu's token where they
+    part is an end-of-sequence id (a peer held past it by a minimum length then necessarily chooses another)."""
+    count = min(len(ours[0]), len(theirs[0]))
+    for row_a, row_b in zip(ours, theirs):
+        count = min(count, next((i for i, (x, y) in enumerate(zip(row_a, row_b)) if x != y), count))
+    parted_at_eos = count < len(ours[0]) and any(row[count] in eos for row in ours)
+    return {"equal": count, "of": len(ours[0]), "parted_at_eos": parted_at_eos}
+
+
+def run_peers(report: dict[str, Any], folder: str | None, peers: list[str], args: Any) -> None:
+    """Time the peers on the same prompt; their rows join ``report["summary"]``, their agreement with ortgpu's
+    captured tokens (leading tokens equal) ``report["agreement"]``."""
+    from .generate_peers import genai_arm, torch_arm
+
+    prompt = np.asarray(report["prompt"], dtype=np.int64)
+    report.setdefault("agreement", {})
+    for peer in peers:
+        if folder is None:
+            raise SystemExit(f"--generate-vs {peer} needs an onnxruntime-genai model folder or llama-LAYERS-HIDDEN")
+        if peer == "onnxruntime-genai":
+            arms = {"onnxruntime-genai CPU": genai_arm(folder, prompt, args.new_tokens, args.rounds)}
+        else:
+            from .genai_build import CHECKPOINT_DIR
+
+            checkpoint = os.path.join(folder, CHECKPOINT_DIR)
+            if not os.path.isdir(checkpoint):
+                raise SystemExit(f"--generate-vs torch needs the Hugging Face checkpoint the folder was built from, "
+                                 f"in {checkpoint} (llama-LAYERS-HIDDEN writes one)")  # fmt: skip
+            try:
+                arms = {f"torch {mode}": torch_arm(checkpoint, prompt, args.new_tokens, args.rounds, mode)
+                        for mode in ("eager", "cuda-graph")}  # fmt: skip
+            except RuntimeError as error:  # no torch, no CUDA: say so, keep the other arms
+                print(f"--generate-vs torch: {error}")
+                report.setdefault("failed", {})[peer] = str(error)
+                continue
+        for name, arm in arms.items():
+            report["summary"][name] = arm["summary"]
+            report["agreement"][name] = _agreement(report["tokens"], arm["tokens"], report["eos_token_ids"])
+
+
 def run_generate(args: Any) -> int:
     """The ``--generate`` command (options checked by ``bench.__main__``)."""
     decoder = parse_decoder(args.generate)
+    llama = parse_llama(args.generate)
+    peers = parse_peers(getattr(args, "generate_vs", None))
     length = args.prompt_len + args.new_tokens
     model: onnx.ModelProto | str
     max_length: int | None = None
-    if decoder is not None:
+    folder: str | None = None
+    scratch: str | None = None
+    if llama is not None:
+        from .genai_build import build_folder, builder_available, llama_config
+
+        if not builder_available():
+            raise SystemExit("--generate llama-LAYERS-HIDDEN builds through onnxruntime-genai's builder: it needs "
+                             "onnxruntime-genai, torch and transformers importable")  # fmt: skip
+        scratch = tempfile.mkdtemp(prefix="ortgpu-generate-")
+        print(f"building {args.generate} with onnxruntime-genai's builder into {scratch}", flush=True)
+        config = llama_config(*llama, context=max(length, 256))
+        model = folder = build_folder(scratch, "llama", config)
+    elif decoder is not None:
         layers, hidden = decoder
         model = build_decoder(layers, hidden, length, batch=args.batch)
-        parameters = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     else:
         model = args.generate
+        folder = model if os.path.isdir(model) else None
+    if isinstance(model, str):
         path = os.path.join(model, _genai_model_file(model)) if os.path.isdir(model) else model
         header = onnx.load(path, load_external_data=False)
         parameters = sum(int(np.prod(t.dims)) for t in header.graph.initializer)
         mask = next((v for v in header.graph.input if v.name == "attention_mask"), None)
         fixed = mask is not None and mask.type.tensor_type.shape.dim[-1].HasField("dim_value")
         max_length = None if os.path.isdir(model) or fixed else length
+    else:
+        parameters = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     env = ortgpu.Env(backend=args.backend)
     try:
         device = env.default_device
@@ -241,8 +339,14 @@ def run_generate(args: Any) -> int:
         report = measure_generation(model, args.prompt_len, args.new_tokens, args.batch, env, args.rounds, max_length)
     finally:
         env.close()
+    try:
+        run_peers(report, folder, peers, args)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     print(format_generation(report))
     if args.json_path:
         with open(args.json_path, "w") as handle:
-            json.dump({"model": args.generate, **{k: v for k, v in report.items() if k != "tokens"}}, handle, indent=1)
-    return 0
+            kept = {k: v for k, v in report.items() if k not in ("tokens", "prompt")}
+            json.dump({"model": args.generate, **kept}, handle, indent=1)
+    return 2 if report.get("failed") else 0

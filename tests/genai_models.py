@@ -11,16 +11,15 @@ does for the CPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from bench.genai_build import build_folder, builder_available
 
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE, CONTEXT = 96, 64, 2, 4, 2, 128, 128
 FAMILIES = ("llama", "qwen2", "phi", "phi3")
@@ -29,17 +28,12 @@ ORIGINAL_CONTEXT = 64
 EOS = 2
 
 
-def builder_available() -> bool:
-    """Whether onnxruntime-genai's builder can run: it reads the checkpoint through torch and transformers."""
-    return all(importlib.util.find_spec(name) is not None for name in ("onnxruntime_genai", "torch", "transformers"))
-
-
 def write_genai_folder(folder: str, family: str, precision: str = "fp32", seed: int = 0) -> str:
     """A model folder for ``family`` (llama, qwen2, phi, phi3) at ``precision``: fp32, int4 (float32 activations,
     as the builder writes int4 for the CPU) or fp16 (float16 weights, activations and cache, as it writes for
     WebGPU); returns ``folder``."""
     if builder_available():
-        _build_with_builder(folder, family, precision, seed)
+        build_folder(folder, family, _family_config(family), precision, seed)
     else:
         _write_with_helper(folder, family, precision, seed)
     return folder
@@ -48,54 +42,21 @@ def write_genai_folder(folder: str, family: str, precision: str = "fp32", seed: 
 # -- through onnxruntime-genai's builder ---------------------------------------------------------------------------
 
 
-def _build_with_builder(folder: str, family: str, precision: str, seed: int) -> None:
-    checkpoint = os.path.join(folder, "hf")
-    subprocess.run([sys.executable, "-c", _CHECKPOINT_SCRIPT, family, checkpoint, str(seed)], check=True)
-    provider = "webgpu" if precision == "fp16" else "cpu"  # the builder's CPU fp16 is another layout (no GQA)
-    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", checkpoint, "-o", folder,
-               "-p", precision, "-e", provider]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True)
-    path = os.path.join(folder, "genai_config.json")
-    with open(path, encoding="utf-8") as handle:
-        config = json.load(handle)
-    config["model"]["decoder"]["session_options"]["provider_options"] = []  # the reference runs on the CPU
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(config, handle, indent=1)
-
-
-#: Writes a random Hugging Face checkpoint and a word-level tokenizer (the builder insists on one) in a child
-#: process, so torch is never imported into the test process.
-_CHECKPOINT_SCRIPT = f"""
-import sys, torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, PhiConfig, PreTrainedTokenizerFast, Qwen2Config
-family, path, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
-common = dict(hidden_size={HIDDEN}, num_hidden_layers={LAYERS}, num_attention_heads={HEADS},
-              num_key_value_heads={KV_HEADS}, intermediate_size={INTERMEDIATE}, vocab_size={VOCAB},
-              max_position_embeddings={CONTEXT}, bos_token_id=1, eos_token_id={EOS})
-if family == "phi":
-    config = PhiConfig(**{{**common, "hidden_size": 2 * {HIDDEN}}}, partial_rotary_factor=0.5)
-elif family == "phi3":
-    half = {HIDDEN // HEADS // 2}
-    scaling = {{"type": "longrope", "long_factor": [1.0 + 0.5 * i for i in range(half)],
-               "short_factor": [1.0 + 0.1 * i for i in range(half)]}}
-    config = Phi3Config(**common, pad_token_id=0, original_max_position_embeddings={ORIGINAL_CONTEXT},
-                        rope_scaling=scaling)
-else:
-    config = {{"llama": LlamaConfig, "qwen2": Qwen2Config}}[family](**common)
-torch.manual_seed(seed)
-model = AutoModelForCausalLM.from_config(config)
-with torch.no_grad():
-    for parameter in model.parameters():
-        if parameter.dim() == 2:
-            parameter.normal_(0.0, parameter.shape[1] ** -0.5)
-        elif "norm" not in "".join(n for n, p in model.named_parameters() if p is parameter):
-            parameter.normal_(0.0, 0.1)
-model.save_pretrained(path)
-tokenizer = Tokenizer(models.WordLevel({{f"t{{i}}": i for i in range({VOCAB})}}, unk_token="t0"))
-tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="t0", bos_token="t1", eos_token="t{EOS}").save_pretrained(path)
-"""
+def _family_config(family: str) -> dict[str, Any]:
+    """The Hugging Face config of ``family`` at this module's sizes."""
+    config: dict[str, Any] = {
+        "hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS, "intermediate_size": INTERMEDIATE, "vocab_size": VOCAB,
+        "max_position_embeddings": CONTEXT, "bos_token_id": 1, "eos_token_id": EOS,
+    }  # fmt: skip
+    if family == "phi":
+        config.update(hidden_size=2 * HIDDEN, partial_rotary_factor=0.5)
+    elif family == "phi3":
+        half = HIDDEN // HEADS // 2
+        scaling = {"type": "longrope", "long_factor": [1.0 + 0.5 * i for i in range(half)],
+                   "short_factor": [1.0 + 0.1 * i for i in range(half)]}  # fmt: skip
+        config.update(pad_token_id=0, original_max_position_embeddings=ORIGINAL_CONTEXT, rope_scaling=scaling)
+    return config
 
 
 # -- written with onnx.helper in the builder's layout --------------------------------------------------------------

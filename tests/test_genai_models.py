@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -134,3 +135,43 @@ def test_a_longrope_if_is_decided_on_the_host(folders: dict[str, str]) -> None:
     assert [conditions[0].at(length) for length in (1, 64, 65, 128)] == [False, False, True, True]
     plain = onnx.load(os.path.join(folders["llama"], "model.onnx"))
     assert host_conditions(plain, "attention_mask", 1) == []
+
+
+def test_bench_generate_against_onnxruntime_genai(
+    backend_name: str, folders: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--generate-vs onnxruntime-genai``: its row in the table, timed on the same prompt, and how many of its
+    greedy tokens equal ortgpu's; ``torch`` without the folder's checkpoint is refused, naming it."""
+    from bench.__main__ import main
+
+    argv = ["--generate", folders["qwen2"], "--prompt-len", "6", "--new-tokens", "5", "--rounds", "1",
+            "--backend", backend_name, "--generate-vs", "onnxruntime-genai"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| onnxruntime-genai CPU |" in out
+    agreement = re.search(r"onnxruntime-genai CPU: the first (\d+) of 5 greedy tokens equal ortgpu's( \(there)?", out)
+    assert agreement is not None and (agreement.group(1) == "5" or agreement.group(2))
+    if not os.path.isdir(os.path.join(folders["qwen2"], "hf")):
+        with pytest.raises(SystemExit, match="needs the Hugging Face checkpoint"):
+            main([*argv[:-1], "torch"])
+    with pytest.raises(SystemExit):
+        main([*argv[:-1], "tensorflow"])
+    assert "--generate-vs takes onnxruntime-genai, torch, not tensorflow" in capsys.readouterr().err
+
+
+def test_bench_generate_builds_a_llama_through_the_builder(
+    backend_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--generate llama-LAYERS-HIDDEN`` builds a random Llama with onnxruntime-genai's builder, or says what it
+    needs where the builder cannot run."""
+    from bench.__main__ import main
+    from bench.genai_build import builder_available
+
+    argv = ["--generate", "llama-1-256", "--prompt-len", "4", "--new-tokens", "3", "--rounds", "1",
+            "--backend", backend_name]  # fmt: skip
+    if not builder_available():
+        with pytest.raises(SystemExit, match="needs onnxruntime-genai, torch and transformers"):
+            main(argv)
+        return
+    assert main(argv) == 0
+    assert "captured decode is" in capsys.readouterr().out
