@@ -1,0 +1,189 @@
+"""The Ray Serve deployment around :class:`~ortgpu.serve._server.ModelServer`: :func:`application` and :func:`run`.
+
+Each replica is an actor that builds its own server (its own Env, session and captured graphs: replicas share only
+the device) and answers requests with ``@serve.batch``: the requests that arrive within ``batch_wait_timeout_s`` (up
+to ``max_batch_size``) go to one replay of the smallest captured bucket that holds their rows, then each gets its own
+rows back.  ``max_batch_size=1`` turns batching off.  The replay runs on a worker thread so that the replica keeps
+accepting (and batching) requests meanwhile.
+
+Requests: over a handle, a mapping of input name to numpy array (``[rows, ...]``), answered with a mapping of output
+name to array; over HTTP, JSON ``{"inputs": {name: nested lists}}`` answered with ``{"outputs": {...}}``, status 400
+for an invalid request and 503 when the replica failed.  Serve calls :meth:`check_health` every
+``health_check_period_s``: a replica whose device work failed raises there and is replaced.
+
+Metrics (Serve's, exported with its own): ``ortgpu_pending_requests`` (gauge: requests received and not yet
+answered, the replica's queue), ``ortgpu_batch_rows`` and ``ortgpu_batch_fill`` (histograms: rows per replay, rows
+over the bucket's size), ``ortgpu_replay_ms`` (histogram: a batch's write, replay and read); Serve tags each with
+the application, deployment and replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import time
+from typing import Any, Literal, Mapping, Sequence
+
+from ortgpu_core import InvalidArgumentError
+
+from ._server import DEFAULT_BUCKETS, ModelServer, ReplicaFailedError
+
+__all__ = ["application", "run"]
+
+
+def _make_server(runtime: str, model: Any, options: dict[str, Any]) -> Any:
+    if runtime == "ortgpu":
+        return ModelServer(model, **options)
+    if runtime == "onnxruntime":
+        from ._onnxruntime_server import OnnxruntimeServer
+
+        return OnnxruntimeServer(model, **options)
+    raise InvalidArgumentError(f"runtime must be 'ortgpu' or 'onnxruntime', not {runtime!r}")
+
+
+def application(
+    model: str | os.PathLike[str] | bytes,
+    *,
+    name: str = "ortgpu",
+    num_replicas: int = 1,
+    buckets: Sequence[int] = DEFAULT_BUCKETS,
+    max_batch_size: int | None = None,
+    batch_wait_timeout_s: float = 0.002,
+    backend: Literal["wgpu", "fake"] = "wgpu",
+    capture: bool = True,
+    row_shapes: Mapping[str, Sequence[int]] | None = None,
+    runtime: str = "ortgpu",
+    num_cpus: float = 0.0,
+    max_ongoing_requests: int = 64,
+    health_check_period_s: float = 2.0,
+) -> Any:
+    """A Ray Serve application serving ``model`` (see the module docstring); pass it to ``serve.run``.
+
+    ``model`` is a path every replica can read (one machine) or the model's bytes (shipped to the replicas).
+    ``max_batch_size`` defaults to the largest bucket; ``runtime="onnxruntime"`` serves the same model with
+    onnxruntime instead (its WebGPU EP where installed, else its CPU provider), for comparison.  Raises ImportError
+    naming the extra to install where Ray Serve is missing."""
+    try:
+        from ray import serve
+        from ray.serve import metrics
+        from starlette.requests import Request
+    except ImportError as error:
+        raise ImportError("ortgpu.serve needs Ray Serve: pip install 'ortgpu[serve]'") from error
+    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
+        raise InvalidArgumentError(f"num_replicas must be a positive int, not {num_replicas!r}")
+    batch = max(int(b) for b in buckets) if max_batch_size is None else max_batch_size
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise InvalidArgumentError(f"max_batch_size must be a positive int, not {max_batch_size!r}")
+    if runtime not in ("ortgpu", "onnxruntime"):
+        raise InvalidArgumentError(f"runtime must be 'ortgpu' or 'onnxruntime', not {runtime!r}")
+    options: dict[str, Any] = {"buckets": tuple(buckets), "row_shapes": dict(row_shapes or {})}
+    if runtime == "ortgpu":
+        options.update(backend=backend, capture=capture)
+    source = model if isinstance(model, bytes) else os.fspath(model)
+
+    class Replica:
+        def __init__(self) -> None:
+            self.server = _make_server(runtime, source, options)
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortgpu-serve")
+            self._pending = 0
+            self._pending_gauge = metrics.Gauge("ortgpu_pending_requests", "requests received, not yet answered")  # fmt: skip
+            self._rows = metrics.Histogram("ortgpu_batch_rows", "rows per replay", boundaries=[1, 2, 4, 8, 16, 32, 64])  # fmt: skip
+            self._fill = metrics.Histogram("ortgpu_batch_fill", "rows over the bucket's size",
+                                           boundaries=[0.25, 0.5, 0.75, 0.99])  # fmt: skip
+            self._replay = metrics.Histogram("ortgpu_replay_ms", "a batch's write, replay and read, ms",
+                                             boundaries=[0.25, 0.5, 1, 2, 5, 10, 20, 50, 100])  # fmt: skip
+
+        async def __call__(self, request: Any) -> Any:
+            http = isinstance(request, Request)  # (a starlette Request is also a Mapping: of its ASGI scope)
+            self._pending += 1
+            self._pending_gauge.set(self._pending)
+            try:
+                if http:
+                    return await self._http(request)
+                return await self._batched(self.server.validate(request))
+            finally:
+                self._pending -= 1
+                self._pending_gauge.set(self._pending)
+
+        async def _http(self, request: Any) -> Any:
+            from starlette.responses import JSONResponse
+
+            try:
+                body = await request.json()
+                inputs = body.get("inputs") if isinstance(body, dict) else None
+                if not isinstance(inputs, dict):
+                    raise InvalidArgumentError('the body must be JSON {"inputs": {name: nested lists}}')
+                answer = await self._batched(self.server.validate(inputs))
+            except (InvalidArgumentError, ValueError) as error:
+                return JSONResponse({"error": str(error)}, status_code=400)
+            except ReplicaFailedError as error:
+                return JSONResponse({"error": str(error)}, status_code=503)
+            return {"outputs": {key: value.tolist() for key, value in answer.items()}}
+
+        @serve.batch(max_batch_size=batch, batch_wait_timeout_s=batch_wait_timeout_s)
+        async def _batched(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            start = time.perf_counter()
+            loop = asyncio.get_running_loop()
+            answers: list[dict[str, Any]] = await loop.run_in_executor(self._executor, self.server.infer, requests)
+            rows = sum(len(next(iter(a.values()))) for a in requests)
+            size = next((b for b in self.server.buckets if b >= rows), self.server.buckets[-1])
+            self._rows.observe(rows)
+            self._fill.observe(min(1.0, rows / size))
+            self._replay.observe((time.perf_counter() - start) * 1e3)
+            return answers
+
+        def check_health(self) -> None:
+            self.server.check_health()
+
+        def status(self) -> dict[str, Any]:
+            return {**self.server.status(), "pending": self._pending, "runtime": runtime}
+
+        def inject_fault(self, kind: str, n: int = 1) -> None:
+            self.server.inject_fault(kind, n)
+
+        def profile(self) -> None:
+            self.server.profile()
+
+        def end_profile(self) -> str:
+            return str(self.server.end_profile())
+
+        def __del__(self) -> None:
+            server = getattr(self, "server", None)
+            if server is not None:
+                server.close()
+
+    deployment = serve.deployment(
+        name=name,
+        num_replicas=num_replicas,
+        ray_actor_options={"num_cpus": num_cpus},
+        max_ongoing_requests=max_ongoing_requests,
+        health_check_period_s=health_check_period_s,
+        health_check_timeout_s=max(10.0, 5 * health_check_period_s),
+    )(Replica)
+    return deployment.bind()
+
+
+def run(
+    model: str | os.PathLike[str] | bytes,
+    *,
+    name: str = "ortgpu",
+    route_prefix: str | None = None,
+    http_port: int | None = None,
+    **options: Any,
+) -> Any:
+    """Start Ray (locally, on the loopback address, if it is not running) and Serve, deploy :func:`application`
+    and return its handle: ``handle.remote({"x": array}).result()``.  ``http_port`` also serves HTTP on
+    ``127.0.0.1:http_port`` at ``route_prefix`` (default ``/<name>``)."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError as error:
+        raise ImportError("ortgpu.serve needs Ray Serve: pip install 'ortgpu[serve]'") from error
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if http_port is not None:
+        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+    app = application(model, name=name, **options)
+    prefix = route_prefix if route_prefix is not None else f"/{name}"
+    return serve.run(app, name=name, route_prefix=prefix if http_port is not None else None)

@@ -1,0 +1,327 @@
+"""One replica's model: :class:`ModelServer` answers batches of requests from captured graphs, one per batch size.
+
+Ray-free (the deployment in :mod:`ortgpu.serve._deployment` wraps it), so it runs and is tested anywhere.  At start-up
+it opens its own Env, loads the model, and for each batch size of ``buckets`` allocates fixed device inputs and
+outputs, runs once, and captures a graph.  A batch of requests is concatenated along the first axis (every input's
+first dimension is the batch), padded with zeros to the smallest bucket that holds it (batches larger than the
+largest bucket go in several), written into that bucket's inputs, replayed, read back and split into the requests'
+rows.  The padding rows are computed and dropped: a model whose rows are independent (the batch dimension is only a
+batch) answers each request as if it came alone.
+
+Failure: a replay that raises (the device lost, a validation error) marks the server unhealthy for good; that batch's
+requests and every later one get :class:`ReplicaFailedError` (never a result from buffers the failed work may have
+left half-written), and :meth:`check_health` raises, so that Serve replaces the replica.  A model that cannot be
+captured serves uncaptured runs and says why in :meth:`status`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Literal, Mapping, Sequence
+
+import numpy as np
+
+from ortgpu_core import Env, InvalidArgumentError, ModelError, OrtGpuError
+
+from .._run_options import RunOptions
+from .._session import InferenceSession
+
+__all__ = ["ModelServer", "ReplicaFailedError", "DEFAULT_BUCKETS", "input_rows", "validate_request"]
+
+#: Batch sizes captured by default.
+DEFAULT_BUCKETS = (1, 2, 4, 8)
+_ONNX_DTYPES = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}  # fmt: skip
+
+
+class ReplicaFailedError(OrtGpuError, RuntimeError):
+    """The replica's device work failed (device lost, validation error): this request got no result, and the
+    replica reports unhealthy until Serve replaces it.  Send the request again."""
+
+
+class _Bucket:
+    """One batch size's device inputs and outputs, its binding and (when captured) its graph."""
+
+    def __init__(self, size: int, inputs: dict[str, Any], outputs: dict[str, Any], binding: Any) -> None:
+        self.size = size
+        self.inputs = inputs
+        self.outputs = outputs
+        self.binding = binding
+        self.graph: Any = None
+
+
+def input_rows(
+    inputs: Sequence[Any], row_shapes: Mapping[str, Sequence[int]]
+) -> tuple[dict[str, tuple[int, ...]], dict[str, np.dtype[Any]]]:
+    """Per input (onnxruntime-style ``NodeArg``s), its shape without the batch dimension and its dtype; symbolic
+    row dimensions must be given in ``row_shapes``."""
+    rows: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, np.dtype[Any]] = {}
+    unknown = set(row_shapes) - {i.name for i in inputs}
+    if unknown:
+        raise InvalidArgumentError(f"row_shapes names {sorted(unknown)}, which the model has no inputs called")
+    for info in inputs:
+        if info.type not in _ONNX_DTYPES:
+            raise ModelError(f"ModelServer: input {info.name!r} of type {info.type} is not a plain tensor")
+        dtypes[info.name] = np.dtype(_ONNX_DTYPES[info.type])
+        shape = list(info.shape)
+        if not shape:
+            raise ModelError(f"ModelServer: input {info.name!r} is a scalar; every input needs a batch dimension")
+        given = row_shapes.get(info.name)
+        row = list(given) if given is not None else shape[1:]
+        if len(row) != len(shape) - 1:
+            raise InvalidArgumentError(
+                f"row_shapes[{info.name!r}] = {row} must have {len(shape) - 1} dimensions (the model's shape "
+                "without the batch)"
+            )
+        fixed = [d for d in row if isinstance(d, int) and not isinstance(d, bool) and d >= 0]
+        if len(fixed) != len(row):
+            raise ModelError(
+                f"ModelServer: input {info.name!r} has shape {shape}; give its row shape (without the batch) in "
+                "row_shapes, since each bucket is captured for fixed shapes"
+            )
+        rows[info.name] = tuple(fixed)
+    return rows, dtypes
+
+
+def validate_request(
+    request: Mapping[str, Any], rows: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, np.dtype[Any]]
+) -> dict[str, np.ndarray]:
+    """``request``'s inputs as arrays of ``dtypes`` (same-kind casts) shaped ``[n, *rows[name]]``, one ``n`` >= 1
+    for all; raises InvalidArgumentError saying what is wrong."""
+    if not isinstance(request, Mapping):
+        raise InvalidArgumentError(f"a request is a mapping of input name to array, not {type(request).__name__}")
+    missing, extra = set(rows) - set(request), set(request) - set(rows)
+    if missing or extra:
+        raise InvalidArgumentError(
+            f"a request needs exactly the inputs {sorted(rows)}; missing {sorted(missing)}, unknown {sorted(extra)}"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    count = None
+    for name, value in request.items():
+        try:
+            array = np.asarray(value)
+        except (ValueError, TypeError) as error:
+            raise InvalidArgumentError(f"input {name!r}: {error}") from error
+        want = dtypes[name]
+        if array.dtype != want:
+            if not np.can_cast(array.dtype, want, casting="same_kind"):
+                raise InvalidArgumentError(f"input {name!r} of dtype {array.dtype}; the model takes {want}")
+            array = array.astype(want)
+        if array.ndim != len(rows[name]) + 1 or array.shape[1:] != rows[name] or array.shape[0] < 1:
+            raise InvalidArgumentError(
+                f"input {name!r} has shape {list(array.shape)}; it must be [rows >= 1, {', '.join(map(str, rows[name]))}]"
+            )
+        if count is not None and array.shape[0] != count:
+            raise InvalidArgumentError("every input of a request must have the same number of rows")
+        count = array.shape[0]
+        arrays[name] = array
+    return arrays
+
+
+class ModelServer:
+    """Serves one model on one device from captured graphs, one per batch size in ``buckets``.
+
+    Parameters
+    ----------
+    model
+        A path to an ``.onnx`` file or its bytes.  Every input and output has the batch as its first dimension.
+    buckets
+        The batch sizes captured at start-up (sorted, deduplicated); a request batch goes to the smallest that holds
+        it.
+    backend
+        The Env's backend (``"wgpu"``, or ``"fake"`` for tests: see :meth:`inject_fault`).
+    capture
+        False serves uncaptured runs (for comparison); a model that cannot be captured serves uncaptured anyway.
+    row_shapes
+        Per input, its shape without the batch dimension, where the model leaves it symbolic.
+
+    Thread-safe: one batch runs at a time (the buckets' buffers are shared state).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | bytes,
+        *,
+        buckets: Sequence[int] = DEFAULT_BUCKETS,
+        backend: Literal["wgpu", "fake"] = "wgpu",
+        capture: bool = True,
+        row_shapes: Mapping[str, Sequence[int]] | None = None,
+    ) -> None:
+        sizes = sorted({int(b) for b in buckets})
+        if not sizes or sizes[0] < 1 or any(isinstance(b, bool) for b in buckets):
+            raise InvalidArgumentError(f"buckets must be positive batch sizes, not {list(buckets)!r}")
+        self.buckets: tuple[int, ...] = tuple(sizes)
+        self._lock = threading.Lock()
+        self._failure: str | None = None
+        self.capture_error: str | None = None
+        self._counts = {"requests": 0, "rows": 0, "batches": 0, "padded_rows": 0}
+        self._replay_ms: list[float] = []
+        self.env = Env(backend=backend)
+        self._buckets: dict[int, _Bucket] = {}
+        try:
+            self.session = InferenceSession(model, env=self.env, graph_capture=capture)
+            self._rows, self.input_dtypes = input_rows(self.session.get_inputs(), row_shapes or {})
+            self.output_names = list(self.session.output_names)
+            for size in self.buckets:
+                self._buckets[size] = self._prepare(size, capture)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- start-up -------------------------------------------------------------------------------------------------
+
+    def _prepare(self, size: int, capture: bool) -> _Bucket:
+        zeros = {name: np.zeros((size, *row), self.input_dtypes[name]) for name, row in self._rows.items()}
+        results = self.session.run(None, zeros)
+        for name, result in zip(self.output_names, results):
+            array = np.asarray(result)
+            if array.ndim == 0 or array.shape[0] != size:
+                raise ModelError(
+                    f"ModelServer: output {name!r} has shape {list(array.shape)} for a batch of {size}; every output "
+                    "needs the batch as its first dimension"
+                )
+        allocator = self.session.allocator
+        inputs = {name: allocator.from_numpy(array) for name, array in zeros.items()}
+        outputs = {
+            name: allocator.empty(np.shape(r), np.asarray(r).dtype) for name, r in zip(self.output_names, results)
+        }
+        binding = self.session.io_binding()
+        for name, value in inputs.items():
+            binding.bind_input(name, value)
+        for name, value in outputs.items():
+            binding.bind_output(name, value)
+        bucket = _Bucket(size, inputs, outputs, binding)
+        if capture and self.capture_error is None:
+            try:
+                bucket.graph = self.session.capture(binding, graph_id=size)
+            except OrtGpuError as error:  # not capturable (a CPU step, a value read back): serve uncaptured
+                self.capture_error = f"{type(error).__name__}: {error}"
+        return bucket
+
+    # -- requests -------------------------------------------------------------------------------------------------
+
+    def validate(self, request: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The request's inputs as arrays of the model's dtypes and row shapes, ``[rows, *row]`` each with one
+        ``rows`` >= 1; raises InvalidArgumentError saying what is wrong (nothing is run)."""
+        return validate_request(request, self._rows, self.input_dtypes)
+
+    def infer(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray]]:
+        """Answer validated requests (see :meth:`validate`) in order: each gets its own rows of every output.
+        Raises ReplicaFailedError for all of them where the device work fails."""
+        with self._lock:
+            if self._failure is not None:
+                raise ReplicaFailedError(f"this replica failed earlier ({self._failure}); it awaits replacement")
+            arrays = [self.validate(r) for r in requests]
+            counts = [next(iter(a.values())).shape[0] for a in arrays]
+            merged = {name: np.concatenate([a[name] for a in arrays]) for name in self._rows}
+            total = sum(counts)
+            pieces: dict[str, list[np.ndarray]] = {name: [] for name in self.output_names}
+            start = 0
+            while start < total:
+                take = min(total - start, self.buckets[-1])
+                chunk = {name: array[start : start + take] for name, array in merged.items()}
+                for name, result in self._run_bucket(chunk, take).items():
+                    pieces[name].append(result)
+                start += take
+            outputs = {name: np.concatenate(parts) for name, parts in pieces.items()}
+            self._counts["requests"] += len(requests)
+            self._counts["rows"] += total
+            answers, offset = [], 0
+            for count in counts:
+                answers.append({name: outputs[name][offset : offset + count] for name in self.output_names})
+                offset += count
+            return answers
+
+    def _run_bucket(self, chunk: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+        size = next(b for b in self.buckets if b >= rows)
+        bucket = self._buckets[size]
+        try:
+            for name, array in chunk.items():
+                if rows < size:
+                    padded = np.zeros((size, *array.shape[1:]), array.dtype)
+                    padded[:rows] = array
+                    array = padded
+                bucket.inputs[name].update_inplace(np.ascontiguousarray(array))
+            start = time.perf_counter()
+            if bucket.graph is not None:
+                bucket.graph.replay()
+            else:
+                self.session.run_with_iobinding(bucket.binding, RunOptions(gpu_graph_id=-1))
+            results = {name: value.to_numpy()[:rows] for name, value in bucket.outputs.items()}
+            self._replay_ms.append((time.perf_counter() - start) * 1e3)
+            del self._replay_ms[:-1024]
+        except OrtGpuError as error:
+            self._failure = f"{type(error).__name__}: {error}"
+            raise ReplicaFailedError(f"the device work of this batch failed ({self._failure}); no result") from error
+        self._counts["batches"] += 1
+        self._counts["padded_rows"] += size - rows
+        return results
+
+    # -- health, status, faults -----------------------------------------------------------------------------------
+
+    def check_health(self) -> None:
+        """Raise ReplicaFailedError once a batch's device work has failed (Serve then replaces the replica)."""
+        if self._failure is not None:
+            raise ReplicaFailedError(f"unhealthy: {self._failure}")
+
+    def status(self) -> dict[str, Any]:
+        """What this replica serves and how: device, buckets, whether captured (and why not), health, counts
+        (requests, rows, batches, padded rows: batch fill is rows / (rows + padded rows)), replay ms p50."""
+        device = self.env.default_device
+        fill_rows = self._counts["rows"] + self._counts["padded_rows"]
+        return {
+            "device": f"{device.name} ({device.backend_type})",
+            "pid": os.getpid(),
+            "buckets": list(self.buckets),
+            "captured": all(b.graph is not None for b in self._buckets.values()) and bool(self._buckets),
+            "capture_error": self.capture_error,
+            "healthy": self._failure is None,
+            "failure": self._failure,
+            **self._counts,
+            "batch_fill": self._counts["rows"] / fill_rows if fill_rows else None,
+            "replay_ms_p50": float(np.median(self._replay_ms)) if self._replay_ms else None,
+        }
+
+    def inject_fault(self, kind: str, n: int = 1) -> None:
+        """For tests on the fake backend: schedule one of its faults (``lose_device_on_submit``,
+        ``validation_error_on_submit``) for the ``n``-th next submit."""
+        faults = getattr(self.env.backend, "faults", None)
+        if faults is None or kind not in ("lose_device_on_submit", "validation_error_on_submit"):
+            raise InvalidArgumentError(
+                f"inject_fault needs the fake backend and lose_device_on_submit or validation_error_on_submit, not "
+                f"{kind!r} on {self.env.backend_name}"
+            )
+        getattr(faults, kind)(n)
+
+    def profile(self) -> None:
+        """Start a Chrome trace of the batches from now on, each timed per step (read it with :meth:`end_profile`)."""
+        self.session.start_profiling(detail_every=1)
+
+    def end_profile(self) -> str:
+        """Stop the trace and return its JSON text ("" when none was started)."""
+        path = self.session.end_profiling()
+        if not path:
+            return ""
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        os.unlink(path)
+        return text
+
+    def close(self) -> None:
+        """Release the graphs, the buffers, the session and the Env (idempotent)."""
+        for bucket in self._buckets.values():
+            if bucket.graph is not None:
+                bucket.graph.release()
+            for value in [*bucket.inputs.values(), *bucket.outputs.values()]:
+                value.release()
+        self._buckets = {}
+        session = getattr(self, "session", None)
+        if session is not None:
+            session.close()
+        self.env.close()
