@@ -281,3 +281,15 @@ def test_an_uncapturable_model_serves_uncaptured_and_says_so(cluster: int) -> No
     assert not status["captured"] and "Einsum" in status["capture_error"] and status["runtime"] == "ortgpu"
     x = np.ones((2, 4), np.float32)
     np.testing.assert_allclose(handle.remote({"x0": x}).result()["y"], _expected(x), rtol=1e-5)
+
+
+def test_the_demo_command_serves_and_answers(backend_name: str) -> None:
+    """``python -m ortgpu.serve --demo`` (the README's example): its own Ray and Serve, one HTTP request, stopped."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "ortgpu.serve", "--demo", "--backend", backend_name],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "serving the demo MLP at http://127.0.0.1:" in result.stdout and "captured" in result.stdout
+    assert "with 3 rows: output [3, 64], max difference from numpy" in result.stdout
