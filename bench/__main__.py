@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--seconds",
         type=float,
         default=None,
-        help="with --threads: time each (K, arm, boundary) for this many seconds instead of --iterations per thread",
+        help="with --threads: time each (K, arm, boundary) for this many seconds instead of --iterations per thread; "
+        "with --serve: the timed window per configuration (default 10)",
     )
     parser.add_argument(
         "--gpu-under-load",
@@ -324,13 +325,50 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--prompt-len", type=int, default=128, help="with --generate: prompt tokens per row")
     parser.add_argument("--new-tokens", type=int, default=128, help="with --generate: tokens generated per row")
+    serve_group = parser.add_argument_group("--serve: a closed-loop HTTP load test of ortgpu.serve (bench/serve.py)")
+    serve_group.add_argument("--serve", action="store_true", help="load-test the serving deployment of --model")
+    serve_group.add_argument("--replicas", type=_int_list, default=[1, 2, 4], help="replica counts (default 1,2,4)")
+    serve_group.add_argument("--batching", type=_choice_list("on", "off"), default=["on", "off"], help="on,off")
+    serve_group.add_argument("--serve-runtimes", type=_choice_list("ortgpu", "onnxruntime"),
+                             default=["ortgpu", "onnxruntime"], help="ortgpu,onnxruntime (the same deployment)")  # fmt: skip
+    serve_group.add_argument("--clients", type=int, default=16, help="closed-loop client processes")
+    serve_group.add_argument("--serve-warmup", type=float, default=2.0, help="untimed seconds first")
+    serve_group.add_argument("--max-requests", type=int, default=10**9, help="per client, warm-up included")
+    serve_group.add_argument("--batch-wait-ms", type=float, default=2.0, help="Serve's batch_wait_timeout_s, in ms")
     add_torch_arguments(parser)
     return parser
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, not {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive ints, not {text!r}")
+    return values
+
+
+def _choice_list(*choices: str) -> Any:
+    def parse(text: str) -> list[str]:
+        values = [part for part in text.split(",") if part]
+        if not values or any(v not in choices for v in values):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(choices)}, not {text!r}")
+        return values
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.serve:
+        from .serve import run_serve
+
+        args.seconds = 10.0 if args.seconds is None else args.seconds
+        if args.clients < 1 or args.seconds <= 0 or args.serve_warmup < 0 or args.max_requests < 1:
+            parser.error("--serve needs --clients >= 1, --seconds > 0, --serve-warmup >= 0, --max-requests >= 1")
+        return run_serve(args)
     if args.generate is not None:
         from .generate import parse_decoder, parse_llama, parse_peers, run_generate
 

@@ -162,7 +162,7 @@ def cluster() -> Iterator[int]:
     import ray
     from ray import serve
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
@@ -293,3 +293,23 @@ def test_the_demo_command_serves_and_answers(backend_name: str) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "serving the demo MLP at http://127.0.0.1:" in result.stdout and "captured" in result.stdout
     assert "with 3 rows: output [3, 64], max difference from numpy" in result.stdout
+
+
+def test_bench_serve_reports_each_configuration(tmp_path: Any) -> None:
+    """``python -m bench --serve``: one row per runtime x replicas x batching, requests answered, none failed (its
+    own Ray cluster, in its own process)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "serve.json"
+    argv = ["--serve", "--model", "mlp16", "--backend", "fake", "--replicas", "1", "--batching", "on,off",
+            "--serve-runtimes", "ortgpu,onnxruntime", "--clients", "2", "--seconds", "0.5", "--serve-warmup", "0",
+            "--json", str(path)]  # fmt: skip
+    result = subprocess.run([sys.executable, "-m", "bench", *argv], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["runtime"], r["replicas"], r["batching"]) for r in rows] == [
+        ("ortgpu", 1, "on"), ("ortgpu", 1, "off"), ("onnxruntime", 1, "on"), ("onnxruntime", 1, "off")
+    ]  # fmt: skip
+    assert all(r["requests_per_s"] > 0 and r["errors"] == 0 and r["p99_ms"] >= r["p50_ms"] for r in rows)
+    assert rows[0]["captured"] and "| ortgpu | Fake WebGPU device" in result.stdout

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.demo:
         model, weights = _demo_model()
     port = args.port if args.port is not None else (_free_port() if args.demo else 8000)
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = application(

@@ -181,7 +181,7 @@ def run(
     except ImportError as error:
         raise ImportError("ortgpu.serve needs Ray Serve: pip install 'ortgpu[serve]'") from error
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
     if http_port is not None:
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     app = application(model, name=name, **options)
