@@ -18,12 +18,10 @@ import contextlib
 import itertools
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Awaitable, Iterator, Mapping, Sequence, overload
+from typing import Any, Awaitable, Iterator, Mapping, Sequence, overload
 
 import numpy.typing as npt
-
-if TYPE_CHECKING:
-    import onnx
+from onnx import ModelProto
 
 from ortgpu_core import (
     ArgumentTypeError,
@@ -84,8 +82,7 @@ class InferenceSession(NotCopyable):
     Parameters
     ----------
     path_or_bytes:
-        A path to an ``.onnx`` file, the serialized model, or an ``onnx.ModelProto`` (read, never changed; unlike
-        bytes it may exceed protobuf's 2 GB, with its external data already loaded).
+        An ``.onnx`` path, the serialized model, or an ``onnx.ModelProto`` (never changed; it may pass 2 GB).
     sess_options:
         onnxruntime's :class:`~ortgpu.SessionOptions` (what each field does: its docstring; fields with no effect in
         ortgpu are accepted and kept).
@@ -131,7 +128,7 @@ class InferenceSession(NotCopyable):
 
     def __init__(
         self,
-        path_or_bytes: str | bytes | os.PathLike[str] | onnx.ModelProto,
+        path_or_bytes: str | bytes | os.PathLike[str] | ModelProto,
         sess_options: SessionOptions | None = None,
         providers: Sequence[ProviderArg] | None = None,
         provider_options: Sequence[Mapping[str, Any]] | None = None,

@@ -57,7 +57,8 @@ def with_next_token(model: onnx.ModelProto, logits: str = "logits") -> onnx.Mode
     those, the candidates whose preceding cumulative probability is below ``top_p`` kept, then the Gumbel-max trick:
     the kept candidate of the largest ``log p + g``, ``g = -log(-log u)`` with ``u`` in (0, 1) from a hash of (seed,
     step, row, candidate) in uint32 arithmetic (shift-add-multiply rounds: opset 17 has no bitwise xor).  ``top_k`` 1 is greedy decoding: the first index of the largest
-    logit, as ArgMax chooses it."""
+    logit, as ArgMax chooses it, and an ``If`` on ``top_k == 1`` runs ArgMax alone: ``top_k`` is bound as a host
+    value, so each plan holds one branch (a greedy step skips the sampling's few dozen small kernels)."""
     chosen = onnx.ModelProto()
     chosen.CopyFrom(model)
     graph = chosen.graph
@@ -95,6 +96,8 @@ def with_next_token(model: onnx.ModelProto, logits: str = "logits") -> onnx.Mode
     last = node("Slice", [logits, c("last_starts"), c("last_ends"), c("axis1")], "last")
     # float32 from here on: a float16 model's logits are compared and sampled in float32, as onnxruntime-genai does
     flat = node("Cast", [node("Squeeze", [last, c("axis1")], "squeezed")], "flat", to=TensorProto.FLOAT)
+    greedy = node("Equal", [TOP_K, c("second")], "greedy")  # top_k == 1 (c("second") holds [1])
+    outer, nodes = nodes, []  # the sampling below becomes the else branch of an If on ``greedy``
     temperature = node("Gather", [SAMPLING, c("first")], "temperature")
     top_p = node("Gather", [SAMPLING, c("second")], "top_p")
     scaled = node("Div", [flat, temperature], "scaled")
@@ -130,8 +133,14 @@ def with_next_token(model: onnx.ModelProto, logits: str = "logits") -> onnx.Mode
     masked = node("Where", [keep, score, c("minus_inf")], "masked")
     pick = node("ArgMax", [masked], "pick", axis=-1, keepdims=1)
     node("GatherElements", [c("indices"), pick], "next", axis=-1)
-    nodes.append(helper.make_node("Identity", [c("next")], [_NEXT]))
-    graph.node.extend(nodes)
+    chosen_type = [helper.make_tensor_value_info(name, TensorProto.INT64, None) for name in (c("argmax"), c("next"))]
+    argmax = helper.make_node("ArgMax", [flat], [c("argmax")], axis=-1, keepdims=1)
+    outer.append(helper.make_node(
+        "If", [greedy], [_NEXT],
+        then_branch=helper.make_graph([argmax], "greedy", [], chosen_type[:1]),
+        else_branch=helper.make_graph(nodes, "sample", [], chosen_type[1:]),
+    ))  # fmt: skip
+    graph.node.extend(outer)
     graph.input.extend([
         helper.make_tensor_value_info(TOP_K, TensorProto.INT64, [1]),
         helper.make_tensor_value_info(SAMPLING, TensorProto.FLOAT, [2]),

@@ -252,3 +252,19 @@ def test_a_generator_refuses_copy_and_pickle_and_is_cleaned_up_when_dropped(env:
     assert len(list(generator.generate(np.zeros((1, 2), np.int64), 3))) == 3
     del generator  # no close(): its session goes with it (the env fixture checks that nothing leaked)
     gc.collect()
+
+
+def test_a_greedy_step_runs_argmax_alone(env: ortgpu.Env) -> None:
+    """top_k, a host value, decides the If of the next-token subgraph: a greedy plan holds ArgMax and none of the
+    sampling's kernels (TopK, Softmax, CumSum, the hash), a sampling plan the reverse."""
+    model = ortgpu.generation.with_next_token(_genai_model(1, 1))
+    shapes = {"input_ids": [1, 1], "attention_mask": [1, MAX_LENGTH], "past_key_values.0.key": [1, KV_HEADS, MAX_LENGTH, HEAD],
+              "past_key_values.0.value": [1, KV_HEADS, MAX_LENGTH, HEAD], ortgpu.generation.TOP_K: [1],
+              ortgpu.generation.SAMPLING: [2], ortgpu.generation.RANDOM: [2]}  # fmt: skip
+    with ortgpu.InferenceSession(model.SerializeToString(), env=env) as session:
+        kinds = {}
+        for top_k in (1, 4):
+            placement = session.get_node_placement(shapes, {ortgpu.generation.TOP_K: np.array([top_k], np.int64)})
+            kinds[top_k] = {p.op_type for p in placement if p.placement == "webgpu"}
+    assert "ArgMax" in kinds[1] and not {"TopK", "Softmax", "CumSum", "BitShift"} & kinds[1]
+    assert {"TopK", "Softmax", "CumSum", "BitShift"} <= kinds[4]

@@ -139,6 +139,30 @@ def test_start_up_refusals_say_what_to_do(backend_name: str) -> None:
         s.close()
 
 
+def _two_adapters() -> Any:
+    """A fake backend declaring two adapters (the GPUs of a two-GPU host), as a picklable factory."""
+    import functools
+
+    from ortgpu_core.backends.fake import FakeBackend, FakeDeviceSpec
+
+    spec = FakeDeviceSpec(vendor_id=0x10DE, device_id=0x2335, adapter_type="DiscreteGPU")
+    return functools.partial(FakeBackend, devices=[spec, spec])
+
+
+def test_a_server_runs_on_the_adapter_it_is_given() -> None:
+    """``device`` picks ``env.devices[device % count]``: replica ranks spread over the adapters."""
+    x = np.ones((2, 4), np.float32)
+    for device, index in ((None, 0), (0, 0), (1, 1), (2, 0), (5, 1)):
+        s = ModelServer(_model(), buckets=(2,), backend=_two_adapters(), device=device)
+        try:
+            assert s.status()["device_index"] == index and s.session.device is s.env.devices[index]
+            np.testing.assert_allclose(s.infer([{"x": x}])[0]["y"], _expected(x), rtol=1e-5)
+        finally:
+            s.close()
+    with pytest.raises(InvalidArgumentError, match="non-negative adapter index"):
+        ModelServer(_model(), backend="fake", device=-1)
+
+
 def test_a_trace_of_the_served_batches(server: ModelServer) -> None:
     server.profile()
     server.infer([{"x": np.ones((3, 4), np.float32)}])
@@ -268,6 +292,19 @@ def test_a_replica_killed_mid_load_loses_no_request_silently(cluster: int) -> No
         lambda: victim not in {handle.status.remote().result()["pid"] for _ in range(8)} and _call(handle, x) == "ok"
     )
     assert all(_call(handle, x) == "ok" for _ in range(10))
+
+
+def test_spread_replicas_take_one_adapter_each(cluster: int) -> None:
+    """``devices="spread"`` on a host of two (fake) adapters: two replicas, one on each, both answering."""
+    handle = _deploy("spread", backend=_two_adapters(), devices="spread", buckets=(1, 2), num_replicas=2)
+    seen = {}
+    deadline = time.monotonic() + 60
+    while len(seen) < 2 and time.monotonic() < deadline:
+        status = handle.status.remote().result()
+        seen[status["pid"]] = status["device_index"]
+    assert sorted(seen.values()) == [0, 1]
+    x = np.ones((1, 4), np.float32)
+    assert all(_call(handle, x) == "ok" for _ in range(8))
 
 
 def test_an_uncapturable_model_serves_uncaptured_and_says_so(cluster: int) -> None:

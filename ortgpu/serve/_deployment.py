@@ -23,7 +23,7 @@ import asyncio
 import concurrent.futures
 import os
 import time
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from ortgpu_core import InvalidArgumentError
 
@@ -50,7 +50,8 @@ def application(
     buckets: Sequence[int] = DEFAULT_BUCKETS,
     max_batch_size: int | None = None,
     batch_wait_timeout_s: float = 0.002,
-    backend: Literal["wgpu", "fake"] = "wgpu",
+    backend: Literal["wgpu", "fake"] | Callable[[], Any] = "wgpu",
+    devices: Literal["default", "spread"] = "default",
     capture: bool = True,
     row_shapes: Mapping[str, Sequence[int]] | None = None,
     runtime: str = "ortgpu",
@@ -62,8 +63,10 @@ def application(
 
     ``model`` is a path every replica can read (one machine) or the model's bytes (shipped to the replicas).
     ``max_batch_size`` defaults to the largest bucket; ``runtime="onnxruntime"`` serves the same model with
-    onnxruntime instead (its WebGPU EP where installed, else its CPU provider), for comparison.  Raises ImportError
-    naming the extra to install where Ray Serve is missing."""
+    onnxruntime instead (its WebGPU EP where installed, else its CPU provider), for comparison.  ``devices="spread"``
+    places replica ``r`` of a node on adapter ``r % len(env.devices)`` (Serve's local rank), so replicas spread over
+    a machine's GPUs; ``"default"`` puts every replica on the Env's default device.  Raises ImportError naming the
+    extra to install where Ray Serve is missing."""
     try:
         from ray import serve
         from ray.serve import metrics
@@ -75,6 +78,8 @@ def application(
     batch = max(int(b) for b in buckets) if max_batch_size is None else max_batch_size
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise InvalidArgumentError(f"max_batch_size must be a positive int, not {max_batch_size!r}")
+    if devices not in ("default", "spread"):
+        raise InvalidArgumentError(f"devices must be 'default' or 'spread', not {devices!r}")
     if runtime not in ("ortgpu", "onnxruntime"):
         raise InvalidArgumentError(f"runtime must be 'ortgpu' or 'onnxruntime', not {runtime!r}")
     options: dict[str, Any] = {"buckets": tuple(buckets), "row_shapes": dict(row_shapes or {})}
@@ -84,7 +89,11 @@ def application(
 
     class Replica:
         def __init__(self) -> None:
-            self.server = _make_server(runtime, source, options)
+            placed = dict(options)
+            if runtime == "ortgpu" and devices == "spread":
+                rank = serve.get_replica_context().rank
+                placed["device"] = int(rank.local_rank)
+            self.server = _make_server(runtime, source, placed)
             self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortgpu-serve")
             self._pending = 0
             self._pending_gauge = metrics.Gauge("ortgpu_pending_requests", "requests received, not yet answered")  # fmt: skip

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -135,7 +135,11 @@ class ModelServer:
         The batch sizes captured at start-up (sorted, deduplicated); a request batch goes to the smallest that holds
         it.
     backend
-        The Env's backend (``"wgpu"``, or ``"fake"`` for tests: see :meth:`inject_fault`).
+        The Env's backend: ``"wgpu"``, ``"fake"`` (for tests: see :meth:`inject_fault`), or a callable that makes
+        one (``functools.partial(FakeBackend, devices=[...])`` declares several fake adapters).
+    device
+        Which of the Env's adapters (``env.devices``) to run on, as an index taken modulo their count, so that
+        replica ranks spread over the adapters; None: the Env's default device.
     capture
         False serves uncaptured runs (for comparison); a model that cannot be captured serves uncaptured anyway.
     row_shapes
@@ -149,9 +153,10 @@ class ModelServer:
         model: str | os.PathLike[str] | bytes,
         *,
         buckets: Sequence[int] = DEFAULT_BUCKETS,
-        backend: Literal["wgpu", "fake"] = "wgpu",
+        backend: Literal["wgpu", "fake"] | Callable[[], Any] = "wgpu",
         capture: bool = True,
         row_shapes: Mapping[str, Sequence[int]] | None = None,
+        device: int | None = None,
     ) -> None:
         sizes = sorted({int(b) for b in buckets})
         if not sizes or sizes[0] < 1 or any(isinstance(b, bool) for b in buckets):
@@ -162,10 +167,20 @@ class ModelServer:
         self.capture_error: str | None = None
         self._counts = {"requests": 0, "rows": 0, "batches": 0, "padded_rows": 0}
         self._replay_ms: list[float] = []
-        self.env = Env(backend=backend)
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
+            raise InvalidArgumentError(f"device must be a non-negative adapter index or None, not {device!r}")
+        self.env = Env(backend=backend() if callable(backend) else backend)
         self._buckets: dict[int, _Bucket] = {}
         try:
-            self.session = InferenceSession(model, env=self.env, graph_capture=capture)
+            adapters = self.env.devices
+            if device is None:
+                chosen = self.env.default_device
+                #: The index of the adapter this server runs on, in ``env.devices``
+                self.device_index = adapters.index(chosen) if chosen in adapters else 0
+            else:
+                self.device_index = device % len(adapters)
+                chosen = adapters[self.device_index]
+            self.session = InferenceSession(model, env=self.env, device=chosen, graph_capture=capture)
             self._rows, self.input_dtypes = input_rows(self.session.get_inputs(), row_shapes or {})
             self.output_names = list(self.session.output_names)
             for size in self.buckets:
@@ -273,10 +288,11 @@ class ModelServer:
     def status(self) -> dict[str, Any]:
         """What this replica serves and how: device, buckets, whether captured (and why not), health, counts
         (requests, rows, batches, padded rows: batch fill is rows / (rows + padded rows)), replay ms p50."""
-        device = self.env.default_device
+        device = self.session.device
         fill_rows = self._counts["rows"] + self._counts["padded_rows"]
         return {
             "device": f"{device.name} ({device.backend_type})",
+            "device_index": self.device_index,
             "pid": os.getpid(),
             "buckets": list(self.buckets),
             "captured": all(b.graph is not None for b in self._buckets.values()) and bool(self._buckets),
