@@ -15,6 +15,7 @@ made symbolic (the batch), which holds for models whose other shapes do not depe
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import multiprocessing
 import os
@@ -122,33 +123,37 @@ def run_serve(args: Any) -> int:
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     context = multiprocessing.get_context("spawn")
+    configurations = [
+        (runtime, replicas, batching, placement)
+        for runtime, replicas, batching, placement in itertools.product(
+            args.serve_runtimes, args.replicas, args.batching, args.placements
+        )
+        if placement == "default" or runtime == "ortgpu"  # onnxruntime's replicas take its own default device
+    ]
     try:
         with context.Pool(args.clients) as pool:
-            for runtime in args.serve_runtimes:
-                for replicas in args.replicas:
-                    for batching in args.batching:
-                        name = f"{runtime}-{replicas}-{batching}".replace("onnxruntime", "ort")
-                        app = application(model, name=name, num_replicas=replicas, buckets=buckets,
-                                          max_batch_size=None if batching == "on" else 1, runtime=runtime,
-                                          backend=args.backend, batch_wait_timeout_s=args.batch_wait_ms / 1e3)  # fmt: skip
-                        handle = serve.run(app, name=name, route_prefix=f"/{name}")
-                        status = handle.status.remote().result()
-                        jobs = [
-                            (port, f"/{name}", body, args.serve_warmup, args.seconds, args.max_requests)
-                        ] * args.clients
-                        clients = pool.starmap(_client, jobs)
-                        serve.delete(name)
-                        latencies = np.concatenate([np.asarray(c["latencies"], np.float64) for c in clients])
-                        errors = [e for c in clients for e in c["errors"]]
-                        rows.append({
-                            "runtime": runtime, "device": status["device"], "captured": status["captured"],
-                            "replicas": replicas, "batching": batching, "clients": args.clients,
-                            "requests_per_s": latencies.size / args.seconds,
-                            "p50_ms": float(np.median(latencies)) if latencies.size else None,
-                            "p99_ms": float(np.percentile(latencies, 99)) if latencies.size else None,
-                            "errors": len(errors), "first_error": errors[0] if errors else None,
-                        })  # fmt: skip
-                        print(format_serve([rows[-1]], header=len(rows) == 1), flush=True)
+            for runtime, replicas, batching, placement in configurations:
+                name = f"{runtime}-{replicas}-{batching}-{placement}".replace("onnxruntime", "ort")
+                app = application(model, name=name, num_replicas=replicas, buckets=buckets,
+                                  max_batch_size=None if batching == "on" else 1, runtime=runtime,
+                                  backend=args.backend, batch_wait_timeout_s=args.batch_wait_ms / 1e3,
+                                  devices=placement)  # fmt: skip
+                handle = serve.run(app, name=name, route_prefix=f"/{name}")
+                status = handle.status.remote().result()
+                job = (port, f"/{name}", body, args.serve_warmup, args.seconds, args.max_requests)
+                clients = pool.starmap(_client, [job] * args.clients)
+                serve.delete(name)
+                latencies = np.concatenate([np.asarray(c["latencies"], np.float64) for c in clients])
+                errors = [e for c in clients for e in c["errors"]]
+                rows.append({
+                    "runtime": runtime, "device": status["device"], "captured": status["captured"],
+                    "replicas": replicas, "batching": batching, "placement": placement, "clients": args.clients,
+                    "requests_per_s": latencies.size / args.seconds,
+                    "p50_ms": float(np.median(latencies)) if latencies.size else None,
+                    "p99_ms": float(np.percentile(latencies, 99)) if latencies.size else None,
+                    "errors": len(errors), "first_error": errors[0] if errors else None,
+                })  # fmt: skip
+                print(format_serve([rows[-1]], header=len(rows) == 1), flush=True)
     finally:
         serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
@@ -162,15 +167,15 @@ def format_serve(rows: list[dict[str, Any]], header: bool = True) -> str:
     lines = []
     if header:
         lines += [
-            "| runtime | device | replicas | batching | clients | requests/s | p50 ms | p99 ms | p99/p50 | errors |",
-            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+            "| runtime | device | replicas | batching | placement | clients | requests/s | p50 ms | p99 ms | p99/p50 | errors |",
+            "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
         ]
     for row in rows:
         p50, p99 = row["p50_ms"], row["p99_ms"]
         ratio = f"{p99 / p50:.2f}" if p50 and p99 else "-"
         lines.append(
             f"| {row['runtime']}{'' if row['captured'] or row['runtime'] != 'ortgpu' else ' (uncaptured)'} | "
-            f"{row['device']} | {row['replicas']} | {row['batching']} | {row['clients']} | "
+            f"{row['device']} | {row['replicas']} | {row['batching']} | {row['placement']} | {row['clients']} | "
             f"{row['requests_per_s']:.0f} | {p50 or 0:.2f} | {p99 or 0:.2f} | {ratio} | {row['errors']} |"
         )
     return "\n".join(lines)
