@@ -114,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        serve.shutdown()  # type: ignore[no-untyped-call]
-        ray.shutdown()
+        ray.shutdown()  # Serve's actors go with the cluster (serve.shutdown first only adds Ray's retry warnings)
 
 
 if __name__ == "__main__":
