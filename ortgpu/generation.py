@@ -295,9 +295,14 @@ class Generator:
         top_p: float = 1.0,
         temperature: float = 1.0,
         seed: int = 0,
+        stop_at_eos: bool = False,
     ) -> Iterator[np.ndarray]:
         """Yield the next token ids ``[batch_size]`` (int64) for ``max_new_tokens`` steps after ``prompt``
         (``[batch_size, length]`` token ids, every row of one length).
+
+        ``stop_at_eos``: end once every row has chosen one of :attr:`eos_token_ids` (from onnxruntime-genai's
+        config), as onnxruntime-genai does; a row that ended before the others keeps generating until then, so
+        cut each row at its first end-of-sequence id.  Without it (the default) all ``max_new_tokens`` are generated.
 
         ``top_k`` 1 (the default) is greedy decoding; above 1 each token is sampled from the ``top_k`` most likely
         (after dividing the logits by ``temperature``), within the smallest set whose probability reaches ``top_p``,
@@ -332,7 +337,13 @@ class Generator:
                 f"Generator: a prompt of {length} tokens and {max_new_tokens} new ones need "
                 f"{length + max_new_tokens - 1} cache positions; the model's cache holds {self.max_length}"
             )
-        return self._steps(ids, max_new_tokens, top_k, (float(top_p), float(temperature)), seed)
+        if stop_at_eos and not self.eos_token_ids:
+            raise InvalidArgumentError(
+                "stop_at_eos needs end-of-sequence ids: this model's folder gives none (genai_config.json's "
+                "model.eos_token_id)"
+            )
+        steps = self._steps(ids, max_new_tokens, top_k, (float(top_p), float(temperature)), seed)
+        return _until_every_row_ends(steps, self.eos_token_ids) if stop_at_eos else steps
 
     def _steps(
         self, ids: np.ndarray, max_new_tokens: int, top_k: int, sampling: tuple[float, float], seed: int
@@ -387,3 +398,14 @@ class Generator:
                 graph.replay()
             source = 1 - source
             yield self._tokens[source].to_numpy().reshape(rows)
+
+
+def _until_every_row_ends(steps: Iterator[np.ndarray], eos: Sequence[int]) -> Iterator[np.ndarray]:
+    """``steps`` until the step by which every row has chosen an end-of-sequence id (that step included)."""
+    ended: np.ndarray | None = None
+    for ids in steps:
+        chosen = np.isin(ids, list(eos))
+        ended = chosen if ended is None else ended | chosen
+        yield ids
+        if ended.all():
+            return

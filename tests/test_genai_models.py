@@ -175,3 +175,28 @@ def test_bench_generate_builds_a_llama_through_the_builder(
         return
     assert main(argv) == 0
     assert "captured decode is" in capsys.readouterr().out
+
+
+def test_stop_at_eos_ends_where_onnxruntime_genai_ends(env: ortgpu.Env, folders: dict[str, str]) -> None:
+    """``stop_at_eos=True``: the same tokens as onnxruntime-genai's generator, which stops at the end-of-sequence
+    token, for prompts that end early and prompts that do not."""
+    lengths = []
+    with ortgpu.Generator(folders["llama"], env=env) as generator:
+        for seed in range(6):
+            prompt = np.random.default_rng(seed).integers(3, 96, (1, 8)).astype(np.int64)
+            want = genai_greedy_tokens(folders["llama"], prompt, NEW_TOKENS)
+            got = np.stack(list(generator.generate(prompt, NEW_TOKENS, stop_at_eos=True)), axis=1)
+            np.testing.assert_array_equal(got, want)
+            lengths.append(got.shape[1])
+    assert min(lengths) < NEW_TOKENS  # some prompt ended early
+
+
+def test_stop_at_eos_needs_end_of_sequence_ids(env: ortgpu.Env, folders: dict[str, str]) -> None:
+    model = onnx.load(os.path.join(folders["llama"], "model.onnx"))
+    for value in model.graph.input:
+        if value.name.startswith("past_key_values."):
+            value.type.tensor_type.shape.dim[3].dim_value = 16
+    with ortgpu.Generator(model, env=env, max_length=20) as generator:
+        assert generator.eos_token_ids == ()
+        with pytest.raises(InvalidArgumentError, match="stop_at_eos needs end-of-sequence ids"):
+            generator.generate(np.ones((1, 4), np.int64), 4, stop_at_eos=True)
