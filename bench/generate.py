@@ -283,13 +283,13 @@ def run_peers(report: dict[str, Any], folder: str | None, peers: list[str], args
             if not os.path.isdir(checkpoint):
                 raise SystemExit(f"--generate-vs torch needs the Hugging Face checkpoint the folder was built from, "
                                  f"in {checkpoint} (llama-LAYERS-HIDDEN writes one)")  # fmt: skip
-            try:
-                arms = {f"torch {mode}": torch_arm(checkpoint, prompt, args.new_tokens, args.rounds, mode)
-                        for mode in ("eager", "cuda-graph")}  # fmt: skip
-            except RuntimeError as error:  # no torch, no CUDA: say so, keep the other arms
-                print(f"--generate-vs torch: {error}")
-                report.setdefault("failed", {})[peer] = str(error)
-                continue
+            arms = {}
+            for mode in ("eager", "cuda-graph"):
+                try:
+                    arms[f"torch {mode}"] = torch_arm(checkpoint, prompt, args.new_tokens, args.rounds, mode)
+                except RuntimeError as error:  # no torch, no CUDA, a compile failure: say so, keep the other arms
+                    print(f"--generate-vs torch: {error}")
+                    report.setdefault("failed", {})[f"torch {mode}"] = str(error)
         for name, arm in arms.items():
             report["summary"][name] = arm["summary"]
             report["agreement"][name] = _agreement(report["tokens"], arm["tokens"], report["eos_token_ids"])

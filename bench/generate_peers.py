@@ -71,7 +71,13 @@ torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 model = AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32).cuda().eval()
 if mode == "cuda-graph":
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+
+    def forward(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()  # each step's graph may overwrite the last one's outputs
+        return compiled(*args, **kwargs)
+
+    model.forward = forward
 ids = torch.tensor(prompt, dtype=torch.long, device="cuda")
 
 class Clock(StoppingCriteria):
