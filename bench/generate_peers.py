@@ -1,6 +1,8 @@
 """The peers of ``python -m bench --generate``: onnxruntime-genai on the same model folder, and PyTorch on the
-Hugging Face checkpoint the folder was built from (transformers ``generate`` with a static cache, eager and
-``torch.compile(mode="reduce-overhead")``, i.e. CUDA graphs; float32 with TF32 off).
+Hugging Face checkpoint the folder was built from (transformers ``generate`` with a static cache: eager, with
+``disable_compile``, and compiled by transformers with ``CompileConfig(mode="reduce-overhead")``, i.e. CUDA graphs;
+float32 with TF32 off).  transformers compiles the step by itself on CUDA with a static cache unless told not to, so
+the eager arm says so explicitly.
 
 Each arm reports what the ortgpu arms report: prefill ms (the prompt's run and the first token), then per later
 token the time from asking for it to holding its id on the host (p50, p99), tokens/s from the p50, and its greedy
@@ -70,14 +72,16 @@ checkpoint, prompt, new_tokens, rounds, mode = sys.argv[1], json.loads(sys.argv[
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 model = AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32).cuda().eval()
+# transformers compiles the step by itself on CUDA with a static cache (its CompileConfig, mode reduce-overhead: CUDA
+# graphs) unless told not to: eager disables that, cuda-graph asks for it explicitly (wrapping forward in
+# torch.compile besides made two compilations, which failed)
+from transformers import GenerationConfig
+options = {}
+if hasattr(GenerationConfig(), "disable_compile"):
+    options["disable_compile"] = mode == "eager"
 if mode == "cuda-graph":
-    compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-
-    def forward(*args, **kwargs):
-        torch.compiler.cudagraph_mark_step_begin()  # each step's graph may overwrite the last one's outputs
-        return compiled(*args, **kwargs)
-
-    model.forward = forward
+    from transformers import CompileConfig
+    options["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead")
 ids = torch.tensor(prompt, dtype=torch.long, device="cuda")
 
 class Clock(StoppingCriteria):
@@ -95,7 +99,8 @@ for round_index in range(rounds + 2):  # two warm-ups: compiling the prompt's an
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             cache_implementation="static", stopping_criteria=StoppingCriteriaList([clock]))
+                             cache_implementation="static", stopping_criteria=StoppingCriteriaList([clock]),
+                             **options)
     if round_index >= 2:
         prefill.append((clock.times[0] - start) * 1e3)
         decode.extend((b - a) * 1e3 for a, b in zip(clock.times, clock.times[1:]))
