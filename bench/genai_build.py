@@ -74,7 +74,7 @@ def build_folder(folder: str, family: str, config: dict[str, Any], precision: st
     _run(script, "writing the checkpoint")
     provider = "webgpu" if precision == "fp16" else "cpu"
     builder = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", checkpoint, "-o", folder,
-               "-p", precision, "-e", provider]  # fmt: skip
+               "-p", precision, "-e", provider, "-c", os.path.join(folder, "builder_cache")]  # fmt: skip
     _run(builder, "onnxruntime-genai's builder")
     path = os.path.join(folder, "genai_config.json")
     with open(path, encoding="utf-8") as handle:

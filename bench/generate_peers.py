@@ -79,6 +79,8 @@ from transformers import GenerationConfig
 options = {}
 if hasattr(GenerationConfig(), "disable_compile"):
     options["disable_compile"] = mode == "eager"
+elif mode == "eager":
+    raise SystemExit("this transformers cannot disable its own compilation of the step: no eager arm")
 if mode == "cuda-graph":
     from transformers import CompileConfig
     options["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead")

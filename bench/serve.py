@@ -3,8 +3,8 @@
 For each runtime (ortgpu, onnxruntime in the same deployment), replica count and batching setting, the bench deploys
 the model on a local Ray cluster (Serve's HTTP proxy on a free loopback port), then ``--clients`` client processes
 each POST one-row JSON requests back to back (a persistent connection each) for ``--warmup`` seconds, then for
-``--seconds`` more, timed.  It reports requests/s over the timed window, the latency p50/p99 of those requests, and
-errors (none is expected: any is reported).  Batching "off" is ``max_batch_size=1``; "on" batches up to the largest
+``--seconds`` more, timed.  It reports requests/s over the timed window (requests begun and answered within it), the
+latency p50/p99 of those requests, and errors, warm-up's included (none is expected: any is reported).  Batching "off" is ``max_batch_size=1``; "on" batches up to the largest
 bucket.  Client processes, not threads, so that the clients' JSON work does not share one interpreter lock.
 
 ``--model`` is ``mlp16`` (16 x [MatMul 1024 x 1024 + Add + Relu]), an ``.onnx`` file, or an architecture name as
@@ -79,11 +79,10 @@ def _client(port: int, route: str, body: bytes, warmup: float, seconds: float, m
             ok, payload = False, str(error).encode()
         ended = time.perf_counter()
         sent += 1
-        if began >= timed_from:
-            if ok:
-                latencies.append((ended - began) * 1e3)
-            else:
-                errors.append(payload[:200].decode(errors="replace"))
+        if not ok:  # warm-up's errors count too: none is expected anywhere
+            errors.append(payload[:200].decode(errors="replace"))
+        elif began >= timed_from and ended <= until:  # answered within the timed window
+            latencies.append((ended - began) * 1e3)
     connection.close()
     return {"latencies": latencies, "errors": errors}
 

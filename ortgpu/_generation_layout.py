@@ -94,6 +94,12 @@ def load_decoder(
             proto = onnx.load(path)
         except OSError as error:
             raise InvalidArgumentError(f"Generator: cannot read the model {path!r}: {error}") from error
+    if config.get("search", {}).get("past_present_share_buffer", True) is False:
+        raise ModelError(
+            "Generator: this folder was built without past_present_share_buffer (its attention does not update a "
+            "static cache in place); rebuild it with onnxruntime-genai's builder for an execution provider that "
+            "shares the buffer (webgpu, cuda) or one whose attention is GroupQueryAttention"
+        )
     decoder = config.get("model", {}).get("decoder", {})
     names = {**decoder.get("inputs", {}), **decoder.get("outputs", {})}
     inputs = {value.name: value for value in proto.graph.input}

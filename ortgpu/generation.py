@@ -192,7 +192,7 @@ class Generator:
         self.max_length = layout.max_length
         #: The vocabulary's size where the model states it (top_k's bound), else unbounded here
         self.vocabulary = layout.vocabulary if layout.vocabulary else 2**62
-        #: End-of-sequence ids from onnxruntime-genai's config (empty without one); generation does not stop at them
+        #: End-of-sequence ids from onnxruntime-genai's config (empty without one); ``generate(stop_at_eos=True)`` stops at them
         self.eos_token_ids = layout.eos_token_ids
         self.batch_size = batch_size
         self._capture = capture

@@ -89,6 +89,35 @@ def test_invalid_requests_are_refused_and_change_nothing(server: ModelServer) ->
     assert ints["x"].dtype == np.float32
 
 
+def test_invalid_data_fails_its_request_alone(backend_name: str) -> None:
+    """An index out of range (found by a kernel, on a captured replay too) fails that request with
+    InvalidArgumentError; the batch's other requests are answered and the replica stays healthy."""
+    table = np.arange(30, dtype=np.float32).reshape(10, 3)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "i"], ["y"], axis=0)],
+        "gather",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(table, "table")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    s = ModelServer(model, buckets=(1, 4), backend=backend_name)  # type: ignore[arg-type]
+    try:
+        assert s.status()["captured"]
+        requests = [{"i": np.array([1, 2])}, {"i": np.array([15])}, {"i": np.array([9])}]
+        with pytest.raises(InvalidArgumentError):
+            s.infer(requests)
+        answers = s.answer(requests)
+        assert isinstance(answers[1], InvalidArgumentError)
+        np.testing.assert_array_equal(answers[0]["y"], table[[1, 2]])  # type: ignore[index]
+        np.testing.assert_array_equal(answers[2]["y"], table[[9]])  # type: ignore[index]
+        s.check_health()
+        with pytest.raises(InvalidArgumentError, match="outside int64"):
+            s.validate({"i": np.array([2**64 - 1], np.uint64)})
+    finally:
+        s.close()
+
+
 def test_a_lost_device_fails_the_batch_and_the_replica() -> None:
     """No result from a batch whose device work failed, none afterwards, and the health check says so (the fake
     backend's injected device loss)."""

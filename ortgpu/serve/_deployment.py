@@ -8,13 +8,16 @@ accepting (and batching) requests meanwhile.
 
 Requests: over a handle, a mapping of input name to numpy array (``[rows, ...]``), answered with a mapping of output
 name to array; over HTTP, JSON ``{"inputs": {name: nested lists}}`` answered with ``{"outputs": {...}}``, status 400
-for an invalid request and 503 when the replica failed.  Serve calls :meth:`check_health` every
-``health_check_period_s``: a replica whose device work failed raises there and is replaced.
+for an invalid request (also invalid data found on the device, e.g. an index out of range: that request alone fails,
+the batch's others are answered) and 503 when the replica failed.  Serve calls :meth:`check_health` every
+``health_check_period_s``: an ortgpu replica whose device work failed raises there and is replaced (onnxruntime's
+replicas keep no device state, so they always report healthy).
 
 Metrics (Serve's, exported with its own): ``ortgpu_pending_requests`` (gauge: requests received and not yet
-answered, the replica's queue), ``ortgpu_batch_rows`` and ``ortgpu_batch_fill`` (histograms: rows per replay, rows
-over the bucket's size), ``ortgpu_replay_ms`` (histogram: a batch's write, replay and read); Serve tags each with
-the application, deployment and replica.
+answered, the replica's queue), ``ortgpu_batch_rows`` and ``ortgpu_batch_fill`` (histograms: rows per Serve batch,
+which more rows than the largest bucket split into several replays, and those rows over the bucket's size, at most
+1), ``ortgpu_replay_ms`` (histogram: a Serve batch from handing it to the worker thread to its answers: the wait for
+the thread, the writes, replays and reads); Serve tags each with the application, deployment and replica.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def application(
             try:
                 if http:
                     return await self._http(request)
-                return await self._batched(self.server.validate(request))
+                return self._raised(await self._batched(self.server.validate(request)))
             finally:
                 self._pending -= 1
                 self._pending_gauge.set(self._pending)
@@ -123,18 +126,25 @@ def application(
                 inputs = body.get("inputs") if isinstance(body, dict) else None
                 if not isinstance(inputs, dict):
                     raise InvalidArgumentError('the body must be JSON {"inputs": {name: nested lists}}')
-                answer = await self._batched(self.server.validate(inputs))
+                answer = self._raised(await self._batched(self.server.validate(inputs)))
             except (InvalidArgumentError, ValueError) as error:
                 return JSONResponse({"error": str(error)}, status_code=400)
             except ReplicaFailedError as error:
                 return JSONResponse({"error": str(error)}, status_code=503)
             return {"outputs": {key: value.tolist() for key, value in answer.items()}}
 
+        @staticmethod
+        def _raised(answer: Any) -> dict[str, Any]:
+            if isinstance(answer, Exception):  # this request's own invalid data (the batch's others were answered)
+                raise answer
+            result: dict[str, Any] = answer
+            return result
+
         @serve.batch(max_batch_size=batch, batch_wait_timeout_s=batch_wait_timeout_s)
-        async def _batched(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        async def _batched(self, requests: list[dict[str, Any]]) -> list[Any]:
             start = time.perf_counter()
             loop = asyncio.get_running_loop()
-            answers: list[dict[str, Any]] = await loop.run_in_executor(self._executor, self.server.infer, requests)
+            answers: list[Any] = await loop.run_in_executor(self._executor, self.server.answer, requests)
             rows = sum(len(next(iter(a.values()))) for a in requests)
             size = next((b for b in self.server.buckets if b >= rows), self.server.buckets[-1])
             self._rows.observe(rows)
@@ -158,6 +168,9 @@ def application(
             return str(self.server.end_profile())
 
         def __del__(self) -> None:
+            executor = getattr(self, "_executor", None)
+            if executor is not None:
+                executor.shutdown(wait=True)  # a batch in progress finishes before the buffers go
             server = getattr(self, "server", None)
             if server is not None:
                 server.close()

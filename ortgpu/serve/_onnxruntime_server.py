@@ -17,7 +17,7 @@ import numpy as np
 
 from ortgpu_core import InvalidArgumentError
 
-from ._server import DEFAULT_BUCKETS, ReplicaFailedError, input_rows, validate_request
+from ._server import DEFAULT_BUCKETS, answer_each, input_rows, validate_request
 
 __all__ = ["OnnxruntimeServer"]
 
@@ -26,13 +26,17 @@ def _session(model: str | bytes) -> tuple[Any, str]:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    device = None
     try:
         import onnxruntime_ep_webgpu as webgpu_ep
-
-        ort.register_execution_provider_library("webgpu", webgpu_ep.get_library_path())
+    except ImportError:
+        webgpu_ep = None
+    if webgpu_ep is not None:
+        try:
+            ort.register_execution_provider_library("webgpu", webgpu_ep.get_library_path())
+        except RuntimeError:  # registered already in this process
+            pass
         device = next((d for d in ort.get_ep_devices() if d.ep_name == webgpu_ep.get_ep_name()), None)
-    except (ImportError, RuntimeError):  # not installed, or registered already in this process
-        device = None
     if device is not None:
         options.add_provider_for_devices([device], {})
         return ort.InferenceSession(model, sess_options=options), "WebGpuExecutionProvider"
@@ -84,7 +88,8 @@ class OnnxruntimeServer:
                 try:
                     results = self.session.run(self.output_names, feeds)
                 except Exception as error:  # noqa: BLE001 - onnxruntime's errors have no common base
-                    raise ReplicaFailedError(f"onnxruntime failed on this batch: {error}") from error
+                    # onnxruntime keeps no device state to lose: a failing run is the data's (an index out of range)
+                    raise InvalidArgumentError(f"onnxruntime failed on this batch: {error}") from error
                 self._replay_ms.append((time.perf_counter() - began) * 1e3)
                 del self._replay_ms[:-1024]
                 for name, result in zip(self.output_names, results):
@@ -100,6 +105,10 @@ class OnnxruntimeServer:
                 answers.append({name: outputs[name][offset : offset + count] for name in self.output_names})
                 offset += count
             return answers
+
+    def answer(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray] | InvalidArgumentError]:
+        """:meth:`infer`, a request with invalid data getting its error in its place (see ModelServer.answer)."""
+        return answer_each(self.infer, requests)
 
     def check_health(self) -> None:
         """onnxruntime's sessions keep no failure state: always healthy."""
@@ -129,4 +138,5 @@ class OnnxruntimeServer:
         return ""
 
     def close(self) -> None:
-        self.session = None
+        with self._lock:
+            self.session = None

@@ -112,6 +112,10 @@ def validate_request(
         if array.dtype != want:
             if not np.can_cast(array.dtype, want, casting="same_kind"):
                 raise InvalidArgumentError(f"input {name!r} of dtype {array.dtype}; the model takes {want}")
+            if array.dtype.kind in "iu" and want.kind in "iu" and array.size:
+                limits = np.iinfo(want)
+                if array.min() < limits.min or array.max() > limits.max:
+                    raise InvalidArgumentError(f"input {name!r} holds values outside {want}'s range")
             array = array.astype(want)
         if array.ndim != len(rows[name]) + 1 or array.shape[1:] != rows[name] or array.shape[0] < 1:
             raise InvalidArgumentError(
@@ -122,6 +126,25 @@ def validate_request(
         count = array.shape[0]
         arrays[name] = array
     return arrays
+
+
+def answer_each(
+    infer: Callable[[Sequence[Mapping[str, Any]]], list[dict[str, np.ndarray]]],
+    requests: Sequence[Mapping[str, Any]],
+) -> list[dict[str, np.ndarray] | InvalidArgumentError]:
+    """``infer(requests)``; where it raises InvalidArgumentError, each request alone, its error in its place."""
+    try:
+        return list(infer(requests))
+    except InvalidArgumentError as error:
+        if len(requests) == 1:
+            return [error]
+    answers: list[dict[str, np.ndarray] | InvalidArgumentError] = []
+    for request in requests:
+        try:
+            answers.extend(infer([request]))
+        except InvalidArgumentError as error:
+            answers.append(error)
+    return answers
 
 
 class ModelServer:
@@ -138,8 +161,8 @@ class ModelServer:
         The Env's backend: ``"wgpu"``, ``"fake"`` (for tests: see :meth:`inject_fault`), or a callable that makes
         one (``functools.partial(FakeBackend, devices=[...])`` declares several fake adapters).
     device
-        Which of the Env's adapters (``env.devices``) to run on, as an index taken modulo their count, so that
-        replica ranks spread over the adapters; None: the Env's default device.
+        Which of the Env's GPUs to run on, as an index taken modulo their count (software adapters are left out
+        where there is a GPU), so that replica ranks spread over the GPUs; None: the Env's default device.
     capture
         False serves uncaptured runs (for comparison); a model that cannot be captured serves uncaptured anyway.
     row_shapes
@@ -177,8 +200,9 @@ class ModelServer:
                 chosen = self.env.default_device
                 #: The index of the adapter this server runs on, in ``env.devices``
                 self.device_index = adapters.index(chosen) if chosen in adapters else 0
-            else:
-                self.device_index = device % len(adapters)
+            else:  # spread over the GPUs (a software adapter, lavapipe, only where there is no other)
+                gpus = [i for i, d in enumerate(adapters) if d.adapter_type != "CPU"] or list(range(len(adapters)))
+                self.device_index = gpus[device % len(gpus)]
                 chosen = adapters[self.device_index]
             self.session = InferenceSession(model, env=self.env, device=chosen, graph_capture=capture)
             self._rows, self.input_dtypes = input_rows(self.session.get_inputs(), row_shapes or {})
@@ -253,6 +277,12 @@ class ModelServer:
                 offset += count
             return answers
 
+    def answer(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray] | InvalidArgumentError]:
+        """:meth:`infer`, but a request whose data is invalid (an index out of range, found on the device) gets its
+        InvalidArgumentError in its place and the others their answers: the batch is answered request by request
+        once it fails so.  ReplicaFailedError still fails them all."""
+        return answer_each(self.infer, requests)
+
     def _run_bucket(self, chunk: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         size = next(b for b in self.buckets if b >= rows)
         bucket = self._buckets[size]
@@ -264,13 +294,16 @@ class ModelServer:
                     array = padded
                 bucket.inputs[name].update_inplace(np.ascontiguousarray(array))
             start = time.perf_counter()
-            if bucket.graph is not None:
-                bucket.graph.replay()
+            if bucket.graph is not None:  # reads the outputs in the replay's submission, and reports flagged data
+                read = dict(zip(self.output_names, bucket.graph.replay_and_read()))
+                results = {name: np.asarray(read[name])[:rows] for name in bucket.outputs}
             else:
                 self.session.run_with_iobinding(bucket.binding, RunOptions(gpu_graph_id=-1))
-            results = {name: value.to_numpy()[:rows] for name, value in bucket.outputs.items()}
+                results = {name: value.to_numpy()[:rows] for name, value in bucket.outputs.items()}
             self._replay_ms.append((time.perf_counter() - start) * 1e3)
             del self._replay_ms[:-1024]
+        except InvalidArgumentError:
+            raise  # invalid data in a request (an index out of range): that batch's answer, not the replica's failure
         except OrtGpuError as error:
             self._failure = f"{type(error).__name__}: {error}"
             raise ReplicaFailedError(f"the device work of this batch failed ({self._failure}); no result") from error
@@ -330,7 +363,11 @@ class ModelServer:
         return text
 
     def close(self) -> None:
-        """Release the graphs, the buffers, the session and the Env (idempotent)."""
+        """Release the graphs, the buffers, the session and the Env (idempotent; waits for a batch in progress)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         for bucket in self._buckets.values():
             if bucket.graph is not None:
                 bucket.graph.release()

@@ -7,8 +7,9 @@ computes ``A @ W^T (+ bias)`` in float32 and rounds once to A's type, as onnxrun
 A and the scales and narrows the result).  ``accuracy_level`` 4 (what onnxruntime-genai's builder writes for int4
 on the CPU) quantizes A first, as onnxruntime's CPU kernels do (:func:`quantize_rows_by_block`: each row's blocks of
 ``block_size`` along K to int8 on their own absolute maximum), unless the zero points are floats, where onnxruntime
-keeps float A; other levels compute in float32.  The quantized A is exact in float32 (an int8 code times the block's
-scale), so the product over it is onnxruntime's up to the order of float additions.
+keeps float A; other levels compute in float32.  ortgpu multiplies the dequantized A (each int8 code times its
+block's scale, rounded to float32) where onnxruntime sums int8 x int4 products in integers and scales once per block:
+the results differ by float rounding (about 1e-7 relative, measured), not by the quantization.
 
 On the device, MatMulNBits never materializes the float weight: up to :data:`GEMV_MAX_ROWS` rows of A run the
 GEMV of :mod:`._quantized_weights_wgsl` (one packed word per lane per step), more rows run the tiled GEMM with
