@@ -29,18 +29,24 @@ import ortgpu
 __all__ = ["build_decoder", "parse_decoder", "measure_generation", "format_generation"]
 
 
-def parse_decoder(text: str) -> tuple[int, int] | None:
-    """``decoder-LAYERS-HIDDEN`` -> (layers, hidden); None for anything else (a path)."""
+def _parse_sized(text: str, family: str, multiple: int) -> tuple[int, int] | None:
+    """``FAMILY-LAYERS-HIDDEN`` -> (layers, hidden), the hidden size a positive multiple of ``multiple``; None for
+    anything else (a path)."""
     parts = text.split("-")
-    if len(parts) != 3 or parts[0] != "decoder":
+    if len(parts) != 3 or parts[0] != family:
         return None
     try:
         layers, hidden = int(parts[1]), int(parts[2])
     except ValueError:
-        raise ValueError(f"--generate decoder-LAYERS-HIDDEN takes two ints, not {text!r}") from None
-    if layers < 1 or hidden < 64 or hidden % 64:
-        raise ValueError(f"--generate {text}: at least one layer, and a hidden size that is a multiple of 64")
+        raise ValueError(f"--generate {family}-LAYERS-HIDDEN takes two ints, not {text!r}") from None
+    if layers < 1 or hidden < multiple or hidden % multiple:
+        raise ValueError(f"--generate {text}: at least one layer, and a hidden size that is a multiple of {multiple}")
     return layers, hidden
+
+
+def parse_decoder(text: str) -> tuple[int, int] | None:
+    """``decoder-LAYERS-HIDDEN`` -> (layers, hidden); None for anything else (a path)."""
+    return _parse_sized(text, "decoder", 64)
 
 
 def build_decoder(
@@ -243,16 +249,7 @@ def parse_peers(text: str | None) -> list[str]:
 
 def parse_llama(text: str) -> tuple[int, int] | None:
     """``llama-LAYERS-HIDDEN`` -> (layers, hidden); None for anything else."""
-    parts = text.split("-")
-    if len(parts) != 3 or parts[0] != "llama":
-        return None
-    try:
-        layers, hidden = int(parts[1]), int(parts[2])
-    except ValueError:
-        raise ValueError(f"--generate llama-LAYERS-HIDDEN takes two ints, not {text!r}") from None
-    if layers < 1 or hidden < 256 or hidden % 256:
-        raise ValueError(f"--generate {text}: at least one layer, and a hidden size that is a multiple of 256")
-    return layers, hidden
+    return _parse_sized(text, "llama", 256)
 
 
 def _agreement(ours: list[list[int]], theirs: list[list[int]], eos: list[int]) -> dict[str, Any]:

@@ -19,7 +19,6 @@ import itertools
 import json
 import multiprocessing
 import os
-import socket
 import tempfile
 import time
 from typing import Any
@@ -87,12 +86,6 @@ def _client(port: int, route: str, body: bytes, warmup: float, seconds: float, m
     return {"latencies": latencies, "errors": errors}
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _body(model: bytes) -> bytes:
     """One request of one row of random inputs, as JSON."""
     from .models import random_feeds
@@ -111,6 +104,7 @@ def run_serve(args: Any) -> int:
     except ImportError:
         raise SystemExit("--serve needs Ray Serve: pip install 'ortgpu[serve]'") from None
     from ortgpu.serve import application
+    from ortgpu.serve._deployment import free_loopback_port, start_local
 
     model = serve_model(args.model)
     body = _body(model)
@@ -118,9 +112,8 @@ def run_serve(args: Any) -> int:
     rows: list[dict[str, Any]] = []
     if ray.is_initialized():
         raise SystemExit("--serve starts its own Ray cluster and Serve; call it where Ray is not running")
-    ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    port = free_loopback_port()
+    start_local(port)
     context = multiprocessing.get_context("spawn")
     configurations = [
         (runtime, replicas, batching, placement)

@@ -10,7 +10,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -203,21 +202,16 @@ def test_a_trace_of_the_served_batches(server: ModelServer) -> None:
 # -- the Ray Serve deployment --------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[int]:
     """A local Ray cluster with Serve on a free loopback port (yielded), shut down after the module."""
     import ray
     from ray import serve
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    from ortgpu.serve._deployment import free_loopback_port, start_local
+
+    port = free_loopback_port()
+    start_local(port, num_cpus=4)
     try:
         yield port
     finally:

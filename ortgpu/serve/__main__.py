@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import time
 import urllib.request
 from typing import Any
@@ -35,12 +34,6 @@ def _row_shape(text: str) -> tuple[str, list[int]]:
     if not name or not dims:
         raise argparse.ArgumentTypeError(f"--row-shape takes NAME=D1,D2,..., not {text!r}")
     return name, _ints(dims)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _demo_model() -> tuple[bytes, Any]:
@@ -70,29 +63,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a model to serve, or --demo")
     try:
         import ray
-        from ray import serve
     except ImportError:
         parser.exit(2, "python -m ortgpu.serve needs Ray Serve: pip install 'ortgpu[serve]'\n")
-    from . import application
+    from ._deployment import free_loopback_port, run
 
     model: Any = args.model
     weights = None
     if args.demo:
         model, weights = _demo_model()
-    port = args.port if args.port is not None else (_free_port() if args.demo else 8000)
-    ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
+    port = args.port if args.port is not None else (free_loopback_port() if args.demo else 8000)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = application(
+        handle = run(
             model,
             name=args.name,
+            http_port=port,
             num_replicas=args.replicas,
             buckets=args.buckets,
             max_batch_size=args.max_batch_size,
             backend=args.backend,
             row_shapes=dict(args.row_shape),
         )
-        handle = serve.run(app, name=args.name, route_prefix=f"/{args.name}")
         status = handle.status.remote().result()
         captured = "captured" if status["captured"] else f"uncaptured ({status['capture_error']})"
         url = f"http://127.0.0.1:{port}/{args.name}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import socket
 import time
 from typing import Any, Callable, Literal, Mapping, Sequence
 
@@ -32,7 +33,7 @@ from ortgpu_core import InvalidArgumentError
 
 from ._server import DEFAULT_BUCKETS, ModelServer, ReplicaFailedError
 
-__all__ = ["application", "run"]
+__all__ = ["application", "run", "start_local", "free_loopback_port"]
 
 
 def _make_server(runtime: str, model: Any, options: dict[str, Any]) -> Any:
@@ -146,7 +147,7 @@ def application(
             loop = asyncio.get_running_loop()
             answers: list[Any] = await loop.run_in_executor(self._executor, self.server.answer, requests)
             rows = sum(len(next(iter(a.values()))) for a in requests)
-            size = next((b for b in self.server.buckets if b >= rows), self.server.buckets[-1])
+            size = self.server.bucket_for(rows)
             self._rows.observe(rows)
             self._fill.observe(min(1.0, rows / size))
             self._replay.observe((time.perf_counter() - start) * 1e3)
@@ -186,6 +187,27 @@ def application(
     return deployment.bind()
 
 
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for Serve's HTTP proxy)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_local(http_port: int | None = None, **ray_options: Any) -> None:
+    """Start a local Ray cluster of this process (``address="local"``: it never joins another process's), unless
+    Ray is running here already, and Serve, with its HTTP proxy on ``127.0.0.1:http_port`` where one is given."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError as error:
+        raise ImportError("ortgpu.serve needs Ray Serve: pip install 'ortgpu[serve]'") from error
+    if not ray.is_initialized():
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False, **ray_options)
+    if http_port is not None:
+        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+
+
 def run(
     model: str | os.PathLike[str] | bytes,
     *,
@@ -197,15 +219,9 @@ def run(
     """Start Ray (locally, on the loopback address, if it is not running) and Serve, deploy :func:`application`
     and return its handle: ``handle.remote({"x": array}).result()``.  ``http_port`` also serves HTTP on
     ``127.0.0.1:http_port`` at ``route_prefix`` (default ``/<name>``)."""
-    try:
-        import ray
-        from ray import serve
-    except ImportError as error:
-        raise ImportError("ortgpu.serve needs Ray Serve: pip install 'ortgpu[serve]'") from error
-    if not ray.is_initialized():
-        ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
-    if http_port is not None:
-        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+    from ray import serve
+
+    start_local(http_port)
     app = application(model, name=name, **options)
     prefix = route_prefix if route_prefix is not None else f"/{name}"
     return serve.run(app, name=name, route_prefix=prefix if http_port is not None else None)

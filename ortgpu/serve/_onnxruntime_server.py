@@ -9,15 +9,13 @@ runtimes compute the same shapes."""
 from __future__ import annotations
 
 import os
-import threading
-import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ortgpu_core import InvalidArgumentError
 
-from ._server import DEFAULT_BUCKETS, answer_each, input_rows, validate_request
+from ._server import DEFAULT_BUCKETS, BucketedServer, input_rows
 
 __all__ = ["OnnxruntimeServer"]
 
@@ -43,7 +41,7 @@ def _session(model: str | bytes) -> tuple[Any, str]:
     return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"]), "CPUExecutionProvider"
 
 
-class OnnxruntimeServer:
+class OnnxruntimeServer(BucketedServer):
     """:class:`ModelServer`'s interface over an onnxruntime session (see the module docstring)."""
 
     def __init__(
@@ -53,68 +51,23 @@ class OnnxruntimeServer:
         buckets: Sequence[int] = DEFAULT_BUCKETS,
         row_shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
-        sizes = sorted({int(b) for b in buckets})
-        if not sizes or sizes[0] < 1:
-            raise InvalidArgumentError(f"buckets must be positive batch sizes, not {list(buckets)!r}")
-        self.buckets = tuple(sizes)
+        self._start(buckets)
         source = model if isinstance(model, bytes) else os.fspath(model)
         self.session, self.provider = _session(source)
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self._lock = threading.Lock()
-        self._counts = {"requests": 0, "rows": 0, "batches": 0, "padded_rows": 0}
-        self._replay_ms: list[float] = []
         self._rows, self.input_dtypes = input_rows(self.session.get_inputs(), row_shapes or {})
 
-    def validate(self, request: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        return validate_request(request, self._rows, self.input_dtypes)
-
-    def infer(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray]]:
-        with self._lock:
-            arrays = [self.validate(r) for r in requests]
-            counts = [next(iter(a.values())).shape[0] for a in arrays]
-            total = sum(counts)
-            merged = {name: np.concatenate([a[name] for a in arrays]) for name in arrays[0]}
-            pieces: dict[str, list[np.ndarray]] = {name: [] for name in self.output_names}
-            start = 0
-            while start < total:
-                take = min(total - start, self.buckets[-1])
-                size = next(b for b in self.buckets if b >= take)
-                feeds = {}
-                for name, array in merged.items():
-                    padded = np.zeros((size, *array.shape[1:]), array.dtype)
-                    padded[:take] = array[start : start + take]
-                    feeds[name] = padded
-                began = time.perf_counter()
-                try:
-                    results = self.session.run(self.output_names, feeds)
-                except Exception as error:  # noqa: BLE001 - onnxruntime's errors have no common base
-                    # onnxruntime keeps no device state to lose: a failing run is the data's (an index out of range)
-                    raise InvalidArgumentError(f"onnxruntime failed on this batch: {error}") from error
-                self._replay_ms.append((time.perf_counter() - began) * 1e3)
-                del self._replay_ms[:-1024]
-                for name, result in zip(self.output_names, results):
-                    pieces[name].append(np.asarray(result)[:take])
-                self._counts["batches"] += 1
-                self._counts["padded_rows"] += size - take
-                start += take
-            outputs = {name: np.concatenate(parts) for name, parts in pieces.items()}
-            self._counts["requests"] += len(requests)
-            self._counts["rows"] += total
-            answers, offset = [], 0
-            for count in counts:
-                answers.append({name: outputs[name][offset : offset + count] for name in self.output_names})
-                offset += count
-            return answers
-
-    def answer(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray] | InvalidArgumentError]:
-        """:meth:`infer`, a request with invalid data getting its error in its place (see ModelServer.answer)."""
-        return answer_each(self.infer, requests)
+    def _run(self, feeds: dict[str, np.ndarray], size: int) -> Mapping[str, Any]:
+        try:
+            return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
+        except Exception as error:  # noqa: BLE001 - onnxruntime's errors have no common base
+            # onnxruntime keeps no device state to lose: a failing run is the data's (an index out of range)
+            raise InvalidArgumentError(f"onnxruntime failed on this batch: {error}") from error
 
     def check_health(self) -> None:
         """onnxruntime's sessions keep no failure state: always healthy."""
 
     def status(self) -> dict[str, Any]:
-        fill_rows = self._counts["rows"] + self._counts["padded_rows"]
         return {
             "device": self.provider,
             "pid": os.getpid(),
@@ -123,9 +76,7 @@ class OnnxruntimeServer:
             "capture_error": "onnxruntime serves uncaptured runs",
             "healthy": True,
             "failure": None,
-            **self._counts,
-            "batch_fill": self._counts["rows"] / fill_rows if fill_rows else None,
-            "replay_ms_p50": float(np.median(self._replay_ms)) if self._replay_ms else None,
+            **self._usage(),
         }
 
     def inject_fault(self, kind: str, n: int = 1) -> None:

@@ -23,12 +23,19 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from ortgpu_core import Env, InvalidArgumentError, ModelError, OrtGpuError
+from ortgpu_core import Env, InvalidArgumentError, ModelError, OrtGpuError, UnsafeAccessError
 
 from .._run_options import RunOptions
 from .._session import InferenceSession
 
-__all__ = ["ModelServer", "ReplicaFailedError", "DEFAULT_BUCKETS", "input_rows", "validate_request"]
+__all__ = [
+    "ModelServer",
+    "BucketedServer",
+    "ReplicaFailedError",
+    "DEFAULT_BUCKETS",
+    "input_rows",
+    "validate_request",
+]
 
 #: Batch sizes captured by default.
 DEFAULT_BUCKETS = (1, 2, 4, 8)
@@ -147,7 +154,105 @@ def answer_each(
     return answers
 
 
-class ModelServer:
+class BucketedServer:
+    """What both runtimes' servers share: the request checks, a batch of requests concatenated, split into chunks of
+    at most the largest bucket, each padded to the smallest bucket that holds it and run by :meth:`_run`, then the
+    rows handed back; the counts behind ``status()``.  One batch runs at a time (the buckets' buffers are shared
+    state).  Not copyable or picklable: a server owns its session (and, for ortgpu, its Env and device buffers)."""
+
+    buckets: tuple[int, ...]
+    output_names: list[str]
+    input_dtypes: dict[str, np.dtype[Any]]
+    _rows: dict[str, tuple[int, ...]]
+
+    def _start(self, buckets: Sequence[int]) -> None:
+        sizes = sorted({int(b) for b in buckets})
+        if not sizes or sizes[0] < 1 or any(isinstance(b, bool) for b in buckets):
+            raise InvalidArgumentError(f"buckets must be positive batch sizes, not {list(buckets)!r}")
+        self.buckets = tuple(sizes)
+        self._lock = threading.Lock()
+        self._counts = {"requests": 0, "rows": 0, "batches": 0, "padded_rows": 0}
+        self._run_ms: list[float] = []
+
+    def __copy__(self) -> Any:
+        raise UnsafeAccessError(f"a {type(self).__name__} cannot be copied: it owns its session; make another")
+
+    def __deepcopy__(self, memo: object) -> Any:
+        return self.__copy__()
+
+    def __reduce__(self) -> Any:
+        raise UnsafeAccessError(f"a {type(self).__name__} cannot be pickled: make one in each process")
+
+    def bucket_for(self, rows: int) -> int:
+        """The smallest bucket that holds ``rows`` (the largest where none does: the rows then take several)."""
+        return next((b for b in self.buckets if b >= rows), self.buckets[-1])
+
+    def validate(self, request: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The request's inputs as arrays of the model's dtypes and row shapes, ``[rows, *row]`` each with one
+        ``rows`` >= 1; raises InvalidArgumentError saying what is wrong (nothing is run)."""
+        return validate_request(request, self._rows, self.input_dtypes)
+
+    def infer(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray]]:
+        """Answer requests in order: each gets its own rows of every output.  Raises InvalidArgumentError for
+        invalid requests (or data the run finds invalid), ReplicaFailedError where the device work fails."""
+        with self._lock:
+            self._check_usable()
+            arrays = [self.validate(r) for r in requests]
+            counts = [next(iter(a.values())).shape[0] for a in arrays]
+            merged = {name: np.concatenate([a[name] for a in arrays]) for name in self._rows}
+            total = sum(counts)
+            pieces: dict[str, list[np.ndarray]] = {name: [] for name in self.output_names}
+            for start in range(0, total, self.buckets[-1]):
+                take = min(total - start, self.buckets[-1])
+                size = self.bucket_for(take)
+                feeds = {name: _padded(array[start : start + take], size) for name, array in merged.items()}
+                began = time.perf_counter()
+                results = self._run(feeds, size)
+                self._run_ms.append((time.perf_counter() - began) * 1e3)
+                del self._run_ms[:-1024]
+                for name in self.output_names:
+                    pieces[name].append(np.asarray(results[name])[:take])
+                self._counts["batches"] += 1
+                self._counts["padded_rows"] += size - take
+            outputs = {name: np.concatenate(parts) for name, parts in pieces.items()}
+            self._counts["requests"] += len(requests)
+            self._counts["rows"] += total
+            bounds = np.cumsum([0, *counts])
+            return [{name: outputs[name][a:b] for name in self.output_names} for a, b in zip(bounds, bounds[1:])]
+
+    def answer(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray] | InvalidArgumentError]:
+        """:meth:`infer`, but a request whose data is invalid (an index out of range, found by the run) gets its
+        InvalidArgumentError in its place and the others their answers: the batch is answered request by request
+        once it fails so.  ReplicaFailedError still fails them all."""
+        return answer_each(self.infer, requests)
+
+    def _usage(self) -> dict[str, Any]:
+        """The counts of ``status()``: requests, rows, batches (runs of a bucket), padded rows, batch fill (rows /
+        (rows + padded rows)), and a bucket's run (writes, run or replay, reads) in ms, p50 of the last 1024."""
+        fill_rows = self._counts["rows"] + self._counts["padded_rows"]
+        return {
+            **self._counts,
+            "batch_fill": self._counts["rows"] / fill_rows if fill_rows else None,
+            "replay_ms_p50": float(np.median(self._run_ms)) if self._run_ms else None,
+        }
+
+    def _check_usable(self) -> None:
+        """Raise where no batch may run any more."""
+
+    def _run(self, feeds: dict[str, np.ndarray], size: int) -> Mapping[str, Any]:
+        """Run bucket ``size`` on ``feeds`` (padded to it); its outputs by name."""
+        raise NotImplementedError
+
+
+def _padded(array: np.ndarray, size: int) -> np.ndarray:
+    if array.shape[0] == size:
+        return array
+    padded = np.zeros((size, *array.shape[1:]), array.dtype)
+    padded[: array.shape[0]] = array
+    return padded
+
+
+class ModelServer(BucketedServer):
     """Serves one model on one device from captured graphs, one per batch size in ``buckets``.
 
     Parameters
@@ -168,7 +273,8 @@ class ModelServer:
     row_shapes
         Per input, its shape without the batch dimension, where the model leaves it symbolic.
 
-    Thread-safe: one batch runs at a time (the buckets' buffers are shared state).
+    Thread-safe: one batch runs at a time (the buckets' buffers are shared state).  Not copyable or picklable
+    (``UnsafeAccessError``); dropped without :meth:`close`, its session and Env are cleaned up with them.
     """
 
     def __init__(
@@ -181,15 +287,9 @@ class ModelServer:
         row_shapes: Mapping[str, Sequence[int]] | None = None,
         device: int | None = None,
     ) -> None:
-        sizes = sorted({int(b) for b in buckets})
-        if not sizes or sizes[0] < 1 or any(isinstance(b, bool) for b in buckets):
-            raise InvalidArgumentError(f"buckets must be positive batch sizes, not {list(buckets)!r}")
-        self.buckets: tuple[int, ...] = tuple(sizes)
-        self._lock = threading.Lock()
+        self._start(buckets)
         self._failure: str | None = None
         self.capture_error: str | None = None
-        self._counts = {"requests": 0, "rows": 0, "batches": 0, "padded_rows": 0}
-        self._replay_ms: list[float] = []
         if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
             raise InvalidArgumentError(f"device must be a non-negative adapter index or None, not {device!r}")
         self.env = Env(backend=backend() if callable(backend) else backend)
@@ -245,71 +345,24 @@ class ModelServer:
 
     # -- requests -------------------------------------------------------------------------------------------------
 
-    def validate(self, request: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """The request's inputs as arrays of the model's dtypes and row shapes, ``[rows, *row]`` each with one
-        ``rows`` >= 1; raises InvalidArgumentError saying what is wrong (nothing is run)."""
-        return validate_request(request, self._rows, self.input_dtypes)
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise ReplicaFailedError(f"this replica failed earlier ({self._failure}); it awaits replacement")
 
-    def infer(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray]]:
-        """Answer validated requests (see :meth:`validate`) in order: each gets its own rows of every output.
-        Raises ReplicaFailedError for all of them where the device work fails."""
-        with self._lock:
-            if self._failure is not None:
-                raise ReplicaFailedError(f"this replica failed earlier ({self._failure}); it awaits replacement")
-            arrays = [self.validate(r) for r in requests]
-            counts = [next(iter(a.values())).shape[0] for a in arrays]
-            merged = {name: np.concatenate([a[name] for a in arrays]) for name in self._rows}
-            total = sum(counts)
-            pieces: dict[str, list[np.ndarray]] = {name: [] for name in self.output_names}
-            start = 0
-            while start < total:
-                take = min(total - start, self.buckets[-1])
-                chunk = {name: array[start : start + take] for name, array in merged.items()}
-                for name, result in self._run_bucket(chunk, take).items():
-                    pieces[name].append(result)
-                start += take
-            outputs = {name: np.concatenate(parts) for name, parts in pieces.items()}
-            self._counts["requests"] += len(requests)
-            self._counts["rows"] += total
-            answers, offset = [], 0
-            for count in counts:
-                answers.append({name: outputs[name][offset : offset + count] for name in self.output_names})
-                offset += count
-            return answers
-
-    def answer(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray] | InvalidArgumentError]:
-        """:meth:`infer`, but a request whose data is invalid (an index out of range, found on the device) gets its
-        InvalidArgumentError in its place and the others their answers: the batch is answered request by request
-        once it fails so.  ReplicaFailedError still fails them all."""
-        return answer_each(self.infer, requests)
-
-    def _run_bucket(self, chunk: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-        size = next(b for b in self.buckets if b >= rows)
+    def _run(self, feeds: dict[str, np.ndarray], size: int) -> Mapping[str, Any]:
         bucket = self._buckets[size]
         try:
-            for name, array in chunk.items():
-                if rows < size:
-                    padded = np.zeros((size, *array.shape[1:]), array.dtype)
-                    padded[:rows] = array
-                    array = padded
+            for name, array in feeds.items():
                 bucket.inputs[name].update_inplace(np.ascontiguousarray(array))
-            start = time.perf_counter()
             if bucket.graph is not None:  # reads the outputs in the replay's submission, and reports flagged data
-                read = dict(zip(self.output_names, bucket.graph.replay_and_read()))
-                results = {name: np.asarray(read[name])[:rows] for name in bucket.outputs}
-            else:
-                self.session.run_with_iobinding(bucket.binding, RunOptions(gpu_graph_id=-1))
-                results = {name: value.to_numpy()[:rows] for name, value in bucket.outputs.items()}
-            self._replay_ms.append((time.perf_counter() - start) * 1e3)
-            del self._replay_ms[:-1024]
+                return dict(zip(self.output_names, bucket.graph.replay_and_read()))
+            self.session.run_with_iobinding(bucket.binding, RunOptions(gpu_graph_id=-1))
+            return {name: value.to_numpy() for name, value in bucket.outputs.items()}
         except InvalidArgumentError:
             raise  # invalid data in a request (an index out of range): that batch's answer, not the replica's failure
         except OrtGpuError as error:
             self._failure = f"{type(error).__name__}: {error}"
             raise ReplicaFailedError(f"the device work of this batch failed ({self._failure}); no result") from error
-        self._counts["batches"] += 1
-        self._counts["padded_rows"] += size - rows
-        return results
 
     # -- health, status, faults -----------------------------------------------------------------------------------
 
@@ -319,10 +372,9 @@ class ModelServer:
             raise ReplicaFailedError(f"unhealthy: {self._failure}")
 
     def status(self) -> dict[str, Any]:
-        """What this replica serves and how: device, buckets, whether captured (and why not), health, counts
-        (requests, rows, batches, padded rows: batch fill is rows / (rows + padded rows)), replay ms p50."""
+        """What this replica serves and how: device, buckets, whether captured (and why not), health, and the
+        counts (see :meth:`BucketedServer._usage`)."""
         device = self.session.device
-        fill_rows = self._counts["rows"] + self._counts["padded_rows"]
         return {
             "device": f"{device.name} ({device.backend_type})",
             "device_index": self.device_index,
@@ -332,9 +384,7 @@ class ModelServer:
             "capture_error": self.capture_error,
             "healthy": self._failure is None,
             "failure": self._failure,
-            **self._counts,
-            "batch_fill": self._counts["rows"] / fill_rows if fill_rows else None,
-            "replay_ms_p50": float(np.median(self._replay_ms)) if self._replay_ms else None,
+            **self._usage(),
         }
 
     def inject_fault(self, kind: str, n: int = 1) -> None:
