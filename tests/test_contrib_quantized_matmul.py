@@ -215,6 +215,15 @@ def test_matmul_nbits_accuracy_level_4_quantizes_a_as_onnxruntime_does(
     assert np.abs(in_float.astype(np.float64) - want).max() > 1e-3 * scale
 
 
+@pytest.mark.parametrize("a_shape", [(0, 64), (2, 0, 64)], ids=["no-rows", "no-rows-rank-3"])
+def test_matmul_nbits_accuracy_level_4_with_no_rows_matches_onnxruntime(
+    a_shape: tuple[int, ...], op_device: BackendDevice
+) -> None:
+    model, feeds = nbits_model(np.random.default_rng(3), a_shape=a_shape, n=8, accuracy_level=4)
+    (got,), (want,) = run_both(model, feeds, op_device)
+    assert got.shape == want.shape == (*a_shape[:-1], 8)
+
+
 LEVEL_4_FLOAT_CASES: list[tuple[str, dict[str, Any]]] = [
     ("float-zero-points", {"a_shape": (3, 64), "n": 11, "zero_points": "float"}),
     ("2bit-block-16", {"a_shape": (2, 64), "n": 6, "bits": 2, "zero_points": "packed", "block_size": 16}),

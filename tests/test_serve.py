@@ -191,6 +191,50 @@ def test_a_server_runs_on_the_adapter_it_is_given() -> None:
         ModelServer(_model(), backend="fake", device=-1)
 
 
+def test_servers_refuse_copies_serve_two_threads_and_clean_up_when_dropped() -> None:
+    """Copy and pickle are refused (a server owns its session and buffers); two threads at once each get their own
+    rows; a server dropped without close() leaves no device object behind."""
+    import copy
+    import gc
+    import pickle
+    import threading
+
+    from ortgpu.serve._onnxruntime_server import OnnxruntimeServer
+    from ortgpu_core import UnsafeAccessError
+
+    backend = _two_adapters()()
+    s = ModelServer(_model(), buckets=(1, 2), backend=lambda: backend)
+    peer = OnnxruntimeServer(_model(), buckets=(1, 2))
+    for target in (s, peer):
+        with pytest.raises(UnsafeAccessError, match="cannot be copied"):
+            copy.copy(target)
+        with pytest.raises(UnsafeAccessError, match="cannot be copied"):
+            copy.deepcopy(target)
+        with pytest.raises(UnsafeAccessError, match="cannot be pickled"):
+            pickle.dumps(target)
+    rng = np.random.default_rng(7)
+    inputs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(40)]
+    wrong: list[int] = []
+
+    def client(servers: tuple[Any, ...], offset: int) -> None:
+        for index in range(offset, len(inputs), 2):
+            for server in servers:
+                (answer,) = server.infer([{"x": inputs[index]}])
+                if not np.allclose(answer["y"], _expected(inputs[index]), rtol=1e-5, atol=1e-6):
+                    wrong.append(index)
+
+    threads = [threading.Thread(target=client, args=((s, peer), offset)) for offset in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == [] and s.status()["requests"] == peer.status()["requests"] == 40
+    assert backend.live_handles() > 0
+    del s, peer, target, threads
+    gc.collect()
+    assert backend.live_handles() == 0
+
+
 def test_a_trace_of_the_served_batches(server: ModelServer) -> None:
     server.profile()
     server.infer([{"x": np.ones((3, 4), np.float32)}])

@@ -205,7 +205,7 @@ def quantize_rows_by_block(a: np.ndarray, block_size: int) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         inverse = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     codes = np.rint(grouped * inverse)
-    quantized: np.ndarray = (codes * scale).astype(np.float32).reshape(rows.shape[0], -1)[:, :k]
+    quantized: np.ndarray = (codes * scale).astype(np.float32).reshape(rows.shape[0], blocks * block_size)[:, :k]
     return quantized.reshape(a.shape)
 
 
@@ -272,6 +272,7 @@ class MatMulNBits(Operator):
         # accuracy_level 4: a first kernel writes the quantized A (float32) into a scratch buffer, and the product
         # reads it there in place of input 0 (its twin sees the scratch as a float32 A and multiplies at level 0).
         quantized_a = TensorInfo(tuple(a.shape), np.dtype(np.float32))
+        check_binding_sizes(self.op_type, [quantized_a], caps)  # a float16 A's float32 copy is twice its size
         product = self._product_plan(
             dataclasses.replace(layout, a_element="f32"),
             steps,
