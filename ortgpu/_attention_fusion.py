@@ -4,18 +4,20 @@ Exporters write attention as a handful of nodes; the ones recognised here (torch
 ``F.scaled_dot_product_attention``, HF eager attention, ``nn.MultiheadAttention``, and what any graph writes the
 same way) all reduce to::
 
-    S = MatMul(Q', K')                 Q' = Q read through Transposes and scalar Muls, K' likewise (K^T)
+    S = MatMul(Q', K')                 Q' = Q read through data-movement nodes and scalar Muls, K' likewise (K^T)
     S = S * c | S / c | Cast(S, float) any number of them
     S = Add(S, mask)                   at most one, the mask broadcast to S (not S broadcast to it)
     S = S * c | S / c | Cast(S, float) c > 0 (they scale the mask too)
     P = Softmax(S, last axis)
     P = Cast(P, float)                 any number of them
-    Y = MatMul(P, V')                  V' = V read through Transposes
+    Y = MatMul(P, V')                  V' = V read through data-movement nodes
 
 where every intermediate has that one consumer and is no graph output.  The group becomes one step of
 :class:`~ortgpu.ops._fused_attention.FusedAttention` at the place of the final MatMul (every input it reads is
-produced before that), reading the sources of the absorbed Transposes through their permutations and folding the
-scalar factors into the logit and mask scales.  Grouped K/V heads work where they arrive as a broadcast batch
+produced before that), reading the sources of the absorbed data-movement nodes (Transpose, Reshape, Squeeze,
+Unsqueeze, Gather of one index: the packed Q/K/V split ``nn.MultiheadAttention`` exports) through one strided view
+each (:meth:`~ortgpu._graph_match.GraphMatcher.view`) and folding the scalar factors into the logit and mask
+scales.  Grouped K/V heads work where they arrive as a broadcast batch
 axis; when the graph repeats them with Expand/Reshape, those nodes stay and the kernel reads their output.  Where the
 kernel cannot be planned (dtype, workgroup storage, the driver's loop budget) or would be slower (more scores per
 head than :data:`~ortgpu.ops._fused_attention.FUSE_MAX_SCORES`) the nodes are planned one by one.
@@ -31,12 +33,15 @@ from typing import Sequence
 
 import numpy as np
 
+from ortgpu_core._errors import UnsupportedOpError
+
 from ._graph_match import GraphMatcher
 from ._plan_types import PlannedStep
 from ._rewrites import RewriteContext, TransposeFolds
 from .loader._model import GraphNode
 from .ops import NotOnDevice
 from .ops._fused_attention import FusedAttention
+from .ops.ai_onnx.transpose import permutation
 
 __all__ = ["fuse_attentions"]
 
@@ -64,8 +69,9 @@ class _Matcher(GraphMatcher):
         )
 
 
-def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode) -> PlannedStep | None:
-    """The fused step of the attention that starts at MatMul ``first`` (Q.K^T), or None."""
+def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded: set[str]) -> PlannedStep | None:
+    """The fused step of the attention that starts at MatMul ``first`` (Q.K^T), or None.  ``folded``: the
+    Transposes that later MatMuls read through (never written through here)."""
     if len(first.inputs) != 2 or not first.outputs or first.inputs[0] == first.inputs[1]:
         return None
     current = first.outputs[0]
@@ -117,8 +123,12 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode) -> Plan
         return None
     inputs = (q[0], kt[0], v[0], mask)
     input_infos = ctx.infos_of(inputs)
-    output_infos = (ctx.infos[last.outputs[0]],)
-    attrs = {"_perms": (q[1], kt[1], v[1]), "_logit_scale": logit_scale * q[2] * kt[2], "_bias_scale": bias_scale}
+    output, out_perm, tail = _written_through(ctx, matcher, last, folded)
+    output_infos = (ctx.infos[output],)
+    views = tuple((view.shape, view.strides, view.offset) for view in (q[1], kt[1], v[1]))
+    attrs: dict[str, object] = {"_views": views, "_logit_scale": logit_scale * q[2] * kt[2], "_bias_scale": bias_scale}
+    if out_perm is not None:
+        attrs["_out_perm"] = out_perm
     if v[2] != 1.0:
         return None  # a scaled V is not an attention the kernel computes
     operator = FusedAttention()
@@ -126,7 +136,7 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode) -> Plan
         op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(inputs))
     except NotOnDevice:
         return None
-    group = q[3][::-1] + kt[3][::-1] + [first] + chain + v[3][::-1] + [last]
+    group = q[3][::-1] + kt[3][::-1] + [first] + chain + v[3][::-1] + [last] + tail
     return PlannedStep(
         tuple(node.name for node in group),
         tuple(node.op_type for node in group),
@@ -135,11 +145,35 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode) -> Plan
         operator,
         attrs,
         inputs,
-        (last.outputs[0],),
+        (output,),
         input_infos,
         output_infos,
         op_plan,
     )
+
+
+def _written_through(
+    ctx: RewriteContext, matcher: GraphMatcher, last: GraphNode, folded: set[str]
+) -> tuple[str, tuple[int, ...] | None, list[GraphNode]]:
+    """Where the attention's output goes: (tensor, permutation, nodes).  A Transpose that is the only reader of the
+    product (the heads moved back next to each other, as every exporter writes before the output projection) is
+    written through: the kernel stores each element where the Transpose would put it, and the copy disappears."""
+    product = last.outputs[0]
+    user = matcher.only_user(product)
+    if (
+        user is None
+        or user.op_type != "Transpose"
+        or user.name in folded
+        or not user.outputs
+        or user.outputs[0] not in ctx.infos
+    ):
+        return product, None, []
+    rank = len(ctx.infos[product].shape)
+    try:
+        perm = tuple(permutation(user.attrs, rank))
+    except UnsupportedOpError:
+        return product, None, []
+    return user.outputs[0], perm, [user]
 
 
 def fuse_attentions(ctx: RewriteContext, nodes: Sequence[GraphNode], folds: TransposeFolds) -> dict[str, PlannedStep]:
@@ -152,15 +186,17 @@ def fuse_attentions(ctx: RewriteContext, nodes: Sequence[GraphNode], folds: Tran
     matcher = _Matcher(ctx, producers)
     steps: dict[str, PlannedStep] = {}
     taken: set[str] = set()
+    folded_anywhere = {t.name for fold in folds.values() for t, _ in fold.values()}
     for node in nodes:
         if node.op_type != "MatMul" or node.domain != "" or node.name in taken:
             continue
-        step = _match(ctx, matcher, node)
+        step = _match(ctx, matcher, node, folded_anywhere)
         if step is None:
             continue
         members = set(step.node_names)
         last = step.node_names[-1]
-        folded = {t.name for index in (node.name, last) for t, _ in folds.get(index, {}).values()}
+        products = [name for name, op in zip(step.node_names, step.op_types) if op == "MatMul"]
+        folded = {t.name for index in products for t, _ in folds.get(index, {}).values()}
         if not folded <= members or members & taken:
             continue
         taken |= members

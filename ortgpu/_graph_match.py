@@ -1,5 +1,5 @@
 """Reading the graph around a rewrite's candidate: one-consumer chains, scalar constants, float Casts, and views of
-a tensor through Transposes and scalar Muls.  Shared by the pattern rewrites (:mod:`ortgpu._attention_fusion`,
+a tensor through data-movement nodes and scalar Muls.  Shared by the pattern rewrites (:mod:`ortgpu._attention_fusion`,
 :mod:`ortgpu._norm_fusion`); every query applies their common rule: an intermediate has exactly one consumer, reads
 it once, and is no graph output, and no other rewrite took the consumer.
 """
@@ -13,6 +13,7 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from ._rewrites import RewriteContext
+from ._strided_view import StridedView
 from .loader._model import GraphNode
 from .ops.ai_onnx.transpose import permutation
 
@@ -64,40 +65,90 @@ class GraphMatcher:
             and info.dtype == np.float32
         )
 
-    def view(self, name: str, consumer: GraphNode) -> tuple[str, tuple[int, ...], float, list[GraphNode]] | None:
-        """``name`` as read by ``consumer``: (source tensor, permutation, factor, the nodes in between), walking
-        back through one-consumer Transposes and scalar Muls/Divs."""
-        info = self.ctx.infos.get(name)
-        if info is None:
+    def view(self, name: str, consumer: GraphNode) -> tuple[str, StridedView, float, list[GraphNode]] | None:
+        """``name`` as read by ``consumer``: (source tensor, the strided view of it, factor, the nodes in between),
+        walking back through one-consumer data-movement nodes (Transpose, Reshape, Squeeze, Unsqueeze, Flatten,
+        Identity, Gather of one constant index) and scalar Muls/Divs, as far as the view stays one strided view of
+        the source (:class:`~ortgpu._strided_view.StridedView`)."""
+        if self.ctx.infos.get(name) is None:
             return None
-        perm = tuple(range(len(info.shape)))
-        factor = 1.0
-        nodes: list[GraphNode] = []
+        chain: list[tuple[GraphNode, str]] = []  # (node, the operand it reads), from the consumer back
         while True:
             producer = self.producers.get(name)
             if producer is None or producer.domain != "" or self.only_user(name) is not consumer:
                 break
-            if producer.op_type == "Transpose" and producer.inputs:
-                source = self.ctx.infos.get(producer.inputs[0])
-                if source is None or len(source.shape) != len(perm):
-                    break
-                try:
-                    moved = tuple(permutation(producer.attrs, len(source.shape)))
-                except UnsupportedOpError:
-                    break
-                perm = tuple(moved[axis] for axis in perm)
-                name = producer.inputs[0]
-            elif producer.op_type in ("Mul", "Div") and len(producer.inputs) == 2:
-                operand = producer.inputs[0] if self.scalar(producer.inputs[1]) is not None else producer.inputs[1]
-                operand_info = self.ctx.infos.get(operand)
-                scale = self.factor(producer, operand)
-                if scale is None or operand_info is None or operand_info.shape != info.shape:
-                    break
-                factor *= scale
-                name = operand
-            else:
+            operand = self._moved_operand(producer)
+            if operand is None and producer.op_type in ("Mul", "Div") and len(producer.inputs) == 2:
+                candidate = producer.inputs[0] if self.scalar(producer.inputs[1]) is not None else producer.inputs[1]
+                candidate_info = self.ctx.infos.get(candidate)
+                if (
+                    self.factor(producer, candidate) is not None
+                    and candidate_info is not None
+                    and candidate_info.shape == self.ctx.infos[name].shape
+                ):
+                    operand = candidate
+            if operand is None or self.ctx.infos.get(operand) is None:
                 break
-            nodes.append(producer)
+            chain.append((producer, operand))
             consumer = producer
-            info = self.ctx.infos[name]
-        return name, perm, factor, nodes
+            name = operand
+        # forward from the deepest source; where a step is not one strided view, the source moves past it
+        forward = [node for node, _ in chain[::-1]]
+        start = 0
+        while True:
+            view: StridedView | None = StridedView.contiguous(self.ctx.infos[name].shape)
+            for index in range(start, len(forward)):
+                view = self._step(forward[index], view) if view is not None else None
+                if view is None:
+                    start = index + 1
+                    name = forward[index].outputs[0]
+                    break
+            if view is not None:
+                break
+        assert view is not None
+        absorbed = chain[: len(forward) - start]
+        factor = 1.0
+        for node, operand in absorbed:
+            scale = self.factor(node, operand) if node.op_type in ("Mul", "Div") else None
+            factor *= 1.0 if scale is None else scale
+        return name, view, factor, [node for node, _ in absorbed]
+
+    def _moved_operand(self, node: GraphNode) -> str | None:
+        """The tensor whose elements data-movement ``node`` only rearranges, or None (not such a node here)."""
+        if not node.inputs or not node.inputs[0]:
+            return None
+        if node.op_type in ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"):
+            return node.inputs[0]
+        if node.op_type == "Gather" and len(node.inputs) == 2:
+            index = self.ctx.constants.get(node.inputs[1])
+            if index is not None and index.ndim == 0 and index.dtype.kind in "iu":
+                return node.inputs[0]
+        return None
+
+    def _step(self, node: GraphNode, view: StridedView) -> StridedView | None:
+        """``view`` after data-movement ``node`` (None: not one strided view of the source)."""
+        out = self.ctx.infos.get(node.outputs[0]) if node.outputs else None
+        if out is None:
+            return None
+        if node.op_type == "Transpose":
+            try:
+                perm = tuple(permutation(node.attrs, len(view.shape)))
+            except UnsupportedOpError:
+                return None
+            moved = view.transpose(perm)
+        elif node.op_type == "Gather":
+            axis = int(node.attrs.get("axis", 0))
+            if not -len(view.shape) <= axis < len(view.shape):
+                return None
+            selected = view.select(axis % len(view.shape), int(self.ctx.constants[node.inputs[1]]))
+            if selected is None:
+                return None
+            moved = selected
+        elif node.op_type in ("Mul", "Div"):
+            moved = view  # a scalar factor, folded into the caller's scale
+        else:  # Reshape, Squeeze, Unsqueeze, Flatten, Identity: the same elements in C order
+            reshaped = view.reshape(out.shape)
+            if reshaped is None:
+                return None
+            moved = reshaped
+        return moved if moved.shape == tuple(out.shape) else None

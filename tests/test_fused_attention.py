@@ -137,6 +137,47 @@ def mha_3d(bh: int, sq: int, sk: int, d: int) -> onnx.ModelProto:
     return _model(nodes, inputs, "y", [_const("scale", 1.0 / np.sqrt(d))])
 
 
+def mha_packed(s: int, b: int, h: int, d: int) -> onnx.ModelProto:
+    """torch's ``nn.MultiheadAttention`` from its packed projection ``qkv`` [S, B, 3E] (sequence first): Reshape to
+    [S, B, 3, E], Unsqueeze, Transpose (3, 1, 2, 0, 4), Squeeze, one Gather per operand, each Reshaped to
+    [S, B*H, D], Transposed to [B*H, S, D] and Reshaped to [B, H, S, D]; Q and K scaled by D**-0.25 each; the output
+    transposed to [S, B, H, D] and reshaped to [S*B, E] (as the output projection reads it)."""
+    e = h * d
+    nodes = [
+        helper.make_node("Reshape", ["qkv", "split3"], ["r3"]),
+        helper.make_node("Unsqueeze", ["r3", "zero_axis"], ["u"]),
+        helper.make_node("Transpose", ["u"], ["t"], perm=[3, 1, 2, 0, 4]),
+        helper.make_node("Squeeze", ["t", "minus2"], ["packed"]),
+    ]
+    for index, name in enumerate("qkv"):
+        nodes += [
+            helper.make_node("Gather", ["packed", f"index{index}"], [f"{name}0"], axis=0),
+            helper.make_node("Reshape", [f"{name}0", "heads_first"], [f"{name}1"]),
+            helper.make_node("Transpose", [f"{name}1"], [f"{name}2"], perm=[1, 0, 2]),
+            helper.make_node("Reshape", [f"{name}2", "heads4"], [f"{name}3"]),
+        ]
+    nodes += [
+        helper.make_node("Mul", ["q3", "quarter"], ["qs"]),
+        helper.make_node("Transpose", ["k3"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["kt", "quarter"], ["kts"]),
+        helper.make_node("MatMul", ["qs", "kts"], ["s0"]),
+        helper.make_node("Softmax", ["s0"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v3"], ["ctx"]),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[2, 0, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", "rows"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([s, b, 3, e], np.int64), "split3"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero_axis"),
+        numpy_helper.from_array(np.array([-2], np.int64), "minus2"),
+        numpy_helper.from_array(np.array([s, b * h, d], np.int64), "heads_first"),
+        numpy_helper.from_array(np.array([b, h, s, d], np.int64), "heads4"),
+        numpy_helper.from_array(np.array([s * b, e], np.int64), "rows"),
+        _const("quarter", d**-0.25),
+    ] + [numpy_helper.from_array(np.array(i, np.int64), f"index{i}") for i in range(3)]
+    return _model(nodes, {"qkv": (s, b, 3 * e)}, "y", inits)
+
+
 def grouped(b: int, hkv: int, rep: int, s: int, d: int) -> onnx.ModelProto:
     """Grouped K/V heads as a broadcast axis: Q [B, Hkv, rep, S, D] against K/V [B, Hkv, 1, S, D]; a bool mask
     turned additive by Where(mask, 0, -inf)."""
@@ -207,8 +248,9 @@ def _check(env: ortgpu.Env, model: onnx.ModelProto, feeds: dict[str, np.ndarray]
         lambda: bert(2, 2, 5, 8),
         lambda: mha_3d(4, 3, 5, 8),
         lambda: grouped(1, 2, 2, 5, 8),
+        lambda: mha_packed(5, 1, 2, 8),
     ],
-    ids=["hf-eager", "sdpa-causal", "bert", "mha-3d", "grouped"],
+    ids=["hf-eager", "sdpa-causal", "bert", "mha-3d", "grouped", "mha-packed"],
 )
 def test_the_pattern_becomes_one_fused_step_only_when_fusing(build: Any) -> None:
     model = build()
@@ -218,10 +260,12 @@ def test_the_pattern_becomes_one_fused_step_only_when_fusing(build: Any) -> None
     step = steps[0]
     absorbed = {"MatMul", "Softmax"} <= set(step.op_types) and step.op_types.count("MatMul") == 2
     assert absorbed and step.placement == "webgpu"
-    # every Transpose and scalar Mul/Div feeding the products is read through, not run
+    # every Transpose and scalar Mul/Div feeding the products is read through, not run, and the Transpose of the
+    # product (the heads moved back together) is written through
     for node in model.graph.node:
-        if node.op_type in ("Transpose", "Mul", "Div") and node.output[0] not in ("ctx_t",):
+        if node.op_type in ("Transpose", "Mul", "Div") and node.output[0] != "t":
             assert node.name in step.node_names
+    assert ("_out_perm" in step.attrs) == any(node.output[0] == "ctx_t" for node in model.graph.node)
     assert _fused_steps(model, feeds, fuse=False) == []
 
 
@@ -297,6 +341,43 @@ def test_bert_heads_through_reshape_and_transposes(env: ortgpu.Env) -> None:
 def test_multihead_3d(env: ortgpu.Env) -> None:
     model = mha_3d(6, 1, 17, 64)
     _check(env, model, _feeds(model, 6))
+
+
+def test_packed_projection_is_read_in_place() -> None:
+    """Every node between the packed projection's split and the products is read through: the Gathers, Reshapes
+    and Transposes make no copies (the split's own Transpose, read by three Gathers, still runs)."""
+    for batch in (1, 2):
+        model = mha_packed(7, batch, 4, 16)
+        step = _fused_steps(model, _feeds(model, 0))[0]
+        assert step.op_types.count("Gather") == 3 and step.op_types.count("Reshape") == 6
+        assert set(step.inputs[:3]) == {"packed"}
+        # Q, K, V offsets in packed [3, S, B, E]: index * S*B*E
+        assert [view[2] for view in step.attrs["_views"]] == [0, 448 * batch, 896 * batch]
+
+
+def test_a_reshape_that_would_copy_ends_the_view(env: ortgpu.Env) -> None:
+    """A Reshape merging axes apart in memory (after a Transpose) is no strided view: it and what precedes it run,
+    and the attention reads its output."""
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),  # [4, 3, 8] -> [3, 4, 8]
+        helper.make_node("Reshape", ["xt", "flat"], ["q"]),  # [3, 4, 8] -> [1, 12, 8]: merges 3 and 4, apart
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        helper.make_node("Softmax", ["s0"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([1, 12, 8], np.int64), "flat")]
+    model = _model(nodes, {"x": (4, 3, 8), "k": (1, 5, 8), "v": (1, 5, 8)}, "y", inits)
+    feeds = _feeds(model, 3)
+    step = _fused_steps(model, feeds)[0]
+    assert step.inputs[0] == "q" and "Reshape" not in step.op_types
+    _check(env, model, feeds)
+
+
+@pytest.mark.parametrize("s,b,h,d", [(1, 1, 2, 32), (9, 1, 3, 64), (6, 2, 2, 80), (17, 1, 1, 128)])
+def test_packed_projection(env: ortgpu.Env, s: int, b: int, h: int, d: int) -> None:
+    model = mha_packed(s, b, h, d)
+    _check(env, model, _feeds(model, 11 + s))
 
 
 def test_grouped_heads_with_a_bool_mask(env: ortgpu.Env) -> None:

@@ -35,8 +35,8 @@ FLASH_THREADS = 128
 
 @dataclass(frozen=True)
 class OperandView:
-    """How the kernel reads one operand: input ``index`` of the node, at ``sum(batch index * batch_strides) +
-    row * row_stride + col * col_stride`` (elements).  Q: rows are queries, columns the head dimension; K: rows
+    """How the kernel reads one operand: input ``index`` of the node, at ``offset + sum(batch index *
+    batch_strides) + row * row_stride + col * col_stride`` (elements).  Q: rows are queries, columns the head dimension; K: rows
     are keys, columns the head dimension; V: rows are keys, columns the value dimension; the mask: rows are
     queries, columns keys.  ``element``: the tensor's storage, ``f32`` or ``f16`` (read into f32, stored from it)."""
 
@@ -45,6 +45,7 @@ class OperandView:
     row_stride: int
     col_stride: int
     element: str = "f32"
+    offset: int = 0
 
 
 def read_f32(name: str, index: str, element: str) -> str:
@@ -140,6 +141,8 @@ def _batch_offset(view: OperandView, batch: Sequence[int]) -> str:
                 index = f"({index}) % {size}u"
             terms.append(f"({index}) * {stride}u")
         inner *= size
+    if view.offset:
+        terms.insert(0, f"{view.offset}u")
     return " + ".join(terms) or "0u"
 
 

@@ -1,9 +1,10 @@
 """The operator behind a fused attention step: ``MatMul -> [scale] -> [Add mask] -> Softmax -> MatMul`` as one kernel.
 
 Not an ONNX operator and not in the registry: the planner's attention rewrite (:mod:`ortgpu._attention_fusion`)
-builds it for a matched group.  Its inputs are the sources the group read: Q, K^T and V, each through a
-permutation of its axes (``attrs["_perms"]``: logical axis -> source axis, the Transposes the group absorbed), and
-the additive mask or nothing.  ``_logit_scale`` multiplies Q.K^T (the scalar Muls/Divs before the mask, on either
+builds it for a matched group.  Its inputs are the sources the group read: Q, K^T and V, each through a strided
+view (``attrs["_views"]``: per operand its logical shape, element strides and element offset over the source, the
+data-movement nodes the group absorbed), and the additive mask or nothing.  ``attrs["_out_perm"]``, where present,
+is a Transpose after the product that the step writes through: the output is the product with its axes moved.  ``_logit_scale`` multiplies Q.K^T (the scalar Muls/Divs before the mask, on either
 operand or on the scores); ``_bias_scale`` the mask (those after it).  The reference computes exactly the unfused
 graph's function (in float64, rounded once to the output's type), which the fake backend's twin runs.
 
@@ -33,12 +34,27 @@ __all__ = ["FUSE_MAX_SCORES", "FusedAttention"]
 FUSE_MAX_SCORES = 128 * 128
 
 
-def _view(info: TensorInfo, perm: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The logical shape and strides of ``info``'s tensor read through ``perm``."""
-    if sorted(perm) != list(range(len(info.shape))):
-        raise NotOnDevice(f"fused attention: {tuple(perm)} is not a permutation of {len(info.shape)} axes")
-    strides = c_strides(info.shape)
-    return tuple(info.shape[a] for a in perm), tuple(strides[a] for a in perm)
+def _view(info: TensorInfo, view: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """The logical shape, strides and offset of ``info``'s tensor read through ``view`` (checked to lie inside it)."""
+    shape, strides, offset = (tuple(int(x) for x in view[0]), tuple(int(x) for x in view[1]), int(view[2]))
+    size = int(np.prod(info.shape, dtype=np.int64))
+    last = offset + sum((n - 1) * s for n, s in zip(shape, strides) if n > 0)
+    if (
+        len(shape) != len(strides)
+        or min(strides, default=0) < 0
+        or offset < 0
+        or (min(shape, default=1) > 0 and last >= size)
+    ):
+        raise NotOnDevice(f"fused attention: the view {view} does not lie inside a tensor of shape {info.shape}")
+    return shape, strides, offset
+
+
+def _read_view(source: np.ndarray, view: Sequence[Any]) -> np.ndarray:
+    """``source`` read through ``view`` (as :func:`_view` takes it), as a new array."""
+    flat = np.ascontiguousarray(source).reshape(-1)
+    shape, strides, offset = view
+    byte_strides = tuple(int(s) * flat.itemsize for s in strides)
+    return np.lib.stride_tricks.as_strided(flat[int(offset) :], tuple(shape), byte_strides).copy()
 
 
 def _batch_strides(shape: Sequence[int], strides: Sequence[int], batch: Sequence[int]) -> tuple[int, ...]:
@@ -71,10 +87,10 @@ class FusedAttention(Operator):
         q_src, k_src, v_src = inputs[0], inputs[1], inputs[2]
         mask = inputs[3] if len(inputs) > 3 else None
         assert q_src is not None and k_src is not None and v_src is not None
-        pq, pk, pv = attrs["_perms"]
-        q = np.transpose(q_src, pq).astype(np.float64)
-        kt = np.transpose(k_src, pk).astype(np.float64)
-        v = np.transpose(v_src, pv).astype(np.float64)
+        vq, vk, vv = attrs["_views"]
+        q = _read_view(q_src, vq).astype(np.float64)
+        kt = _read_view(k_src, vk).astype(np.float64)
+        v = _read_view(v_src, vv).astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             scores = np.matmul(q, kt) * float(attrs["_logit_scale"])
             if mask is not None:
@@ -83,6 +99,8 @@ class FusedAttention(Operator):
             weights = np.exp(scores - top)
             weights = weights / weights.sum(axis=-1, keepdims=True)
             result = np.matmul(weights, v)
+        if "_out_perm" in attrs:
+            result = np.transpose(result.reshape(_logical_out(outputs[0], attrs)), attrs["_out_perm"])
         return [result.astype(outputs[0].dtype).reshape(outputs[0].shape)]
 
     def plan(
@@ -97,11 +115,16 @@ class FusedAttention(Operator):
         mask_info = inputs[3] if len(inputs) > 3 else None
         assert q_info is not None and k_info is not None and v_info is not None
         elements = _elements([q_info, k_info, v_info, mask_info, outputs[0]], caps)
-        pq, pk, pv = attrs["_perms"]
-        q_shape, q_strides = _view(q_info, pq)
-        kt_shape, kt_strides = _view(k_info, pk)
-        v_shape, v_strides = _view(v_info, pv)
-        out_shape = tuple(outputs[0].shape)
+        vq, vk, vv = attrs["_views"]
+        q_shape, q_strides, q_offset = _view(q_info, vq)
+        kt_shape, kt_strides, kt_offset = _view(k_info, vk)
+        v_shape, v_strides, v_offset = _view(v_info, vv)
+        out_shape = _logical_out(outputs[0], attrs)
+        out_strides = c_strides(out_shape)
+        if "_out_perm" in attrs:  # written where the Transpose after the product would put each element
+            perm = tuple(attrs["_out_perm"])
+            stored = c_strides(outputs[0].shape)
+            out_strides = tuple(stored[perm.index(axis)] for axis in range(len(out_shape)))
         if min(len(q_shape), len(kt_shape), len(v_shape), len(out_shape)) < 2:
             raise NotOnDevice("fused attention: Q, K^T and V must have rank >= 2")
         sq, head = q_shape[-2:]
@@ -119,13 +142,19 @@ class FusedAttention(Operator):
             sk=sk,
             head=head,
             value_head=value_head,
-            q=OperandView(0, _batch_strides(q_shape, q_strides, batch), q_strides[-2], q_strides[-1], elements[0]),
-            k=OperandView(1, _batch_strides(kt_shape, kt_strides, batch), kt_strides[-1], kt_strides[-2], elements[1]),
-            v=OperandView(2, _batch_strides(v_shape, v_strides, batch), v_strides[-2], v_strides[-1], elements[2]),
+            q=OperandView(
+                0, _batch_strides(q_shape, q_strides, batch), q_strides[-2], q_strides[-1], elements[0], q_offset
+            ),
+            k=OperandView(
+                1, _batch_strides(kt_shape, kt_strides, batch), kt_strides[-1], kt_strides[-2], elements[1], kt_offset
+            ),
+            v=OperandView(
+                2, _batch_strides(v_shape, v_strides, batch), v_strides[-2], v_strides[-1], elements[2], v_offset
+            ),
             mask=None if mask_info is None else _mask_view(mask_info, batch, sq, sk, elements[3]),
             logit_scale=float(attrs["_logit_scale"]),
             bias_scale=float(attrs["_bias_scale"]),
-            out=OperandView(0, c_strides(out_shape)[:-2], value_head, 1, elements[4]),
+            out=OperandView(0, out_strides[:-2], out_strides[-2], out_strides[-1], elements[4]),
         )
         wgsl, grid, table = attention_kernel(problem, caps)
         return single_kernel_plan(
@@ -138,6 +167,21 @@ class FusedAttention(Operator):
             outputs,
             caps,
         )
+
+
+def _logical_out(info: TensorInfo, attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    """The product's shape ([..., queries, value head]): the output's, or the output's before ``_out_perm`` (the
+    Transpose written through) moved its axes."""
+    shape = tuple(info.shape)
+    perm = attrs.get("_out_perm")
+    if perm is None:
+        return shape
+    if sorted(perm) != list(range(len(shape))):
+        raise NotOnDevice(f"fused attention: {tuple(perm)} is not a permutation of the output's {len(shape)} axes")
+    logical = [0] * len(shape)
+    for position, axis in enumerate(perm):
+        logical[axis] = shape[position]
+    return tuple(logical)
 
 
 def _elements(infos: Sequence[TensorInfo | None], caps: DeviceCaps) -> list[str]:
