@@ -29,7 +29,7 @@ computes in f32 whichever the graph stores, so those Casts fold away like the ot
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -121,6 +121,18 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
     v = matcher.view(last.inputs[1], last)
     if q is None or kt is None or v is None:
         return None
+    # Q, K and V split from one packed projection: read them all from it, past the split's shared nodes
+    shared = frozenset(node.name for view in (q, kt, v) for node in view[3])
+    if shared:
+        wider = (
+            matcher.view(first.inputs[0], first, shared),
+            matcher.view(first.inputs[1], first, shared),
+            matcher.view(last.inputs[1], last, shared),
+        )
+        if all(view is not None for view in wider) and _closed(ctx, [first, last], wider):
+            widened = {node.name for view in wider if view is not None for node in view[3]}
+            if shared < widened:  # (a view that stops earlier, where a Reshape would copy, is no gain)
+                q, kt, v = wider  # type: ignore[assignment]
     inputs = (q[0], kt[0], v[0], mask)
     input_infos = ctx.infos_of(inputs)
     output, out_perm, tail = _written_through(ctx, matcher, last, folded)
@@ -136,7 +148,8 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
         op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(inputs))
     except NotOnDevice:
         return None
-    group = q[3][::-1] + kt[3][::-1] + [first] + chain + v[3][::-1] + [last] + tail
+    group = list({node.name: node for node in q[3][::-1] + kt[3][::-1]}.values())  # shared nodes once
+    group += [first] + chain + [node for node in v[3][::-1] if node not in group] + [last] + tail
     return PlannedStep(
         tuple(node.name for node in group),
         tuple(node.op_type for node in group),
@@ -150,6 +163,20 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
         output_infos,
         op_plan,
     )
+
+
+def _closed(ctx: RewriteContext, products: Sequence[GraphNode], views: Sequence[Any]) -> bool:
+    """Whether every node the operands' views absorb is read only by nodes of the step (its two products and the
+    views' nodes), so none of them is needed after the step takes them."""
+    members = {node.name for view in views for node in view[3]} | {node.name for node in products}
+    for view in views:
+        for node in view[3]:
+            for output in node.outputs:
+                if output in ctx.graph_outputs:
+                    return False
+                if any(user.name not in members for user in ctx.consumers.get(output, [])):
+                    return False
+    return True
 
 
 def _written_through(

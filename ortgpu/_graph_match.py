@@ -65,17 +65,21 @@ class GraphMatcher:
             and info.dtype == np.float32
         )
 
-    def view(self, name: str, consumer: GraphNode) -> tuple[str, StridedView, float, list[GraphNode]] | None:
+    def view(
+        self, name: str, consumer: GraphNode, shared: frozenset[str] = frozenset()
+    ) -> tuple[str, StridedView, float, list[GraphNode]] | None:
         """``name`` as read by ``consumer``: (source tensor, the strided view of it, factor, the nodes in between),
         walking back through one-consumer data-movement nodes (Transpose, Reshape, Squeeze, Unsqueeze, Flatten,
         Identity, Gather of one constant index) and scalar Muls/Divs, as far as the view stays one strided view of
-        the source (:class:`~ortgpu._strided_view.StridedView`)."""
+        the source (:class:`~ortgpu._strided_view.StridedView`).  ``shared``: nodes (by name) that may read a tensor
+        of the chain besides it (the other operands' chains of one fused step, reading one packed projection); the
+        caller checks that every node it absorbs is read only inside its step."""
         if self.ctx.infos.get(name) is None:
             return None
         chain: list[tuple[GraphNode, str]] = []  # (node, the operand it reads), from the consumer back
         while True:
             producer = self.producers.get(name)
-            if producer is None or producer.domain != "" or self.only_user(name) is not consumer:
+            if producer is None or producer.domain != "" or not self._read_by(name, consumer, shared):
                 break
             operand = self._moved_operand(producer)
             if operand is None and producer.op_type in ("Mul", "Div") and len(producer.inputs) == 2:
@@ -112,6 +116,21 @@ class GraphMatcher:
             scale = self.factor(node, operand) if node.op_type in ("Mul", "Div") else None
             factor *= 1.0 if scale is None else scale
         return name, view, factor, [node for node, _ in absorbed]
+
+    def _read_by(self, name: str, consumer: GraphNode, shared: frozenset[str]) -> bool:
+        """Whether ``consumer`` reads ``name`` once and no node but it and the ``shared`` ones reads it (the rule of
+        :meth:`only_user`, widened by ``shared``)."""
+        if not shared:
+            return self.only_user(name) is consumer
+        users = self.ctx.consumers.get(name, [])
+        return (
+            name not in self.ctx.graph_outputs
+            and consumer.domain == ""
+            and consumer.name not in self.ctx.absorbed
+            and sum(1 for inp in consumer.inputs if inp == name) == 1
+            and any(user is consumer for user in users)
+            and all(user is consumer or user.name in shared for user in users)
+        )
 
     def _moved_operand(self, node: GraphNode) -> str | None:
         """The tensor whose elements data-movement ``node`` only rearranges, or None (not such a node here)."""

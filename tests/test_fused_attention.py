@@ -344,15 +344,30 @@ def test_multihead_3d(env: ortgpu.Env) -> None:
 
 
 def test_packed_projection_is_read_in_place() -> None:
-    """Every node between the packed projection's split and the products is read through: the Gathers, Reshapes
-    and Transposes make no copies (the split's own Transpose, read by three Gathers, still runs)."""
-    for batch in (1, 2):
-        model = mha_packed(7, batch, 4, 16)
-        step = _fused_steps(model, _feeds(model, 0))[0]
-        assert step.op_types.count("Gather") == 3 and step.op_types.count("Reshape") == 6
-        assert set(step.inputs[:3]) == {"packed"}
-        # Q, K, V offsets in packed [3, S, B, E]: index * S*B*E
-        assert [view[2] for view in step.attrs["_views"]] == [0, 448 * batch, 896 * batch]
+    """Every node between the packed projection and the products is read through: its split (shared by Q, K and V),
+    the Gathers, Reshapes and Transposes make no copies.  At batch 2 the [S, B*H, D] Reshape merges axes that lie
+    apart in the projection; the views start at the split's output (the split still runs, once)."""
+    model = mha_packed(7, 1, 4, 16)
+    step = _fused_steps(model, _feeds(model, 0))[0]
+    assert step.op_types.count("Gather") == 3 and step.op_types.count("Reshape") == 7
+    assert len(set(step.node_names)) == len(step.node_names)
+    assert set(step.inputs[:3]) == {"qkv"}
+    assert [view[2] for view in step.attrs["_views"]] == [0, 64, 128]  # Q, K, V offsets in [S, B, 3E]: index * E
+    model = mha_packed(7, 2, 4, 16)
+    step = _fused_steps(model, _feeds(model, 0))[0]
+    assert step.op_types.count("Gather") == 3 and "Squeeze" not in step.op_types
+    assert set(step.inputs[:3]) == {"packed"}
+    assert [view[2] for view in step.attrs["_views"]] == [0, 896, 1792]  # in [3, S, B, E]: index * S*B*E
+
+
+def test_a_split_read_elsewhere_still_runs(env: ortgpu.Env) -> None:
+    """Where the split's output is also a graph output, the split runs and the views start at its output."""
+    model = mha_packed(6, 1, 2, 32)
+    model.graph.output.append(helper.make_tensor_value_info("packed", F32, None))
+    feeds = _feeds(model, 4)
+    step = _fused_steps(model, feeds)[0]
+    assert set(step.inputs[:3]) == {"packed"} and "Squeeze" not in step.op_types
+    _check(env, model, feeds)
 
 
 def test_a_reshape_that_would_copy_ends_the_view(env: ortgpu.Env) -> None:
