@@ -124,15 +124,13 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
     # Q, K and V split from one packed projection: read them all from it, past the split's shared nodes
     shared = frozenset(node.name for view in (q, kt, v) for node in view[3])
     if shared:
-        wider = (
-            matcher.view(first.inputs[0], first, shared),
-            matcher.view(first.inputs[1], first, shared),
-            matcher.view(last.inputs[1], last, shared),
-        )
-        if all(view is not None for view in wider) and _closed(ctx, [first, last], wider):
-            widened = {node.name for view in wider if view is not None for node in view[3]}
+        wq = matcher.view(first.inputs[0], first, shared)
+        wk = matcher.view(first.inputs[1], first, shared)
+        wv = matcher.view(last.inputs[1], last, shared)
+        if wq is not None and wk is not None and wv is not None and _closed(ctx, [first, last], (wq, wk, wv)):
+            widened = {node.name for view in (wq, wk, wv) for node in view[3]}
             if shared < widened:  # (a view that stops earlier, where a Reshape would copy, is no gain)
-                q, kt, v = wider  # type: ignore[assignment]
+                q, kt, v = wq, wk, wv
     inputs = (q[0], kt[0], v[0], mask)
     input_infos = ctx.infos_of(inputs)
     output, out_perm, tail = _written_through(ctx, matcher, last, folded)
