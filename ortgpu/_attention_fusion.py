@@ -29,7 +29,7 @@ computes in f32 whichever the graph stores, so those Casts fold away like the ot
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from ortgpu_core._errors import UnsupportedOpError
 from ._graph_match import GraphMatcher
 from ._plan_types import PlannedStep
 from ._rewrites import RewriteContext, TransposeFolds
+from ._strided_view import StridedView
 from .loader._model import GraphNode
 from .ops import NotOnDevice
 from .ops._fused_attention import FusedAttention
@@ -116,21 +117,10 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
         last = matcher.only_user(current)
     if last is None or last.op_type != "MatMul" or len(last.inputs) != 2 or last.inputs[0] != current:
         return None
-    q = matcher.view(first.inputs[0], first)
-    kt = matcher.view(first.inputs[1], first)
-    v = matcher.view(last.inputs[1], last)
-    if q is None or kt is None or v is None:
+    operands = _operand_views(ctx, matcher, first, last)
+    if operands is None:
         return None
-    # Q, K and V split from one packed projection: read them all from it, past the split's shared nodes
-    shared = frozenset(node.name for view in (q, kt, v) for node in view[3])
-    if shared:
-        wq = matcher.view(first.inputs[0], first, shared)
-        wk = matcher.view(first.inputs[1], first, shared)
-        wv = matcher.view(last.inputs[1], last, shared)
-        if wq is not None and wk is not None and wv is not None and _closed(ctx, [first, last], (wq, wk, wv)):
-            widened = {node.name for view in (wq, wk, wv) for node in view[3]}
-            if shared < widened:  # (a view that stops earlier, where a Reshape would copy, is no gain)
-                q, kt, v = wq, wk, wv
+    q, kt, v = operands
     inputs = (q[0], kt[0], v[0], mask)
     input_infos = ctx.infos_of(inputs)
     output, out_perm, tail = _written_through(ctx, matcher, last, folded)
@@ -163,18 +153,53 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
     )
 
 
-def _closed(ctx: RewriteContext, products: Sequence[GraphNode], views: Sequence[Any]) -> bool:
-    """Whether every node the operands' views absorb is read only by nodes of the step (its two products and the
-    views' nodes), so none of them is needed after the step takes them."""
+_View = tuple[str, StridedView, float, list[GraphNode]]
+
+
+def _operand_views(
+    ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, last: GraphNode
+) -> tuple[_View, _View, _View] | None:
+    """How the step reads Q, K^T and V (:meth:`GraphMatcher.view`), taking only nodes read inside the step: a Split
+    whose other parts are read elsewhere stays a step of its own.  Where Q, K and V come from one packed projection,
+    they are all read from it, past the split's shared nodes, if that takes more."""
+    stop: frozenset[str] = frozenset()
+    for _ in range(4):  # each round stops before the nodes read outside; the views only get shorter
+        q = matcher.view(first.inputs[0], first, stop=stop)
+        kt = matcher.view(first.inputs[1], first, stop=stop)
+        v = matcher.view(last.inputs[1], last, stop=stop)
+        if q is None or kt is None or v is None:
+            return None
+        outside = _read_outside(ctx, (first, last), (q, kt, v))
+        if not outside:
+            break
+        stop |= outside
+    else:
+        return None
+    shared = frozenset(node.name for view in (q, kt, v) for node in view[3])
+    if shared:
+        wq = matcher.view(first.inputs[0], first, shared, stop)
+        wk = matcher.view(first.inputs[1], first, shared, stop)
+        wv = matcher.view(last.inputs[1], last, shared, stop)
+        if wq is not None and wk is not None and wv is not None and not _read_outside(ctx, (first, last), (wq, wk, wv)):
+            widened = {node.name for view in (wq, wk, wv) for node in view[3]}
+            if shared < widened:  # (a view that stops earlier, where a Reshape would copy, is no gain)
+                return wq, wk, wv
+    return q, kt, v
+
+
+def _read_outside(ctx: RewriteContext, products: Sequence[GraphNode], views: Sequence[_View]) -> frozenset[str]:
+    """The nodes the operands' views absorb that something outside the step reads (a graph output, or a node other
+    than its two products and the views' nodes): they cannot be taken into it."""
     members = {node.name for view in views for node in view[3]} | {node.name for node in products}
+    outside = set()
     for view in views:
         for node in view[3]:
             for output in node.outputs:
-                if output in ctx.graph_outputs:
-                    return False
-                if any(user.name not in members for user in ctx.consumers.get(output, [])):
-                    return False
-    return True
+                if output in ctx.graph_outputs or any(
+                    user.name not in members for user in ctx.consumers.get(output, [])
+                ):
+                    outside.add(node.name)
+    return frozenset(outside)
 
 
 def _written_through(

@@ -66,20 +66,30 @@ class GraphMatcher:
         )
 
     def view(
-        self, name: str, consumer: GraphNode, shared: frozenset[str] = frozenset()
+        self,
+        name: str,
+        consumer: GraphNode,
+        shared: frozenset[str] = frozenset(),
+        stop: frozenset[str] = frozenset(),
     ) -> tuple[str, StridedView, float, list[GraphNode]] | None:
         """``name`` as read by ``consumer``: (source tensor, the strided view of it, factor, the nodes in between),
         walking back through one-consumer data-movement nodes (Transpose, Reshape, Squeeze, Unsqueeze, Flatten,
-        Identity, Gather of one constant index) and scalar Muls/Divs, as far as the view stays one strided view of
+        Identity, Gather of one constant index, Split, Slice of constant bounds) and scalar Muls/Divs, as far as the view stays one strided view of
         the source (:class:`~ortgpu._strided_view.StridedView`).  ``shared``: nodes (by name) that may read a tensor
         of the chain besides it (the other operands' chains of one fused step, reading one packed projection); the
-        caller checks that every node it absorbs is read only inside its step."""
+        caller checks that every node it absorbs is read only inside its step.  ``stop``: nodes (by name) the walk
+        never takes."""
         if self.ctx.infos.get(name) is None:
             return None
-        chain: list[tuple[GraphNode, str]] = []  # (node, the operand it reads), from the consumer back
+        chain: list[tuple[GraphNode, str, str]] = []  # (node, the operand it reads, its output read), consumer back
         while True:
             producer = self.producers.get(name)
-            if producer is None or producer.domain != "" or not self._read_by(name, consumer, shared):
+            if (
+                producer is None
+                or producer.domain != ""
+                or producer.name in stop
+                or not self._read_by(name, consumer, shared)
+            ):
                 break
             operand = self._moved_operand(producer)
             if operand is None and producer.op_type in ("Mul", "Div") and len(producer.inputs) == 2:
@@ -93,29 +103,30 @@ class GraphMatcher:
                     operand = candidate
             if operand is None or self.ctx.infos.get(operand) is None:
                 break
-            chain.append((producer, operand))
+            chain.append((producer, operand, name))
             consumer = producer
             name = operand
         # forward from the deepest source; where a step is not one strided view, the source moves past it
-        forward = [node for node, _ in chain[::-1]]
+        forward = [(node, output) for node, _, output in chain[::-1]]
         start = 0
         while True:
             view: StridedView | None = StridedView.contiguous(self.ctx.infos[name].shape)
             for index in range(start, len(forward)):
-                view = self._step(forward[index], view) if view is not None else None
+                node, output = forward[index]
+                view = self._step(node, output, view) if view is not None else None
                 if view is None:
                     start = index + 1
-                    name = forward[index].outputs[0]
+                    name = output
                     break
             if view is not None:
                 break
         assert view is not None
         absorbed = chain[: len(forward) - start]
         factor = 1.0
-        for node, operand in absorbed:
+        for node, operand, _ in absorbed:
             scale = self.factor(node, operand) if node.op_type in ("Mul", "Div") else None
             factor *= 1.0 if scale is None else scale
-        return name, view, factor, [node for node, _ in absorbed]
+        return name, view, factor, [node for node, _, _ in absorbed]
 
     def _read_by(self, name: str, consumer: GraphNode, shared: frozenset[str]) -> bool:
         """Whether ``consumer`` reads ``name`` once and no node but it and the ``shared`` ones reads it (the rule of
@@ -142,11 +153,40 @@ class GraphMatcher:
             index = self.ctx.constants.get(node.inputs[1])
             if index is not None and index.ndim == 0 and index.dtype.kind in "iu":
                 return node.inputs[0]
+        if node.op_type == "Split":
+            return node.inputs[0]
+        if node.op_type == "Slice" and all(name in self.ctx.constants for name in node.inputs[1:] if name):
+            return node.inputs[0]
         return None
 
-    def _step(self, node: GraphNode, view: StridedView) -> StridedView | None:
-        """``view`` after data-movement ``node`` (None: not one strided view of the source)."""
-        out = self.ctx.infos.get(node.outputs[0]) if node.outputs else None
+    def _slice_starts(self, node: GraphNode, shape: tuple[int, ...]) -> dict[int, tuple[int, int]] | None:
+        """Slice ``node``'s (start, step) per axis it slices, starts clamped as ONNX clamps them (steps >= 1 only)."""
+        if node.opset < 10:
+            starts, axes, steps = node.attrs.get("starts"), node.attrs.get("axes"), None
+        else:
+            values = [self.ctx.constants.get(n) if n else None for n in (list(node.inputs) + ["", "", "", ""])[1:5]]
+            starts, axes, steps = values[0], values[2], values[3]
+        if starts is None:
+            return None
+        starts_list = [int(v) for v in np.asarray(starts).reshape(-1)]
+        axes_list = (
+            [int(v) for v in np.asarray(axes).reshape(-1)] if axes is not None else list(range(len(starts_list)))
+        )
+        steps_list = [int(v) for v in np.asarray(steps).reshape(-1)] if steps is not None else [1] * len(starts_list)
+        if not len(starts_list) == len(axes_list) == len(steps_list):
+            return None
+        result = {}
+        for start, axis, step in zip(starts_list, axes_list, steps_list):
+            if step < 1 or not -len(shape) <= axis < len(shape):
+                return None
+            size = shape[axis % len(shape)]
+            start = start + size if start < 0 else start
+            result[axis % len(shape)] = (min(max(start, 0), size), step)
+        return result
+
+    def _step(self, node: GraphNode, output: str, view: StridedView) -> StridedView | None:
+        """``view`` after data-movement ``node``, as its ``output`` (None: not one strided view of the source)."""
+        out = self.ctx.infos.get(output)
         if out is None:
             return None
         if node.op_type == "Transpose":
@@ -163,6 +203,28 @@ class GraphMatcher:
             if selected is None:
                 return None
             moved = selected
+        elif node.op_type == "Split":  # the output's part of the axis, after the parts of the outputs before it
+            axis = int(node.attrs.get("axis", 0)) % len(view.shape)
+            before = 0
+            for earlier in node.outputs[: list(node.outputs).index(output)]:
+                info = self.ctx.infos.get(earlier)
+                if info is None:
+                    return None
+                before += info.shape[axis]
+            narrowed = view.narrow(axis, before, out.shape[axis])
+            if narrowed is None:
+                return None
+            moved = narrowed
+        elif node.op_type == "Slice":
+            starts = self._slice_starts(node, view.shape)
+            if starts is None:
+                return None
+            sliced: StridedView | None = view
+            for axis, (start, step) in starts.items():
+                sliced = sliced.narrow(axis, start, out.shape[axis], step) if sliced is not None else None
+            if sliced is None:
+                return None
+            moved = sliced
         elif node.op_type in ("Mul", "Div"):
             moved = view  # a scalar factor, folded into the caller's scale
         else:  # Reshape, Squeeze, Unsqueeze, Flatten, Identity: the same elements in C order

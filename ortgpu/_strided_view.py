@@ -66,6 +66,15 @@ class StridedView:
             self.offset + index * self.strides[axis],
         )
 
+    def narrow(self, axis: int, start: int, length: int, step: int = 1) -> StridedView | None:
+        """Elements ``start, start + step, ...`` (``length`` of them) of ``axis``, as Slice and Split take them."""
+        size = self.shape[axis]
+        if step < 1 or length < 0 or not 0 <= start <= size or (length and start + (length - 1) * step >= size):
+            return None
+        shape = self.shape[:axis] + (length,) + self.shape[axis + 1 :]
+        strides = self.strides[:axis] + (self.strides[axis] * step,) + self.strides[axis + 1 :]
+        return StridedView(shape, strides, self.offset + (start * self.strides[axis] if length else 0))
+
     def reshape(self, shape: Sequence[int]) -> StridedView | None:
         """The same elements in C order under ``shape``, where that is one strided view: every group of axes merged
         or split must be adjacent in memory (numpy's rule for a reshape without a copy)."""

@@ -178,6 +178,52 @@ def mha_packed(s: int, b: int, h: int, d: int) -> onnx.ModelProto:
     return _model(nodes, {"qkv": (s, b, 3 * e)}, "y", inits)
 
 
+def timm_packed(b: int, s: int, h: int, d: int, split: str = "split") -> onnx.ModelProto:
+    """timm's ViT attention from its packed projection ``qkv`` [B, S, 3E]: Reshape to [B, S, 3, H, D], Transpose
+    (2, 0, 3, 1, 4), ``unbind(0)`` exported as Split + Squeeze per operand (``split="slice"``: a Slice of constant
+    bounds per operand instead of Split), torch's SDPA (Q and K scaled by D**-0.25), the heads merged back by
+    Transpose (0, 2, 1, 3) + Reshape.  Also returns ``extra``: the Split's V part plus one (read outside the
+    attention) when ``split="split-read-elsewhere"``."""
+    e = h * d
+    nodes = [
+        helper.make_node("Reshape", ["qkv", "split5"], ["r5"]),
+        helper.make_node("Transpose", ["r5"], ["t"], perm=[2, 0, 3, 1, 4]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([b, s, 3, h, d], np.int64), "split5"),
+        numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+        numpy_helper.from_array(np.array([b, s, e], np.int64), "merged"),
+        _const("quarter", d**-0.25),
+        _const("one", 1.0),
+    ]
+    if split == "slice":
+        for index, name in enumerate("qkv"):
+            inits += [
+                numpy_helper.from_array(np.array([index], np.int64), f"start{index}"),
+                numpy_helper.from_array(np.array([index + 1], np.int64), f"end{index}"),
+            ]
+            nodes.append(helper.make_node("Slice", ["t", f"start{index}", f"end{index}", "axis0"], [f"{name}p"]))
+    else:
+        inits.append(numpy_helper.from_array(np.array([1, 1, 1], np.int64), "ones3"))
+        nodes.append(helper.make_node("Split", ["t", "ones3"], ["qp", "kp", "vp"], axis=0))
+    nodes += [helper.make_node("Squeeze", [f"{name}p", "axis0"], [f"{name}3"]) for name in "qkv"]
+    nodes += [
+        helper.make_node("Mul", ["q3", "quarter"], ["qs"]),
+        helper.make_node("Transpose", ["k3"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["kt", "quarter"], ["kts"]),
+        helper.make_node("MatMul", ["qs", "kts"], ["s0"]),
+        helper.make_node("Softmax", ["s0"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v3"], ["ctx"]),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", "merged"], ["y"]),
+    ]
+    extra: tuple[str, ...] = ()
+    if split == "split-read-elsewhere":
+        nodes.append(helper.make_node("Add", ["vp", "one"], ["extra"]))
+        extra = ("extra",)
+    return _model(nodes, {"qkv": (b, s, 3 * e)}, "y", inits, extra_outputs=extra)
+
+
 def grouped(b: int, hkv: int, rep: int, s: int, d: int) -> onnx.ModelProto:
     """Grouped K/V heads as a broadcast axis: Q [B, Hkv, rep, S, D] against K/V [B, Hkv, 1, S, D]; a bool mask
     turned additive by Where(mask, 0, -inf)."""
@@ -358,6 +404,27 @@ def test_packed_projection_is_read_in_place() -> None:
     assert step.op_types.count("Gather") == 3 and "Squeeze" not in step.op_types
     assert set(step.inputs[:3]) == {"packed"}
     assert [view[2] for view in step.attrs["_views"]] == [0, 896, 1792]  # in [3, S, B, E]: index * S*B*E
+
+
+@pytest.mark.parametrize("split", ["split", "slice"])
+def test_unbind_as_split_or_slices_is_read_in_place(env: ortgpu.Env, split: str) -> None:
+    """timm's ``qkv.unbind(0)`` (Split + Squeeze, or Slices): the attention reads the packed projection itself."""
+    model = timm_packed(2, 9, 3, 32, split)
+    feeds = _feeds(model, 12)
+    step = _fused_steps(model, feeds)[0]
+    assert set(step.inputs[:3]) == {"qkv"} and "_out_perm" in step.attrs
+    assert [view[2] for view in step.attrs["_views"]] == [0, 96, 192]  # index * E in [B, S, 3E]
+    _check(env, model, feeds)
+
+
+def test_a_split_part_read_elsewhere_keeps_the_split(env: ortgpu.Env) -> None:
+    """A Split whose V part is also read outside the attention is not taken into it: the Split runs, and every
+    output, the other reader's too, is right."""
+    model = timm_packed(1, 7, 2, 16, "split-read-elsewhere")
+    feeds = _feeds(model, 13)
+    step = _fused_steps(model, feeds)[0]
+    assert "Split" not in step.op_types and "Squeeze" in step.op_types
+    _check(env, model, feeds)
 
 
 def test_a_split_read_elsewhere_still_runs(env: ortgpu.Env) -> None:

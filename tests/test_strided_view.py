@@ -118,7 +118,18 @@ def _factors(n: int) -> list[int]:
     return out
 
 
+def test_narrow_matches_slicing() -> None:
+    source = np.arange(5 * 12, dtype=np.float32).reshape(5, 12)
+    view = StridedView.contiguous(source.shape).narrow(1, 2, 4, 3)
+    assert view is not None
+    np.testing.assert_array_equal(_read(source, view), source[:, 2:12:3])
+    empty = StridedView.contiguous(source.shape).narrow(0, 5, 0)
+    assert empty is not None and empty.shape == (0, 12)
+
+
 def test_steps_out_of_range_are_refused() -> None:
+    assert StridedView.contiguous((2, 3)).narrow(1, 1, 2, 2) is None  # 1, 3: past the axis
+    assert StridedView.contiguous((2, 3)).narrow(1, 0, 1, 0) is None
     view = StridedView.contiguous((2, 3))
     assert view.select(1, 3) is None
     assert view.select(1, -1) == StridedView((2,), (3,), 2)
