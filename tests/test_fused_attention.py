@@ -1,8 +1,8 @@
 """Attention as exporters write it runs as one flash-attention kernel, with the unfused graph's numerics.
 
 Each case builds the node pattern of one exporter (HF eager attention, torch's ``scaled_dot_product_attention``,
-BERT-style Reshape/Transpose heads, ``nn.MultiheadAttention``'s 3-D batched heads, grouped K/V heads broadcast along
-a batch axis), checks the planner makes one ``FusedAttention`` step of it only when fusing, and compares the run on
+BERT-style Reshape/Transpose heads, ``nn.MultiheadAttention``'s 3-D batched heads and its packed projection split by
+Gathers, timm's packed projection split by Split or Slices, grouped K/V heads broadcast along a batch axis), checks the planner makes one ``FusedAttention`` step of it only when fusing, and compares the run on
 each backend with onnxruntime CPU at the shape edges: one query, odd lengths, head sizes 32/64/80/128, masks all
 zero, all dropped (NaN rows, as Softmax gives), finite minimum masks, causal masks.  Patterns the kernel does not
 compute (the scores also a graph output, a Softmax over another axis, a scaled V) stay unfused and still match.
