@@ -12,12 +12,16 @@ same way) all reduce to::
     P = Cast(P, float)                 any number of them
     Y = MatMul(P, V')                  V' = V read through data-movement nodes
 
-where every intermediate has that one consumer and is no graph output.  The group becomes one step of
-:class:`~ortgpu.ops._fused_attention.FusedAttention` at the place of the final MatMul (every input it reads is
-produced before that), reading the sources of the absorbed data-movement nodes (Transpose, Reshape, Squeeze,
-Unsqueeze, Gather of one index: the packed Q/K/V split ``nn.MultiheadAttention`` exports) through one strided view
-each (:meth:`~ortgpu._graph_match.GraphMatcher.view`) and folding the scalar factors into the logit and mask
-scales.  Grouped K/V heads work where they arrive as a broadcast batch
+where every intermediate of the chain from Q.K^T to the final MatMul has that one consumer and is no graph output.
+The group becomes one step of :class:`~ortgpu.ops._fused_attention.FusedAttention` at the place of the final MatMul
+(every input it reads is produced before that).  Q, K^T and V are read in place through the data-movement nodes
+before them (Transpose, Reshape, Squeeze, Unsqueeze, Flatten, Identity, a Gather of one index, Split, a Slice of
+constant bounds), one strided view each (:meth:`~ortgpu._graph_match.GraphMatcher.view`), scalar factors folded
+into the logit and mask scales; where the three are split from one packed projection (``nn.MultiheadAttention``'s
+Gathers, timm's Split), they are read from the projection itself, past the split's shared nodes.  A node is taken
+into the step only where nothing outside it reads its outputs (a Split whose other part is read elsewhere runs as
+its own step, and the views start after it).  A Transpose that is the product's only reader (the heads merged
+back) is written through: the step stores each element where the Transpose would.  Grouped K/V heads work where they arrive as a broadcast batch
 axis; when the graph repeats them with Expand/Reshape, those nodes stay and the kernel reads their output.  Where the
 kernel cannot be planned (dtype, workgroup storage, the driver's loop budget) or would be slower (more scores per
 head than :data:`~ortgpu.ops._fused_attention.FUSE_MAX_SCORES`) the nodes are planned one by one.
@@ -170,6 +174,8 @@ def _operand_views(
         if q is None or kt is None or v is None:
             return None
         outside = _read_outside(ctx, (first, last), (q, kt, v))
+        if v[2] != 1.0:  # V scaled on the way (a factor on a shared packed projection): the factor stays a step
+            outside |= {node.name for node in v[3] if node.op_type in ("Mul", "Div")}
         if not outside:
             break
         stop |= outside
@@ -180,7 +186,13 @@ def _operand_views(
         wq = matcher.view(first.inputs[0], first, shared, stop)
         wk = matcher.view(first.inputs[1], first, shared, stop)
         wv = matcher.view(last.inputs[1], last, shared, stop)
-        if wq is not None and wk is not None and wv is not None and not _read_outside(ctx, (first, last), (wq, wk, wv)):
+        if (
+            wq is not None
+            and wk is not None
+            and wv is not None
+            and wv[2] == 1.0
+            and not _read_outside(ctx, (first, last), (wq, wk, wv))
+        ):
             widened = {node.name for view in (wq, wk, wv) for node in view[3]}
             if shared < widened:  # (a view that stops earlier, where a Reshape would copy, is no gain)
                 return wq, wk, wv
@@ -188,15 +200,19 @@ def _operand_views(
 
 
 def _read_outside(ctx: RewriteContext, products: Sequence[GraphNode], views: Sequence[_View]) -> frozenset[str]:
-    """The nodes the operands' views absorb that something outside the step reads (a graph output, or a node other
-    than its two products and the views' nodes): they cannot be taken into it."""
+    """The nodes the operands' views absorb that something outside the step reads (a graph output, a node other than
+    its two products and the views' nodes, or the step itself: one view's source produced inside another view):
+    they cannot be taken into it."""
     members = {node.name for view in views for node in view[3]} | {node.name for node in products}
+    sources = {view[0] for view in views}  # read by the step itself: their producers must still run
     outside = set()
     for view in views:
         for node in view[3]:
             for output in node.outputs:
-                if output in ctx.graph_outputs or any(
-                    user.name not in members for user in ctx.consumers.get(output, [])
+                if (
+                    output in ctx.graph_outputs
+                    or output in sources
+                    or any(user.name not in members for user in ctx.consumers.get(output, []))
                 ):
                     outside.add(node.name)
     return frozenset(outside)

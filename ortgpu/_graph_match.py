@@ -1,7 +1,8 @@
 """Reading the graph around a rewrite's candidate: one-consumer chains, scalar constants, float Casts, and views of
 a tensor through data-movement nodes and scalar Muls.  Shared by the pattern rewrites (:mod:`ortgpu._attention_fusion`,
 :mod:`ortgpu._norm_fusion`); every query applies their common rule: an intermediate has exactly one consumer, reads
-it once, and is no graph output, and no other rewrite took the consumer.
+it once, and is no graph output, and no other rewrite took the consumer (:meth:`GraphMatcher.view` may widen it to a
+set of readers its caller names, and the caller then checks what it takes).
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ the copies the nodes would make disappear.  :class:`StridedView` is that arithme
 returns the view after one node, or None where the result is not one strided view of the source (a Reshape that
 merges axes which are not adjacent in memory), so a caller stops the chain there.
 
-Strides and offset count elements.  Size-1 axes carry the stride the contiguous layout would give them; no caller
-may rely on it (a size-1 axis is never stepped along).
+Strides and offset count elements.  The stride of a size-1 axis is arbitrary (it is never stepped along).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ BERT-style Reshape/Transpose heads, ``nn.MultiheadAttention``'s 3-D batched head
 Gathers, timm's packed projection split by Split or Slices, grouped K/V heads broadcast along a batch axis), checks the planner makes one ``FusedAttention`` step of it only when fusing, and compares the run on
 each backend with onnxruntime CPU at the shape edges: one query, odd lengths, head sizes 32/64/80/128, masks all
 zero, all dropped (NaN rows, as Softmax gives), finite minimum masks, causal masks.  Patterns the kernel does not
-compute (the scores also a graph output, a Softmax over another axis, a scaled V) stay unfused and still match.
+compute (the scores also a graph output, a Softmax over another axis) stay unfused and still match.
 """
 
 from __future__ import annotations
@@ -331,14 +331,16 @@ def test_softmax_over_another_axis_stays_unfused(env: ortgpu.Env) -> None:
     _check(env, model, feeds, fused=False)
 
 
-def test_scaled_values_stay_unfused(env: ortgpu.Env) -> None:
+def test_scaled_values_keep_their_scale(env: ortgpu.Env) -> None:
+    """The kernel takes no factor on V: a scalar Mul on V runs as its own step and the attention reads its output."""
     model = hf_eager(1, 2, 5, 5, 8, 8, None)
     node = next(n for n in model.graph.node if n.op_type == "MatMul" and n.input[0] == "p")
     node.input[1] = "v2"
     model.graph.node.insert(0, helper.make_node("Mul", ["v", "scale"], ["v2"], name="scale_v"))
     feeds = _feeds(model, 3)
-    assert _fused_steps(model, feeds) == []
-    _check(env, model, feeds, fused=False)
+    (step,) = _fused_steps(model, feeds)
+    assert "scale_v" not in step.node_names and step.inputs[2] == "v2"
+    _check(env, model, feeds)
 
 
 # -- numerics at the edges --------------------------------------------------------------------------------------------
@@ -434,6 +436,64 @@ def test_a_split_read_elsewhere_still_runs(env: ortgpu.Env) -> None:
     feeds = _feeds(model, 4)
     step = _fused_steps(model, feeds)[0]
     assert set(step.inputs[:3]) == {"packed"} and "Squeeze" not in step.op_types
+    _check(env, model, feeds)
+
+
+def test_shared_query_and_key_keep_their_producer(env: ortgpu.Env) -> None:
+    """Q and K one tensor (shared-QK attention) split from a packed projection by a Gather: the K^T view may not
+    take the Gather that produces Q's source; the step reads Q where the Gather writes it."""
+    b, s, h, d = 1, 6, 2, 8
+    nodes = [
+        helper.make_node("Reshape", ["x", "s5"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 3, 1, 4]),
+        helper.make_node("Gather", ["t", "i0"], ["qk"], axis=0),
+        helper.make_node("Gather", ["t", "i1"], ["v"], axis=0),
+        helper.make_node("Transpose", ["qk"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["qk", "kt"], ["s0"]),
+        helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+        helper.make_node("Softmax", ["s1"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([b, s, 2, h, d], np.int64), "s5"),
+        numpy_helper.from_array(np.array(0, np.int64), "i0"),
+        numpy_helper.from_array(np.array(1, np.int64), "i1"),
+        _const("scale", d**-0.5),
+    ]
+    model = _model(nodes, {"x": (b, s, 2 * h * d)}, "y", inits)
+    feeds = _feeds(model, 21)
+    step = _fused_steps(model, feeds)[0]
+    assert step.inputs[0] == "qk" and not {"Reshape", "Gather"} & set(step.op_types[:2])
+    _check(env, model, feeds)
+
+
+def test_a_split_part_read_twice_keeps_the_split(env: ortgpu.Env) -> None:
+    """Q and V the same Split part, K^T the other: the Split produces a source the step reads, so it runs."""
+    nodes = [
+        helper.make_node("Split", ["x"], ["a", "b"], axis=0),
+        helper.make_node("Transpose", ["b"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["a", "kt"], ["s0"]),
+        helper.make_node("Softmax", ["s0"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "a"], ["y"]),
+    ]
+    model = _model(nodes, {"x": (2, 2, 5, 8)}, "y", [])
+    feeds = _feeds(model, 22)
+    step = _fused_steps(model, feeds)[0]
+    assert "Split" not in step.op_types
+    _check(env, model, feeds)
+
+
+def test_a_scaled_packed_projection_still_fuses(env: ortgpu.Env) -> None:
+    """A scalar Mul on the packed projection before its split scales V too: it stays a step, the views start after
+    it, and the attention still fuses."""
+    model = timm_packed(1, 5, 2, 16)
+    graph = model.graph
+    graph.input[0].name = "qkv_in"
+    graph.node.insert(0, helper.make_node("Mul", ["qkv_in", "half"], ["qkv"], name="scale_qkv"))
+    graph.initializer.append(_const("half", 0.5))
+    feeds = _feeds(model, 23)
+    step = _fused_steps(model, feeds)[0]
+    assert "scale_qkv" not in step.node_names and set(step.inputs[:3]) == {"qkv"}
     _check(env, model, feeds)
 
 

@@ -1,10 +1,10 @@
 """One flash-attention kernel: ``softmax(scale * Q.K^T + bias) . V`` without writing the scores anywhere.
 
 The problem (:class:`FlashProblem`) is stated in strides, so one generator serves every layout the callers have:
-the fused SDPA pattern of an exported graph (:mod:`ortgpu._attention_fusion`, its Q/K/V read through the
-Transposes it absorbed), and the ONNX ``Attention`` operator (3-D ``[B, S, H * D]`` inputs, grouped K/V heads as
-a broadcast batch axis).  Each operand gives per-batch-axis strides (0 where it is broadcast), a row stride and a
-column stride; so does the output (output ``out.index``, rows are queries, columns the value dimension).
+the fused SDPA pattern of an exported graph (:mod:`ortgpu._attention_fusion`, its Q/K/V strided views of the
+tensors before the data-movement nodes it absorbed), and the ONNX ``Attention`` operator (3-D ``[B, S, H * D]``
+inputs, grouped K/V heads as a broadcast batch axis).  Each operand gives an element offset, per-batch-axis strides
+(0 where it is broadcast), a row stride and a column stride; so does the output (output ``out.index``, rows are queries, columns the value dimension).
 
 A workgroup of 128 invocations owns one batch index and a block of ``BQ`` query rows (``TPR = 128 / BQ``
 invocations per row).  It keeps the Q block in workgroup memory and walks the keys in tiles of ``BK``: the K (and,
