@@ -163,14 +163,19 @@ def fuse_elementwise(
     fused: dict[int, PlannedStep] = {}
     dropped: set[int] = set()
     for root, group in members.items():
-        if len(group) < 2:
-            continue
+        if len(group) < 2 or all(_is_view(steps[i]) for i in group):
+            continue  # views alone cost nothing: fused, they would become a copy
         try:
             fused[root] = _fused_step([steps[i] for i in group], [rules[i] for i in group], caps, constants)
         except NotOnDevice:
             continue
         dropped.update(group)
     return [fused.get(index, step) for index, step in enumerate(steps) if index not in dropped or index in fused]
+
+
+def _is_view(step: PlannedStep) -> bool:
+    """Whether the step runs no kernel (a view of its input's buffer)."""
+    return step.op_plan is not None and not step.op_plan.kernels
 
 
 def _read_only_by_rule(user: PlannedStep, rule: Rule | None, name: str) -> bool:

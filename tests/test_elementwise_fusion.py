@@ -233,3 +233,23 @@ def test_views_join_the_data_movement_around_them(env: ortgpu.Env) -> None:
     model = _model(nodes, {"v4": ((1, 5, 2, 4), F32), "p": ((1, 6, 5, 5), F32)}, ["y"], tuple(ints))
     assert _groups(model) == [("Transpose", "Unsqueeze", "Expand", "Reshape")]
     _check(env, model)
+
+
+def test_views_alone_stay_views(env: ortgpu.Env) -> None:
+    """Chained views with nothing else around them (a Reshape of a Reshape before a MatMul) stay views: fused, they
+    would become a copy kernel."""
+    nodes = [
+        helper.make_node("Reshape", ["x", "heads"], ["r1"]),
+        helper.make_node("Reshape", ["r1", "rows"], ["r2"]),
+        helper.make_node("MatMul", ["r2", "w"], ["y"]),
+    ]
+    ints = [
+        numpy_helper.from_array(np.array(value, np.int64), name)
+        for name, value in (("heads", [1, 6, 2, 4]), ("rows", [6, 8]))
+    ]
+    model = _model(nodes, {"x": ((1, 6, 8), F32), "w": ((8, 3), F32)}, ["y"], tuple(ints))
+    assert _groups(model) == []
+    feeds = _feeds(model)
+    plan = plan_model(load_model(model), {n: v.shape for n, v in feeds.items()}, CAPS)
+    assert [step.reason.startswith("no kernel") for step in plan.steps] == [True, True, False]
+    _check(env, model)
