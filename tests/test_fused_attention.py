@@ -137,6 +137,21 @@ def mha_3d(bh: int, sq: int, sk: int, d: int) -> onnx.ModelProto:
     return _model(nodes, inputs, "y", [_const("scale", 1.0 / np.sqrt(d))])
 
 
+def _scaled_heads_attention(merge: list[int], merged: str) -> list[onnx.NodeProto]:
+    """torch's SDPA over heads ``q3``, ``k3``, ``v3`` [B, H, S, D] (Q and K scaled by ``quarter`` each), the product
+    transposed by ``merge`` and reshaped to ``merged``, into ``y``."""
+    return [
+        helper.make_node("Mul", ["q3", "quarter"], ["qs"]),
+        helper.make_node("Transpose", ["k3"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["kt", "quarter"], ["kts"]),
+        helper.make_node("MatMul", ["qs", "kts"], ["s0"]),
+        helper.make_node("Softmax", ["s0"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v3"], ["ctx"]),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=merge),
+        helper.make_node("Reshape", ["ctx_t", merged], ["y"]),
+    ]
+
+
 def mha_packed(s: int, b: int, h: int, d: int) -> onnx.ModelProto:
     """torch's ``nn.MultiheadAttention`` from its packed projection ``qkv`` [S, B, 3E] (sequence first): Reshape to
     [S, B, 3, E], Unsqueeze, Transpose (3, 1, 2, 0, 4), Squeeze, one Gather per operand, each Reshaped to
@@ -156,16 +171,7 @@ def mha_packed(s: int, b: int, h: int, d: int) -> onnx.ModelProto:
             helper.make_node("Transpose", [f"{name}1"], [f"{name}2"], perm=[1, 0, 2]),
             helper.make_node("Reshape", [f"{name}2", "heads4"], [f"{name}3"]),
         ]
-    nodes += [
-        helper.make_node("Mul", ["q3", "quarter"], ["qs"]),
-        helper.make_node("Transpose", ["k3"], ["kt"], perm=[0, 1, 3, 2]),
-        helper.make_node("Mul", ["kt", "quarter"], ["kts"]),
-        helper.make_node("MatMul", ["qs", "kts"], ["s0"]),
-        helper.make_node("Softmax", ["s0"], ["p"], axis=-1),
-        helper.make_node("MatMul", ["p", "v3"], ["ctx"]),
-        helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[2, 0, 1, 3]),
-        helper.make_node("Reshape", ["ctx_t", "rows"], ["y"]),
-    ]
+    nodes += _scaled_heads_attention(merge=[2, 0, 1, 3], merged="rows")
     inits = [
         numpy_helper.from_array(np.array([s, b, 3, e], np.int64), "split3"),
         numpy_helper.from_array(np.array([0], np.int64), "zero_axis"),
@@ -207,16 +213,7 @@ def timm_packed(b: int, s: int, h: int, d: int, split: str = "split") -> onnx.Mo
         inits.append(numpy_helper.from_array(np.array([1, 1, 1], np.int64), "ones3"))
         nodes.append(helper.make_node("Split", ["t", "ones3"], ["qp", "kp", "vp"], axis=0))
     nodes += [helper.make_node("Squeeze", [f"{name}p", "axis0"], [f"{name}3"]) for name in "qkv"]
-    nodes += [
-        helper.make_node("Mul", ["q3", "quarter"], ["qs"]),
-        helper.make_node("Transpose", ["k3"], ["kt"], perm=[0, 1, 3, 2]),
-        helper.make_node("Mul", ["kt", "quarter"], ["kts"]),
-        helper.make_node("MatMul", ["qs", "kts"], ["s0"]),
-        helper.make_node("Softmax", ["s0"], ["p"], axis=-1),
-        helper.make_node("MatMul", ["p", "v3"], ["ctx"]),
-        helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
-        helper.make_node("Reshape", ["ctx_t", "merged"], ["y"]),
-    ]
+    nodes += _scaled_heads_attention(merge=[0, 2, 1, 3], merged="merged")
     extra: tuple[str, ...] = ()
     if split == "split-read-elsewhere":
         nodes.append(helper.make_node("Add", ["vp", "one"], ["extra"]))
