@@ -313,7 +313,7 @@ def _measure(args: argparse.Namespace, env: Any, side: Any, path: str, detail: d
         uncaptured = arms.uncaptured_end_to_end(keep=True)
         captured = None
         try:
-            arms.capture()
+            detail["dispatches"] = arms.capture().dispatch_count
             captured = arms.captured_end_to_end(keep=True)
         except ortgpu.CaptureStateError as error:  # a documented refusal: time the uncaptured run, say so
             detail["capture_refused"] = str(error)
@@ -393,6 +393,7 @@ def summary_row(detail: dict[str, Any]) -> dict[str, Any]:
         "in_mean": not problems and None not in (ours, graph, eager),
         "ortgpu_p50_ms": ours if ours is not None else results.get(ORTGPU_UNCAPTURED_ARM, {}).get("p50_ms"),
         "ortgpu_arm": detail.get("ortgpu_arm"),
+        "dispatches": detail.get("dispatches"),
         "torch_graph_p50_ms": graph,
         "torch_eager_p50_ms": eager,
         "graph_over_ortgpu": graph / ours if graph and ours else None,

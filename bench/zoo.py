@@ -87,6 +87,7 @@ COLUMNS: tuple[tuple[str, int, Callable[[dict[str, Any]], str]], ...] = (
     ("err vs ORT", 10, lambda r: _number(r.get("rel_err_vs_ort_cpu"), ".1e")),
     ("err vs torch", 12, lambda r: _number(r.get("rel_err_vs_torch"), ".1e")),
     ("err vs fp32", 11, lambda r: _number(r.get("rel_err_vs_fp32"), ".1e")),
+    ("dispatches", 10, lambda r: _number(r.get("dispatches"), "d")),
 )
 #: Characters of a failed row's reason shown in the table (the full text follows it).
 STATUS_WIDTH = 60

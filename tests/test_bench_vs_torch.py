@@ -331,6 +331,7 @@ def test_failed_rows_are_left_out_of_the_means_and_the_table_says_why() -> None:
     lines = format_table(rows).splitlines()
     assert lines[0].split()[:3] == ["model", "batch", "ortgpu"] and lines[0].endswith("status")
     assert len(lines) == 5
+    assert lines[0].split()[-2:] == ["dispatches", "status"] and lines[1].split()[-2] == "-"  # no capture ran
     resnet = lines[1].split()
     assert resnet[:8] == ["torchvision:resnet50", "1", "1.000", "2.000", "4.000", "2.00", "4.00", "1.0e-06"]
     assert resnet[-1] == "ok"
@@ -555,6 +556,7 @@ def test_one_model_is_checked_then_timed_in_rounds(
     row = detail["summary"]
     assert row["status"] == "ok" and row["in_mean"]
     assert row["graph_over_ortgpu"] == pytest.approx(2.0 / detail["results"][ORTGPU_ARM]["p50_ms"])
+    assert row["dispatches"] == detail["dispatches"] > 0  # the captured replay's, a column of the table
 
 
 def test_outputs_that_differ_from_torch_are_not_timed(
