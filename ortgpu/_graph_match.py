@@ -75,7 +75,7 @@ class GraphMatcher:
     ) -> tuple[str, StridedView, float, list[GraphNode]] | None:
         """``name`` as read by ``consumer``: (source tensor, the strided view of it, factor, the nodes in between),
         walking back through one-consumer data-movement nodes (Transpose, Reshape, Squeeze, Unsqueeze, Flatten,
-        Identity, Gather of one constant index, Split, Slice of constant bounds) and scalar Muls/Divs, as far as the view stays one strided view of
+        Identity, Gather of one constant index, Split, Slice of constant bounds, Expand) and scalar Muls/Divs, as far as the view stays one strided view of
         the source (:class:`~ortgpu._strided_view.StridedView`).  ``shared``: nodes (by name) that may read a tensor
         of the chain besides it (the other operands' chains of one fused step, reading one packed projection); the
         caller checks that every node it absorbs is read only inside its step.  ``stop``: nodes (by name) the walk
@@ -154,7 +154,7 @@ class GraphMatcher:
             index = self.ctx.constants.get(node.inputs[1])
             if index is not None and index.ndim == 0 and index.dtype.kind in "iu":
                 return node.inputs[0]
-        if node.op_type == "Split":
+        if node.op_type == "Split" or (node.op_type == "Expand" and len(node.inputs) == 2):
             return node.inputs[0]
         if node.op_type == "Slice" and all(name in self.ctx.constants for name in node.inputs[1:] if name):
             return node.inputs[0]
@@ -216,6 +216,11 @@ class GraphMatcher:
             if narrowed is None:
                 return None
             moved = narrowed
+        elif node.op_type == "Expand":  # the output's shape: size-1 axes repeated with stride 0
+            expanded = view.expand(out.shape)
+            if expanded is None:
+                return None
+            moved = expanded
         elif node.op_type == "Slice":
             starts = self._slice_starts(node, view.shape)
             if starts is None:

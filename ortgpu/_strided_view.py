@@ -8,7 +8,7 @@ the copies the nodes would make disappear.  :class:`StridedView` is that arithme
 returns the view after one node, or None where the result is not one strided view of the source (a Reshape that
 merges axes which are not adjacent in memory), so a caller stops the chain there.
 
-Strides and offset count elements.  The stride of a size-1 axis is arbitrary (it is never stepped along).
+Strides and offset count elements.  The stride of a size-1 axis is arbitrary (it is never stepped along); a broadcast axis (Expand) has stride 0.
 """
 
 from __future__ import annotations
@@ -64,6 +64,26 @@ class StridedView:
             self.strides[:axis] + self.strides[axis + 1 :],
             self.offset + index * self.strides[axis],
         )
+
+    def expand(self, shape: Sequence[int]) -> StridedView | None:
+        """Broadcast to ``shape`` (numpy's rule, as Expand takes it): size-1 axes repeat with stride 0, new leading
+        axes too."""
+        target = tuple(int(s) for s in shape)
+        rank = max(len(target), len(self.shape))
+        own = (1,) * (rank - len(self.shape)) + self.shape
+        strides = (0,) * (rank - len(self.shape)) + self.strides
+        want = (1,) * (rank - len(target)) + target
+        out_shape, out_strides = [], []
+        for size, stride, wanted in zip(own, strides, want):
+            if size == wanted or wanted == 1:
+                out_shape.append(size)
+                out_strides.append(stride)
+            elif size == 1:
+                out_shape.append(wanted)
+                out_strides.append(0)
+            else:
+                return None
+        return StridedView(tuple(out_shape), tuple(out_strides), self.offset)
 
     def narrow(self, axis: int, start: int, length: int, step: int = 1) -> StridedView | None:
         """Elements ``start, start + step, ...`` (``length`` of them) of ``axis``, as Slice and Split take them."""

@@ -494,6 +494,28 @@ def test_a_scaled_packed_projection_still_fuses(env: ortgpu.Env) -> None:
     _check(env, model, feeds)
 
 
+def test_expanded_key_and_value_heads_are_read_in_place(env: ortgpu.Env) -> None:
+    """K and V of one head broadcast to every query head by Expand (multi-query attention as some exporters write
+    it): the step reads the one head with stride 0, no copy."""
+    b, h, s, d = 2, 4, 6, 16
+    nodes = [
+        helper.make_node("Expand", ["k1", "heads"], ["k"]),
+        helper.make_node("Expand", ["v1", "heads"], ["v"]),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+        helper.make_node("Softmax", ["s1"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([b, h, s, d], np.int64), "heads"), _const("scale", d**-0.5)]
+    model = _model(nodes, {"q": (b, h, s, d), "k1": (b, 1, s, d), "v1": (b, 1, s, d)}, "y", inits)
+    feeds = _feeds(model, 24)
+    step = _fused_steps(model, feeds)[0]
+    assert step.inputs[1:3] == ("k1", "v1") and step.op_types.count("Expand") == 2
+    assert step.attrs["_views"][2][1][1] == 0  # V's head axis: stride 0
+    _check(env, model, feeds)
+
+
 def test_a_reshape_that_would_copy_ends_the_view(env: ortgpu.Env) -> None:
     """A Reshape merging axes apart in memory (after a Transpose) is no strided view: it and what precedes it run,
     and the attention reads its output."""

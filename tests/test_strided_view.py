@@ -127,6 +127,15 @@ def test_narrow_matches_slicing() -> None:
     assert empty is not None and empty.shape == (0, 12)
 
 
+def test_expand_broadcasts_with_stride_zero() -> None:
+    source = np.arange(2 * 3, dtype=np.float32).reshape(2, 1, 3)
+    view = StridedView.contiguous(source.shape).expand((4, 2, 5, 3))
+    assert view is not None and view.strides[0] == view.strides[2] == 0
+    np.testing.assert_array_equal(_read(source, view), np.broadcast_to(source, (4, 2, 5, 3)))
+    assert view.reshape((4, 10, 3)) is None  # merging a repeated axis with another is no strided view
+    assert StridedView.contiguous((2, 3)).expand((4, 3)) is None
+
+
 def test_steps_out_of_range_are_refused() -> None:
     assert StridedView.contiguous((2, 3)).narrow(1, 1, 2, 2) is None  # 1, 3: past the axis
     assert StridedView.contiguous((2, 3)).narrow(1, 0, 1, 0) is None
