@@ -41,8 +41,8 @@ from ortgpu_core._errors import UnsupportedOpError
 
 from ._graph_match import GraphMatcher
 from ._plan_types import PlannedStep
+from ._repeated_heads import View, split_repeated_heads
 from ._rewrites import RewriteContext, TransposeFolds
-from ._strided_view import StridedView
 from .loader._model import GraphNode
 from .ops import NotOnDevice
 from .ops._fused_attention import FusedAttention
@@ -124,6 +124,11 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
     operands = _operand_views(ctx, matcher, first, last)
     if operands is None:
         return None
+    split = split_repeated_heads(ctx, matcher.producers, (first, last), operands, matcher.view)
+    if split is not None and not _read_outside(ctx, (first, last), split[0]):
+        operands = split[0]
+    else:
+        split = None
     q, kt, v = operands
     inputs = (q[0], kt[0], v[0], mask)
     input_infos = ctx.infos_of(inputs)
@@ -133,6 +138,8 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
     attrs: dict[str, object] = {"_views": views, "_logit_scale": logit_scale * q[2] * kt[2], "_bias_scale": bias_scale}
     if out_perm is not None:
         attrs["_out_perm"] = out_perm
+    if split is not None:
+        attrs["_batch_split"] = split[1]
     if v[2] != 1.0:
         return None  # a scaled V is not an attention the kernel computes
     operator = FusedAttention()
@@ -157,7 +164,7 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
     )
 
 
-_View = tuple[str, StridedView, float, list[GraphNode]]
+_View = View
 
 
 def _operand_views(

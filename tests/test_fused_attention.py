@@ -516,6 +516,75 @@ def test_expanded_key_and_value_heads_are_read_in_place(env: ortgpu.Env) -> None
     _check(env, model, feeds)
 
 
+def repeated_heads(b: int, hkv: int, rep: int, s: int, d: int, mask: bool = False) -> onnx.ModelProto:
+    """HF's grouped-query attention: K and V [B, Hkv, S, D] (from [B, S, Hkv, D] projections, transposed) repeated
+    for the query heads by ``repeat_kv`` (Unsqueeze, Expand to [B, Hkv, rep, S, D], Reshape to [B, H, S, D]), Q
+    [B, H, S, D] from its [B, S, H, D] projection, a causal-style additive mask if ``mask``, the heads merged back."""
+    h = hkv * rep
+    nodes = [helper.make_node("Transpose", ["q_proj"], ["q"], perm=[0, 2, 1, 3])]
+    for name in "kv":
+        nodes += [
+            helper.make_node("Transpose", [f"{name}_proj"], [f"{name}h"], perm=[0, 2, 1, 3]),
+            helper.make_node("Unsqueeze", [f"{name}h", "axis2"], [f"{name}u"]),
+            helper.make_node("Expand", [f"{name}u", "repeated"], [f"{name}e"]),
+            helper.make_node("Reshape", [f"{name}e", "heads"], [f"{name}r"]),
+        ]
+    nodes += [
+        helper.make_node("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+    ]
+    last = "s1"
+    if mask:
+        nodes.append(helper.make_node("Add", ["s1", "mask"], ["s2"]))
+        last = "s2"
+    nodes += [
+        helper.make_node("Softmax", [last], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vr"], ["ctx"]),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", "merged"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([2], np.int64), "axis2"),
+        numpy_helper.from_array(np.array([b, hkv, rep, s, d], np.int64), "repeated"),
+        numpy_helper.from_array(np.array([b, h, s, d], np.int64), "heads"),
+        numpy_helper.from_array(np.array([b, s, h * d], np.int64), "merged"),
+        _const("scale", d**-0.5),
+    ]
+    inputs = {"q_proj": (b, s, h, d), "k_proj": (b, s, hkv, d), "v_proj": (b, s, hkv, d)}
+    if mask:
+        inputs["mask"] = (b, 1, s, s)
+    return _model(nodes, inputs, "y", inits)
+
+
+@pytest.mark.parametrize(
+    "b,hkv,rep,s,d,mask", [(1, 2, 4, 7, 32, True), (2, 1, 3, 5, 64, False), (1, 3, 1, 4, 80, True)]
+)
+def test_repeated_key_value_heads_are_read_once(
+    env: ortgpu.Env, b: int, hkv: int, rep: int, s: int, d: int, mask: bool
+) -> None:
+    """HF's repeat_kv (Unsqueeze, Expand, Reshape) is not copied: the attention splits its head axis into (groups,
+    rep) and reads each K/V head once, from the projections themselves."""
+    model = repeated_heads(b, hkv, rep, s, d, mask)
+    feeds = _feeds(model, 25 + rep)
+    step = _fused_steps(model, feeds)[0]
+    assert step.inputs[:3] == ("q_proj", "k_proj", "v_proj") and step.op_types.count("Expand") == 2
+    # (one K/V head, or one query head per K/V head: the Reshape merges a size-1 axis, an ordinary view with
+    # stride 0 for a repeated head, nothing to split)
+    assert step.attrs.get("_batch_split") == ((1, hkv, rep) if hkv > 1 and rep > 1 else None)
+    _check(env, model, feeds)
+
+
+def test_a_repeat_read_elsewhere_is_copied_as_before(env: ortgpu.Env) -> None:
+    """Where the repeated V is also a graph output, the repeat runs and the attention reads it unsplit."""
+    model = repeated_heads(1, 2, 2, 6, 16)
+    model.graph.output.append(helper.make_tensor_value_info("ve", F32, None))
+    feeds = _feeds(model, 26)
+    step = _fused_steps(model, feeds)[0]
+    assert "_batch_split" not in step.attrs or step.inputs[2] != "v_proj"
+    _check(env, model, feeds)
+
+
 def test_a_reshape_that_would_copy_ends_the_view(env: ortgpu.Env) -> None:
     """A Reshape merging axes apart in memory (after a Transpose) is no strided view: it and what precedes it run,
     and the attention reads its output."""

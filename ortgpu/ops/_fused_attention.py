@@ -4,7 +4,9 @@ Not an ONNX operator and not in the registry: the planner's attention rewrite (:
 builds it for a matched group.  Its inputs are the sources the group read: Q, K^T and V, each through a strided
 view (``attrs["_views"]``: per operand its logical shape, element strides and element offset over the source, the
 data-movement nodes the group absorbed), and the additive mask or nothing.  ``attrs["_out_perm"]``, where present,
-is a Transpose after the product that the step writes through: the output is the product with its axes moved.  ``_logit_scale`` multiplies Q.K^T (the scalar Muls/Divs before the mask, on either
+is a Transpose after the product that the step writes through: the output is the product with its axes moved.
+``attrs["_batch_split"]`` ``(axis, groups, rep)``: the views split the product's head axis in two
+(:mod:`ortgpu._repeated_heads`: K/V heads repeated by Expand, read with stride 0); the output is written merged.  ``_logit_scale`` multiplies Q.K^T (the scalar Muls/Divs before the mask, on either
 operand or on the scores); ``_bias_scale`` the mask (those after it).  The reference computes exactly the unfused
 graph's function (in float64, rounded once to the output's type), which the fake backend's twin runs.
 
@@ -99,8 +101,9 @@ class FusedAttention(Operator):
             weights = np.exp(scores - top)
             weights = weights / weights.sum(axis=-1, keepdims=True)
             result = np.matmul(weights, v)
+        result = result.reshape(_logical_out(outputs[0], attrs))  # (a split head axis merged back)
         if "_out_perm" in attrs:
-            result = np.transpose(result.reshape(_logical_out(outputs[0], attrs)), attrs["_out_perm"])
+            result = np.transpose(result, attrs["_out_perm"])
         return [result.astype(outputs[0].dtype).reshape(outputs[0].shape)]
 
     def plan(
@@ -125,6 +128,12 @@ class FusedAttention(Operator):
             perm = tuple(attrs["_out_perm"])
             stored = c_strides(outputs[0].shape)
             out_strides = tuple(stored[perm.index(axis)] for axis in range(len(out_shape)))
+        if "_batch_split" in attrs:  # the head axis as (groups, rep): K/V heads repeated by stride 0
+            axis, groups, rep = (int(x) for x in attrs["_batch_split"])
+            if not 0 <= axis < len(out_shape) - 2 or out_shape[axis] != groups * rep:
+                raise NotOnDevice(f"fused attention: cannot split axis {axis} of {out_shape} into {groups} x {rep}")
+            out_shape = out_shape[:axis] + (groups, rep) + out_shape[axis + 1 :]
+            out_strides = out_strides[:axis] + (out_strides[axis] * rep, out_strides[axis]) + out_strides[axis + 1 :]
         if min(len(q_shape), len(kt_shape), len(v_shape), len(out_shape)) < 2:
             raise NotOnDevice("fused attention: Q, K^T and V must have rank >= 2")
         sq, head = q_shape[-2:]
