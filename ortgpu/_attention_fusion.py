@@ -22,7 +22,8 @@ Gathers, timm's Split), they are read from the projection itself, past the split
 into the step only where nothing outside it reads its outputs (a Split whose other part is read elsewhere runs as
 its own step, and the views start after it).  A Transpose that is the product's only reader (the heads merged
 back) is written through: the step stores each element where the Transpose would.  Grouped K/V heads work where they arrive as a broadcast batch
-axis; when the graph repeats them with Expand/Reshape, those nodes stay and the kernel reads their output.  Where the
+axis, through an Expand (stride 0), or repeated by Unsqueeze + Expand + Reshape (HF's ``repeat_kv``: the head axis is
+split into groups and repeats, :mod:`ortgpu._repeated_heads`, and each K/V head is read once).  Where the
 kernel cannot be planned (dtype, workgroup storage, the driver's loop budget) or would be slower (more scores per
 head than :data:`~ortgpu.ops._fused_attention.FUSE_MAX_SCORES`) the nodes are planned one by one.
 
