@@ -21,11 +21,11 @@ into the logit and mask scales; where the three are split from one packed projec
 Gathers, timm's Split), they are read from the projection itself, past the split's shared nodes.  A node is taken
 into the step only where nothing outside it reads its outputs (a Split whose other part is read elsewhere runs as
 its own step, and the views start after it).  A Transpose that is the product's only reader (the heads merged
-back) is written through: the step stores each element where the Transpose would.  Grouped K/V heads work where they arrive as a broadcast batch
-axis, through an Expand (stride 0), or repeated by Unsqueeze + Expand + Reshape (HF's ``repeat_kv``: the head axis is
-split into groups and repeats, :mod:`ortgpu._repeated_heads`, and each K/V head is read once).  Where the
-kernel cannot be planned (dtype, workgroup storage, the driver's loop budget) or would be slower (more scores per
-head than :data:`~ortgpu.ops._fused_attention.FUSE_MAX_SCORES`) the nodes are planned one by one.
+back) is written through: the step stores each element where the Transpose would. Grouped K/V heads work where they
+arrive as a broadcast batch axis, through an Expand (stride 0), or repeated by Unsqueeze + Expand + Reshape (HF's
+``repeat_kv``: the head axis is split into groups and repeats, :mod:`ortgpu._repeated_heads`, and the repeat is not
+copied). Where the kernel cannot be planned (dtype, workgroup storage, the driver's loop budget) or would be slower
+(more scores per head than :data:`~ortgpu.ops._fused_attention.FUSE_MAX_SCORES`) the nodes are planned one by one.
 
 "float" is float32 or float16: a float16 export (``model.half()``) has the same nodes with float16 tensors and
 scalars, and often Casts to float32 and back around the Softmax (``softmax(..., dtype=torch.float32)``); the kernel

@@ -7,7 +7,8 @@ Grouped-query attention exports repeat each key/value head for the query heads t
 strided views of :meth:`~ortgpu._graph_match.GraphMatcher.view` stop there and the repeat is copied.  Here the
 attention's batch is split instead: the head axis ``H`` becomes ``(Hkv, rep)`` in every operand (Q and the output
 split it, an axis split is always a view; K and V are read from before the Expand, the ``rep`` axis with stride 0),
-so the kernel reads each key/value head once for its ``rep`` query heads and nothing is copied.
+so the ``rep`` query heads of a group read its key/value head where it lies (stride 0 along the repeats) and
+nothing is copied.
 """
 
 from __future__ import annotations

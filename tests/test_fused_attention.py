@@ -558,13 +558,21 @@ def repeated_heads(b: int, hkv: int, rep: int, s: int, d: int, mask: bool = Fals
 
 
 @pytest.mark.parametrize(
-    "b,hkv,rep,s,d,mask", [(1, 2, 4, 7, 32, True), (2, 1, 3, 5, 64, False), (1, 3, 1, 4, 80, True)]
+    "b,hkv,rep,s,d,mask",
+    [
+        (1, 2, 4, 7, 32, True),
+        (2, 2, 2, 5, 16, True),
+        (3, 2, 2, 5, 16, True),
+        (2, 1, 3, 5, 64, False),
+        (1, 3, 1, 4, 80, True),
+    ],
 )
-def test_repeated_key_value_heads_are_read_once(
+def test_repeated_key_value_heads_are_not_copied(
     env: ortgpu.Env, b: int, hkv: int, rep: int, s: int, d: int, mask: bool
 ) -> None:
     """HF's repeat_kv (Unsqueeze, Expand, Reshape) is not copied: the attention splits its head axis into (groups,
-    rep) and reads each K/V head once, from the projections themselves."""
+    rep) and reads the K/V heads from the projections themselves, with stride 0 along the repeats; a mask per batch
+    stays with its batch (batch sizes 2 and 3: against the split axes it would broadcast wrongly)."""
     model = repeated_heads(b, hkv, rep, s, d, mask)
     feeds = _feeds(model, 25 + rep)
     step = _fused_steps(model, feeds)[0]

@@ -6,9 +6,11 @@ view (``attrs["_views"]``: per operand its logical shape, element strides and el
 data-movement nodes the group absorbed), and the additive mask or nothing.  ``attrs["_out_perm"]``, where present,
 is a Transpose after the product that the step writes through: the output is the product with its axes moved.
 ``attrs["_batch_split"]`` ``(axis, groups, rep)``: the views split the product's head axis in two
-(:mod:`ortgpu._repeated_heads`: K/V heads repeated by Expand, read with stride 0); the output is written merged.  ``_logit_scale`` multiplies Q.K^T (the scalar Muls/Divs before the mask, on either
-operand or on the scores); ``_bias_scale`` the mask (those after it).  The reference computes exactly the unfused
-graph's function (in float64, rounded once to the output's type), which the fake backend's twin runs.
+(:mod:`ortgpu._repeated_heads`: K/V heads repeated by Expand, read with stride 0); the mask broadcasts against the
+merged batch and is split the same way; the output is written merged. ``_logit_scale`` multiplies Q.K^T (the scalar
+Muls/Divs before the mask, on either operand or on the scores); ``_bias_scale`` the mask (those after it). The reference
+computes exactly the unfused graph's function (in float64, rounded once to the output's type), which the fake backend's
+twin runs.
 
 Each tensor may be float32 or float16 (float16 needs the device's ``shader-f16``): the kernel reads float16 into f32
 and computes the scores, the softmax and the sums in f32, as the reference computes without the intermediate
@@ -95,8 +97,10 @@ class FusedAttention(Operator):
         v = _read_view(v_src, vv).astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             scores = np.matmul(q, kt) * float(attrs["_logit_scale"])
-            if mask is not None:
-                scores = scores + mask.astype(np.float64) * float(attrs["_bias_scale"])
+            if mask is not None:  # broadcast against the unsplit batch, then split like the scores
+                merged = _logical_out(outputs[0], attrs)[:-2] + scores.shape[-2:]
+                bias = np.broadcast_to(mask.astype(np.float64), merged).reshape(scores.shape)
+                scores = scores + bias * float(attrs["_bias_scale"])
             top = scores.max(axis=-1, keepdims=True)
             weights = np.exp(scores - top)
             weights = weights / weights.sum(axis=-1, keepdims=True)
@@ -123,6 +127,7 @@ class FusedAttention(Operator):
         kt_shape, kt_strides, kt_offset = _view(k_info, vk)
         v_shape, v_strides, v_offset = _view(v_info, vv)
         out_shape = _logical_out(outputs[0], attrs)
+        merged_batch, split_at = out_shape[:-2], None
         out_strides = c_strides(out_shape)
         if "_out_perm" in attrs:  # written where the Transpose after the product would put each element
             perm = tuple(attrs["_out_perm"])
@@ -133,6 +138,7 @@ class FusedAttention(Operator):
             if not 0 <= axis < len(out_shape) - 2 or out_shape[axis] != groups * rep:
                 raise NotOnDevice(f"fused attention: cannot split axis {axis} of {out_shape} into {groups} x {rep}")
             out_shape = out_shape[:axis] + (groups, rep) + out_shape[axis + 1 :]
+            split_at = (axis, rep)
             out_strides = out_strides[:axis] + (out_strides[axis] * rep, out_strides[axis]) + out_strides[axis + 1 :]
         if min(len(q_shape), len(kt_shape), len(v_shape), len(out_shape)) < 2:
             raise NotOnDevice("fused attention: Q, K^T and V must have rank >= 2")
@@ -160,7 +166,7 @@ class FusedAttention(Operator):
             v=OperandView(
                 2, _batch_strides(v_shape, v_strides, batch), v_strides[-2], v_strides[-1], elements[2], v_offset
             ),
-            mask=None if mask_info is None else _mask_view(mask_info, batch, sq, sk, elements[3]),
+            mask=None if mask_info is None else _mask_view(mask_info, merged_batch, sq, sk, elements[3], split_at),
             logit_scale=float(attrs["_logit_scale"]),
             bias_scale=float(attrs["_bias_scale"]),
             out=OperandView(0, out_strides[:-2], out_strides[-2], out_strides[-1], elements[4]),
@@ -205,9 +211,16 @@ def _elements(infos: Sequence[TensorInfo | None], caps: DeviceCaps) -> list[str]
     return elements
 
 
-def _mask_view(info: TensorInfo, batch: tuple[int, ...], sq: int, sk: int, element: str) -> OperandView:
+def _mask_view(
+    info: TensorInfo, batch: tuple[int, ...], sq: int, sk: int, element: str, split_at: tuple[int, int] | None = None
+) -> OperandView:
+    """The mask broadcast to the product's (unsplit) batch; ``split_at`` (axis, rep): that axis then split as the
+    output's is (``_batch_split``)."""
     try:
         strides = broadcast_strides(info.shape, batch + (sq, sk))
     except ValueError:
         raise NotOnDevice(f"fused attention: the mask {info.shape} does not broadcast to the scores") from None
+    if split_at is not None:
+        axis, rep = split_at
+        strides = strides[:axis] + (strides[axis] * rep, strides[axis]) + strides[axis + 1 :]
     return OperandView(3, strides[:-2], strides[-2], strides[-1], element)
