@@ -141,8 +141,6 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
         attrs["_out_perm"] = out_perm
     if split is not None:
         attrs["_batch_split"] = split[1]
-    if v[2] != 1.0:
-        return None  # a scaled V is not an attention the kernel computes
     operator = FusedAttention()
     try:
         op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(inputs))
@@ -165,15 +163,13 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
     )
 
 
-_View = View
-
-
 def _operand_views(
     ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, last: GraphNode
-) -> tuple[_View, _View, _View] | None:
+) -> tuple[View, View, View] | None:
     """How the step reads Q, K^T and V (:meth:`GraphMatcher.view`), taking only nodes read inside the step: a Split
-    whose other parts are read elsewhere stays a step of its own.  Where Q, K and V come from one packed projection,
-    they are all read from it, past the split's shared nodes, if that takes more."""
+    whose other parts are read elsewhere stays a step of its own; V carries no factor (the kernel takes none). Where Q,
+    K and V come from one packed projection, they are all read from it, past the split's shared nodes, if that takes
+    more."""
     stop: frozenset[str] = frozenset()
     for _ in range(4):  # each round stops before the nodes read outside; the views only get shorter
         q = matcher.view(first.inputs[0], first, stop=stop)
@@ -207,7 +203,7 @@ def _operand_views(
     return q, kt, v
 
 
-def _read_outside(ctx: RewriteContext, products: Sequence[GraphNode], views: Sequence[_View]) -> frozenset[str]:
+def _read_outside(ctx: RewriteContext, products: Sequence[GraphNode], views: Sequence[View]) -> frozenset[str]:
     """The nodes the operands' views absorb that something outside the step reads (a graph output, a node other than
     its two products and the views' nodes, or the step itself: one view's source produced inside another view):
     they cannot be taken into it."""

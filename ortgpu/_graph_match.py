@@ -1,8 +1,8 @@
 """Reading the graph around a rewrite's candidate: one-consumer chains, scalar constants, float Casts, and views of
-a tensor through data-movement nodes and scalar Muls.  Shared by the pattern rewrites (:mod:`ortgpu._attention_fusion`,
-:mod:`ortgpu._norm_fusion`); every query applies their common rule: an intermediate has exactly one consumer, reads
-it once, and is no graph output, and no other rewrite took the consumer (:meth:`GraphMatcher.view` may widen it to a
-set of readers its caller names, and the caller then checks what it takes).
+a tensor through data-movement nodes and scalar Muls. Shared by the pattern rewrites (:mod:`ortgpu._attention_fusion`,
+:mod:`ortgpu._norm_fusion`); every query applies their common rule: an intermediate has exactly one consumer, reads it
+once, and is no graph output, and no other rewrite took the consumer (:meth:`GraphMatcher.view` may widen it to a set of
+readers its caller names, and the caller then checks what it takes).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ortgpu_core._errors import UnsupportedOpError
 from ._rewrites import RewriteContext
 from ._strided_view import StridedView
 from .loader._model import GraphNode
+from .ops.ai_onnx.slice import slice_ranges
 from .ops.ai_onnx.transpose import permutation
 
 __all__ = ["GraphMatcher"]
@@ -75,11 +76,11 @@ class GraphMatcher:
     ) -> tuple[str, StridedView, float, list[GraphNode]] | None:
         """``name`` as read by ``consumer``: (source tensor, the strided view of it, factor, the nodes in between),
         walking back through one-consumer data-movement nodes (Transpose, Reshape, Squeeze, Unsqueeze, Flatten,
-        Identity, Gather of one constant index, Split, Slice of constant bounds, Expand) and scalar Muls/Divs, as far as the view stays one strided view of
-        the source (:class:`~ortgpu._strided_view.StridedView`).  ``shared``: nodes (by name) that may read a tensor
-        of the chain besides it (the other operands' chains of one fused step, reading one packed projection); the
-        caller checks that every node it absorbs is read only inside its step.  ``stop``: nodes (by name) the walk
-        never takes."""
+        Identity, Gather of one constant index, Split, Slice of constant bounds, Expand) and scalar Muls/Divs, as far as
+        the view stays one strided view of the source (:class:`~ortgpu._strided_view.StridedView`). ``shared``: nodes
+        (by name) that may read a tensor of the chain besides it (the other operands' chains of one fused step, reading
+        one packed projection); the caller checks that every node it absorbs is read only inside its step. ``stop``:
+        nodes (by name) the walk never takes."""
         if self.ctx.infos.get(name) is None:
             return None
         chain: list[tuple[GraphNode, str, str]] = []  # (node, the operand it reads, its output read), consumer back
@@ -160,8 +161,9 @@ class GraphMatcher:
             return node.inputs[0]
         return None
 
-    def _slice_starts(self, node: GraphNode, shape: tuple[int, ...]) -> dict[int, tuple[int, int]] | None:
-        """Slice ``node``'s (start, step) per axis it slices, starts clamped as ONNX clamps them (steps >= 1 only)."""
+    def _slice_ranges(self, node: GraphNode, shape: tuple[int, ...]) -> list[tuple[int, int, int]] | None:
+        """Slice ``node``'s (first index, -1, step) per axis of ``shape``, clamped as the operator clamps them
+        (:func:`~ortgpu.ops.ai_onnx.slice.slice_ranges`); None where its arguments are refused."""
         if node.opset < 10:
             starts, axes, steps = node.attrs.get("starts"), node.attrs.get("axes"), None
         else:
@@ -169,21 +171,12 @@ class GraphMatcher:
             starts, axes, steps = values[0], values[2], values[3]
         if starts is None:
             return None
-        starts_list = [int(v) for v in np.asarray(starts).reshape(-1)]
-        axes_list = (
-            [int(v) for v in np.asarray(axes).reshape(-1)] if axes is not None else list(range(len(starts_list)))
-        )
-        steps_list = [int(v) for v in np.asarray(steps).reshape(-1)] if steps is not None else [1] * len(starts_list)
-        if not len(starts_list) == len(axes_list) == len(steps_list):
+        listed = [None if v is None else [int(x) for x in np.asarray(v).reshape(-1)] for v in (starts, axes, steps)]
+        assert listed[0] is not None
+        try:
+            return slice_ranges(shape, listed[0], None, listed[1], listed[2], node.opset)
+        except UnsupportedOpError:
             return None
-        result = {}
-        for start, axis, step in zip(starts_list, axes_list, steps_list):
-            if step < 1 or not -len(shape) <= axis < len(shape):
-                return None
-            size = shape[axis % len(shape)]
-            start = start + size if start < 0 else start
-            result[axis % len(shape)] = (min(max(start, 0), size), step)
-        return result
 
     def _step(self, node: GraphNode, output: str, view: StridedView) -> StridedView | None:
         """``view`` after data-movement ``node``, as its ``output`` (None: not one strided view of the source)."""
@@ -222,11 +215,11 @@ class GraphMatcher:
                 return None
             moved = expanded
         elif node.op_type == "Slice":
-            starts = self._slice_starts(node, view.shape)
-            if starts is None:
+            ranges = self._slice_ranges(node, view.shape)
+            if ranges is None:
                 return None
             sliced: StridedView | None = view
-            for axis, (start, step) in starts.items():
+            for axis, (start, _, step) in enumerate(ranges):  # (a negative step: narrow refuses it)
                 sliced = sliced.narrow(axis, start, out.shape[axis], step) if sliced is not None else None
             if sliced is None:
                 return None

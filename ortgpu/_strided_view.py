@@ -8,7 +8,8 @@ the copies the nodes would make disappear.  :class:`StridedView` is that arithme
 returns the view after one node, or None where the result is not one strided view of the source (a Reshape that
 merges axes which are not adjacent in memory), so a caller stops the chain there.
 
-Strides and offset count elements.  The stride of a size-1 axis is arbitrary (it is never stepped along); a broadcast axis (Expand) has stride 0.
+Strides and offset count elements. The stride of a size-1 axis is arbitrary (it is never stepped along); a broadcast
+axis (Expand) has stride 0.
 """
 
 from __future__ import annotations

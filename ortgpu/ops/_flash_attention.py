@@ -1,10 +1,11 @@
 """One flash-attention kernel: ``softmax(scale * Q.K^T + bias) . V`` without writing the scores anywhere.
 
-The problem (:class:`FlashProblem`) is stated in strides, so one generator serves every layout the callers have:
-the fused SDPA pattern of an exported graph (:mod:`ortgpu._attention_fusion`, its Q/K/V strided views of the
-tensors before the data-movement nodes it absorbed), and the ONNX ``Attention`` operator (3-D ``[B, S, H * D]``
-inputs, grouped K/V heads as a broadcast batch axis).  Each operand gives an element offset, per-batch-axis strides
-(0 where it is broadcast), a row stride and a column stride; so does the output (output ``out.index``, rows are queries, columns the value dimension).
+The problem (:class:`FlashProblem`) is stated in strides, so one generator serves every layout the callers have: the
+fused SDPA pattern of an exported graph (:mod:`ortgpu._attention_fusion`, its Q/K/V strided views of the tensors
+before the data-movement nodes it absorbed), and the ONNX ``Attention`` operator (3-D ``[B, S, H * D]`` inputs,
+grouped K/V heads as a broadcast batch axis). Each operand gives an element offset, per-batch-axis strides (0 where
+it is broadcast), a row stride and a column stride; so does the output (output ``out.index``, rows are queries,
+columns the value dimension).
 
 A workgroup of 128 invocations owns one batch index and a block of ``BQ`` query rows (``TPR = 128 / BQ``
 invocations per row).  It keeps the Q block in workgroup memory and walks the keys in tiles of ``BK``: the K (and,
@@ -35,10 +36,10 @@ FLASH_THREADS = 128
 
 @dataclass(frozen=True)
 class OperandView:
-    """How the kernel reads one operand: input ``index`` of the node, at ``offset + sum(batch index *
-    batch_strides) + row * row_stride + col * col_stride`` (elements).  Q: rows are queries, columns the head dimension; K: rows
-    are keys, columns the head dimension; V: rows are keys, columns the value dimension; the mask: rows are
-    queries, columns keys.  ``element``: the tensor's storage, ``f32`` or ``f16`` (read into f32, stored from it)."""
+    """How the kernel reads one operand: input ``index`` of the node, at ``offset + sum(batch index * batch_strides) +
+    row * row_stride + col * col_stride`` (elements). Q: rows are queries, columns the head dimension; K: rows are keys,
+    columns the head dimension; V: rows are keys, columns the value dimension; the mask: rows are queries, columns keys.
+    ``element``: the tensor's storage, ``f32`` or ``f16`` (read into f32, stored from it)."""
 
     index: int
     batch_strides: tuple[int, ...]

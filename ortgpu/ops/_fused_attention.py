@@ -139,7 +139,7 @@ class FusedAttention(Operator):
                 raise NotOnDevice(f"fused attention: cannot split axis {axis} of {out_shape} into {groups} x {rep}")
             out_shape = out_shape[:axis] + (groups, rep) + out_shape[axis + 1 :]
             split_at = (axis, rep)
-            out_strides = out_strides[:axis] + (out_strides[axis] * rep, out_strides[axis]) + out_strides[axis + 1 :]
+            out_strides = _split_stride(out_strides, axis, rep)
         if min(len(q_shape), len(kt_shape), len(v_shape), len(out_shape)) < 2:
             raise NotOnDevice("fused attention: Q, K^T and V must have rank >= 2")
         sq, head = q_shape[-2:]
@@ -211,6 +211,11 @@ def _elements(infos: Sequence[TensorInfo | None], caps: DeviceCaps) -> list[str]
     return elements
 
 
+def _split_stride(strides: tuple[int, ...], axis: int, rep: int) -> tuple[int, ...]:
+    """``strides`` with ``axis`` split into (groups, ``rep``): the groups step ``rep`` times as far."""
+    return strides[:axis] + (strides[axis] * rep, strides[axis]) + strides[axis + 1 :]
+
+
 def _mask_view(
     info: TensorInfo, batch: tuple[int, ...], sq: int, sk: int, element: str, split_at: tuple[int, int] | None = None
 ) -> OperandView:
@@ -221,6 +226,5 @@ def _mask_view(
     except ValueError:
         raise NotOnDevice(f"fused attention: the mask {info.shape} does not broadcast to the scores") from None
     if split_at is not None:
-        axis, rep = split_at
-        strides = strides[:axis] + (strides[axis] * rep, strides[axis]) + strides[axis + 1 :]
+        strides = _split_stride(strides, *split_at)
     return OperandView(3, strides[:-2], strides[-2], strides[-1], element)
