@@ -300,6 +300,7 @@ CASES: list[Case] = [
     ("two_minus1", "Reshape", [r(2, 3), c([-1, -1])], {}, 1, 17),
     ("minus2", "Reshape", [r(2, 3), c([-2, 3])], {}, 1, 17),
     ("zero_no_allowzero_empty", "Reshape", [e(0, 4), c([0, 4, 0])], {}, 1, 17),
+    ("zero_copies_a_dim_the_data_lacks", "Reshape", [e(2, 0, 8), c([1, 2, 0, 8])], {}, 1, 17),
     ("incompatible", "Expand", [r(2, 3), c([4, 3])], {}, 1, 17),
     ("negative_repeats", "Tile", [r(2, 3), c([1, -1])], {}, 1, 17),
     ("wrong_repeats_length", "Tile", [r(2, 3), c([2])], {}, 1, 17),
@@ -552,3 +553,14 @@ def test_one_session_through_empty_and_non_empty_shapes(env: ortgpu.Env, name: s
             for g, x in zip(got, expected):
                 assert g.shape == x.shape, (shapes, g.shape, x.shape)
                 np.testing.assert_allclose(g, x, rtol=1e-5, atol=1e-5, err_msg=str(shapes))
+
+
+def test_a_reshape_the_data_does_not_fill_names_both_sizes(env: ortgpu.Env) -> None:
+    """Reshape's 0 copies an input dimension: on an empty [2, 0, 8], [1, 2, 0, 8] asks for 128 elements of 0.
+    onnxruntime refuses it when it runs; ortgpu refuses it while planning, naming both sizes."""
+    model, feeds = _model(
+        ("zero_copies_a_dim_the_data_lacks", "Reshape", [e(2, 0, 8), c([1, 2, 0, 8])], {}, 1, 17), False
+    )
+    with ortgpu.InferenceSession(model, env=env) as session:
+        with pytest.raises(ortgpu.ShapeError, match="has 0 elements.*needs 128"):
+            session.run(None, feeds)

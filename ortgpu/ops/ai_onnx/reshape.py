@@ -58,6 +58,14 @@ class AliasOperator(Operator):
     ) -> OpPlan:
         if any(info is not None and info.dtype == object for info in inputs):
             raise NotOnDevice("string tensors live on the host")
+        source = inputs[0]
+        if source is not None and outputs and source.size != outputs[0].size:
+            # shape inference copies a dimension into a shape the data does not fill (Reshape's 0 on an empty
+            # tensor): onnxruntime refuses it when it runs; an alias of the wrong size would be read past its end
+            raise ShapeError(
+                f"{self.op_type}: its input {source.shape} has {source.size} elements, its output shape "
+                f"{outputs[0].shape} needs {outputs[0].size}; check the shape the model asks for"
+            )
         return OpPlan(alias={0: 0})
 
 
