@@ -156,7 +156,8 @@ def _flops(step: Any) -> float:
     if op in ("MatMul", "Gemm") and len(infos) > 1 and infos[1] is not None:
         a = infos[0].shape
         k = a[-1] if not (op == "Gemm" and step.attrs.get("transA")) else a[0]
-        return 2.0 * float(np.prod(out.shape)) * float(k)
+        # a MatMul of merged sibling projections stores its product across several outputs
+        return 2.0 * sum(float(np.prod(info.shape)) for info in step.output_infos) * float(k)
     if op == "Conv" and len(infos) > 1 and infos[1] is not None:
         w = infos[1].shape  # [M, C/group, kh, kw]
         return 2.0 * float(np.prod(out.shape)) * float(np.prod(w[1:]))

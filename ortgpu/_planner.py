@@ -11,7 +11,7 @@ This module orchestrates; the jobs live in their own modules:
 * :mod:`ortgpu._rewrites`: the graph rewrites applied when fusing (BatchNormalization folded into Conv, fused
   epilogues, GELU, folded Transposes); :mod:`ortgpu._attention_fusion`: attention as one flash kernel;
   :mod:`ortgpu._norm_fusion`: RMSNorm and LayerNorm as one row kernel; :mod:`ortgpu._elementwise_fusion`: connected
-  elementwise steps as one kernel;
+  elementwise steps as one kernel; :mod:`ortgpu._sibling_projections`: projections of one input as one product;
 * :mod:`ortgpu._memory_plan`: where each tensor lives, and buffer slots shared by liveness.
 
 The plan is device-independent apart from the :class:`DeviceCaps` it was made
@@ -57,6 +57,7 @@ from ._rewrites import (
     fuse_epilogue,
     plan_node,
 )
+from ._sibling_projections import merge_sibling_projections
 from .loader._expand_control_flow import Expansion
 from .loader._limits import FoldBudget
 from .loader._model import GraphNode, LoadedModel
@@ -227,6 +228,7 @@ def _plan(
     steps = _plan_steps(ctx, nodes, allow_cpu, fuse)
     if fuse:
         steps = fuse_elementwise(steps, ctx.graph_outputs, caps, constants)
+        steps = merge_sibling_projections(steps, caps, constants, infos, model.rewrite_cache)
     memory = plan_memory(steps, input_infos, output_names, infos, constants, caps)
     used_constants, uploaded = uploaded_constants(memory, constants)
     uploaded = {name for name in uploaded if used_constants[name].dtype != object}  # strings stay on the host

@@ -396,20 +396,21 @@ def split_k_reduce_kernel(
     declarations: str,
     epilogue: str,
     scratch: str,
-    output: str,
+    store: Callable[[str, str], str],
     vector: bool,
     caps: DeviceCaps,
 ) -> tuple[str, tuple[int, int, int]]:
-    """Sum ``slices`` partial results of ``total`` outputs each (vec4 at a time with ``vector``), then the epilogue."""
+    """Sum ``slices`` partial results of ``total`` outputs each (vec4 at a time with ``vector``), then the epilogue;
+    ``store(o, value)`` is the WGSL statement storing output ``o`` (:func:`~ortgpu.ops._column_parts.output_store`)."""
     width = 4 if vector else 1
     items = total // width
     groups = -(-items // THREADS)
     grid = grid_for_groups(groups, caps)
     zero = "vec4<f32>(0.0)" if vector else "0.0"
     if vector:
-        store = "".join(f"    {output}[i * 4u + {j}u] = epilogue(sum[{j}], i * 4u + {j}u);\n" for j in range(4))
+        stores = "".join(f"    {store(f'i * 4u + {j}u', f'sum[{j}]')}\n" for j in range(4))
     else:
-        store = f"    {output}[i] = epilogue(sum, i);\n"
+        stores = f"    {store('i', 'sum')}\n"
     wgsl = f"""{declarations}
 const ITEMS: u32 = {items}u;
 {epilogue}
@@ -421,7 +422,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var s = 0u; s < {slices}u; s = s + 1u) {{
         sum = sum + {scratch}[s * ITEMS + i];
     }}
-{store}}}
+{stores}}}
 """
     return wgsl, grid
 
@@ -437,10 +438,17 @@ _TILE_K = 16
 
 
 def legacy_gemm_wgsl(
-    batch: int, m: int, n: int, k: int, helpers: str, declarations: str, output: str, caps: DeviceCaps
+    batch: int,
+    m: int,
+    n: int,
+    k: int,
+    helpers: str,
+    declarations: str,
+    store: Callable[[str, str], str],
+    caps: DeviceCaps,
 ) -> tuple[str, tuple[int, int, int]]:
     """WGSL and grid of the original shared-memory tiled GEMM (scalar loads through ``load_a``/``load_b`` and
-    ``epilogue`` defined in ``helpers``; output stored at ``(b * M + m) * N + n``).
+    ``epilogue`` defined in ``helpers``; output ``(b * M + m) * N + n`` stored by the statement ``store(o, value)``).
 
     Invocation (tx, ty) of a workgroup owns rows ``m0 + ty + 16 i`` and columns ``n0 + tx + 16 j``
     (i, j < 4), so neighbouring invocations read neighbouring shared-memory words and store neighbouring
@@ -485,7 +493,7 @@ def legacy_gemm_wgsl(
         let n = n0 + lid.x + {16 * j}u;
         if (m < M && n < N) {{
             let o = (b * M + m) * N + n;
-            {output}[o] = epilogue(acc{i}[{j}], o);
+            {store("o", f"acc{i}[{j}]")}
         }}
     }}"""
             )

@@ -46,6 +46,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ._column_parts import output_store
 from ._epilogue import EpilogueStep, epilogue_function
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, ceil_div, check_loop_budget
 from ._tiled_gemm import _bound_inputs, split_k_plan  # shared with the tiled GEMM's split-K (same semantics)
@@ -583,8 +584,8 @@ def plan_gemv(
     a_name = table.add(Binding("input", 0), f"vec4<{element}>" if vector_a else element)
     b_name = table.add(Binding("input", 1), f"vec4<{element}>" if vector_b else element)
     if config.split_k == 1:
-        output = table.add(Binding("output", 0), element, writable=True)
-        epilogue = epilogue_function(steps, out_shape, table, element)
+        parts_helpers, store = output_store(table, element, outputs, out_shape)
+        epilogue = epilogue_function(steps, out_shape, table, element) + parts_helpers
         wgsl, grid = gemv_kernel(
             n=n,
             k=k,
@@ -594,7 +595,7 @@ def plan_gemv(
             b_name=b_name,
             declarations=table.enables() + table.declarations(),
             epilogue=epilogue,
-            store=lambda o, value: f"{output}[{o}] = epilogue({value}, {o});",
+            store=store,
             caps=caps,
         )
         check_device_fits(name, list(inputs) + list(outputs), len(table.bindings), caps)

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import _gemm
+from ._column_parts import column_parts, output_store, split_columns
 from ._epilogue import EpilogueStep, apply_epilogue, epilogue_function
 from ._gemm import GemmConfig, choose_gemm_config, config_fits
 from ._gemm_wgsl import (
@@ -57,12 +58,12 @@ def split_k_plan(
     reduce_table = BindingTable()
     element = float_element(outputs[0])
     scratch_in = reduce_table.add(Binding("scratch", 0), "vec4<f32>" if vector else "f32")
-    output = reduce_table.add(Binding("output", 0), element, writable=True)
-    epilogue = epilogue_function(steps, out_shape, reduce_table, element)
+    parts_helpers, store = output_store(reduce_table, element, outputs, out_shape)
+    epilogue = epilogue_function(steps, out_shape, reduce_table, element) + parts_helpers
     reduce_wgsl, reduce_grid = split_k_reduce_kernel(
-        total, slices, reduce_table.enables() + reduce_table.declarations(), epilogue, scratch_in, output, vector, caps
+        total, slices, reduce_table.enables() + reduce_table.declarations(), epilogue, scratch_in, store, vector, caps
     )
-    reduce_twin = _reduce_twin(steps, reduce_table.bindings, inputs, outputs, slices, total)
+    reduce_twin = _reduce_twin(steps, reduce_table.bindings, inputs, outputs, out_shape, slices, total)
     check_device_fits(name, list(inputs) + list(outputs), max(len(partial.bindings), len(reduce_table.bindings)), caps)
     scratch_bytes = slices * total * 4
     if scratch_bytes > caps.limits.max_storage_buffer_binding_size:
@@ -114,16 +115,16 @@ def plan_tiled_gemm(
     if config.legacy:
         table = BindingTable()
         loaders = loader_functions(problem, "scalar", "scalar", table)
-        output = table.add(Binding("output", 0), element, writable=True)
+        parts_helpers, store = output_store(table, element, outputs, out_shape)
         epilogue = epilogue_function(steps, out_shape, table, element)
         wgsl, grid = legacy_gemm_wgsl(
             problem.batch,
             problem.m,
             problem.n,
             problem.k,
-            problem.prelude + loaders + epilogue,
+            problem.prelude + loaders + epilogue + parts_helpers,
             table.enables() + table.declarations(),
-            output,
+            store,
             caps,
         )
         check_device_fits(name, list(inputs) + list(outputs), len(table.bindings), caps)
@@ -154,10 +155,10 @@ def plan_tiled_gemm(
     config = dataclasses.replace(config, split_k=1)
     table = BindingTable()
     loaders = loader_functions(problem, mode_a, mode_b, table)
-    output = table.add(Binding("output", 0), element, writable=True)
-    epilogue = epilogue_function(steps, out_shape, table, element)
+    parts_helpers, store = output_store(table, element, outputs, out_shape)
+    epilogue = epilogue_function(steps, out_shape, table, element) + parts_helpers
     body = "".join(
-        f"        if (m < M && n + {j}u < N) {{ let o = (b * M + m) * N + n + {j}u; {output}[o] = epilogue(acc[{j}], o); }}\n"
+        f"        if (m < M && n + {j}u < N) {{ let o = (b * M + m) * N + n + {j}u; {store('o', f'acc[{j}]')} }}\n"
         for j in range(4)
     )
     wgsl, grid, _ = tiled_gemm_kernel(
@@ -212,20 +213,23 @@ def _reduce_twin(
     bindings: Sequence[Binding],
     inputs: Sequence[TensorInfo | None],
     outputs: Sequence[TensorInfo],
+    out_shape: tuple[int, ...],
     slices: int,
     total: int,
 ) -> Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]:
     scratch_slot = next(slot for slot, b in enumerate(bindings) if b.kind == "scratch")
-    output_slot = next(slot for slot, b in enumerate(bindings) if b.kind == "output")
-    out = outputs[0]
+    output_slots = {b.index: slot for slot, b in enumerate(bindings) if b.kind == "output"}
+    parts = column_parts(outputs, out_shape)
+    shape = out_shape if parts else outputs[0].shape
 
     def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
         partial = arrays[scratch_slot][: slices * total * 4].view(np.float32).reshape(slices, total)
         y = partial[0].copy()
         for s in range(1, slices):
             y += partial[s]
-        result = apply_epilogue(y.reshape(out.shape), steps, _bound_inputs(arrays, bindings, inputs))
-        raw = np.ascontiguousarray(result, dtype=out.dtype).reshape(-1).view(np.uint8)
-        arrays[output_slot][: raw.size] = raw
+        result = apply_epilogue(y.reshape(shape), steps, _bound_inputs(arrays, bindings, inputs))
+        for index, value in enumerate(split_columns(result, parts)):
+            raw = np.ascontiguousarray(value, dtype=outputs[index].dtype).reshape(-1).view(np.uint8)
+            arrays[output_slots[index]][: raw.size] = raw
 
     return twin

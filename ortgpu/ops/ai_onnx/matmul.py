@@ -28,7 +28,8 @@ start theirs at index 3 (a Gemm without C, fused with a bias, has inputs ``[A, B
 ``_epilogue=(("add", 3),)``).  Extra inputs must have the output's dtype (float32).  Gemm applies ``alpha``
 and ``beta * C`` and Conv its bias before the epilogue steps; all of it happens in registers, in one kernel.
 Both ``reference`` and the WebGPU kernels honour the attribute, so a fused node placed on the CPU computes the
-same thing.  Outputs are the op's own (one tensor).
+same thing.  Outputs are the op's own (one tensor); a MatMul the planner made of sibling projections (same A,
+weights side by side) has several, which split the product's columns in order (:mod:`.._column_parts`).
 
 Folded input transposes (MatMul only)
 -------------------------------------
@@ -65,6 +66,7 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from ..._types import element_count
+from .._column_parts import column_parts, split_columns
 from .._epilogue import EpilogueStep, apply_epilogue, parse_epilogue
 from .._gemv import plan_gemv
 from .._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
@@ -97,6 +99,15 @@ def input_perms(attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]]) -> 
             )
         perms.append(perm)
     return perms[0], perms[1]
+
+
+def _parts(op_type: str, outputs: Sequence[TensorInfo], out_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The outputs' column counts when the planner merged sibling projections into this node (see
+    :mod:`ortgpu.ops._column_parts`); ``()`` for the one output of an ONNX MatMul."""
+    try:
+        return column_parts(outputs, out_shape)
+    except ValueError as why:
+        raise UnsupportedOpError(f"{op_type}: {why}") from None
 
 
 def _permuted(shape: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
@@ -517,7 +528,8 @@ class MatMul(Operator):
             y = np.matmul(_view(a, a_perm), _view(b, b_perm))
         shapes = [None if x is None else tuple(x.shape) for x in inputs]
         steps = parse_epilogue("MatMul", attrs, 2, shapes, tuple(y.shape))
-        return [apply_epilogue(np.asarray(y), steps, inputs).astype(a.dtype, copy=False)]
+        result = apply_epilogue(np.asarray(y), steps, inputs).astype(a.dtype, copy=False)
+        return split_columns(result, _parts("MatMul", outputs, tuple(y.shape)))
 
     def plan(
         self,
@@ -535,6 +547,7 @@ class MatMul(Operator):
         out_shape = matmul_output_shape(a_logical, b_logical)
         shapes = [a_logical, b_logical] + [None if x is None else x.shape for x in inputs[2:]]
         steps = parse_epilogue("MatMul", attrs, 2, shapes, out_shape)
+        _parts("MatMul", outputs, out_shape)
         a_shape = (1,) + a_logical if len(a_logical) == 1 else a_logical
         b_shape = b_logical + (1,) if len(b_logical) == 1 else b_logical
         return plan_gemm(

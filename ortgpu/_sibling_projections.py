@@ -1,0 +1,175 @@
+"""Sibling projections merged: MatMuls that multiply one activation by constant weights run as one product.
+
+A transformer layer multiplies its normalised hidden state by the query, key and value weights, and its gated MLP
+by the gate and up weights: two or three products of the same ``A`` with ``N`` of a few hundred to a few thousand,
+each its own dispatch, each too small at a short sequence to fill a large GPU.  Computed as one product against the
+weights side by side (``[K, N_1 + ... + N_p]``, and the biases side by side), they cost one dispatch over ``p``
+times the workgroups; the kernel stores each output's columns into that output
+(:mod:`ortgpu.ops._column_parts`), so every consumer reads the tensor it read before.
+
+:func:`merge_sibling_projections` runs on the planned steps, after the other rewrites, so a projection whose output
+rides on something else (a residual Add, an activation in its epilogue, a fused attention's operand) is left as it
+was planned.  A step joins a group when it is one MatMul on the device whose B is a 2-D constant (read as it is, no
+folded transpose) of A's dtype, whose epilogue is nothing or one bias Add of a constant holding one value per column,
+and whose A (and A's folded transpose, if any) is the group's.  The merged step runs where the group's first step
+ran (its inputs are A and constants, ready there) and is kept only if it plans on the device as one MatMul.
+
+The side-by-side weights are new constants (the originals stay, for plans of other shapes, but no longer go to the
+device); they are computed once per model (the model's rewrite cache) while the weights are the same arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+from ortgpu_core._errors import UnsupportedOpError
+
+from ._plan_types import PlannedStep
+from .ops import DeviceCaps, NotOnDevice, TensorInfo
+from .ops.ai_onnx.matmul import MatMul
+
+__all__ = ["merge_sibling_projections"]
+
+#: Group key: A's tensor name, A's folded permutation (or None), K and the dtype.
+_Key = tuple[str, Any, int, str]
+
+
+def _bias_of(step: PlannedStep, constants: dict[str, np.ndarray], columns: int) -> tuple[bool, np.ndarray | None]:
+    """``(takes part, bias)``: the step's bias as one value per column (None without one); it takes no part when its
+    epilogue is anything else."""
+    epilogue = tuple(step.attrs.get("_epilogue", ()))
+    if not epilogue:
+        return True, None
+    if epilogue != (("add", 2),) or len(step.inputs) != 3:
+        return False, None
+    value = constants.get(step.inputs[2])
+    if value is None or value.size != columns or (value.ndim and value.shape[-1] != columns):
+        return False, None
+    return True, value.reshape(columns)
+
+
+def _candidate(step: PlannedStep, constants: dict[str, np.ndarray]) -> tuple[_Key, np.ndarray, Any] | None:
+    """``(key, B, bias)`` of a step that may join a group, or None."""
+    if step.placement != "webgpu" or step.op_plan is None or not isinstance(step.operator, MatMul):
+        return None
+    if len(step.outputs) != 1 or len(step.inputs) < 2 or not step.inputs[0]:
+        return None
+    perms = step.attrs.get("_input_perms")
+    a_perm, b_perm = (None, None) if perms is None else (perms[0], perms[1])
+    weight = constants.get(step.inputs[1])
+    a_info, out_info = step.input_infos[0], step.output_infos[0]
+    if b_perm is not None or weight is None or weight.ndim != 2 or a_info is None:
+        return None
+    if weight.dtype != a_info.dtype or out_info.dtype != a_info.dtype or a_info.dtype not in (np.float32, np.float16):
+        return None
+    if not out_info.shape or out_info.shape[-1] != weight.shape[1]:
+        return None
+    takes_part, bias = _bias_of(step, constants, weight.shape[1])
+    if not takes_part or (bias is not None and bias.dtype != weight.dtype):
+        return None
+    key = (step.inputs[0], None if a_perm is None else tuple(a_perm), int(weight.shape[0]), str(weight.dtype))
+    return key, weight, bias
+
+
+def _side_by_side(
+    members: Sequence[tuple[PlannedStep, np.ndarray, Any]], cache: dict[Hashable, Any]
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The weights (and biases, zeros where a member has none) side by side; cached while the sources are the same
+    arrays."""
+    sources = tuple(x for _, weight, bias in members for x in (weight, bias))
+    key = ("sibling_projections", tuple(step.name for step, _, _ in members))
+    cached = cache.get(key)
+    if cached is not None and len(cached[0]) == len(sources) and all(a is b for a, b in zip(cached[0], sources)):
+        return cached[1]  # type: ignore[no-any-return]
+    weight = np.ascontiguousarray(np.concatenate([w for _, w, _ in members], axis=1))
+    bias = None
+    if any(b is not None for _, _, b in members):
+        bias = np.concatenate([np.zeros(w.shape[1], w.dtype) if b is None else b for _, w, b in members])
+    cache[key] = (sources, (weight, bias))
+    return weight, bias
+
+
+def _fresh_name(base: str, taken: dict[str, Any]) -> str:
+    name, index = base, 0
+    while name in taken:
+        index += 1
+        name = f"{base}_{index}"
+    return name
+
+
+def _merged(
+    members: Sequence[tuple[PlannedStep, np.ndarray, Any]],
+    caps: DeviceCaps,
+    constants: dict[str, np.ndarray],
+    infos: dict[str, TensorInfo],
+    cache: dict[Hashable, Any],
+) -> PlannedStep | None:
+    """One step computing every member's output, or None when it would not plan on the device."""
+    first = members[0][0]
+    weight, bias = _side_by_side(members, cache)
+    weight_name = _fresh_name(f"{first.name}::sibling_weights", constants)
+    inputs: list[str] = [first.inputs[0], weight_name]
+    new = {weight_name: weight}
+    attrs = {k: v for k, v in first.attrs.items() if k != "_epilogue"}
+    if bias is not None:
+        bias_name = _fresh_name(f"{first.name}::sibling_biases", constants)
+        new[bias_name] = bias
+        inputs.append(bias_name)
+        attrs["_epilogue"] = (("add", 2),)
+    new_infos = {name: TensorInfo(tuple(value.shape), value.dtype) for name, value in new.items()}
+    input_infos = (first.input_infos[0],) + tuple(new_infos[name] for name in inputs[1:])
+    output_infos = tuple(step.output_infos[0] for step, _, _ in members)
+    known = {1: weight} if bias is None else {1: weight, 2: bias}
+    try:
+        op_plan = first.operator.plan(input_infos, output_infos, attrs, caps, known)
+    except (NotOnDevice, UnsupportedOpError):
+        return None
+    if op_plan is None or not op_plan.kernels:
+        return None
+    constants.update(new)
+    infos.update(new_infos)
+    names = tuple(name for step, _, _ in members for name in step.node_names)
+    kinds = tuple(kind for step, _, _ in members for kind in step.op_types)
+    return PlannedStep(
+        names,
+        kinds,
+        "webgpu",
+        f"WGSL kernel, {len(members)} projections of one input as one product",
+        first.operator,
+        attrs,
+        tuple(inputs),
+        tuple(step.outputs[0] for step, _, _ in members),
+        input_infos,
+        output_infos,
+        op_plan,
+    )
+
+
+def merge_sibling_projections(
+    steps: Sequence[PlannedStep],
+    caps: DeviceCaps,
+    constants: dict[str, np.ndarray],
+    infos: dict[str, TensorInfo],
+    cache: dict[Hashable, Any],
+) -> list[PlannedStep]:
+    """``steps`` with each group of sibling projections as one step (see the module docstring); ``constants`` and
+    ``infos`` gain the side-by-side weights and biases of the groups merged."""
+    groups: dict[_Key, list[tuple[int, PlannedStep, np.ndarray, Any]]] = {}
+    for index, step in enumerate(steps):
+        found = _candidate(step, constants)
+        if found is not None:
+            key, weight, bias = found
+            groups.setdefault(key, []).append((index, step, weight, bias))
+    replaced: dict[int, PlannedStep] = {}
+    dropped: set[int] = set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        merged = _merged([(s, w, b) for _, s, w, b in members], caps, constants, infos, cache)
+        if merged is None:
+            continue
+        replaced[members[0][0]] = merged
+        dropped.update(index for index, _, _, _ in members[1:])
+    return [replaced.get(index, step) for index, step in enumerate(steps) if index not in dropped]
