@@ -8,10 +8,11 @@ times the workgroups; the kernel stores each output's columns into that output
 (:mod:`ortgpu.ops._column_parts`), so every consumer reads the tensor it read before.
 
 :func:`merge_sibling_projections` runs on the planned steps, after the other rewrites, so a projection whose output
-rides on something else (a residual Add, an activation in its epilogue, a fused attention's operand) is left as it
-was planned.  A step joins a group when it is one MatMul on the device whose B is a 2-D constant (read as it is, no
-folded transpose) of A's dtype, whose epilogue is nothing or one bias Add of a constant holding one value per column,
-and whose A (and A's folded transpose, if any) is the group's.  The merged step runs where the group's first step
+carries more than an affine map (a residual Add, an activation in its epilogue) is left as it was planned.  A step
+joins a group when it is one MatMul on the device whose B is a 2-D constant (read as it is, no folded transpose) of
+A's dtype, whose epilogue is nothing, one bias Add of a constant holding one value per column, scales by powers of
+two (folded into its weights and bias exactly: an attention's ``1 / sqrt(64)`` on its query), or both, and whose A
+(and A's folded transpose, if any) is the group's.  The merged step runs where the group's first step
 ran (its inputs are A and constants, ready there) and is kept only if it plans on the device as one MatMul.
 
 The side-by-side weights are new constants (the originals stay, for plans of other shapes, but no longer go to the
@@ -20,7 +21,7 @@ device); they are computed once per model (the model's rewrite cache) while the 
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Optional, Sequence
 
 import numpy as np
 
@@ -36,22 +37,50 @@ __all__ = ["merge_sibling_projections"]
 _Key = tuple[str, Any, int, str]
 
 
-def _bias_of(step: PlannedStep, constants: dict[str, np.ndarray], columns: int) -> tuple[bool, np.ndarray | None]:
-    """``(takes part, bias)``: the step's bias as one value per column (None without one); it takes no part when its
-    epilogue is anything else."""
-    epilogue = tuple(step.attrs.get("_epilogue", ()))
-    if not epilogue:
-        return True, None
-    if epilogue != (("add", 2),) or len(step.inputs) != 3:
-        return False, None
-    value = constants.get(step.inputs[2])
-    if value is None or value.size != columns or (value.ndim and value.shape[-1] != columns):
-        return False, None
-    return True, value.reshape(columns)
+#: What a member's epilogue does, folded into its weights: ``(weight factor, bias or None)``.
+_Affine = tuple[float, Optional[np.ndarray]]
 
 
-def _candidate(step: PlannedStep, constants: dict[str, np.ndarray]) -> tuple[_Key, np.ndarray, Any] | None:
-    """``(key, B, bias)`` of a step that may join a group, or None."""
+def _power_of_two(value: float) -> bool:
+    """Whether multiplying by ``value`` is exact (barring overflow and underflow, which :func:`_scaled` checks)."""
+    return value != 0.0 and bool(np.isfinite(value)) and abs(float(np.frexp(value)[0])) == 0.5
+
+
+def _affine_epilogue(step: PlannedStep, constants: dict[str, np.ndarray], columns: int) -> _Affine | None:
+    """The step's epilogue as a factor of its weights and a bias (one value per column, its own factors applied),
+    or None when it is anything else: at most one Add of a constant with one value per column, and scales by
+    powers of two (an attention's ``1 / sqrt(64)``), which multiply the weights and bias exactly, so the merged
+    product equals the member's own."""
+    factor, bias = 1.0, None
+    for entry in tuple(step.attrs.get("_epilogue", ())):
+        if entry[0] == "scale" and _power_of_two(float(entry[1])):
+            factor *= float(entry[1])
+            bias = None if bias is None else (bias[0] * float(entry[1]), bias[1])
+        elif entry == ("add", 2) and bias is None and len(step.inputs) == 3:
+            value = constants.get(step.inputs[2])
+            if value is None or value.size != columns or (value.ndim and value.shape[-1] != columns):
+                return None
+            bias = (1.0, value.reshape(columns))
+        else:
+            return None
+    if bias is None:
+        return factor, None
+    scaled = _scaled(bias[1], bias[0])
+    return None if scaled is None else (factor, scaled)
+
+
+def _scaled(value: np.ndarray, factor: float) -> np.ndarray | None:
+    """``value * factor`` in its dtype, or None unless every element is exact (no overflow, no underflow)."""
+    if factor == 1.0:
+        return value
+    scaled: np.ndarray = (value * np.asarray(factor, dtype=value.dtype)).astype(value.dtype)
+    if not np.array_equal(scaled.astype(np.float64), value.astype(np.float64) * factor):
+        return None
+    return scaled
+
+
+def _candidate(step: PlannedStep, constants: dict[str, np.ndarray]) -> tuple[_Key, np.ndarray, _Affine] | None:
+    """``(key, B, its epilogue as an affine map)`` of a step that may join a group, or None."""
     if step.placement != "webgpu" or step.op_plan is None or not isinstance(step.operator, MatMul):
         return None
     if len(step.outputs) != 1 or len(step.inputs) < 2 or not step.inputs[0]:
@@ -66,29 +95,40 @@ def _candidate(step: PlannedStep, constants: dict[str, np.ndarray]) -> tuple[_Ke
         return None
     if not out_info.shape or out_info.shape[-1] != weight.shape[1]:
         return None
-    takes_part, bias = _bias_of(step, constants, weight.shape[1])
-    if not takes_part or (bias is not None and bias.dtype != weight.dtype):
+    affine = _affine_epilogue(step, constants, weight.shape[1])
+    if affine is None or (affine[1] is not None and affine[1].dtype != weight.dtype):
         return None
     key = (step.inputs[0], None if a_perm is None else tuple(a_perm), int(weight.shape[0]), str(weight.dtype))
-    return key, weight, bias
+    return key, weight, affine
 
 
 def _side_by_side(
-    members: Sequence[tuple[PlannedStep, np.ndarray, Any]], cache: dict[Hashable, Any]
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """The weights (and biases, zeros where a member has none) side by side; cached while the sources are the same
-    arrays."""
-    sources = tuple(x for _, weight, bias in members for x in (weight, bias))
-    key = ("sibling_projections", tuple(step.name for step, _, _ in members))
+    members: Sequence[tuple[PlannedStep, np.ndarray, _Affine]],
+    constants: dict[str, np.ndarray],
+    cache: dict[Hashable, Any],
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The weights, each times its factor, side by side (and the biases, zeros where a member has none); None when a
+    factor would not multiply a weight exactly.  Cached while the members' constants are the same arrays."""
+    sources = tuple(constants.get(name) for step, _, _ in members for name in step.inputs[1:3])
+    key = ("sibling_projections", tuple(step.name for step, _, _ in members), tuple(f for _, _, (f, _) in members))
     cached = cache.get(key)
     if cached is not None and len(cached[0]) == len(sources) and all(a is b for a, b in zip(cached[0], sources)):
         return cached[1]  # type: ignore[no-any-return]
-    weight = np.ascontiguousarray(np.concatenate([w for _, w, _ in members], axis=1))
-    bias = None
-    if any(b is not None for _, _, b in members):
-        bias = np.concatenate([np.zeros(w.shape[1], w.dtype) if b is None else b for _, w, b in members])
-    cache[key] = (sources, (weight, bias))
-    return weight, bias
+    weights: list[np.ndarray] = []
+    for _, original, (factor, _) in members:
+        scaled = _scaled(original, factor)
+        if scaled is None:
+            break
+        weights.append(scaled)
+    result: tuple[np.ndarray, np.ndarray | None] | None = None
+    if len(weights) == len(members):
+        weight = np.ascontiguousarray(np.concatenate(weights, axis=1))
+        bias = None
+        if any(b is not None for _, _, (_, b) in members):
+            bias = np.concatenate([np.zeros(w.shape[1], w.dtype) if b is None else b for _, w, (_, b) in members])
+        result = (weight, bias)
+    cache[key] = (sources, result)
+    return result
 
 
 def _fresh_name(base: str, taken: dict[str, Any]) -> str:
@@ -100,7 +140,7 @@ def _fresh_name(base: str, taken: dict[str, Any]) -> str:
 
 
 def _merged(
-    members: Sequence[tuple[PlannedStep, np.ndarray, Any]],
+    members: Sequence[tuple[PlannedStep, np.ndarray, _Affine]],
     caps: DeviceCaps,
     constants: dict[str, np.ndarray],
     infos: dict[str, TensorInfo],
@@ -108,7 +148,10 @@ def _merged(
 ) -> PlannedStep | None:
     """One step computing every member's output, or None when it would not plan on the device."""
     first = members[0][0]
-    weight, bias = _side_by_side(members, cache)
+    combined = _side_by_side(members, constants, cache)
+    if combined is None:
+        return None
+    weight, bias = combined
     weight_name = _fresh_name(f"{first.name}::sibling_weights", constants)
     inputs: list[str] = [first.inputs[0], weight_name]
     new = {weight_name: weight}
@@ -156,12 +199,12 @@ def merge_sibling_projections(
 ) -> list[PlannedStep]:
     """``steps`` with each group of sibling projections as one step (see the module docstring); ``constants`` and
     ``infos`` gain the side-by-side weights and biases of the groups merged."""
-    groups: dict[_Key, list[tuple[int, PlannedStep, np.ndarray, Any]]] = {}
+    groups: dict[_Key, list[tuple[int, PlannedStep, np.ndarray, _Affine]]] = {}
     for index, step in enumerate(steps):
         found = _candidate(step, constants)
         if found is not None:
-            key, weight, bias = found
-            groups.setdefault(key, []).append((index, step, weight, bias))
+            key, weight, affine = found
+            groups.setdefault(key, []).append((index, step, weight, affine))
     replaced: dict[int, PlannedStep] = {}
     dropped: set[int] = set()
     for members in groups.values():

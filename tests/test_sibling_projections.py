@@ -30,7 +30,7 @@ def _projections(
     seq: Any = "S",
 ) -> onnx.ModelProto:
     """``X [*batch, seq, width]`` times one weight per part; each part's ``kind``: ``"plain"``, ``"bias"`` (Add of a
-    constant, the bias first), ``"relu"`` (a Relu after it: an epilogue of its own), ``"residual"`` (Add of X)."""
+    constant, the bias first), ``"scale:c"`` (a bias Add, then a Mul by ``c``), ``"relu"`` (a Relu after it: an epilogue of its own), ``"residual"`` (Add of X)."""
     rng = np.random.default_rng(len(parts) * 7 + width)
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     nodes, inits, outputs = [], [], []
@@ -47,6 +47,12 @@ def _projections(
             nodes.append(helper.make_node("Add", [f"b{index}", product], [out], name=f"bias{index}"))
         elif kind == "relu":
             nodes.append(helper.make_node("Relu", [product], [out], name=f"relu{index}"))
+        elif kind.startswith("scale"):  # "scale:c": the bias Add, then a Mul by c
+            factor = float(kind.split(":")[1])
+            inits.append(numpy_helper.from_array(rng.standard_normal(columns).astype(dtype), f"b{index}"))
+            inits.append(numpy_helper.from_array(np.asarray(factor, dtype), f"c{index}"))
+            nodes.append(helper.make_node("Add", [product, f"b{index}"], [f"q{index}"], name=f"bias{index}"))
+            nodes.append(helper.make_node("Mul", [f"q{index}", f"c{index}"], [out], name=f"scale{index}"))
         elif kind == "residual":
             assert columns == width
             nodes.append(helper.make_node("Add", [product, "X"], [out], name=f"residual{index}"))
@@ -93,6 +99,19 @@ def test_a_projection_with_its_own_epilogue_stays_alone() -> None:
     # the Relu and the residual Add ride on their own MatMul; merging would lose that fusion
     model = _projections(32, [(32, "plain"), (16, "relu"), (32, "residual"), (8, "bias")])
     assert _merged_groups(model, (1, 5, 32)) == [("proj0", "proj3", "bias3")]
+
+
+def test_a_scale_by_a_power_of_two_folds_into_the_weights() -> None:
+    model = _projections(32, [(32, "scale:0.125"), (16, "plain"), (8, "scale:0.3333"), (8, "scale:4")])
+    assert _merged_groups(model, (1, 5, 32)) == [("proj0", "bias0", "scale0", "proj1", "proj3", "bias3", "scale3")]
+
+
+def test_a_scale_that_would_round_a_weight_is_not_folded(env: ortgpu.Env) -> None:
+    # 2^14 times weights of about 0.2 is exact; 2^-140 makes them subnormal, rounded (the member's own product
+    # scales its sums instead): that member stays alone
+    model = _projections(32, [(16, f"scale:{2.0**-140}"), (16, "plain"), (8, "scale:16384")])
+    assert _merged_groups(model, (1, 5, 32)) == [("proj1", "proj2", "bias2", "scale2")]
+    _check(env, _projections(32, [(16, "scale:0.125"), (16, "plain"), (8, "scale:0.5")]), (1, 5, 32))
 
 
 def test_one_projection_is_left_as_it_is() -> None:
