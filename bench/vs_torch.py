@@ -4,9 +4,9 @@ The architecture (``bench/architectures.py``) is built with random seeded weight
 loaded by ortgpu; torch times the very module it exported (``bench/torch_arms.py``). Three arms, one boundary (the
 bench's ``end_to_end``): inputs from the host into fixed device memory, the model, outputs back to the host:
 
-* ``ortgpu captured``: ``update_inplace`` of every input, ``graph.replay()``, ``to_numpy()`` of every output
-  (where ortgpu refuses to capture: its uncaptured run over the same I/O, ``capture_refused`` in the JSON, and the
-  model is left out of the geometric means);
+* ``ortgpu captured``: ``update_inplace`` of every input, ``graph.replay()``, ``to_numpy(out=...)`` of every output
+  into a fixed host array (where ortgpu refuses to capture: its uncaptured run over the same I/O, ``capture_refused``
+  in the JSON, and the model is left out of the geometric means);
 * ``torch CUDA graph``: pinned host inputs copied into static CUDA tensors, ``graph.replay()``, the output copied
   into a pinned host tensor, ``torch.cuda.synchronize()``;
 * ``torch eager``: the same with ``module(*inputs)`` under ``torch.inference_mode()`` instead of the replay.
