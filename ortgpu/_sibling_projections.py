@@ -12,7 +12,8 @@ carries more than an affine map (a residual Add, an activation in its epilogue) 
 joins a group when it is one MatMul on the device whose B is a 2-D constant (read as it is, no folded transpose) of
 A's dtype, whose epilogue is nothing, one bias Add of a constant holding one value per column, scales by powers of
 two (folded into its weights and bias exactly: an attention's ``1 / sqrt(64)`` on its query), or both, and whose A
-(and A's folded transpose, if any) is the group's.  The merged step runs where the group's first step
+(and A's folded transpose, if any) is the group's; a group larger than a kernel's storage bindings allow is merged in
+parts.  The merged step runs where the group's first step
 ran (its inputs are A and constants, ready there) and is kept only if it plans on the device as one MatMul.
 
 The side-by-side weights are new constants (the originals stay, for plans of other shapes, but no longer go to the
@@ -207,12 +208,16 @@ def merge_sibling_projections(
             groups.setdefault(key, []).append((index, step, weight, affine))
     replaced: dict[int, PlannedStep] = {}
     dropped: set[int] = set()
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        merged = _merged([(s, w, b) for _, s, w, b in members], caps, constants, infos, cache)
-        if merged is None:
-            continue
-        replaced[members[0][0]] = merged
-        dropped.update(index for index, _, _, _ in members[1:])
+    # a kernel binds A, B, the bias, a split-K scratch buffer and one buffer per output
+    most = max(2, caps.limits.max_storage_buffers_per_shader_stage - 4)
+    for group in groups.values():
+        for start in range(0, len(group), most):
+            members = group[start : start + most]
+            if len(members) < 2:
+                continue
+            merged = _merged([(s, w, b) for _, s, w, b in members], caps, constants, infos, cache)
+            if merged is None:
+                continue
+            replaced[members[0][0]] = merged
+            dropped.update(index for index, _, _, _ in members[1:])
     return [replaced.get(index, step) for index, step in enumerate(steps) if index not in dropped]

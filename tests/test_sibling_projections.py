@@ -119,6 +119,14 @@ def test_one_projection_is_left_as_it_is() -> None:
     assert _merged_groups(model, (1, 5, 32)) == []
 
 
+def test_more_projections_than_a_kernel_can_bind_merge_in_parts(env: ortgpu.Env) -> None:
+    model = _projections(16, [(8, "bias")] * 11)
+    groups = _merged_groups(model, (1, 3, 16))
+    most = CAPS.limits.max_storage_buffers_per_shader_stage - 4  # A, B, bias, scratch and one per output
+    assert [len([n for n in names if n.startswith("proj")]) for names in groups] == [most, most, 11 - 2 * most]
+    _check(env, model, (1, 3, 16))
+
+
 def test_unfused_plans_do_not_merge() -> None:
     model = _projections(32, [(32, "plain"), (16, "plain")])
     plan = plan_model(load_model(model), {"X": (1, 5, 32)}, CAPS, fuse=False)
