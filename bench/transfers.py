@@ -13,6 +13,7 @@ Examples::
     python -m bench.transfers                       # 16 MB each way, 40 iterations
     python -m bench.transfers --mb 1,16,64 --json transfers.json
     python -m bench.transfers --chunk-mib 1,2,4,8   # the staging chunk size: a fresh Env per size, in rounds
+    python -m bench.transfers --phases              # the time of each library call inside a transfer
 
 ``--chunk-mib`` sets the library's staging chunk (:data:`ortgpu_core.backends._wgpu_staged_writes.CHUNK` for writes,
 :data:`ortgpu_core.backends._wgpu_chunked_reads.READ_CHUNK` for reads of 8 MiB or more) for each row, the sizes
@@ -30,6 +31,8 @@ import numpy as np
 
 import ortgpu
 from ortgpu_core.backends import _host_copy, _wgpu_chunked_reads, _wgpu_staged_writes
+
+from .transfer_phases import format_phases, measure_phases
 
 
 def parse_sizes(text: str) -> list[float]:
@@ -150,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated staging chunk sizes in MiB to compare (default: the library's)",
     )
     parser.add_argument("--rounds", type=int, default=2, help="with --chunk-mib: rounds alternating the chunk sizes")
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="time the library's calls inside each upload and download instead (bench/transfer_phases.py)",
+    )
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     try:
@@ -169,7 +177,18 @@ def main(argv: list[str] | None = None) -> int:
             _host_copy.set_copy_threads(args.copy_threads)
         except ValueError as error:
             parser.error(str(error))
-    if chunks is not None:
+    if args.phases:
+        if chunks is not None:
+            parser.error("--phases runs the library's own chunk sizes; leave out --chunk-mib")
+        env = ortgpu.Env(backend=args.backend)
+        try:
+            adapter = env.default_device.name
+            print(f"adapter: {adapter}; host copy threads: {_host_copy.copy_threads()}")
+            rows = [measure_phases(env, size, args.iterations, args.warmup) for size in sizes]
+        finally:
+            env.close()
+        print(format_phases(rows))
+    elif chunks is not None:
         rows, adapter = _by_chunk(args, sizes, chunks)
     else:
         env = ortgpu.Env(backend=args.backend)
@@ -180,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = [measure(env, size, args.iterations, args.warmup) for size in sizes]
         finally:
             env.close()
-    print(format_rows(rows))
+    if not args.phases:
+        print(format_rows(rows))
     if args.json_path:
         report = {"adapter": adapter, "copy_threads": _host_copy.copy_threads(), "rows": rows}
         with open(args.json_path, "w") as handle:

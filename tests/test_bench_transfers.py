@@ -71,3 +71,41 @@ def test_transfers_refuses_bad_chunk_sizes(argv: list[str], capsys: pytest.Captu
     with pytest.raises(SystemExit) as raised:
         transfers.main([*argv, "--backend", "fake"])
     assert raised.value.code == 2
+
+
+def test_phases_time_the_calls_inside_each_transfer(backend_name: str, tmp_path: Path) -> None:
+    json_path = tmp_path / "phases.json"
+    previous = _host_copy.copy_threads()
+    argv = ["--mb", "9", "--iterations", "2", "--warmup", "1", "--phases", "--copy-threads", "2"]
+    try:
+        assert transfers.main([*argv, "--backend", backend_name, "--json", str(json_path)]) == 0
+    finally:
+        _host_copy.set_copy_threads(previous)
+    (row,) = json.loads(json_path.read_text())["rows"]
+    assert row["upload_p50_ms"] > 0 and row["download_p50_ms"] > 0
+    phases = row["phases"]
+    assert phases["wait_idle"]["calls_per_transfer"] == 1
+    if backend_name == "wgpu":  # 9 MB: three staging chunks each way (4 MiB), every call timed once per chunk
+        for name in ("staged_write", "copy_and_map", "_wait_map", "_copy_out_locked"):
+            assert phases[name]["calls_per_transfer"] == 3, name
+            assert phases[name]["ms_per_transfer"] > 0
+
+
+def test_phases_leave_the_device_as_it_was(backend_name: str) -> None:
+    import ortgpu
+    from bench.transfer_phases import measure_phases
+
+    env = ortgpu.Env(backend=backend_name)
+    try:
+        device = env.default_device._native_device()
+        unlocked = getattr(device, "_unlocked", None)
+        measure_phases(env, 0.5, 1, 0)
+        assert getattr(device, "_unlocked", None) is unlocked
+        assert not {"_wait_map", "_copy_out_locked", "wait_idle", "_take_upload_staging"} & set(vars(device))
+    finally:
+        env.close()
+
+
+def test_phases_refuse_chunk_sizes() -> None:
+    with pytest.raises(SystemExit):
+        transfers.main(["--phases", "--chunk-mib", "2", "--backend", "fake"])
