@@ -12,6 +12,7 @@ This module orchestrates; the jobs live in their own modules:
   epilogues, GELU, folded Transposes); :mod:`ortgpu._attention_fusion`: attention as one flash kernel;
   :mod:`ortgpu._norm_fusion`: RMSNorm and LayerNorm as one row kernel; :mod:`ortgpu._elementwise_fusion`: connected
   elementwise steps as one kernel; :mod:`ortgpu._sibling_projections`: projections of one input as one product;
+  :mod:`ortgpu._output_transposes`: a Transpose after a MatMul folded into its store;
 * :mod:`ortgpu._memory_plan`: where each tensor lives, and buffer slots shared by liveness.
 
 The plan is device-independent apart from the :class:`DeviceCaps` it was made
@@ -46,6 +47,7 @@ from ._host_values import (
 )
 from ._memory_plan import plan_memory, uploaded_constants
 from ._norm_fusion import fuse_norms
+from ._output_transposes import fold_output_transposes
 from ._plan_types import ExecutionPlan, Placement, PlacementRow, PlannedStep, PlannedTensor
 from ._rewrites import (
     FUSABLE_PRODUCERS,
@@ -227,6 +229,7 @@ def _plan(
     ctx = RewriteContext(caps, types, constants, infos, consumers, set(output_names))
     steps = _plan_steps(ctx, nodes, allow_cpu, fuse)
     if fuse:
+        steps = fold_output_transposes(steps, ctx)
         steps = fuse_elementwise(steps, ctx.graph_outputs, caps, constants)
         steps = merge_sibling_projections(steps, caps, constants, infos, model.rewrite_cache)
     memory = plan_memory(steps, input_infos, output_names, infos, constants, caps)

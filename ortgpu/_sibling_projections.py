@@ -5,7 +5,7 @@ by the gate and up weights: two or three products of the same ``A`` with ``N`` o
 each its own dispatch, each too small at a short sequence to fill a large GPU.  Computed as one product against the
 weights side by side (``[K, N_1 + ... + N_p]``, and the biases side by side), they cost one dispatch over ``p``
 times the workgroups; the kernel stores each output's columns into that output
-(:mod:`ortgpu.ops._column_parts`), so every consumer reads the tensor it read before.
+(:mod:`ortgpu.ops._output_layout`), so every consumer reads the tensor it read before.
 
 :func:`merge_sibling_projections` runs on the planned steps, after the other rewrites, so a projection whose output
 carries more than an affine map (a residual Add, an activation in its epilogue) is left as it was planned.  A step
@@ -84,7 +84,7 @@ def _candidate(step: PlannedStep, constants: dict[str, np.ndarray]) -> tuple[_Ke
     """``(key, B, its epilogue as an affine map)`` of a step that may join a group, or None."""
     if step.placement != "webgpu" or step.op_plan is None or not isinstance(step.operator, MatMul):
         return None
-    if len(step.outputs) != 1 or len(step.inputs) < 2 or not step.inputs[0]:
+    if len(step.outputs) != 1 or len(step.inputs) < 2 or not step.inputs[0] or "_output_perm" in step.attrs:
         return None
     perms = step.attrs.get("_input_perms")
     a_perm, b_perm = (None, None) if perms is None else (perms[0], perms[1])

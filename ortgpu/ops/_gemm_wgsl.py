@@ -401,7 +401,7 @@ def split_k_reduce_kernel(
     caps: DeviceCaps,
 ) -> tuple[str, tuple[int, int, int]]:
     """Sum ``slices`` partial results of ``total`` outputs each (vec4 at a time with ``vector``), then the epilogue;
-    ``store(o, value)`` is the WGSL statement storing output ``o`` (:func:`~ortgpu.ops._column_parts.output_store`)."""
+    ``store(o, value)`` is the WGSL statement storing output ``o`` (:func:`~ortgpu.ops._output_layout.output_store`)."""
     width = 4 if vector else 1
     items = total // width
     groups = -(-items // THREADS)

@@ -46,9 +46,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ._column_parts import output_store
 from ._epilogue import EpilogueStep, epilogue_function
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, ceil_div, check_loop_budget
+from ._output_layout import Perm, output_store
 from ._tiled_gemm import _bound_inputs, split_k_plan  # shared with the tiled GEMM's split-K (same semantics)
 from ._tiling import BindingTable, check_device_fits, float_element, grid_for_groups, whole_op_twin, workgroup_index
 
@@ -560,9 +560,11 @@ def plan_gemv(
     outputs: Sequence[TensorInfo],
     caps: DeviceCaps,
     config: GemvConfig | None = None,
+    output_perm: Perm | None = None,
 ) -> OpPlan:
     """The plan of ``out = epilogue(a @ B)``, A = input 0 (K values), B = input 1 in ``layout`` (``[K, N]`` or
-    ``[N, K]``), epilogue extras bound by the epilogue.
+    ``[N, K]``), epilogue extras bound by the epilogue; stored as :func:`~ortgpu.ops._output_layout.output_store`
+    says (``output_perm``: its permutation).
 
     ``config``: the variant, default :func:`choose_gemv_config`; run as :func:`effective_gemv_config` says
     (no subgroups without the feature, no split with a single slice).  ``compute``: the whole node's function
@@ -584,7 +586,7 @@ def plan_gemv(
     a_name = table.add(Binding("input", 0), f"vec4<{element}>" if vector_a else element)
     b_name = table.add(Binding("input", 1), f"vec4<{element}>" if vector_b else element)
     if config.split_k == 1:
-        parts_helpers, store = output_store(table, element, outputs, out_shape)
+        parts_helpers, store = output_store(table, element, outputs, out_shape, output_perm)
         epilogue = epilogue_function(steps, out_shape, table, element) + parts_helpers
         wgsl, grid = gemv_kernel(
             n=n,
@@ -617,4 +619,4 @@ def plan_gemv(
     )
     partial_twin = _partial_twin(layout, n, k, slices, per_slice, table.bindings, inputs)
     partial = KernelSpec(name, wgsl, grid, tuple(table.bindings), partial_twin)
-    return split_k_plan(name, partial, slices, n, False, steps, out_shape, inputs, outputs, caps)
+    return split_k_plan(name, partial, slices, n, False, steps, out_shape, inputs, outputs, caps, output_perm)

@@ -14,7 +14,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import _gemm
-from ._column_parts import column_parts, output_store, split_columns
 from ._epilogue import EpilogueStep, apply_epilogue, epilogue_function
 from ._gemm import GemmConfig, choose_gemm_config, config_fits
 from ._gemm_wgsl import (
@@ -30,6 +29,7 @@ from ._gemm_wgsl import (
     tiled_gemm_kernel,
 )
 from ._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, OpPlan, TensorInfo, check_loop_budget
+from ._output_layout import Perm, laid_out, output_store
 from ._tiling import BindingTable, check_device_fits, float_element, whole_op_twin
 
 __all__ = [
@@ -52,18 +52,20 @@ def split_k_plan(
     inputs: Sequence[TensorInfo | None],
     outputs: Sequence[TensorInfo],
     caps: DeviceCaps,
+    output_perm: Perm | None = None,
 ) -> OpPlan:
     """A split-K plan (tiled GEMM and GEMV): ``partial`` writes ``slices`` partial results of ``total`` outputs
-    into the scratch buffer (``vec4`` elements with ``vector``); a second kernel sums them and applies the epilogue."""
+    into the scratch buffer (``vec4`` elements with ``vector``); a second kernel sums them, applies the epilogue and
+    stores them (:func:`~ortgpu.ops._output_layout.output_store`, ``output_perm`` its permutation)."""
     reduce_table = BindingTable()
     element = float_element(outputs[0])
     scratch_in = reduce_table.add(Binding("scratch", 0), "vec4<f32>" if vector else "f32")
-    parts_helpers, store = output_store(reduce_table, element, outputs, out_shape)
+    parts_helpers, store = output_store(reduce_table, element, outputs, out_shape, output_perm)
     epilogue = epilogue_function(steps, out_shape, reduce_table, element) + parts_helpers
     reduce_wgsl, reduce_grid = split_k_reduce_kernel(
         total, slices, reduce_table.enables() + reduce_table.declarations(), epilogue, scratch_in, store, vector, caps
     )
-    reduce_twin = _reduce_twin(steps, reduce_table.bindings, inputs, outputs, out_shape, slices, total)
+    reduce_twin = _reduce_twin(steps, reduce_table.bindings, inputs, outputs, out_shape, output_perm, slices, total)
     check_device_fits(name, list(inputs) + list(outputs), max(len(partial.bindings), len(reduce_table.bindings)), caps)
     scratch_bytes = slices * total * 4
     if scratch_bytes > caps.limits.max_storage_buffer_binding_size:
@@ -85,8 +87,11 @@ def plan_tiled_gemm(
     outputs: Sequence[TensorInfo],
     caps: DeviceCaps,
     config: GemmConfig | None = None,
+    output_perm: Perm | None = None,
 ) -> OpPlan:
-    """The plan of the tiled GEMM for ``problem`` with the epilogue ``steps`` (extra inputs bound by the epilogue).
+    """The plan of the tiled GEMM for ``problem`` with the epilogue ``steps`` (extra inputs bound by the epilogue);
+    the product (``out_shape``) is stored as :func:`~ortgpu.ops._output_layout.output_store` says: split by
+    columns over several ``outputs``, or transposed by ``output_perm``.
 
     ``config``: the kernel variant; default :func:`choose_gemm_config`.  ``compute`` is the whole node's
     function (the twin of the single-kernel variant).  Split-K needs ``problem.operands``; without it the
@@ -115,7 +120,7 @@ def plan_tiled_gemm(
     if config.legacy:
         table = BindingTable()
         loaders = loader_functions(problem, "scalar", "scalar", table)
-        parts_helpers, store = output_store(table, element, outputs, out_shape)
+        parts_helpers, store = output_store(table, element, outputs, out_shape, output_perm)
         epilogue = epilogue_function(steps, out_shape, table, element)
         wgsl, grid = legacy_gemm_wgsl(
             problem.batch,
@@ -151,11 +156,13 @@ def plan_tiled_gemm(
         assert operands is not None
         partial_twin = _partial_twin(operands, table.bindings, inputs, slices, per_slice, problem)
         partial = KernelSpec(name, wgsl, grid, tuple(table.bindings), partial_twin)
-        return split_k_plan(name, partial, slices, total_out, vector, steps, out_shape, inputs, outputs, caps)
+        return split_k_plan(
+            name, partial, slices, total_out, vector, steps, out_shape, inputs, outputs, caps, output_perm
+        )
     config = dataclasses.replace(config, split_k=1)
     table = BindingTable()
     loaders = loader_functions(problem, mode_a, mode_b, table)
-    parts_helpers, store = output_store(table, element, outputs, out_shape)
+    parts_helpers, store = output_store(table, element, outputs, out_shape, output_perm)
     epilogue = epilogue_function(steps, out_shape, table, element) + parts_helpers
     body = "".join(
         f"        if (m < M && n + {j}u < N) {{ let o = (b * M + m) * N + n + {j}u; {store('o', f'acc[{j}]')} }}\n"
@@ -214,13 +221,13 @@ def _reduce_twin(
     inputs: Sequence[TensorInfo | None],
     outputs: Sequence[TensorInfo],
     out_shape: tuple[int, ...],
+    output_perm: Perm | None,
     slices: int,
     total: int,
 ) -> Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]:
     scratch_slot = next(slot for slot, b in enumerate(bindings) if b.kind == "scratch")
     output_slots = {b.index: slot for slot, b in enumerate(bindings) if b.kind == "output"}
-    parts = column_parts(outputs, out_shape)
-    shape = out_shape if parts else outputs[0].shape
+    shape = out_shape if len(outputs) > 1 or output_perm is not None else outputs[0].shape
 
     def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
         partial = arrays[scratch_slot][: slices * total * 4].view(np.float32).reshape(slices, total)
@@ -228,7 +235,7 @@ def _reduce_twin(
         for s in range(1, slices):
             y += partial[s]
         result = apply_epilogue(y.reshape(shape), steps, _bound_inputs(arrays, bindings, inputs))
-        for index, value in enumerate(split_columns(result, parts)):
+        for index, value in enumerate(laid_out(result, outputs, out_shape, output_perm)):
             raw = np.ascontiguousarray(value, dtype=outputs[index].dtype).reshape(-1).view(np.uint8)
             arrays[output_slots[index]][: raw.size] = raw
 

@@ -29,7 +29,14 @@ start theirs at index 3 (a Gemm without C, fused with a bias, has inputs ``[A, B
 and ``beta * C`` and Conv its bias before the epilogue steps; all of it happens in registers, in one kernel.
 Both ``reference`` and the WebGPU kernels honour the attribute, so a fused node placed on the CPU computes the
 same thing.  Outputs are the op's own (one tensor); a MatMul the planner made of sibling projections (same A,
-weights side by side) has several, which split the product's columns in order (:mod:`.._column_parts`).
+weights side by side) has several, which split the product's columns in order (:mod:`.._output_layout`).
+
+Folded output transposes (MatMul only)
+--------------------------------------
+``"_output_perm"``: a permutation of the product's axes that keeps the last axis last; the output is
+``numpy.transpose(epilogue(product), perm)`` (the planner folds a Transpose read only from the product into its store:
+an unfused attention's heads merged back costs no copy).  The epilogue's extra inputs are read in the product's
+layout.
 
 Folded input transposes (MatMul only)
 -------------------------------------
@@ -66,10 +73,10 @@ import numpy as np
 from ortgpu_core._errors import UnsupportedOpError
 
 from ..._types import element_count
-from .._column_parts import column_parts, split_columns
 from .._epilogue import EpilogueStep, apply_epilogue, parse_epilogue
 from .._gemv import plan_gemv
 from .._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from .._output_layout import column_parts, laid_out, store_permutation
 from .._registry import register
 from .._tiled_gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
 from .._tiling import broadcast_strides, c_strides, float_element, index_function, require_float
@@ -101,13 +108,19 @@ def input_perms(attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]]) -> 
     return perms[0], perms[1]
 
 
-def _parts(op_type: str, outputs: Sequence[TensorInfo], out_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The outputs' column counts when the planner merged sibling projections into this node (see
-    :mod:`ortgpu.ops._column_parts`); ``()`` for the one output of an ONNX MatMul."""
+def _output_perm(attrs: Mapping[str, Any], out_shape: tuple[int, ...], outputs: Sequence[TensorInfo]) -> Perm | None:
+    """The ``_output_perm`` attribute (a Transpose after the product folded into its store), checked with the
+    outputs' layout: several outputs split the product's columns, one transposed output is the product permuted
+    (:mod:`ortgpu.ops._output_layout`)."""
     try:
-        return column_parts(outputs, out_shape)
+        perm = store_permutation(attrs.get("_output_perm"), len(out_shape))
+        parts = column_parts(outputs, out_shape)
+        expected = out_shape if perm is None else tuple(out_shape[p] for p in perm)
+        if perm is not None and (parts or tuple(outputs[0].shape) != expected):
+            raise ValueError(f"output {outputs[0].shape} is not the product {out_shape} transposed by {perm}")
     except ValueError as why:
-        raise UnsupportedOpError(f"{op_type}: {why}") from None
+        raise UnsupportedOpError(f"MatMul: {why}") from None
+    return perm
 
 
 def _permuted(shape: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
@@ -226,8 +239,10 @@ def plan_gemm(
     caps: DeviceCaps,
     a_perm: Perm | None = None,
     b_perm: Perm | None = None,
+    output_perm: Perm | None = None,
 ) -> OpPlan:
-    """The plan of ``out = epilogue(op(A) @ op(B))`` with A = input 0, B = input 1.
+    """The plan of ``out = epilogue(op(A) @ op(B))`` with A = input 0, B = input 1 (stored transposed by
+    ``output_perm``, or split by columns over several ``outputs``: :mod:`ortgpu.ops._output_layout`).
 
     ``a_shape``/``b_shape`` are at least 2-D (1-D operands already lifted); transposes apply to 2-D operands
     only (Gemm).  ``compute`` is the twin's whole-node function.  ``a_perm``/``b_perm`` (MatMul's folded
@@ -244,7 +259,7 @@ def plan_gemm(
         if trans_a or trans_b:
             raise ValueError("plan_gemm: folded transposes (a_perm/b_perm) do not combine with trans_a/trans_b")
         return _plan_strided_gemm(
-            op_type, a_shape, b_shape, a_perm, b_perm, steps, out_shape, compute, inputs, outputs, caps
+            op_type, a_shape, b_shape, a_perm, b_perm, steps, out_shape, compute, inputs, outputs, caps, output_perm
         )
     m = a_shape[-1] if trans_a else a_shape[-2]
     k = a_shape[-2] if trans_a else a_shape[-1]
@@ -270,6 +285,7 @@ def plan_gemm(
             inputs=inputs,
             outputs=outputs,
             caps=caps,
+            output_perm=output_perm,
         )
 
     prelude = ""
@@ -314,6 +330,7 @@ def plan_gemm(
         inputs=inputs,
         outputs=outputs,
         caps=caps,
+        output_perm=output_perm,
     )
 
 
@@ -337,6 +354,7 @@ def _loaded_gemm(
     inputs: Sequence[TensorInfo | None],
     outputs: Sequence[TensorInfo],
     caps: DeviceCaps,
+    output_perm: Perm | None = None,
 ) -> OpPlan:
     """The tiled GEMM over inputs 0 (A) and 1 (B) read at ``base + index`` (WGSL expressions in ``b``, ``m``,
     ``k``, ``n``); ``vectors`` says which vec4 loaders are valid: (A along k, A along m, B along n, B along k)."""
@@ -378,6 +396,7 @@ def _loaded_gemm(
         inputs=inputs,
         outputs=outputs,
         caps=caps,
+        output_perm=output_perm,
     )
 
 
@@ -393,6 +412,7 @@ def _plan_strided_gemm(
     inputs: Sequence[TensorInfo | None],
     outputs: Sequence[TensorInfo],
     caps: DeviceCaps,
+    output_perm: Perm | None = None,
 ) -> OpPlan:
     """:func:`plan_gemm` with operands read through folded transposes: every load goes through the operand's
     element strides, vec4 loads only where the strides keep four neighbours together and aligned.  Strides are
@@ -406,7 +426,7 @@ def _plan_strided_gemm(
     head = batch_shape[: len(batch_shape) - tail]
     batch = element_count(head)
     if batch == 1 and m == 1:
-        return _strided_gemv(op_type, b_shape, sa, sb, steps, out_shape, compute, inputs, outputs, caps)
+        return _strided_gemv(op_type, b_shape, sa, sb, steps, out_shape, compute, inputs, outputs, caps, output_perm)
 
     def batch_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
         """Per axis of ``head``: the operand's stride, 0 where it is broadcast (canonical strides: 0 at size 1)."""
@@ -464,6 +484,7 @@ def _plan_strided_gemm(
         inputs=inputs,
         outputs=outputs,
         caps=caps,
+        output_perm=output_perm,
     )
 
 
@@ -478,6 +499,7 @@ def _strided_gemv(
     inputs: Sequence[TensorInfo | None],
     outputs: Sequence[TensorInfo],
     caps: DeviceCaps,
+    output_perm: Perm | None = None,
 ) -> OpPlan:
     """The one-row product (M = 1, every batch axis of size 1) through folded transposes, on the GEMV kernel.
 
@@ -501,6 +523,7 @@ def _strided_gemv(
         inputs=inputs,
         outputs=outputs,
         caps=caps,
+        output_perm=output_perm,
     )
 
 
@@ -529,7 +552,8 @@ class MatMul(Operator):
         shapes = [None if x is None else tuple(x.shape) for x in inputs]
         steps = parse_epilogue("MatMul", attrs, 2, shapes, tuple(y.shape))
         result = apply_epilogue(np.asarray(y), steps, inputs).astype(a.dtype, copy=False)
-        return split_columns(result, _parts("MatMul", outputs, tuple(y.shape)))
+        out_perm = _output_perm(attrs, tuple(y.shape), outputs)
+        return laid_out(result, outputs, tuple(y.shape), out_perm)
 
     def plan(
         self,
@@ -547,7 +571,7 @@ class MatMul(Operator):
         out_shape = matmul_output_shape(a_logical, b_logical)
         shapes = [a_logical, b_logical] + [None if x is None else x.shape for x in inputs[2:]]
         steps = parse_epilogue("MatMul", attrs, 2, shapes, out_shape)
-        _parts("MatMul", outputs, out_shape)
+        output_perm = _output_perm(attrs, out_shape, outputs)
         a_shape = (1,) + a_logical if len(a_logical) == 1 else a_logical
         b_shape = b_logical + (1,) if len(b_logical) == 1 else b_logical
         return plan_gemm(
@@ -564,4 +588,5 @@ class MatMul(Operator):
             caps=caps,
             a_perm=a_perm,
             b_perm=b_perm,
+            output_perm=output_perm,
         )
