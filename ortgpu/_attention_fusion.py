@@ -43,10 +43,13 @@ from ortgpu_core._errors import UnsupportedOpError
 from ._graph_match import GraphMatcher
 from ._plan_types import PlannedStep
 from ._repeated_heads import View, split_repeated_heads
-from ._rewrites import RewriteContext, TransposeFolds
+from ._rewrites import RewriteContext, TransposeFolds, plan_node
 from .loader._model import GraphNode
-from .ops import NotOnDevice
+from .loader._node_inference import public_attrs
+from .ops import NotOnDevice, get_operator
 from .ops._fused_attention import FusedAttention
+from .ops._output_layout import store_permutation
+from .ops.ai_onnx.matmul import MatMul
 from .ops.ai_onnx.transpose import permutation
 
 __all__ = ["fuse_attentions"]
@@ -75,9 +78,10 @@ class _Matcher(GraphMatcher):
         )
 
 
-def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded: set[str]) -> PlannedStep | None:
-    """The fused step of the attention that starts at MatMul ``first`` (Q.K^T), or None.  ``folded``: the
-    Transposes that later MatMuls read through (never written through here)."""
+def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded: set[str]) -> list[PlannedStep] | None:
+    """The steps of the attention that starts at MatMul ``first`` (Q.K^T): the fused step, or where the kernel
+    does not take it, the three of :func:`_unfused_reading_views`; None when neither.  ``folded``: the Transposes
+    that later MatMuls read through (never written through here)."""
     if len(first.inputs) != 2 or not first.outputs or first.inputs[0] == first.inputs[1]:
         return None
     current = first.outputs[0]
@@ -145,22 +149,120 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
     try:
         op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(inputs))
     except NotOnDevice:
-        return None
+        if split is not None:
+            return None
+        return _unfused_reading_views(ctx, (first, chain, last), operands, (mask, logit_scale, bias_scale), tail)
     group = list({node.name: node for node in q[3][::-1] + kt[3][::-1]}.values())  # shared nodes once
     group += [first] + chain + [node for node in v[3][::-1] if node not in group] + [last] + tail
-    return PlannedStep(
-        tuple(node.name for node in group),
-        tuple(node.op_type for node in group),
-        "webgpu",
-        "WGSL kernel, fused attention (flash: online softmax, tiles in workgroup memory)",
-        operator,
-        attrs,
-        inputs,
-        (output,),
-        input_infos,
-        output_infos,
-        op_plan,
-    )
+    return [
+        PlannedStep(
+            tuple(node.name for node in group),
+            tuple(node.op_type for node in group),
+            "webgpu",
+            "WGSL kernel, fused attention (flash: online softmax, tiles in workgroup memory)",
+            operator,
+            attrs,
+            inputs,
+            (output,),
+            input_infos,
+            output_infos,
+            op_plan,
+        )
+    ]
+
+
+def _view_of(view: View) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    return view[1].shape, view[1].strides, view[1].offset
+
+
+def _unfused_reading_views(
+    ctx: RewriteContext,
+    nodes: tuple[GraphNode, list[GraphNode], GraphNode],
+    operands: tuple[View, View, View],
+    scales: tuple[str, float, float],
+    tail: list[GraphNode],
+) -> list[PlannedStep] | None:
+    """An attention the fused kernel does not take (too long) as three steps: the scores ``Q.K^T`` (scales and mask
+    in its epilogue), the Softmax, ``P.V`` (written through the heads' merge Transpose where that keeps the last
+    axis last), the products reading Q, K^T and V in place (``_input_views``) as the fused kernel would have: the
+    copies of a packed projection's split and of the head Reshapes/Transposes are gone.  None where the chain
+    between the products holds a Cast that changes the type, or a step does not plan on the device."""
+    first, chain, last = nodes
+    mask, logit_scale, bias_scale = scales
+    q, kt, v = operands
+    at = [node.op_type for node in chain].index("Softmax")
+    softmax, before, after = chain[at], chain[:at], chain[at + 1 :]
+    for node in before + after:  # Casts that change nothing are skipped; one that rounds keeps the nodes
+        if node.op_type == "Cast" and ctx.infos[node.inputs[0]].dtype != ctx.infos[node.outputs[0]].dtype:
+            return None
+    logit = logit_scale * q[2] * kt[2]
+    # S = Q.K^T * logit + mask * bias_scale, as the chain computed it
+    epilogue: list[tuple[object, ...]] = []
+    if mask:
+        if logit != bias_scale:
+            epilogue.append(("scale", logit / bias_scale))
+        epilogue.append(("add", 2))
+        if bias_scale != 1.0:
+            epilogue.append(("scale", bias_scale))
+    elif logit != 1.0:
+        epilogue.append(("scale", logit))
+    scores_out = softmax.inputs[0]
+    scores_in = (q[0], kt[0]) + ((mask,) if mask else ())
+    scores_attrs = {"_input_views": (_view_of(q), _view_of(kt)), "_epilogue": tuple(epilogue)}
+    out_perm = None
+    output = last.outputs[0]
+    if tail:
+        try:
+            out_perm = store_permutation(_written_perm(ctx, last, tail[0]), len(ctx.infos[output].shape))
+        except ValueError:
+            out_perm = None
+        if out_perm is not None:
+            output = tail[0].outputs[0]
+        else:
+            tail = []
+    mix_attrs: dict[str, object] = {"_input_views": (None, _view_of(v))}
+    if out_perm is not None:
+        mix_attrs["_output_perm"] = out_perm
+    operator = MatMul()
+    steps = []
+    for inputs, attrs, out in (
+        (scores_in, scores_attrs, scores_out),
+        ((softmax.outputs[0], v[0]), mix_attrs, output),
+    ):
+        input_infos, output_infos = ctx.infos_of(inputs), (ctx.infos[out],)
+        try:
+            op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(list(inputs)))
+        except (NotOnDevice, UnsupportedOpError):
+            return None
+        steps.append((inputs, attrs, out, input_infos, output_infos, op_plan))
+    softmax_operator = get_operator(softmax.op_type, softmax.opset, softmax.domain)
+    middle = plan_node(ctx, softmax, softmax_operator, public_attrs(softmax.attrs))
+    if middle.placement != "webgpu":
+        return None
+    front = list({node.name: node for node in q[3][::-1] + kt[3][::-1]}.values()) + [first] + before
+    back = after + [node for node in v[3][::-1] if node not in front] + [last] + tail
+    planned = []
+    for group, (inputs, attrs, out, input_infos, output_infos, op_plan) in zip((front, back), steps):
+        planned.append(
+            PlannedStep(
+                tuple(node.name for node in group),
+                tuple(node.op_type for node in group),
+                "webgpu",
+                "WGSL kernel, an attention's product reading its operands in place",
+                operator,
+                attrs,
+                tuple(inputs),
+                (out,),
+                input_infos,
+                output_infos,
+                op_plan,
+            )
+        )
+    return [planned[0], middle, planned[1]]
+
+
+def _written_perm(ctx: RewriteContext, last: GraphNode, transpose: GraphNode) -> tuple[int, ...]:
+    return tuple(permutation(transpose.attrs, len(ctx.infos[last.outputs[0]].shape)))
 
 
 def _operand_views(
@@ -246,29 +348,32 @@ def _written_through(
     return user.outputs[0], perm, [user]
 
 
-def fuse_attentions(ctx: RewriteContext, nodes: Sequence[GraphNode], folds: TransposeFolds) -> dict[str, PlannedStep]:
-    """The fused attention steps of ``nodes``, keyed by the name of each group's last node (where the step runs).
+def fuse_attentions(
+    ctx: RewriteContext, nodes: Sequence[GraphNode], folds: TransposeFolds
+) -> dict[str, list[PlannedStep]]:
+    """The attention steps of ``nodes``, keyed by the name of each group's last node (where the steps run): one fused
+    step, or three where the fused kernel does not take the attention.
 
     ``folds`` are the Transposes the planner would fold into MatMuls: a group takes those of its two MatMuls
     (or is not formed), so no Transpose is left both folded and unplanned.
     """
     producers = {out: node for node in nodes for out in node.outputs if out}
     matcher = _Matcher(ctx, producers)
-    steps: dict[str, PlannedStep] = {}
+    steps: dict[str, list[PlannedStep]] = {}
     taken: set[str] = set()
     folded_anywhere = {t.name for fold in folds.values() for t, _ in fold.values()}
     for node in nodes:
         if node.op_type != "MatMul" or node.domain != "" or node.name in taken:
             continue
-        step = _match(ctx, matcher, node, folded_anywhere)
-        if step is None:
+        group = _match(ctx, matcher, node, folded_anywhere)
+        if group is None:
             continue
-        members = set(step.node_names)
-        last = step.node_names[-1]
-        products = [name for name, op in zip(step.node_names, step.op_types) if op == "MatMul"]
+        members = {name for step in group for name in step.node_names}
+        last = group[-1].node_names[-1]
+        products = [name for step in group for name, op in zip(step.node_names, step.op_types) if op == "MatMul"]
         folded = {t.name for index in products for t, _ in folds.get(index, {}).values()}
         if not folded <= members or members & taken:
             continue
         taken |= members
-        steps[last] = step
+        steps[last] = group
     return steps

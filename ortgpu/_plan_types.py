@@ -10,6 +10,7 @@ importing each other.
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Literal, Mapping
 
@@ -18,6 +19,7 @@ import numpy as np
 from .ops import DeviceCaps, Operator, OpPlan, TensorInfo
 
 __all__ = [
+    "constant_digest",
     "Placement",
     "PlacementRow",
     "Storage",
@@ -71,6 +73,12 @@ class PlannedStep:
     @property
     def op_type(self) -> str:
         return "+".join(self.op_types)
+
+
+def constant_digest(value: np.ndarray) -> str:
+    """A digest of a computed constant's bytes: with its name, dtype and shape, the key its upload is shared by."""
+    data: Any = np.ascontiguousarray(value).reshape(-1).view(np.uint8)  # hashed in place, not copied to bytes
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def root_of(tensors: Mapping[str, PlannedTensor], name: str) -> str:

@@ -22,7 +22,6 @@ Callers cache plans per input-shape signature.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
@@ -48,7 +47,7 @@ from ._host_values import (
 from ._memory_plan import plan_memory, uploaded_constants
 from ._norm_fusion import fuse_norms
 from ._output_transposes import fold_output_transposes
-from ._plan_types import ExecutionPlan, Placement, PlacementRow, PlannedStep, PlannedTensor
+from ._plan_types import ExecutionPlan, Placement, PlacementRow, PlannedStep, PlannedTensor, constant_digest
 from ._rewrites import (
     FUSABLE_PRODUCERS,
     FoldContext,
@@ -165,10 +164,12 @@ def _input_infos(
     return infos
 
 
-def _constant_key(name: str, value: np.ndarray, model: LoadedModel) -> Hashable:
+def _constant_key(name: str, value: np.ndarray, model: LoadedModel, digests: Mapping[str, str]) -> Hashable:
+    """An initializer's name, or a computed constant's name, dtype, shape and digest (``digests``: those a rewrite
+    computed once and keeps, so a new plan does not hash them again)."""
     if name in model.initializers and model.initializers[name] is value:
         return ("initializer", name)
-    digest = hashlib.blake2b(np.asarray(value, order="C").tobytes(), digest_size=16).hexdigest()
+    digest = digests.get(name) or constant_digest(value)
     return ("folded", name, value.dtype.str, value.shape, digest)
 
 
@@ -226,12 +227,13 @@ def _plan(
         if name not in types and name not in input_infos:
             raise ModelError(f"graph output {name!r} is produced by no node")
     infos = _checked_infos(nodes, input_infos, output_names, types, constants, caps)
+    digests: dict[str, str] = {}  # of the constants a rewrite computed and keeps
     ctx = RewriteContext(caps, types, constants, infos, consumers, set(output_names))
     steps = _plan_steps(ctx, nodes, allow_cpu, fuse)
     if fuse:
         steps = fold_output_transposes(steps, ctx)
         steps = fuse_elementwise(steps, ctx.graph_outputs, caps, constants)
-        steps = merge_sibling_projections(steps, caps, constants, infos, model.rewrite_cache)
+        steps = merge_sibling_projections(steps, caps, constants, infos, model.rewrite_cache, digests)
     memory = plan_memory(steps, input_infos, output_names, infos, constants, caps)
     used_constants, uploaded = uploaded_constants(memory, constants)
     uploaded = {name for name in uploaded if used_constants[name].dtype != object}  # strings stay on the host
@@ -244,7 +246,7 @@ def _plan(
         tensors=memory.tensors,
         slot_sizes=memory.slot_sizes,
         constants=used_constants,
-        constant_keys={name: _constant_key(name, used_constants[name], model) for name in sorted(uploaded)},
+        constant_keys={name: _constant_key(name, used_constants[name], model, digests) for name in sorted(uploaded)},
         output_copies=memory.output_copies,
         placement=placement,
         folded_nodes=folded,
@@ -328,20 +330,25 @@ def _plan_steps(ctx: RewriteContext, nodes: Sequence[GraphNode], allow_cpu: bool
     # A fused step runs where its last node was: an epilogue's extra input (a residual) may be
     # produced after the producer node, never after the last node of the group.
     delayed: dict[str, PlannedStep] = {}
+    delayed_groups: dict[str, list[PlannedStep]] = {}  # a pattern's steps, run in order at its last node
     # Transposes read only by a MatMul are folded into it (its loads follow the permuted strides); each one is
     # planned after all, at the MatMul, if the MatMul cannot take it.
     folds = foldable_transposes(ctx, nodes) if fuse else {}
     folded = {t.name for pending in folds.values() for t, _ in pending.values()}
     # Attention groups (Q.K^T, scale, mask, Softmax, .V) and RMSNorm/LayerNorm groups become one step at their last
     # node's place.
-    patterns = {**fuse_attentions(ctx, nodes, folds), **fuse_norms(ctx, nodes)} if fuse else {}
+    patterns: dict[str, list[PlannedStep]] = {}
+    if fuse:
+        patterns = {**fuse_attentions(ctx, nodes, folds), **{k: [v] for k, v in fuse_norms(ctx, nodes).items()}}
     for last, group in patterns.items():
-        absorbed.update(group.node_names)
-        delayed[last] = group
+        for member in group:
+            absorbed.update(member.node_names)
+        delayed_groups[last] = group
     for node in nodes:
         if node.name in absorbed:
             if node.name in delayed:
                 steps.append(delayed.pop(node.name))
+            steps.extend(delayed_groups.pop(node.name, []))
             continue
         if node.name in folded:
             continue  # planned with (or, failing that, just before) the MatMul that reads it

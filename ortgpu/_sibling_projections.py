@@ -12,12 +12,15 @@ carries more than an affine map (a residual Add, an activation in its epilogue) 
 joins a group when it is one MatMul on the device whose B is a 2-D constant (read as it is, no folded transpose) of
 A's dtype, whose epilogue is nothing, one bias Add of a constant holding one value per column, scales by powers of
 two (folded into its weights and bias exactly: an attention's ``1 / sqrt(64)`` on its query), or both, and whose A
-(and A's folded transpose, if any) is the group's; a group larger than a kernel's storage bindings allow is merged in
-parts.  The merged step runs where the group's first step
-ran (its inputs are A and constants, ready there) and is kept only if it plans on the device as one MatMul.
+(and A's folded transpose, if any) is the group's; a group larger than one kernel binds (:data:`MAX_OUTPUTS`, the
+device's storage buffers, its binding size for the weights side by side) is merged in parts.  The merged step runs
+where the group's first step ran (its inputs are A and constants, ready there) and is kept only if it plans on the
+device as one MatMul.
 
 The side-by-side weights are new constants (the originals stay, for plans of other shapes, but no longer go to the
-device); they are computed once per model (the model's rewrite cache) while the weights are the same arrays.
+device); they are computed and hashed once per model (the model's rewrite cache) while the weights are the same
+arrays.  So the host holds those weights twice for the model's life: the price of planning other shapes without
+concatenating them again.
 """
 
 from __future__ import annotations
@@ -28,11 +31,15 @@ import numpy as np
 
 from ortgpu_core._errors import UnsupportedOpError
 
-from ._plan_types import PlannedStep
+from ._plan_types import PlannedStep, constant_digest
 from .ops import DeviceCaps, NotOnDevice, TensorInfo
 from .ops.ai_onnx.matmul import MatMul
 
-__all__ = ["merge_sibling_projections"]
+__all__ = ["MAX_OUTPUTS", "merge_sibling_projections"]
+
+#: At most this many projections in one product: its store finds an element's output by comparing its column with
+#: each output's bounds in turn.
+MAX_OUTPUTS = 8
 
 #: Group key: A's tensor name, A's folded permutation (or None), K and the dtype.
 _Key = tuple[str, Any, int, str]
@@ -82,7 +89,9 @@ def _scaled(value: np.ndarray, factor: float) -> np.ndarray | None:
 
 def _candidate(step: PlannedStep, constants: dict[str, np.ndarray]) -> tuple[_Key, np.ndarray, _Affine] | None:
     """``(key, B, its epilogue as an affine map)`` of a step that may join a group, or None."""
-    if step.placement != "webgpu" or step.op_plan is None or not isinstance(step.operator, MatMul):
+    if step.placement != "webgpu" or step.op_plan is None or not step.op_plan.kernels:
+        return None  # (no kernel: an empty product, which has nothing to share)
+    if not isinstance(step.operator, MatMul):
         return None
     if len(step.outputs) != 1 or len(step.inputs) < 2 or not step.inputs[0] or "_output_perm" in step.attrs:
         return None
@@ -103,13 +112,18 @@ def _candidate(step: PlannedStep, constants: dict[str, np.ndarray]) -> tuple[_Ke
     return key, weight, affine
 
 
+#: What :func:`_side_by_side` gives: the weights side by side, the biases (or None), and their digests.
+_Combined = tuple[np.ndarray, Optional[np.ndarray], str, str]
+
+
 def _side_by_side(
     members: Sequence[tuple[PlannedStep, np.ndarray, _Affine]],
     constants: dict[str, np.ndarray],
     cache: dict[Hashable, Any],
-) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """The weights, each times its factor, side by side (and the biases, zeros where a member has none); None when a
-    factor would not multiply a weight exactly.  Cached while the members' constants are the same arrays."""
+) -> _Combined | None:
+    """The weights, each times its factor, side by side (and the biases, zeros where a member has none), with their
+    digests (computed once, for the uploads' keys); None when a factor would not multiply a weight exactly.  Cached
+    while the members' constants are the same arrays."""
     sources = tuple(constants.get(name) for step, _, _ in members for name in step.inputs[1:3])
     key = ("sibling_projections", tuple(step.name for step, _, _ in members), tuple(f for _, _, (f, _) in members))
     cached = cache.get(key)
@@ -121,13 +135,13 @@ def _side_by_side(
         if scaled is None:
             break
         weights.append(scaled)
-    result: tuple[np.ndarray, np.ndarray | None] | None = None
+    result: _Combined | None = None
     if len(weights) == len(members):
         weight = np.ascontiguousarray(np.concatenate(weights, axis=1))
         bias = None
         if any(b is not None for _, _, (_, b) in members):
             bias = np.concatenate([np.zeros(w.shape[1], w.dtype) if b is None else b for _, w, (_, b) in members])
-        result = (weight, bias)
+        result = (weight, bias, constant_digest(weight), "" if bias is None else constant_digest(bias))
     cache[key] = (sources, result)
     return result
 
@@ -146,13 +160,14 @@ def _merged(
     constants: dict[str, np.ndarray],
     infos: dict[str, TensorInfo],
     cache: dict[Hashable, Any],
+    digests: dict[str, str],
 ) -> PlannedStep | None:
     """One step computing every member's output, or None when it would not plan on the device."""
     first = members[0][0]
     combined = _side_by_side(members, constants, cache)
     if combined is None:
         return None
-    weight, bias = combined
+    weight, bias, weight_digest, bias_digest = combined
     weight_name = _fresh_name(f"{first.name}::sibling_weights", constants)
     inputs: list[str] = [first.inputs[0], weight_name]
     new = {weight_name: weight}
@@ -174,6 +189,9 @@ def _merged(
         return None
     constants.update(new)
     infos.update(new_infos)
+    digests[weight_name] = weight_digest
+    if bias is not None:
+        digests[inputs[2]] = bias_digest
     names = tuple(name for step, _, _ in members for name in step.node_names)
     kinds = tuple(kind for step, _, _ in members for kind in step.op_types)
     return PlannedStep(
@@ -191,15 +209,35 @@ def _merged(
     )
 
 
+def _chunks(
+    group: list[tuple[int, PlannedStep, np.ndarray, _Affine]], caps: DeviceCaps
+) -> list[list[tuple[int, PlannedStep, np.ndarray, _Affine]]]:
+    """``group`` in runs of members that one kernel can bind: at most :data:`MAX_OUTPUTS` outputs (and a binding
+    each for A, B, the bias and a split-K scratch buffer besides), the weights side by side within one binding."""
+    most = max(2, min(MAX_OUTPUTS, caps.limits.max_storage_buffers_per_shader_stage - 4))
+    limit = caps.limits.max_storage_buffer_binding_size
+    chunks: list[list[tuple[int, PlannedStep, np.ndarray, _Affine]]] = [[]]
+    size = 0
+    for member in group:
+        weight = member[2]
+        if chunks[-1] and (len(chunks[-1]) == most or size + weight.nbytes > limit):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(member)
+        size += weight.nbytes
+    return [chunk for chunk in chunks if len(chunk) >= 2]
+
+
 def merge_sibling_projections(
     steps: Sequence[PlannedStep],
     caps: DeviceCaps,
     constants: dict[str, np.ndarray],
     infos: dict[str, TensorInfo],
     cache: dict[Hashable, Any],
+    digests: dict[str, str],
 ) -> list[PlannedStep]:
-    """``steps`` with each group of sibling projections as one step (see the module docstring); ``constants`` and
-    ``infos`` gain the side-by-side weights and biases of the groups merged."""
+    """``steps`` with each group of sibling projections as one step (see the module docstring); ``constants``,
+    ``infos`` and ``digests`` gain the side-by-side weights and biases of the groups merged."""
     groups: dict[_Key, list[tuple[int, PlannedStep, np.ndarray, _Affine]]] = {}
     for index, step in enumerate(steps):
         found = _candidate(step, constants)
@@ -208,14 +246,9 @@ def merge_sibling_projections(
             groups.setdefault(key, []).append((index, step, weight, affine))
     replaced: dict[int, PlannedStep] = {}
     dropped: set[int] = set()
-    # a kernel binds A, B, the bias, a split-K scratch buffer and one buffer per output
-    most = max(2, caps.limits.max_storage_buffers_per_shader_stage - 4)
     for group in groups.values():
-        for start in range(0, len(group), most):
-            members = group[start : start + most]
-            if len(members) < 2:
-                continue
-            merged = _merged([(s, w, b) for _, s, w, b in members], caps, constants, infos, cache)
+        for members in _chunks(group, caps):
+            merged = _merged([(s, w, b) for _, s, w, b in members], caps, constants, infos, cache, digests)
             if merged is None:
                 continue
             replaced[members[0][0]] = merged

@@ -3,6 +3,7 @@ into each projection's own output: which steps merge, and that every kernel vari
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
@@ -30,7 +31,8 @@ def _projections(
     seq: Any = "S",
 ) -> onnx.ModelProto:
     """``X [*batch, seq, width]`` times one weight per part; each part's ``kind``: ``"plain"``, ``"bias"`` (Add of a
-    constant, the bias first), ``"scale:c"`` (a bias Add, then a Mul by ``c``), ``"relu"`` (a Relu after it: an epilogue of its own), ``"residual"`` (Add of X)."""
+    constant, the bias first), ``"scale:c"`` (a bias Add, then a Mul by ``c``), ``"relu"`` (a Relu after it: an
+    epilogue of its own), ``"residual"`` (Add of X)."""
     rng = np.random.default_rng(len(parts) * 7 + width)
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     nodes, inits, outputs = [], [], []
@@ -218,3 +220,41 @@ def test_captured_replay_reads_every_part(env: ortgpu.Env) -> None:
                 graph.replay()
                 for value, want in zip(binding.get_outputs(), reference.run(None, {"X": feed})):
                     np.testing.assert_allclose(value.to_numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_group_is_split_where_the_weights_would_not_fit_one_binding() -> None:
+    model = _projections(16, [(8, "plain")] * 4)  # weights of 16 x 8 float32: 512 bytes each
+    small = DeviceCaps(CAPS.features, dataclasses.replace(CAPS.limits, max_storage_buffer_binding_size=1100))
+    plan = plan_model(load_model(model), {"X": (1, 3, 16)}, small)
+    assert [len(step.outputs) for step in plan.steps if len(step.outputs) > 1] == [2, 2]
+
+
+def test_a_projection_without_columns_stays_out_and_the_others_merge(env: ortgpu.Env) -> None:
+    model = _projections(16, [(8, "bias"), (8, "plain"), (8, "plain")])
+    empty = numpy_helper.from_array(np.zeros((16, 0), np.float32), "W1")
+    model.graph.initializer[[i.name for i in model.graph.initializer].index("W1")].CopyFrom(empty)
+    assert _merged_groups(model, (1, 3, 16)) == [("proj0", "bias0", "proj2")]
+    _check(env, model, (1, 3, 16))
+
+
+def test_merged_weights_are_hashed_once_per_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ortgpu._planner as planner
+    import ortgpu._sibling_projections as siblings
+
+    calls = {"planner": 0, "siblings": 0}
+
+    def counting(where: str, real: Any) -> Any:
+        def digest(value: np.ndarray) -> str:
+            calls[where] += 1
+            return str(real(value))
+
+        return digest
+
+    monkeypatch.setattr(planner, "constant_digest", counting("planner", planner.constant_digest))
+    monkeypatch.setattr(siblings, "constant_digest", counting("siblings", siblings.constant_digest))
+    loaded = load_model(_projections(32, [(32, "bias"), (16, "plain")]))
+    first = plan_model(loaded, {"X": (1, 5, 32)}, CAPS)
+    assert calls == {"planner": 0, "siblings": 2}  # the weights and the biases side by side
+    second = plan_model(loaded, {"X": (1, 9, 32)}, CAPS)
+    assert calls == {"planner": 0, "siblings": 2}
+    assert first.constant_keys == second.constant_keys

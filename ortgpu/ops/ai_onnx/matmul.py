@@ -45,10 +45,17 @@ The planner may also fold a ``Transpose`` whose only consumer is a MatMul into i
 ``i`` then holds the tensor *before* the transpose and the operand is ``numpy.transpose(input_i, perm_i)``; the
 kernel reads it through the permuted strides (attention's head split, ``[B, S, H, D] -> [B, H, S, D]`` and
 ``-> [B, H, D, S]``, costs no dispatch and no copy).  A size-1 axis is only ever read at index 0, so its stride
-means nothing; the planner sets it to 0 before comparing layouts (:func:`_canonical`), so a transpose that moves only
-size-1 axes (ViT's packed Q/K/V projection, ``[1, S, D] -> [S, 1, D]``) is planned like no transpose: the same rows,
-batch and vec4 loads.  The one-row GEMV reads folded operands too: its A is K contiguous values whatever the
-permutation, its B a ``[K, N]`` or ``[N, K]`` source.
+means nothing; the planner sets it to 0 before comparing layouts (:func:`._matmul_operands.canonical`), so a
+transpose that moves only size-1 axes (ViT's packed Q/K/V projection, ``[1, S, D] -> [S, 1, D]``) is planned like no
+transpose: the same rows, batch and vec4 loads.  The one-row GEMV reads folded operands too: its A is K contiguous
+values whatever the permutation, its B a ``[K, N]`` or ``[N, K]`` source.
+
+Operands read as views (MatMul only)
+------------------------------------
+``"_input_views"``: ``(view_a, view_b)``, each ``None`` or ``(shape, strides, offset)`` in elements: the operand is
+that strided view of the input (rank >= 2; every element it reaches lies in the input).  The planner reads an
+attention's Q, K^T and V so where it leaves the attention unfused: straight from a packed projection, through the
+Gathers, Reshapes and Transposes an exporter wrote.  Not with ``"_input_perms"``.
 
 Kernels
 -------
@@ -80,32 +87,20 @@ from .._output_layout import column_parts, laid_out, store_permutation
 from .._registry import register
 from .._tiled_gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
 from .._tiling import broadcast_strides, c_strides, float_element, index_function, require_float
+from ._matmul_operands import (
+    InputView,
+    Perm,
+    Read,
+    canonical,
+    input_perms,
+    input_views,
+    operand_strides,
+    permuted,
+    read_through,
+    strided,
+)
 
-__all__ = ["MatMul", "plan_gemm", "matmul_output_shape", "input_perms"]
-
-Perm = tuple[int, ...]
-
-
-def input_perms(attrs: Mapping[str, Any], shapes: Sequence[tuple[int, ...]]) -> tuple[Perm | None, Perm | None]:
-    """The ``_input_perms`` attribute, checked against the two inputs' shapes (see the module docstring)."""
-    raw = attrs.get("_input_perms")
-    if raw is None:
-        return None, None
-    if not isinstance(raw, (tuple, list)) or len(raw) != 2:
-        raise UnsupportedOpError(f"MatMul: _input_perms must be (perm_a, perm_b), got {raw!r}")
-    perms: list[Perm | None] = []
-    for index, (perm, shape) in enumerate(zip(raw, shapes)):
-        if perm is None:
-            perms.append(None)
-            continue
-        perm = tuple(int(p) for p in perm)
-        if len(shape) < 2 or sorted(perm) != list(range(len(shape))):
-            raise UnsupportedOpError(
-                f"MatMul: _input_perms[{index}] = {perm} is not a permutation of input "
-                f"{index}'s {len(shape)} axes (rank >= 2)"
-            )
-        perms.append(perm)
-    return perms[0], perms[1]
+__all__ = ["InputView", "MatMul", "plan_gemm", "matmul_output_shape", "input_perms", "input_views"]
 
 
 def _output_perm(attrs: Mapping[str, Any], out_shape: tuple[int, ...], outputs: Sequence[TensorInfo]) -> Perm | None:
@@ -121,36 +116,6 @@ def _output_perm(attrs: Mapping[str, Any], out_shape: tuple[int, ...], outputs: 
     except ValueError as why:
         raise UnsupportedOpError(f"MatMul: {why}") from None
     return perm
-
-
-def _permuted(shape: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
-    return shape if perm is None else tuple(shape[p] for p in perm)
-
-
-def _view(array: np.ndarray, perm: Perm | None) -> np.ndarray:
-    return array if perm is None else np.transpose(array, perm)
-
-
-def _operand_strides(logical: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
-    """Element strides of the operand ``numpy.transpose(source, perm)`` of shape ``logical``, per logical axis, in
-    the canonical form of :func:`_canonical`."""
-    if perm is None:
-        return _canonical(logical, c_strides(logical))
-    source = [0] * len(perm)
-    for axis, p in enumerate(perm):
-        source[p] = logical[axis]
-    source_strides = c_strides(source)
-    return _canonical(logical, tuple(source_strides[p] for p in perm))
-
-
-def _canonical(shape: tuple[int, ...], strides: Sequence[int]) -> tuple[int, ...]:
-    """``strides`` with 0 on every size-1 axis.
-
-    Such an axis is only ever indexed at 0, so its stride is meaningless: a Transpose that moves it (``[1, S, D] ->
-    [S, 1, D]``) hands it whatever stride its old place had.  Comparing layouts, merging axes or checking vec4
-    alignment on that value refuses layouts that are in fact contiguous, so every check here sees 0 instead.
-    """
-    return tuple(0 if size == 1 else int(stride) for size, stride in zip(shape, strides))
 
 
 RowRuns = list[tuple[int, int]]
@@ -240,6 +205,8 @@ def plan_gemm(
     a_perm: Perm | None = None,
     b_perm: Perm | None = None,
     output_perm: Perm | None = None,
+    a_view: InputView | None = None,
+    b_view: InputView | None = None,
 ) -> OpPlan:
     """The plan of ``out = epilogue(op(A) @ op(B))`` with A = input 0, B = input 1 (stored transposed by
     ``output_perm``, or split by columns over several ``outputs``: :mod:`ortgpu.ops._output_layout`).
@@ -247,7 +214,8 @@ def plan_gemm(
     ``a_shape``/``b_shape`` are at least 2-D (1-D operands already lifted); transposes apply to 2-D operands
     only (Gemm).  ``compute`` is the twin's whole-node function.  ``a_perm``/``b_perm`` (MatMul's folded
     transposes, not with ``trans_a``/``trans_b``): input ``i`` holds the source and the operand, of shape
-    ``a_shape``/``b_shape``, is ``numpy.transpose(source, perm)``.
+    ``a_shape``/``b_shape``, is ``numpy.transpose(source, perm)``; ``a_view``/``b_view`` (MatMul's ``_input_views``):
+    the operand is that strided view of the source.
     """
     if element_count(out_shape) == 0:
         return OpPlan()
@@ -255,11 +223,13 @@ def plan_gemm(
         # K = 0: every output is epilogue(0 [+ beta * C]), which the twin computes; the GEMM/GEMV kernels would
         # bind zero-length operands (a validation error on wgpu) or leave the output unwritten.
         raise NotOnDevice(f"{op_type}: the inner dimension K is 0 (the output is the epilogue of zeros)")
-    if a_perm is not None or b_perm is not None:
+    if any(x is not None for x in (a_perm, b_perm, a_view, b_view)):
         if trans_a or trans_b:
-            raise ValueError("plan_gemm: folded transposes (a_perm/b_perm) do not combine with trans_a/trans_b")
+            raise ValueError("plan_gemm: folded operands (perms, views) do not combine with trans_a/trans_b")
+        a_read = read_through(a_shape, a_perm, a_view)
+        b_read = read_through(b_shape, b_perm, b_view)
         return _plan_strided_gemm(
-            op_type, a_shape, b_shape, a_perm, b_perm, steps, out_shape, compute, inputs, outputs, caps, output_perm
+            op_type, a_shape, b_shape, a_read, b_read, steps, out_shape, compute, inputs, outputs, caps, output_perm
         )
     m = a_shape[-1] if trans_a else a_shape[-2]
     k = a_shape[-2] if trans_a else a_shape[-1]
@@ -268,7 +238,7 @@ def plan_gemm(
     batch_shape = tuple(np.broadcast_shapes(a_batch, b_batch))
     tail = 0
     if not trans_a:  # A's trailing batch axes fold into its rows wherever B is broadcast along them (one run)
-        tail, runs = _merged_rows(batch_shape, a_shape, _canonical(a_shape, c_strides(a_shape)), b_shape)
+        tail, runs = _merged_rows(batch_shape, a_shape, canonical(a_shape, c_strides(a_shape)), b_shape)
         assert len(runs) <= 1, runs  # C-contiguous rows continue through every axis of A's full size
         m = _rows_of(runs)
     head = batch_shape[: len(batch_shape) - tail]
@@ -404,8 +374,8 @@ def _plan_strided_gemm(
     op_type: str,
     a_shape: tuple[int, ...],
     b_shape: tuple[int, ...],
-    a_perm: Perm | None,
-    b_perm: Perm | None,
+    a_read: Read,
+    b_read: Read,
     steps: Sequence[EpilogueStep],
     out_shape: tuple[int, ...],
     compute: Any,
@@ -414,10 +384,11 @@ def _plan_strided_gemm(
     caps: DeviceCaps,
     output_perm: Perm | None = None,
 ) -> OpPlan:
-    """:func:`plan_gemm` with operands read through folded transposes: every load goes through the operand's
-    element strides, vec4 loads only where the strides keep four neighbours together and aligned.  Strides are
-    canonical (:func:`_canonical`): a transpose that moves only size-1 axes reads exactly like no transpose."""
-    sa, sb = _operand_strides(a_shape, a_perm), _operand_strides(b_shape, b_perm)
+    """:func:`plan_gemm` with operands read through folded transposes or views: every load goes through the
+    operand's element strides (from its offset), vec4 loads only where the strides and offset keep four neighbours
+    together and aligned.  Strides are canonical (:func:`._matmul_operands.canonical`): a transpose that moves only
+    size-1 axes reads exactly like no transpose."""
+    (sa, a_start, a_numpy), (sb, b_start, b_numpy) = a_read, b_read
     m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
     a_batch, b_batch = a_shape[:-2], b_shape[:-2]
     batch_shape = tuple(np.broadcast_shapes(a_batch, b_batch))
@@ -426,6 +397,8 @@ def _plan_strided_gemm(
     head = batch_shape[: len(batch_shape) - tail]
     batch = element_count(head)
     if batch == 1 and m == 1:
+        if a_start or b_start:
+            raise NotOnDevice(f"{op_type}: a one-row product of operands read from an offset; keep the nodes")
         return _strided_gemv(op_type, b_shape, sa, sb, steps, out_shape, compute, inputs, outputs, caps, output_perm)
 
     def batch_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
@@ -436,12 +409,13 @@ def _plan_strided_gemm(
         return [stride if size == out else 0 for size, out, stride in zip(sizes, head, own)]
 
     prelude = ""
-    a_base = b_base = ""
-    a_offsets = b_offsets = [0]
+    a_base = f"{a_start}u + " if a_start else ""
+    b_base = f"{b_start}u + " if b_start else ""
+    a_offsets, b_offsets = [a_start], [b_start]
     if batch > 1:
-        a_offsets, b_offsets = batch_strides(a_shape, sa), batch_strides(b_shape, sb)
-        prelude += index_function("a_batch", head, a_offsets) + index_function("b_batch", head, b_offsets)
-        a_base, b_base = "a_batch(b) + ", "b_batch(b) + "
+        a_offsets, b_offsets = batch_strides(a_shape, sa) + [a_start], batch_strides(b_shape, sb) + [b_start]
+        prelude += index_function("a_batch", head, a_offsets[:-1]) + index_function("b_batch", head, b_offsets[:-1])
+        a_base, b_base = a_base + "a_batch(b) + ", b_base + "b_batch(b) + "
     if len(runs) > 1:  # rows that are no single run: their offsets through an index function
         prelude += index_function("a_row", [size for size, _ in runs[::-1]], [stride for _, stride in runs[::-1]])
         a_index = f"a_row(m) + {_scaled('k', sa[-1])}"
@@ -456,7 +430,7 @@ def _plan_strided_gemm(
     def operands(full: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
         a, b = full[0], full[1]
         assert a is not None and b is not None
-        return _batched(_view(a, a_perm), _view(b, b_perm), batch_shape, batch, m, k, n)
+        return _batched(a_numpy(a), b_numpy(b), batch_shape, batch, m, k, n)
 
     vectors = (
         sa[-1] == 1 and k % 4 == 0 and aligned(*row_strides, *a_offsets),
@@ -508,7 +482,7 @@ def _strided_gemv(
     fit, as for an unfolded MatMul).  Strides are canonical, so size-1 axes do not disturb either comparison."""
     k, n = b_shape[-2], b_shape[-1]
     swap = tuple(range(len(b_shape) - 2)) + (len(b_shape) - 1, len(b_shape) - 2)
-    layouts = {_operand_strides(b_shape, swap): "nk", _operand_strides(b_shape, None): "kn"}
+    layouts = {operand_strides(b_shape, swap): "nk", operand_strides(b_shape, None): "kn"}
     layout = layouts.get(sb)
     if sa[-1] not in (0, 1) or layout is None:  # a permuted contiguous source cannot get here; a guard
         raise NotOnDevice(f"{op_type}: a one-row product whose operands are not contiguous rows; keep the Transpose")
@@ -545,10 +519,13 @@ class MatMul(Operator):
         if a.dtype != b.dtype:
             raise UnsupportedOpError(f"MatMul: operand dtypes differ ({a.dtype}, {b.dtype}) at opset {self.opset}")
         a_perm, b_perm = input_perms(attrs, [tuple(a.shape), tuple(b.shape)])
+        a_view, b_view = input_views(attrs, [a.size, b.size])
+        a_op = read_through(tuple(a.shape), a_perm, None)[2](a) if a_view is None else strided(a, a_view)
+        b_op = read_through(tuple(b.shape), b_perm, None)[2](b) if b_view is None else strided(b, b_view)
         if a.dtype == np.float16:  # as the kernels do: products and sums in float32, one rounding at the end
-            y = np.matmul(_view(a, a_perm).astype(np.float32), _view(b, b_perm).astype(np.float32))
+            y = np.matmul(a_op.astype(np.float32), b_op.astype(np.float32))
         else:
-            y = np.matmul(_view(a, a_perm), _view(b, b_perm))
+            y = np.matmul(a_op, b_op)
         shapes = [None if x is None else tuple(x.shape) for x in inputs]
         steps = parse_epilogue("MatMul", attrs, 2, shapes, tuple(y.shape))
         result = apply_epilogue(np.asarray(y), steps, inputs).astype(a.dtype, copy=False)
@@ -567,7 +544,9 @@ class MatMul(Operator):
         assert a is not None and b is not None
         require_float("MatMul", list(inputs) + list(outputs), caps)
         a_perm, b_perm = input_perms(attrs, [a.shape, b.shape])
-        a_logical, b_logical = _permuted(a.shape, a_perm), _permuted(b.shape, b_perm)
+        a_view, b_view = input_views(attrs, [element_count(a.shape), element_count(b.shape)])
+        a_logical = permuted(a.shape, a_perm) if a_view is None else a_view[0]
+        b_logical = permuted(b.shape, b_perm) if b_view is None else b_view[0]
         out_shape = matmul_output_shape(a_logical, b_logical)
         shapes = [a_logical, b_logical] + [None if x is None else x.shape for x in inputs[2:]]
         steps = parse_epilogue("MatMul", attrs, 2, shapes, out_shape)
@@ -589,4 +568,6 @@ class MatMul(Operator):
             a_perm=a_perm,
             b_perm=b_perm,
             output_perm=output_perm,
+            a_view=a_view,
+            b_view=b_view,
         )
