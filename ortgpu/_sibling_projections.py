@@ -93,7 +93,9 @@ def _candidate(step: PlannedStep, constants: dict[str, np.ndarray]) -> tuple[_Ke
         return None  # (no kernel: an empty product, which has nothing to share)
     if not isinstance(step.operator, MatMul):
         return None
-    if len(step.outputs) != 1 or len(step.inputs) < 2 or not step.inputs[0] or "_output_perm" in step.attrs:
+    if len(step.outputs) != 1 or len(step.inputs) < 2 or not step.inputs[0]:
+        return None
+    if "_output_perm" in step.attrs or "_input_views" in step.attrs:
         return None
     perms = step.attrs.get("_input_perms")
     a_perm, b_perm = (None, None) if perms is None else (perms[0], perms[1])
