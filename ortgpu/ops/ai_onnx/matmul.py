@@ -396,9 +396,7 @@ def _plan_strided_gemm(
     m = _rows_of(runs)
     head = batch_shape[: len(batch_shape) - tail]
     batch = element_count(head)
-    if batch == 1 and m == 1:
-        if a_start or b_start:
-            raise NotOnDevice(f"{op_type}: a one-row product of operands read from an offset; keep the nodes")
+    if batch == 1 and m == 1 and not (a_start or b_start):  # (the GEMV reads its operands from their start)
         return _strided_gemv(op_type, b_shape, sa, sb, steps, out_shape, compute, inputs, outputs, caps, output_perm)
 
     def batch_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
