@@ -56,6 +56,17 @@ from .._wgsl import (
 
 __all__ = ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "negative_log_likelihood"]
 
+# log(1 + r) for r >= 0 (or NaN): a series below 1/16 (the next term is under 5e-9 of the sum), where WGSL's log
+# near 1 is only held to an absolute error of 2^-21.
+_LOG_ONE_PLUS = """
+fn log_one_plus(r: f32) -> f32 {
+  if (r < 0.0625) {
+    return r * (1.0 - r * (0.5 - r * (0.33333334 - r * (0.25 - r * (0.2 - r * (0.16666667 - r * 0.14285715))))));
+  }
+  return log(1.0 + r);
+}
+"""
+
 _REDUCTIONS = ("none", "sum", "mean")
 
 
@@ -294,20 +305,24 @@ def plan_loss(
         )
     score = "bitcast<f32>(scores[base + k * INNER])"
     softmax_code = ""
-    shift = "0.0"
+    log_probability = score
     if softmax:
         softmax_code = (
-            "  var m = bitcast<f32>(0xff800000u);\n"
-            f"  for (var k = 0u; k < {classes}u; k = k + 1u) {{ m = max(m, {score}); }}\n"
-            "  var total = 0.0;\n"
-            f"  for (var k = 0u; k < {classes}u; k = k + 1u) {{ total = total + exp({score} - m); }}\n"
-            "  let lse = m + log(total);\n"
+            # The largest score's own term (exactly 1) stays out of the sum: a confident sample's loss is
+            # log(1 + rest) with rest tiny, which log(total) of a float32 total near 1 would lose.
+            "  var m = bitcast<f32>(0xff800000u);\n  var top = 0u;\n"
+            f"  for (var k = 0u; k < {classes}u; k = k + 1u) {{ if ({score} > m) {{ m = {score}; top = k; }} }}\n"
+            "  var rest = 0.0;\n"
+            f"  for (var k = 0u; k < {classes}u; k = k + 1u) {{\n"
+            f"    if (k != top) {{ rest = rest + exp({score} - m); }}\n"
+            "  }\n"
+            "  let spread = log_one_plus(rest);\n"
         )
-        shift = "lse"
+        log_probability = f"({score} - m) - spread"  # m + spread first would round the spread away
         if log_prob:
             softmax_code += (
                 f"  for (var k = 0u; k < {classes}u; k = k + 1u) {{\n"
-                f"    log_prob[base + k * INNER] = bitcast<u32>({score} - lse);\n"
+                f"    log_prob[base + k * INNER] = bitcast<u32>({log_probability});\n"
                 "  }\n"
             )
     weight_code = "bitcast<f32>(weights[c])" if weight is not None else "1.0"
@@ -320,7 +335,7 @@ def plan_loss(
         f"  let s = {LINEAR_INVOCATION};\n"
         "  if (s >= SAMPLES) { return; }\n"
         "  let base = (s / INNER) * CLASSES * INNER + s % INNER;\n" + label_code + softmax_code + "  let k = c;\n"
-        f"  let picked = {score} - {shift};\n"
+        f"  let picked = {log_probability};\n"
         "  if (!valid && !ignored) { atomicOr(&status[0], 1u); }\n"
         f"  let nan = bitcast<f32>(0x7fc00000u);\n"
         f"  let w = select(select(nan, {weight_code}, valid), 0.0, ignored);\n"
@@ -328,7 +343,7 @@ def plan_loss(
     )
     workgroup = workgroup_size_for(caps.limits)
     constants = f"const SAMPLES: u32 = {samples}u;\nconst INNER: u32 = {inner}u;\nconst CLASSES: u32 = {classes}u;\n"
-    wgsl = declarations + constants + kernel_entry(workgroup, body)
+    wgsl = declarations + constants + (_LOG_ONE_PLUS if softmax else "") + kernel_entry(workgroup, body)
     kernel_bindings = tuple(bindings)
     x_info, labels_info, weight_info = x, labels, weight
 
