@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # What one GPU-machine session runs (see ../shared/GPU.md): set-up, then benchmarks, then the wgpu test suite.
-# Usage on the device machine, from the repository root, with .gl and .whl carried:
+# Usage on the device machine, from the repository root, with .gl and .whl (or out/sites) carried:
 #   [OUT=dir] [ARITH=1] [SWEEP=shapes] [PROFILE="model:batch ..."] [ZOO=names [ZOO_DTYPE=float16]]
+#   [SERVE="mlp16 SOURCE:NAME ..." [REPLICAS=1,2,4] [SECONDS_EACH=5] [SERVE_S=280]]  (carry out/sites, see device_sites.sh)
 #   [TESTS=seconds TEST_ARGS=...] bash bench/gpu_session.sh [model:batch ...]
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+if [ -f out/sites/sites.tar.xz ]; then  # bench/device_sites.sh: the wheels installed, and Ray Serve after site-packages
+  tar -xJf out/sites/sites.tar.xz -C /tmp || exit 1
+  echo /tmp/raysite > "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ortgpu-raysite.pth"
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 FINAL=${OUT:-out}; OUT=$(mktemp -d); mkdir -p "$FINAL"
 trap 'tar -czf "$FINAL/results.tgz" -C "$OUT" . ; cat "$OUT"/*.txt > "$FINAL/summary.txt" 2>/dev/null' EXIT
@@ -33,6 +39,11 @@ if [ -n "${ZOO:-}" ]; then  # architectures against torch (the machine's python3
   timeout 1800 python3 -m bench --zoo "$ZOO" --dtype "${ZOO_DTYPE:-float32}" --iterations 50 --warmup 10 --rounds 5 \
     --json "$OUT/zoo_${ZOO_DTYPE:-float32}.json" 2>"$OUT/zoo.err" | grep -v "round [0-9]*/" | tee "$OUT/zoo.txt"
 fi
+for model in ${SERVE:-}; do  # e.g. SERVE="mlp16 torchvision:resnet50" (needs out/sites): the --serve load test
+  tag=${model//[:\/.]/_}
+  timeout "${SERVE_S:-280}" python3 -m bench --serve --model "$model" --replicas "${REPLICAS:-1,2,4}" --seconds "${SECONDS_EACH:-5}" \
+    --json "$OUT/serve_$tag.json" 2>"$OUT/serve_$tag.err" | grep "^|" | tee "$OUT/serve_$tag.txt"
+done
 if [ -n "${TESTS:-}" ]; then
   timeout "${TESTS}" python3 -m pytest -q --backend=wgpu -p no:cacheprovider --deselect tests/test_typing.py $TEST_ARGS > "$OUT/tests.log" 2>&1
   tail -60 "$OUT/tests.log" > "$OUT/tests.txt"
