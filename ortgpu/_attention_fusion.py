@@ -185,16 +185,26 @@ def _unfused_reading_views(
     """An attention the fused kernel does not take (too long) as three steps: the scores ``Q.K^T`` (scales and mask
     in its epilogue), the Softmax, ``P.V`` (written through the heads' merge Transpose where that keeps the last
     axis last), the products reading Q, K^T and V in place (``_input_views``) as the fused kernel would have: the
-    copies of a packed projection's split and of the head Reshapes/Transposes are gone.  None where the chain
-    between the products holds a Cast that changes the type, or a step does not plan on the device."""
+    copies of a packed projection's split and of the head Reshapes/Transposes are gone.  Casts that change the type
+    (a float16 export's ``softmax(..., dtype=float32).to(float16)``) run as steps of their own around the Softmax,
+    the scores product writing the type its chain rounds to first.  None where a scale or mask follows such a Cast
+    (the epilogue could not round between them), or a step does not plan on the device."""
     first, chain, last = nodes
     mask, logit_scale, bias_scale = scales
     q, kt, v = operands
     at = [node.op_type for node in chain].index("Softmax")
     softmax, before, after = chain[at], chain[:at], chain[at + 1 :]
-    for node in before + after:  # Casts that change nothing are skipped; one that rounds keeps the nodes
-        if node.op_type == "Cast" and ctx.infos[node.inputs[0]].dtype != ctx.infos[node.outputs[0]].dtype:
-            return None
+
+    def rounds(node: GraphNode) -> bool:
+        return node.op_type == "Cast" and ctx.infos[node.inputs[0]].dtype != ctx.infos[node.outputs[0]].dtype
+
+    # Casts that change nothing are skipped; from the first that rounds, the nodes run as their own steps.
+    cut = next((index for index, node in enumerate(before) if rounds(node)), len(before))
+    if any(node.op_type != "Cast" for node in before[cut:]):
+        return None
+    after_rounds = any(rounds(node) for node in after)
+    own_steps = before[cut:] + [softmax] + (after if after_rounds else [])
+    before, after = before[:cut], ([] if after_rounds else after)
     logit = logit_scale * q[2] * kt[2]
     # S = Q.K^T * logit + mask * bias_scale, as the chain computed it
     epilogue: list[tuple[object, ...]] = []
@@ -206,7 +216,7 @@ def _unfused_reading_views(
             epilogue.append(("scale", bias_scale))
     elif logit != 1.0:
         epilogue.append(("scale", logit))
-    scores_out = softmax.inputs[0]
+    scores_out = own_steps[0].inputs[0]
     scores_in = (q[0], kt[0]) + ((mask,) if mask else ())
     scores_attrs = {"_input_views": (_view_of(q), _view_of(kt)), "_epilogue": tuple(epilogue)}
     out_perm = None
@@ -227,7 +237,7 @@ def _unfused_reading_views(
     steps = []
     for inputs, attrs, out in (
         (scores_in, scores_attrs, scores_out),
-        ((softmax.outputs[0], v[0]), mix_attrs, output),
+        ((own_steps[-1].outputs[0], v[0]), mix_attrs, output),
     ):
         input_infos, output_infos = ctx.infos_of(inputs), (ctx.infos[out],)
         try:
@@ -235,10 +245,12 @@ def _unfused_reading_views(
         except (NotOnDevice, UnsupportedOpError):
             return None
         steps.append((inputs, attrs, out, input_infos, output_infos, op_plan))
-    softmax_operator = get_operator(softmax.op_type, softmax.opset, softmax.domain)
-    middle = plan_node(ctx, softmax, softmax_operator, public_attrs(softmax.attrs))
-    if middle.placement != "webgpu":
-        return None
+    middle = []
+    for node in own_steps:
+        step = plan_node(ctx, node, get_operator(node.op_type, node.opset, node.domain), public_attrs(node.attrs))
+        if step.placement != "webgpu":
+            return None
+        middle.append(step)
     front = list({node.name: node for node in q[3][::-1] + kt[3][::-1]}.values()) + [first] + before
     back = after + [node for node in v[3][::-1] if node not in front] + [last] + tail
     planned = []
@@ -258,7 +270,7 @@ def _unfused_reading_views(
                 op_plan,
             )
         )
-    return [planned[0], middle, planned[1]]
+    return [planned[0], *middle, planned[1]]
 
 
 def _written_perm(ctx: RewriteContext, last: GraphNode, transpose: GraphNode) -> tuple[int, ...]:

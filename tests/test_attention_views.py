@@ -24,17 +24,17 @@ from test_fused_attention import (
 import ortgpu
 from ortgpu._planner import plan_model
 from ortgpu.loader._model import load_model
-from ortgpu.ops import _fused_attention
+from ortgpu.ops import DeviceCaps, _fused_attention
 from ortgpu.ops._fused_attention import FusedAttention
 
 _DATA_MOVEMENT = {"Gather", "Split", "Slice", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Cast"}
 
 
-def _plan(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Any:
+def _plan(model: onnx.ModelProto, feeds: dict[str, np.ndarray], caps: DeviceCaps = CAPS) -> Any:
     return plan_model(
         load_model(model),
         {n: v.shape for n, v in feeds.items()},
-        CAPS,
+        caps,
         input_dtypes={n: v.dtype for n, v in feeds.items()},
     )
 
@@ -127,3 +127,72 @@ def test_repeated_heads_keep_the_nodes(env: ortgpu.Env, no_fused_kernel: None) -
     feeds = _feeds(model, 6)
     assert _products_reading_views(_plan(model, feeds)) == []
     _check(env, model, feeds, fused=False)
+
+
+def _hf_eager_float16(heads: int, rows: int, keys: int, head: int, scale_in_float32: bool = False) -> onnx.ModelProto:
+    """A float16 export of HF's eager attention: scores, scale and mask in float16, then
+    ``softmax(..., dtype=torch.float32).to(torch.float16)`` as Cast, Softmax, Cast, and the product with V.
+    ``scale_in_float32``: the Cast comes right after the product, the scale and the mask follow in float32."""
+    f16 = onnx.TensorProto.FLOAT16
+    nodes = [
+        onnx.helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+        onnx.helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+        onnx.helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+        onnx.helper.make_node("Add", ["s1", "mask"], ["s2"]),
+        onnx.helper.make_node("Cast", ["s2"], ["s32"], to=onnx.TensorProto.FLOAT),
+    ]
+    if scale_in_float32:
+        nodes = [
+            nodes[0],
+            nodes[1],
+            onnx.helper.make_node("Cast", ["s0"], ["c0"], to=onnx.TensorProto.FLOAT),
+            onnx.helper.make_node("Cast", ["scale"], ["scale32"], to=onnx.TensorProto.FLOAT),
+            onnx.helper.make_node("Cast", ["mask"], ["mask32"], to=onnx.TensorProto.FLOAT),
+            onnx.helper.make_node("Mul", ["c0", "scale32"], ["c1"]),
+            onnx.helper.make_node("Add", ["c1", "mask32"], ["s32"]),
+        ]
+    nodes += [
+        onnx.helper.make_node("Softmax", ["s32"], ["p32"], axis=-1),
+        onnx.helper.make_node("Cast", ["p32"], ["p"], to=f16),
+        onnx.helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    shapes = {"q": (1, heads, rows, head), "k": (1, heads, keys, head), "v": (1, heads, keys, head)}
+    graph = onnx.helper.make_graph(
+        nodes,
+        "attention_float16",
+        [onnx.helper.make_tensor_value_info(n, f16, s) for n, s in {**shapes, "mask": (1, 1, rows, keys)}.items()],
+        [onnx.helper.make_tensor_value_info("y", f16, None)],
+        [onnx.numpy_helper.from_array(np.array(1.0 / np.sqrt(head), np.float16), "scale")],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("scale_in_float32", [False, True], ids=["scale-in-float16", "scale-in-float32"])
+def test_float16_softmax_casts_run_between_the_products(
+    env: ortgpu.Env, no_fused_kernel: None, scale_in_float32: bool
+) -> None:
+    # the Casts to float32 and back are steps of their own; the products still read Q, K^T and V in place, unless
+    # the scale and mask come after the Cast (the scores' epilogue cannot round before them): then node by node
+    model = _hf_eager_float16(2, 7, 9, 16, scale_in_float32)
+    rng = np.random.default_rng(8)
+    feeds = {name: rng.standard_normal((1, 2, n, 16)).astype(np.float16) for name, n in (("q", 7), ("k", 9), ("v", 9))}
+    feeds["mask"] = np.where(rng.random((1, 1, 7, 9)) < 0.3, -60000.0, 0.0).astype(np.float16)
+    plan = _plan(model, feeds, DeviceCaps(frozenset({"shader-f16"}), CAPS.limits))
+    products = _products_reading_views(plan)
+    if scale_in_float32:
+        assert products == []
+    else:
+        assert len(products) == 2 and products[0].inputs[2] == "mask"
+        assert all(set(kinds) == {"Cast"} for kinds in _copies(plan))
+    scores = feeds["q"].astype(np.float32) @ feeds["k"].astype(np.float32).transpose(0, 1, 3, 2) / 4.0
+    scores = scores + feeds["mask"].astype(np.float32)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (weights / weights.sum(-1, keepdims=True)) @ feeds["v"].astype(np.float32)
+    with ortgpu.InferenceSession(model.SerializeToString(), env=env) as session:
+        placement = session.get_node_placement({name: value.shape for name, value in feeds.items()})
+        assert all(p.placement == "webgpu" for p in placement)
+        (got,) = session.run(None, feeds)
+    assert got.dtype == np.float16 and got.shape == want.shape
+    assert float(np.abs(got.astype(np.float32) - want).max()) <= 5e-3 * float(np.abs(want).max())
