@@ -44,11 +44,13 @@ from ._graph_match import GraphMatcher
 from ._plan_types import PlannedStep
 from ._repeated_heads import View, split_repeated_heads
 from ._rewrites import RewriteContext, TransposeFolds, plan_node
+from ._softmax_casts import softmax_in_storage_type
 from .loader._model import GraphNode
 from .loader._node_inference import public_attrs
-from .ops import NotOnDevice, get_operator
+from .ops import NotOnDevice, TensorInfo, get_operator
 from .ops._fused_attention import FusedAttention
 from .ops._output_layout import store_permutation
+from .ops._tiling import c_strides
 from .ops.ai_onnx.matmul import MatMul
 from .ops.ai_onnx.transpose import permutation
 
@@ -149,9 +151,14 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded:
     try:
         op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(inputs))
     except NotOnDevice:
-        if split is not None:
-            return None
-        return _unfused_reading_views(ctx, (first, chain, last), operands, (mask, logit_scale, bias_scale), tail)
+        return _unfused_reading_views(
+            ctx,
+            (first, chain, last),
+            operands,
+            (mask, logit_scale, bias_scale),
+            tail,
+            None if split is None else split[1],
+        )
     group = list({node.name: node for node in q[3][::-1] + kt[3][::-1]}.values())  # shared nodes once
     group += [first] + chain + [node for node in v[3][::-1] if node not in group] + [last] + tail
     return [
@@ -181,6 +188,7 @@ def _unfused_reading_views(
     operands: tuple[View, View, View],
     scales: tuple[str, float, float],
     tail: list[GraphNode],
+    split: tuple[int, int, int] | None = None,
 ) -> list[PlannedStep] | None:
     """An attention the fused kernel does not take (too long) as three steps: the scores ``Q.K^T`` (scales and mask
     in its epilogue), the Softmax, ``P.V`` (written through the heads' merge Transpose where that keeps the last
@@ -188,7 +196,10 @@ def _unfused_reading_views(
     copies of a packed projection's split and of the head Reshapes/Transposes are gone.  Casts that change the type
     (a float16 export's ``softmax(..., dtype=float32).to(float16)``) run as steps of their own around the Softmax,
     the scores product writing the type its chain rounds to first.  None where a scale or mask follows such a Cast
-    (the epilogue could not round between them), or a step does not plan on the device."""
+    (the epilogue could not round between them), or a step does not plan on the device.  ``split``: the head axis
+    as ``(axis, groups, rep)`` where K and V heads are repeated (:mod:`._repeated_heads`): both products run over the
+    split axes (K and V read with stride 0 along the repeats, the scores, the mask and the output viewed split,
+    the same bytes)."""
     first, chain, last = nodes
     mask, logit_scale, bias_scale = scales
     q, kt, v = operands
@@ -219,18 +230,33 @@ def _unfused_reading_views(
     scores_out = own_steps[0].inputs[0]
     scores_in = (q[0], kt[0]) + ((mask,) if mask else ())
     scores_attrs = {"_input_views": (_view_of(q), _view_of(kt)), "_epilogue": tuple(epilogue)}
+    infos = {name: ctx.infos[name] for name in (*scores_in, own_steps[-1].outputs[0])}
+    probabilities_view = None
+    if split is not None:
+        axis, groups, rep = split
+        if mask:
+            mask_info = _split_heads(ctx.infos[mask], axis, groups, rep, len(ctx.infos[scores_out].shape))
+            if mask_info is None:
+                return None
+            infos[mask] = mask_info
+        probabilities = _split_heads(ctx.infos[own_steps[-1].outputs[0]], axis, groups, rep)
+        assert probabilities is not None
+        probabilities_view = (probabilities.shape, c_strides(probabilities.shape), 0)
     out_perm = None
     output = last.outputs[0]
     if tail:
+        perm = _written_perm(ctx, last, tail[0])
         try:
-            out_perm = store_permutation(_written_perm(ctx, last, tail[0]), len(ctx.infos[output].shape))
+            if split is not None:
+                perm = _split_permutation(perm, split[0])
+            out_perm = store_permutation(perm, len(perm))
         except ValueError:
             out_perm = None
         if out_perm is not None:
             output = tail[0].outputs[0]
         else:
             tail = []
-    mix_attrs: dict[str, object] = {"_input_views": (None, _view_of(v))}
+    mix_attrs: dict[str, object] = {"_input_views": (probabilities_view, _view_of(v))}
     if out_perm is not None:
         mix_attrs["_output_perm"] = out_perm
     operator = MatMul()
@@ -239,18 +265,22 @@ def _unfused_reading_views(
         (scores_in, scores_attrs, scores_out),
         ((own_steps[-1].outputs[0], v[0]), mix_attrs, output),
     ):
-        input_infos, output_infos = ctx.infos_of(inputs), (ctx.infos[out],)
+        input_infos = tuple(infos.get(name, ctx.infos[name]) for name in inputs)
+        output_infos = (ctx.infos[out],)
         try:
             op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(list(inputs)))
         except (NotOnDevice, UnsupportedOpError):
             return None
         steps.append((inputs, attrs, out, input_infos, output_infos, op_plan))
     middle = []
-    for node in own_steps:
+    narrow = softmax_in_storage_type(ctx, own_steps)
+    for node in own_steps if narrow is None else []:
         step = plan_node(ctx, node, get_operator(node.op_type, node.opset, node.domain), public_attrs(node.attrs))
         if step.placement != "webgpu":
             return None
         middle.append(step)
+    if narrow is not None:
+        middle.append(narrow)
     front = list({node.name: node for node in q[3][::-1] + kt[3][::-1]}.values()) + [first] + before
     back = after + [node for node in v[3][::-1] if node not in front] + [last] + tail
     planned = []
@@ -271,6 +301,28 @@ def _unfused_reading_views(
             )
         )
     return [planned[0], *middle, planned[1]]
+
+
+def _split_heads(info: TensorInfo, axis: int, groups: int, rep: int, rank: int | None = None) -> TensorInfo | None:
+    """``info`` (broadcast against a product of rank ``rank``, its own by default) with axis ``axis`` of that product
+    split into ``(groups, rep)``: the same bytes under the shape the split product reads; None where the axis is
+    neither 1 nor ``groups * rep`` long."""
+    shape = tuple(info.shape)
+    shape = (1,) * ((rank or len(shape)) - len(shape)) + shape
+    if len(shape) <= axis:
+        return None
+    parts = {1: (1, 1), groups * rep: (groups, rep)}.get(shape[axis])
+    if parts is None:
+        return None
+    return TensorInfo(shape[:axis] + parts + shape[axis + 1 :], info.dtype)
+
+
+def _split_permutation(perm: Sequence[int], axis: int) -> tuple[int, ...]:
+    """``perm`` of a product whose axis ``axis`` is split in two, as a permutation of the split axes."""
+    split: list[int] = []
+    for p in perm:
+        split += [axis, axis + 1] if p == axis else [p if p < axis else p + 1]
+    return tuple(split)
 
 
 def _written_perm(ctx: RewriteContext, last: GraphNode, transpose: GraphNode) -> tuple[int, ...]:

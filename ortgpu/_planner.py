@@ -59,6 +59,7 @@ from ._rewrites import (
     plan_node,
 )
 from ._sibling_projections import merge_sibling_projections
+from ._softmax_casts import fold_softmax_casts
 from .loader._expand_control_flow import Expansion
 from .loader._limits import FoldBudget
 from .loader._model import GraphNode, LoadedModel
@@ -344,6 +345,10 @@ def _plan_steps(ctx: RewriteContext, nodes: Sequence[GraphNode], allow_cpu: bool
         for member in group:
             absorbed.update(member.node_names)
         delayed_groups[last] = group
+    if fuse:  # then a float16 graph's Cast, Softmax, Cast outside them as one Softmax in float16
+        for last, softmax_step in fold_softmax_casts(ctx, nodes).items():
+            absorbed.update(softmax_step.node_names)
+            delayed_groups[last] = [softmax_step]
     for node in nodes:
         if node.name in absorbed:
             if node.name in delayed:

@@ -24,7 +24,15 @@ import numpy as np
 from ._kernel import Binding, TensorInfo
 from ._tiling import BindingTable, c_strides, index_function
 
-__all__ = ["column_parts", "laid_out", "output_store", "split_columns", "store_permutation"]
+__all__ = [
+    "check_transposed_output",
+    "column_parts",
+    "holds_as",
+    "laid_out",
+    "output_store",
+    "split_columns",
+    "store_permutation",
+]
 
 Perm = tuple[int, ...]
 
@@ -42,6 +50,27 @@ def store_permutation(perm: Sequence[int] | None, rank: int) -> Perm | None:
 
 def _permuted(shape: Sequence[int], perm: Perm | None) -> tuple[int, ...]:
     return tuple(shape) if perm is None else tuple(shape[p] for p in perm)
+
+
+def holds_as(shape: Sequence[int], held: Sequence[int]) -> bool:
+    """Whether an output of shape ``held`` holds a C-order array of ``shape``: the same shape, or it with adjacent
+    axes merged (an attention's heads split in two for the product, one head axis in the graph)."""
+    shape, held = [int(d) for d in shape if d != 1], [int(d) for d in held if d != 1]
+    at = 0
+    for size in held:
+        product = 1
+        while product < size and at < len(shape):
+            product *= shape[at]
+            at += 1
+        if product != size:
+            return False
+    return at == len(shape)
+
+
+def check_transposed_output(output: TensorInfo, out_shape: tuple[int, ...], perm: Perm) -> None:
+    """Raises ``ValueError`` unless ``output`` holds the product ``out_shape`` transposed by ``perm``."""
+    if not holds_as(_permuted(out_shape, perm), output.shape):
+        raise ValueError(f"output {output.shape} is not the product {out_shape} transposed by {perm}")
 
 
 def column_parts(outputs: Sequence[TensorInfo], out_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -67,8 +96,14 @@ def laid_out(
 ) -> list[np.ndarray]:
     """The product ``y`` (shape ``out_shape``) as the outputs hold it: split by columns, or transposed by ``perm``."""
     if perm is not None:
-        return [np.ascontiguousarray(np.transpose(y.reshape(out_shape), perm))]
-    return split_columns(y, column_parts(outputs, out_shape))
+        y = np.ascontiguousarray(np.transpose(y.reshape(out_shape), perm))
+    parts = () if perm is not None else column_parts(outputs, out_shape)
+    if parts:
+        return split_columns(y, parts)
+    # one output may hold the product under merged axes (:func:`holds_as`); references called with placeholder
+    # output infos (shape unknown yet) keep the product's shape
+    held = tuple(outputs[0].shape) if outputs else y.shape
+    return [y.reshape(held) if int(np.prod(held)) == y.size else y]
 
 
 def split_columns(y: np.ndarray, parts: Sequence[int]) -> list[np.ndarray]:
@@ -96,8 +131,7 @@ def output_store(
         output = table.add(Binding("output", 0), element, writable=True)
         if perm is None:
             return "", lambda o, value: f"{output}[{o}] = epilogue({value}, {o});"
-        if tuple(outputs[0].shape) != _permuted(out_shape, perm):
-            raise ValueError(f"output {outputs[0].shape} is not the product {out_shape} transposed by {perm}")
+        check_transposed_output(outputs[0], out_shape, perm)
         strides = c_strides(_permuted(out_shape, perm))
         by_axis = [0] * len(perm)
         for position, axis in enumerate(perm):
