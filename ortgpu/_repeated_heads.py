@@ -1,5 +1,5 @@
-"""Grouped K/V heads repeated by Unsqueeze + Expand + Reshape (HF's ``repeat_kv``), read by the fused attention
-without the repeat.
+"""Grouped K/V heads repeated by Unsqueeze + Expand + Reshape (HF's ``repeat_kv``), read by the fused attention (and
+by the two products of an attention too long for it) without the repeat.
 
 Grouped-query attention exports repeat each key/value head for the query heads that share it: ``[B, Hkv, S, D]``
 -> Unsqueeze -> Expand to ``[B, Hkv, rep, S, D]`` -> Reshape to ``[B, Hkv * rep, S, D]``.  The Expand is a broadcast
