@@ -230,7 +230,7 @@ def _unfused_reading_views(
     scores_out = own_steps[0].inputs[0]
     scores_in = (q[0], kt[0]) + ((mask,) if mask else ())
     scores_attrs = {"_input_views": (_view_of(q), _view_of(kt)), "_epilogue": tuple(epilogue)}
-    infos = {name: ctx.infos[name] for name in (*scores_in, own_steps[-1].outputs[0])}
+    split_infos: dict[str, TensorInfo] = {}  # the mask as the split product reads it
     probabilities_view = None
     if split is not None:
         axis, groups, rep = split
@@ -238,7 +238,7 @@ def _unfused_reading_views(
             mask_info = _split_heads(ctx.infos[mask], axis, groups, rep, len(ctx.infos[scores_out].shape))
             if mask_info is None:
                 return None
-            infos[mask] = mask_info
+            split_infos[mask] = mask_info
         probabilities = _split_heads(ctx.infos[own_steps[-1].outputs[0]], axis, groups, rep)
         assert probabilities is not None
         probabilities_view = (probabilities.shape, c_strides(probabilities.shape), 0)
@@ -265,22 +265,24 @@ def _unfused_reading_views(
         (scores_in, scores_attrs, scores_out),
         ((own_steps[-1].outputs[0], v[0]), mix_attrs, output),
     ):
-        input_infos = tuple(infos.get(name, ctx.infos[name]) for name in inputs)
+        input_infos = tuple(split_infos.get(name, ctx.infos[name]) for name in inputs)
         output_infos = (ctx.infos[out],)
         try:
             op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(list(inputs)))
         except (NotOnDevice, UnsupportedOpError):
             return None
         steps.append((inputs, attrs, out, input_infos, output_infos, op_plan))
-    middle = []
-    narrow = softmax_in_storage_type(ctx, own_steps)
-    for node in own_steps if narrow is None else []:
-        step = plan_node(ctx, node, get_operator(node.op_type, node.opset, node.domain), public_attrs(node.attrs))
-        if step.placement != "webgpu":
-            return None
-        middle.append(step)
-    if narrow is not None:
-        middle.append(narrow)
+    folded = softmax_in_storage_type(ctx, own_steps)
+    middle = (
+        [folded]
+        if folded is not None
+        else [
+            plan_node(ctx, node, get_operator(node.op_type, node.opset, node.domain), public_attrs(node.attrs))
+            for node in own_steps
+        ]
+    )
+    if any(step.placement != "webgpu" for step in middle):
+        return None
     front = list({node.name: node for node in q[3][::-1] + kt[3][::-1]}.values()) + [first] + before
     back = after + [node for node in v[3][::-1] if node not in front] + [last] + tail
     planned = []

@@ -25,10 +25,10 @@ from ._kernel import Binding, TensorInfo
 from ._tiling import BindingTable, c_strides, index_function
 
 __all__ = [
-    "check_transposed_output",
     "column_parts",
     "holds_as",
     "laid_out",
+    "output_parts",
     "output_store",
     "split_columns",
     "store_permutation",
@@ -67,10 +67,15 @@ def holds_as(shape: Sequence[int], held: Sequence[int]) -> bool:
     return at == len(shape)
 
 
-def check_transposed_output(output: TensorInfo, out_shape: tuple[int, ...], perm: Perm) -> None:
-    """Raises ``ValueError`` unless ``output`` holds the product ``out_shape`` transposed by ``perm``."""
-    if not holds_as(_permuted(out_shape, perm), output.shape):
-        raise ValueError(f"output {output.shape} is not the product {out_shape} transposed by {perm}")
+def output_parts(outputs: Sequence[TensorInfo], out_shape: tuple[int, ...], perm: Perm | None) -> tuple[int, ...]:
+    """:func:`column_parts` of ``outputs``, checked against ``perm``: raises ``ValueError`` where a split product is
+    also transposed or one output does not hold the product transposed by ``perm``."""
+    parts = column_parts(outputs, out_shape)
+    if perm is not None and parts:
+        raise ValueError("a product split by columns is not also transposed")
+    if perm is not None and not holds_as(_permuted(out_shape, perm), outputs[0].shape):
+        raise ValueError(f"output {outputs[0].shape} is not the product {out_shape} transposed by {perm}")
+    return parts
 
 
 def column_parts(outputs: Sequence[TensorInfo], out_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -124,14 +129,11 @@ def output_store(
     """Bind the outputs; return the WGSL helpers and ``store(o, value)``: the statement storing ``epilogue(value,
     o)`` for element ``o`` of the product (linear, C order), into the output holding its column, at its place
     after ``perm``."""
-    parts = column_parts(outputs, out_shape)
-    if parts and perm is not None:
-        raise ValueError("a product split by columns is not also transposed")
+    parts = output_parts(outputs, out_shape, perm)
     if not parts:
         output = table.add(Binding("output", 0), element, writable=True)
         if perm is None:
             return "", lambda o, value: f"{output}[{o}] = epilogue({value}, {o});"
-        check_transposed_output(outputs[0], out_shape, perm)
         strides = c_strides(_permuted(out_shape, perm))
         by_axis = [0] * len(perm)
         for position, axis in enumerate(perm):

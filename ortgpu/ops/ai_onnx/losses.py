@@ -53,19 +53,10 @@ from .._wgsl import (
     storage_declaration,
     workgroup_size_for,
 )
+from .trigonometric import MATH_WGSL
 
 __all__ = ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", "negative_log_likelihood"]
 
-# log(1 + r) for r >= 0 (or NaN): a series below 1/16 (the next term is under 5e-9 of the sum), where WGSL's log
-# near 1 is only held to an absolute error of 2^-21.
-_LOG_ONE_PLUS = """
-fn log_one_plus(r: f32) -> f32 {
-  if (r < 0.0625) {
-    return r * (1.0 - r * (0.5 - r * (0.33333334 - r * (0.25 - r * (0.2 - r * (0.16666667 - r * 0.14285715))))));
-  }
-  return log(1.0 + r);
-}
-"""
 
 _REDUCTIONS = ("none", "sum", "mean")
 
@@ -316,7 +307,7 @@ def plan_loss(
             f"  for (var k = 0u; k < {classes}u; k = k + 1u) {{\n"
             f"    if (k != top) {{ rest = rest + exp({score} - m); }}\n"
             "  }\n"
-            "  let spread = log_one_plus(rest);\n"
+            "  let spread = log1p_f32(rest);\n"
         )
         log_probability = f"({score} - m) - spread"  # m + spread first would round the spread away
         if log_prob:
@@ -343,7 +334,7 @@ def plan_loss(
     )
     workgroup = workgroup_size_for(caps.limits)
     constants = f"const SAMPLES: u32 = {samples}u;\nconst INNER: u32 = {inner}u;\nconst CLASSES: u32 = {classes}u;\n"
-    wgsl = declarations + constants + (_LOG_ONE_PLUS if softmax else "") + kernel_entry(workgroup, body)
+    wgsl = declarations + constants + (MATH_WGSL if softmax else "") + kernel_entry(workgroup, body)
     kernel_bindings = tuple(bindings)
     x_info, labels_info, weight_info = x, labels, weight
 

@@ -83,7 +83,7 @@ from ..._types import element_count
 from .._epilogue import EpilogueStep, apply_epilogue, parse_epilogue
 from .._gemv import plan_gemv
 from .._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
-from .._output_layout import check_transposed_output, column_parts, laid_out, store_permutation
+from .._output_layout import laid_out, output_parts, store_permutation
 from .._registry import register
 from .._tiled_gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
 from .._tiling import broadcast_strides, c_strides, float_element, index_function, require_float
@@ -109,11 +109,7 @@ def _output_perm(attrs: Mapping[str, Any], out_shape: tuple[int, ...], outputs: 
     (:mod:`ortgpu.ops._output_layout`)."""
     try:
         perm = store_permutation(attrs.get("_output_perm"), len(out_shape))
-        parts = column_parts(outputs, out_shape)
-        if perm is not None and parts:
-            raise ValueError("a product split by columns is not also transposed")
-        if perm is not None:
-            check_transposed_output(outputs[0], out_shape, perm)
+        output_parts(outputs, out_shape, perm)
     except ValueError as why:
         raise UnsupportedOpError(f"MatMul: {why}") from None
     return perm
