@@ -3,8 +3,9 @@
 # no network) into one file under the 64 MiB a run may carry: out/sites/sites.tar.xz, holding site/ (the wheels of
 # ../shared/tools/device-prep.sh, installed for Python 3.12) and raysite/ (ray[serve] and what it needs that the
 # machine's PyTorch/transformers/onnx environment does not already have). Binaries are stripped and the parts of
-# Ray that Serve does not use are left out. bench/gpu_session.sh unpacks it and puts raysite after the machine's own
-# site-packages, so the versions torch and onnx were installed with win.
+# Ray that Serve does not use are left out. bench/gpu_session.sh unpacks it and puts raysite before the machine's own
+# site-packages: Ray gets the versions it was resolved with (its generated gRPC code checks grpcio's), while the
+# packages torch and onnx share with it (numpy, protobuf and the others removed below) stay the machine's.
 # Usage, from the repository root, after device-prep.sh: bash bench/device_sites.sh; then carry [".gl", "out/sites"].
 set -euo pipefail
 root=$(git rev-parse --show-toplevel); cd "$root"

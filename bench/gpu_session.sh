@@ -6,13 +6,14 @@
 #   [TESTS=seconds TEST_ARGS=...] bash bench/gpu_session.sh [model:batch ...]
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-if [ -f out/sites/sites.tar.xz ]; then  # bench/device_sites.sh: the wheels installed, and Ray Serve after site-packages
+RAYSITE=""
+if [ -f out/sites/sites.tar.xz ]; then  # bench/device_sites.sh: the wheels installed, and Ray Serve's packages
   tar -xJf out/sites/sites.tar.xz -C /tmp || exit 1
-  echo /tmp/raysite > "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ortgpu-raysite.pth"
+  [ -z "${SERVE:-}" ] || RAYSITE=/tmp/raysite:  # only for --serve: the other benches keep the machine's packages
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$RAYSITE$PWD PYTHONUNBUFFERED=1
 FINAL=${OUT:-out}; OUT=$(mktemp -d); mkdir -p "$FINAL"
 trap 'tar -czf "$FINAL/results.tgz" -C "$OUT" . ; cat "$OUT"/*.txt > "$FINAL/summary.txt" 2>/dev/null' EXIT
 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
