@@ -3,7 +3,7 @@
 # Usage on the device machine, from the repository root, with .gl and .whl (or out/sites) carried:
 #   [OUT=dir] [ARITH=1] [SWEEP=shapes] [PROFILE="model:batch ..."] [ZOO=names [ZOO_DTYPE=float16]]
 #   [SERVE="mlp16 SOURCE:NAME ..." [REPLICAS=1,2,4] [SECONDS_EACH=5] [SERVE_S=280]]  (carry out/sites, see device_sites.sh)
-#   [TESTS=seconds TEST_ARGS=...] bash bench/gpu_session.sh [model:batch ...]
+#   [TRANSFERS=16,64 [COPY_THREADS="4 8"]] [TESTS=seconds TEST_ARGS=...] bash bench/gpu_session.sh [model:batch ...]
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 RAYSITE=""
@@ -23,6 +23,14 @@ if [ -n "${ARITH:-}" ]; then  # the multiply-add rates the kernels' TFLOP/s are 
 fi
 if [ -n "${SWEEP:-}" ]; then  # e.g. SWEEP=gemv: the kernel variants of those shapes, before the models
   timeout 300 python3 -m bench.sweep_kernels --shapes "$SWEEP" --json "$OUT/sweep.json" 2>"$OUT/sweep.err" | tee "$OUT/sweep.txt"
+fi
+if [ -n "${TRANSFERS:-}" ]; then  # e.g. TRANSFERS=16,64 [COPY_THREADS="4 8"]: the copies, then a 16 MB copy's phases
+  for threads in ${COPY_THREADS:-default}; do
+    arg=""; [ "$threads" = default ] || arg="--copy-threads $threads"
+    timeout 120 python3 -m bench.transfers --mb "$TRANSFERS" $arg --iterations 25 --json "$OUT/transfers_$threads.json" \
+      2>>"$OUT/transfers.err" | tee "$OUT/transfers_$threads.txt"
+  done
+  timeout 120 python3 -m bench.transfers --mb 16 --phases --iterations 25 2>>"$OUT/transfers.err" | tee "$OUT/phases.txt"
 fi
 for spec in "$@"; do
   model=${spec%%:*}; batch=${spec##*:}
