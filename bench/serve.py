@@ -113,7 +113,7 @@ def run_serve(args: Any) -> int:
     if ray.is_initialized():
         raise SystemExit("--serve starts its own Ray cluster and Serve; call it where Ray is not running")
     port = free_loopback_port()
-    start_local(port)
+    start_local(port, ingress=args.ingress)
     context = multiprocessing.get_context("spawn")
     configurations = [
         (runtime, replicas, batching, placement)
@@ -139,7 +139,8 @@ def run_serve(args: Any) -> int:
                 errors = [e for c in clients for e in c["errors"]]
                 rows.append({
                     "runtime": runtime, "device": status["device"], "captured": status["captured"],
-                    "replicas": replicas, "batching": batching, "placement": placement, "clients": args.clients,
+                    "replicas": replicas, "batching": batching, "placement": placement, "ingress": args.ingress,
+                    "clients": args.clients,
                     "requests_per_s": latencies.size / args.seconds,
                     "p50_ms": float(np.median(latencies)) if latencies.size else None,
                     "p99_ms": float(np.percentile(latencies, 99)) if latencies.size else None,
@@ -158,15 +159,17 @@ def format_serve(rows: list[dict[str, Any]], header: bool = True) -> str:
     lines = []
     if header:
         lines += [
-            "| runtime | device | replicas | batching | placement | clients | requests/s | p50 ms | p99 ms | p99/p50 | errors |",
-            "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
+            "| runtime | device | replicas | batching | placement | ingress | clients | requests/s | p50 ms | p99 ms "
+            "| p99/p50 | errors |",
+            "|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|",
         ]
     for row in rows:
         p50, p99 = row["p50_ms"], row["p99_ms"]
         ratio = f"{p99 / p50:.2f}" if p50 and p99 else "-"
         lines.append(
             f"| {row['runtime']}{'' if row['captured'] or row['runtime'] != 'ortgpu' else ' (uncaptured)'} | "
-            f"{row['device']} | {row['replicas']} | {row['batching']} | {row['placement']} | {row['clients']} | "
+            f"{row['device']} | {row['replicas']} | {row['batching']} | {row['placement']} | {row['ingress']} | "
+            f"{row['clients']} | "
             f"{row['requests_per_s']:.0f} | {p50 or 0:.2f} | {p99 or 0:.2f} | {ratio} | {row['errors']} |"
         )
     return "\n".join(lines)

