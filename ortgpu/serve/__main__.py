@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-size", type=int, default=None, help="default: the largest bucket; 1: no batching")
     parser.add_argument("--backend", choices=("wgpu", "fake"), default="wgpu")
     parser.add_argument("--row-shape", type=_row_shape, action="append", default=[], metavar="NAME=D1,D2")
+    parser.add_argument("--ingress", choices=("proxy", "haproxy"), default="proxy",
+                        help="Serve's Python HTTP proxy, or Ray's HAProxy ingress (faster for small models; opens "
+                             "HAProxy's statistics ports 8404 and 9101 on every interface)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.demo == (args.model is not None):
         parser.error("give a model to serve, or --demo")
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             model,
             name=args.name,
             http_port=port,
+            ingress=args.ingress,
             num_replicas=args.replicas,
             buckets=args.buckets,
             max_batch_size=args.max_batch_size,

