@@ -28,9 +28,9 @@ import numpy as np
 
 from ._graph_match import GraphMatcher
 from ._plan_types import PlannedStep
-from ._rewrites import RewriteContext
+from ._rewrites import RewriteContext, plan_group
 from .loader._model import GraphNode
-from .ops import NotOnDevice, TensorInfo, get_operator
+from .ops import TensorInfo, get_operator
 
 __all__ = ["fuse_norms"]
 
@@ -153,7 +153,7 @@ def _match(ctx: RewriteContext, matcher: GraphMatcher, power: GraphNode) -> Plan
     if cast is not None:  # x's float32 copy only feeds the group: the kernel reads the float16 x itself
         group.insert(0, cast)
         x = cast.inputs[0]
-    return _norm_step(ctx, "RMSNormalization", 23, group, (x, weight), last, out_info, epsilon, "RMS")
+    return _norm_step(ctx, "RMSNormalization", 23, group, (x, weight), last, epsilon, "RMS")
 
 
 def _is_square(matcher: GraphMatcher, node: GraphNode, operand: str) -> bool:
@@ -211,7 +211,7 @@ def _match_layer_norm(ctx: RewriteContext, matcher: GraphMatcher, mean: GraphNod
     out_info = ctx.infos.get(last.outputs[0])
     if out_info is None or out_info.shape != info.shape:
         return None
-    return _norm_step(ctx, "LayerNormalization", 17, group, tuple(inputs), last, out_info, epsilon, "layer")
+    return _norm_step(ctx, "LayerNormalization", 17, group, tuple(inputs), last, epsilon, "layer")
 
 
 def _vector_operand(
@@ -234,29 +234,17 @@ def _norm_step(
     group: Sequence[GraphNode],
     inputs: tuple[str, ...],
     last: GraphNode,
-    out_info: TensorInfo,
     epsilon: float,
     kind: str,
 ) -> PlannedStep | None:
-    operator = get_operator(op_type, opset, "")
-    attrs = {"axis": -1, "epsilon": epsilon}
-    input_infos = ctx.infos_of(inputs)
-    try:
-        op_plan = operator.plan(input_infos, (out_info,), attrs, ctx.caps, ctx.constants_of(inputs))
-    except NotOnDevice:
-        return None
-    return PlannedStep(
-        tuple(node.name for node in group),
-        tuple(node.op_type for node in group),
-        "webgpu",
-        f"WGSL kernel, fused {kind} normalization (one row kernel)",
-        operator,
-        attrs,
+    return plan_group(
+        ctx,
+        group,
+        get_operator(op_type, opset, ""),
+        {"axis": -1, "epsilon": epsilon},
         inputs,
         (last.outputs[0],),
-        input_infos,
-        (out_info,),
-        op_plan,
+        f"WGSL kernel, fused {kind} normalization (one row kernel)",
     )
 
 

@@ -120,6 +120,38 @@ def plan_node(ctx: RewriteContext, node: GraphNode, operator: Operator, attrs: M
     )
 
 
+def plan_group(
+    ctx: RewriteContext,
+    group: Sequence[GraphNode],
+    operator: Operator,
+    attrs: Mapping[str, Any],
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    reason: str,
+) -> PlannedStep | None:
+    """The step running the nodes of ``group`` as one ``operator`` from ``inputs`` to ``outputs``, or None where the
+    operator says NotOnDevice (the caller then plans the nodes as they are)."""
+    input_infos = ctx.infos_of(inputs)
+    output_infos = tuple(ctx.infos[name] for name in outputs)
+    try:
+        op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(inputs))
+    except NotOnDevice:
+        return None
+    return PlannedStep(
+        tuple(node.name for node in group),
+        tuple(node.op_type for node in group),
+        "webgpu",
+        reason,
+        operator,
+        attrs,
+        inputs,
+        outputs,
+        input_infos,
+        output_infos,
+        op_plan,
+    )
+
+
 # ---------------------------------------------------------------------------
 # BatchNormalization into Conv
 

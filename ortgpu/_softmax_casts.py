@@ -16,10 +16,10 @@ import numpy as np
 
 from ._graph_match import GraphMatcher
 from ._plan_types import PlannedStep
-from ._rewrites import RewriteContext
+from ._rewrites import RewriteContext, plan_group
 from .loader._model import GraphNode
 from .loader._node_inference import public_attrs
-from .ops import NotOnDevice, get_operator
+from .ops import get_operator
 
 __all__ = ["fold_softmax_casts", "softmax_in_storage_type"]
 
@@ -47,27 +47,18 @@ def softmax_in_storage_type(ctx: RewriteContext, nodes: Sequence[GraphNode]) -> 
         return None
     if any(info is None or info.dtype != _SINGLE for info in middle):
         return None
-    operator = get_operator(softmax.op_type, softmax.opset, softmax.domain)
-    attrs = public_attrs(softmax.attrs)
-    try:
-        op_plan = operator.plan((stored,), (result,), attrs, ctx.caps, {})
-    except NotOnDevice:
-        return None
-    if op_plan is None or not op_plan.kernels:
-        return None
-    return PlannedStep(
-        tuple(node.name for node in nodes),
-        tuple(node.op_type for node in nodes),
-        "webgpu",
-        f"WGSL kernel, {softmax.op_type} in float16 storage (f32 arithmetic; the Casts around it folded)",
-        operator,
-        attrs,
+    step = plan_group(
+        ctx,
+        nodes,
+        get_operator(softmax.op_type, softmax.opset, softmax.domain),
+        public_attrs(softmax.attrs),
         (widen.inputs[0],),
         (narrow.outputs[0],),
-        (stored,),
-        (result,),
-        op_plan,
+        f"WGSL kernel, {softmax.op_type} in float16 storage (f32 arithmetic; the Casts around it folded)",
     )
+    if step is None or step.op_plan is None or not step.op_plan.kernels:
+        return None
+    return step
 
 
 def fold_softmax_casts(ctx: RewriteContext, nodes: Sequence[GraphNode]) -> dict[str, PlannedStep]:
