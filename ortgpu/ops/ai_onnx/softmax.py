@@ -5,11 +5,6 @@ from ``axis`` on.  From opset 13 it runs over the single ``axis`` (default -1). 
 is a row kernel (:func:`._tiling.row_layout`) over those axes: row maximum, sum of exponentials, then the
 outputs, each pass combining through workgroup memory when several invocations share a row.  float16 tensors
 (on a device with ``shader-f16``) are loaded into f32, the maximum and sums stay f32, each output is rounded once.
-
-A row of at most :data:`CACHED_PER_INVOCATION` elements per invocation (2048 elements at 256 invocations a row:
-attention's scores up to that many keys) is read from memory once and kept in the invocations' registers for the
-three passes, each exponential computed once; a longer row is read in each pass.  Both compute the same values in
-the same order, so they give the same bits.
 """
 
 from __future__ import annotations
@@ -33,10 +28,7 @@ from .._tiling import (
 )
 from .unary import LOG_WGSL
 
-__all__ = ["Softmax_1", "Softmax", "LogSoftmax_1", "LogSoftmax", "CACHED_PER_INVOCATION"]
-
-#: Rows of at most this many elements per invocation are kept in registers (one read of the input, not three).
-CACHED_PER_INVOCATION = 8
+__all__ = ["Softmax_1", "Softmax", "LogSoftmax_1", "LogSoftmax"]
 
 
 class _SoftmaxBase(Operator):
@@ -95,11 +87,9 @@ class _SoftmaxBase(Operator):
         output = table.add(Binding("output", 0), element, writable=True)
         value = narrowed(element, "v - row_max - log_f32(row_sum)" if self.log else "exp(v - row_max) / row_sum")
         x_at = widened(element, f"{x_name}[base + row_offset(r)]")
-        per = -(-layout.length // threads)
-        body = (
-            _cached_passes(x_at, output, self.log, element, per)
-            if per <= CACHED_PER_INVOCATION
-            else f"""
+        wgsl = f"""{table.enables()}{table.declarations()}
+{helpers}{LOG_WGSL if self.log else ""}
+{row_kernel_prologue(grid, rows_per_group)}
     var m = -3.402823466e+38f;
     if (valid) {{
         for (var r = t; r < LENGTH; r = r + T) {{ m = max(m, {x_at}); }}
@@ -116,43 +106,11 @@ class _SoftmaxBase(Operator):
             let v = {widened(element, f"{x_name}[i]")};
             {output}[i] = {value};
         }}
-    }}"""
-        )
-        wgsl = f"""{table.enables()}{table.declarations()}
-{helpers}{LOG_WGSL if self.log else ""}
-{row_kernel_prologue(grid, rows_per_group)}{body}
+    }}
 }}
 """
         compute = lambda full: self.reference(full, attrs, outputs)  # noqa: E731
         return single_kernel_plan(self.op_type, wgsl, grid, table, compute, inputs, outputs, caps)
-
-
-def _cached_passes(x_at: str, output: str, log: bool, element: str, per: int) -> str:
-    """The three passes over a row held in ``per`` registers per invocation: the input read once; for Softmax the
-    registers then hold ``exp(v - row_max)``, for LogSoftmax they keep ``v``.  The same expressions as the uncached
-    passes, in the same order."""
-    result = "v - row_max - log_f32(row_sum)" if log else "held[j] / row_sum"
-    keep = "" if log else "held[j] = e;"
-    return f"""
-    var held: array<f32, {per}>;
-    var m = -3.402823466e+38f;
-    for (var j = 0u; j < {per}u; j = j + 1u) {{
-        let r = t + j * T;
-        if (valid && r < LENGTH) {{ let v = {x_at}; held[j] = v; m = max(m, v); }}
-    }}
-    let row_max = wg_max(m, t, slot);
-    var s = 0.0;
-    for (var j = 0u; j < {per}u; j = j + 1u) {{
-        if (valid && t + j * T < LENGTH) {{ let e = exp(held[j] - row_max); s = s + e; {keep} }}
-    }}
-    let row_sum = wg_sum(s, t, slot);
-    for (var j = 0u; j < {per}u; j = j + 1u) {{
-        let r = t + j * T;
-        if (valid && r < LENGTH) {{
-            let v = held[j];
-            {output}[base + row_offset(r)] = {narrowed(element, result)};
-        }}
-    }}"""
 
 
 @register
