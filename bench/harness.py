@@ -3,7 +3,8 @@
 Boundaries (printed with every result):
 
 * ``end_to_end``: ``update_inplace`` of the inputs + run (or replay) + readback of every output (into fixed host
-  arrays, ``to_numpy(out=...)``, as the torch arms copy into fixed pinned tensors).
+  arrays, ``to_numpy(out=...)``, as the torch arms copy into fixed pinned tensors; outputs of 8 MiB or more with
+  ``to_numpy()``, which hands over the mapped staging memory the device copied them into).
 * ``run_only``: run (or replay) until the device is idle (inputs already on the device).
 
 Both ortgpu arms use the same fixed device I/O (one shared input value per model
@@ -22,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 import ortgpu
+from ortgpu_core.backends.protocol import MAPPED_READ_MIN
 
 __all__ = ["ArmResult", "summarize", "time_loop", "OrtgpuArms"]
 
@@ -115,10 +117,18 @@ class OrtgpuArms:
 
     def _read(self, keep: bool) -> list[npt.NDArray[Any]]:
         """The outputs on the host: read into the fixed host arrays (as the torch arms copy into fixed pinned
-        tensors), so a timed step allocates nothing; ``keep``: new arrays, for results compared later."""
+        tensors), so a timed step allocates nothing, but for outputs of ``MAPPED_READ_MIN`` bytes or more (a
+        decoder's logits), read with ``to_numpy()``: the staging memory the device copied them into is handed over
+        without a host copy, as torch's arms end with theirs in pinned memory; ``keep``: new arrays, for results
+        compared later."""
         if keep:
             return [value.to_numpy() for value in self.outputs.values()]
-        return [value.to_numpy(out=self.host_outputs[name]) for name, value in self.outputs.items()]
+        return [
+            value.to_numpy()
+            if self.host_outputs[name].nbytes >= MAPPED_READ_MIN
+            else value.to_numpy(out=self.host_outputs[name])
+            for name, value in self.outputs.items()
+        ]
 
     def uncaptured_end_to_end(self, keep: bool = False) -> list[npt.NDArray[Any]]:
         """One uncaptured step; its outputs are the fixed host arrays (overwritten by the next step) unless

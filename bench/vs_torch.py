@@ -5,7 +5,8 @@ loaded by ortgpu; torch times the very module it exported (``bench/torch_arms.py
 bench's ``end_to_end``): inputs from the host into fixed device memory, the model, outputs back to the host:
 
 * ``ortgpu captured``: ``update_inplace`` of every input, ``graph.replay()``, ``to_numpy(out=...)`` of every output
-  into a fixed host array (where ortgpu refuses to capture: its uncaptured run over the same I/O, ``capture_refused``
+  into a fixed host array, but ``to_numpy()`` for outputs of 8 MiB or more (a decoder's logits: the staging memory
+  the device copied them into, handed over without a host copy, as torch's end in pinned memory) (where ortgpu refuses to capture: its uncaptured run over the same I/O, ``capture_refused``
   in the JSON, and the model is left out of the geometric means);
 * ``torch CUDA graph``: pinned host inputs copied into static CUDA tensors, ``graph.replay()``, the output copied
   into a pinned host tensor, ``torch.cuda.synchronize()``;

@@ -13,19 +13,19 @@ from ortgpu_core.backends import _host_copy
 
 def test_transfers_rows_and_json(backend_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     json_path = tmp_path / "transfers.json"
-    argv = ["--mb", "0.25,2", "--iterations", "3", "--warmup", "1", "--backend", backend_name]
+    argv = ["--mb", "0.25,8", "--iterations", "3", "--warmup", "1", "--backend", backend_name]
     assert transfers.main([*argv, "--json", str(json_path)]) == 0
     report = json.loads(json_path.read_text())
-    assert [row["megabytes"] for row in report["rows"]] == [0.25, 2.0]
-    assert [row["bytes"] for row in report["rows"]] == [1 << 18, 2 << 20]
+    assert [row["megabytes"] for row in report["rows"]] == [0.25, 8.0]  # 8 MB: to_numpy() hands over its staging
+    assert [row["bytes"] for row in report["rows"]] == [1 << 18, 8 << 20]
     assert report["copy_threads"] == _host_copy.copy_threads()
     for row in report["rows"]:
-        for direction in ("upload", "download", "host_copy"):
+        for direction in ("upload", "download", "to_numpy_new", "host_copy"):
             stats = row[direction]
             assert 0 < stats["p50_ms"] <= stats["p90_ms"]
             assert stats["p50_GBps"] == pytest.approx(row["bytes"] / (stats["p50_ms"] * 1e-3) / 1e9)
     out = capsys.readouterr().out
-    assert "| 0.25 MB |" in out and "| 2 MB |" in out and "host copy alone GB/s" in out
+    assert "| 0.25 MB |" in out and "| 8 MB |" in out and "host copy alone GB/s" in out
 
 
 def test_transfers_copy_threads_option_sets_the_library_setting(backend_name: str) -> None:

@@ -565,13 +565,15 @@ class WgpuDevice(_StagedWrites):
             else:
                 self._free_buffer(record.pointer)
         self._destroy_staged_writes()
-        self._destroy_readback()  # waits for a wait that is polling outside the lock, frees the staging buffers
+        # waits for a wait that is polling outside the lock, frees the staging buffers not held by a view
+        held = self._destroy_readback()
         queue, self._queue = self._queue, None
         if queue is not None:
             # void wgpuQueueRelease(WGPUQueue queue)
             lib.wgpuQueueRelease(queue)
         # void wgpuDeviceDestroy(WGPUDevice device); void wgpuDeviceRelease(WGPUDevice device)
-        lib.wgpuDeviceDestroy(device)
+        if not held:  # (a destroyed device would unmap what views still read: they hold the device instead)
+            lib.wgpuDeviceDestroy(device)
         lib.wgpuDeviceRelease(device)
         self._sink.clear()
 

@@ -82,8 +82,9 @@ from ._wgpu_chunked_reads import CHUNKED_READ_MIN, chunk_sizes, read_in_chunks
 from ._wgpu_device_base import _Handle
 from ._wgpu_encode_ahead import _EncodeAhead
 from ._wgpu_ffi import _address, _enum_suffix
+from ._wgpu_mapped_reads import HELD_ROUNDING, POOLED_LARGE, HeldMappings
 from ._wgpu_requests import _Requests, _Staging
-from .protocol import BUFFER_ALIGNMENT, AdapterInfo, host_read_target
+from .protocol import BUFFER_ALIGNMENT, MAPPED_READ_MIN, AdapterInfo, host_read_target
 
 _STAGING_MINIMUM = 1 << 16
 # A wait makes at most this many blocking polls before giving up on its request.
@@ -114,6 +115,7 @@ class _Readback(_EncodeAhead):
         ffi, lib = self._ffi, self._lib
         self._staging_free: list[_Staging] = []
         self._staging_all: dict[int, _Staging] = {}  # by address, free or in use
+        self._mappings = HeldMappings(ffi, lib)  # staging buffers handed over mapped (read_buffer_mapped)
         spin = spin_wait_us
         if spin is None:
             spin = 0.0 if info.adapter_type == "CPU" else DEFAULT_SPIN_WAIT_US
@@ -182,9 +184,12 @@ class _Readback(_EncodeAhead):
         """The size of the largest staging buffer (0: none yet)."""
         return max((staging.size for staging in list(self._staging_all.values())), default=0)
 
-    def _take_staging(self, size: int, prefer: int = 0) -> _Staging:
+    def _take_staging(self, size: int, prefer: int = 0, held: bool = False) -> _Staging:
         """A free staging buffer of at least ``size`` bytes for the calling thread (see the module's docstring):
-        the one at address ``prefer`` when it is free and large enough."""
+        the one at address ``prefer`` when it is free and large enough.  ``held``: for a read handed over mapped
+        (a new buffer is then ``size`` rounded up to :data:`HELD_ROUNDING`, not to a power of two)."""
+        if self._mappings.returned:
+            self._return_mappings()
         thread = threading.get_ident()
         free = self._staging_free
         chosen = next((s for s in free if s.address == prefer and s.size >= size), None) if prefer else None
@@ -200,6 +205,8 @@ class _Readback(_EncodeAhead):
                 free.remove(victim)
                 self._free_staging(victim)
             capacity = max(_STAGING_MINIMUM, 1 << (size - 1).bit_length())
+            if held:
+                capacity = -(-size // HELD_ROUNDING) * HELD_ROUNDING
             capacity = min(capacity, max(size, self.limits.max_buffer_size - self.limits.max_buffer_size % 4))
             lib = self._lib
             pointer = self._native_buffer(
@@ -223,14 +230,30 @@ class _Readback(_EncodeAhead):
         self._release_ahead(lambda key: any(r[0] == "copy" and r[3] == address for r in key[1]))
         self._free_buffer(staging.pointer)
 
-    def _destroy_readback(self) -> None:
+    def _return_mappings(self) -> None:
+        """(Under the lock.)  Unmap the staging buffers whose views were collected and take them back into the
+        pool, keeping at most :data:`POOLED_LARGE` free ones of ``MAPPED_READ_MIN`` bytes or more (the rest are freed)."""
+        for staging in self._mappings.take_returned():
+            if self._device is None or staging.address not in self._staging_all:
+                continue
+            large = sum(1 for free in self._staging_free if free.size >= MAPPED_READ_MIN)
+            if large >= POOLED_LARGE:
+                self._free_staging(staging)  # (destroying a mapped buffer unmaps it)
+                continue
+            # void wgpuBufferUnmap(WGPUBuffer buffer)
+            self._lib.wgpuBufferUnmap(staging.pointer)
+            self._give_back_staging(staging)
+
+    def _destroy_readback(self) -> bool:
         """The device is being destroyed (under its lock): stop the waiters, wait for a poll in progress, free the
-        staging buffers."""
+        staging buffers but those still held by a view (their views release them).  True when some are."""
         requests = self._requests
         requests.closing = True
+        _, held = self._mappings.close()
         with requests.poll_lock:  # a poll in progress uses the device pointer: let it return first
             for staging in list(self._staging_all.values()):
-                self._free_buffer(staging.pointer)
+                if staging.address not in held:
+                    self._free_buffer(staging.pointer)
             self._staging_all.clear()
             self._staging_free.clear()
             sentinel, self._sentinel = self._sentinel, None  # _DeviceBase._check_not_lost's buffer
@@ -238,6 +261,7 @@ class _Readback(_EncodeAhead):
             if sentinel is not None:
                 self._free_buffer(sentinel)
         requests.wake_all()
+        return bool(held)
 
     # -- reads -----------------------------------------------------------------------------
     def read_buffer(self, buffer: int, offset: int, size: int) -> bytes:
@@ -252,6 +276,50 @@ class _Readback(_EncodeAhead):
         """Like :meth:`read_buffer`, into ``out`` (a writable C-contiguous buffer of any size; the device-side copy
         covers it rounded up to 4 bytes), straight from the mapped staging buffers."""
         self._read_into(buffer, offset, out, f"read_buffer_into({buffer:#x}, offset={offset})")
+
+    def read_buffer_mapped(self, buffer: int, offset: int, size: int) -> Any:
+        """Wait for submitted work, then return ``size`` bytes at ``offset`` as a writable buffer object that is the
+        staging buffer they were copied into, mapped: no host copy (:mod:`._wgpu_mapped_reads`)."""
+        action = f"read_buffer_mapped({buffer:#x}, offset={offset}, size={size})"
+        self._check_aligned(action, offset=offset)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValidationError(f"{action}: size must be an int >= 0")
+        padded = -(-size // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+        with self._lock:
+            self._check_open()
+            self._checked_read(buffer, offset, padded, action)
+            if padded == 0:
+                return bytearray()
+            staging = self._take_staging(padded, held=True)
+            source = self._handles[buffer]
+            source.busy += 1  # a release of the buffer meanwhile is done when this read ends (see destroy_buffer)
+        wait = MapWait()
+        code = CLOSING
+        try:
+            code = self._unlocked.copy_and_map(buffer, offset, staging.address, padded, wait)
+            if code == DONE:
+                code = self._wait_map(wait, action)
+        finally:
+            self._after_wait()
+            if code != DONE:
+                self._abandon_read(staging, wait, code, source)
+        if code != DONE:
+            self._raise_failed_read(code, action)
+        with self._lock:
+            self._unbusy(source)
+            self._check_open()  # destroyed meanwhile: the staging buffer went with the device
+            self._check_not_lost(action)
+            if wait.status != self._map_success:
+                self._free_staging(staging)
+                name = _enum_suffix("WGPUMapAsyncStatus", wait.status) if wait.status > 0 else str(wait.status)
+                raise DeviceError(f"{action}: mapping the staging buffer failed ({name})")
+            # void *wgpuBufferGetMappedRange(WGPUBuffer buffer, size_t offset, size_t size)
+            pointer = self._lib.wgpuBufferGetMappedRange(staging.pointer, 0, padded)
+            if pointer == self._ffi.NULL:
+                self._free_staging(staging)
+                raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
+            self._raise_pending(action)
+            return self._mappings.hand_over(pointer, size, staging)
 
     def _read_into(self, buffer: int, offset: int, out: Any, action: str) -> None:
         """The read (``to_numpy``'s; see the module's docstring for its steps).  ``action`` names it in errors."""

@@ -64,6 +64,9 @@ __all__ = [
 
 #: Sizes and offsets of buffer writes, copies and clears must be multiples of this.
 BUFFER_ALIGNMENT = 4
+#: Reads of at least this many bytes into a new host array (``to_numpy()``, a run's outputs) use
+#: :meth:`BackendDevice.read_buffer_mapped`: the wgpu backend hands over the staging memory it copied them into.
+MAPPED_READ_MIN = 8 << 20
 #: Offsets of query resolves must be multiples of this (WebGPU).
 QUERY_RESOLVE_ALIGNMENT = 256
 #: The most queries one query set may hold (WebGPU).
@@ -205,6 +208,13 @@ class BackendDevice(Protocol):
     def read_buffer_into(self, buffer: int, offset: int, out: Any) -> None:
         """Like :meth:`read_buffer`, into ``out`` (a writable C-contiguous buffer, e.g. a numpy array, of any
         size): reads ``len(out)`` bytes without an intermediate copy."""
+        ...
+
+    def read_buffer_mapped(self, buffer: int, offset: int, size: int) -> Any:
+        """Like :meth:`read_buffer`, as a writable buffer object of ``size`` bytes that owns its memory: the wgpu
+        backend returns the mapped staging buffer the range was copied into (no host copy; the buffer returns to
+        its pool once the object and every view of it are collected), the fake backend a ``bytearray``.  Nothing
+        the device does later changes it."""
         ...
 
     def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
