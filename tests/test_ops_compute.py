@@ -587,6 +587,8 @@ def test_choose_gemm_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert choose_gemm_config(1, 1024, 4096, 4096, caps) == _gemm.GEMM_BIG_TILE
     assert choose_gemm_config(1, 1024, 4000, 4096, caps) != _gemm.GEMM_BIG_TILE  # N not whole tiles
     assert choose_gemm_config(1, 256, 512, 4096, caps) != _gemm.GEMM_BIG_TILE  # 8 workgroups
+    assert choose_gemm_config(1, 128, 32000, 512, caps) == _gemm.GEMM_BIG_TILE  # a vocabulary head: 250 workgroups
+    assert choose_gemm_config(1, 128, 28672, 512, caps) != _gemm.GEMM_BIG_TILE  # 224: under 1.8 per SM of 132
     monkeypatch.setattr(_gemm, "GEMM_SHAPE_CONFIGS", measured)
     for (batch, m, n, k), config in measured.items():
         if _gemm.config_fits(config, caps):

@@ -114,9 +114,11 @@ GEMM_TARGET_WORKGROUPS = 528
 #: The large-problem tile, tried before :data:`GEMM_TILES`: 8 x 8 outputs per invocation make 64 FMAs per 16 values
 #: read from workgroup memory (8 x 4: 32 per 12), which pays off once the grid still gives every SM about two
 #: workgroups (:data:`GEMM_BIG_TILE_WORKGROUPS`) and M and N fill whole tiles.  On an H200 the fp32 matmul-1024-4096
-#: chain (256 such workgroups) ran at 31.0 TFLOP/s with it against 20.0 with 128 x 64 / 8 x 4.
+#: chain (256 such workgroups) ran at 31.0 TFLOP/s with it against 20.0 with 128 x 64 / 8 x 4.  The bound is 1.8
+#: workgroups per SM of a 132-SM GPU, not exactly 256, so that a decoder's vocabulary head ([128, 512] x [512, 32000]:
+#: 250 workgroups, 1.9 per SM) gets the tile the chain's 256 get.
 GEMM_BIG_TILE = GemmConfig(tile_m=128, tile_n=128, tile_k=16, rows=8, cols=8, stages=1, split_k=1, legacy=False)
-GEMM_BIG_TILE_WORKGROUPS = 256
+GEMM_BIG_TILE_WORKGROUPS = 240
 #: Split-K keeps at least this many K per slice (so the partial sums stay cheap next to the products).
 GEMM_SPLIT_MIN_K = 64
 #: At most this many K slices.
