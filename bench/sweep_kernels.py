@@ -154,7 +154,21 @@ def transformer_shapes() -> list[Shape]:
             extras = ((n,), (1, rows, n))[:adds]
             name = "MatMul" + "+Add" * adds
             result.append(_matmul(f"xf {family} {name} M={rows} N={n} K={k}", (1, rows, k), (k, n), extras))
+    for family, heads, rows, head in TRANSFORMER_ATTENTION:
+        result += [
+            _matmul(
+                f"xf {family} QK^T [{heads},{rows},{rows}] K={head}", (1, heads, rows, head), (1, heads, head, rows), ()
+            ),
+            _matmul(
+                f"xf {family} PV [{heads},{rows},{head}] K={rows}", (1, heads, rows, rows), (1, heads, rows, head), ()
+            ),
+        ]
     return result
+
+
+#: The attention products left unfused (over the fused kernel's 128 x 128 scores per head): (family, heads, rows,
+#: head size) at batch 1.
+TRANSFORMER_ATTENTION: tuple[tuple[str, int, int, int], ...] = (("vit-b", 12, 197, 64), ("whisper-tiny", 6, 1500, 64))
 
 
 #: The H200's memory bandwidth (HBM3e, 4.8 TB/s) that the GEMV percentages refer to.

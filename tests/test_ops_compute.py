@@ -589,6 +589,14 @@ def test_choose_gemm_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert choose_gemm_config(1, 256, 512, 4096, caps) != _gemm.GEMM_BIG_TILE  # 8 workgroups
     assert choose_gemm_config(1, 128, 32000, 512, caps) == _gemm.GEMM_BIG_TILE  # a vocabulary head: 250 workgroups
     assert choose_gemm_config(1, 128, 28672, 512, caps) != _gemm.GEMM_BIG_TILE  # 224: under 1.8 per SM of 132
+    # the first tile split over K where M fills its rows and the split reaches half the target
+    first = _gemm.GEMM_TILES[0]
+    wide = choose_gemm_config(1, 1500, 1536, 384, caps)  # 12 x 24 tiles of 128 x 64: split 2
+    assert (wide.tile_m, wide.tile_n, wide.split_k) == (first.tile_m, first.tile_n, 2)
+    values = choose_gemm_config(6, 1500, 64, 1500, caps)  # attention times values: 72 tiles, split 8
+    assert (values.tile_m, values.split_k) == (first.tile_m, 8)
+    assert choose_gemm_config(1, 197, 3072, 768, caps).tile_m < first.tile_m  # 197 rows: 30% of 256 empty
+    assert choose_gemm_config(1, 128, 768, 768, caps).tile_m < first.tile_m  # 12 tiles x 12 slices: too few
     monkeypatch.setattr(_gemm, "GEMM_SHAPE_CONFIGS", measured)
     for (batch, m, n, k), config in measured.items():
         if _gemm.config_fits(config, caps):

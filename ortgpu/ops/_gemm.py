@@ -119,6 +119,12 @@ GEMM_TARGET_WORKGROUPS = 528
 #: 250 workgroups, 1.9 per SM) gets the tile the chain's 256 get.
 GEMM_BIG_TILE = GemmConfig(tile_m=128, tile_n=128, tile_k=16, rows=8, cols=8, stages=1, split_k=1, legacy=False)
 GEMM_BIG_TILE_WORKGROUPS = 240
+#: Where the first tile of :data:`GEMM_TILES` launches too few workgroups, it is still used, split over K, when M fills
+#: its rows (the rows launched at most this many times M) and the split reaches half the target: on an H100 (`python
+#: -m bench.sweep_kernels --shapes xf`) 128 x 64 / 8 x 4 split 2-8 beat the smaller tiles the ladder steps down to by
+#: 1.1-1.4x on Whisper-tiny's projections and attention-times-values (M = 1500), while at M = 197 (ViT-B/16, 30% of
+#: the tile's rows empty) it lost.
+GEMM_SPLIT_ROW_FILL = 1.1
 #: Split-K keeps at least this many K per slice (so the partial sums stay cheap next to the products).
 GEMM_SPLIT_MIN_K = 64
 #: At most this many K slices.
@@ -232,7 +238,9 @@ def choose_gemm_config(
     2. :data:`GEMM_BIG_TILE` where M and N are multiples of its tile and it launches at least
        :data:`GEMM_BIG_TILE_WORKGROUPS` workgroups (with the module's own tiles only).
     3. The first tile of :data:`GEMM_TILES` (that the device fits, and that is less than twice the problem in
-       M and N) launching at least :data:`GEMM_TARGET_WORKGROUPS` workgroups.
+       M and N) launching at least :data:`GEMM_TARGET_WORKGROUPS` workgroups; but where the first such tile falls
+       short, M fills its rows (:data:`GEMM_SPLIT_ROW_FILL`) and a K split reaches half the target, that tile split
+       as in 4.
     4. Otherwise the last such tile, with ``split_k = ceil(target / tiles)`` capped by
        :data:`GEMM_MAX_SPLIT_K` and by ``K // GEMM_SPLIT_MIN_K``.
 
@@ -258,6 +266,13 @@ def choose_gemm_config(
     if not fitting:
         fitting = [GemmConfig(32, 32, 16, 4, 4, stages=1)]
     useful = [c for c in fitting if c.tile_m < 2 * m and c.tile_n < 2 * n] or fitting[-1:]
+    first = useful[0]
+    if tiles is GEMM_TILES and -(-m // first.tile_m) * first.tile_m <= GEMM_SPLIT_ROW_FILL * m:
+        # the largest tile, its rows filled, split over K to fill the GPU rather than a smaller tile unsplit
+        count = gemm_workgroups(dataclasses.replace(first, split_k=1), batch, m, n)
+        split = min(max_split, k // max(1, split_min_k), -(-target // count))
+        if count < target and split > 1 and 2 * count * split >= target:
+            return dataclasses.replace(first, split_k=split)
     for config in useful:
         if gemm_workgroups(dataclasses.replace(config, split_k=1), batch, m, n) >= target:
             return dataclasses.replace(config, split_k=1)
