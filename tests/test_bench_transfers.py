@@ -20,7 +20,7 @@ def test_transfers_rows_and_json(backend_name: str, tmp_path: Path, capsys: pyte
     assert [row["bytes"] for row in report["rows"]] == [1 << 18, 8 << 20]
     assert report["copy_threads"] == _host_copy.copy_threads()
     for row in report["rows"]:
-        for direction in ("upload", "download", "to_numpy_new", "host_copy"):
+        for direction in ("upload", "download", "to_numpy_new", "first_read", "second_read", "host_copy"):
             stats = row[direction]
             assert 0 < stats["p50_ms"] <= stats["p90_ms"]
             assert stats["p50_GBps"] == pytest.approx(row["bytes"] / (stats["p50_ms"] * 1e-3) / 1e9)
