@@ -159,6 +159,14 @@ def wgpu_backend() -> Iterator[Any]:
     instance.close()
 
 
+@pytest.fixture
+def wgpu_device(wgpu_backend: Any) -> Iterator[Any]:
+    """A raw device of :func:`wgpu_backend` (its default adapter), destroyed after the test."""
+    opened = wgpu_backend.open_device(wgpu_backend.default_adapter_index())
+    yield opened
+    opened.destroy()
+
+
 @pytest.fixture(scope="module", params=[None, 300.0], ids=["default-wait", "spin-300us"])
 def waiting_backend(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A wgpu backend with each way of waiting: the adapter's default (lavapipe: no spin) and a 300 us spin first

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import threading
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -120,13 +119,6 @@ def test_bad_reads_are_refused_and_change_nothing(backend_name: str) -> None:
 # -- the wgpu backend's pool ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def raw_device(wgpu_backend: WgpuBackend) -> Iterator[WgpuDevice]:
-    opened = wgpu_backend.open_device(wgpu_backend.default_adapter_index())
-    yield opened
-    opened.destroy()
-
-
 def _large_buffer(device: WgpuDevice, seed: int) -> tuple[int, bytes]:
     data = _pattern(LARGE, seed).tobytes()
     buffer = device.create_buffer(len(data), label="large")
@@ -138,23 +130,23 @@ def _held(device: WgpuDevice) -> int:
     return len(device._mappings.held)
 
 
-def test_held_buffers_leave_the_pool_and_come_back_bounded(raw_device: WgpuDevice) -> None:
-    buffer, data = _large_buffer(raw_device, 7)
-    arrays = [np.frombuffer(raw_device.read_buffer_mapped(buffer, 0, len(data)), np.uint8) for _ in range(5)]
-    assert _held(raw_device) == 5
-    held_addresses = set(raw_device._mappings.held)
-    assert not held_addresses & {s.address for s in raw_device._staging_free}  # never lent twice
+def test_held_buffers_leave_the_pool_and_come_back_bounded(wgpu_device: WgpuDevice) -> None:
+    buffer, data = _large_buffer(wgpu_device, 7)
+    arrays = [np.frombuffer(wgpu_device.read_buffer_mapped(buffer, 0, len(data)), np.uint8) for _ in range(5)]
+    assert _held(wgpu_device) == 5
+    held_addresses = set(wgpu_device._mappings.held)
+    assert not held_addresses & {s.address for s in wgpu_device._staging_free}  # never lent twice
     for array in arrays:
         assert array.tobytes() == data
     del arrays, array
     gc.collect()
-    assert len(raw_device._mappings.returned) == 5  # queued by the finalizers, taken at the next read
-    raw_device.read_buffer(buffer, 0, 4)
-    assert _held(raw_device) == 0 and not raw_device._mappings.returned
-    large_free = [s for s in raw_device._staging_free if s.size >= MAPPED_READ_MIN]
+    assert len(wgpu_device._mappings.returned) == 5  # queued by the finalizers, taken at the next read
+    wgpu_device.read_buffer(buffer, 0, 4)
+    assert _held(wgpu_device) == 0 and not wgpu_device._mappings.returned
+    large_free = [s for s in wgpu_device._staging_free if s.size >= MAPPED_READ_MIN]
     assert len(large_free) <= POOLED_LARGE
-    assert len(raw_device._staging_all) == len(raw_device._staging_free)  # the rest were freed, none lost
-    raw_device.destroy_buffer(buffer)
+    assert len(wgpu_device._staging_all) == len(wgpu_device._staging_free)  # the rest were freed, none lost
+    wgpu_device.destroy_buffer(buffer)
 
 
 def test_an_array_outlives_its_device(wgpu_backend: WgpuBackend) -> None:
@@ -171,10 +163,10 @@ def test_an_array_outlives_its_device(wgpu_backend: WgpuBackend) -> None:
     assert not device._mappings.held  # released by the finalizer itself
 
 
-def test_arrays_dropped_in_other_threads(raw_device: WgpuDevice) -> None:
+def test_arrays_dropped_in_other_threads(wgpu_device: WgpuDevice) -> None:
     """Finalizers run in whichever thread drops the last view; the device takes the buffers back at its next read."""
-    buffer, data = _large_buffer(raw_device, 9)
-    arrays = [np.frombuffer(raw_device.read_buffer_mapped(buffer, 0, len(data)), np.uint8) for _ in range(4)]
+    buffer, data = _large_buffer(wgpu_device, 9)
+    arrays = [np.frombuffer(wgpu_device.read_buffer_mapped(buffer, 0, len(data)), np.uint8) for _ in range(4)]
     errors: list[BaseException] = []
 
     def drop(array: np.ndarray) -> None:
@@ -191,7 +183,7 @@ def test_arrays_dropped_in_other_threads(raw_device: WgpuDevice) -> None:
     del threads
     gc.collect()
     assert not errors
-    again = raw_device.read_buffer_mapped(buffer, 0, len(data))
-    assert bytes(again) == data and _held(raw_device) == 1
+    again = wgpu_device.read_buffer_mapped(buffer, 0, len(data))
+    assert bytes(again) == data and _held(wgpu_device) == 1
     del again
-    raw_device.destroy_buffer(buffer)
+    wgpu_device.destroy_buffer(buffer)

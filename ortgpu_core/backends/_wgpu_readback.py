@@ -293,18 +293,7 @@ class _Readback(_EncodeAhead):
             staging = self._take_staging(padded, held=True)
             source = self._handles[buffer]
             source.busy += 1  # a release of the buffer meanwhile is done when this read ends (see destroy_buffer)
-        wait = MapWait()
-        code = CLOSING
-        try:
-            code = self._unlocked.copy_and_map(buffer, offset, staging.address, padded, wait)
-            if code == DONE:
-                code = self._wait_map(wait, action)
-        finally:
-            self._after_wait()
-            if code != DONE:
-                self._abandon_read(staging, wait, code, source)
-        if code != DONE:
-            self._raise_failed_read(code, action)
+        wait = self._copy_and_wait(buffer, offset, staging, padded, source, action)
         with self._lock:
             self._unbusy(source)
             self._check_open()  # destroyed meanwhile: the staging buffer went with the device
@@ -349,6 +338,18 @@ class _Readback(_EncodeAhead):
             source.busy += 1  # a release of the buffer meanwhile is done when this read ends (see destroy_buffer)
         if chunks:
             return read_in_chunks(self, buffer, offset, view, padded, chunks, source, action)
+        wait = self._copy_and_wait(buffer, offset, staging, padded, source, action)
+        target = self._ffi.from_buffer(view, require_writable=True)
+        self._copy_out_mapped(
+            staging, wait.status, padded, action, [(self._address_of(target), view.nbytes, 0)], source
+        )
+
+    def _copy_and_wait(
+        self, buffer: int, offset: int, staging: _Staging, padded: int, source: _Handle, action: str
+    ) -> MapWait:
+        """(Outside the lock; ``staging`` taken and ``source`` marked busy under it.)  Copy ``padded`` bytes at
+        ``offset`` of ``buffer`` into ``staging``, request its mapping and wait for it (one C call each); a read that
+        fails there is ended (:meth:`_abandon_read`) and raises its typed error."""
         wait = MapWait()
         code = CLOSING
         try:
@@ -361,10 +362,7 @@ class _Readback(_EncodeAhead):
                 self._abandon_read(staging, wait, code, source)
         if code != DONE:
             self._raise_failed_read(code, action)
-        target = self._ffi.from_buffer(view, require_writable=True)
-        self._copy_out_mapped(
-            staging, wait.status, padded, action, [(self._address_of(target), view.nbytes, 0)], source
-        )
+        return wait
 
     def _read_target(self, buffer: int, offset: int, out: Any, action: str) -> tuple[memoryview, int]:
         """``out`` as a byte view and the device range of the read (checked against ``buffer``)."""
