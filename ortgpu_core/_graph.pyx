@@ -347,7 +347,8 @@ cdef class CapturedGraph:
         again for each read.  Synchronous.  In verify mode it is ``replay(verify=True)`` then the reads.
 
         A convenience, not a speed-up: it is not faster than ``replay()`` + ``to_numpy()`` (bench/RESULTS.md
-        has the figures).
+        has the figures), and it copies every output, where ``to_numpy()`` hands over outputs of 8 MiB or more
+        without a host copy.
 
         Raises
         ------

@@ -604,6 +604,10 @@ cdef class OrtValue:
     def to_numpy(self, out=None):
         """A host copy of the value (synchronous: waits for submitted work that writes it).
 
+        Without ``out``, a device value of 8 MiB or more (``MAPPED_READ_MIN``) comes back without a host copy: the
+        array is the staging memory the device copied it into, writable and yours (no later run or read changes
+        it), given back to the device once the array and its views are collected.
+
         ``out``: a writable, C-contiguous numpy array of exactly this value's dtype and shape to copy into (and
         return) instead of a new array: a loop reading the same output every step then allocates nothing and
         touches no fresh pages.  A wrong ``out`` is refused before anything is read.
