@@ -180,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time the library's calls inside each upload and download instead (bench/transfer_phases.py)",
     )
+    parser.add_argument(
+        "--streaming-stores",
+        action="store_true",
+        help="host copies with non-temporal stores instead of memcpy (ortgpu_core.backends._host_copy)",
+    )
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args(argv)
     try:
@@ -199,13 +204,23 @@ def main(argv: list[str] | None = None) -> int:
             _host_copy.set_copy_threads(args.copy_threads)
         except ValueError as error:
             parser.error(str(error))
+    if args.phases and chunks is not None:
+        parser.error("--phases runs the library's own chunk sizes; leave out --chunk-mib")
+    previous = _host_copy.set_streaming_stores(args.streaming_stores)
+    try:
+        return _run(args, sizes, chunks)
+    finally:
+        _host_copy.set_streaming_stores(previous)
+
+
+def _run(args: argparse.Namespace, sizes: list[float], chunks: list[int] | None) -> int:
+    """The measurement ``main`` asked for, its table printed and its JSON written."""
+    threads = f"host copy threads: {_host_copy.copy_threads()}, streaming stores: {_host_copy.streaming_stores()}"
     if args.phases:
-        if chunks is not None:
-            parser.error("--phases runs the library's own chunk sizes; leave out --chunk-mib")
         env = ortgpu.Env(backend=args.backend)
         try:
             adapter = env.default_device.name
-            print(f"adapter: {adapter}; host copy threads: {_host_copy.copy_threads()}")
+            print(f"adapter: {adapter}; {threads}")
             rows = [measure_phases(env, size, args.iterations, args.warmup) for size in sizes]
         finally:
             env.close()
@@ -217,14 +232,19 @@ def main(argv: list[str] | None = None) -> int:
         try:
             device = env.default_device
             adapter = device.name
-            print(f"adapter: {device.name} ({device.backend_type}); host copy threads: {_host_copy.copy_threads()}")
+            print(f"adapter: {device.name} ({device.backend_type}); {threads}")
             rows = [measure(env, size, args.iterations, args.warmup) for size in sizes]
         finally:
             env.close()
     if not args.phases:
         print(format_rows(rows))
     if args.json_path:
-        report = {"adapter": adapter, "copy_threads": _host_copy.copy_threads(), "rows": rows}
+        report = {
+            "adapter": adapter,
+            "copy_threads": _host_copy.copy_threads(),
+            "streaming_stores": _host_copy.streaming_stores(),
+            "rows": rows,
+        }
         with open(args.json_path, "w") as handle:
             json.dump(report, handle, indent=1)
     return 0

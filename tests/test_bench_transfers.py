@@ -37,6 +37,18 @@ def test_transfers_copy_threads_option_sets_the_library_setting(backend_name: st
         _host_copy.set_copy_threads(previous)
 
 
+def test_transfers_streaming_stores_for_the_run_only(
+    backend_name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    json_path = tmp_path / "streaming.json"
+    argv = ["--mb", "2", "--iterations", "1", "--streaming-stores", "--backend", backend_name, "--json", str(json_path)]
+    assert not _host_copy.streaming_stores()
+    assert transfers.main(argv) == 0
+    assert not _host_copy.streaming_stores()  # restored after the run
+    assert json.loads(json_path.read_text())["streaming_stores"] is True
+    assert "streaming stores: True" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("text", ["", "a", "0", "-1", "1,,2", "5000"])
 def test_transfers_refuses_bad_sizes(text: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as raised:

@@ -187,18 +187,30 @@ def test_large_writes_from_several_threads_each_land(device: WgpuDevice) -> None
         device.destroy_buffer(buffer)
 
 
+@pytest.mark.parametrize("streaming", [False, True])
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
 @pytest.mark.parametrize("size", [0, 1, 4096, 2 * _host_copy.MIN_SLICE - 1, 5 * _host_copy.MIN_SLICE + 77])
-def test_host_copy_copies_every_byte_whatever_the_split(threads: int, size: int) -> None:
-    source = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
-    destination = np.zeros(size + 64, np.uint8)  # the guard bytes after it must stay zero
+def test_host_copy_copies_every_byte_whatever_the_split(threads: int, size: int, streaming: bool) -> None:
+    source = np.random.default_rng(size).integers(0, 256, size + 3, dtype=np.uint8)[3:]  # not 16-byte aligned
+    padded = np.zeros(size + 64 + 5, np.uint8)
+    destination = padded[5 : 5 + size]  # nor this; the guard bytes on both sides must stay zero
     previous = _host_copy.set_copy_threads(threads)
+    was_streaming = _host_copy.set_streaming_stores(streaming)
     try:
-        _host_copy.copy_bytes(destination[:size], source)
+        _host_copy.copy_bytes(destination, source)
     finally:
         _host_copy.set_copy_threads(previous)
-    np.testing.assert_array_equal(destination[:size], source)
-    assert not destination[size:].any()
+        _host_copy.set_streaming_stores(was_streaming)
+    np.testing.assert_array_equal(destination, source)
+    assert not padded[:5].any() and not padded[5 + size :].any()
+
+
+@pytest.mark.parametrize("on", [1, 0, None, "yes"])
+def test_set_streaming_stores_takes_a_bool(on: object) -> None:
+    before = _host_copy.streaming_stores()
+    with pytest.raises(ValueError, match="set_streaming_stores"):
+        _host_copy.set_streaming_stores(on)  # type: ignore[arg-type]
+    assert _host_copy.streaming_stores() == before
 
 
 @pytest.mark.parametrize("count", [0, 17, -1, 2.0, True, None])

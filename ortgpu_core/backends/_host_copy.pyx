@@ -13,12 +13,54 @@ ranges until the call returns.
 The thread count defaults to half the machine's cores, at most 4 (:func:`default_copy_threads`): more cores than
 that add little to one socket's memory bandwidth, and on a 2-core machine running a software GPU driver the
 driver's own threads need the other core.
+
+Streaming stores (:func:`set_streaming_stores`, off by default): each slice is copied with non-temporal 16-byte
+stores (SSE2, on x86-64; ``memcpy`` elsewhere) instead of ``memcpy``.  An upload's staging memory is write-combined
+(host-visible, not cached), where ordinary stores and ``rep movsb`` may run slower than stores that bypass the cache;
+a switch, so that ``python -m bench.transfers --streaming-stores`` can measure which is faster on a machine.
 """
 
 import os
 
 from libc.stddef cimport size_t
 from libc.string cimport memcpy
+
+cdef extern from *:
+    """
+    #include <string.h>
+    #include <stdint.h>
+    #if defined(__SSE2__)
+    #include <emmintrin.h>
+    static void ortgpu_stream_copy(char *destination, const char *source, size_t size) {
+        size_t head = (16 - ((uintptr_t)destination & 15)) & 15, blocks, index;
+        if (head > size) head = size;
+        memcpy(destination, source, head);
+        destination += head; source += head; size -= head;
+        blocks = size / 64;
+        for (index = 0; index < blocks; index++) {
+            __m128i a = _mm_loadu_si128((const __m128i *)source);
+            __m128i b = _mm_loadu_si128((const __m128i *)(source + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(source + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(source + 48));
+            _mm_stream_si128((__m128i *)destination, a);
+            _mm_stream_si128((__m128i *)(destination + 16), b);
+            _mm_stream_si128((__m128i *)(destination + 32), c);
+            _mm_stream_si128((__m128i *)(destination + 48), d);
+            destination += 64; source += 64;
+        }
+        memcpy(destination, source, size - blocks * 64);
+        _mm_sfence();
+    }
+    #define ORTGPU_STREAMING_STORES 1
+    #else
+    static void ortgpu_stream_copy(char *destination, const char *source, size_t size) {
+        memcpy(destination, source, size);
+    }
+    #define ORTGPU_STREAMING_STORES 0
+    #endif
+    """
+    void ortgpu_stream_copy(char* destination, const char* source, size_t size) nogil
+    int ORTGPU_STREAMING_STORES
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef unsigned long pthread_t
@@ -41,6 +83,7 @@ cdef struct _Slice:
     size_t size
 
 cdef int _threads = 1
+cdef int _streaming = 0
 
 
 def default_copy_threads(cores=None):
@@ -64,9 +107,33 @@ def set_copy_threads(count):
     return previous
 
 
+def streaming_stores_available():
+    """Whether this build copies with non-temporal stores when asked (x86-64 with SSE2)."""
+    return bool(ORTGPU_STREAMING_STORES)
+
+
+def streaming_stores():
+    """Whether large host copies use non-temporal stores (see the module)."""
+    return bool(_streaming)
+
+
+def set_streaming_stores(on):
+    """Copy with non-temporal stores (``True``) or ``memcpy`` (``False``); returns the previous setting.  Where the
+    build has none (:func:`streaming_stores_available`), ``True`` still copies with ``memcpy``."""
+    global _streaming
+    if not isinstance(on, bool):
+        raise ValueError(f"set_streaming_stores takes True or False, not {on!r}")
+    previous = bool(_streaming)
+    _streaming = 1 if on else 0
+    return previous
+
+
 cdef void* _copy_slice(void* argument) noexcept nogil:
     cdef _Slice* piece = <_Slice*>argument
-    memcpy(piece.destination, piece.source, piece.size)
+    if _streaming:
+        ortgpu_stream_copy(piece.destination, piece.source, piece.size)
+    else:
+        memcpy(piece.destination, piece.source, piece.size)
     return NULL
 
 
@@ -82,7 +149,10 @@ cdef void host_copy(void* destination, const void* source, size_t size) noexcept
     if count > <int>(size // min_slice):
         count = <int>(size // min_slice)
     if count <= 1:
-        memcpy(destination, source, size)
+        pieces[0].destination = <char*>destination
+        pieces[0].source = <const char*>source
+        pieces[0].size = size
+        _copy_slice(&pieces[0])
         return
     per = (size // <size_t>count + _ALIGN - 1) // _ALIGN * _ALIGN
     for index in range(count):
