@@ -157,10 +157,10 @@ def transformer_shapes() -> list[Shape]:
     for family, heads, rows, head in TRANSFORMER_ATTENTION:
         result += [
             _matmul(
-                f"xf {family} QK^T [{heads},{rows},{rows}] K={head}", (1, heads, rows, head), (1, heads, head, rows), ()
+                f"xf {family} QK^T {heads}x{rows}x{rows} K={head}", (1, heads, rows, head), (1, heads, head, rows), ()
             ),
             _matmul(
-                f"xf {family} PV [{heads},{rows},{head}] K={rows}", (1, heads, rows, rows), (1, heads, rows, head), ()
+                f"xf {family} PV {heads}x{rows}x{head} K={rows}", (1, heads, rows, rows), (1, heads, rows, head), ()
             ),
         ]
     return result

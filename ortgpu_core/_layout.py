@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._errors import ArgumentTypeError, DtypeError, InvalidArgumentError, ShapeError
+from .backends.protocol import MAPPED_READ_MIN, BackendDevice
 
 __all__ = ["padded_size", "padded_payload", "check_shape", "host_memory_bytes", "host_zeros"]
 
@@ -100,3 +101,18 @@ def check_out_array(out: object, shape: tuple[int, ...], dtype: np.dtype[Any], d
             "to_numpy(out=...) needs a writable C-contiguous array (np.empty(shape, dtype) is one; "
             "np.ascontiguousarray makes one)"
         )
+
+
+def read_new_array(device: BackendDevice, buffer: int, shape: tuple[int, ...], dtype: Any) -> npt.NDArray[Any]:
+    """A new host array of ``shape`` and ``dtype`` from the first bytes of ``buffer`` on ``device`` (synchronous):
+    read into a new array, or from :data:`MAPPED_READ_MIN` bytes the backend's own copy of them
+    (``read_buffer_mapped``: on wgpu, the mapped staging buffer the device copied into, with no host copy)."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    if count * dtype.itemsize >= MAPPED_READ_MIN:
+        held = device.read_buffer_mapped(buffer, 0, count * dtype.itemsize)
+        return np.frombuffer(held, dtype=dtype, count=count).reshape(shape)
+    result = np.empty(shape, dtype=dtype)
+    if result.nbytes:
+        device.read_buffer_into(buffer, 0, result.reshape(-1).view(np.uint8))
+    return result

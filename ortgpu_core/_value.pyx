@@ -39,8 +39,7 @@ from ._errors import (
 from ._dtypes import as_dtype, dtype_from_onnx, onnx_type_name
 from ._dtypes import onnx_element_type as _onnx_element_type_of
 from ._dlpack import host_array, is_dlpack_producer
-from ._layout import check_out_array, check_shape, host_zeros, padded_payload
-from .backends.protocol import MAPPED_READ_MIN
+from ._layout import check_out_array, check_shape, host_zeros, padded_payload, read_new_array
 from ._sparse import checked_sparse_tensor, dense_only_error, not_sparse_error
 
 # The transfer route table (ortgpu_core._routes) routes between values, so it sits above this module; the
@@ -125,21 +124,10 @@ cdef class DeviceBuffer:
         self.device._backend_device.read_buffer_into(self.handle, 0, out)
 
     def read(self, shape, dtype):
-        """A new host array of ``shape`` and ``dtype`` from the buffer's first bytes (see :meth:`read_into`).  From
-        ``MAPPED_READ_MIN`` bytes the array is the backend's own copy of them (the wgpu backend's mapped staging
-        buffer, handed over without a host copy: ``read_buffer_mapped``), writable, and no later work changes it."""
-        dtype = np.dtype(dtype)
-        count = 1
-        for extent in shape:
-            count *= extent
-        if count * dtype.itemsize < MAPPED_READ_MIN:
-            result = np.empty(shape, dtype=dtype)
-            if result.nbytes:
-                self.read_into(result.reshape(-1).view(np.uint8))
-            return result
+        """A new host array of ``shape`` and ``dtype`` from the buffer's first bytes (:func:`._layout.read_new_array`:
+        from ``MAPPED_READ_MIN`` bytes, no host copy on wgpu)."""
         self.check_alive("read the buffer")
-        held = self.device._backend_device.read_buffer_mapped(self.handle, 0, count * dtype.itemsize)
-        return np.frombuffer(held, dtype=dtype, count=count).reshape(shape)
+        return read_new_array(self.device._backend_device, self.handle, tuple(shape), dtype)
 
     cdef int check_alive(self, str what) except -1:
         if self._released:
@@ -604,9 +592,8 @@ cdef class OrtValue:
     def to_numpy(self, out=None):
         """A host copy of the value (synchronous: waits for submitted work that writes it).
 
-        Without ``out``, a device value of 8 MiB or more (``MAPPED_READ_MIN``) comes back without a host copy: the
-        array is the staging memory the device copied it into, writable and yours (no later run or read changes
-        it), given back to the device once the array and its views are collected.
+        Without ``out``, from 8 MiB the array is the staging memory the device copied into (no host copy), yours
+        until it and its views are collected: no later run or read changes it.
 
         ``out``: a writable, C-contiguous numpy array of exactly this value's dtype and shape to copy into (and
         return) instead of a new array: a loop reading the same output every step then allocates nothing and

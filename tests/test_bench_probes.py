@@ -213,9 +213,17 @@ def test_transformer_projection_shapes_are_swept_and_checked(
     variant is a failure, not a row), with the default's rank printed."""
     labels = [shape.label for shape in sweep_kernels.transformer_shapes()]
     assert len(labels) == len(set(labels)) and all(label.startswith("xf ") for label in labels)
+    attention = {family for family, *_ in sweep_kernels.TRANSFORMER_ATTENTION}
     for shape in sweep_kernels.transformer_shapes():
         batch, m, n, k = shape.gemm
-        assert shape.inputs[0] == (1, m, k) and shape.inputs[1] == (k, n) and batch == 1
+        if shape.inputs[1] == (k, n):  # a projection: [1, M, K] x [K, N]
+            assert shape.inputs[0] == (1, m, k) and batch == 1
+        else:  # an attention product, per head: [1, heads, M, K] x [1, heads, K, N]
+            assert shape.inputs[0] == (1, batch, m, k) and shape.inputs[1] == (1, batch, k, n)
+            assert shape.label.split()[1] in attention
+    assert sum(shape.inputs[1] != shape.gemm[3:1:-1] for shape in sweep_kernels.transformer_shapes()) == 2 * len(
+        attention
+    )
     assert set(labels) <= {shape.label for shape in sweep_kernels.shapes()}
     out = tmp_path / "sweep.json"
     label = "xf llama-small MatMul M=128 N=256 K=512"

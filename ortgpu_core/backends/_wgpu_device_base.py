@@ -11,8 +11,8 @@ Neither callback runs Python, so no native call ever waits for the GIL (a thread
 locks, never waits on a thread that holds the GIL and waits for those locks).
 
 The device is built in layers, each a class that owns some of its fields and sets them in its ``_init_*``
-method: :class:`_DeviceBase` (here), then ``_EncodeAhead`` (:mod:`._wgpu_encode_ahead`), ``_Readback``
-(:mod:`._wgpu_readback`), and ``WgpuDevice`` itself (:mod:`.wgpu_native`: set-up, buffers, kernels, submit,
+method: :class:`_DeviceBase` (here), then ``_EncodeAhead`` (:mod:`._wgpu_encode_ahead`), ``_StagingPool``
+(:mod:`._wgpu_staging_pool`), ``_Readback`` (:mod:`._wgpu_readback`), and ``WgpuDevice`` itself (:mod:`.wgpu_native`: set-up, buffers, kernels, submit,
 lifetime).  :class:`_DeviceBase` owns ``_ffi``/``_lib``, the ``_device`` and ``_queue`` pointers, ``_lock``,
 ``_handles``, ``_sink`` and the error and device-lost callbacks.  Every field of every layer is read and changed
 under the device's lock (``_lock``, a :class:`DeviceLock` taken by :func:`_serialized`), except what

@@ -38,16 +38,11 @@ lost: every caller should see it), ``ReleasedValueError`` (the device was destro
 whoever releases it meanwhile (``_Handle.busy``); the device's destroy closes the gate of the unlocked calls and waits
 for those inside before it frees anything.
 
-Staging buffers: a pool; ``submit_and_read`` of a frozen list takes the buffer that list's last read used when it is
-free (its command buffer encoded ahead names that buffer, whichever thread reads), any read the free buffer its thread
-used last (so a captured graph replayed and read by one thread keeps naming the same buffer), else any free one large
-enough, else a new one that replaces a free one (never more buffers than chunks being read at once); it returns it
-after the copy-out. A buffer whose request did not complete is freed, not returned. Replacing a buffer releases the
-command buffers encoded ahead that copy into it.
+Staging buffers come from the device's pool (:mod:`._wgpu_staging_pool`); a read gives its buffer back after the
+copy-out, and ``read_buffer_mapped`` hands it over mapped instead (:mod:`._wgpu_mapped_reads`).
 
-Ownership: :class:`_Readback` is a layer of ``WgpuDevice`` (after ``_EncodeAhead``, through which it submits;
-``_DeviceBase``'s docstring describes the layers). It owns the staging pool (``_staging_free``, ``_staging_all``),
-``spin_wait_us``, the callbacks and their descriptors and tokens (read and changed under the device's lock), and
+Ownership: :class:`_Readback` is a layer of ``WgpuDevice`` (after ``_StagingPool`` and ``_EncodeAhead``, through
+which it submits; ``_DeviceBase``'s docstring describes the layers). It owns ``spin_wait_us``, the callbacks and their descriptors and tokens (read and changed under the device's lock), and
 :class:`_Requests`, the callbacks' record of completed requests, the poll lock and the waiters' events
 (:mod:`._wgpu_requests`; written by callbacks in whichever thread completes a request, and by waiters; plain dict and
 set operations, atomic under the GIL). ``_destroy_readback`` (called by the device's destroy, under the device's lock)
@@ -56,7 +51,6 @@ waits for a poll in progress before the device pointer is released.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -80,13 +74,11 @@ from ._unlocked_calls import (
 )
 from ._wgpu_chunked_reads import CHUNKED_READ_MIN, chunk_sizes, read_in_chunks
 from ._wgpu_device_base import _Handle
-from ._wgpu_encode_ahead import _EncodeAhead
 from ._wgpu_ffi import _address, _enum_suffix
-from ._wgpu_mapped_reads import HELD_ROUNDING, POOLED_LARGE, HeldMappings
 from ._wgpu_requests import _Requests, _Staging
-from .protocol import BUFFER_ALIGNMENT, MAPPED_READ_MIN, AdapterInfo, host_read_target
+from ._wgpu_staging_pool import _StagingPool
+from .protocol import BUFFER_ALIGNMENT, AdapterInfo, host_read_target
 
-_STAGING_MINIMUM = 1 << 16
 # A wait makes at most this many blocking polls before giving up on its request.
 _MAP_POLL_ATTEMPTS = 10_000
 # A waiter that is not polling re-checks at least this often (seconds), whatever it was woken for.
@@ -106,16 +98,14 @@ NAP_POLL_S = 1.0
 _ABANDONED_WAITS: list[MapWait] = []
 
 
-class _Readback(_EncodeAhead):
+class _Readback(_StagingPool):
     """Staging buffers, reads and waits of a wgpu device (see the module's docstring)."""
 
     def _init_readback(self, info: AdapterInfo, spin_wait_us: float | None) -> None:
         """Set this layer's fields: no staging buffers yet, the spin before blocking (the backend's, or the
         default for ``info``'s adapter type), and the map and work-done callbacks, which write into ``_requests``."""
         ffi, lib = self._ffi, self._lib
-        self._staging_free: list[_Staging] = []
-        self._staging_all: dict[int, _Staging] = {}  # by address, free or in use
-        self._mappings = HeldMappings(ffi, lib)  # staging buffers handed over mapped (read_buffer_mapped)
+        self._init_staging_pool()
         spin = spin_wait_us
         if spin is None:
             spin = 0.0 if info.adapter_type == "CPU" else DEFAULT_SPIN_WAIT_US
@@ -178,90 +168,19 @@ class _Readback(_EncodeAhead):
         if unlocked is not None:
             unlocked.close()
 
-    # -- the staging pool (under the device's lock) -----------------------------------------
-    @property
-    def _staging_size(self) -> int:
-        """The size of the largest staging buffer (0: none yet)."""
-        return max((staging.size for staging in list(self._staging_all.values())), default=0)
-
-    def _take_staging(self, size: int, prefer: int = 0, held: bool = False) -> _Staging:
-        """A free staging buffer of at least ``size`` bytes for the calling thread (see the module's docstring):
-        the one at address ``prefer`` when it is free and large enough.  ``held``: for a read handed over mapped
-        (a new buffer is then ``size`` rounded up to :data:`HELD_ROUNDING`, not to a power of two)."""
-        if self._mappings.returned:
-            self._return_mappings()
-        thread = threading.get_ident()
-        free = self._staging_free
-        chosen = next((s for s in free if s.address == prefer and s.size >= size), None) if prefer else None
-        if chosen is None:
-            chosen = next((s for s in free if s.owner == thread and s.size >= size), None)
-        if chosen is None:
-            chosen = next((s for s in free if s.size >= size), None)
-        if chosen is None:
-            # every free one is too small: one is replaced (this thread's, else the smallest), so the pool only
-            # grows while all its buffers are in use (at most one per thread reading at once)
-            victim = next((s for s in free if s.owner == thread), None) or min(free, key=lambda s: s.size, default=None)
-            if victim is not None:
-                free.remove(victim)
-                self._free_staging(victim)
-            capacity = max(_STAGING_MINIMUM, 1 << (size - 1).bit_length())
-            if held:
-                capacity = -(-size // HELD_ROUNDING) * HELD_ROUNDING
-            capacity = min(capacity, max(size, self.limits.max_buffer_size - self.limits.max_buffer_size % 4))
-            lib = self._lib
-            pointer = self._native_buffer(
-                capacity, lib.WGPUBufferUsage_MapRead | lib.WGPUBufferUsage_CopyDst, "ortgpu staging", "staging"
-            )
-            chosen = _Staging(pointer, _address(pointer), capacity, thread)
-            self._staging_all[chosen.address] = chosen
-        else:
-            free.remove(chosen)
-        chosen.owner = thread
-        return chosen
-
-    def _give_back_staging(self, staging: _Staging) -> None:
-        if self._device is not None and staging.address in self._staging_all:
-            self._staging_free.append(staging)
-
-    def _free_staging(self, staging: _Staging) -> None:
-        """Free a staging buffer, and the command buffers encoded ahead whose copies target it."""
-        self._staging_all.pop(staging.address, None)
-        address = staging.address
-        self._release_ahead(lambda key: any(r[0] == "copy" and r[3] == address for r in key[1]))
-        self._free_buffer(staging.pointer)
-
-    def _return_mappings(self) -> None:
-        """(Under the lock.)  Unmap the staging buffers whose views were collected and take them back into the
-        pool, keeping at most :data:`POOLED_LARGE` free ones of ``MAPPED_READ_MIN`` bytes or more (the rest are freed)."""
-        for staging in self._mappings.take_returned():
-            if self._device is None or staging.address not in self._staging_all:
-                continue
-            large = sum(1 for free in self._staging_free if free.size >= MAPPED_READ_MIN)
-            if large >= POOLED_LARGE:
-                self._free_staging(staging)  # (destroying a mapped buffer unmaps it)
-                continue
-            # void wgpuBufferUnmap(WGPUBuffer buffer)
-            self._lib.wgpuBufferUnmap(staging.pointer)
-            self._give_back_staging(staging)
-
     def _destroy_readback(self) -> bool:
         """The device is being destroyed (under its lock): stop the waiters, wait for a poll in progress, free the
         staging buffers but those still held by a view (their views release them).  True when some are."""
         requests = self._requests
         requests.closing = True
-        _, held = self._mappings.close()
         with requests.poll_lock:  # a poll in progress uses the device pointer: let it return first
-            for staging in list(self._staging_all.values()):
-                if staging.address not in held:
-                    self._free_buffer(staging.pointer)
-            self._staging_all.clear()
-            self._staging_free.clear()
+            held = self._free_staging_pool()
             sentinel, self._sentinel = self._sentinel, None  # _DeviceBase._check_not_lost's buffer
             self._sentinel_address = 0
             if sentinel is not None:
                 self._free_buffer(sentinel)
         requests.wake_all()
-        return bool(held)
+        return held
 
     # -- reads -----------------------------------------------------------------------------
     def read_buffer(self, buffer: int, offset: int, size: int) -> bytes:
@@ -487,16 +406,6 @@ class _Readback(_EncodeAhead):
             if source is not None:
                 self._unbusy(source)
             self._drop_staging(staging, reusable=code == NOT_SUBMITTED)
-
-    def _drop_staging(self, staging: _Staging, reusable: bool) -> None:
-        """(Under the lock.)  A read that did not complete: its staging buffer goes back to the pool if nothing
-        was requested of it, else it is freed (its map may still be pending)."""
-        if self._device is None or staging.address not in self._staging_all:
-            return  # freed with the device
-        if reusable:
-            self._give_back_staging(staging)
-        else:
-            self._free_staging(staging)
 
     def _raise_failed_read(self, code: int, action: str) -> None:
         """The typed error of a read whose C part returned ``code`` (not DONE)."""
