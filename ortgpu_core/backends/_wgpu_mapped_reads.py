@@ -72,11 +72,12 @@ class HeldMappings:
 
     def take_returned(self) -> list[_Staging]:
         """The buffers whose views were collected since the last call (no longer held)."""
+        returned = []
         with self._lock:
-            returned = list(self.returned)
-            self.returned.clear()
-            for staging in returned:
+            while self.returned:  # one at a time: a finalizer may append meanwhile, in this very thread
+                staging = self.returned.popleft()
                 self.held.pop(staging.address, None)
+                returned.append(staging)
         return returned
 
     def close(self) -> tuple[list[_Staging], set[int]]:
