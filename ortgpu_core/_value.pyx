@@ -590,7 +590,7 @@ cdef class OrtValue:
         self._buffer.write(array)
 
     def to_numpy(self, out=None):
-        """A host copy of the value (synchronous: waits for submitted work that writes it).
+        """The value's data on the host (synchronous: waits for submitted work that writes it).
 
         Without ``out``, from 8 MiB the array is the staging memory the device copied into (no host copy), yours
         until it and its views are collected: no later run or read changes it.

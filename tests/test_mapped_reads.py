@@ -157,10 +157,37 @@ def test_an_array_outlives_its_device(wgpu_backend: WgpuBackend) -> None:
     assert device.destroyed
     np.testing.assert_array_equal(array, np.frombuffer(data, np.float32))  # still mapped: the device skipped it
     array[:3] = 1.0
-    assert device._mappings.held
+    mappings = device._mappings
+    assert mappings.held
+    del device  # the Python device goes first: its error record must outlive the native device (the views keep it)
+    gc.collect()
+    np.testing.assert_array_equal(array[3:], np.frombuffer(data, np.float32)[3:])
     del array
     gc.collect()
-    assert not device._mappings.held  # released by the finalizer itself
+    assert not mappings.held  # released by the finalizer itself
+
+
+def test_a_held_read_takes_no_oversized_or_named_buffer(wgpu_device: WgpuDevice) -> None:
+    """A read handed over keeps its buffer for the array's life: not a free one four times its size, nor the one a
+    frozen list's reads name (that list would lose its command buffer encoded ahead)."""
+    buffer, data = _large_buffer(wgpu_device, 10)
+    with wgpu_device._lock:
+        oversized = wgpu_device._take_staging(4 * len(data))
+        named = wgpu_device._take_staging(len(data))
+        wgpu_device._give_back_staging(oversized)
+        wgpu_device._give_back_staging(named)
+        wgpu_device._list_staging[12345] = named.address  # as submit_and_read of a frozen list records it
+    try:
+        held = wgpu_device.read_buffer_mapped(buffer, 0, len(data))
+        (address,) = wgpu_device._mappings.held
+        assert address not in (oversized.address, named.address)
+        assert len(data) <= wgpu_device._staging_all[address].size <= 2 * len(data)
+        assert {oversized.address, named.address} <= {s.address for s in wgpu_device._staging_free}  # none freed
+        assert bytes(held) == data
+        del held
+    finally:
+        wgpu_device._list_staging.pop(12345, None)
+    wgpu_device.destroy_buffer(buffer)
 
 
 def test_arrays_dropped_in_other_threads(wgpu_device: WgpuDevice) -> None:

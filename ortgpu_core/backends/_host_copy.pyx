@@ -14,10 +14,11 @@ The thread count defaults to half the machine's cores, at most 4 (:func:`default
 that add little to one socket's memory bandwidth, and on a 2-core machine running a software GPU driver the
 driver's own threads need the other core.
 
-Streaming stores (:func:`set_streaming_stores`, off by default): each slice is copied with non-temporal 16-byte
-stores (SSE2, on x86-64; ``memcpy`` elsewhere) instead of ``memcpy``.  An upload's staging memory is write-combined
-(host-visible, not cached), where ordinary stores and ``rep movsb`` may run slower than stores that bypass the cache;
-a switch, so that ``python -m bench.transfers --streaming-stores`` can measure which is faster on a machine.
+Streaming stores (:func:`set_streaming_stores`, off by default): every copy through :func:`host_copy` (into an
+upload's staging memory, out of a read's into the caller's array) is made with non-temporal 16-byte stores (SSE2, on
+x86-64; ``memcpy`` elsewhere) instead of ``memcpy``.  An upload's staging memory is write-combined (host-visible, not
+cached), where ordinary stores and ``rep movsb`` may run slower than stores that bypass the cache; a switch, so that
+``python -m bench.transfers --streaming-stores`` can measure which is faster on a machine.
 """
 
 import os
@@ -29,7 +30,7 @@ cdef extern from *:
     """
     #include <string.h>
     #include <stdint.h>
-    #if defined(__SSE2__)
+    #if defined(__SSE2__) || defined(_M_X64)
     #include <emmintrin.h>
     static void ortgpu_stream_copy(char *destination, const char *source, size_t size) {
         size_t head = (16 - ((uintptr_t)destination & 15)) & 15, blocks, index;

@@ -526,8 +526,9 @@ class WgpuDevice(_StagedWrites):
         callback()
 
     def destroy(self) -> None:
-        """Release the staging buffer, every live handle, the queue and the device, then call the destroy
-        callbacks (outside the device's lock).  Idempotent."""
+        """Release the staging buffers, every live handle, the queue and the device (destroyed, unless arrays still
+        hold staging buffers of it: then only released, and freed with the last), then call the destroy callbacks
+        (outside the device's lock).  Idempotent."""
         self._destroy_native()
         lock = getattr(self, "_callbacks_lock", None)
         if lock is None:

@@ -16,8 +16,8 @@ destroy.  A buffer still held when the device is destroyed is left to its view: 
 finalizer releases it (wgpu-native keeps the device's memory alive while a buffer refers to it), so an array may
 outlive its device.
 
-Costs: a held array keeps its staging buffer (its size rounded up to 64 KiB) for its life; host memory is the same as
-a copied array's.  Reads below :data:`MAPPED_READ_MIN` keep copying out: small reads are cheap to copy, ride in a
+Costs: a held array keeps its staging buffer for its life (a free one of its size to twice it, else a new one of its
+size rounded up to 64 KiB); host memory is about a copied array's.  Reads below :data:`MAPPED_READ_MIN` keep copying out: small reads are cheap to copy, ride in a
 replay's submission (:mod:`._wgpu_read_ahead`), and would each pin a buffer.
 """
 
@@ -43,9 +43,12 @@ class HeldMappings:
     releases its buffer itself.  Its lock is reentrant and guards only these containers and ``open``: a finalizer
     may run in a thread that is inside one of these methods."""
 
-    def __init__(self, ffi: Any, lib: Any) -> None:
+    def __init__(self, ffi: Any, lib: Any, keep_alive: object) -> None:
         self._ffi = ffi
         self._lib = lib
+        # the device's error record (``_sink.reports``): its C struct is where wgpu-native's callbacks write, and the
+        # native device lives on while a view holds a buffer of it (see ``WgpuDevice._destroy_native``)
+        self._keep_alive = keep_alive
         self._lock = threading.RLock()
         self.open = True
         self.held: dict[int, _Staging] = {}

@@ -1,6 +1,6 @@
 """Reading wgpu buffers back to the host, and waiting for the device: staging buffers, mapping, polling.
 
-A read copies its range into a staging buffer (MAP_READ | COPY_DST, a power of two in size), maps it, and copies
+A read copies its range into a staging buffer (MAP_READ | COPY_DST, from the pool), maps it, and copies
 out of the mapping (a large read in chunks, :mod:`._wgpu_chunked_reads`); ``submit_and_read`` appends those copies
 to the submission itself (a tail the encode-ahead cache keeps with the list): a run and its reads cost one
 submission and one wait.
@@ -221,12 +221,15 @@ class _Readback(_StagingPool):
                 self._free_staging(staging)
                 name = _enum_suffix("WGPUMapAsyncStatus", wait.status) if wait.status > 0 else str(wait.status)
                 raise DeviceError(f"{action}: mapping the staging buffer failed ({name})")
-            # void *wgpuBufferGetMappedRange(WGPUBuffer buffer, size_t offset, size_t size)
-            pointer = self._lib.wgpuBufferGetMappedRange(staging.pointer, 0, padded)
-            if pointer == self._ffi.NULL:
-                self._free_staging(staging)
-                raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
-            self._raise_pending(action)
+            try:
+                # void *wgpuBufferGetMappedRange(WGPUBuffer buffer, size_t offset, size_t size)
+                pointer = self._lib.wgpuBufferGetMappedRange(staging.pointer, 0, padded)
+                if pointer == self._ffi.NULL:
+                    raise DeviceError(f"{action}: the staging buffer's mapped range is NULL")
+                self._raise_pending(action)
+            except BaseException:
+                self._free_staging(staging)  # mapped, and neither held nor free: freed (which unmaps it)
+                raise
             return self._mappings.hand_over(pointer, size, staging)
 
     def _read_into(self, buffer: int, offset: int, out: Any, action: str) -> None:
@@ -325,6 +328,7 @@ class _Readback(_StagingPool):
             if commands.frozen:
                 self._list_staging[id(commands)] = staging.address
             job = None
+            requested = False
             try:
                 tail = CommandList()
                 cursor = 0
@@ -339,10 +343,15 @@ class _Readback(_StagingPool):
                     self._give_back_staging(staging)
                 elif not ready:
                     self._unlocked.request_map(staging.address, total, wait)  # keeping the GIL (short)
+                    requested = True
                     self._raise_pending(action)
             except BaseException:
                 self._cancel_job(job)
-                self._give_back_staging(staging)
+                if requested:  # its map may still complete (into ``wait``): never pooled again
+                    _ABANDONED_WAITS.append(wait)
+                    self._free_staging(staging)
+                else:
+                    self._give_back_staging(staging)
                 raise
         if ready:
             try:

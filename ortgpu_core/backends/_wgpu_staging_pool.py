@@ -5,7 +5,8 @@ Which buffer a read takes: ``submit_and_read`` of a frozen list the buffer that 
 free (its command buffer encoded ahead names that buffer, whichever thread reads), any read the free buffer its thread
 used last (so a captured graph replayed and read by one thread keeps naming the same buffer), else any free one large
 enough, else a new one (a power of two in size) that replaces a free one (never more buffers than reads at once, plus
-those held by arrays).  A buffer whose request did not complete is freed, not returned.  Replacing a buffer releases
+those held by arrays: a read handed over mapped takes a free buffer of at most twice its size that no frozen list
+names, else a new one of its size, and frees none).  A buffer whose request did not complete is freed, not returned.  Replacing a buffer releases
 the command buffers encoded ahead that copy into it.
 
 Ownership: :class:`_StagingPool` is a layer of ``WgpuDevice`` (after ``_EncodeAhead``; ``_Readback`` reads through
@@ -33,7 +34,7 @@ class _StagingPool(_EncodeAhead):
         """Set this layer's fields: no staging buffers yet, none held."""
         self._staging_free: list[_Staging] = []
         self._staging_all: dict[int, _Staging] = {}  # by address, free or in use
-        self._mappings = HeldMappings(self._ffi, self._lib)  # staging buffers handed over mapped
+        self._mappings = HeldMappings(self._ffi, self._lib, self._sink.reports)  # those handed over mapped
 
     @property
     def _staging_size(self) -> int:
@@ -42,12 +43,16 @@ class _StagingPool(_EncodeAhead):
 
     def _take_staging(self, size: int, prefer: int = 0, held: bool = False) -> _Staging:
         """A free staging buffer of at least ``size`` bytes for the calling thread (see the module's docstring):
-        the one at address ``prefer`` when it is free and large enough.  ``held``: for a read handed over mapped
-        (a new buffer is then ``size`` rounded up to :data:`HELD_ROUNDING`, not to a power of two)."""
+        the one at address ``prefer`` when it is free and large enough.  ``held``: for a read handed over mapped,
+        which keeps it for the array's life: a free buffer of at most twice ``size`` that no frozen list's read
+        names, else a new one of ``size`` rounded up to :data:`HELD_ROUNDING` (none freed to make room)."""
         if self._mappings.returned:
             self._return_mappings()
         thread = threading.get_ident()
         free = self._staging_free
+        if held:
+            named = set(self._list_staging.values())
+            free = [s for s in free if size <= s.size <= 2 * size and s.address not in named]
         chosen = next((s for s in free if s.address == prefer and s.size >= size), None) if prefer else None
         if chosen is None:
             chosen = next((s for s in free if s.owner == thread and s.size >= size), None)
@@ -55,8 +60,12 @@ class _StagingPool(_EncodeAhead):
             chosen = next((s for s in free if s.size >= size), None)
         if chosen is None:
             # every free one is too small: one is replaced (this thread's, else the smallest), so the pool only
-            # grows while all its buffers are in use (at most one per thread reading at once)
-            victim = next((s for s in free if s.owner == thread), None) or min(free, key=lambda s: s.size, default=None)
+            # grows while all its buffers are in use (one per read at once, and those held by arrays)
+            victim = None
+            if not held:
+                victim = next((s for s in free if s.owner == thread), None) or min(
+                    free, key=lambda s: s.size, default=None
+                )
             if victim is not None:
                 free.remove(victim)
                 self._free_staging(victim)
@@ -71,7 +80,7 @@ class _StagingPool(_EncodeAhead):
             chosen = _Staging(pointer, _address(pointer), capacity, thread)
             self._staging_all[chosen.address] = chosen
         else:
-            free.remove(chosen)
+            self._staging_free.remove(chosen)
         chosen.owner = thread
         return chosen
 
