@@ -23,7 +23,7 @@ from .._errors import ValidationError
 from ._commands import CommandList
 from ._fake_device_base import _FakeDeviceBase
 from ._fake_handles import _BindGroup, _Buffer, _Pipeline, _QuerySet
-from .protocol import BUFFER_ALIGNMENT, QUERY_RESOLVE_ALIGNMENT, check_encode_next, host_read_target, padded
+from .protocol import QUERY_RESOLVE_ALIGNMENT, check_encode_next, host_read_target, mapped_read_range
 
 _Step = (
     tuple[Literal["dispatch"], _Pipeline, _BindGroup, tuple[int, int, int]]
@@ -68,12 +68,9 @@ class _FakeExecution(_FakeDeviceBase):
     def read_buffer_mapped(self, buffer: int, offset: int, size: int) -> bytearray:
         """:meth:`read_buffer` as a ``bytearray`` (the wgpu backend's hands over its mapped staging buffer; the
         contract, a writable buffer of its own that later work never changes, is the same)."""
-        if offset < 0 or offset % BUFFER_ALIGNMENT:
-            raise ValidationError(f"read_buffer_mapped: offset {offset} must be a non-negative multiple of 4 bytes")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValidationError(f"read_buffer_mapped: size must be an int >= 0, not {size!r}")
+        checked = mapped_read_range(offset, size, "read_buffer_mapped")
         with self._operations.operation("read", self._ordinal), self._lock:
-            return bytearray(self._readable(buffer, offset, size, padded(size), "read_buffer_mapped").tobytes())
+            return bytearray(self._readable(buffer, offset, size, checked, "read_buffer_mapped").tobytes())
 
     def submit_and_read(self, commands: CommandList, reads: Sequence[tuple[int, int, Any]]) -> None:
         """:meth:`submit`, then :meth:`read_buffer_into` each ``(buffer, offset, out)``; every read is checked

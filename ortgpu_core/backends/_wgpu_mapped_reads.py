@@ -83,10 +83,10 @@ class HeldMappings:
                 returned.append(staging)
         return returned
 
-    def close(self) -> tuple[list[_Staging], set[int]]:
-        """(The device's destroy.)  The buffers returned and not yet taken, and the addresses of those still held
-        (the device must not free them: their views release them)."""
+    def close(self) -> set[int]:
+        """(The device's destroy.)  The addresses of the buffers still held (the device must not free them: their
+        views release them); those returned and not yet taken are the device's to free with its pool."""
         with self._lock:
-            returned = self.take_returned()
+            self.take_returned()
             self.open = False
-            return returned, set(self.held)
+            return set(self.held)

@@ -77,7 +77,7 @@ from ._wgpu_device_base import _Handle
 from ._wgpu_ffi import _address, _enum_suffix
 from ._wgpu_requests import _Requests, _Staging
 from ._wgpu_staging_pool import _StagingPool
-from .protocol import BUFFER_ALIGNMENT, AdapterInfo, host_read_target
+from .protocol import BUFFER_ALIGNMENT, AdapterInfo, host_read_target, mapped_read_range
 
 # A wait makes at most this many blocking polls before giving up on its request.
 _MAP_POLL_ATTEMPTS = 10_000
@@ -200,10 +200,7 @@ class _Readback(_StagingPool):
         """Wait for submitted work, then return ``size`` bytes at ``offset`` as a writable buffer object that is the
         staging buffer they were copied into, mapped: no host copy (:mod:`._wgpu_mapped_reads`)."""
         action = f"read_buffer_mapped({buffer:#x}, offset={offset}, size={size})"
-        self._check_aligned(action, offset=offset)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValidationError(f"{action}: size must be an int >= 0")
-        padded = -(-size // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+        padded = mapped_read_range(offset, size, action)
         with self._lock:
             self._check_open()
             self._checked_read(buffer, offset, padded, action)
@@ -215,12 +212,7 @@ class _Readback(_StagingPool):
         wait = self._copy_and_wait(buffer, offset, staging, padded, source, action)
         with self._lock:
             self._unbusy(source)
-            self._check_open()  # destroyed meanwhile: the staging buffer went with the device
-            self._check_not_lost(action)
-            if wait.status != self._map_success:
-                self._free_staging(staging)
-                name = _enum_suffix("WGPUMapAsyncStatus", wait.status) if wait.status > 0 else str(wait.status)
-                raise DeviceError(f"{action}: mapping the staging buffer failed ({name})")
+            self._check_mapped(staging, wait.status, None, action)
             try:
                 # void *wgpuBufferGetMappedRange(WGPUBuffer buffer, size_t offset, size_t size)
                 pointer = self._lib.wgpuBufferGetMappedRange(staging.pointer, 0, padded)
@@ -445,6 +437,18 @@ class _Readback(_StagingPool):
                 self._unbusy(source)
             self._copy_out_locked(staging, status, None, size, action, copies)
 
+    def _check_mapped(self, staging: _Staging, status: int, message: str | None, action: str) -> None:
+        """(Under the lock; ``staging``'s map request completed with ``status``.)  Raise if the device was destroyed
+        or lost meanwhile (the staging buffer went with it), or if the request failed (the buffer is then freed)."""
+        self._check_open()
+        self._check_not_lost(action)
+        if status != self._map_success:
+            self._free_staging(staging)
+            name = _enum_suffix("WGPUMapAsyncStatus", status) if status > 0 else str(status)
+            raise DeviceError(
+                f"{action}: mapping the staging buffer failed ({name}){': ' + message if message else ''}"
+            )
+
     def _copy_out_locked(
         self,
         staging: _Staging,
@@ -459,14 +463,7 @@ class _Readback(_StagingPool):
         gave one.)  Keeping the GIL: copy each ``(destination address, bytes, offset in the mapping)`` out of the
         mapped range, unmap, and give the buffer back to the pool (unless not ``give_back``: a read ahead's own); a
         failed request frees the buffer instead."""
-        self._check_open()  # destroyed meanwhile: the staging buffer went with the device
-        self._check_not_lost(action)
-        if status != self._map_success:
-            self._free_staging(staging)
-            name = _enum_suffix("WGPUMapAsyncStatus", status) if status > 0 else str(status)
-            raise DeviceError(
-                f"{action}: mapping the staging buffer failed ({name}){': ' + message if message else ''}"
-            )
+        self._check_mapped(staging, status, message, action)
         try:
             calls = self._native_calls
             # wgpuBufferGetConstMappedRange, the copies, wgpuBufferUnmap

@@ -122,7 +122,7 @@ class _StagingPool(_EncodeAhead):
     def _free_staging_pool(self) -> bool:
         """(The device's destroy, under its lock.)  Free the staging buffers but those still held by a view (their
         views release them); True when some are."""
-        _, held = self._mappings.close()
+        held = self._mappings.close()
         for staging in list(self._staging_all.values()):
             if staging.address not in held:
                 self._free_buffer(staging.pointer)

@@ -94,6 +94,18 @@ def host_read_target(out: Any, action: str) -> tuple[memoryview, int]:
     return view.cast("B"), padded(view.nbytes)
 
 
+def mapped_read_range(offset: int, size: int, action: str) -> int:
+    """The device range (``size`` rounded up to :data:`BUFFER_ALIGNMENT`) of ``read_buffer_mapped(buffer, offset,
+    size)``; ``ValidationError`` unless ``offset`` is a non-negative multiple of 4 and ``size`` an int >= 0."""
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or offset % BUFFER_ALIGNMENT:
+        raise ValidationError(
+            f"{action}: offset {offset!r} must be a non-negative multiple of {BUFFER_ALIGNMENT} bytes"
+        )
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValidationError(f"{action}: size must be an int >= 0, not {size!r}")
+    return padded(size)
+
+
 #: A numpy twin of a compute kernel, run by the fake backend in place of WGSL.
 #: It receives one writable ``uint8`` array per binding (the bound range, in
 #: binding order) and the dispatch grid, and writes its outputs in place.
