@@ -25,7 +25,9 @@ back) is written through: the step stores each element where the Transpose would
 arrive as a broadcast batch axis, through an Expand (stride 0), or repeated by Unsqueeze + Expand + Reshape (HF's
 ``repeat_kv``: the head axis is split into groups and repeats, :mod:`ortgpu._repeated_heads`, and the repeat is not
 copied). Where the kernel cannot be planned (dtype, workgroup storage, the driver's loop budget) or would be slower
-(more scores per head than :data:`~ortgpu.ops._fused_attention.FUSE_MAX_SCORES`) the nodes are planned one by one.
+(more scores per head than :data:`~ortgpu.ops._fused_attention.FUSE_MAX_SCORES`), the two products run as steps
+reading the same views, the Softmax folded into the second's loads (:func:`_unfused_reading_views`); where they cannot
+either, the nodes are planned one by one.
 
 "float" is float32 or float16: a float16 export (``model.half()``) has the same nodes with float16 tensors and
 scalars, and often Casts to float32 and back around the Softmax (``softmax(..., dtype=torch.float32)``); the kernel
@@ -190,10 +192,12 @@ def _unfused_reading_views(
     tail: list[GraphNode],
     split: tuple[int, int, int] | None = None,
 ) -> list[PlannedStep] | None:
-    """An attention the fused kernel does not take (too long) as three steps: the scores ``Q.K^T`` (scales and mask
-    in its epilogue), the Softmax, ``P.V`` (written through the heads' merge Transpose where that keeps the last
-    axis last), the products reading Q, K^T and V in place (``_input_views``) as the fused kernel would have: the
-    copies of a packed projection's split and of the head Reshapes/Transposes are gone.  Casts that change the type
+    """An attention the fused kernel does not take (too long) as two steps: the scores ``Q.K^T`` (scales and mask
+    in its epilogue), then ``softmax(S).V`` (written through the heads' merge Transpose where that keeps the last
+    axis last), the Softmax folded into that product's loads (MatMul's ``_softmax_a``: the probabilities are never
+    stored), the products reading Q, K^T and V in place (``_input_views``) as the fused kernel would have: the
+    copies of a packed projection's split and of the head Reshapes/Transposes are gone.  Where the second product
+    cannot read the softmax so (one row: the GEMV), the Softmax runs as a step between them.  Casts that change the type
     (a float16 export's ``softmax(..., dtype=float32).to(float16)``) run as steps of their own around the Softmax,
     the scores product writing the type its chain rounds to first.  None where a scale or mask follows such a Cast
     (the epilogue could not round between them), or a step does not plan on the device.  ``split``: the head axis
@@ -261,30 +265,36 @@ def _unfused_reading_views(
         mix_attrs["_output_perm"] = out_perm
     operator = MatMul()
     steps = []
-    for inputs, attrs, out in (
-        (scores_in, scores_attrs, scores_out),
-        ((own_steps[-1].outputs[0], v[0]), mix_attrs, output),
-    ):
-        input_infos = tuple(split_infos.get(name, ctx.infos[name]) for name in inputs)
-        output_infos = (ctx.infos[out],)
-        try:
-            op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(list(inputs)))
-        except (NotOnDevice, UnsupportedOpError):
+    mixes = [((own_steps[-1].outputs[0], v[0]), mix_attrs)]
+    if own_steps == [softmax]:  # first choice: the Softmax folded into the second product's loads
+        mixes.insert(0, ((scores_out, v[0]), {**mix_attrs, "_softmax_a": True}))
+    for choices, out in (([(scores_in, scores_attrs)], scores_out), (mixes, output)):
+        for inputs, attrs in choices:
+            input_infos = tuple(split_infos.get(name, ctx.infos[name]) for name in inputs)
+            output_infos = (ctx.infos[out],)
+            try:
+                op_plan = operator.plan(input_infos, output_infos, attrs, ctx.caps, ctx.constants_of(list(inputs)))
+            except (NotOnDevice, UnsupportedOpError):
+                continue
+            steps.append((inputs, attrs, out, input_infos, output_infos, op_plan))
+            break
+        else:
             return None
-        steps.append((inputs, attrs, out, input_infos, output_infos, op_plan))
-    folded = softmax_in_storage_type(ctx, own_steps)
-    middle = (
-        [folded]
-        if folded is not None
-        else [
-            plan_node(ctx, node, get_operator(node.op_type, node.opset, node.domain), public_attrs(node.attrs))
-            for node in own_steps
-        ]
-    )
+    middle: list[PlannedStep] = []
+    if not steps[1][1].get("_softmax_a"):
+        folded = softmax_in_storage_type(ctx, own_steps)
+        middle = (
+            [folded]
+            if folded is not None
+            else [
+                plan_node(ctx, node, get_operator(node.op_type, node.opset, node.domain), public_attrs(node.attrs))
+                for node in own_steps
+            ]
+        )
     if any(step.placement != "webgpu" for step in middle):
         return None
     front = list({node.name: node for node in q[3][::-1] + kt[3][::-1]}.values()) + [first] + before
-    back = after + [node for node in v[3][::-1] if node not in front] + [last] + tail
+    back = ([] if middle else own_steps) + after + [node for node in v[3][::-1] if node not in front] + [last] + tail
     planned = []
     for group, (inputs, attrs, out, input_infos, output_infos, op_plan) in zip((front, back), steps):
         planned.append(

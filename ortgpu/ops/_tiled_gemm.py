@@ -53,26 +53,30 @@ def split_k_plan(
     outputs: Sequence[TensorInfo],
     caps: DeviceCaps,
     output_perm: Perm | None = None,
+    scratch: int = 0,
 ) -> OpPlan:
     """A split-K plan (tiled GEMM and GEMV): ``partial`` writes ``slices`` partial results of ``total`` outputs
-    into the scratch buffer (``vec4`` elements with ``vector``); a second kernel sums them, applies the epilogue and
-    stores them (:func:`~ortgpu.ops._output_layout.output_store`, ``output_perm`` its permutation)."""
+    into scratch buffer ``scratch`` (``vec4`` elements with ``vector``); a second kernel sums them, applies the
+    epilogue and stores them (:func:`~ortgpu.ops._output_layout.output_store`, ``output_perm`` its permutation).
+    The plan's scratch sizes list that buffer last (buffers before it are the caller's)."""
     reduce_table = BindingTable()
     element = float_element(outputs[0])
-    scratch_in = reduce_table.add(Binding("scratch", 0), "vec4<f32>" if vector else "f32")
+    scratch_in = reduce_table.add(Binding("scratch", scratch), "vec4<f32>" if vector else "f32")
     parts_helpers, store = output_store(reduce_table, element, outputs, out_shape, output_perm)
     epilogue = epilogue_function(steps, out_shape, reduce_table, element) + parts_helpers
     reduce_wgsl, reduce_grid = split_k_reduce_kernel(
         total, slices, reduce_table.enables() + reduce_table.declarations(), epilogue, scratch_in, store, vector, caps
     )
-    reduce_twin = _reduce_twin(steps, reduce_table.bindings, inputs, outputs, out_shape, output_perm, slices, total)
+    reduce_twin = _reduce_twin(
+        steps, reduce_table.bindings, inputs, outputs, out_shape, output_perm, slices, total, scratch
+    )
     check_device_fits(name, list(inputs) + list(outputs), max(len(partial.bindings), len(reduce_table.bindings)), caps)
     scratch_bytes = slices * total * 4
     if scratch_bytes > caps.limits.max_storage_buffer_binding_size:
         raise NotOnDevice(f"{name}: split-K scratch of {scratch_bytes} bytes exceeds the storage binding limit")
     return OpPlan(
         kernels=(partial, KernelSpec(name, reduce_wgsl, reduce_grid, tuple(reduce_table.bindings), reduce_twin)),
-        scratch_sizes=(scratch_bytes,),
+        scratch_sizes=(0,) * scratch + (scratch_bytes,),
     )
 
 
@@ -88,6 +92,7 @@ def plan_tiled_gemm(
     caps: DeviceCaps,
     config: GemmConfig | None = None,
     output_perm: Perm | None = None,
+    before: Sequence[tuple[KernelSpec, int]] = (),
 ) -> OpPlan:
     """The plan of the tiled GEMM for ``problem`` with the epilogue ``steps`` (extra inputs bound by the epilogue);
     the product (``out_shape``) is stored as :func:`~ortgpu.ops._output_layout.output_store` says: split by
@@ -95,8 +100,35 @@ def plan_tiled_gemm(
 
     ``config``: the kernel variant; default :func:`choose_gemm_config`.  ``compute`` is the whole node's
     function (the twin of the single-kernel variant).  Split-K needs ``problem.operands``; without it the
-    config runs unsplit.
+    config runs unsplit.  ``before``: kernels that run first, each with the byte size of the scratch buffer it
+    writes (scratch 0, 1, ... in order), which the problem's loaders may read; split-K's partial sums come after.
     """
+    plan = _plan_tiled_gemm(
+        name, problem, steps, out_shape, compute, inputs, outputs, caps, config, output_perm, len(before)
+    )
+    if not before:
+        return plan
+    sizes = tuple(size for _, size in before)
+    return OpPlan(
+        kernels=tuple(kernel for kernel, _ in before) + plan.kernels,
+        scratch_sizes=sizes + plan.scratch_sizes[len(sizes) :],
+    )
+
+
+def _plan_tiled_gemm(
+    name: str,
+    problem: GemmProblem,
+    steps: Sequence[EpilogueStep],
+    out_shape: tuple[int, ...],
+    compute: Callable[[list[np.ndarray | None]], Sequence[np.ndarray]],
+    inputs: Sequence[TensorInfo | None],
+    outputs: Sequence[TensorInfo],
+    caps: DeviceCaps,
+    config: GemmConfig | None,
+    output_perm: Perm | None,
+    scratch_index: int,
+) -> OpPlan:
+    """:func:`plan_tiled_gemm` without the kernels before; split-K's partial sums in scratch ``scratch_index``."""
     if config is None:
         config = choose_gemm_config(problem.batch, problem.m, problem.n, problem.k, caps)
     config.validate()
@@ -141,7 +173,7 @@ def plan_tiled_gemm(
         element = "vec4<f32>" if vector else "f32"
         table = BindingTable()
         loaders = loader_functions(problem, mode_a, mode_b, table)
-        scratch = table.add(Binding("scratch", 0), element, writable=True)
+        scratch = table.add(Binding("scratch", scratch_index), element, writable=True)
         if vector:
             body = f"        if (m < M && n < N) {{ {scratch}[(s * {total_out}u + b * {problem.m * problem.n}u + m * N + n) / 4u] = acc; }}\n"
         else:
@@ -154,10 +186,21 @@ def plan_tiled_gemm(
         )
         operands = problem.operands
         assert operands is not None
-        partial_twin = _partial_twin(operands, table.bindings, inputs, slices, per_slice, problem)
+        partial_twin = _partial_twin(operands, table.bindings, inputs, slices, per_slice, problem, scratch_index)
         partial = KernelSpec(name, wgsl, grid, tuple(table.bindings), partial_twin)
         return split_k_plan(
-            name, partial, slices, total_out, vector, steps, out_shape, inputs, outputs, caps, output_perm
+            name,
+            partial,
+            slices,
+            total_out,
+            vector,
+            steps,
+            out_shape,
+            inputs,
+            outputs,
+            caps,
+            output_perm,
+            scratch_index,
         )
     config = dataclasses.replace(config, split_k=1)
     table = BindingTable()
@@ -198,8 +241,9 @@ def _partial_twin(
     slices: int,
     per_slice: int,
     problem: GemmProblem,
+    scratch: int,
 ) -> Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]:
-    scratch_slot = next(slot for slot, b in enumerate(bindings) if b.kind == "scratch")
+    scratch_slot = bindings.index(Binding("scratch", scratch))
 
     def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
         a, b = operands(_bound_inputs(arrays, bindings, inputs))
@@ -224,8 +268,9 @@ def _reduce_twin(
     output_perm: Perm | None,
     slices: int,
     total: int,
+    scratch: int,
 ) -> Callable[[Sequence[np.ndarray], tuple[int, int, int]], None]:
-    scratch_slot = next(slot for slot, b in enumerate(bindings) if b.kind == "scratch")
+    scratch_slot = bindings.index(Binding("scratch", scratch))
     output_slots = {b.index: slot for slot, b in enumerate(bindings) if b.kind == "output"}
     shape = out_shape if len(outputs) > 1 or output_perm is not None else outputs[0].shape
 

@@ -57,6 +57,16 @@ that strided view of the input (rank >= 2; every element it reaches lies in the 
 attention's Q, K^T and V so where it leaves the attention unfused: straight from a packed projection, through the
 Gathers, Reshapes and Transposes an exporter wrote.  Not with ``"_input_perms"``.
 
+Softmax operand (MatMul only)
+-----------------------------
+``"_softmax_a": True``: the product's A is the softmax of input 0 (as read) over its last axis, which the node
+computes itself: a kernel keeps each row's maximum and reciprocal sum, and the product's A loads apply them
+(:mod:`.._softmax_operand`).  The planner folds an unfused attention's Softmax into its second product so (the
+probabilities are never stored).  A must be all of input 0 read in order (no folded transpose, a view only of the
+same bytes in C order) and the product must have more than one row; otherwise the plan raises ``NotOnDevice`` and
+the planner keeps the Softmax as its own step.  Float16 scores are softmaxed in f32 without rounding the
+probabilities to float16 first.
+
 Kernels
 -------
 * M = 1 (one row, no batch; also after folding, see below): a GEMV kernel that streams B with vec4 loads,
@@ -82,9 +92,17 @@ from ortgpu_core._errors import UnsupportedOpError
 from ..._types import element_count
 from .._epilogue import EpilogueStep, apply_epilogue, parse_epilogue
 from .._gemv import plan_gemv
-from .._kernel import Binding, DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
+from .._kernel import Binding, DeviceCaps, KernelSpec, NotOnDevice, Operator, OpPlan, TensorInfo
 from .._output_layout import laid_out, output_parts, store_permutation
 from .._registry import register
+from .._softmax_operand import (
+    STATS_ELEMENT,
+    check_softmax_operand,
+    softmax_load,
+    softmax_of,
+    softmax_operands,
+    softmax_stats_kernel,
+)
 from .._tiled_gemm import GemmLoad, GemmProblem, binding_name, plan_tiled_gemm
 from .._tiling import broadcast_strides, c_strides, float_element, index_function, require_float
 from ._matmul_operands import (
@@ -204,9 +222,11 @@ def plan_gemm(
     output_perm: Perm | None = None,
     a_view: InputView | None = None,
     b_view: InputView | None = None,
+    a_softmax: bool = False,
 ) -> OpPlan:
     """The plan of ``out = epilogue(op(A) @ op(B))`` with A = input 0, B = input 1 (stored transposed by
-    ``output_perm``, or split by columns over several ``outputs``: :mod:`ortgpu.ops._output_layout`).
+    ``output_perm``, or split by columns over several ``outputs``: :mod:`ortgpu.ops._output_layout`); with
+    ``a_softmax`` the product's A is the softmax of input 0 over its last axis (:mod:`ortgpu.ops._softmax_operand`).
 
     ``a_shape``/``b_shape`` are at least 2-D (1-D operands already lifted); transposes apply to 2-D operands
     only (Gemm).  ``compute`` is the twin's whole-node function.  ``a_perm``/``b_perm`` (MatMul's folded
@@ -220,13 +240,27 @@ def plan_gemm(
         # K = 0: every output is epilogue(0 [+ beta * C]), which the twin computes; the GEMM/GEMV kernels would
         # bind zero-length operands (a validation error on wgpu) or leave the output unwritten.
         raise NotOnDevice(f"{op_type}: the inner dimension K is 0 (the output is the epilogue of zeros)")
+    if a_softmax:
+        check_softmax_operand(op_type, a_shape, trans_a, a_perm, a_view, inputs[0])
     if any(x is not None for x in (a_perm, b_perm, a_view, b_view)):
         if trans_a or trans_b:
             raise ValueError("plan_gemm: folded operands (perms, views) do not combine with trans_a/trans_b")
         a_read = read_through(a_shape, a_perm, a_view)
         b_read = read_through(b_shape, b_perm, b_view)
         return _plan_strided_gemm(
-            op_type, a_shape, b_shape, a_read, b_read, steps, out_shape, compute, inputs, outputs, caps, output_perm
+            op_type,
+            a_shape,
+            b_shape,
+            a_read,
+            b_read,
+            steps,
+            out_shape,
+            compute,
+            inputs,
+            outputs,
+            caps,
+            output_perm,
+            a_softmax,
         )
     m = a_shape[-1] if trans_a else a_shape[-2]
     k = a_shape[-2] if trans_a else a_shape[-1]
@@ -241,6 +275,8 @@ def plan_gemm(
     head = batch_shape[: len(batch_shape) - tail]
     batch = element_count(head)
     if batch == 1 and m == 1:
+        if a_softmax:
+            raise NotOnDevice(f"{op_type}: a one-row product reads no softmax operand; run the Softmax on its own")
         return plan_gemv(
             op_type,
             n=n,
@@ -298,6 +334,7 @@ def plan_gemm(
         outputs=outputs,
         caps=caps,
         output_perm=output_perm,
+        a_softmax=a_softmax,
     )
 
 
@@ -322,9 +359,12 @@ def _loaded_gemm(
     outputs: Sequence[TensorInfo],
     caps: DeviceCaps,
     output_perm: Perm | None = None,
+    a_softmax: bool = False,
 ) -> OpPlan:
     """The tiled GEMM over inputs 0 (A) and 1 (B) read at ``base + index`` (WGSL expressions in ``b``, ``m``,
-    ``k``, ``n``); ``vectors`` says which vec4 loaders are valid: (A along k, A along m, B along n, B along k)."""
+    ``k``, ``n``); ``vectors`` says which vec4 loaders are valid: (A along k, A along m, B along n, B along k).
+    ``a_softmax``: A's loads return the softmax of input 0's rows (:mod:`ortgpu.ops._softmax_operand`), from row
+    statistics a kernel before the product writes into scratch 0."""
     a_in, b_in = Binding("input", 0), Binding("input", 1)
     info = inputs[0]
     assert info is not None
@@ -332,20 +372,34 @@ def _loaded_gemm(
     vec = f"vec4<{element}>"
     a_s, b_s = binding_name(a_in, element), binding_name(b_in, element)
     a_v, b_v = binding_name(a_in, vec), binding_name(b_in, vec)
+    stats = Binding("scratch", 0)
+
+    def widened(value: str, vector: bool) -> str:
+        return value if element == "f32" else f"{'vec4<f32>' if vector else 'f32'}({value})"
 
     def loaded(value: str, vector: bool) -> str:
-        wide = "vec4<f32>" if vector else "f32"
-        return f"    return {value};" if element == "f32" else f"    return {wide}({value});"
+        return f"    return {widened(value, vector)};"
 
-    a_vector = GemmLoad(loaded(f"{a_v}[({a_base}{a_index}) / 4u]", True), ((a_in, vec),))
+    def loaded_a(value: str, vector: bool) -> str:
+        if not a_softmax:
+            return loaded(value, vector)
+        return softmax_load(widened(value, vector), f"{a_base}{a_index}", k, binding_name(stats, STATS_ELEMENT), vector)
+
+    a_extra = ((stats, STATS_ELEMENT),) if a_softmax else ()
+    a_vector = GemmLoad(loaded_a(f"{a_v}[({a_base}{a_index}) / 4u]", True), ((a_in, vec),) + a_extra)
     b_vector = GemmLoad(loaded(f"{b_v}[({b_base}{b_index}) / 4u]", True), ((b_in, vec),))
     a4k, a4m, b4n, b4k = vectors
+    before: tuple[tuple[KernelSpec, int], ...] = ()
+    if a_softmax:
+        a4m = False  # four rows' loads would need four rows' statistics
+        before = ((softmax_stats_kernel(op_type, info, k, 0, caps), info.size // k * 8),)
+        operands = softmax_operands(operands)
     problem = GemmProblem(
         batch=batch,
         m=m,
         n=n,
         k=k,
-        load_a=GemmLoad(loaded(f"{a_s}[{a_base}{a_index}]", False), ((a_in, element),)),
+        load_a=GemmLoad(loaded_a(f"{a_s}[{a_base}{a_index}]", False), ((a_in, element),) + a_extra),
         load_b=GemmLoad(loaded(f"{b_s}[{b_base}{b_index}]", False), ((b_in, element),)),
         load_a4k=a_vector if a4k else None,
         load_a4m=a_vector if a4m else None,
@@ -364,6 +418,7 @@ def _loaded_gemm(
         outputs=outputs,
         caps=caps,
         output_perm=output_perm,
+        before=before,
     )
 
 
@@ -380,6 +435,7 @@ def _plan_strided_gemm(
     outputs: Sequence[TensorInfo],
     caps: DeviceCaps,
     output_perm: Perm | None = None,
+    a_softmax: bool = False,
 ) -> OpPlan:
     """:func:`plan_gemm` with operands read through folded transposes or views: every load goes through the
     operand's element strides (from its offset), vec4 loads only where the strides and offset keep four neighbours
@@ -393,6 +449,8 @@ def _plan_strided_gemm(
     m = _rows_of(runs)
     head = batch_shape[: len(batch_shape) - tail]
     batch = element_count(head)
+    if batch == 1 and m == 1 and a_softmax:
+        raise NotOnDevice(f"{op_type}: a one-row product reads no softmax operand; run the Softmax on its own")
     if batch == 1 and m == 1 and not (a_start or b_start):  # (the GEMV reads its operands from their start)
         return _strided_gemv(op_type, b_shape, sa, sb, steps, out_shape, compute, inputs, outputs, caps, output_perm)
 
@@ -454,6 +512,7 @@ def _plan_strided_gemm(
         outputs=outputs,
         caps=caps,
         output_perm=output_perm,
+        a_softmax=a_softmax,
     )
 
 
@@ -517,7 +576,9 @@ class MatMul(Operator):
         a_view, b_view = input_views(attrs, [a.size, b.size])
         a_op = read_through(tuple(a.shape), a_perm, None)[2](a) if a_view is None else strided(a, a_view)
         b_op = read_through(tuple(b.shape), b_perm, None)[2](b) if b_view is None else strided(b, b_view)
-        if a.dtype == np.float16:  # as the kernels do: products and sums in float32, one rounding at the end
+        if _softmax_a(attrs):  # A is the softmax of what input 0 holds, in f32 (the kernel's loads)
+            y = np.matmul(softmax_of(a_op), b_op.astype(np.float32))
+        elif a.dtype == np.float16:  # as the kernels do: products and sums in float32, one rounding at the end
             y = np.matmul(a_op.astype(np.float32), b_op.astype(np.float32))
         else:
             y = np.matmul(a_op, b_op)
@@ -565,4 +626,13 @@ class MatMul(Operator):
             output_perm=output_perm,
             a_view=a_view,
             b_view=b_view,
+            a_softmax=_softmax_a(attrs),
         )
+
+
+def _softmax_a(attrs: Mapping[str, Any]) -> bool:
+    """The ``_softmax_a`` attribute (default False), checked."""
+    value = attrs.get("_softmax_a", False)
+    if not isinstance(value, bool):
+        raise UnsupportedOpError(f"MatMul: _softmax_a must be True or False, got {value!r}")
+    return value
