@@ -266,7 +266,7 @@ def _unfused_reading_views(
     operator = MatMul()
     steps = []
     mixes = [((own_steps[-1].outputs[0], v[0]), mix_attrs)]
-    if own_steps == [softmax]:  # first choice: the Softmax folded into the second product's loads
+    if _softmax_alone(ctx, own_steps):  # first choice: the Softmax folded into the second product's loads
         mixes.insert(0, ((scores_out, v[0]), {**mix_attrs, "_softmax_a": True}))
     for choices, out in (([(scores_in, scores_attrs)], scores_out), (mixes, output)):
         for inputs, attrs in choices:
@@ -313,6 +313,18 @@ def _unfused_reading_views(
             )
         )
     return [planned[0], *middle, planned[1]]
+
+
+def _softmax_alone(ctx: RewriteContext, nodes: Sequence[GraphNode]) -> bool:
+    """Whether ``nodes`` (consecutive, each feeding only the next) compute a Softmax of the scores in their own type
+    and nothing else: the Softmax alone, or float16 scores widened to float32 for it and the probabilities narrowed
+    back (the folded loads compute in f32 and round nothing: a float16 rounding fewer, as in the fused kernel)."""
+    if len(nodes) == 1:
+        return nodes[0].op_type == "Softmax"
+    if len(nodes) != 3 or [node.op_type for node in nodes] != ["Cast", "Softmax", "Cast"]:
+        return False
+    types = [ctx.infos[name].dtype for name in (nodes[0].inputs[0], nodes[1].inputs[0], nodes[2].outputs[0])]
+    return types == [np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float16)]
 
 
 def _split_heads(info: TensorInfo, axis: int, groups: int, rep: int, rank: int | None = None) -> TensorInfo | None:
