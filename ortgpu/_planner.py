@@ -44,6 +44,7 @@ from ._host_values import (
     sequence_dtype,
     value_dtype_matches,
 )
+from ._input_transposes import fold_input_transposes
 from ._memory_plan import plan_memory, uploaded_constants
 from ._norm_fusion import fuse_norms
 from ._output_transposes import fold_output_transposes
@@ -232,6 +233,7 @@ def _plan(
     ctx = RewriteContext(caps, types, constants, infos, consumers, set(output_names))
     steps = _plan_steps(ctx, nodes, allow_cpu, fuse)
     if fuse:
+        steps = fold_input_transposes(steps, ctx)
         steps = fold_output_transposes(steps, ctx)
         steps = fuse_elementwise(steps, ctx.graph_outputs, caps, constants)
         steps = merge_sibling_projections(steps, caps, constants, infos, model.rewrite_cache, digests)

@@ -6,6 +6,10 @@ The device kernel is a row kernel (:func:`._tiling.row_layout`): row mean, then 
 deviations (two passes, no cancellation), then the outputs, all in float32 whatever the ``stash_type``.  float16
 X, Scale, B and Y (on a device with ``shader-f16``) are loaded into f32 and Y is rounded once on store; Mean and
 InvStdDev are stored in their own type (float32 for ``stash_type`` 1, the default; X's for 0).
+
+``"_input_perm"`` (set by the planner, :mod:`ortgpu._input_transposes`): input 0 holds the tensor before a
+Transpose of that permutation and X is ``numpy.transpose(input_0, perm)``; the kernel reads each element where the
+Transpose would have taken it from (ConvNeXt's channels-first activations normalised over their channels: no copy).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from .._row_norm import narrowed, widened
 from .._tiling import (
     BindingTable,
     broadcast_strides,
+    c_strides,
     index_function,
     require_float,
     row_kernel_header,
@@ -45,6 +50,17 @@ def _axis(shape: Sequence[int], attrs: Mapping[str, Any]) -> int:
     return axis % rank
 
 
+def input_perm(attrs: Mapping[str, Any], rank: int) -> tuple[int, ...] | None:
+    """The ``_input_perm`` attribute (None where absent), checked against input 0's rank."""
+    raw = attrs.get("_input_perm")
+    if raw is None:
+        return None
+    perm = tuple(int(p) for p in raw)
+    if sorted(perm) != list(range(rank)):
+        raise UnsupportedOpError(f"LayerNormalization: _input_perm {raw!r} is not a permutation of {rank} axes")
+    return perm
+
+
 @register
 class LayerNormalization(Operator):
     """LayerNormalization-17."""
@@ -61,6 +77,9 @@ class LayerNormalization(Operator):
         x, scale = inputs[0], inputs[1]
         assert x is not None and scale is not None
         bias = inputs[2] if len(inputs) > 2 else None
+        perm = input_perm(attrs, x.ndim)
+        if perm is not None:
+            x = np.transpose(x, perm)
         axis = _axis(x.shape, attrs)
         epsilon = float(attrs.get("epsilon", 1e-5))
         axes = tuple(range(axis, x.ndim))
@@ -89,11 +108,13 @@ class LayerNormalization(Operator):
         element = require_float("LayerNormalization", [x, scale, bias, outputs[0]], caps)
         # Mean and InvStdDev: the stash type (float32 by default, even for float16 X) or X's
         stash = [require_float("LayerNormalization", [info], caps) for info in outputs[1:3]]
-        axis = _axis(x.shape, attrs)
-        layout = row_layout(x.shape, range(axis, len(x.shape)))
+        perm = input_perm(attrs, len(x.shape))
+        shape = x.shape if perm is None else tuple(x.shape[p] for p in perm)
+        axis = _axis(shape, attrs)
+        layout = row_layout(shape, range(axis, len(shape)))
         if layout.rows == 0 or layout.length == 0:
             return OpPlan()
-        norm_shape = x.shape[axis:]
+        norm_shape = shape[axis:]
         threads, rows_per_group, grid, helpers = row_kernel_header(layout, caps, "LayerNormalization", loops=3)
         table = BindingTable()
         x_name = table.add(Binding("input", 0), element)
@@ -101,6 +122,10 @@ class LayerNormalization(Operator):
         bias_name = table.add(Binding("input", 2), element) if bias is not None else ""
         output = table.add(Binding("output", 0), element, writable=True)
         x_at = widened(element, f"{x_name}[base + r]")
+        if perm is not None:  # X's element i (in the transposed order) is where the Transpose took it from
+            source = c_strides(x.shape)
+            helpers += index_function("x_index", shape, [source[p] for p in perm])
+            x_at = widened(element, f"{x_name}[x_index(base + r)]")
         helpers += index_function("scale_index", norm_shape, broadcast_strides(scale.shape, norm_shape))
         shift = ""
         if bias is not None:
