@@ -84,7 +84,7 @@ class _Matcher(GraphMatcher):
 
 def _match(ctx: RewriteContext, matcher: GraphMatcher, first: GraphNode, folded: set[str]) -> list[PlannedStep] | None:
     """The steps of the attention that starts at MatMul ``first`` (Q.K^T): the fused step, or where the kernel
-    does not take it, the three of :func:`_unfused_reading_views`; None when neither.  ``folded``: the Transposes
+    does not take it, the two or more of :func:`_unfused_reading_views`; None when neither.  ``folded``: the Transposes
     that later MatMuls read through (never written through here)."""
     if len(first.inputs) != 2 or not first.outputs or first.inputs[0] == first.inputs[1]:
         return None
@@ -199,7 +199,8 @@ def _unfused_reading_views(
     copies of a packed projection's split and of the head Reshapes/Transposes are gone.  Where the second product
     cannot read the softmax so (one row: the GEMV), the Softmax runs as a step between them.  Casts that change the type
     (a float16 export's ``softmax(..., dtype=float32).to(float16)``) run as steps of their own around the Softmax,
-    the scores product writing the type its chain rounds to first.  None where a scale or mask follows such a Cast
+    the scores product writing the type its chain rounds to first, where the Softmax does not fold (a float16
+    ``Cast``/``Softmax``/``Cast`` sandwich folds whole: :func:`_softmax_alone`).  None where a scale or mask follows such a Cast
     (the epilogue could not round between them), or a step does not plan on the device.  ``split``: the head axis
     as ``(axis, groups, rep)`` where K and V heads are repeated (:mod:`._repeated_heads`): both products run over the
     split axes (K and V read with stride 0 along the repeats, the scores, the mask and the output viewed split,
@@ -440,7 +441,7 @@ def fuse_attentions(
     ctx: RewriteContext, nodes: Sequence[GraphNode], folds: TransposeFolds
 ) -> dict[str, list[PlannedStep]]:
     """The attention steps of ``nodes``, keyed by the name of each group's last node (where the steps run): one fused
-    step, or three where the fused kernel does not take the attention.
+    step, or two (the Softmax folded into the second product) or more where the fused kernel does not take it.
 
     ``folds`` are the Transposes the planner would fold into MatMuls: a group takes those of its two MatMuls
     (or is not formed), so no Transpose is left both folded and unplanned.

@@ -7,10 +7,10 @@ whole activation before every such LayerNorm.  :func:`fold_input_transposes` giv
 attribute ``_input_perm`` instead (:mod:`ortgpu.ops.ai_onnx.layer_normalization`), and it reads the Transpose's
 input through the permuted strides.
 
-It runs on the planned steps, next to :func:`ortgpu._output_transposes.fold_output_transposes`: a step that is one
-Transpose on the device, whose output is no graph output and is read by nothing but one LayerNormalization step, as
-its X only, is taken into that step where the LayerNormalization still plans on the device with it.  The folded step
-runs where the LayerNormalization ran.
+It runs on the planned steps, after :func:`ortgpu._output_transposes.fold_output_transposes` (a product that can store
+transposed does, and nothing reads strided): a step that is one Transpose on the device, whose output is no graph
+output and is read by nothing but one LayerNormalization step, as its X only, is taken into that step where the
+LayerNormalization still plans on the device with it.  The folded step runs where the LayerNormalization ran.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Sequence
 from ortgpu_core._errors import UnsupportedOpError
 
 from ._plan_types import PlannedStep
-from ._rewrites import RewriteContext
+from ._rewrites import RewriteContext, step_readers
 from .ops import NotOnDevice
 from .ops.ai_onnx.layer_normalization import LayerNormalization
 from .ops.ai_onnx.transpose import permutation
@@ -64,11 +64,7 @@ def _folded(ctx: RewriteContext, transpose: PlannedStep, norm: PlannedStep) -> P
 def fold_input_transposes(steps: Sequence[PlannedStep], ctx: RewriteContext) -> list[PlannedStep]:
     """``steps`` with each Transpose read only as a LayerNormalization's X folded into that step's reads (see the
     module docstring)."""
-    readers: dict[str, list[int]] = {}
-    for index, step in enumerate(steps):
-        for name in set(step.inputs):
-            if name:
-                readers.setdefault(name, []).append(index)
+    readers = step_readers(steps)
     replaced: dict[int, PlannedStep] = {}
     dropped: set[int] = set()
     for index, step in enumerate(steps):

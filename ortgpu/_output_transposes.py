@@ -20,7 +20,7 @@ from typing import Sequence
 from ortgpu_core._errors import UnsupportedOpError
 
 from ._plan_types import PlannedStep
-from ._rewrites import RewriteContext
+from ._rewrites import RewriteContext, step_readers
 from .ops import NotOnDevice
 from .ops._output_layout import store_permutation
 from .ops.ai_onnx.matmul import MatMul
@@ -82,11 +82,7 @@ def _folded(ctx: RewriteContext, product: PlannedStep, transpose: PlannedStep) -
 def fold_output_transposes(steps: Sequence[PlannedStep], ctx: RewriteContext) -> list[PlannedStep]:
     """``steps`` with each Transpose that only re-lays-out a MatMul's product folded into its store (see the module
     docstring)."""
-    readers: dict[str, list[int]] = {}
-    for index, step in enumerate(steps):
-        for name in set(step.inputs):
-            if name:
-                readers.setdefault(name, []).append(index)
+    readers = step_readers(steps)
     replaced: dict[int, PlannedStep] = {}
     dropped: set[int] = set()
     for index, step in enumerate(steps):

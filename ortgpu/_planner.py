@@ -233,8 +233,8 @@ def _plan(
     ctx = RewriteContext(caps, types, constants, infos, consumers, set(output_names))
     steps = _plan_steps(ctx, nodes, allow_cpu, fuse)
     if fuse:
+        steps = fold_output_transposes(steps, ctx)  # first: a product storing transposed reads nothing strided
         steps = fold_input_transposes(steps, ctx)
-        steps = fold_output_transposes(steps, ctx)
         steps = fuse_elementwise(steps, ctx.graph_outputs, caps, constants)
         steps = merge_sibling_projections(steps, caps, constants, infos, model.rewrite_cache, digests)
     memory = plan_memory(steps, input_infos, output_names, infos, constants, caps)

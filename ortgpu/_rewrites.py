@@ -30,6 +30,7 @@ from .ops import DeviceCaps, NotOnDevice, Operator, OpPlan, TensorInfo
 from .ops.ai_onnx.transpose import permutation
 
 __all__ = [
+    "step_readers",
     "FUSABLE_PRODUCERS",
     "FoldContext",
     "RewriteContext",
@@ -89,6 +90,16 @@ class RewriteContext:
 
 # ---------------------------------------------------------------------------
 # one node, as it is
+
+
+def step_readers(steps: Sequence[PlannedStep]) -> dict[str, list[int]]:
+    """Each tensor the planned ``steps`` read -> the indices of the steps reading it (once each, in order)."""
+    readers: dict[str, list[int]] = {}
+    for index, step in enumerate(steps):
+        for name in set(step.inputs):
+            if name:
+                readers.setdefault(name, []).append(index)
+    return readers
 
 
 def plan_node(ctx: RewriteContext, node: GraphNode, operator: Operator, attrs: Mapping[str, Any]) -> PlannedStep:

@@ -108,6 +108,40 @@ def test_a_transpose_read_elsewhere_stays(env: ortgpu.Env, other: str) -> None:
     _compare(env, model, x, 1e-5)
 
 
+def test_mean_and_inverse_deviation_outputs(env: ortgpu.Env) -> None:
+    model = _model((1, 16, 3, 5), (0, 2, 3, 1))
+    norm = model.graph.node[1]
+    norm.output.extend(["mean", "inv_std"])
+    model.graph.output.extend([helper.make_tensor_value_info(name, 1, (1, 3, 5, 1)) for name in ("mean", "inv_std")])
+    x = RNG.standard_normal((1, 16, 3, 5)).astype(np.float32) + 2
+    assert [step.op_types for step in _steps(model, x)] == [("Transpose", "LayerNormalization")]
+    _compare(env, model, x, 1e-5)
+
+
+def test_a_product_stores_transposed_rather_than_the_norm_reading_strided() -> None:
+    # MatMul -> Transpose (last axis kept last) -> LayerNorm: the product takes the Transpose into its store
+    x = RNG.standard_normal((2, 3, 4, 8)).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(RNG.standard_normal((8, 8)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.ones(8, np.float32), "scale"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Transpose", ["m"], ["t"], perm=[0, 2, 1, 3]),
+        helper.make_node("LayerNormalization", ["t", "scale"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", 1, x.shape)],
+        [helper.make_tensor_value_info("y", 1, (2, 4, 3, 8))],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    steps = _steps(model, x)
+    assert [step.op_types for step in steps] == [("MatMul", "Transpose"), ("LayerNormalization",)]
+
+
 def test_a_bad_permutation_is_refused() -> None:
     operator = get_operator("LayerNormalization", 17)
     info = TensorInfo((2, 3), np.dtype(np.float32))

@@ -9,13 +9,13 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
-from test_attention_views import _plan, _products_reading_views
+from test_attention_views import _plan, _products_reading_views, no_fused_kernel  # noqa: F401 (a fixture)
 from test_fused_attention import _check, _feeds, hf_eager, mha_packed, repeated_heads, sdpa
 from test_ops_compute import assert_close
 from test_ops_elementwise import open_device
 
 import ortgpu
-from ortgpu.ops import DeviceCaps, NotOnDevice, TensorInfo, _fused_attention, _gemm, get_operator
+from ortgpu.ops import DeviceCaps, NotOnDevice, TensorInfo, _gemm, get_operator
 from ortgpu.ops._runner import run_plan
 from ortgpu_core._errors import UnsupportedOpError
 
@@ -81,6 +81,19 @@ def test_the_product_of_the_softmax(
     assert_close(got, np.matmul(_softmax(s), v).astype(np.float32))
 
 
+def test_a_view_of_the_same_bytes(device: Any) -> None:
+    # the scores [2, 6, 20, 40] read as [12, 20, 40] (heads merged: the strided GEMM's path, rows by flat offset)
+    s = (RNG.standard_normal((2, 6, 20, 40)) * 3).astype(np.float32)
+    v = RNG.standard_normal((12, 40, 8)).astype(np.float32)
+    view = ((12, 20, 40), (800, 40, 1), 0)
+    operator = get_operator("MatMul", 13)
+    out = TensorInfo((12, 20, 8), np.dtype(np.float32))
+    attrs = {"_softmax_a": True, "_input_views": (view, None)}
+    plan = operator.plan([TensorInfo(s.shape, s.dtype), TensorInfo(v.shape, v.dtype)], [out], attrs, _caps(device), {})
+    (got,) = run_plan(device, plan, [s, v], [out])
+    assert_close(np.asarray(got), np.matmul(_softmax(s.reshape(12, 20, 40)), v).astype(np.float32))
+
+
 def test_masked_rows(device: Any) -> None:
     s = (RNG.standard_normal((3, 20, 40)) * 3).astype(np.float32)
     s[0, :, ::3] = -np.inf  # masked keys: probability 0
@@ -128,11 +141,7 @@ def test_what_it_refuses(device: Any) -> None:
 # -- the planner --------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def no_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_fused_attention, "FUSE_MAX_SCORES", 0)
-
-
+@pytest.mark.usefixtures("no_fused_kernel")
 @pytest.mark.parametrize(
     "build",
     [
@@ -143,7 +152,7 @@ def no_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
     ids=["hf-eager-mask", "sdpa-causal", "mha-packed", "repeated-heads"],
 )
-def test_the_planner_folds_an_unfused_attentions_softmax(env: ortgpu.Env, no_fused_kernel: None, build: Any) -> None:
+def test_the_planner_folds_an_unfused_attentions_softmax(env: ortgpu.Env, build: Any) -> None:
     model = build()
     feeds = _feeds(model, 11)
     plan = _plan(model, feeds)
@@ -153,7 +162,8 @@ def test_the_planner_folds_an_unfused_attentions_softmax(env: ortgpu.Env, no_fus
     _check(env, model, feeds, fused=False)  # against onnxruntime CPU, 1e-4
 
 
-def test_one_query_row_keeps_the_softmax_step(env: ortgpu.Env, no_fused_kernel: None) -> None:
+@pytest.mark.usefixtures("no_fused_kernel")
+def test_one_query_row_keeps_the_softmax_step(env: ortgpu.Env) -> None:
     model = mha_packed(1, 1, 1, 8)  # one head of one row: the GEMV, which reads no statistics
     feeds = _feeds(model, 12)
     plan = _plan(model, feeds)

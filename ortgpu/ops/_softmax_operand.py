@@ -5,8 +5,8 @@ Unfused, ``P = Softmax(S)`` reads the scores ``S`` and writes ``P`` (as many byt
 reads ``P``.  Folded, one kernel walks each row of ``S`` once and keeps two numbers per row, its maximum ``mx`` and
 the reciprocal ``1 / sum(exp(s - mx))`` (an online maximum: a larger value rescales the running sum), and the
 product's A loads compute ``exp(s - mx) * reciprocal`` from ``S`` itself: ``P`` is never stored.  The exponentials
-move into the product's tile loads, where each element of ``S`` is loaded once per column tile of the output (a
-single tile where V is an attention head of 128 values or fewer).
+move into the product's tile loads, where each element of ``S`` is loaded once per column tile of the output (one
+tile where V's head is no wider than the tile's 64 columns).
 
 The statistics live in a scratch buffer of the product's plan (``vec2<f32>`` per row: maximum, reciprocal sum), the
 operand's rows in C order, so the row of the element at flat offset ``e`` is ``e / K``: the operand must be read
@@ -38,6 +38,8 @@ __all__ = [
 #: An operand read as a strided view: ``(shape, element strides, element offset)``.
 View = tuple[tuple[int, ...], tuple[int, ...], int]
 Operands = Callable[[list["np.ndarray | None"]], tuple[np.ndarray, np.ndarray]]
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 #: The WGSL element of the statistics scratch buffer: (row maximum, reciprocal of the row's sum of exponentials).
 STATS_ELEMENT = "vec2<f32>"
@@ -92,7 +94,7 @@ def _stats_twin(rows: int, length: int, info: TensorInfo, bindings: Sequence[Bin
     def twin(arrays: Sequence[np.ndarray], grid: tuple[int, int, int]) -> None:
         x = arrays[source][: info.nbytes].view(info.dtype).reshape(rows, length).astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            top = np.max(x, axis=1, keepdims=True)
+            top = np.maximum(np.max(x, axis=1, keepdims=True), -_FLOAT32_MAX)  # the kernel's starting maximum
             stats = np.stack([top[:, 0], 1.0 / np.sum(np.exp(x - top), axis=1)], axis=1)
         raw = np.ascontiguousarray(stats, dtype=np.float32).reshape(-1).view(np.uint8)
         arrays[target][: raw.size] = raw

@@ -63,7 +63,8 @@ Softmax operand (MatMul only)
 computes itself: a kernel keeps each row's maximum and reciprocal sum, and the product's A loads apply them
 (:mod:`.._softmax_operand`).  The planner folds an unfused attention's Softmax into its second product so (the
 probabilities are never stored).  A must be all of input 0 read in order (no folded transpose, a view only of the
-same bytes in C order) and the product must have more than one row; otherwise the plan raises ``NotOnDevice`` and
+same bytes in C order) and the product must not be a single row (batch x M > 1: the GEMV reads no statistics), and
+the statistics (8 bytes a row) must fit a storage binding; otherwise the plan raises ``NotOnDevice`` and
 the planner keeps the Softmax as its own step.  Float16 scores are softmaxed in f32 without rounding the
 probabilities to float16 first.
 
@@ -392,7 +393,10 @@ def _loaded_gemm(
     before: tuple[tuple[KernelSpec, int], ...] = ()
     if a_softmax:
         a4m = False  # four rows' loads would need four rows' statistics
-        before = ((softmax_stats_kernel(op_type, info, k, 0, caps), info.size // k * 8),)
+        stats_bytes = info.size // k * 8
+        if stats_bytes > caps.limits.max_storage_buffer_binding_size:
+            raise NotOnDevice(f"{op_type}: the softmax operand's row statistics exceed a storage binding")
+        before = ((softmax_stats_kernel(op_type, info, k, 0, caps), stats_bytes),)
         operands = softmax_operands(operands)
     problem = GemmProblem(
         batch=batch,
