@@ -136,6 +136,12 @@ def test_what_it_refuses(device: Any) -> None:
     with pytest.raises(UnsupportedOpError, match="_softmax_a must be True or False"):
         plan((3, 20, 40), (3, 40, 8), (3, 20, 8), _softmax_a=1)
     assert plan((3, 20, 40), (3, 40, 8), (3, 20, 8), _softmax_a=False).scratch_sizes == ()
+    with pytest.raises(NotOnDevice, match="K is 0"):  # the twin computes the zeros instead
+        plan((3, 20, 0), (3, 0, 8), (3, 20, 8), _softmax_a=True)
+    (zeros,) = operator.reference(
+        [np.zeros((3, 20, 0), f32), np.zeros((3, 0, 8), f32)], {"_softmax_a": True}, [TensorInfo((3, 20, 8), f32)]
+    )
+    assert zeros.shape == (3, 20, 8) and not zeros.any()
 
 
 # -- the planner --------------------------------------------------------------------------------------------------

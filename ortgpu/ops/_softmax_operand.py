@@ -48,6 +48,8 @@ STATS_ELEMENT = "vec2<f32>"
 def softmax_of(a: np.ndarray) -> np.ndarray:
     """The numpy twin of the folded operand: the softmax of ``a`` over its last axis, computed in float64 and
     returned in float32 (the loads hand the product f32 values; a float16 input is not rounded back)."""
+    if a.shape[-1] == 0:  # rows of no element: nothing to normalise (the product over K = 0 is zeros)
+        return np.zeros(a.shape, dtype=np.float32)
     wide = a.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         e = np.exp(wide - np.max(wide, axis=-1, keepdims=True))
